@@ -1,0 +1,164 @@
+//! The log head: the open segment's buffer, record placement, write-behind
+//! and the flush padding rule (no durable sector is ever written twice).
+use crate::error::VolError;
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::{align_up, CodecTag, Superblock, SECTOR_SIZE_BYTES};
+use cvol_storage::Storage;
+
+/// Unwritten full sectors beyond this are written behind, before any flush.
+const WRITE_BEHIND_BYTES: usize = 1 << 20;
+
+/// Where a record landed.
+#[derive(Debug, Clone, Copy)]
+pub struct Placed {
+    pub offset: u64,
+    pub len: u32,
+    pub crc: u32,
+    pub seq: u64,
+}
+
+pub struct Log {
+    pub segment_size: u64,
+    pub data_offset: u64,
+    pub segment_count: u64,
+    pub volume_tag: u32,
+    /// Current (open) segment.
+    pub segment: u64,
+    /// Bytes of the open segment in use (records and padding).
+    pub fill: usize,
+    /// Bytes of the open segment already handed to storage.
+    pub written: usize,
+    /// The open segment's bytes; reads of records in it are served from here.
+    pub buf: Vec<u8>,
+    pub epoch: u32,
+    pub next_seq: u64,
+    /// Bytes handed to storage by the log since open (write amplification).
+    pub media_bytes_written: u64,
+}
+
+impl Log {
+    pub fn new(sb: &Superblock, segment: u64, fill: usize, epoch: u32, next_seq: u64) -> Log {
+        assert!(segment < sb.segment_count());
+        assert!(fill as u64 <= sb.segment_size_bytes && fill as u64 % SECTOR_SIZE_BYTES == 0);
+        Log {
+            segment_size: sb.segment_size_bytes,
+            data_offset: sb.data_offset_bytes,
+            segment_count: sb.segment_count(),
+            volume_tag: sb.volume_tag(),
+            segment,
+            fill,
+            written: fill,
+            buf: vec![0u8; sb.segment_size_bytes as usize],
+            epoch,
+            next_seq,
+            media_bytes_written: 0,
+        }
+    }
+
+    pub fn segment_base(&self) -> u64 {
+        self.data_offset + self.segment * self.segment_size
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// Log bytes still available for records.
+    pub fn free_bytes(&self) -> u64 {
+        (self.segment_count - self.segment - 1) * self.segment_size + (self.segment_size - self.fill as u64)
+    }
+
+    /// Log bytes consumed (records, padding and abandoned segment tails).
+    pub fn used_bytes(&self) -> u64 {
+        self.segment * self.segment_size + self.fill as u64
+    }
+
+    /// Appends one record and returns where it landed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn append(
+        &mut self,
+        storage: &dyn Storage,
+        kind: RecordKind,
+        codec: CodecTag,
+        lba: u64,
+        nblocks: u32,
+        payload: &[u8],
+        payload_crc: u32,
+    ) -> Result<Placed, VolError> {
+        let total = RECORD_HEADER_BYTES + payload.len();
+        assert!(total as u64 <= self.segment_size, "record larger than a segment");
+        if self.fill + total > self.segment_size as usize {
+            self.advance_segment(storage)?;
+        }
+        let mut h = RecordHeader {
+            kind,
+            codec,
+            volume_tag: self.volume_tag,
+            epoch: self.epoch,
+            seq: self.next_seq,
+            lba,
+            nblocks,
+            payload_len: payload.len() as u32,
+            crc: 0,
+        };
+        let hb = h.encode_with_crc(payload_crc);
+        let at = self.fill;
+        self.buf[at..at + RECORD_HEADER_BYTES].copy_from_slice(&hb);
+        self.buf[at + RECORD_HEADER_BYTES..at + total].copy_from_slice(payload);
+        self.fill += total;
+        self.next_seq += 1;
+        let placed = Placed { offset: self.segment_base() + at as u64, len: total as u32, crc: h.crc, seq: h.seq };
+        self.write_behind(storage)?;
+        Ok(placed)
+    }
+
+    fn write_range(&mut self, storage: &dyn Storage, end: usize) -> Result<(), VolError> {
+        if end > self.written {
+            let base = self.segment_base();
+            storage.write_at(base + self.written as u64, &self.buf[self.written..end]).map_err(VolError::Io)?;
+            self.media_bytes_written += (end - self.written) as u64;
+            self.written = end;
+        }
+        Ok(())
+    }
+
+    fn write_behind(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
+        let full = self.fill - self.fill % SECTOR_SIZE_BYTES as usize;
+        if full - self.written >= WRITE_BEHIND_BYTES {
+            self.write_range(storage, full)?;
+        }
+        Ok(())
+    }
+
+    /// Pads the open segment to a sector boundary and hands every byte to
+    /// storage. After the caller's `sync`, everything appended is durable and
+    /// the next record starts in a fresh sector.
+    pub fn pad_and_write(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
+        let padded = (align_up(self.fill as u64, SECTOR_SIZE_BYTES) as usize).min(self.segment_size as usize);
+        self.fill = padded;
+        self.write_range(storage, padded)
+    }
+
+    fn advance_segment(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
+        if self.segment + 1 >= self.segment_count {
+            return Err(VolError::NoSpace);
+        }
+        self.write_range(storage, self.fill)?;
+        self.segment += 1;
+        self.fill = 0;
+        self.written = 0;
+        self.buf.fill(0);
+        Ok(())
+    }
+
+    /// The bytes of a record in the open segment, if it lies there.
+    pub fn buffered(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let base = self.segment_base();
+        if offset >= base && offset + len as u64 <= base + self.fill as u64 {
+            let at = (offset - base) as usize;
+            Some(&self.buf[at..at + len])
+        } else {
+            None
+        }
+    }
+}

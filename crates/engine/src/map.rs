@@ -1,0 +1,110 @@
+//! In-memory block map: LBA -> MapEntry, allocated in pages of 512 entries
+//! (12 bytes each), so memory follows written space, not logical size.
+use cvol_format::MapEntry;
+
+pub const PAGE_BLOCKS: usize = 512;
+
+struct Page {
+    loc: [u64; PAGE_BLOCKS],
+    crc: [u32; PAGE_BLOCKS],
+    /// Entries that are not unmapped.
+    used: u32,
+}
+
+pub struct BlockMap {
+    pages: Vec<Option<Box<Page>>>,
+    blocks: u64,
+}
+
+impl BlockMap {
+    pub fn new(blocks: u64) -> BlockMap {
+        let npages = (blocks as usize).div_ceil(PAGE_BLOCKS);
+        BlockMap { pages: (0..npages).map(|_| None).collect(), blocks }
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    pub fn get(&self, lba: u64) -> MapEntry {
+        assert!(lba < self.blocks, "lba {lba} beyond map");
+        let (p, i) = split(lba);
+        match &self.pages[p] {
+            Some(page) => MapEntry { loc: page.loc[i], crc: page.crc[i] },
+            None => MapEntry::UNMAPPED,
+        }
+    }
+
+    /// Sets an entry, returning the previous one.
+    pub fn set(&mut self, lba: u64, e: MapEntry) -> MapEntry {
+        assert!(lba < self.blocks, "lba {lba} beyond map");
+        let (p, i) = split(lba);
+        if self.pages[p].is_none() {
+            if e.is_unmapped() {
+                return MapEntry::UNMAPPED;
+            }
+            self.pages[p] = Some(Box::new(Page { loc: [0; PAGE_BLOCKS], crc: [0; PAGE_BLOCKS], used: 0 }));
+        }
+        let page = self.pages[p].as_mut().expect("page allocated above");
+        let old = MapEntry { loc: page.loc[i], crc: page.crc[i] };
+        page.loc[i] = e.loc;
+        page.crc[i] = e.crc;
+        page.used = page.used + u32::from(!e.is_unmapped()) - u32::from(!old.is_unmapped());
+        if page.used == 0 {
+            self.pages[p] = None;
+        }
+        old
+    }
+
+    /// Calls `f(lba, entry)` for every entry that is not unmapped, in LBA order.
+    pub fn for_each_mapped(&self, mut f: impl FnMut(u64, MapEntry)) {
+        for (p, page) in self.pages.iter().enumerate() {
+            let Some(page) = page else { continue };
+            for i in 0..PAGE_BLOCKS {
+                if page.loc[i] != 0 {
+                    f((p * PAGE_BLOCKS + i) as u64, MapEntry { loc: page.loc[i], crc: page.crc[i] });
+                }
+            }
+        }
+    }
+
+    /// Next LBA >= `lba` whose page is allocated (a fast skip over holes).
+    pub fn next_allocated_page_lba(&self, lba: u64) -> Option<u64> {
+        let start = (lba as usize) / PAGE_BLOCKS;
+        (start..self.pages.len()).find(|&p| self.pages[p].is_some()).map(|p| ((p * PAGE_BLOCKS) as u64).max(lba))
+    }
+
+    /// Bytes of heap this map uses.
+    pub fn memory_bytes(&self) -> u64 {
+        let pages = self.pages.iter().filter(|p| p.is_some()).count();
+        (self.pages.capacity() * std::mem::size_of::<Option<Box<Page>>>() + pages * std::mem::size_of::<Page>()) as u64
+    }
+}
+
+fn split(lba: u64) -> (usize, usize) {
+    ((lba as usize) / PAGE_BLOCKS, (lba as usize) % PAGE_BLOCKS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cvol_format::CodecTag;
+
+    #[test]
+    fn set_get_and_page_release() {
+        let mut m = BlockMap::new(2000);
+        assert_eq!(m.get(1999), MapEntry::UNMAPPED);
+        let e = MapEntry::data(CodecTag::Lz4, 1 << 20, 100, 9);
+        assert_eq!(m.set(700, e), MapEntry::UNMAPPED);
+        assert_eq!(m.set(701, MapEntry::ZERO), MapEntry::UNMAPPED);
+        assert_eq!(m.get(700), e);
+        let mut seen = vec![];
+        m.for_each_mapped(|l, e| seen.push((l, e)));
+        assert_eq!(seen, vec![(700, e), (701, MapEntry::ZERO)]);
+        assert_eq!(m.next_allocated_page_lba(0), Some(512));
+        assert_eq!(m.set(700, MapEntry::UNMAPPED), e);
+        assert_eq!(m.set(701, MapEntry::UNMAPPED), MapEntry::ZERO);
+        assert_eq!(m.next_allocated_page_lba(0), None);
+        assert!(m.memory_bytes() < 100);
+    }
+}

@@ -1,0 +1,97 @@
+//! Space accounting, kept exact through every map change.
+use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::{CodecTag, EntryState, MapEntry};
+use serde::Serialize;
+
+/// Counters derived from the map; `add`/`remove` run on every map change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MapCounters {
+    pub data_blocks: u64,
+    pub zero_blocks: u64,
+    pub codec_blocks: [u64; 3],
+    /// Payload bytes of live records (what compression produced).
+    pub stored_payload_bytes: u64,
+}
+
+impl MapCounters {
+    pub fn add(&mut self, e: MapEntry) {
+        match e.state_valid() {
+            EntryState::Unmapped => {}
+            EntryState::Zero => self.zero_blocks += 1,
+            EntryState::Data { codec, len, .. } => {
+                self.data_blocks += 1;
+                self.codec_blocks[codec as usize] += 1;
+                self.stored_payload_bytes += u64::from(len) - RECORD_HEADER_BYTES as u64;
+            }
+        }
+    }
+
+    pub fn remove(&mut self, e: MapEntry) {
+        match e.state_valid() {
+            EntryState::Unmapped => {}
+            EntryState::Zero => self.zero_blocks -= 1,
+            EntryState::Data { codec, len, .. } => {
+                self.data_blocks -= 1;
+                self.codec_blocks[codec as usize] -= 1;
+                self.stored_payload_bytes -= u64::from(len) - RECORD_HEADER_BYTES as u64;
+            }
+        }
+    }
+}
+
+/// Per-codec block counts as they appear in `cvol stat --json`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CodecBlocks {
+    pub none: u64,
+    pub lz4: u64,
+    pub zstd: u64,
+}
+
+/// What `cvol stat` reports. Field names are the JSON keys: a contract.
+#[derive(Debug, Clone, Serialize)]
+pub struct VolumeStats {
+    pub logical_size_bytes: u64,
+    pub physical_size_bytes: u64,
+    /// Logical bytes holding non-zero data.
+    pub mapped_bytes: u64,
+    /// Logical bytes written as zeros (WRITE_ZEROES or all-zero blocks).
+    pub zero_bytes: u64,
+    /// Logical bytes never written or trimmed.
+    pub unmapped_bytes: u64,
+    /// Live payload bytes on media.
+    pub stored_bytes: u64,
+    /// Backing bytes occupied: metadata area plus the log consumed so far.
+    pub physical_used_bytes: u64,
+    pub physical_free_bytes: u64,
+    /// mapped_bytes / physical_used_bytes.
+    pub reduction_ratio: f64,
+    /// mapped_bytes / stored_bytes: what the codec alone achieves.
+    pub compression_ratio: f64,
+    pub blocks_by_codec: CodecBlocks,
+    pub codec_none_blocks: u64,
+    pub codec_lz4_blocks: u64,
+    pub codec_zstd_blocks: u64,
+    pub codec: String,
+    pub segment_size_bytes: u64,
+    pub segments_total: u64,
+    pub segments_used: u64,
+    pub client_bytes_written: u64,
+    pub media_bytes_written: u64,
+    pub corrupt_reads: u64,
+    pub map_memory_bytes: u64,
+    pub checkpoint_generation: u64,
+    pub last_seq: u64,
+    pub epoch: u32,
+    pub read_only: bool,
+    pub poisoned: bool,
+}
+
+impl CodecBlocks {
+    pub fn from_counts(c: &[u64; 3]) -> CodecBlocks {
+        CodecBlocks {
+            none: c[CodecTag::None as usize],
+            lz4: c[CodecTag::Lz4 as usize],
+            zstd: c[CodecTag::Zstd as usize],
+        }
+    }
+}

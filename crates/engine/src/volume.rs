@@ -1,0 +1,771 @@
+//! The volume: block-granular reads and writes over a log of compressed
+//! records, with a block map in memory, checkpoints and recovery.
+//!
+//! Concurrency: compression and decompression run on the caller's thread,
+//! outside any lock, so concurrent requests use every core. One `state` mutex
+//! covers the map and the log head for the short commit step (assign seq,
+//! copy into the segment buffer, update the map). `flush_lock` serialises
+//! flushes and checkpoints; concurrent flushes batch into one sync.
+//! Unaligned writes (read-modify-write) take `rmw` exclusively so that no
+//! other write interleaves with their read and commit.
+use crate::codec::{self, Codec};
+use crate::error::VolError;
+use crate::log::Log;
+use crate::map::BlockMap;
+use crate::recovery::{self, set_unmapped};
+use crate::stats::{CodecBlocks, MapCounters, VolumeStats};
+use cvol_format::checkpoint::{push_run, ChunkRef, CommitPayload};
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAX_BYTES};
+use cvol_format::{align_up, CheckpointPointer, CodecTag, EntryState, MapEntry, Superblock, BLOCK_SIZE_BYTES};
+use cvol_storage::Storage;
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+const BS: usize = BLOCK_SIZE_BYTES as usize;
+/// Raw bytes of map entries per checkpoint chunk record.
+const CHUNK_RAW_MAX_BYTES: usize = 256 << 10;
+/// Storage reads of adjacent records are merged up to this size.
+const READ_MERGE_MAX_BYTES: u64 = 1 << 20;
+/// Most extents one block-status call returns.
+const EXTENTS_MAX: usize = 1024;
+
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    pub logical_size_bytes: u64,
+    pub physical_size_bytes: u64,
+    pub codec: Codec,
+    /// 0 picks a default from the physical size.
+    pub segment_size_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    pub read_only: bool,
+    /// Every write is durable before it returns.
+    pub sync_writes: bool,
+    /// A flush also checkpoints once this many log bytes were written since the last one.
+    pub checkpoint_interval_bytes: u64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { read_only: false, sync_writes: false, checkpoint_interval_bytes: 256 << 20 }
+    }
+}
+
+/// One run of block status: `length` bytes that are all zero-reading holes or all data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub length: u64,
+    pub zero: bool,
+}
+
+struct State {
+    map: BlockMap,
+    log: Log,
+    counters: MapCounters,
+    synced_seq: u64,
+    checkpoint_generation: u64,
+    log_used_at_checkpoint: u64,
+}
+
+pub struct Volume {
+    storage: Arc<dyn Storage>,
+    sb: Superblock,
+    codec: Codec,
+    options: OpenOptions,
+    state: Mutex<State>,
+    flush_lock: Mutex<()>,
+    rmw: RwLock<()>,
+    poisoned: AtomicBool,
+    client_bytes_written: AtomicU64,
+    corrupt_reads: AtomicU64,
+}
+
+/// A block after compression, before it has a place in the log.
+enum Prepared<'a> {
+    Data { lba: u64, codec: CodecTag, payload: Cow<'a, [u8]>, payload_crc: u32 },
+    Zero { lba: u64, nblocks: u32 },
+}
+
+pub fn default_segment_size(physical_size_bytes: u64) -> u64 {
+    if physical_size_bytes >= 1 << 30 {
+        4 << 20
+    } else {
+        1 << 20
+    }
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    let words = b.chunks_exact(16);
+    let rest = words.remainder();
+    words.map(|c| u128::from_ne_bytes(c.try_into().expect("16 bytes"))).all(|w| w == 0) && rest.iter().all(|&x| x == 0)
+}
+
+impl Volume {
+    /// Formats `storage` as a new volume and opens it for writing.
+    pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Volume, VolError> {
+        let segment_size_bytes =
+            if c.segment_size_bytes == 0 { default_segment_size(c.physical_size_bytes) } else { c.segment_size_bytes };
+        let sb = Superblock {
+            uuid: rand::random(),
+            logical_size_bytes: c.logical_size_bytes,
+            physical_size_bytes: c.physical_size_bytes,
+            segment_size_bytes,
+            data_offset_bytes: cvol_format::DATA_OFFSET_BYTES,
+            codec: c.codec.tag(),
+            codec_level: c.codec.level(),
+            created_unix_secs: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        sb.validate().map_err(|e| VolError::Open(format!("cannot create volume: {e}")))?;
+        if sb.physical_size_bytes > storage.len_bytes() {
+            return Err(VolError::Open(format!(
+                "physical size {} exceeds the backing store ({} bytes)",
+                sb.physical_size_bytes,
+                storage.len_bytes()
+            )));
+        }
+        let enc = sb.encode();
+        let io = |r: std::io::Result<()>| r.map_err(VolError::Io);
+        io(storage.write_at(cvol_format::SUPERBLOCK_A_OFFSET, &enc))?;
+        io(storage.write_at(cvol_format::SUPERBLOCK_B_OFFSET, &enc))?;
+        let zero_slot = [0u8; cvol_format::pointer::POINTER_BYTES];
+        io(storage.write_at(CheckpointPointer::slot_offset(0), &zero_slot))?;
+        io(storage.write_at(CheckpointPointer::slot_offset(1), &zero_slot))?;
+        io(storage.write_at(sb.segment_offset(0), &[0u8; RECORD_HEADER_BYTES]))?;
+        io(storage.sync())?;
+        let state = State {
+            map: BlockMap::new(sb.logical_blocks()),
+            log: Log::new(&sb, 0, 0, 0, 1),
+            counters: MapCounters::default(),
+            synced_seq: 0,
+            checkpoint_generation: 0,
+            log_used_at_checkpoint: 0,
+        };
+        let vol = Volume::assemble(storage, sb, OpenOptions::default(), state);
+        vol.begin_epoch()?;
+        vol.checkpoint()?;
+        Ok(vol)
+    }
+
+    /// Opens an existing volume: recovery, then (unless read-only) a new epoch.
+    pub fn open(storage: Arc<dyn Storage>, options: OpenOptions) -> Result<Volume, VolError> {
+        let (sb, warnings) = recovery::read_superblock(&*storage).map_err(VolError::Open)?;
+        warnings.iter().for_each(|w| tracing::warn!("{w}"));
+        let r = recovery::recover(&*storage, &sb).map_err(VolError::Open)?;
+        r.warnings.iter().for_each(|w| tracing::warn!("{w}"));
+        tracing::info!(
+            checkpoint = r.checkpoint_generation,
+            replayed = r.replayed_records,
+            last_seq = r.last_seq,
+            "volume recovered"
+        );
+        let fill = (align_up(r.end as u64, cvol_format::SECTOR_SIZE_BYTES)).min(sb.segment_size_bytes) as usize;
+        let mut log = Log::new(&sb, r.segment, fill, r.last_epoch, r.last_seq + 1);
+        storage.read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end]).map_err(VolError::Io)?;
+        let mut counters = MapCounters::default();
+        r.map.for_each_mapped(|_, e| counters.add(e));
+        let used = log.used_bytes();
+        let state = State {
+            map: r.map,
+            log,
+            counters,
+            synced_seq: r.last_seq,
+            checkpoint_generation: r.checkpoint_generation,
+            log_used_at_checkpoint: used,
+        };
+        let vol = Volume::assemble(storage, sb, options, state);
+        if !vol.options.read_only {
+            vol.begin_epoch()?;
+        }
+        Ok(vol)
+    }
+
+    fn assemble(storage: Arc<dyn Storage>, sb: Superblock, options: OpenOptions, state: State) -> Volume {
+        Volume {
+            codec: Codec::from_tag(sb.codec, sb.codec_level),
+            storage,
+            sb,
+            options,
+            state: Mutex::new(state),
+            flush_lock: Mutex::new(()),
+            rmw: RwLock::new(()),
+            poisoned: AtomicBool::new(false),
+            client_bytes_written: AtomicU64::new(0),
+            corrupt_reads: AtomicU64::new(0),
+        }
+    }
+
+    /// Starts a new epoch: an EPOCH record, made durable before any other
+    /// record of this epoch, so stale records of a crashed epoch never rejoin the chain.
+    fn begin_epoch(&self) -> Result<(), VolError> {
+        let _f = self.flush_lock.lock().expect("flush lock");
+        let mut st = self.lock_state();
+        st.log.epoch += 1;
+        let crc = crc32c::crc32c(&[]);
+        self.guard(st.log.append(&*self.storage, RecordKind::Epoch, CodecTag::None, 0, 0, &[], crc))?;
+        self.guard(st.log.pad_and_write(&*self.storage))?;
+        drop(st);
+        self.guard(self.storage.sync().map_err(VolError::Io))?;
+        let mut st = self.lock_state();
+        st.synced_seq = st.log.last_seq();
+        Ok(())
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.sb.logical_size_bytes
+    }
+
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.options.read_only
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("volume state lock poisoned by a panic")
+    }
+
+    /// Poisons the volume on an I/O error.
+    fn guard<T>(&self, r: Result<T, VolError>) -> Result<T, VolError> {
+        if let Err(VolError::Io(e)) = &r {
+            if !self.poisoned.swap(true, Ordering::SeqCst) {
+                tracing::error!("backing store I/O error, refusing further writes until reopened: {e}");
+            }
+        }
+        r
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), VolError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.sb.logical_size_bytes => Ok(()),
+            _ => Err(VolError::OutOfRange),
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), VolError> {
+        if self.options.read_only {
+            Err(VolError::ReadOnly)
+        } else if self.poisoned.load(Ordering::SeqCst) {
+            Err(VolError::Poisoned)
+        } else {
+            Ok(())
+        }
+    }
+
+    // ---- writes ----
+
+    pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
+        self.check_range(offset, data.len() as u64)?;
+        self.check_writable()?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        if offset % BLOCK_SIZE_BYTES == 0 && data.len() % BS == 0 {
+            let _shared = self.rmw.read().expect("rmw lock");
+            self.write_blocks(offset / BLOCK_SIZE_BYTES, data)?;
+        } else {
+            let _exclusive = self.rmw.write().expect("rmw lock");
+            self.write_unaligned(offset, data)?;
+        }
+        self.client_bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.after_write(fua)
+    }
+
+    fn after_write(&self, fua: bool) -> Result<(), VolError> {
+        if fua || self.options.sync_writes {
+            self.flush()
+        } else {
+            Ok(())
+        }
+    }
+
+    fn write_unaligned(&self, offset: u64, data: &[u8]) -> Result<(), VolError> {
+        let first = offset / BLOCK_SIZE_BYTES;
+        let last = (offset + data.len() as u64 - 1) / BLOCK_SIZE_BYTES;
+        let nblocks = (last - first + 1) as usize;
+        let mut buf = vec![0u8; nblocks * BS];
+        let head = (offset % BLOCK_SIZE_BYTES) as usize;
+        if head != 0 {
+            self.read_blocks(first, &mut buf[..BS])?;
+        }
+        let tail_end = head + data.len();
+        if tail_end % BS != 0 && (last != first || head == 0) {
+            self.read_blocks(last, &mut buf[(nblocks - 1) * BS..])?;
+        }
+        buf[head..tail_end].copy_from_slice(data);
+        self.write_blocks(first, &buf)
+    }
+
+    fn prepare<'a>(&self, lba: u64, data: &'a [u8]) -> Vec<Prepared<'a>> {
+        let mut out: Vec<Prepared<'a>> = Vec::with_capacity(data.len() / BS);
+        for (i, block) in data.chunks_exact(BS).enumerate() {
+            let l = lba + i as u64;
+            if is_zero(block) {
+                if let Some(Prepared::Zero { lba: zl, nblocks }) = out.last_mut() {
+                    if *zl + u64::from(*nblocks) == l {
+                        *nblocks += 1;
+                        continue;
+                    }
+                }
+                out.push(Prepared::Zero { lba: l, nblocks: 1 });
+                continue;
+            }
+            let (codec, payload) = match self.codec.compress(block) {
+                Some(c) => (self.codec.tag(), Cow::Owned(c)),
+                None => (CodecTag::None, Cow::Borrowed(block)),
+            };
+            let payload_crc = crc32c::crc32c(&payload);
+            out.push(Prepared::Data { lba: l, codec, payload, payload_crc });
+        }
+        out
+    }
+
+    /// Log bytes kept back from client writes so a checkpoint always fits.
+    fn reserve_bytes(&self, st: &State) -> u64 {
+        let entries = st.counters.data_blocks + st.counters.zero_blocks;
+        entries * 13 + (64 << 10) + self.sb.segment_size_bytes
+    }
+
+    fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), VolError> {
+        debug_assert!(data.len() % BS == 0);
+        let items = self.prepare(lba, data);
+        let need: u64 = items
+            .iter()
+            .map(|p| match p {
+                Prepared::Data { payload, .. } => (RECORD_HEADER_BYTES + payload.len()) as u64,
+                Prepared::Zero { .. } => RECORD_HEADER_BYTES as u64,
+            })
+            .sum::<u64>()
+            + 2 * RECORD_MAX_BYTES as u64;
+        let mut st = self.lock_state();
+        self.check_writable()?;
+        if st.log.free_bytes() < need + self.reserve_bytes(&st) {
+            return Err(VolError::NoSpace);
+        }
+        for item in items {
+            self.commit_one(&mut st, item)?;
+        }
+        Ok(())
+    }
+
+    fn commit_one(&self, st: &mut State, item: Prepared<'_>) -> Result<(), VolError> {
+        match item {
+            Prepared::Data { lba, codec, payload, payload_crc } => {
+                let p = self.guard(st.log.append(&*self.storage, RecordKind::Data, codec, lba, 1, &payload, payload_crc))?;
+                self.set_entry(st, lba, MapEntry::data(codec, p.offset, p.len, p.crc));
+            }
+            Prepared::Zero { lba, nblocks } => {
+                self.append_range(st, RecordKind::Zero, lba, nblocks)?;
+                (lba..lba + u64::from(nblocks)).for_each(|l| self.set_entry(st, l, MapEntry::ZERO));
+            }
+        }
+        Ok(())
+    }
+
+    fn append_range(&self, st: &mut State, kind: RecordKind, lba: u64, nblocks: u32) -> Result<(), VolError> {
+        let crc = crc32c::crc32c(&[]);
+        self.guard(st.log.append(&*self.storage, kind, CodecTag::None, lba, nblocks, &[], crc)).map(|_| ())
+    }
+
+    fn set_entry(&self, st: &mut State, lba: u64, e: MapEntry) {
+        let old = st.map.set(lba, e);
+        st.counters.remove(old);
+        st.counters.add(e);
+    }
+
+    /// TRIM: whole blocks inside the range become unmapped holes; partial
+    /// blocks at the edges are left alone (TRIM is advisory).
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolError> {
+        self.check_range(offset, len)?;
+        self.check_writable()?;
+        let first = offset.div_ceil(BLOCK_SIZE_BYTES);
+        let end = (offset + len) / BLOCK_SIZE_BYTES;
+        if first < end {
+            let _shared = self.rmw.read().expect("rmw lock");
+            self.unmap_blocks(first, end)?;
+        }
+        self.after_write(fua)
+    }
+
+    fn unmap_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
+        let mut st = self.lock_state();
+        self.check_writable()?;
+        let records = (end - first).div_ceil(u64::from(u32::MAX));
+        if st.log.free_bytes() < records * RECORD_HEADER_BYTES as u64 + 2 * RECORD_MAX_BYTES as u64 {
+            return Err(VolError::NoSpace);
+        }
+        let mut lba = first;
+        while lba < end {
+            let n = (end - lba).min(u64::from(u32::MAX));
+            self.append_range(&mut st, RecordKind::Trim, lba, n as u32)?;
+            lba += n;
+        }
+        let State { map, counters, .. } = &mut *st;
+        let mut removed = MapCounters::default();
+        let mut l = first;
+        while let Some(next) = map.next_allocated_page_lba(l).filter(|&n| n < end) {
+            let page_end = ((next / crate::map::PAGE_BLOCKS as u64) + 1) * crate::map::PAGE_BLOCKS as u64;
+            for x in next..page_end.min(end) {
+                removed.add(map.get(x));
+            }
+            l = page_end;
+        }
+        set_unmapped(map, first, end);
+        counters.data_blocks -= removed.data_blocks;
+        counters.zero_blocks -= removed.zero_blocks;
+        counters.stored_payload_bytes -= removed.stored_payload_bytes;
+        for i in 0..3 {
+            counters.codec_blocks[i] -= removed.codec_blocks[i];
+        }
+        Ok(())
+    }
+
+    /// WRITE_ZEROES: whole blocks become holes (or, with `no_hole`, zero
+    /// blocks that stay allocated in the map); partial edges are written.
+    pub fn write_zeroes(&self, offset: u64, len: u64, no_hole: bool, fua: bool) -> Result<(), VolError> {
+        self.check_range(offset, len)?;
+        self.check_writable()?;
+        let first = offset.div_ceil(BLOCK_SIZE_BYTES);
+        let end = (offset + len) / BLOCK_SIZE_BYTES;
+        if first >= end {
+            let zeros = vec![0u8; len as usize];
+            return self.write_at(offset, &zeros, fua);
+        }
+        let head = first * BLOCK_SIZE_BYTES - offset;
+        let tail = offset + len - end * BLOCK_SIZE_BYTES;
+        if head > 0 {
+            self.write_at(offset, &vec![0u8; head as usize], false)?;
+        }
+        if tail > 0 {
+            self.write_at(end * BLOCK_SIZE_BYTES, &vec![0u8; tail as usize], false)?;
+        }
+        if no_hole {
+            let _shared = self.rmw.read().expect("rmw lock");
+            self.zero_blocks(first, end)?;
+        } else {
+            let _shared = self.rmw.read().expect("rmw lock");
+            self.unmap_blocks(first, end)?;
+        }
+        self.after_write(fua)
+    }
+
+    fn zero_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
+        let mut st = self.lock_state();
+        self.check_writable()?;
+        let records = (end - first).div_ceil(u64::from(u32::MAX));
+        let extra_entries = (end - first) * 13;
+        if st.log.free_bytes() < records * 64 + extra_entries + self.reserve_bytes(&st) {
+            return Err(VolError::NoSpace);
+        }
+        let mut lba = first;
+        while lba < end {
+            let n = (end - lba).min(u64::from(u32::MAX));
+            self.append_range(&mut st, RecordKind::Zero, lba, n as u32)?;
+            lba += n;
+        }
+        (first..end).for_each(|l| self.set_entry(&mut st, l, MapEntry::ZERO));
+        Ok(())
+    }
+
+    // ---- reads ----
+
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolError> {
+        self.check_range(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let first = offset / BLOCK_SIZE_BYTES;
+        if offset % BLOCK_SIZE_BYTES == 0 && buf.len() % BS == 0 {
+            return self.read_blocks(first, buf);
+        }
+        let last = (offset + buf.len() as u64 - 1) / BLOCK_SIZE_BYTES;
+        let mut tmp = vec![0u8; ((last - first + 1) as usize) * BS];
+        self.read_blocks(first, &mut tmp)?;
+        let head = (offset % BLOCK_SIZE_BYTES) as usize;
+        buf.copy_from_slice(&tmp[head..head + buf.len()]);
+        Ok(())
+    }
+
+    fn read_blocks(&self, lba: u64, out: &mut [u8]) -> Result<(), VolError> {
+        let n = out.len() / BS;
+        let mut entries = Vec::with_capacity(n);
+        let mut buffered: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
+        {
+            let st = self.lock_state();
+            for i in 0..n as u64 {
+                let e = st.map.get(lba + i);
+                let b = match e.state_valid() {
+                    EntryState::Data { offset, len, .. } => st.log.buffered(offset, len as usize).map(<[u8]>::to_vec),
+                    _ => None,
+                };
+                entries.push(e);
+                buffered.push(b);
+            }
+        }
+        let mut i = 0;
+        while i < n {
+            let EntryState::Data { offset, len, .. } = entries[i].state_valid() else {
+                out[i * BS..(i + 1) * BS].fill(0);
+                i += 1;
+                continue;
+            };
+            if let Some(rec) = &buffered[i] {
+                self.decode_block(lba + i as u64, entries[i], rec, &mut out[i * BS..(i + 1) * BS])?;
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            let mut end = offset + u64::from(len);
+            while j < n && buffered[j].is_none() && end - offset < READ_MERGE_MAX_BYTES {
+                match entries[j].state_valid() {
+                    EntryState::Data { offset: o, len: l, .. } if o == end => end += u64::from(l),
+                    _ => break,
+                }
+                j += 1;
+            }
+            let mut run = vec![0u8; (end - offset) as usize];
+            self.storage.read_at(offset, &mut run).map_err(VolError::Io)?;
+            let mut at = 0usize;
+            for k in i..j {
+                let EntryState::Data { len, .. } = entries[k].state_valid() else { unreachable!("run holds data") };
+                let rec = &run[at..at + len as usize];
+                self.decode_block(lba + k as u64, entries[k], rec, &mut out[k * BS..(k + 1) * BS])?;
+                at += len as usize;
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    fn decode_block(&self, lba: u64, e: MapEntry, rec: &[u8], out: &mut [u8]) -> Result<(), VolError> {
+        let r = decode_block_record(lba, e, rec, out);
+        if let Err(detail) = r {
+            self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(lba, "corrupt block: {detail}");
+            return Err(VolError::Corrupt { lba, detail });
+        }
+        Ok(())
+    }
+
+    /// Allocation status from `offset`: zero-reading holes versus data.
+    pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolError> {
+        self.check_range(offset, len)?;
+        let end = offset + len;
+        let st = self.lock_state();
+        let mut out: Vec<Extent> = Vec::new();
+        let mut pos = offset;
+        while pos < end && out.len() < EXTENTS_MAX {
+            let lba = pos / BLOCK_SIZE_BYTES;
+            let (zero, next) = match st.map.next_allocated_page_lba(lba) {
+                Some(p) if p > lba => (true, p * BLOCK_SIZE_BYTES),
+                None => (true, end),
+                Some(_) => {
+                    let z = !matches!(st.map.get(lba).state_valid(), EntryState::Data { .. });
+                    (z, (lba + 1) * BLOCK_SIZE_BYTES)
+                }
+            };
+            let next = next.min(end);
+            match out.last_mut() {
+                Some(x) if x.zero == zero => x.length += next - pos,
+                _ => out.push(Extent { length: next - pos, zero }),
+            }
+            pos = next;
+        }
+        Ok(out)
+    }
+
+    // ---- durability ----
+
+    /// Makes every write that completed before this call durable.
+    pub fn flush(&self) -> Result<(), VolError> {
+        let _f = self.flush_lock.lock().expect("flush lock");
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(VolError::Poisoned);
+        }
+        let target = {
+            let mut st = self.lock_state();
+            if st.log.last_seq() == st.synced_seq {
+                return Ok(());
+            }
+            self.guard(st.log.pad_and_write(&*self.storage))?;
+            st.log.last_seq()
+        };
+        self.guard(self.storage.sync().map_err(VolError::Io))?;
+        let due = {
+            let mut st = self.lock_state();
+            st.synced_seq = st.synced_seq.max(target);
+            st.log.used_bytes() - st.log_used_at_checkpoint >= self.options.checkpoint_interval_bytes
+        };
+        if due {
+            match self.checkpoint_locked() {
+                Ok(()) | Err(VolError::NoSpace) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a checkpoint of the map and makes it the recovery start.
+    pub fn checkpoint(&self) -> Result<(), VolError> {
+        let _f = self.flush_lock.lock().expect("flush lock");
+        self.checkpoint_locked()
+    }
+
+    fn checkpoint_locked(&self) -> Result<(), VolError> {
+        self.check_writable()?;
+        let ptr = {
+            let mut st = self.lock_state();
+            let ptr = self.append_checkpoint(&mut st)?;
+            self.guard(st.log.pad_and_write(&*self.storage))?;
+            ptr
+        };
+        self.guard(self.storage.sync().map_err(VolError::Io))?;
+        let slot = CheckpointPointer::slot_offset(ptr.slot());
+        self.guard(self.storage.write_at(slot, &ptr.encode()).map_err(VolError::Io))?;
+        self.guard(self.storage.sync().map_err(VolError::Io))?;
+        let mut st = self.lock_state();
+        st.checkpoint_generation = ptr.generation;
+        st.synced_seq = st.synced_seq.max(ptr.commit_seq);
+        st.log_used_at_checkpoint = st.log.used_bytes();
+        tracing::debug!(generation = ptr.generation, seq = ptr.commit_seq, "checkpoint written");
+        Ok(())
+    }
+
+    /// Appends MAP_CHUNK records and the CKPT_COMMIT record; returns the pointer to publish.
+    fn append_checkpoint(&self, st: &mut State) -> Result<CheckpointPointer, VolError> {
+        let snapshot_seq = st.log.last_seq();
+        let chunks = encode_map_chunks(&st.map, (self.sb.segment_size_bytes as usize / 4).min(CHUNK_RAW_MAX_BYTES));
+        let mut refs = Vec::with_capacity(chunks.len());
+        for c in &chunks {
+            let crc = crc32c::crc32c(c);
+            let p = self.guard(st.log.append(&*self.storage, RecordKind::MapChunk, CodecTag::Lz4, 0, 0, c, crc))?;
+            refs.push(ChunkRef { offset: p.offset, len: p.len, crc: p.crc });
+        }
+        let commit = CommitPayload { snapshot_seq, logical_blocks: self.sb.logical_blocks(), chunks: refs }.encode();
+        let crc = crc32c::crc32c(&commit);
+        let p = self.guard(st.log.append(&*self.storage, RecordKind::CkptCommit, CodecTag::None, 0, 0, &commit, crc))?;
+        Ok(CheckpointPointer {
+            generation: st.checkpoint_generation + 1,
+            commit_offset: p.offset,
+            commit_len: p.len,
+            commit_epoch: st.log.epoch,
+            commit_seq: p.seq,
+        })
+    }
+
+    /// Flushes and checkpoints (a clean close). Safe to call more than once.
+    pub fn close(&self) -> Result<(), VolError> {
+        if self.options.read_only {
+            return Ok(());
+        }
+        self.flush()?;
+        match self.checkpoint() {
+            Ok(()) => Ok(()),
+            Err(VolError::NoSpace) => {
+                tracing::warn!("no space for a final checkpoint; the next open replays the log instead");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn stats(&self) -> VolumeStats {
+        let st = self.lock_state();
+        let c = &st.counters;
+        let bs = BLOCK_SIZE_BYTES;
+        let mapped = c.data_blocks * bs;
+        let used = self.sb.data_offset_bytes + st.log.used_bytes();
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        VolumeStats {
+            logical_size_bytes: self.sb.logical_size_bytes,
+            physical_size_bytes: self.sb.physical_size_bytes,
+            mapped_bytes: mapped,
+            zero_bytes: c.zero_blocks * bs,
+            unmapped_bytes: self.sb.logical_size_bytes - mapped - c.zero_blocks * bs,
+            stored_bytes: c.stored_payload_bytes,
+            physical_used_bytes: used,
+            physical_free_bytes: st.log.free_bytes(),
+            reduction_ratio: ratio(mapped, used),
+            compression_ratio: ratio(mapped, c.stored_payload_bytes),
+            blocks_by_codec: CodecBlocks::from_counts(&c.codec_blocks),
+            codec_none_blocks: c.codec_blocks[CodecTag::None as usize],
+            codec_lz4_blocks: c.codec_blocks[CodecTag::Lz4 as usize],
+            codec_zstd_blocks: c.codec_blocks[CodecTag::Zstd as usize],
+            codec: self.codec.to_string(),
+            segment_size_bytes: self.sb.segment_size_bytes,
+            segments_total: self.sb.segment_count(),
+            segments_used: st.log.segment + 1,
+            client_bytes_written: self.client_bytes_written.load(Ordering::Relaxed),
+            media_bytes_written: st.log.media_bytes_written,
+            corrupt_reads: self.corrupt_reads.load(Ordering::Relaxed),
+            map_memory_bytes: st.map.memory_bytes(),
+            checkpoint_generation: st.checkpoint_generation,
+            last_seq: st.log.last_seq(),
+            epoch: st.log.epoch,
+            read_only: self.options.read_only,
+            poisoned: self.poisoned.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// Verifies a DATA record against the map entry that points at it and
+/// decompresses the block for `lba` into `out`.
+pub fn decode_block_record(lba: u64, e: MapEntry, rec: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let (h, payload) = RecordHeader::decode_verified(rec).map_err(|e| e.to_string())?;
+    if h.crc != e.crc {
+        return Err(format!("record crc {:#010x} is not the one the map expects ({:#010x}): stale or misdirected", h.crc, e.crc));
+    }
+    let in_unit = h.lba <= lba && lba < h.lba + u64::from(h.nblocks);
+    if h.kind != RecordKind::Data || !in_unit {
+        return Err(format!("record holds lba {}+{} of kind {:?}, not lba {lba}", h.lba, h.nblocks, h.kind));
+    }
+    if h.nblocks == 1 {
+        return codec::decompress(h.codec, payload, out);
+    }
+    let mut unit = vec![0u8; h.nblocks as usize * BS];
+    codec::decompress(h.codec, payload, &mut unit)?;
+    let at = (lba - h.lba) as usize * BS;
+    out.copy_from_slice(&unit[at..at + BS]);
+    Ok(())
+}
+
+/// Encodes the map's non-unmapped entries as lz4-compressed chunk payloads.
+fn encode_map_chunks(map: &BlockMap, raw_max: usize) -> Vec<Vec<u8>> {
+    let mut chunks = Vec::new();
+    let mut raw = Vec::new();
+    let mut run: Vec<MapEntry> = Vec::new();
+    let mut run_start = 0u64;
+    map.for_each_mapped(|lba, e| {
+        if !run.is_empty() && lba != run_start + run.len() as u64 {
+            push_run(&mut raw, run_start, &run);
+            run.clear();
+        }
+        if run.is_empty() {
+            run_start = lba;
+        }
+        run.push(e);
+        if raw.len() + run.len() * 12 >= raw_max {
+            push_run(&mut raw, run_start, &run);
+            run.clear();
+            chunks.push(lz4_flex::block::compress_prepend_size(&raw));
+            raw.clear();
+        }
+    });
+    if !run.is_empty() {
+        push_run(&mut raw, run_start, &run);
+    }
+    if !raw.is_empty() {
+        chunks.push(lz4_flex::block::compress_prepend_size(&raw));
+    }
+    chunks
+}

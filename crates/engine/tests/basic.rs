@@ -1,0 +1,148 @@
+//! Basic volume behaviour over the simulated store.
+use cvol_engine::{Codec, CreateOptions, OpenOptions, VolError, Volume};
+use cvol_storage::{SimStorage, Storage};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+
+fn create(sim: &SimStorage, logical: u64, codec: Codec) -> Volume {
+    let opts = CreateOptions { logical_size_bytes: logical, physical_size_bytes: sim.len_bytes(), codec, segment_size_bytes: MIB };
+    Volume::create(Arc::new(sim.clone()), &opts).unwrap()
+}
+
+fn reopen(sim: &SimStorage) -> Volume {
+    Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap()
+}
+
+fn text(seed: u8, len: usize) -> Vec<u8> {
+    let words = ["alpha ", "beta ", "gamma ", "delta ", "epsilon "];
+    let mut v = Vec::with_capacity(len);
+    let mut i = seed as usize;
+    while v.len() < len {
+        v.extend_from_slice(words[i % words.len()].as_bytes());
+        v.push(seed);
+        i = i.wrapping_mul(7).wrapping_add(3);
+    }
+    v.truncate(len);
+    v
+}
+
+#[test]
+fn write_read_reopen_every_codec() {
+    for codec in [Codec::Lz4, Codec::Zstd(3), Codec::None] {
+        let sim = SimStorage::new(16 * MIB);
+        let vol = create(&sim, 64 * MIB, codec);
+        let a = text(1, 64 << 10);
+        vol.write_at(8192, &a, false).unwrap();
+        let mut b = vec![0u8; a.len()];
+        vol.read_at(8192, &mut b).unwrap();
+        assert!(a == b);
+        vol.flush().unwrap();
+        drop(vol);
+        let vol = reopen(&sim);
+        let mut b = vec![0u8; a.len()];
+        vol.read_at(8192, &mut b).unwrap();
+        assert!(a == b, "{codec}");
+        let s = vol.stats();
+        assert_eq!(s.mapped_bytes, 64 << 10);
+        if codec == Codec::None {
+            assert_eq!(s.codec_none_blocks, 16);
+        } else {
+            assert!(s.stored_bytes < 32 << 10, "{codec}: stored {}", s.stored_bytes);
+        }
+    }
+}
+
+#[test]
+fn unaligned_zero_trim_and_status() {
+    let sim = SimStorage::new(16 * MIB);
+    let vol = create(&sim, 8 * MIB, Codec::Lz4);
+    let mut model = vec![0u8; 8 * MIB as usize];
+    let d = text(2, 3000);
+    vol.write_at(1000, &d, false).unwrap();
+    model[1000..4000].copy_from_slice(&d);
+    let d2 = text(3, 10000);
+    vol.write_at(4095, &d2, false).unwrap();
+    model[4095..14095].copy_from_slice(&d2);
+    vol.write_zeroes(2000, 9000, false, false).unwrap();
+    model[2000..11000].fill(0);
+    let mut b = vec![0u8; 20000];
+    vol.read_at(0, &mut b).unwrap();
+    assert!(b[..] == model[..20000]);
+    vol.trim(0, 8 * MIB, false).unwrap();
+    let st = vol.block_status(0, 8 * MIB).unwrap();
+    assert_eq!(st.len(), 1);
+    assert!(st[0].zero);
+    vol.read_at(0, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(vol.stats().mapped_bytes, 0);
+    // zero blocks written as data become zero state, not data
+    vol.write_at(0, &vec![0u8; 8192], false).unwrap();
+    assert_eq!(vol.stats().zero_bytes, 8192);
+    assert_eq!(vol.stats().mapped_bytes, 0);
+}
+
+#[test]
+fn out_of_range_and_read_only() {
+    let sim = SimStorage::new(16 * MIB);
+    let vol = create(&sim, 8 * MIB, Codec::Lz4);
+    assert!(matches!(vol.write_at(8 * MIB - 100, &[1u8; 200], false), Err(VolError::OutOfRange)));
+    assert!(matches!(vol.read_at(u64::MAX - 10, &mut [0u8; 20]), Err(VolError::OutOfRange)));
+    vol.write_at(0, &text(4, 4096), false).unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let ro = Volume::open(Arc::new(sim.clone()), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    assert!(matches!(ro.write_at(0, &[1u8; 4096], false), Err(VolError::ReadOnly)));
+    let mut b = vec![0u8; 4096];
+    ro.read_at(0, &mut b).unwrap();
+    assert!(b == text(4, 4096));
+}
+
+#[test]
+fn fills_up_with_enospc_stays_readable_and_reopens() {
+    let sim = SimStorage::new(8 * MIB);
+    let vol = create(&sim, 64 * MIB, Codec::None);
+    let mut written = 0u64;
+    let err = loop {
+        let block = text(((written / (64 << 10)) % 200) as u8, 64 << 10);
+        match vol.write_at(written, &block, false) {
+            Ok(()) => written += 64 << 10,
+            Err(e) => break e,
+        }
+        assert!(written < 64 * MIB, "never ran out of space");
+    };
+    assert!(matches!(err, VolError::NoSpace), "{err}");
+    assert!(written >= 4 * MIB, "only {written} bytes fit");
+    vol.flush().unwrap();
+    vol.close().unwrap();
+    for v in [&vol, &reopen(&sim)] {
+        let mut b = vec![0u8; 64 << 10];
+        for off in (0..written).step_by(64 << 10) {
+            v.read_at(off, &mut b).unwrap();
+            assert!(b == text(((off / (64 << 10)) % 200) as u8, 64 << 10), "block at {off}");
+        }
+    }
+}
+
+#[test]
+fn checkpoint_then_more_writes_then_crash_recovers() {
+    let sim = SimStorage::new(32 * MIB);
+    let vol = create(&sim, 32 * MIB, Codec::Lz4);
+    for i in 0..200u64 {
+        vol.write_at(i * 4096, &text(i as u8, 4096), false).unwrap();
+    }
+    vol.checkpoint().unwrap();
+    for i in 100..300u64 {
+        vol.write_at(i * 4096, &text((i + 1) as u8, 4096), false).unwrap();
+    }
+    vol.flush().unwrap();
+    let crashed = sim.crash(7);
+    drop(vol);
+    let v = Volume::open(Arc::new(crashed), OpenOptions::default()).unwrap();
+    let mut b = vec![0u8; 4096];
+    for i in 0..300u64 {
+        v.read_at(i * 4096, &mut b).unwrap();
+        let want = if i < 100 { text(i as u8, 4096) } else { text((i + 1) as u8, 4096) };
+        assert!(b == want, "block {i}");
+    }
+}

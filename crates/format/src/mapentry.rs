@@ -1,0 +1,110 @@
+//! Block map entry: 12 bytes per logical block, in memory and in checkpoints.
+//!
+//! ```text
+//! loc: u64
+//!   bits  0..43  physical byte offset of the record header (8 TiB)
+//!   bits 43..60  record length, header + payload (< 128 KiB)
+//!   bits 60..64  state: 0 unmapped, 1 zero, 2 data/none, 3 data/lz4, 4 data/zstd
+//! crc: u32       the record's CRC (catches stale or misdirected records)
+//! ```
+//! Checkpoint encoding: `loc` (8 bytes LE) then `crc` (4 bytes LE).
+use crate::*;
+
+const OFFSET_BITS: u32 = 43;
+const LEN_BITS: u32 = 17;
+const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
+const LEN_MASK: u64 = (1 << LEN_BITS) - 1;
+const STATE_SHIFT: u32 = OFFSET_BITS + LEN_BITS;
+pub const MAP_ENTRY_BYTES: usize = 12;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryState {
+    /// Never written, or trimmed: reads as zeros, reported as a hole.
+    Unmapped,
+    /// Written as zeros: reads as zeros, costs no data space.
+    Zero,
+    /// Points at a DATA record.
+    Data { codec: CodecTag, offset: u64, len: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MapEntry {
+    pub loc: u64,
+    pub crc: u32,
+}
+
+impl MapEntry {
+    pub const UNMAPPED: MapEntry = MapEntry { loc: 0, crc: 0 };
+    pub const ZERO: MapEntry = MapEntry { loc: 1 << STATE_SHIFT, crc: 0 };
+
+    pub fn data(codec: CodecTag, offset: u64, len: u32, crc: u32) -> MapEntry {
+        assert!(offset <= OFFSET_MASK, "offset beyond 8 TiB");
+        assert!(u64::from(len) <= LEN_MASK && len as usize >= record::RECORD_HEADER_BYTES);
+        let state = 2 + codec as u64;
+        MapEntry { loc: (state << STATE_SHIFT) | (u64::from(len) << OFFSET_BITS) | offset, crc }
+    }
+
+    pub fn state(&self) -> Result<EntryState, FormatError> {
+        let offset = self.loc & OFFSET_MASK;
+        let len = ((self.loc >> OFFSET_BITS) & LEN_MASK) as u32;
+        match self.loc >> STATE_SHIFT {
+            0 | 1 if offset != 0 || len != 0 || self.crc != 0 => Err(FormatError::Invalid("map entry")),
+            0 => Ok(EntryState::Unmapped),
+            1 => Ok(EntryState::Zero),
+            s @ 2..=4 => {
+                if (len as usize) < record::RECORD_HEADER_BYTES {
+                    return Err(FormatError::Invalid("map entry length"));
+                }
+                let codec = CodecTag::from_u8((s - 2) as u8)?;
+                Ok(EntryState::Data { codec, offset, len })
+            }
+            _ => Err(FormatError::Invalid("map entry state")),
+        }
+    }
+
+    /// State of an entry known valid (in-memory map). Panics on a corrupt entry.
+    pub fn state_valid(&self) -> EntryState {
+        self.state().expect("in-memory map entry is valid")
+    }
+
+    pub fn is_unmapped(&self) -> bool {
+        self.loc == 0
+    }
+
+    pub fn encode(&self, out: &mut [u8]) {
+        put_u64(out, 0, self.loc);
+        put_u32(out, 8, self.crc);
+    }
+
+    pub fn decode(b: &[u8]) -> Result<MapEntry, FormatError> {
+        need(b, MAP_ENTRY_BYTES)?;
+        let e = MapEntry { loc: get_u64(b, 0), crc: get_u32(b, 8) };
+        e.state()?;
+        Ok(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_roundtrip() {
+        assert_eq!(MapEntry::UNMAPPED.state().unwrap(), EntryState::Unmapped);
+        assert_eq!(MapEntry::ZERO.state().unwrap(), EntryState::Zero);
+        for codec in CodecTag::ALL {
+            let e = MapEntry::data(codec, (1 << 43) - 1, 4140, 0x1234_5678);
+            assert_eq!(e.state().unwrap(), EntryState::Data { codec, offset: (1 << 43) - 1, len: 4140 });
+            let mut b = [0u8; MAP_ENTRY_BYTES];
+            e.encode(&mut b);
+            assert_eq!(MapEntry::decode(&b).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn invalid_states_rejected() {
+        assert!(MapEntry { loc: 5 << STATE_SHIFT, crc: 0 }.state().is_err());
+        assert!(MapEntry { loc: 7, crc: 0 }.state().is_err());
+        assert!(MapEntry { loc: (2 << STATE_SHIFT) | 100, crc: 0 }.state().is_err());
+    }
+}

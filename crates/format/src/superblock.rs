@@ -1,0 +1,191 @@
+//! Superblock: static volume configuration, written twice at create time.
+//!
+//! ```text
+//! offset size field
+//! 0      8    magic "CVOLSUPR"
+//! 8      4    version (1)
+//! 12     4    flags (0)
+//! 16     16   volume uuid (random)
+//! 32     8    logical_size_bytes   (multiple of 4096)
+//! 40     8    physical_size_bytes  (backing bytes the volume may use)
+//! 48     8    segment_size_bytes   (power of two, >= 1 MiB)
+//! 56     8    data_offset_bytes    (first byte of segment 0)
+//! 64     1    codec tag (volume default)
+//! 65     1    codec level (zstd level, 0 otherwise)
+//! 66     6    reserved (0)
+//! 72     8    created_unix_secs
+//! 80     4    crc32c of bytes [0, 80)
+//! 84          end; the rest of the 4 KiB copy is zero
+//! ```
+use crate::*;
+
+pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"CVOLSUPR";
+pub const FORMAT_VERSION: u32 = 1;
+pub const SUPERBLOCK_BYTES: usize = 4096;
+const OFF_VERSION: usize = 8;
+const OFF_FLAGS: usize = OFF_VERSION + 4;
+const OFF_UUID: usize = OFF_FLAGS + 4;
+const OFF_LOGICAL: usize = OFF_UUID + 16;
+const OFF_PHYSICAL: usize = OFF_LOGICAL + 8;
+const OFF_SEGMENT: usize = OFF_PHYSICAL + 8;
+const OFF_DATA: usize = OFF_SEGMENT + 8;
+const OFF_CODEC: usize = OFF_DATA + 8;
+const OFF_LEVEL: usize = OFF_CODEC + 1;
+const OFF_CREATED: usize = OFF_LEVEL + 1 + 6;
+const OFF_CRC: usize = OFF_CREATED + 8;
+const END: usize = OFF_CRC + 4;
+
+pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
+pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub uuid: [u8; 16],
+    pub logical_size_bytes: u64,
+    pub physical_size_bytes: u64,
+    pub segment_size_bytes: u64,
+    pub data_offset_bytes: u64,
+    pub codec: CodecTag,
+    pub codec_level: u8,
+    pub created_unix_secs: u64,
+}
+
+impl Superblock {
+    /// Tag every record carries so that records of another volume are rejected.
+    pub fn volume_tag(&self) -> u32 {
+        crc32c::crc32c(&self.uuid)
+    }
+
+    pub fn segment_count(&self) -> u64 {
+        (self.physical_size_bytes - self.data_offset_bytes) / self.segment_size_bytes
+    }
+
+    pub fn logical_blocks(&self) -> u64 {
+        self.logical_size_bytes / BLOCK_SIZE_BYTES
+    }
+
+    pub fn segment_offset(&self, segment: u64) -> u64 {
+        debug_assert!(segment < self.segment_count());
+        self.data_offset_bytes + segment * self.segment_size_bytes
+    }
+
+    /// Checks the fields against each other; used after decode and before create.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        if self.logical_size_bytes == 0 || self.logical_size_bytes % BLOCK_SIZE_BYTES != 0 {
+            return Err(FormatError::Invalid("logical size must be a non-zero multiple of 4096"));
+        }
+        if self.logical_size_bytes > LOGICAL_SIZE_MAX_BYTES {
+            return Err(FormatError::Invalid("logical size above 16 TiB"));
+        }
+        if !self.segment_size_bytes.is_power_of_two()
+            || self.segment_size_bytes < SEGMENT_SIZE_MIN_BYTES
+            || self.segment_size_bytes > SEGMENT_SIZE_MAX_BYTES
+        {
+            return Err(FormatError::Invalid("segment size must be a power of two in [1 MiB, 1 GiB]"));
+        }
+        if self.data_offset_bytes < DATA_OFFSET_BYTES || self.data_offset_bytes % SECTOR_SIZE_BYTES != 0 {
+            return Err(FormatError::Invalid("data offset"));
+        }
+        if self.physical_size_bytes > PHYSICAL_SIZE_MAX_BYTES {
+            return Err(FormatError::Invalid("physical size above 8 TiB"));
+        }
+        if self.physical_size_bytes < self.data_offset_bytes + 2 * self.segment_size_bytes {
+            return Err(FormatError::Invalid("physical size too small: need metadata plus two segments"));
+        }
+        Ok(())
+    }
+
+    pub fn encode(&self) -> [u8; SUPERBLOCK_BYTES] {
+        let mut b = [0u8; SUPERBLOCK_BYTES];
+        b[0..8].copy_from_slice(&SUPERBLOCK_MAGIC);
+        put_u32(&mut b, OFF_VERSION, FORMAT_VERSION);
+        put_u32(&mut b, OFF_FLAGS, 0);
+        b[OFF_UUID..OFF_UUID + 16].copy_from_slice(&self.uuid);
+        put_u64(&mut b, OFF_LOGICAL, self.logical_size_bytes);
+        put_u64(&mut b, OFF_PHYSICAL, self.physical_size_bytes);
+        put_u64(&mut b, OFF_SEGMENT, self.segment_size_bytes);
+        put_u64(&mut b, OFF_DATA, self.data_offset_bytes);
+        b[OFF_CODEC] = self.codec as u8;
+        b[OFF_LEVEL] = self.codec_level;
+        put_u64(&mut b, OFF_CREATED, self.created_unix_secs);
+        let crc = crc32c::crc32c(&b[..OFF_CRC]);
+        put_u32(&mut b, OFF_CRC, crc);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Superblock, FormatError> {
+        need(b, END)?;
+        if b[0..8] != SUPERBLOCK_MAGIC {
+            return Err(FormatError::BadMagic);
+        }
+        let stored = get_u32(b, OFF_CRC);
+        let computed = crc32c::crc32c(&b[..OFF_CRC]);
+        if stored != computed {
+            return Err(FormatError::BadChecksum { stored, computed });
+        }
+        let version = get_u32(b, OFF_VERSION);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion(version));
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[OFF_UUID..OFF_UUID + 16]);
+        let sb = Superblock {
+            uuid,
+            logical_size_bytes: get_u64(b, OFF_LOGICAL),
+            physical_size_bytes: get_u64(b, OFF_PHYSICAL),
+            segment_size_bytes: get_u64(b, OFF_SEGMENT),
+            data_offset_bytes: get_u64(b, OFF_DATA),
+            codec: CodecTag::from_u8(b[OFF_CODEC])?,
+            codec_level: b[OFF_LEVEL],
+            created_unix_secs: get_u64(b, OFF_CREATED),
+        };
+        sb.validate()?;
+        Ok(sb)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub fn sample() -> Superblock {
+        Superblock {
+            uuid: [7; 16],
+            logical_size_bytes: 1 << 30,
+            physical_size_bytes: 1 << 29,
+            segment_size_bytes: 4 << 20,
+            data_offset_bytes: DATA_OFFSET_BYTES,
+            codec: CodecTag::Zstd,
+            codec_level: 3,
+            created_unix_secs: 1_700_000_000,
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let sb = sample();
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+        assert_eq!(sb.segment_count(), ((1 << 29) - (1 << 20)) / (4 << 20));
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let b = sample().encode();
+        for bit in 0..(END * 8) {
+            let mut c = b;
+            c[bit / 8] ^= 1 << (bit % 8);
+            assert!(Superblock::decode(&c).is_err(), "bit {bit} flip not detected");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_geometry() {
+        let mut sb = sample();
+        sb.segment_size_bytes = 3 << 20;
+        assert!(sb.validate().is_err());
+        let mut sb = sample();
+        sb.physical_size_bytes = 2 << 20;
+        assert!(sb.validate().is_err());
+        assert!(Superblock::decode(&[0u8; 10]).is_err());
+    }
+}

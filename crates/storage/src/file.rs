@@ -1,0 +1,121 @@
+use crate::{check_range, Storage};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::path::Path;
+
+/// A regular file or a block device, accessed with pread/pwrite.
+pub struct FileStorage {
+    file: File,
+    size_bytes: u64,
+    is_block_device: bool,
+}
+
+impl FileStorage {
+    /// Opens `path`. With `lock_exclusive` the call fails at once when another
+    /// process holds the volume (advisory `flock`); otherwise a shared lock is
+    /// taken, which also fails while a writer holds it.
+    pub fn open(path: &Path, writable: bool, lock_exclusive: bool) -> io::Result<FileStorage> {
+        let mut file = OpenOptions::new().read(true).write(writable).open(path)?;
+        let mode = if lock_exclusive {
+            rustix::fs::FlockOperation::NonBlockingLockExclusive
+        } else {
+            rustix::fs::FlockOperation::NonBlockingLockShared
+        };
+        rustix::fs::flock(&file, mode).map_err(|e| {
+            if e == rustix::io::Errno::WOULDBLOCK {
+                io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!("{} is in use by another cvol process (locked)", path.display()),
+                )
+            } else {
+                io::Error::from(e)
+            }
+        })?;
+        let is_block_device = file.metadata()?.file_type().is_block_device();
+        let size_bytes = file.seek(SeekFrom::End(0))?;
+        Ok(FileStorage { file, size_bytes, is_block_device })
+    }
+
+    /// Creates (or truncates, for a file) a backing store of `size_bytes`.
+    /// A regular file is created sparse; a block device must be large enough.
+    pub fn create(path: &Path, size_bytes: u64) -> io::Result<FileStorage> {
+        let exists = path.exists();
+        let is_block = exists && std::fs::metadata(path)?.file_type().is_block_device();
+        if !is_block {
+            let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+            f.set_len(size_bytes)?;
+        }
+        let st = FileStorage::open(path, true, true)?;
+        if st.size_bytes < size_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} holds {} bytes, less than the {} requested", path.display(), st.size_bytes, size_bytes),
+            ));
+        }
+        Ok(st)
+    }
+
+    pub fn is_block_device(&self) -> bool {
+        self.is_block_device
+    }
+}
+
+impl Storage for FileStorage {
+    fn len_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size_bytes)?;
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        check_range(offset, data.len(), self.size_bytes)?;
+        self.file.write_all_at(data, offset)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(offset, 0, self.size_bytes)?;
+        if self.is_block_device {
+            return Ok(()); // BLKDISCARD support lands with the cleaner issue.
+        }
+        rustix::fs::fallocate(
+            &self.file,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        )
+        .map_err(io::Error::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_write_read_lock() {
+        let dir = std::env::temp_dir().join(format!("cvol-storage-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("vol");
+        let s = FileStorage::create(&p, 1 << 20).unwrap();
+        assert_eq!(s.len_bytes(), 1 << 20);
+        s.write_at(4096, b"abc").unwrap();
+        s.sync().unwrap();
+        let mut b = [0u8; 3];
+        s.read_at(4096, &mut b).unwrap();
+        assert_eq!(&b, b"abc");
+        assert!(s.read_at((1 << 20) - 1, &mut b).is_err());
+        let e = FileStorage::open(&p, true, true).err().expect("second exclusive open must fail");
+        assert!(e.to_string().contains("in use"), "{e}");
+        drop(s);
+        FileStorage::open(&p, false, false).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

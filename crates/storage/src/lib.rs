@@ -1,0 +1,43 @@
+//! Storage: the seam between the cvol engine and its media.
+//!
+//! `FileStorage` serves a regular file or a block device with positional I/O.
+//! `SimStorage` keeps the image in memory, remembers which writes are not yet
+//! synced, and at a simulated crash keeps, drops or tears (per 512-byte
+//! sector) each of them; it also injects I/O errors.
+
+mod file;
+mod sim;
+
+pub use file::FileStorage;
+pub use sim::{SimConfig, SimStorage};
+
+use std::io;
+
+/// Media access. Implementations are shared between threads.
+///
+/// Semantics the engine relies on (documented in docs/FORMAT.md):
+/// - `write_at` data may be lost at a crash until `sync` returns.
+/// - after `sync` returns, every earlier completed write is durable.
+/// - a write of one aligned 512-byte sector is atomic (old or new content).
+pub trait Storage: Send + Sync {
+    /// Usable size in bytes.
+    fn len_bytes(&self) -> u64;
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    fn sync(&self) -> io::Result<()>;
+    /// Tells the media a range holds no data any more (hole punch / discard).
+    /// Advisory: the range may still read back old bytes.
+    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("I/O at {offset}+{len} beyond the end of the store ({size} bytes)"),
+        )),
+    }
+}
