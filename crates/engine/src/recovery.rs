@@ -70,6 +70,19 @@ pub fn read_pointers(storage: &dyn Storage) -> [Option<CheckpointPointer>; 2] {
     out
 }
 
+/// Rebuilds the map from the whole log, ignoring every checkpoint. Used by
+/// `cvol check` to cross-check the checkpointed map.
+pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
+    let index = first_record_index(storage, sb);
+    let Some(&segment) = index.get(&1).and_then(|v| v.first()) else {
+        return Err("no log start (record seq 1) found".into());
+    };
+    let mut map = BlockMap::new(sb.logical_blocks());
+    let start = Start { segment, offset: 0, expected_seq: 1, epoch: 0 };
+    let r = roll_forward(storage, sb, &mut map, start, &index)?;
+    Ok(Recovered { map, ..r })
+}
+
 pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
     let mut warnings = Vec::new();
     let mut ptrs: Vec<CheckpointPointer> = read_pointers(storage).into_iter().flatten().collect();

@@ -27,6 +27,8 @@ const BS: usize = BLOCK_SIZE_BYTES as usize;
 const CHUNK_RAW_MAX_BYTES: usize = 256 << 10;
 /// Storage reads of adjacent records are merged up to this size.
 const READ_MERGE_MAX_BYTES: u64 = 1 << 20;
+/// Metadata bytes written outside the log (two superblocks, two pointer slots).
+const METADATA_BYTES: u64 = cvol_format::POINTER_SLOT_1_OFFSET + 4096;
 /// Most extents one block-status call returns.
 const EXTENTS_MAX: usize = 1024;
 
@@ -684,7 +686,7 @@ impl Volume {
         let c = &st.counters;
         let bs = BLOCK_SIZE_BYTES;
         let mapped = c.data_blocks * bs;
-        let used = self.sb.data_offset_bytes + st.log.used_bytes();
+        let used = METADATA_BYTES + st.log.used_bytes();
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         VolumeStats {
             logical_size_bytes: self.sb.logical_size_bytes,

@@ -26,7 +26,7 @@ impl FileStorage {
             if e == rustix::io::Errno::WOULDBLOCK {
                 io::Error::new(
                     io::ErrorKind::WouldBlock,
-                    format!("{} is in use by another cvol process (locked)", path.display()),
+                    "in use by another cvol process (locked)".to_string(),
                 )
             } else {
                 io::Error::from(e)

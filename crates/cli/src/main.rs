@@ -1,0 +1,333 @@
+//! `cvol`: create, serve, inspect and verify compressed volumes.
+mod backend;
+mod control;
+mod size;
+
+use clap::{Parser, Subcommand};
+use cvol_engine::{Codec, CreateOptions, OpenOptions, Volume};
+use cvol_nbd::{Server, ServerConfig};
+use cvol_storage::{FileStorage, Storage};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+const DEFAULT_VOLUME: &str = "cvol-data/default.cvol";
+const DEFAULT_SIZE: &str = "16G";
+const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+#[derive(Parser)]
+#[command(name = "cvol", version, about = "A compressed, crash-safe block device served over NBD")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a volume on a file (created sparse) or an existing block device.
+    Create {
+        volume: PathBuf,
+        /// Logical size clients see (e.g. 64M, 16G, 1T); may exceed the physical size.
+        #[arg(long)]
+        size: String,
+        /// Backing bytes the volume may use (default: the file's --size, or the device size).
+        #[arg(long)]
+        physical_size: Option<String>,
+        /// lz4, zstd:LEVEL (1-19) or none.
+        #[arg(long, default_value = "lz4")]
+        codec: String,
+        /// Overwrite an existing volume.
+        #[arg(long)]
+        force: bool,
+        /// Segment size (power of two, 1M to 1G; default 4M, or 1M below 1 GiB physical).
+        #[arg(long, hide = true)]
+        segment_size: Option<String>,
+    },
+    /// Serve a volume over NBD (default: ./cvol-data/default.cvol, created if absent).
+    Serve {
+        volume: Option<PathBuf>,
+        /// Listen on a Unix socket.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Listen on TCP ADDR:PORT (default 127.0.0.1:10809 when no --socket is given).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Export name (clients asking for "" get it too).
+        #[arg(long, default_value = "")]
+        export: String,
+        #[arg(long)]
+        read_only: bool,
+        /// Make every write durable before replying.
+        #[arg(long)]
+        sync: bool,
+        /// Worker threads running requests (default: 2 per core, at least 4).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
+    /// Show space and reduction statistics (asks the server when the volume is served).
+    Stat {
+        volume: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify every record and all metadata offline; exit 0 only if consistent.
+    Check {
+        volume: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CVOL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Create { volume, size, physical_size, codec, force, segment_size } => {
+            cmd_create(&volume, &size, physical_size.as_deref(), &codec, force, segment_size.as_deref())
+        }
+        Command::Serve { volume, socket, listen, export, read_only, sync, workers } => {
+            cmd_serve(volume, socket, listen, export, read_only, sync, workers)
+        }
+        Command::Stat { volume, json } => cmd_stat(&volume, json),
+        Command::Check { volume, json } => cmd_check(&volume, json),
+    };
+    match r {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("cvol: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn looks_like_volume(path: &Path) -> bool {
+    let Ok(st) = FileStorage::open(path, false, false) else { return false };
+    let mut b = [0u8; 8];
+    st.read_at(0, &mut b).is_ok() && &b == b"CVOLSUPR"
+}
+
+fn cmd_create(
+    path: &Path,
+    size: &str,
+    physical: Option<&str>,
+    codec: &str,
+    force: bool,
+    segment_size: Option<&str>,
+) -> Result<ExitCode, String> {
+    let logical = size::parse_size(size)?;
+    if logical == 0 || logical % 4096 != 0 {
+        return Err(format!("--size {size} must be a non-zero multiple of 4096 bytes"));
+    }
+    let codec = Codec::parse(codec)?;
+    let is_block = std::fs::metadata(path).map(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_block_device()
+    });
+    let exists = is_block.is_ok();
+    let is_block = is_block.unwrap_or(false);
+    if exists && !force {
+        let non_empty = std::fs::metadata(path).map(|m| m.len() > 0).unwrap_or(false);
+        if looks_like_volume(path) || (!is_block && non_empty) {
+            return Err(format!("{} already exists; pass --force to overwrite it", path.display()));
+        }
+    }
+    let physical = match physical {
+        Some(p) => size::parse_size(p)?,
+        None if is_block => FileStorage::open(path, false, false).map_err(|e| e.to_string())?.len_bytes(),
+        None => logical,
+    };
+    let storage = if is_block {
+        FileStorage::open(path, true, true)
+    } else {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        FileStorage::create(path, physical)
+    }
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    let segment_size_bytes = segment_size.map(size::parse_size).transpose()?.unwrap_or(0);
+    let opts = CreateOptions { logical_size_bytes: logical, physical_size_bytes: physical, codec, segment_size_bytes };
+    let vol = Volume::create(Arc::new(storage), &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    vol.close().map_err(|e| e.to_string())?;
+    println!(
+        "created {}: {} logical, {} physical, codec {}",
+        path.display(),
+        bytesize::ByteSize(logical).to_string_as(true),
+        bytesize::ByteSize(physical).to_string_as(true),
+        codec
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_serve(
+    volume: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    listen: Option<String>,
+    export: String,
+    read_only: bool,
+    sync: bool,
+    workers: Option<usize>,
+) -> Result<ExitCode, String> {
+    let path = match volume {
+        Some(p) => p,
+        None => {
+            let p = PathBuf::from(DEFAULT_VOLUME);
+            if !p.exists() {
+                cmd_create(&p, DEFAULT_SIZE, None, "lz4", false, None)?;
+            }
+            p
+        }
+    };
+    let storage = FileStorage::open(&path, !read_only, true).map_err(|e| format!("{}: {e}", path.display()))?;
+    let options = OpenOptions { read_only, sync_writes: sync, ..OpenOptions::default() };
+    let vol = Arc::new(Volume::open(Arc::new(storage), options).map_err(|e| format!("{}: {e}", path.display()))?);
+    let mut config = ServerConfig { export_name: export.clone(), ..ServerConfig::default() };
+    if let Some(w) = workers {
+        config.workers = w.max(1);
+    }
+    let server = Server::new(Arc::new(backend::VolumeBackend { volume: vol.clone() }), config);
+    let mut uris = Vec::new();
+    if let Some(sock) = &socket {
+        let _ = std::fs::remove_file(sock);
+        let l = std::os::unix::net::UnixListener::bind(sock).map_err(|e| format!("binding {}: {e}", sock.display()))?;
+        server.serve_unix(l).map_err(|e| e.to_string())?;
+        uris.push(format!("nbd+unix:///{export}?socket={}", sock.display()));
+    }
+    if listen.is_some() || socket.is_none() {
+        let addr = listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let l = std::net::TcpListener::bind(&addr).map_err(|e| format!("listening on {addr}: {e}"))?;
+        let local = l.local_addr().map_err(|e| e.to_string())?;
+        server.serve_tcp(l).map_err(|e| e.to_string())?;
+        uris.push(format!("nbd://{local}/{export}"));
+    }
+    let ctl = control::start(&path, vol.clone())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
+    }
+    tracing::info!(volume = %path.display(), read_only, sync, "serving");
+    let mut out = std::io::stdout().lock();
+    for u in &uris {
+        writeln!(out, "{u}").map_err(|e| e.to_string())?;
+    }
+    out.flush().map_err(|e| e.to_string())?;
+    drop(out);
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    tracing::info!("stopping: finishing in-flight requests");
+    server.shutdown();
+    drop(ctl);
+    if let Some(sock) = &socket {
+        let _ = std::fs::remove_file(sock);
+    }
+    vol.close().map_err(|e| format!("final flush/checkpoint failed: {e}"))?;
+    tracing::info!("stopped cleanly");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
+    let (mut value, served) = match control::query_stat(path) {
+        Some(v) => (v, true),
+        None => {
+            let storage = FileStorage::open(path, false, false).map_err(|e| match e.kind() {
+                std::io::ErrorKind::WouldBlock => format!(
+                    "{}: in use by a cvol process whose control socket could not be reached ({e})",
+                    path.display()
+                ),
+                _ => format!("{}: {e}", path.display()),
+            })?;
+            let options = OpenOptions { read_only: true, ..OpenOptions::default() };
+            let vol = Volume::open(Arc::new(storage), options).map_err(|e| format!("{}: {e}", path.display()))?;
+            (serde_json::to_value(vol.stats()).map_err(|e| e.to_string())?, false)
+        }
+    };
+    value["served"] = serde_json::Value::Bool(served);
+    value["volume"] = serde_json::Value::String(path.display().to_string());
+    if json {
+        println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
+    } else {
+        print_stat_table(&value);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_stat_table(v: &serde_json::Value) {
+    let b = |k: &str| bytesize::ByteSize(v[k].as_u64().unwrap_or(0)).to_string_as(true);
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let rows = [
+        ("volume", v["volume"].as_str().unwrap_or("").to_string()),
+        ("served", v["served"].to_string()),
+        ("codec", v["codec"].as_str().unwrap_or("").to_string()),
+        ("logical size", b("logical_size_bytes")),
+        ("physical size", b("physical_size_bytes")),
+        ("mapped (non-zero data)", b("mapped_bytes")),
+        ("zero", b("zero_bytes")),
+        ("stored payload", b("stored_bytes")),
+        ("physical used", b("physical_used_bytes")),
+        ("physical free", b("physical_free_bytes")),
+        ("reduction ratio", format!("{:.2}x", v["reduction_ratio"].as_f64().unwrap_or(0.0))),
+        ("compression ratio", format!("{:.2}x", v["compression_ratio"].as_f64().unwrap_or(0.0))),
+        (
+            "blocks by codec",
+            format!("lz4 {}  zstd {}  none {}", n("codec_lz4_blocks"), n("codec_zstd_blocks"), n("codec_none_blocks")),
+        ),
+        ("segments used", format!("{} of {}", n("segments_used"), n("segments_total"))),
+        ("corrupt reads", n("corrupt_reads").to_string()),
+    ];
+    for (k, val) in rows {
+        println!("{k:<24}{val}");
+    }
+}
+
+fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
+    let storage = FileStorage::open(path, false, false).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => format!("{}: the volume is being served; stop the server to check it", path.display()),
+        _ => format!("{}: {e}", path.display()),
+    })?;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let pb = indicatif::ProgressBar::new(0);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} blocks ({eta})")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        pb.set_message("verifying");
+        pb
+    });
+    let mut progress = |done: u64, total: u64| {
+        if let Some(pb) = &bar {
+            pb.set_length(total);
+            pb.set_position(done);
+        }
+    };
+    let rep = cvol_engine::check::check_volume(&storage, &mut progress);
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?);
+    } else if rep.consistent() {
+        println!(
+            "{}: consistent ({} data blocks verified, {} records replayed since the last checkpoint, last seq {})",
+            path.display(),
+            rep.blocks_checked,
+            rep.records_replayed,
+            rep.last_seq
+        );
+    } else {
+        println!("{}: {} problem(s) found", path.display(), rep.errors.len());
+        for e in &rep.errors {
+            println!("  - {e}");
+        }
+    }
+    Ok(if rep.consistent() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
