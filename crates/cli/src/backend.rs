@@ -45,12 +45,26 @@ impl Backend for VolumeBackend {
         self.volume.trim(offset, length, fua).map_err(to_nbd)
     }
 
-    fn write_zeroes(&self, offset: u64, length: u64, flags: WriteZeroesFlags) -> Result<(), BackendError> {
-        self.volume.write_zeroes(offset, length, flags.no_hole, flags.fua).map_err(to_nbd)
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        flags: WriteZeroesFlags,
+    ) -> Result<(), BackendError> {
+        self.volume
+            .write_zeroes(offset, length, flags.no_hole, flags.fua)
+            .map_err(to_nbd)
     }
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
         let extents = self.volume.block_status(offset, length).map_err(to_nbd)?;
-        Ok(extents.into_iter().map(|e| Extent { length: e.length, hole: e.zero, zero: e.zero }).collect())
+        Ok(extents
+            .into_iter()
+            .map(|e| Extent {
+                length: e.length,
+                hole: e.zero,
+                zero: e.zero,
+            })
+            .collect())
     }
 }

@@ -12,8 +12,14 @@ use std::time::Duration;
 /// the same volume finds it. `CVOL_RUN_DIR` overrides the directory.
 pub fn socket_path(volume: &Path) -> Option<PathBuf> {
     let md = std::fs::metadata(volume).ok()?;
-    let dir = std::env::var_os("CVOL_RUN_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    let id = if md.file_type().is_file() { (md.dev(), md.ino()) } else { (md.rdev(), 0) };
+    let dir = std::env::var_os("CVOL_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let id = if md.file_type().is_file() {
+        (md.dev(), md.ino())
+    } else {
+        (md.rdev(), 0)
+    };
     Some(dir.join(format!("cvol-{:x}-{:x}.ctl", id.0, id.1)))
 }
 
@@ -30,7 +36,8 @@ impl Drop for ControlGuard {
 pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
     let path = socket_path(volume).ok_or("cannot stat the volume for its control socket")?;
     let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).map_err(|e| format!("control socket {}: {e}", path.display()))?;
+    let listener =
+        UnixListener::bind(&path).map_err(|e| format!("control socket {}: {e}", path.display()))?;
     std::thread::Builder::new()
         .name("cvol-control".into())
         .spawn(move || {
@@ -47,7 +54,9 @@ fn serve_one(conn: UnixStream, vol: &Volume) -> std::io::Result<()> {
     let mut line = String::new();
     BufReader::new((&conn).take(256)).read_line(&mut line)?;
     let reply = match line.trim() {
-        "stat" => serde_json::to_string(&vol.stats()).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
+        "stat" => {
+            serde_json::to_string(&vol.stats()).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+        }
         other => serde_json::json!({ "error": format!("unknown request '{other}'") }).to_string(),
     };
     (&conn).write_all(reply.as_bytes())?;

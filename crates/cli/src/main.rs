@@ -18,7 +18,11 @@ const DEFAULT_SIZE: &str = "16G";
 const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 
 #[derive(Parser)]
-#[command(name = "cvol", version, about = "A compressed, crash-safe block device served over NBD")]
+#[command(
+    name = "cvol",
+    version,
+    about = "A compressed, crash-safe block device served over NBD"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -90,12 +94,30 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let r = match cli.command {
-        Command::Create { volume, size, physical_size, codec, force, segment_size } => {
-            cmd_create(&volume, &size, physical_size.as_deref(), &codec, force, segment_size.as_deref())
-        }
-        Command::Serve { volume, socket, listen, export, read_only, sync, workers } => {
-            cmd_serve(volume, socket, listen, export, read_only, sync, workers)
-        }
+        Command::Create {
+            volume,
+            size,
+            physical_size,
+            codec,
+            force,
+            segment_size,
+        } => cmd_create(
+            &volume,
+            &size,
+            physical_size.as_deref(),
+            &codec,
+            force,
+            segment_size.as_deref(),
+        ),
+        Command::Serve {
+            volume,
+            socket,
+            listen,
+            export,
+            read_only,
+            sync,
+            workers,
+        } => cmd_serve(volume, socket, listen, export, read_only, sync, workers),
         Command::Stat { volume, json } => cmd_stat(&volume, json),
         Command::Check { volume, json } => cmd_check(&volume, json),
     };
@@ -109,7 +131,9 @@ fn main() -> ExitCode {
 }
 
 fn looks_like_volume(path: &Path) -> bool {
-    let Ok(st) = FileStorage::open(path, false, false) else { return false };
+    let Ok(st) = FileStorage::open(path, false, false) else {
+        return false;
+    };
     let mut b = [0u8; 8];
     st.read_at(0, &mut b).is_ok() && &b == b"CVOLSUPR"
 }
@@ -124,7 +148,9 @@ fn cmd_create(
 ) -> Result<ExitCode, String> {
     let logical = size::parse_size(size)?;
     if logical == 0 || logical % 4096 != 0 {
-        return Err(format!("--size {size} must be a non-zero multiple of 4096 bytes"));
+        return Err(format!(
+            "--size {size} must be a non-zero multiple of 4096 bytes"
+        ));
     }
     let codec = Codec::parse(codec)?;
     let is_block = std::fs::metadata(path).map(|m| {
@@ -134,14 +160,21 @@ fn cmd_create(
     let exists = is_block.is_ok();
     let is_block = is_block.unwrap_or(false);
     if exists && !force {
-        let non_empty = std::fs::metadata(path).map(|m| m.len() > 0).unwrap_or(false);
+        let non_empty = std::fs::metadata(path)
+            .map(|m| m.len() > 0)
+            .unwrap_or(false);
         if looks_like_volume(path) || (!is_block && non_empty) {
-            return Err(format!("{} already exists; pass --force to overwrite it", path.display()));
+            return Err(format!(
+                "{} already exists; pass --force to overwrite it",
+                path.display()
+            ));
         }
     }
     let physical = match physical {
         Some(p) => size::parse_size(p)?,
-        None if is_block => FileStorage::open(path, false, false).map_err(|e| e.to_string())?.len_bytes(),
+        None if is_block => FileStorage::open(path, false, false)
+            .map_err(|e| e.to_string())?
+            .len_bytes(),
         None => logical,
     };
     let storage = if is_block {
@@ -154,8 +187,14 @@ fn cmd_create(
     }
     .map_err(|e| format!("{}: {e}", path.display()))?;
     let segment_size_bytes = segment_size.map(size::parse_size).transpose()?.unwrap_or(0);
-    let opts = CreateOptions { logical_size_bytes: logical, physical_size_bytes: physical, codec, segment_size_bytes };
-    let vol = Volume::create(Arc::new(storage), &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    let opts = CreateOptions {
+        logical_size_bytes: logical,
+        physical_size_bytes: physical,
+        codec,
+        segment_size_bytes,
+    };
+    let vol =
+        Volume::create(Arc::new(storage), &opts).map_err(|e| format!("{}: {e}", path.display()))?;
     vol.close().map_err(|e| e.to_string())?;
     println!(
         "created {}: {} logical, {} physical, codec {}",
@@ -186,24 +225,41 @@ fn cmd_serve(
             p
         }
     };
-    let storage = FileStorage::open(&path, !read_only, true).map_err(|e| format!("{}: {e}", path.display()))?;
-    let options = OpenOptions { read_only, sync_writes: sync, ..OpenOptions::default() };
-    let vol = Arc::new(Volume::open(Arc::new(storage), options).map_err(|e| format!("{}: {e}", path.display()))?);
-    let mut config = ServerConfig { export_name: export.clone(), ..ServerConfig::default() };
+    let storage = FileStorage::open(&path, !read_only, true)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let options = OpenOptions {
+        read_only,
+        sync_writes: sync,
+        ..OpenOptions::default()
+    };
+    let vol = Arc::new(
+        Volume::open(Arc::new(storage), options).map_err(|e| format!("{}: {e}", path.display()))?,
+    );
+    let mut config = ServerConfig {
+        export_name: export.clone(),
+        ..ServerConfig::default()
+    };
     if let Some(w) = workers {
         config.workers = w.max(1);
     }
-    let server = Server::new(Arc::new(backend::VolumeBackend { volume: vol.clone() }), config);
+    let server = Server::new(
+        Arc::new(backend::VolumeBackend {
+            volume: vol.clone(),
+        }),
+        config,
+    );
     let mut uris = Vec::new();
     if let Some(sock) = &socket {
         let _ = std::fs::remove_file(sock);
-        let l = std::os::unix::net::UnixListener::bind(sock).map_err(|e| format!("binding {}: {e}", sock.display()))?;
+        let l = std::os::unix::net::UnixListener::bind(sock)
+            .map_err(|e| format!("binding {}: {e}", sock.display()))?;
         server.serve_unix(l).map_err(|e| e.to_string())?;
         uris.push(format!("nbd+unix:///{export}?socket={}", sock.display()));
     }
     if listen.is_some() || socket.is_none() {
         let addr = listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-        let l = std::net::TcpListener::bind(&addr).map_err(|e| format!("listening on {addr}: {e}"))?;
+        let l =
+            std::net::TcpListener::bind(&addr).map_err(|e| format!("listening on {addr}: {e}"))?;
         let local = l.local_addr().map_err(|e| e.to_string())?;
         server.serve_tcp(l).map_err(|e| e.to_string())?;
         uris.push(format!("nbd://{local}/{export}"));
@@ -229,7 +285,8 @@ fn cmd_serve(
     if let Some(sock) = &socket {
         let _ = std::fs::remove_file(sock);
     }
-    vol.close().map_err(|e| format!("final flush/checkpoint failed: {e}"))?;
+    vol.close()
+        .map_err(|e| format!("final flush/checkpoint failed: {e}"))?;
     tracing::info!("stopped cleanly");
     Ok(ExitCode::SUCCESS)
 }
@@ -245,15 +302,25 @@ fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
                 ),
                 _ => format!("{}: {e}", path.display()),
             })?;
-            let options = OpenOptions { read_only: true, ..OpenOptions::default() };
-            let vol = Volume::open(Arc::new(storage), options).map_err(|e| format!("{}: {e}", path.display()))?;
-            (serde_json::to_value(vol.stats()).map_err(|e| e.to_string())?, false)
+            let options = OpenOptions {
+                read_only: true,
+                ..OpenOptions::default()
+            };
+            let vol = Volume::open(Arc::new(storage), options)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            (
+                serde_json::to_value(vol.stats()).map_err(|e| e.to_string())?,
+                false,
+            )
         }
     };
     value["served"] = serde_json::Value::Bool(served);
     value["volume"] = serde_json::Value::String(path.display().to_string());
     if json {
-        println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
+        );
     } else {
         print_stat_table(&value);
     }
@@ -274,13 +341,27 @@ fn print_stat_table(v: &serde_json::Value) {
         ("stored payload", b("stored_bytes")),
         ("physical used", b("physical_used_bytes")),
         ("physical free", b("physical_free_bytes")),
-        ("reduction ratio", format!("{:.2}x", v["reduction_ratio"].as_f64().unwrap_or(0.0))),
-        ("compression ratio", format!("{:.2}x", v["compression_ratio"].as_f64().unwrap_or(0.0))),
+        (
+            "reduction ratio",
+            format!("{:.2}x", v["reduction_ratio"].as_f64().unwrap_or(0.0)),
+        ),
+        (
+            "compression ratio",
+            format!("{:.2}x", v["compression_ratio"].as_f64().unwrap_or(0.0)),
+        ),
         (
             "blocks by codec",
-            format!("lz4 {}  zstd {}  none {}", n("codec_lz4_blocks"), n("codec_zstd_blocks"), n("codec_none_blocks")),
+            format!(
+                "lz4 {}  zstd {}  none {}",
+                n("codec_lz4_blocks"),
+                n("codec_zstd_blocks"),
+                n("codec_none_blocks")
+            ),
         ),
-        ("segments used", format!("{} of {}", n("segments_used"), n("segments_total"))),
+        (
+            "segments used",
+            format!("{} of {}", n("segments_used"), n("segments_total")),
+        ),
         ("corrupt reads", n("corrupt_reads").to_string()),
     ];
     for (k, val) in rows {
@@ -290,7 +371,10 @@ fn print_stat_table(v: &serde_json::Value) {
 
 fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
     let storage = FileStorage::open(path, false, false).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock => format!("{}: the volume is being served; stop the server to check it", path.display()),
+        std::io::ErrorKind::WouldBlock => format!(
+            "{}: the volume is being served; stop the server to check it",
+            path.display()
+        ),
         _ => format!("{}: {e}", path.display()),
     })?;
     let bar = std::io::stderr().is_terminal().then(|| {
@@ -314,7 +398,10 @@ fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
         pb.finish_and_clear();
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+        );
     } else if rep.consistent() {
         println!(
             "{}: consistent ({} data blocks verified, {} records replayed since the last checkpoint, last seq {})",
@@ -329,5 +416,9 @@ fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
             println!("  - {e}");
         }
     }
-    Ok(if rep.consistent() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if rep.consistent() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

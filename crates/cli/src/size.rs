@@ -2,10 +2,14 @@
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
-        return Err(format!("invalid size '{s}': expected a number with an optional K/M/G/T suffix"));
+        return Err(format!(
+            "invalid size '{s}': expected a number with an optional K/M/G/T suffix"
+        ));
     }
     let shift = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 0,
@@ -14,7 +18,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "G" | "GB" | "GIB" => 30,
         "T" | "TB" | "TIB" => 40,
         "P" | "PB" | "PIB" => 50,
-        _ => return Err(format!("invalid size '{s}': unknown unit '{unit}' (use K, M, G, T)")),
+        _ => {
+            return Err(format!(
+                "invalid size '{s}': unknown unit '{unit}' (use K, M, G, T)"
+            ))
+        }
     };
     let bytes = if num.contains('.') {
         let v: f64 = num.parse().map_err(|_| format!("invalid size '{s}'"))?;
@@ -25,7 +33,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         b.round() as u64
     } else {
         let v: u64 = num.parse().map_err(|_| format!("invalid size '{s}'"))?;
-        v.checked_mul(1u64 << shift).ok_or_else(|| format!("size '{s}' is too large"))?
+        v.checked_mul(1u64 << shift)
+            .ok_or_else(|| format!("size '{s}' is too large"))?
     };
     Ok(bytes)
 }

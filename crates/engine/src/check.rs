@@ -33,7 +33,8 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
     };
     let ptrs = recovery::read_pointers(storage);
     if ptrs.iter().all(Option::is_none) {
-        rep.errors.push("no valid checkpoint pointer in either slot".into());
+        rep.errors
+            .push("no valid checkpoint pointer in either slot".into());
     }
     let recovered = match recovery::recover(storage, &sb) {
         Ok(r) => r,
@@ -55,19 +56,25 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
 
 fn check_superblocks(storage: &dyn Storage, rep: &mut CheckReport) -> Option<Superblock> {
     let mut copies = Vec::new();
-    for (name, off) in [("A", cvol_format::SUPERBLOCK_A_OFFSET), ("B", cvol_format::SUPERBLOCK_B_OFFSET)] {
+    for (name, off) in [
+        ("A", cvol_format::SUPERBLOCK_A_OFFSET),
+        ("B", cvol_format::SUPERBLOCK_B_OFFSET),
+    ] {
         let mut b = vec![0u8; SUPERBLOCK_BYTES];
         let r = storage.read_at(off, &mut b).map_err(|e| e.to_string());
         match r.and_then(|_| Superblock::decode(&b).map_err(|e| e.to_string())) {
             Ok(sb) => copies.push(sb),
-            Err(e) => rep.errors.push(format!("superblock copy {name} at byte {off}: {e}")),
+            Err(e) => rep
+                .errors
+                .push(format!("superblock copy {name} at byte {off}: {e}")),
         }
     }
     if copies.len() == 2 && copies[0] != copies[1] {
         rep.errors.push("superblock copies A and B differ".into());
     }
     if copies.is_empty() {
-        rep.errors.push("no valid superblock: not a cvol volume, or both copies destroyed".into());
+        rep.errors
+            .push("no valid superblock: not a cvol volume, or both copies destroyed".into());
     }
     copies.into_iter().next()
 }
@@ -91,12 +98,17 @@ fn compare_maps(rec: &Recovered, full: &Recovered, rep: &mut CheckReport) {
         lba = l + 1;
     }
     if !diffs.is_empty() {
-        rep.errors.push(format!("checkpointed map differs from the log at LBAs {diffs:?}"));
+        rep.errors.push(format!(
+            "checkpointed map differs from the log at LBAs {diffs:?}"
+        ));
     }
 }
 
 fn next_interesting(a: &BlockMap, b: &BlockMap, lba: u64) -> Option<u64> {
-    match (a.next_allocated_page_lba(lba), b.next_allocated_page_lba(lba)) {
+    match (
+        a.next_allocated_page_lba(lba),
+        b.next_allocated_page_lba(lba),
+    ) {
         (Some(x), Some(y)) => Some(x.min(y)),
         (x, y) => x.or(y),
     }
@@ -110,7 +122,9 @@ fn verify_records(
     progress: &mut dyn FnMut(u64, u64),
 ) {
     let mut total = 0u64;
-    map.for_each_mapped(|_, e| total += u64::from(matches!(e.state_valid(), EntryState::Data { .. })));
+    map.for_each_mapped(|_, e| {
+        total += u64::from(matches!(e.state_valid(), EntryState::Data { .. }))
+    });
     let mut bad: Vec<(u64, String)> = Vec::new();
     let mut done = 0u64;
     let mut out = vec![0u8; BLOCK_SIZE_BYTES as usize];
@@ -127,10 +141,14 @@ fn verify_records(
     });
     rep.blocks_checked = done;
     for (lba, why) in bad.iter().take(100) {
-        rep.errors.push(format!("lba {lba} (byte {}): {why}", lba * BLOCK_SIZE_BYTES));
+        rep.errors.push(format!(
+            "lba {lba} (byte {}): {why}",
+            lba * BLOCK_SIZE_BYTES
+        ));
     }
     if bad.len() > 100 {
-        rep.errors.push(format!("... and {} more bad blocks", bad.len() - 100));
+        rep.errors
+            .push(format!("... and {} more bad blocks", bad.len() - 100));
     }
 }
 
@@ -145,6 +163,8 @@ fn verify_one(
 ) -> Result<(), String> {
     recovery::check_entry_location(sb, e)?;
     let mut rec = vec![0u8; len as usize];
-    storage.read_at(offset, &mut rec).map_err(|e| format!("read error: {e}"))?;
+    storage
+        .read_at(offset, &mut rec)
+        .map_err(|e| format!("read error: {e}"))?;
     decode_block_record(lba, e, &rec, out)
 }

@@ -23,9 +23,13 @@ impl Codec {
                 let level = s
                     .strip_prefix("zstd:")
                     .and_then(|l| l.parse::<i32>().ok())
-                    .ok_or_else(|| format!("unknown codec '{s}': expected lz4, zstd:LEVEL or none"))?;
+                    .ok_or_else(|| {
+                        format!("unknown codec '{s}': expected lz4, zstd:LEVEL or none")
+                    })?;
                 if !(1..=ZSTD_LEVEL_MAX).contains(&level) {
-                    return Err(format!("zstd level {level} out of range 1..={ZSTD_LEVEL_MAX}"));
+                    return Err(format!(
+                        "zstd level {level} out of range 1..={ZSTD_LEVEL_MAX}"
+                    ));
                 }
                 Ok(Codec::Zstd(level))
             }
@@ -99,19 +103,26 @@ pub fn decompress(tag: CodecTag, payload: &[u8], out: &mut [u8]) -> Result<(), S
     let n = match tag {
         CodecTag::None => {
             if payload.len() != out.len() {
-                return Err(format!("raw payload of {} bytes, expected {}", payload.len(), out.len()));
+                return Err(format!(
+                    "raw payload of {} bytes, expected {}",
+                    payload.len(),
+                    out.len()
+                ));
             }
             out.copy_from_slice(payload);
             out.len()
         }
-        CodecTag::Lz4 => lz4_flex::block::decompress_into(payload, out).map_err(|e| format!("lz4: {e}"))?,
+        CodecTag::Lz4 => {
+            lz4_flex::block::decompress_into(payload, out).map_err(|e| format!("lz4: {e}"))?
+        }
         CodecTag::Zstd => ZSTD_D.with(|d| {
             let mut d = d.borrow_mut();
             if d.is_none() {
                 *d = Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd: {e}"))?);
             }
             let dec = d.as_mut().ok_or("zstd context")?;
-            dec.decompress_to_buffer(payload, out).map_err(|e| format!("zstd: {e}"))
+            dec.decompress_to_buffer(payload, out)
+                .map_err(|e| format!("zstd: {e}"))
         })?,
     };
     if n != out.len() {
@@ -138,7 +149,10 @@ mod tests {
         assert!(Codec::parse("zstd:0").is_err());
         assert!(Codec::parse("zstd:20").is_err());
         assert!(Codec::parse("gzip").is_err());
-        assert_eq!(Codec::parse(&Codec::Zstd(5).to_string()).unwrap(), Codec::Zstd(5));
+        assert_eq!(
+            Codec::parse(&Codec::Zstd(5).to_string()).unwrap(),
+            Codec::Zstd(5)
+        );
     }
 
     #[test]

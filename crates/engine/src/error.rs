@@ -28,7 +28,10 @@ impl fmt::Display for VolError {
             VolError::NoSpace => write!(f, "no space left on the volume"),
             VolError::Io(e) => write!(f, "I/O error on the backing store: {e}"),
             VolError::Poisoned => {
-                write!(f, "volume stopped accepting writes after an I/O error; reopen it")
+                write!(
+                    f,
+                    "volume stopped accepting writes after an I/O error; reopen it"
+                )
             }
             VolError::Corrupt { lba, detail } => write!(f, "block {lba} is corrupt: {detail}"),
             VolError::Open(s) => write!(f, "{s}"),

@@ -65,7 +65,8 @@ impl Log {
 
     /// Log bytes still available for records.
     pub fn free_bytes(&self) -> u64 {
-        (self.segment_count - self.segment - 1) * self.segment_size + (self.segment_size - self.fill as u64)
+        (self.segment_count - self.segment - 1) * self.segment_size
+            + (self.segment_size - self.fill as u64)
     }
 
     /// Log bytes consumed (records, padding and abandoned segment tails).
@@ -86,7 +87,10 @@ impl Log {
         payload_crc: u32,
     ) -> Result<Placed, VolError> {
         let total = RECORD_HEADER_BYTES + payload.len();
-        assert!(total as u64 <= self.segment_size, "record larger than a segment");
+        assert!(
+            total as u64 <= self.segment_size,
+            "record larger than a segment"
+        );
         if self.fill + total > self.segment_size as usize {
             self.advance_segment(storage)?;
         }
@@ -107,7 +111,12 @@ impl Log {
         self.buf[at + RECORD_HEADER_BYTES..at + total].copy_from_slice(payload);
         self.fill += total;
         self.next_seq += 1;
-        let placed = Placed { offset: self.segment_base() + at as u64, len: total as u32, crc: h.crc, seq: h.seq };
+        let placed = Placed {
+            offset: self.segment_base() + at as u64,
+            len: total as u32,
+            crc: h.crc,
+            seq: h.seq,
+        };
         self.write_behind(storage)?;
         Ok(placed)
     }
@@ -115,7 +124,9 @@ impl Log {
     fn write_range(&mut self, storage: &dyn Storage, end: usize) -> Result<(), VolError> {
         if end > self.written {
             let base = self.segment_base();
-            storage.write_at(base + self.written as u64, &self.buf[self.written..end]).map_err(VolError::Io)?;
+            storage
+                .write_at(base + self.written as u64, &self.buf[self.written..end])
+                .map_err(VolError::Io)?;
             self.media_bytes_written += (end - self.written) as u64;
             self.written = end;
         }
@@ -134,7 +145,8 @@ impl Log {
     /// storage. After the caller's `sync`, everything appended is durable and
     /// the next record starts in a fresh sector.
     pub fn pad_and_write(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
-        let padded = (align_up(self.fill as u64, SECTOR_SIZE_BYTES) as usize).min(self.segment_size as usize);
+        let padded = (align_up(self.fill as u64, SECTOR_SIZE_BYTES) as usize)
+            .min(self.segment_size as usize);
         self.fill = padded;
         self.write_range(storage, padded)
     }

@@ -19,7 +19,10 @@ pub struct BlockMap {
 impl BlockMap {
     pub fn new(blocks: u64) -> BlockMap {
         let npages = (blocks as usize).div_ceil(PAGE_BLOCKS);
-        BlockMap { pages: (0..npages).map(|_| None).collect(), blocks }
+        BlockMap {
+            pages: (0..npages).map(|_| None).collect(),
+            blocks,
+        }
     }
 
     pub fn blocks(&self) -> u64 {
@@ -30,7 +33,10 @@ impl BlockMap {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
         match &self.pages[p] {
-            Some(page) => MapEntry { loc: page.loc[i], crc: page.crc[i] },
+            Some(page) => MapEntry {
+                loc: page.loc[i],
+                crc: page.crc[i],
+            },
             None => MapEntry::UNMAPPED,
         }
     }
@@ -43,10 +49,17 @@ impl BlockMap {
             if e.is_unmapped() {
                 return MapEntry::UNMAPPED;
             }
-            self.pages[p] = Some(Box::new(Page { loc: [0; PAGE_BLOCKS], crc: [0; PAGE_BLOCKS], used: 0 }));
+            self.pages[p] = Some(Box::new(Page {
+                loc: [0; PAGE_BLOCKS],
+                crc: [0; PAGE_BLOCKS],
+                used: 0,
+            }));
         }
         let page = self.pages[p].as_mut().expect("page allocated above");
-        let old = MapEntry { loc: page.loc[i], crc: page.crc[i] };
+        let old = MapEntry {
+            loc: page.loc[i],
+            crc: page.crc[i],
+        };
         page.loc[i] = e.loc;
         page.crc[i] = e.crc;
         page.used = page.used + u32::from(!e.is_unmapped()) - u32::from(!old.is_unmapped());
@@ -62,7 +75,13 @@ impl BlockMap {
             let Some(page) = page else { continue };
             for i in 0..PAGE_BLOCKS {
                 if page.loc[i] != 0 {
-                    f((p * PAGE_BLOCKS + i) as u64, MapEntry { loc: page.loc[i], crc: page.crc[i] });
+                    f(
+                        (p * PAGE_BLOCKS + i) as u64,
+                        MapEntry {
+                            loc: page.loc[i],
+                            crc: page.crc[i],
+                        },
+                    );
                 }
             }
         }
@@ -71,13 +90,16 @@ impl BlockMap {
     /// Next LBA >= `lba` whose page is allocated (a fast skip over holes).
     pub fn next_allocated_page_lba(&self, lba: u64) -> Option<u64> {
         let start = (lba as usize) / PAGE_BLOCKS;
-        (start..self.pages.len()).find(|&p| self.pages[p].is_some()).map(|p| ((p * PAGE_BLOCKS) as u64).max(lba))
+        (start..self.pages.len())
+            .find(|&p| self.pages[p].is_some())
+            .map(|p| ((p * PAGE_BLOCKS) as u64).max(lba))
     }
 
     /// Bytes of heap this map uses.
     pub fn memory_bytes(&self) -> u64 {
         let pages = self.pages.iter().filter(|p| p.is_some()).count();
-        (self.pages.capacity() * std::mem::size_of::<Option<Box<Page>>>() + pages * std::mem::size_of::<Page>()) as u64
+        (self.pages.capacity() * std::mem::size_of::<Option<Box<Page>>>()
+            + pages * std::mem::size_of::<Page>()) as u64
     }
 }
 

@@ -5,7 +5,9 @@ use crate::map::BlockMap;
 use cvol_format::checkpoint::{decode_runs, CommitPayload};
 use cvol_format::pointer::POINTER_BYTES;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
-use cvol_format::{align_up, CheckpointPointer, CodecTag, EntryState, MapEntry, Superblock, SECTOR_SIZE_BYTES};
+use cvol_format::{
+    align_up, CheckpointPointer, CodecTag, EntryState, MapEntry, Superblock, SECTOR_SIZE_BYTES,
+};
 use cvol_storage::Storage;
 use std::collections::HashMap;
 
@@ -34,11 +36,15 @@ struct Start {
 pub fn read_superblock(storage: &dyn Storage) -> Result<(Superblock, Vec<String>), String> {
     let mut warnings = Vec::new();
     let mut first_err = None;
-    for (name, off) in [("A", cvol_format::SUPERBLOCK_A_OFFSET), ("B", cvol_format::SUPERBLOCK_B_OFFSET)] {
+    for (name, off) in [
+        ("A", cvol_format::SUPERBLOCK_A_OFFSET),
+        ("B", cvol_format::SUPERBLOCK_B_OFFSET),
+    ] {
         let mut b = vec![0u8; cvol_format::superblock::SUPERBLOCK_BYTES];
-        let res = storage.read_at(off, &mut b).map_err(|e| e.to_string()).and_then(|_| {
-            Superblock::decode(&b).map_err(|e| e.to_string())
-        });
+        let res = storage
+            .read_at(off, &mut b)
+            .map_err(|e| e.to_string())
+            .and_then(|_| Superblock::decode(&b).map_err(|e| e.to_string()));
         match res {
             Ok(sb) => {
                 if sb.physical_size_bytes > storage.len_bytes() {
@@ -56,15 +62,23 @@ pub fn read_superblock(storage: &dyn Storage) -> Result<(Superblock, Vec<String>
             }
         }
     }
-    Err(format!("not a cvol volume (no valid superblock: {})", first_err.unwrap_or_default()))
+    Err(format!(
+        "not a cvol volume (no valid superblock: {})",
+        first_err.unwrap_or_default()
+    ))
 }
 
 pub fn read_pointers(storage: &dyn Storage) -> [Option<CheckpointPointer>; 2] {
     let mut out = [None, None];
     for (slot, o) in out.iter_mut().enumerate() {
         let mut b = vec![0u8; POINTER_BYTES];
-        if storage.read_at(CheckpointPointer::slot_offset(slot), &mut b).is_ok() {
-            *o = CheckpointPointer::decode(&b).ok().filter(|p| p.slot() == slot);
+        if storage
+            .read_at(CheckpointPointer::slot_offset(slot), &mut b)
+            .is_ok()
+        {
+            *o = CheckpointPointer::decode(&b)
+                .ok()
+                .filter(|p| p.slot() == slot);
         }
     }
     out
@@ -78,7 +92,12 @@ pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, 
         return Err("no log start (record seq 1) found".into());
     };
     let mut map = BlockMap::new(sb.logical_blocks());
-    let start = Start { segment, offset: 0, expected_seq: 1, epoch: 0 };
+    let start = Start {
+        segment,
+        offset: 0,
+        expected_seq: 1,
+        epoch: 0,
+    };
     let r = roll_forward(storage, sb, &mut map, start, &index)?;
     Ok(Recovered { map, ..r })
 }
@@ -94,7 +113,10 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
                 loaded = Some((x, p.generation));
                 break;
             }
-            Err(e) => warnings.push(format!("checkpoint generation {} unusable: {e}", p.generation)),
+            Err(e) => warnings.push(format!(
+                "checkpoint generation {} unusable: {e}",
+                p.generation
+            )),
         }
     }
     let index = first_record_index(storage, sb);
@@ -105,14 +127,26 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
                 warnings.push("no usable checkpoint: rebuilding the map from the whole log".into());
             }
             let Some(&segment) = index.get(&1).and_then(|v| v.first()) else {
-                return Err("no checkpoint and no log start found: the volume was never initialised".into());
+                return Err(
+                    "no checkpoint and no log start found: the volume was never initialised".into(),
+                );
             };
-            let start = Start { segment, offset: 0, expected_seq: 1, epoch: 0 };
+            let start = Start {
+                segment,
+                offset: 0,
+                expected_seq: 1,
+                epoch: 0,
+            };
             ((BlockMap::new(sb.logical_blocks()), start), 0)
         }
     };
     let r = roll_forward(storage, sb, &mut map, start, &index)?;
-    Ok(Recovered { map, checkpoint_generation: generation, warnings, ..r })
+    Ok(Recovered {
+        map,
+        checkpoint_generation: generation,
+        warnings,
+        ..r
+    })
 }
 
 /// Seq of the first record of every segment whose first header decodes.
@@ -133,10 +167,17 @@ fn first_record_index(storage: &dyn Storage, sb: &Superblock) -> HashMap<u64, Ve
 }
 
 /// A verified record at `at` in `seg` that continues the chain, if any.
-fn chain_record_at(seg: &[u8], at: usize, tag: u32, expected: u64, epoch: u32) -> Option<RecordHeader> {
+fn chain_record_at(
+    seg: &[u8],
+    at: usize,
+    tag: u32,
+    expected: u64,
+    epoch: u32,
+) -> Option<RecordHeader> {
     let b = seg.get(at..)?;
     let h = RecordHeader::decode(b).ok()?;
-    let continues = h.seq == expected && (h.epoch == epoch || (h.kind == RecordKind::Epoch && h.epoch > epoch));
+    let continues =
+        h.seq == expected && (h.epoch == epoch || (h.kind == RecordKind::Epoch && h.epoch > epoch));
     if h.volume_tag != tag || !continues || h.total_len() > b.len() {
         return None;
     }
@@ -146,7 +187,9 @@ fn chain_record_at(seg: &[u8], at: usize, tag: u32, expected: u64, epoch: u32) -
 
 fn read_segment(storage: &dyn Storage, sb: &Superblock, s: u64) -> Result<Vec<u8>, String> {
     let mut buf = vec![0u8; sb.segment_size_bytes as usize];
-    storage.read_at(sb.segment_offset(s), &mut buf).map_err(|e| format!("reading segment {s}: {e}"))?;
+    storage
+        .read_at(sb.segment_offset(s), &mut buf)
+        .map_err(|e| format!("reading segment {s}: {e}"))?;
     Ok(buf)
 }
 
@@ -158,7 +201,8 @@ fn roll_forward(
     index: &HashMap<u64, Vec<u64>>,
 ) -> Result<Recovered, String> {
     let tag = sb.volume_tag();
-    let (mut segment, mut pos, mut expected, mut epoch) = (start.segment, start.offset, start.expected_seq, start.epoch);
+    let (mut segment, mut pos, mut expected, mut epoch) =
+        (start.segment, start.offset, start.expected_seq, start.epoch);
     let mut buf = read_segment(storage, sb, segment)?;
     let mut replayed = 0u64;
     loop {
@@ -169,7 +213,12 @@ fn roll_forward(
         let (at, h) = match found {
             Some(x) => x,
             None => {
-                let next = index.get(&expected).into_iter().flatten().copied().find(|&s| s != segment);
+                let next = index
+                    .get(&expected)
+                    .into_iter()
+                    .flatten()
+                    .copied()
+                    .find(|&s| s != segment);
                 let Some(next) = next else { break };
                 let nbuf = read_segment(storage, sb, next)?;
                 if chain_record_at(&nbuf, 0, tag, expected, epoch).is_none() {
@@ -182,7 +231,8 @@ fn roll_forward(
             }
         };
         let offset = sb.segment_offset(segment) + at as u64;
-        apply(map, &h, offset).map_err(|e| format!("record seq {} at byte {offset}: {e}", h.seq))?;
+        apply(map, &h, offset)
+            .map_err(|e| format!("record seq {} at byte {offset}: {e}", h.seq))?;
         replayed += 1;
         pos = at + h.total_len();
         expected += 1;
@@ -235,7 +285,8 @@ pub fn set_unmapped(map: &mut BlockMap, start: u64, end: u64) {
     while lba < end {
         match map.next_allocated_page_lba(lba) {
             Some(next) if next < end => {
-                let page_end = (next / crate::map::PAGE_BLOCKS as u64 + 1) * crate::map::PAGE_BLOCKS as u64;
+                let page_end =
+                    (next / crate::map::PAGE_BLOCKS as u64 + 1) * crate::map::PAGE_BLOCKS as u64;
                 for l in next..page_end.min(end) {
                     map.set(l, MapEntry::UNMAPPED);
                 }
@@ -247,13 +298,26 @@ pub fn set_unmapped(map: &mut BlockMap, start: u64, end: u64) {
 }
 
 /// Reads and verifies one whole record at a physical offset.
-pub fn read_record(storage: &dyn Storage, sb: &Superblock, offset: u64, len: u32) -> Result<(RecordHeader, Vec<u8>), String> {
-    let seg_rel = offset.checked_sub(sb.data_offset_bytes).ok_or("record offset inside the metadata area")?;
-    if (len as usize) < RECORD_HEADER_BYTES || seg_rel % sb.segment_size_bytes + u64::from(len) > sb.segment_size_bytes {
-        return Err(format!("record at {offset} (+{len}) crosses a segment boundary"));
+pub fn read_record(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    offset: u64,
+    len: u32,
+) -> Result<(RecordHeader, Vec<u8>), String> {
+    let seg_rel = offset
+        .checked_sub(sb.data_offset_bytes)
+        .ok_or("record offset inside the metadata area")?;
+    if (len as usize) < RECORD_HEADER_BYTES
+        || seg_rel % sb.segment_size_bytes + u64::from(len) > sb.segment_size_bytes
+    {
+        return Err(format!(
+            "record at {offset} (+{len}) crosses a segment boundary"
+        ));
     }
     if offset + u64::from(len) > sb.physical_size_bytes {
-        return Err(format!("record at {offset} (+{len}) beyond the physical size"));
+        return Err(format!(
+            "record at {offset} (+{len}) beyond the physical size"
+        ));
     }
     let mut b = vec![0u8; len as usize];
     storage.read_at(offset, &mut b).map_err(|e| e.to_string())?;
@@ -264,7 +328,11 @@ pub fn read_record(storage: &dyn Storage, sb: &Superblock, offset: u64, len: u32
     Ok((h, b))
 }
 
-fn load_checkpoint(storage: &dyn Storage, sb: &Superblock, p: &CheckpointPointer) -> Result<(BlockMap, Start), String> {
+fn load_checkpoint(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    p: &CheckpointPointer,
+) -> Result<(BlockMap, Start), String> {
     let (h, rec) = read_record(storage, sb, p.commit_offset, p.commit_len)?;
     if h.kind != RecordKind::CkptCommit || h.seq != p.commit_seq || h.epoch != p.commit_epoch {
         return Err("pointer does not name its commit record".into());
@@ -277,11 +345,16 @@ fn load_checkpoint(storage: &dyn Storage, sb: &Superblock, p: &CheckpointPointer
     for c in &commit.chunks {
         let (ch, rec) = read_record(storage, sb, c.offset, c.len)?;
         if ch.kind != RecordKind::MapChunk || ch.crc != c.crc {
-            return Err(format!("map chunk at {} is not the one the checkpoint names", c.offset));
+            return Err(format!(
+                "map chunk at {} is not the one the checkpoint names",
+                c.offset
+            ));
         }
         let raw = match ch.codec {
-            CodecTag::Lz4 => lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
-                .map_err(|e| format!("map chunk: {e}"))?,
+            CodecTag::Lz4 => {
+                lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
+                    .map_err(|e| format!("map chunk: {e}"))?
+            }
             CodecTag::None => rec[RECORD_HEADER_BYTES..].to_vec(),
             CodecTag::Zstd => return Err("map chunk with zstd codec".into()),
         };
@@ -310,7 +383,9 @@ fn load_checkpoint(storage: &dyn Storage, sb: &Superblock, p: &CheckpointPointer
 /// A data entry must point inside one segment of the data area.
 pub fn check_entry_location(sb: &Superblock, e: MapEntry) -> Result<(), String> {
     if let EntryState::Data { offset, len, .. } = e.state().map_err(|e| e.to_string())? {
-        let rel = offset.checked_sub(sb.data_offset_bytes).ok_or("points into the metadata area")?;
+        let rel = offset
+            .checked_sub(sb.data_offset_bytes)
+            .ok_or("points into the metadata area")?;
         if rel / sb.segment_size_bytes >= sb.segment_count()
             || rel % sb.segment_size_bytes + u64::from(len) > sb.segment_size_bytes
         {

@@ -16,7 +16,9 @@ use crate::recovery::{self, set_unmapped};
 use crate::stats::{CodecBlocks, MapCounters, VolumeStats};
 use cvol_format::checkpoint::{push_run, ChunkRef, CommitPayload};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAX_BYTES};
-use cvol_format::{align_up, CheckpointPointer, CodecTag, EntryState, MapEntry, Superblock, BLOCK_SIZE_BYTES};
+use cvol_format::{
+    align_up, CheckpointPointer, CodecTag, EntryState, MapEntry, Superblock, BLOCK_SIZE_BYTES,
+};
 use cvol_storage::Storage;
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,7 +54,11 @@ pub struct OpenOptions {
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { read_only: false, sync_writes: false, checkpoint_interval_bytes: 256 << 20 }
+        OpenOptions {
+            read_only: false,
+            sync_writes: false,
+            checkpoint_interval_bytes: 256 << 20,
+        }
     }
 }
 
@@ -87,8 +93,16 @@ pub struct Volume {
 
 /// A block after compression, before it has a place in the log.
 enum Prepared<'a> {
-    Data { lba: u64, codec: CodecTag, payload: Cow<'a, [u8]>, payload_crc: u32 },
-    Zero { lba: u64, nblocks: u32 },
+    Data {
+        lba: u64,
+        codec: CodecTag,
+        payload: Cow<'a, [u8]>,
+        payload_crc: u32,
+    },
+    Zero {
+        lba: u64,
+        nblocks: u32,
+    },
 }
 
 pub fn default_segment_size(physical_size_bytes: u64) -> u64 {
@@ -102,14 +116,20 @@ pub fn default_segment_size(physical_size_bytes: u64) -> u64 {
 fn is_zero(b: &[u8]) -> bool {
     let words = b.chunks_exact(16);
     let rest = words.remainder();
-    words.map(|c| u128::from_ne_bytes(c.try_into().expect("16 bytes"))).all(|w| w == 0) && rest.iter().all(|&x| x == 0)
+    words
+        .map(|c| u128::from_ne_bytes(c.try_into().expect("16 bytes")))
+        .all(|w| w == 0)
+        && rest.iter().all(|&x| x == 0)
 }
 
 impl Volume {
     /// Formats `storage` as a new volume and opens it for writing.
     pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Volume, VolError> {
-        let segment_size_bytes =
-            if c.segment_size_bytes == 0 { default_segment_size(c.physical_size_bytes) } else { c.segment_size_bytes };
+        let segment_size_bytes = if c.segment_size_bytes == 0 {
+            default_segment_size(c.physical_size_bytes)
+        } else {
+            c.segment_size_bytes
+        };
         let sb = Superblock {
             uuid: rand::random(),
             logical_size_bytes: c.logical_size_bytes,
@@ -122,7 +142,8 @@ impl Volume {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
-        sb.validate().map_err(|e| VolError::Open(format!("cannot create volume: {e}")))?;
+        sb.validate()
+            .map_err(|e| VolError::Open(format!("cannot create volume: {e}")))?;
         if sb.physical_size_bytes > storage.len_bytes() {
             return Err(VolError::Open(format!(
                 "physical size {} exceeds the backing store ({} bytes)",
@@ -165,9 +186,12 @@ impl Volume {
             last_seq = r.last_seq,
             "volume recovered"
         );
-        let fill = (align_up(r.end as u64, cvol_format::SECTOR_SIZE_BYTES)).min(sb.segment_size_bytes) as usize;
+        let fill = (align_up(r.end as u64, cvol_format::SECTOR_SIZE_BYTES))
+            .min(sb.segment_size_bytes) as usize;
         let mut log = Log::new(&sb, r.segment, fill, r.last_epoch, r.last_seq + 1);
-        storage.read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end]).map_err(VolError::Io)?;
+        storage
+            .read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end])
+            .map_err(VolError::Io)?;
         let mut counters = MapCounters::default();
         r.map.for_each_mapped(|_, e| counters.add(e));
         let used = log.used_bytes();
@@ -186,7 +210,12 @@ impl Volume {
         Ok(vol)
     }
 
-    fn assemble(storage: Arc<dyn Storage>, sb: Superblock, options: OpenOptions, state: State) -> Volume {
+    fn assemble(
+        storage: Arc<dyn Storage>,
+        sb: Superblock,
+        options: OpenOptions,
+        state: State,
+    ) -> Volume {
         Volume {
             codec: Codec::from_tag(sb.codec, sb.codec_level),
             storage,
@@ -208,7 +237,15 @@ impl Volume {
         let mut st = self.lock_state();
         st.log.epoch += 1;
         let crc = crc32c::crc32c(&[]);
-        self.guard(st.log.append(&*self.storage, RecordKind::Epoch, CodecTag::None, 0, 0, &[], crc))?;
+        self.guard(st.log.append(
+            &*self.storage,
+            RecordKind::Epoch,
+            CodecTag::None,
+            0,
+            0,
+            &[],
+            crc,
+        ))?;
         self.guard(st.log.pad_and_write(&*self.storage))?;
         drop(st);
         self.guard(self.storage.sync().map_err(VolError::Io))?;
@@ -234,14 +271,18 @@ impl Volume {
     }
 
     fn lock_state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().expect("volume state lock poisoned by a panic")
+        self.state
+            .lock()
+            .expect("volume state lock poisoned by a panic")
     }
 
     /// Poisons the volume on an I/O error.
     fn guard<T>(&self, r: Result<T, VolError>) -> Result<T, VolError> {
         if let Err(VolError::Io(e)) = &r {
             if !self.poisoned.swap(true, Ordering::SeqCst) {
-                tracing::error!("backing store I/O error, refusing further writes until reopened: {e}");
+                tracing::error!(
+                    "backing store I/O error, refusing further writes until reopened: {e}"
+                );
             }
         }
         r
@@ -279,7 +320,8 @@ impl Volume {
             let _exclusive = self.rmw.write().expect("rmw lock");
             self.write_unaligned(offset, data)?;
         }
-        self.client_bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.client_bytes_written
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
         self.after_write(fua)
     }
 
@@ -327,7 +369,12 @@ impl Volume {
                 None => (CodecTag::None, Cow::Borrowed(block)),
             };
             let payload_crc = crc32c::crc32c(&payload);
-            out.push(Prepared::Data { lba: l, codec, payload, payload_crc });
+            out.push(Prepared::Data {
+                lba: l,
+                codec,
+                payload,
+                payload_crc,
+            });
         }
         out
     }
@@ -362,8 +409,21 @@ impl Volume {
 
     fn commit_one(&self, st: &mut State, item: Prepared<'_>) -> Result<(), VolError> {
         match item {
-            Prepared::Data { lba, codec, payload, payload_crc } => {
-                let p = self.guard(st.log.append(&*self.storage, RecordKind::Data, codec, lba, 1, &payload, payload_crc))?;
+            Prepared::Data {
+                lba,
+                codec,
+                payload,
+                payload_crc,
+            } => {
+                let p = self.guard(st.log.append(
+                    &*self.storage,
+                    RecordKind::Data,
+                    codec,
+                    lba,
+                    1,
+                    &payload,
+                    payload_crc,
+                ))?;
                 self.set_entry(st, lba, MapEntry::data(codec, p.offset, p.len, p.crc));
             }
             Prepared::Zero { lba, nblocks } => {
@@ -374,9 +434,19 @@ impl Volume {
         Ok(())
     }
 
-    fn append_range(&self, st: &mut State, kind: RecordKind, lba: u64, nblocks: u32) -> Result<(), VolError> {
+    fn append_range(
+        &self,
+        st: &mut State,
+        kind: RecordKind,
+        lba: u64,
+        nblocks: u32,
+    ) -> Result<(), VolError> {
         let crc = crc32c::crc32c(&[]);
-        self.guard(st.log.append(&*self.storage, kind, CodecTag::None, lba, nblocks, &[], crc)).map(|_| ())
+        self.guard(
+            st.log
+                .append(&*self.storage, kind, CodecTag::None, lba, nblocks, &[], crc),
+        )
+        .map(|_| ())
     }
 
     fn set_entry(&self, st: &mut State, lba: u64, e: MapEntry) {
@@ -403,7 +473,8 @@ impl Volume {
         let mut st = self.lock_state();
         self.check_writable()?;
         let records = (end - first).div_ceil(u64::from(u32::MAX));
-        if st.log.free_bytes() < records * RECORD_HEADER_BYTES as u64 + 2 * RECORD_MAX_BYTES as u64 {
+        if st.log.free_bytes() < records * RECORD_HEADER_BYTES as u64 + 2 * RECORD_MAX_BYTES as u64
+        {
             return Err(VolError::NoSpace);
         }
         let mut lba = first;
@@ -416,7 +487,8 @@ impl Volume {
         let mut removed = MapCounters::default();
         let mut l = first;
         while let Some(next) = map.next_allocated_page_lba(l).filter(|&n| n < end) {
-            let page_end = ((next / crate::map::PAGE_BLOCKS as u64) + 1) * crate::map::PAGE_BLOCKS as u64;
+            let page_end =
+                ((next / crate::map::PAGE_BLOCKS as u64) + 1) * crate::map::PAGE_BLOCKS as u64;
             for x in next..page_end.min(end) {
                 removed.add(map.get(x));
             }
@@ -434,7 +506,13 @@ impl Volume {
 
     /// WRITE_ZEROES: whole blocks become holes (or, with `no_hole`, zero
     /// blocks that stay allocated in the map); partial edges are written.
-    pub fn write_zeroes(&self, offset: u64, len: u64, no_hole: bool, fua: bool) -> Result<(), VolError> {
+    pub fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        no_hole: bool,
+        fua: bool,
+    ) -> Result<(), VolError> {
         self.check_range(offset, len)?;
         self.check_writable()?;
         let first = offset.div_ceil(BLOCK_SIZE_BYTES);
@@ -445,6 +523,16 @@ impl Volume {
         }
         let head = first * BLOCK_SIZE_BYTES - offset;
         let tail = offset + len - end * BLOCK_SIZE_BYTES;
+        // Refuse up front rather than half-way, after the edges were written.
+        let edges = (u64::from(head > 0) + u64::from(tail > 0)) * (BLOCK_SIZE_BYTES + 64);
+        let entries = if no_hole { (end - first) * 13 } else { 0 };
+        {
+            let st = self.lock_state();
+            let need = edges + entries + 4 * RECORD_MAX_BYTES as u64 + self.reserve_bytes(&st);
+            if st.log.free_bytes() < need {
+                return Err(VolError::NoSpace);
+            }
+        }
         if head > 0 {
             self.write_at(offset, &vec![0u8; head as usize], false)?;
         }
@@ -507,7 +595,9 @@ impl Volume {
             for i in 0..n as u64 {
                 let e = st.map.get(lba + i);
                 let b = match e.state_valid() {
-                    EntryState::Data { offset, len, .. } => st.log.buffered(offset, len as usize).map(<[u8]>::to_vec),
+                    EntryState::Data { offset, len, .. } => {
+                        st.log.buffered(offset, len as usize).map(<[u8]>::to_vec)
+                    }
                     _ => None,
                 };
                 entries.push(e);
@@ -522,7 +612,12 @@ impl Volume {
                 continue;
             };
             if let Some(rec) = &buffered[i] {
-                self.decode_block(lba + i as u64, entries[i], rec, &mut out[i * BS..(i + 1) * BS])?;
+                self.decode_block(
+                    lba + i as u64,
+                    entries[i],
+                    rec,
+                    &mut out[i * BS..(i + 1) * BS],
+                )?;
                 i += 1;
                 continue;
             }
@@ -530,18 +625,29 @@ impl Volume {
             let mut end = offset + u64::from(len);
             while j < n && buffered[j].is_none() && end - offset < READ_MERGE_MAX_BYTES {
                 match entries[j].state_valid() {
-                    EntryState::Data { offset: o, len: l, .. } if o == end => end += u64::from(l),
+                    EntryState::Data {
+                        offset: o, len: l, ..
+                    } if o == end => end += u64::from(l),
                     _ => break,
                 }
                 j += 1;
             }
             let mut run = vec![0u8; (end - offset) as usize];
-            self.storage.read_at(offset, &mut run).map_err(VolError::Io)?;
+            self.storage
+                .read_at(offset, &mut run)
+                .map_err(VolError::Io)?;
             let mut at = 0usize;
             for k in i..j {
-                let EntryState::Data { len, .. } = entries[k].state_valid() else { unreachable!("run holds data") };
+                let EntryState::Data { len, .. } = entries[k].state_valid() else {
+                    unreachable!("run holds data")
+                };
                 let rec = &run[at..at + len as usize];
-                self.decode_block(lba + k as u64, entries[k], rec, &mut out[k * BS..(k + 1) * BS])?;
+                self.decode_block(
+                    lba + k as u64,
+                    entries[k],
+                    rec,
+                    &mut out[k * BS..(k + 1) * BS],
+                )?;
                 at += len as usize;
             }
             i = j;
@@ -549,7 +655,13 @@ impl Volume {
         Ok(())
     }
 
-    fn decode_block(&self, lba: u64, e: MapEntry, rec: &[u8], out: &mut [u8]) -> Result<(), VolError> {
+    fn decode_block(
+        &self,
+        lba: u64,
+        e: MapEntry,
+        rec: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), VolError> {
         let r = decode_block_record(lba, e, rec, out);
         if let Err(detail) = r {
             self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
@@ -579,7 +691,10 @@ impl Volume {
             let next = next.min(end);
             match out.last_mut() {
                 Some(x) if x.zero == zero => x.length += next - pos,
-                _ => out.push(Extent { length: next - pos, zero }),
+                _ => out.push(Extent {
+                    length: next - pos,
+                    zero,
+                }),
             }
             pos = next;
         }
@@ -606,7 +721,8 @@ impl Volume {
         let due = {
             let mut st = self.lock_state();
             st.synced_seq = st.synced_seq.max(target);
-            st.log.used_bytes() - st.log_used_at_checkpoint >= self.options.checkpoint_interval_bytes
+            st.log.used_bytes() - st.log_used_at_checkpoint
+                >= self.options.checkpoint_interval_bytes
         };
         if due {
             match self.checkpoint_locked() {
@@ -633,29 +749,65 @@ impl Volume {
         };
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         let slot = CheckpointPointer::slot_offset(ptr.slot());
-        self.guard(self.storage.write_at(slot, &ptr.encode()).map_err(VolError::Io))?;
+        self.guard(
+            self.storage
+                .write_at(slot, &ptr.encode())
+                .map_err(VolError::Io),
+        )?;
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         let mut st = self.lock_state();
         st.checkpoint_generation = ptr.generation;
         st.synced_seq = st.synced_seq.max(ptr.commit_seq);
         st.log_used_at_checkpoint = st.log.used_bytes();
-        tracing::debug!(generation = ptr.generation, seq = ptr.commit_seq, "checkpoint written");
+        tracing::debug!(
+            generation = ptr.generation,
+            seq = ptr.commit_seq,
+            "checkpoint written"
+        );
         Ok(())
     }
 
     /// Appends MAP_CHUNK records and the CKPT_COMMIT record; returns the pointer to publish.
     fn append_checkpoint(&self, st: &mut State) -> Result<CheckpointPointer, VolError> {
         let snapshot_seq = st.log.last_seq();
-        let chunks = encode_map_chunks(&st.map, (self.sb.segment_size_bytes as usize / 4).min(CHUNK_RAW_MAX_BYTES));
+        let chunks = encode_map_chunks(
+            &st.map,
+            (self.sb.segment_size_bytes as usize / 4).min(CHUNK_RAW_MAX_BYTES),
+        );
         let mut refs = Vec::with_capacity(chunks.len());
         for c in &chunks {
             let crc = crc32c::crc32c(c);
-            let p = self.guard(st.log.append(&*self.storage, RecordKind::MapChunk, CodecTag::Lz4, 0, 0, c, crc))?;
-            refs.push(ChunkRef { offset: p.offset, len: p.len, crc: p.crc });
+            let p = self.guard(st.log.append(
+                &*self.storage,
+                RecordKind::MapChunk,
+                CodecTag::Lz4,
+                0,
+                0,
+                c,
+                crc,
+            ))?;
+            refs.push(ChunkRef {
+                offset: p.offset,
+                len: p.len,
+                crc: p.crc,
+            });
         }
-        let commit = CommitPayload { snapshot_seq, logical_blocks: self.sb.logical_blocks(), chunks: refs }.encode();
+        let commit = CommitPayload {
+            snapshot_seq,
+            logical_blocks: self.sb.logical_blocks(),
+            chunks: refs,
+        }
+        .encode();
         let crc = crc32c::crc32c(&commit);
-        let p = self.guard(st.log.append(&*self.storage, RecordKind::CkptCommit, CodecTag::None, 0, 0, &commit, crc))?;
+        let p = self.guard(st.log.append(
+            &*self.storage,
+            RecordKind::CkptCommit,
+            CodecTag::None,
+            0,
+            0,
+            &commit,
+            crc,
+        ))?;
         Ok(CheckpointPointer {
             generation: st.checkpoint_generation + 1,
             commit_offset: p.offset,
@@ -674,7 +826,9 @@ impl Volume {
         match self.checkpoint() {
             Ok(()) => Ok(()),
             Err(VolError::NoSpace) => {
-                tracing::warn!("no space for a final checkpoint; the next open replays the log instead");
+                tracing::warn!(
+                    "no space for a final checkpoint; the next open replays the log instead"
+                );
                 Ok(())
             }
             Err(e) => Err(e),
@@ -722,14 +876,25 @@ impl Volume {
 
 /// Verifies a DATA record against the map entry that points at it and
 /// decompresses the block for `lba` into `out`.
-pub fn decode_block_record(lba: u64, e: MapEntry, rec: &[u8], out: &mut [u8]) -> Result<(), String> {
+pub fn decode_block_record(
+    lba: u64,
+    e: MapEntry,
+    rec: &[u8],
+    out: &mut [u8],
+) -> Result<(), String> {
     let (h, payload) = RecordHeader::decode_verified(rec).map_err(|e| e.to_string())?;
     if h.crc != e.crc {
-        return Err(format!("record crc {:#010x} is not the one the map expects ({:#010x}): stale or misdirected", h.crc, e.crc));
+        return Err(format!(
+            "record crc {:#010x} is not the one the map expects ({:#010x}): stale or misdirected",
+            h.crc, e.crc
+        ));
     }
     let in_unit = h.lba <= lba && lba < h.lba + u64::from(h.nblocks);
     if h.kind != RecordKind::Data || !in_unit {
-        return Err(format!("record holds lba {}+{} of kind {:?}, not lba {lba}", h.lba, h.nblocks, h.kind));
+        return Err(format!(
+            "record holds lba {}+{} of kind {:?}, not lba {lba}",
+            h.lba, h.nblocks, h.kind
+        ));
     }
     if h.nblocks == 1 {
         return codec::decompress(h.codec, payload, out);

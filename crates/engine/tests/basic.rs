@@ -6,7 +6,12 @@ use std::sync::Arc;
 const MIB: u64 = 1 << 20;
 
 fn create(sim: &SimStorage, logical: u64, codec: Codec) -> Volume {
-    let opts = CreateOptions { logical_size_bytes: logical, physical_size_bytes: sim.len_bytes(), codec, segment_size_bytes: MIB };
+    let opts = CreateOptions {
+        logical_size_bytes: logical,
+        physical_size_bytes: sim.len_bytes(),
+        codec,
+        segment_size_bytes: MIB,
+    };
     Volume::create(Arc::new(sim.clone()), &opts).unwrap()
 }
 
@@ -48,7 +53,11 @@ fn write_read_reopen_every_codec() {
         if codec == Codec::None {
             assert_eq!(s.codec_none_blocks, 16);
         } else {
-            assert!(s.stored_bytes < 32 << 10, "{codec}: stored {}", s.stored_bytes);
+            assert!(
+                s.stored_bytes < 32 << 10,
+                "{codec}: stored {}",
+                s.stored_bytes
+            );
         }
     }
 }
@@ -86,13 +95,29 @@ fn unaligned_zero_trim_and_status() {
 fn out_of_range_and_read_only() {
     let sim = SimStorage::new(16 * MIB);
     let vol = create(&sim, 8 * MIB, Codec::Lz4);
-    assert!(matches!(vol.write_at(8 * MIB - 100, &[1u8; 200], false), Err(VolError::OutOfRange)));
-    assert!(matches!(vol.read_at(u64::MAX - 10, &mut [0u8; 20]), Err(VolError::OutOfRange)));
+    assert!(matches!(
+        vol.write_at(8 * MIB - 100, &[1u8; 200], false),
+        Err(VolError::OutOfRange)
+    ));
+    assert!(matches!(
+        vol.read_at(u64::MAX - 10, &mut [0u8; 20]),
+        Err(VolError::OutOfRange)
+    ));
     vol.write_at(0, &text(4, 4096), false).unwrap();
     vol.close().unwrap();
     drop(vol);
-    let ro = Volume::open(Arc::new(sim.clone()), OpenOptions { read_only: true, ..Default::default() }).unwrap();
-    assert!(matches!(ro.write_at(0, &[1u8; 4096], false), Err(VolError::ReadOnly)));
+    let ro = Volume::open(
+        Arc::new(sim.clone()),
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        ro.write_at(0, &[1u8; 4096], false),
+        Err(VolError::ReadOnly)
+    ));
     let mut b = vec![0u8; 4096];
     ro.read_at(0, &mut b).unwrap();
     assert!(b == text(4, 4096));
@@ -119,7 +144,10 @@ fn fills_up_with_enospc_stays_readable_and_reopens() {
         let mut b = vec![0u8; 64 << 10];
         for off in (0..written).step_by(64 << 10) {
             v.read_at(off, &mut b).unwrap();
-            assert!(b == text(((off / (64 << 10)) % 200) as u8, 64 << 10), "block at {off}");
+            assert!(
+                b == text(((off / (64 << 10)) % 200) as u8, 64 << 10),
+                "block at {off}"
+            );
         }
     }
 }
@@ -133,7 +161,8 @@ fn checkpoint_then_more_writes_then_crash_recovers() {
     }
     vol.checkpoint().unwrap();
     for i in 100..300u64 {
-        vol.write_at(i * 4096, &text((i + 1) as u8, 4096), false).unwrap();
+        vol.write_at(i * 4096, &text((i + 1) as u8, 4096), false)
+            .unwrap();
     }
     vol.flush().unwrap();
     let crashed = sim.crash(7);
@@ -142,7 +171,11 @@ fn checkpoint_then_more_writes_then_crash_recovers() {
     let mut b = vec![0u8; 4096];
     for i in 0..300u64 {
         v.read_at(i * 4096, &mut b).unwrap();
-        let want = if i < 100 { text(i as u8, 4096) } else { text((i + 1) as u8, 4096) };
+        let want = if i < 100 {
+            text(i as u8, 4096)
+        } else {
+            text((i + 1) as u8, 4096)
+        };
         assert!(b == want, "block {i}");
     }
 }

@@ -57,10 +57,18 @@ impl CommitPayload {
         let chunks = (0..count)
             .map(|i| {
                 let at = 20 + i * CHUNK_REF_BYTES;
-                ChunkRef { offset: get_u64(b, at), len: get_u32(b, at + 8), crc: get_u32(b, at + 12) }
+                ChunkRef {
+                    offset: get_u64(b, at),
+                    len: get_u32(b, at + 8),
+                    crc: get_u32(b, at + 12),
+                }
             })
             .collect();
-        Ok(CommitPayload { snapshot_seq: get_u64(b, 0), logical_blocks: get_u64(b, 8), chunks })
+        Ok(CommitPayload {
+            snapshot_seq: get_u64(b, 0),
+            logical_blocks: get_u64(b, 8),
+            chunks,
+        })
     }
 }
 
@@ -68,7 +76,10 @@ impl CommitPayload {
 pub fn push_run(out: &mut Vec<u8>, first_lba: u64, entries: &[MapEntry]) {
     assert!(!entries.is_empty());
     let at = out.len();
-    out.resize(at + RUN_HEADER_BYTES + entries.len() * mapentry::MAP_ENTRY_BYTES, 0);
+    out.resize(
+        at + RUN_HEADER_BYTES + entries.len() * mapentry::MAP_ENTRY_BYTES,
+        0,
+    );
     put_u64(out, at, first_lba);
     put_u32(out, at + 8, entries.len() as u32);
     for (i, e) in entries.iter().enumerate() {
@@ -89,7 +100,11 @@ pub fn decode_runs(
         let count = get_u32(b, 8) as usize;
         let bytes = count * mapentry::MAP_ENTRY_BYTES;
         need(b, RUN_HEADER_BYTES + bytes)?;
-        if count == 0 || first.checked_add(count as u64).is_none_or(|end| end > logical_blocks) {
+        if count == 0
+            || first
+                .checked_add(count as u64)
+                .is_none_or(|end| end > logical_blocks)
+        {
             return Err(FormatError::Invalid("map run out of range"));
         }
         for i in 0..count {
@@ -110,7 +125,18 @@ mod tests {
         let c = CommitPayload {
             snapshot_seq: 9,
             logical_blocks: 1 << 20,
-            chunks: vec![ChunkRef { offset: 1 << 20, len: 500, crc: 1 }, ChunkRef { offset: 2 << 20, len: 7, crc: 2 }],
+            chunks: vec![
+                ChunkRef {
+                    offset: 1 << 20,
+                    len: 500,
+                    crc: 1,
+                },
+                ChunkRef {
+                    offset: 2 << 20,
+                    len: 7,
+                    crc: 2,
+                },
+            ],
         };
         assert_eq!(CommitPayload::decode(&c.encode()).unwrap(), c);
         assert!(CommitPayload::decode(&c.encode()[..30]).is_err());

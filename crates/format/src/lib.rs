@@ -93,7 +93,10 @@ impl std::fmt::Display for FormatError {
             }
             FormatError::BadMagic => write!(f, "bad magic"),
             FormatError::BadChecksum { stored, computed } => {
-                write!(f, "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")
+                write!(
+                    f,
+                    "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+                )
             }
             FormatError::UnsupportedVersion(v) => write!(f, "unsupported format version {v}"),
             FormatError::UnknownCodec(c) => write!(f, "unknown codec tag {c}"),
@@ -130,7 +133,10 @@ pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
 
 pub(crate) fn need(b: &[u8], n: usize) -> Result<(), FormatError> {
     if b.len() < n {
-        Err(FormatError::TooShort { needed: n, got: b.len() })
+        Err(FormatError::TooShort {
+            needed: n,
+            got: b.len(),
+        })
     } else {
         Ok(())
     }

@@ -24,7 +24,11 @@ pub enum EntryState {
     /// Written as zeros: reads as zeros, costs no data space.
     Zero,
     /// Points at a DATA record.
-    Data { codec: CodecTag, offset: u64, len: u32 },
+    Data {
+        codec: CodecTag,
+        offset: u64,
+        len: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -35,20 +39,28 @@ pub struct MapEntry {
 
 impl MapEntry {
     pub const UNMAPPED: MapEntry = MapEntry { loc: 0, crc: 0 };
-    pub const ZERO: MapEntry = MapEntry { loc: 1 << STATE_SHIFT, crc: 0 };
+    pub const ZERO: MapEntry = MapEntry {
+        loc: 1 << STATE_SHIFT,
+        crc: 0,
+    };
 
     pub fn data(codec: CodecTag, offset: u64, len: u32, crc: u32) -> MapEntry {
         assert!(offset <= OFFSET_MASK, "offset beyond 8 TiB");
         assert!(u64::from(len) <= LEN_MASK && len as usize >= record::RECORD_HEADER_BYTES);
         let state = 2 + codec as u64;
-        MapEntry { loc: (state << STATE_SHIFT) | (u64::from(len) << OFFSET_BITS) | offset, crc }
+        MapEntry {
+            loc: (state << STATE_SHIFT) | (u64::from(len) << OFFSET_BITS) | offset,
+            crc,
+        }
     }
 
     pub fn state(&self) -> Result<EntryState, FormatError> {
         let offset = self.loc & OFFSET_MASK;
         let len = ((self.loc >> OFFSET_BITS) & LEN_MASK) as u32;
         match self.loc >> STATE_SHIFT {
-            0 | 1 if offset != 0 || len != 0 || self.crc != 0 => Err(FormatError::Invalid("map entry")),
+            0 | 1 if offset != 0 || len != 0 || self.crc != 0 => {
+                Err(FormatError::Invalid("map entry"))
+            }
             0 => Ok(EntryState::Unmapped),
             1 => Ok(EntryState::Zero),
             s @ 2..=4 => {
@@ -78,7 +90,10 @@ impl MapEntry {
 
     pub fn decode(b: &[u8]) -> Result<MapEntry, FormatError> {
         need(b, MAP_ENTRY_BYTES)?;
-        let e = MapEntry { loc: get_u64(b, 0), crc: get_u32(b, 8) };
+        let e = MapEntry {
+            loc: get_u64(b, 0),
+            crc: get_u32(b, 8),
+        };
         e.state()?;
         Ok(e)
     }
@@ -94,7 +109,14 @@ mod tests {
         assert_eq!(MapEntry::ZERO.state().unwrap(), EntryState::Zero);
         for codec in CodecTag::ALL {
             let e = MapEntry::data(codec, (1 << 43) - 1, 4140, 0x1234_5678);
-            assert_eq!(e.state().unwrap(), EntryState::Data { codec, offset: (1 << 43) - 1, len: 4140 });
+            assert_eq!(
+                e.state().unwrap(),
+                EntryState::Data {
+                    codec,
+                    offset: (1 << 43) - 1,
+                    len: 4140
+                }
+            );
             let mut b = [0u8; MAP_ENTRY_BYTES];
             e.encode(&mut b);
             assert_eq!(MapEntry::decode(&b).unwrap(), e);
@@ -103,8 +125,18 @@ mod tests {
 
     #[test]
     fn invalid_states_rejected() {
-        assert!(MapEntry { loc: 5 << STATE_SHIFT, crc: 0 }.state().is_err());
+        assert!(MapEntry {
+            loc: 5 << STATE_SHIFT,
+            crc: 0
+        }
+        .state()
+        .is_err());
         assert!(MapEntry { loc: 7, crc: 0 }.state().is_err());
-        assert!(MapEntry { loc: (2 << STATE_SHIFT) | 100, crc: 0 }.state().is_err());
+        assert!(MapEntry {
+            loc: (2 << STATE_SHIFT) | 100,
+            crc: 0
+        }
+        .state()
+        .is_err());
     }
 }

@@ -81,7 +81,10 @@ impl CheckpointPointer {
     }
 
     /// The newest of two decoded slots, if any is valid.
-    pub fn newest(a: Option<CheckpointPointer>, b: Option<CheckpointPointer>) -> Option<CheckpointPointer> {
+    pub fn newest(
+        a: Option<CheckpointPointer>,
+        b: Option<CheckpointPointer>,
+    ) -> Option<CheckpointPointer> {
         match (a, b) {
             (Some(x), Some(y)) => Some(if x.generation >= y.generation { x } else { y }),
             (x, None) => x,
@@ -96,19 +99,39 @@ mod tests {
 
     #[test]
     fn roundtrip_and_newest() {
-        let p = CheckpointPointer { generation: 5, commit_offset: 1 << 20, commit_len: 99, commit_epoch: 2, commit_seq: 77 };
+        let p = CheckpointPointer {
+            generation: 5,
+            commit_offset: 1 << 20,
+            commit_len: 99,
+            commit_epoch: 2,
+            commit_seq: 77,
+        };
         let d = CheckpointPointer::decode(&p.encode()).unwrap();
         assert_eq!(d, p);
         assert_eq!(p.slot(), 1);
         let q = CheckpointPointer { generation: 6, ..p };
-        assert_eq!(CheckpointPointer::newest(Some(p), Some(q)).unwrap().generation, 6);
-        assert_eq!(CheckpointPointer::newest(None, Some(p)).unwrap().generation, 5);
+        assert_eq!(
+            CheckpointPointer::newest(Some(p), Some(q))
+                .unwrap()
+                .generation,
+            6
+        );
+        assert_eq!(
+            CheckpointPointer::newest(None, Some(p)).unwrap().generation,
+            5
+        );
         assert!(CheckpointPointer::newest(None, None).is_none());
     }
 
     #[test]
     fn corruption_detected() {
-        let p = CheckpointPointer { generation: 1, commit_offset: 4096, commit_len: 10, commit_epoch: 1, commit_seq: 3 };
+        let p = CheckpointPointer {
+            generation: 1,
+            commit_offset: 4096,
+            commit_len: 10,
+            commit_epoch: 1,
+            commit_seq: 3,
+        };
         let b = p.encode();
         for bit in 0..(END * 8) {
             let mut c = b;

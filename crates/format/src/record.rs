@@ -148,11 +148,17 @@ impl RecordHeader {
     pub fn verify(&self, header_bytes: &[u8], payload: &[u8]) -> Result<(), FormatError> {
         need(header_bytes, RECORD_HEADER_BYTES)?;
         if payload.len() != self.payload_len as usize {
-            return Err(FormatError::TooShort { needed: self.payload_len as usize, got: payload.len() });
+            return Err(FormatError::TooShort {
+                needed: self.payload_len as usize,
+                got: payload.len(),
+            });
         }
         let computed = crc32c::crc32c_append(crc32c::crc32c(payload), &header_bytes[..OFF_CRC]);
         if computed != self.crc {
-            return Err(FormatError::BadChecksum { stored: self.crc, computed });
+            return Err(FormatError::BadChecksum {
+                stored: self.crc,
+                computed,
+            });
         }
         Ok(())
     }
@@ -230,6 +236,9 @@ mod tests {
         assert!(RecordHeader::decode(&[0u8; 10]).is_err());
         let mut bad = hdr(4).encode_with_crc(0);
         bad[OFF_KIND] = 99;
-        assert_eq!(RecordHeader::decode(&bad), Err(FormatError::UnknownKind(99)));
+        assert_eq!(
+            RecordHeader::decode(&bad),
+            Err(FormatError::UnknownKind(99))
+        );
     }
 }

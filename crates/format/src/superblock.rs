@@ -72,7 +72,9 @@ impl Superblock {
     /// Checks the fields against each other; used after decode and before create.
     pub fn validate(&self) -> Result<(), FormatError> {
         if self.logical_size_bytes == 0 || self.logical_size_bytes % BLOCK_SIZE_BYTES != 0 {
-            return Err(FormatError::Invalid("logical size must be a non-zero multiple of 4096"));
+            return Err(FormatError::Invalid(
+                "logical size must be a non-zero multiple of 4096",
+            ));
         }
         if self.logical_size_bytes > LOGICAL_SIZE_MAX_BYTES {
             return Err(FormatError::Invalid("logical size above 16 TiB"));
@@ -81,16 +83,22 @@ impl Superblock {
             || self.segment_size_bytes < SEGMENT_SIZE_MIN_BYTES
             || self.segment_size_bytes > SEGMENT_SIZE_MAX_BYTES
         {
-            return Err(FormatError::Invalid("segment size must be a power of two in [1 MiB, 1 GiB]"));
+            return Err(FormatError::Invalid(
+                "segment size must be a power of two in [1 MiB, 1 GiB]",
+            ));
         }
-        if self.data_offset_bytes < DATA_OFFSET_BYTES || self.data_offset_bytes % SECTOR_SIZE_BYTES != 0 {
+        if self.data_offset_bytes < DATA_OFFSET_BYTES
+            || self.data_offset_bytes % SECTOR_SIZE_BYTES != 0
+        {
             return Err(FormatError::Invalid("data offset"));
         }
         if self.physical_size_bytes > PHYSICAL_SIZE_MAX_BYTES {
             return Err(FormatError::Invalid("physical size above 8 TiB"));
         }
         if self.physical_size_bytes < self.data_offset_bytes + 2 * self.segment_size_bytes {
-            return Err(FormatError::Invalid("physical size too small: need metadata plus two segments"));
+            return Err(FormatError::Invalid(
+                "physical size too small: need metadata plus two segments",
+            ));
         }
         Ok(())
     }
@@ -174,7 +182,10 @@ mod tests {
         for bit in 0..(END * 8) {
             let mut c = b;
             c[bit / 8] ^= 1 << (bit % 8);
-            assert!(Superblock::decode(&c).is_err(), "bit {bit} flip not detected");
+            assert!(
+                Superblock::decode(&c).is_err(),
+                "bit {bit} flip not detected"
+            );
         }
     }
 

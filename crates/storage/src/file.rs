@@ -34,7 +34,11 @@ impl FileStorage {
         })?;
         let is_block_device = file.metadata()?.file_type().is_block_device();
         let size_bytes = file.seek(SeekFrom::End(0))?;
-        Ok(FileStorage { file, size_bytes, is_block_device })
+        Ok(FileStorage {
+            file,
+            size_bytes,
+            is_block_device,
+        })
     }
 
     /// Creates (or truncates, for a file) a backing store of `size_bytes`.
@@ -43,14 +47,24 @@ impl FileStorage {
         let exists = path.exists();
         let is_block = exists && std::fs::metadata(path)?.file_type().is_block_device();
         if !is_block {
-            let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path)?;
             f.set_len(size_bytes)?;
         }
         let st = FileStorage::open(path, true, true)?;
         if st.size_bytes < size_bytes {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{} holds {} bytes, less than the {} requested", path.display(), st.size_bytes, size_bytes),
+                format!(
+                    "{} holds {} bytes, less than the {} requested",
+                    path.display(),
+                    st.size_bytes,
+                    size_bytes
+                ),
             ));
         }
         Ok(st)
@@ -112,7 +126,9 @@ mod tests {
         s.read_at(4096, &mut b).unwrap();
         assert_eq!(&b, b"abc");
         assert!(s.read_at((1 << 20) - 1, &mut b).is_err());
-        let e = FileStorage::open(&p, true, true).err().expect("second exclusive open must fail");
+        let e = FileStorage::open(&p, true, true)
+            .err()
+            .expect("second exclusive open must fail");
         assert!(e.to_string().contains("in use"), "{e}");
         drop(s);
         FileStorage::open(&p, false, false).unwrap();

@@ -49,7 +49,10 @@ impl SimStorage {
             io_count: 0,
             syncs: 0,
         };
-        SimStorage { inner: Arc::new(Mutex::new(inner)), size_bytes }
+        SimStorage {
+            inner: Arc::new(Mutex::new(inner)),
+            size_bytes,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -83,10 +86,26 @@ impl SimStorage {
                 0 => {}
                 1 => apply(&mut image, *offset, data, |_| true),
                 _ => {
-                    let keep: Vec<bool> = (0..data.len().div_ceil(SECTOR) + 1).map(|_| rng.gen()).collect();
+                    let keep: Vec<bool> = (0..data.len().div_ceil(SECTOR) + 1)
+                        .map(|_| rng.gen())
+                        .collect();
                     apply(&mut image, *offset, data, |sector| keep[sector])
                 }
             }
+        }
+        SimStorage::from_image(image)
+    }
+
+    /// Simulates a power loss in which every unsynced write lands except the
+    /// 512-byte sectors for which `drop_sector(sector offset)` holds.
+    pub fn crash_dropping(&self, drop_sector: impl Fn(u64) -> bool) -> SimStorage {
+        let g = self.lock();
+        let mut image = g.durable.clone();
+        for (offset, data) in &g.pending {
+            let first = offset / SECTOR as u64;
+            apply(&mut image, *offset, data, |i| {
+                !drop_sector((first + i as u64) * SECTOR as u64)
+            });
         }
         SimStorage::from_image(image)
     }
@@ -138,7 +157,11 @@ impl Storage for SimStorage {
         check_range(offset, buf.len(), self.size_bytes)?;
         let g = self.lock();
         let end = offset + buf.len() as u64;
-        if g.config.bad_read_ranges.iter().any(|&(s, e)| offset < e && s < end) {
+        if g.config
+            .bad_read_ranges
+            .iter()
+            .any(|&(s, e)| offset < e && s < end)
+        {
             return Err(io::Error::other("simulated read error"));
         }
         buf.copy_from_slice(&g.live[offset as usize..end as usize]);
@@ -186,7 +209,10 @@ mod tests {
             c.read_at(0, &mut b).unwrap();
             assert!(b[..1024].iter().all(|&x| x == 1), "synced data lost");
             for sector in b[1024..].chunks(512) {
-                assert!(sector.iter().all(|&x| x == 2) || sector.iter().all(|&x| x == 0), "sector mixed");
+                assert!(
+                    sector.iter().all(|&x| x == 2) || sector.iter().all(|&x| x == 0),
+                    "sector mixed"
+                );
             }
             saw_lost |= b[1024..].iter().any(|&x| x == 0);
             saw_kept |= b[1024..].iter().any(|&x| x == 2);
@@ -197,7 +223,10 @@ mod tests {
     #[test]
     fn io_budget_and_bad_reads() {
         let s = SimStorage::new(4096);
-        s.set_config(SimConfig { io_budget: Some(1), bad_read_ranges: vec![(100, 200)] });
+        s.set_config(SimConfig {
+            io_budget: Some(1),
+            bad_read_ranges: vec![(100, 200)],
+        });
         s.write_at(0, b"x").unwrap();
         assert!(s.write_at(0, b"y").is_err());
         assert!(s.sync().is_err());

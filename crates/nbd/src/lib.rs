@@ -1,0 +1,167 @@
+//! # cvol-nbd: an NBD server
+//!
+//! Serves one export, backed by a [`Backend`], over TCP and/or Unix sockets,
+//! speaking the fixed-newstyle NBD protocol (`doc/proto.md` of the
+//! NetworkBlockDevice project): `NBD_OPT_GO`/`INFO`/`EXPORT_NAME`/`LIST`/
+//! `ABORT`, structured replies, the `base:allocation` metadata context and the
+//! commands READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, CACHE, DISC.
+//! TLS is not offered (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`).
+//!
+//! ## Threads
+//!
+//! * One **accept thread per listener** (`serve_tcp`, `serve_unix`). It polls
+//!   the listener with a short timeout so that [`Server::shutdown`] can stop it.
+//! * One **reader thread per connection**. It runs the handshake, then parses
+//!   requests, validates them (see [`proto::validate_request`]), reads WRITE
+//!   payloads, and dispatches accepted requests to the worker pool. Requests
+//!   rejected at validation are answered by the reader itself.
+//! * A shared **worker pool** (`ServerConfig::workers` threads, bounded job
+//!   queue) runs the backend calls and writes the replies. Replies go out in
+//!   completion order (out of order), each written whole under the
+//!   connection's write mutex, so replies never interleave.
+//!
+//! ## Ordering rules (per connection)
+//!
+//! A request is dispatched only when it does not conflict with a request of
+//! the same connection that is still in flight; until then the reader waits
+//! (and stops reading). Two requests conflict when their byte ranges
+//! intersect and at least one of them is a write-type command (WRITE, TRIM,
+//! WRITE_ZEROES): overlapping writes therefore complete in arrival order and
+//! a read never observes half of an overlapping write. FLUSH waits until every
+//! write-type request received before it has completed (and replied), then
+//! calls [`Backend::flush`]; writes that complete on *other* connections are
+//! the backend's business (the server advertises `NBD_FLAG_CAN_MULTI_CONN`,
+//! so the backend's flush must cover every completed write).
+//! A request counts as in flight until its reply has been written.
+//!
+//! ## Bounds
+//!
+//! * READ/WRITE/CACHE length ≤ `max_request_bytes` (default 32 MiB),
+//!   advertised as the maximum block size; longer requests get `EINVAL`.
+//!   A WRITE whose payload exceeds that limit is read and discarded if it is
+//!   at most `max(64 MiB, max_request_bytes)`; beyond that the connection is
+//!   dropped (the spec allows a hard disconnect for such payloads).
+//! * At most `max_inflight_per_conn` requests in flight per connection, and
+//!   at most `max(64 MiB, 2 × max_request_bytes)` of READ/WRITE payload
+//!   buffered per connection (one request is always allowed).
+//! * At most `max_connections` connections; beyond that new connections are
+//!   closed at once. Handshake options are limited in size (64 KiB) and in
+//!   number per connection.
+//! * Every queue is bounded; nothing is allocated from a client-supplied
+//!   length before it has been validated against these limits.
+//! * A socket write that blocks for longer than the write timeout (the client
+//!   does not read its replies) ends the connection, so a stuck client cannot
+//!   hold a worker forever.
+//!
+//! Client input never panics the server; a protocol violation (such as a bad
+//! request magic) ends only the offending connection, after its in-flight
+//! requests have completed.
+
+use std::sync::Arc;
+
+pub mod proto;
+pub mod server;
+
+pub use server::Server;
+
+/// Errors a backend returns; mapped to NBD error codes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendError {
+    /// `NBD_EIO`.
+    Io,
+    /// `NBD_ENOSPC`.
+    NoSpace,
+    /// `NBD_EINVAL`.
+    Invalid,
+    /// `NBD_EPERM` (the spec's error for writes to a read-only export).
+    ReadOnly,
+    /// `NBD_ENOTSUP` for WRITE_ZEROES with FAST_ZERO; `NBD_EINVAL` for other
+    /// commands (the spec reserves ENOTSUP for fast zero).
+    NotSupported,
+    /// `NBD_EOVERFLOW` for READ with DF; `NBD_EINVAL` otherwise (the spec
+    /// reserves EOVERFLOW for DF reads).
+    Overflow,
+}
+
+/// An allocation-status extent returned by [`Backend::block_status`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub length: u64,
+    /// Not allocated (`NBD_STATE_HOLE`).
+    pub hole: bool,
+    /// Reads as zeroes (`NBD_STATE_ZERO`).
+    pub zero: bool,
+}
+
+/// Flags of a WRITE_ZEROES request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteZeroesFlags {
+    pub fua: bool,
+    /// The range must stay allocated (no hole may be punched).
+    pub no_hole: bool,
+    /// Fail fast with [`BackendError::NotSupported`] unless zeroing is
+    /// faster than writing.
+    pub fast_zero: bool,
+}
+
+/// What the server calls. Offsets/lengths are in bytes, already validated by
+/// the server (in range, length > 0, READ/WRITE/CACHE within
+/// `max_request_bytes`; TRIM and WRITE_ZEROES may be up to 4 GiB - 1).
+/// Unaligned requests are passed through unchanged: the backend handles
+/// read-modify-write. Calls may run concurrently from several worker threads.
+pub trait Backend: Send + Sync + 'static {
+    fn size_bytes(&self) -> u64;
+    fn read_only(&self) -> bool;
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError>;
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError>;
+    fn flush(&self) -> Result<(), BackendError>;
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), BackendError>;
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        flags: WriteZeroesFlags,
+    ) -> Result<(), BackendError>;
+    /// Allocation status of [offset, offset+length): returns extents covering
+    /// at least the first byte, in order, contiguous from `offset`; a total
+    /// ≤ length is fine (anything beyond `length` is cut off).
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError>;
+    /// NBD_CMD_CACHE: a hint; default no-op is fine for backends.
+    fn cache(&self, _offset: u64, _length: u64) -> Result<(), BackendError> {
+        Ok(())
+    }
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Name of the export; a client asking for "" gets it too (default export).
+    pub export_name: String,
+    /// Optional human-readable description (`NBD_INFO_DESCRIPTION`, `NBD_OPT_LIST`).
+    pub description: Option<String>,
+    /// Max payload of READ/WRITE (and max CACHE length); default 32 MiB.
+    pub max_request_bytes: u32,
+    /// Worker threads running backend calls; default 2 × cores, at least 4.
+    pub workers: usize,
+    /// Requests in flight per connection before the reader stops reading; default 64.
+    pub max_inflight_per_conn: usize,
+    /// Connections served at once; default 256. Beyond, new connections are closed.
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        ServerConfig {
+            export_name: String::new(),
+            description: None,
+            max_request_bytes: 32 * 1024 * 1024,
+            workers: (2 * cores).max(4),
+            max_inflight_per_conn: 64,
+            max_connections: 256,
+        }
+    }
+}
+
+/// Convenience alias for the backend handle the server holds.
+pub type SharedBackend = Arc<dyn Backend>;

@@ -1,0 +1,374 @@
+//! Fixed-newstyle handshake (option haggling).
+
+use std::io::{self, Read};
+
+use tracing::{debug, warn};
+
+use super::socket::Socket;
+use super::Inner;
+use crate::proto;
+
+/// Most options a client may send before entering transmission.
+const MAX_OPTIONS_PER_CONNECTION: usize = 256;
+/// Oversized option payloads up to this size are skipped and answered with
+/// `NBD_REP_ERR_TOO_BIG`; larger ones end the connection.
+const MAX_DISCARDED_OPTION_BYTES: u32 = 1024 * 1024;
+
+/// What the handshake settled for the transmission phase.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Negotiated {
+    pub(crate) size_bytes: u64,
+    pub(crate) transmission_flags: u16,
+    pub(crate) structured_replies: bool,
+    pub(crate) base_allocation: bool,
+}
+
+/// Per-connection handshake state.
+struct Haggle<'a> {
+    inner: &'a Inner,
+    socket: &'a Socket,
+    conn: u64,
+    fixed_newstyle: bool,
+    no_zeroes: bool,
+    structured_replies: bool,
+    base_allocation: bool,
+}
+
+/// Outcome of one option.
+enum Step {
+    Continue,
+    Transmission(Negotiated),
+    Close,
+}
+
+/// Runs the handshake. `Ok(None)` means the session ended (abort, EOF,
+/// protocol violation, unknown export with `NBD_OPT_EXPORT_NAME`).
+pub(crate) fn negotiate(
+    inner: &Inner,
+    socket: &Socket,
+    reader: &mut impl Read,
+    conn: u64,
+) -> io::Result<Option<Negotiated>> {
+    socket.send_all(&proto::encode_greeting(
+        proto::NBD_FLAG_FIXED_NEWSTYLE | proto::NBD_FLAG_NO_ZEROES,
+    ))?;
+    let mut flag_bytes = [0u8; 4];
+    reader.read_exact(&mut flag_bytes)?;
+    let client_flags = u32::from_be_bytes(flag_bytes);
+    if !proto::client_flags_valid(client_flags) {
+        warn!(conn, client_flags, "unknown client flags, closing");
+        return Ok(None);
+    }
+    let mut haggle = Haggle {
+        inner,
+        socket,
+        conn,
+        fixed_newstyle: client_flags & proto::NBD_FLAG_C_FIXED_NEWSTYLE != 0,
+        no_zeroes: client_flags & proto::NBD_FLAG_C_NO_ZEROES != 0,
+        structured_replies: false,
+        base_allocation: false,
+    };
+    if !haggle.fixed_newstyle {
+        debug!(
+            conn,
+            "client did not set fixed newstyle; only NBD_OPT_EXPORT_NAME accepted"
+        );
+    }
+    for _ in 0..MAX_OPTIONS_PER_CONNECTION {
+        match haggle.next_option(reader)? {
+            Step::Continue => {}
+            Step::Transmission(n) => return Ok(Some(n)),
+            Step::Close => return Ok(None),
+        }
+    }
+    warn!(conn, "too many options, closing");
+    Ok(None)
+}
+
+impl Haggle<'_> {
+    fn next_option(&mut self, reader: &mut impl Read) -> io::Result<Step> {
+        let mut header_bytes = [0u8; proto::OPTION_HEADER_BYTES];
+        reader.read_exact(&mut header_bytes)?;
+        let header = match proto::parse_option_header(&header_bytes) {
+            Ok(h) => h,
+            Err(_) => {
+                warn!(conn = self.conn, "bad option magic, closing");
+                return Ok(Step::Close);
+            }
+        };
+        debug!(
+            conn = self.conn,
+            option = header.option,
+            length_bytes = header.length_bytes,
+            "option"
+        );
+        if !self.fixed_newstyle && header.option != proto::NBD_OPT_EXPORT_NAME {
+            warn!(
+                conn = self.conn,
+                "non-fixed-newstyle client sent an option other than EXPORT_NAME"
+            );
+            return Ok(Step::Close);
+        }
+        if header.length_bytes > proto::MAX_OPTION_PAYLOAD_BYTES {
+            return self.oversized_option(reader, header);
+        }
+        let mut data = vec![0u8; header.length_bytes as usize];
+        reader.read_exact(&mut data)?;
+        self.handle_option(header.option, &data)
+    }
+
+    fn oversized_option(
+        &mut self,
+        reader: &mut impl Read,
+        header: proto::OptionHeader,
+    ) -> io::Result<Step> {
+        warn!(
+            conn = self.conn,
+            option = header.option,
+            length_bytes = header.length_bytes,
+            "oversized option"
+        );
+        if header.option == proto::NBD_OPT_EXPORT_NAME
+            || header.length_bytes > MAX_DISCARDED_OPTION_BYTES
+        {
+            return Ok(Step::Close);
+        }
+        let skipped = io::copy(
+            &mut reader.take(u64::from(header.length_bytes)),
+            &mut io::sink(),
+        )?;
+        if skipped != u64::from(header.length_bytes) {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.reply_error(
+            header.option,
+            proto::NBD_REP_ERR_TOO_BIG,
+            "option data too large",
+        )?;
+        Ok(Step::Continue)
+    }
+
+    fn handle_option(&mut self, option: u32, data: &[u8]) -> io::Result<Step> {
+        match option {
+            proto::NBD_OPT_EXPORT_NAME => self.export_name(data),
+            proto::NBD_OPT_ABORT => {
+                // The client may already be gone; ignore send errors.
+                let _ = self.reply(option, proto::NBD_REP_ACK, &[]);
+                Ok(Step::Close)
+            }
+            proto::NBD_OPT_LIST => self.list(data),
+            proto::NBD_OPT_STARTTLS => {
+                if data.is_empty() {
+                    self.reply_error(
+                        option,
+                        proto::NBD_REP_ERR_POLICY,
+                        "TLS is not supported by this server",
+                    )?;
+                } else {
+                    self.reply_error(option, proto::NBD_REP_ERR_INVALID, "STARTTLS takes no data")?;
+                }
+                Ok(Step::Continue)
+            }
+            proto::NBD_OPT_INFO | proto::NBD_OPT_GO => self.info_or_go(option, data),
+            proto::NBD_OPT_STRUCTURED_REPLY => self.structured_reply(data),
+            proto::NBD_OPT_LIST_META_CONTEXT | proto::NBD_OPT_SET_META_CONTEXT => {
+                self.meta_context(option, data)
+            }
+            _ => {
+                debug!(conn = self.conn, option, "unsupported option");
+                self.reply_error(option, proto::NBD_REP_ERR_UNSUP, "option not supported")?;
+                Ok(Step::Continue)
+            }
+        }
+    }
+
+    fn reply(&self, option: u32, reply_type: u32, data: &[u8]) -> io::Result<()> {
+        self.socket
+            .send_all(&proto::encode_option_reply(option, reply_type, data))
+    }
+
+    fn reply_error(&self, option: u32, reply_type: u32, message: &str) -> io::Result<()> {
+        debug_assert!(reply_type & (1 << 31) != 0, "error replies have bit 31 set");
+        self.reply(option, reply_type, message.as_bytes())
+    }
+
+    /// The default export ("") and the configured name both select the export.
+    fn export_matches(&self, name: &str) -> bool {
+        name.is_empty() || name == self.inner.config.export_name
+    }
+
+    fn negotiated(&self) -> Negotiated {
+        let backend = &self.inner.backend;
+        Negotiated {
+            size_bytes: backend.size_bytes(),
+            transmission_flags: proto::transmission_flags(
+                backend.read_only(),
+                self.structured_replies,
+            ),
+            structured_replies: self.structured_replies,
+            base_allocation: self.base_allocation,
+        }
+    }
+
+    fn export_name(&mut self, data: &[u8]) -> io::Result<Step> {
+        let name = match proto::parse_string(data) {
+            Ok(name) if self.export_matches(&name) => name,
+            _ => {
+                warn!(
+                    conn = self.conn,
+                    "NBD_OPT_EXPORT_NAME for an unknown export, closing"
+                );
+                return Ok(Step::Close);
+            }
+        };
+        let negotiated = self.negotiated();
+        let reply = proto::encode_export_name_reply(
+            negotiated.size_bytes,
+            negotiated.transmission_flags,
+            self.no_zeroes,
+        );
+        self.socket.send_all(&reply)?;
+        debug!(conn = self.conn, export = %name, "entering transmission (EXPORT_NAME)");
+        Ok(Step::Transmission(negotiated))
+    }
+
+    fn list(&mut self, data: &[u8]) -> io::Result<Step> {
+        if !data.is_empty() {
+            self.reply_error(
+                proto::NBD_OPT_LIST,
+                proto::NBD_REP_ERR_INVALID,
+                "LIST takes no data",
+            )?;
+            return Ok(Step::Continue);
+        }
+        let config = &self.inner.config;
+        let server = proto::encode_rep_server(&config.export_name, config.description.as_deref());
+        self.reply(proto::NBD_OPT_LIST, proto::NBD_REP_SERVER, &server)?;
+        self.reply(proto::NBD_OPT_LIST, proto::NBD_REP_ACK, &[])?;
+        Ok(Step::Continue)
+    }
+
+    fn structured_reply(&mut self, data: &[u8]) -> io::Result<Step> {
+        if !data.is_empty() {
+            let msg = "STRUCTURED_REPLY takes no data";
+            self.reply_error(
+                proto::NBD_OPT_STRUCTURED_REPLY,
+                proto::NBD_REP_ERR_INVALID,
+                msg,
+            )?;
+            return Ok(Step::Continue);
+        }
+        self.structured_replies = true;
+        self.reply(proto::NBD_OPT_STRUCTURED_REPLY, proto::NBD_REP_ACK, &[])?;
+        Ok(Step::Continue)
+    }
+
+    fn info_or_go(&mut self, option: u32, data: &[u8]) -> io::Result<Step> {
+        let request = match proto::parse_info_request(data) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(conn = self.conn, error = ?e, "malformed INFO/GO request");
+                self.reply_error(option, proto::NBD_REP_ERR_INVALID, "malformed request")?;
+                return Ok(Step::Continue);
+            }
+        };
+        if !self.export_matches(&request.export_name) {
+            self.reply_error(option, proto::NBD_REP_ERR_UNKNOWN, "unknown export")?;
+            return Ok(Step::Continue);
+        }
+        let negotiated = self.negotiated();
+        self.send_infos(option, &request.info_types, &negotiated)?;
+        self.reply(option, proto::NBD_REP_ACK, &[])?;
+        if option == proto::NBD_OPT_GO {
+            debug!(conn = self.conn, export = %request.export_name, "entering transmission (GO)");
+            return Ok(Step::Transmission(negotiated));
+        }
+        Ok(Step::Continue)
+    }
+
+    fn send_infos(
+        &self,
+        option: u32,
+        requested: &[u16],
+        negotiated: &Negotiated,
+    ) -> io::Result<()> {
+        let config = &self.inner.config;
+        let export =
+            proto::encode_info_export(negotiated.size_bytes, negotiated.transmission_flags);
+        self.reply(option, proto::NBD_REP_INFO, &export)?;
+        // Sent unasked: the maximum differs from the spec's default.
+        let block_size = proto::encode_info_block_size(
+            proto::MINIMUM_BLOCK_BYTES,
+            proto::PREFERRED_BLOCK_BYTES,
+            config.max_request_bytes,
+        );
+        self.reply(option, proto::NBD_REP_INFO, &block_size)?;
+        if requested.contains(&proto::NBD_INFO_NAME) {
+            let name = proto::encode_info_string(proto::NBD_INFO_NAME, &config.export_name);
+            self.reply(option, proto::NBD_REP_INFO, &name)?;
+        }
+        if let (true, Some(text)) = (
+            requested.contains(&proto::NBD_INFO_DESCRIPTION),
+            &config.description,
+        ) {
+            let description = proto::encode_info_string(proto::NBD_INFO_DESCRIPTION, text);
+            self.reply(option, proto::NBD_REP_INFO, &description)?;
+        }
+        Ok(())
+    }
+
+    fn meta_context(&mut self, option: u32, data: &[u8]) -> io::Result<Step> {
+        let set = option == proto::NBD_OPT_SET_META_CONTEXT;
+        if set {
+            // SET replaces the previous selection, even when it fails.
+            self.base_allocation = false;
+        }
+        if !self.structured_replies {
+            let msg = "structured replies must be negotiated first";
+            self.reply_error(option, proto::NBD_REP_ERR_INVALID, msg)?;
+            return Ok(Step::Continue);
+        }
+        let request = match proto::parse_meta_context_request(data) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(conn = self.conn, error = ?e, "malformed meta context request");
+                self.reply_error(
+                    option,
+                    proto::NBD_REP_ERR_INVALID,
+                    "malformed meta context request",
+                )?;
+                return Ok(Step::Continue);
+            }
+        };
+        if !self.export_matches(&request.export_name) {
+            self.reply_error(option, proto::NBD_REP_ERR_UNKNOWN, "unknown export")?;
+            return Ok(Step::Continue);
+        }
+        let selected = if set {
+            request
+                .queries
+                .iter()
+                .any(|q| proto::query_selects_base_allocation(q, false))
+        } else {
+            request.queries.is_empty()
+                || request
+                    .queries
+                    .iter()
+                    .any(|q| proto::query_selects_base_allocation(q, true))
+        };
+        if selected {
+            let id = if set {
+                proto::BASE_ALLOCATION_CONTEXT_ID
+            } else {
+                0
+            };
+            let payload = proto::encode_meta_context(id, proto::BASE_ALLOCATION);
+            self.reply(option, proto::NBD_REP_META_CONTEXT, &payload)?;
+        }
+        if set {
+            self.base_allocation = selected;
+        }
+        self.reply(option, proto::NBD_REP_ACK, &[])?;
+        Ok(Step::Continue)
+    }
+}

@@ -1,0 +1,333 @@
+//! The server: accept loops, connection registry, worker pool, shutdown.
+//! The handshake and transmission phases live in the submodules.
+
+mod handshake;
+mod socket;
+mod transmission;
+
+use std::collections::HashMap;
+use std::io::{BufReader, Read};
+use std::net::{Shutdown, TcpListener};
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use tracing::{debug, info, warn};
+
+use crate::{Backend, ServerConfig};
+use socket::{Listener, Socket};
+
+/// How often an accept loop checks for shutdown.
+const ACCEPT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// A send that makes no progress for this long ends the connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The whole handshake must make progress within this time per read.
+const HANDSHAKE_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Read buffer of a connection's reader.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// Smallest accepted `max_request_bytes` (the preferred block size).
+const MIN_MAX_REQUEST_BYTES: u32 = 4096;
+/// Jobs queued per worker before readers block.
+const JOBS_QUEUED_PER_WORKER: usize = 16;
+
+/// Locks a mutex, ignoring poisoning (state stays consistent: every
+/// critical section in this crate is panic-free).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A unit of work for the worker pool.
+pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
+
+enum WorkerMessage {
+    Run(Job),
+    Stop,
+}
+
+/// Handle used by connections to hand jobs to the worker pool.
+#[derive(Clone)]
+pub(crate) struct JobQueue {
+    tx: Sender<WorkerMessage>,
+}
+
+impl JobQueue {
+    /// Queues a job, blocking while the queue is full. If the pool is gone
+    /// (never while connections exist), the job runs on the caller's thread.
+    pub(crate) fn submit(&self, job: Job) {
+        if let Err(e) = self.tx.send(WorkerMessage::Run(job)) {
+            if let WorkerMessage::Run(job) = e.into_inner() {
+                job();
+            }
+        }
+    }
+}
+
+fn worker_loop(rx: Receiver<WorkerMessage>) {
+    while let Ok(WorkerMessage::Run(job)) = rx.recv() {
+        job();
+    }
+}
+
+/// Connections currently registered, for counting and for shutdown.
+struct Registry {
+    next_id: u64,
+    sockets: HashMap<u64, Arc<Socket>>,
+    stopped: bool,
+}
+
+pub(crate) struct Inner {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) config: ServerConfig,
+    pub(crate) jobs: JobQueue,
+    shutting_down: AtomicBool,
+    registry: Mutex<Registry>,
+    registry_changed: Condvar,
+    listeners: Mutex<Vec<JoinHandle<()>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Inner {
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    fn register(&self, socket: &Arc<Socket>) -> Option<u64> {
+        let mut reg = lock(&self.registry);
+        if reg.stopped {
+            return None;
+        }
+        if reg.sockets.len() >= self.config.max_connections {
+            warn!(
+                limit = self.config.max_connections,
+                "connection limit reached, closing new connection"
+            );
+            return None;
+        }
+        let id = reg.next_id;
+        reg.next_id += 1;
+        reg.sockets.insert(id, Arc::clone(socket));
+        Some(id)
+    }
+
+    fn unregister(&self, id: u64) {
+        let mut reg = lock(&self.registry);
+        reg.sockets.remove(&id);
+        self.registry_changed.notify_all();
+    }
+
+    fn start_connection(self: &Arc<Self>, socket: Socket) {
+        if let Err(e) = socket.configure(WRITE_TIMEOUT) {
+            debug!(error = %e, "cannot configure accepted socket");
+            return;
+        }
+        let socket = Arc::new(socket);
+        let Some(id) = self.register(&socket) else {
+            return;
+        };
+        let inner = Arc::clone(self);
+        let thread_socket = Arc::clone(&socket);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-conn-{id}"))
+            .spawn(move || {
+                let _guard = Unregister { inner: &inner, id };
+                run_connection(&inner, &thread_socket, id);
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot spawn connection thread");
+            self.unregister(id);
+        }
+    }
+}
+
+/// Removes a connection from the registry when its thread ends (even by panic).
+struct Unregister<'a> {
+    inner: &'a Arc<Inner>,
+    id: u64,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        self.inner.unregister(self.id);
+    }
+}
+
+/// Reads from the shared socket; owned by the connection's BufReader.
+pub(crate) struct SocketReader(Arc<Socket>);
+
+impl Read for SocketReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        (&*self.0).read(buf)
+    }
+}
+
+fn run_connection(inner: &Arc<Inner>, socket: &Arc<Socket>, id: u64) {
+    let peer = socket.peer();
+    info!(conn = id, %peer, "client connected");
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, SocketReader(Arc::clone(socket)));
+    let _ = socket.set_read_timeout(Some(HANDSHAKE_READ_TIMEOUT));
+    match handshake::negotiate(inner, socket, &mut reader, id) {
+        Ok(Some(negotiated)) => {
+            let _ = socket.set_read_timeout(None);
+            transmission::serve(inner, socket, &mut reader, negotiated, id);
+        }
+        Ok(None) => {}
+        Err(e) => debug!(conn = id, error = %e, "handshake ended"),
+    }
+    socket.shutdown(Shutdown::Both);
+    info!(conn = id, %peer, "client disconnected");
+}
+
+fn accept_loop(inner: Arc<Inner>, listener: Listener) {
+    while !inner.is_shutting_down() {
+        match listener.poll_readable(ACCEPT_POLL_INTERVAL) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                warn!(error = %e, "poll on listener failed");
+                std::thread::sleep(ACCEPT_POLL_INTERVAL);
+                continue;
+            }
+        }
+        match listener.accept() {
+            Ok(socket) => inner.start_connection(socket),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => {
+                // E.g. EMFILE: back off instead of spinning.
+                warn!(error = %e, "accept failed");
+                std::thread::sleep(ACCEPT_POLL_INTERVAL);
+            }
+        }
+    }
+    debug!("accept loop stopped");
+}
+
+/// An NBD server serving one export from a [`Backend`].
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+impl Server {
+    /// Creates the server and starts its worker pool. No socket is opened.
+    pub fn new(backend: Arc<dyn Backend>, config: ServerConfig) -> Server {
+        let config = normalize_config(config);
+        let (tx, rx) = bounded(config.workers * JOBS_QUEUED_PER_WORKER);
+        let workers = (0..config.workers)
+            .map(|i| {
+                let rx = rx.clone();
+                std::thread::Builder::new()
+                    .name(format!("nbd-worker-{i}"))
+                    .spawn(move || worker_loop(rx))
+                    .expect("spawn NBD worker thread")
+            })
+            .collect();
+        let inner = Inner {
+            backend,
+            config,
+            jobs: JobQueue { tx },
+            shutting_down: AtomicBool::new(false),
+            registry: Mutex::new(Registry {
+                next_id: 1,
+                sockets: HashMap::new(),
+                stopped: false,
+            }),
+            registry_changed: Condvar::new(),
+            listeners: Mutex::new(Vec::new()),
+            workers: Mutex::new(workers),
+        };
+        Server {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Serve on an already-bound listener in a background thread; returns at once.
+    pub fn serve_tcp(&self, listener: TcpListener) -> std::io::Result<()> {
+        self.serve(Listener::Tcp(listener))
+    }
+
+    /// Serve on an already-bound Unix listener in a background thread; returns at once.
+    pub fn serve_unix(&self, listener: UnixListener) -> std::io::Result<()> {
+        self.serve(Listener::Unix(listener))
+    }
+
+    fn serve(&self, listener: Listener) -> std::io::Result<()> {
+        if self.inner.is_shutting_down() {
+            return Err(std::io::Error::other("NBD server is shut down"));
+        }
+        listener.set_nonblocking()?;
+        let inner = Arc::clone(&self.inner);
+        let handle = std::thread::Builder::new()
+            .name("nbd-accept".into())
+            .spawn(move || accept_loop(inner, listener))?;
+        lock(&self.inner.listeners).push(handle);
+        Ok(())
+    }
+
+    /// Graceful stop: stop accepting new connections, stop reading new
+    /// requests, wait for all in-flight requests to finish and their replies
+    /// to be sent, close connections. After it returns, no backend call is
+    /// running or will start. Idempotent.
+    pub fn shutdown(&self) {
+        let inner = &self.inner;
+        inner.shutting_down.store(true, Ordering::Release);
+        {
+            let mut reg = lock(&inner.registry);
+            reg.stopped = true;
+            for socket in reg.sockets.values() {
+                // Wakes readers blocked in read(); replies can still be sent.
+                socket.shutdown(Shutdown::Read);
+            }
+        }
+        let listeners: Vec<_> = lock(&inner.listeners).drain(..).collect();
+        for handle in listeners {
+            let _ = handle.join();
+        }
+        let mut reg = lock(&inner.registry);
+        while !reg.sockets.is_empty() {
+            reg = inner
+                .registry_changed
+                .wait(reg)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        drop(reg);
+        let workers: Vec<_> = lock(&inner.workers).drain(..).collect();
+        for _ in &workers {
+            let _ = inner.jobs.tx.send(WorkerMessage::Stop);
+        }
+        for handle in workers {
+            let _ = handle.join();
+        }
+        info!("NBD server stopped");
+    }
+
+    /// Number of open client connections (handshake or transmission).
+    pub fn connection_count(&self) -> usize {
+        lock(&self.inner.registry).sockets.len()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn normalize_config(mut config: ServerConfig) -> ServerConfig {
+    if config.max_request_bytes < MIN_MAX_REQUEST_BYTES {
+        warn!(
+            requested = config.max_request_bytes,
+            "max_request_bytes raised to 4096"
+        );
+        config.max_request_bytes = MIN_MAX_REQUEST_BYTES;
+    }
+    config.workers = config.workers.max(1);
+    config.max_inflight_per_conn = config.max_inflight_per_conn.max(1);
+    config.max_connections = config.max_connections.max(1);
+    config
+}

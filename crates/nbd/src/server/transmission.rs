@@ -1,0 +1,603 @@
+//! Transmission phase: the per-connection reader loop, in-flight tracking
+//! with the ordering rules, and execution of commands on the worker pool.
+
+use std::io::{self, Read};
+use std::net::Shutdown;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use tracing::{debug, warn};
+
+use super::handshake::Negotiated;
+use super::socket::Socket;
+use super::{lock, Inner};
+use crate::proto::{self, Command, RequestHeader, TransmissionContext};
+use crate::{Backend, BackendError, WriteZeroesFlags};
+
+/// WRITE payloads above `max_request_bytes` but at most this size are read
+/// and discarded (reply `EINVAL`); larger ones end the connection.
+const MIN_DISCARD_CAP_BYTES: u64 = 64 * 1024 * 1024;
+/// Per-connection budget of buffered READ/WRITE payload bytes, at least this.
+const MIN_PAYLOAD_BUDGET_BYTES: u64 = 64 * 1024 * 1024;
+/// Chunk size used when discarding a payload.
+const DISCARD_CHUNK_BYTES: usize = 64 * 1024;
+
+/// A request that has been dispatched and whose reply is not yet sent.
+struct Entry {
+    id: u64,
+    range: Option<(u64, u64)>,
+    is_write: bool,
+    payload_bytes: u64,
+}
+
+#[derive(Default)]
+struct Inflight {
+    next_id: u64,
+    entries: Vec<Entry>,
+    payload_bytes: u64,
+}
+
+fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    let (a_start, a_len) = a;
+    let (b_start, b_len) = b;
+    a_len > 0
+        && b_len > 0
+        && a_start < b_start.saturating_add(b_len)
+        && b_start < a_start.saturating_add(a_len)
+}
+
+impl Inflight {
+    /// True if `cmd` must wait for an in-flight request (ordering rules).
+    fn conflicts(&self, cmd: &Command) -> bool {
+        if matches!(cmd, Command::Flush) {
+            return self.entries.iter().any(|e| e.is_write);
+        }
+        let Some(range) = cmd.range() else {
+            return false;
+        };
+        self.entries
+            .iter()
+            .any(|e| (e.is_write || cmd.is_write()) && e.range.is_some_and(|r| overlaps(r, range)))
+    }
+}
+
+/// State shared by a connection's reader and the workers running its requests.
+pub(crate) struct Conn {
+    id: u64,
+    socket: Arc<Socket>,
+    backend: Arc<dyn Backend>,
+    ctx: TransmissionContext,
+    write_lock: Mutex<()>,
+    broken: AtomicBool,
+    inflight: Mutex<Inflight>,
+    inflight_changed: Condvar,
+    max_inflight: usize,
+    payload_budget_bytes: u64,
+}
+
+impl Conn {
+    /// Sends one complete reply; replies never interleave. After a send
+    /// error the connection is dead: later replies are dropped.
+    fn send(&self, bytes: &[u8]) {
+        let _guard = lock(&self.write_lock);
+        if self.broken.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(e) = self.socket.send_all(bytes) {
+            debug!(conn = self.id, error = %e, "reply not sent, dropping connection");
+            self.broken.store(true, Ordering::Release);
+            self.socket.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Sends an error reply (structured if negotiated).
+    fn send_error(&self, handle: u64, error: u32, message: &str) {
+        debug_assert_ne!(error, 0);
+        if self.ctx.structured_replies {
+            self.send(&proto::encode_error_chunk(handle, error, message));
+        } else {
+            self.send(&proto::encode_simple_reply(error, handle));
+        }
+    }
+
+    /// Blocks until `cmd` may be dispatched, then records it as in flight.
+    fn reserve(&self, cmd: &Command, payload_bytes: u64) -> u64 {
+        let mut state = lock(&self.inflight);
+        loop {
+            let room = state.entries.len() < self.max_inflight
+                && (state.entries.is_empty()
+                    || state.payload_bytes + payload_bytes <= self.payload_budget_bytes);
+            if room && !state.conflicts(cmd) {
+                break;
+            }
+            state = self
+                .inflight_changed
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        state.payload_bytes += payload_bytes;
+        state.entries.push(Entry {
+            id,
+            range: cmd.range(),
+            is_write: cmd.is_write(),
+            payload_bytes,
+        });
+        assert!(state.entries.len() <= self.max_inflight);
+        id
+    }
+
+    fn release(&self, id: u64) {
+        let mut state = lock(&self.inflight);
+        if let Some(pos) = state.entries.iter().position(|e| e.id == id) {
+            let entry = state.entries.swap_remove(pos);
+            state.payload_bytes -= entry.payload_bytes;
+        }
+        self.inflight_changed.notify_all();
+    }
+
+    fn wait_idle(&self) {
+        let mut state = lock(&self.inflight);
+        while !state.entries.is_empty() {
+            state = self
+                .inflight_changed
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Releases an in-flight slot when dropped (also if a job panics).
+struct Release {
+    conn: Arc<Conn>,
+    id: u64,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.conn.release(self.id);
+    }
+}
+
+/// Whether the reader goes on after a request.
+enum Next {
+    Continue,
+    Stop,
+}
+
+/// Runs the transmission phase until DISC, EOF, a protocol violation or
+/// shutdown; returns after every in-flight request has replied.
+pub(crate) fn serve(
+    inner: &Inner,
+    socket: &Arc<Socket>,
+    reader: &mut impl Read,
+    negotiated: Negotiated,
+    id: u64,
+) {
+    let max_request_bytes = inner.config.max_request_bytes;
+    let conn = Arc::new(Conn {
+        id,
+        socket: Arc::clone(socket),
+        backend: Arc::clone(&inner.backend),
+        ctx: TransmissionContext {
+            size_bytes: negotiated.size_bytes,
+            transmission_flags: negotiated.transmission_flags,
+            structured_replies: negotiated.structured_replies,
+            base_allocation: negotiated.base_allocation,
+            max_request_bytes,
+        },
+        write_lock: Mutex::new(()),
+        broken: AtomicBool::new(false),
+        inflight: Mutex::new(Inflight::default()),
+        inflight_changed: Condvar::new(),
+        max_inflight: inner.config.max_inflight_per_conn,
+        payload_budget_bytes: MIN_PAYLOAD_BUDGET_BYTES.max(2 * u64::from(max_request_bytes)),
+    });
+    let discard_cap_bytes = MIN_DISCARD_CAP_BYTES.max(u64::from(max_request_bytes));
+    loop {
+        let header = match read_request_header(reader) {
+            Ok(Some(h)) => h,
+            Ok(None) => break,
+            Err(e) => {
+                debug!(conn = id, error = %e, "connection read ended");
+                break;
+            }
+        };
+        if inner.is_shutting_down() {
+            conn.send_error(
+                header.handle,
+                proto::NBD_ESHUTDOWN,
+                "server is shutting down",
+            );
+            break;
+        }
+        match handle_request(inner, &conn, reader, header, discard_cap_bytes) {
+            Ok(Next::Continue) => {}
+            Ok(Next::Stop) => break,
+            Err(e) => {
+                debug!(conn = id, error = %e, "connection read ended mid-request");
+                break;
+            }
+        }
+    }
+    conn.wait_idle();
+}
+
+/// Reads and decodes a request header. `Ok(None)` on clean EOF or bad magic.
+fn read_request_header(reader: &mut impl Read) -> io::Result<Option<RequestHeader>> {
+    let mut bytes = [0u8; proto::REQUEST_HEADER_BYTES];
+    match reader.read_exact(&mut bytes) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    match proto::parse_request_header(&bytes) {
+        Ok(h) => Ok(Some(h)),
+        Err(e) => {
+            warn!(error = ?e, "bad request magic, closing connection");
+            Ok(None)
+        }
+    }
+}
+
+fn handle_request(
+    inner: &Inner,
+    conn: &Arc<Conn>,
+    reader: &mut impl Read,
+    header: RequestHeader,
+    discard_cap_bytes: u64,
+) -> io::Result<Next> {
+    debug!(
+        conn = conn.id,
+        handle = header.handle,
+        command = header.command,
+        flags = header.flags,
+        offset = header.offset,
+        length = header.length,
+        "request"
+    );
+    match proto::validate_request(&header, &conn.ctx) {
+        Ok(Command::Disconnect) => {
+            debug!(conn = conn.id, "client sent NBD_CMD_DISC");
+            Ok(Next::Stop)
+        }
+        Ok(cmd) => dispatch(inner, conn, reader, header.handle, cmd),
+        Err(error) => reject(conn, reader, &header, error, discard_cap_bytes),
+    }
+}
+
+/// Answers an invalid request; a WRITE's payload is consumed first.
+fn reject(
+    conn: &Conn,
+    reader: &mut impl Read,
+    header: &RequestHeader,
+    error: u32,
+    discard_cap_bytes: u64,
+) -> io::Result<Next> {
+    if header.command == proto::NBD_CMD_WRITE {
+        let length_bytes = u64::from(header.length);
+        if length_bytes > discard_cap_bytes {
+            warn!(
+                conn = conn.id,
+                length_bytes, "WRITE payload too large, closing connection"
+            );
+            return Ok(Next::Stop);
+        }
+        discard(reader, length_bytes)?;
+    }
+    debug!(
+        conn = conn.id,
+        handle = header.handle,
+        error,
+        "request rejected"
+    );
+    conn.send_error(header.handle, error, reject_message(error));
+    Ok(Next::Continue)
+}
+
+fn reject_message(error: u32) -> &'static str {
+    match error {
+        proto::NBD_EPERM => "export is read-only",
+        proto::NBD_ENOSPC => "write beyond the end of the export",
+        _ => "invalid request",
+    }
+}
+
+fn discard(reader: &mut impl Read, length_bytes: u64) -> io::Result<()> {
+    let mut chunk = vec![0u8; DISCARD_CHUNK_BYTES];
+    let mut remaining = length_bytes;
+    while remaining > 0 {
+        let n = remaining.min(DISCARD_CHUNK_BYTES as u64) as usize;
+        reader.read_exact(&mut chunk[..n])?;
+        remaining -= n as u64;
+    }
+    Ok(())
+}
+
+/// Waits for the ordering rules, reads a WRITE payload and queues the job.
+fn dispatch(
+    inner: &Inner,
+    conn: &Arc<Conn>,
+    reader: &mut impl Read,
+    handle: u64,
+    cmd: Command,
+) -> io::Result<Next> {
+    let payload_bytes = match cmd {
+        Command::Read { length, .. } | Command::Write { length, .. } => u64::from(length),
+        _ => 0,
+    };
+    let id = conn.reserve(&cmd, payload_bytes);
+    let release = Release {
+        conn: Arc::clone(conn),
+        id,
+    };
+    let data = match cmd {
+        Command::Write { length, .. } => {
+            debug_assert!(length <= conn.ctx.max_request_bytes);
+            let mut data = vec![0u8; length as usize];
+            reader.read_exact(&mut data)?; // on error `release` frees the slot
+            data
+        }
+        _ => Vec::new(),
+    };
+    let job_conn = Arc::clone(conn);
+    inner.jobs.submit(Box::new(move || {
+        let _release = release;
+        let reply = execute(&job_conn, handle, cmd, data);
+        job_conn.send(&reply);
+    }));
+    Ok(Next::Continue)
+}
+
+/// Maps a backend error to the NBD error the spec allows for `cmd`.
+fn errno_for(error: BackendError, cmd: &Command) -> u32 {
+    match error {
+        BackendError::Io => proto::NBD_EIO,
+        BackendError::NoSpace => proto::NBD_ENOSPC,
+        BackendError::Invalid => proto::NBD_EINVAL,
+        BackendError::ReadOnly => proto::NBD_EPERM,
+        BackendError::NotSupported => match cmd {
+            Command::WriteZeroes {
+                fast_zero: true, ..
+            } => proto::NBD_ENOTSUP,
+            _ => proto::NBD_EINVAL,
+        },
+        BackendError::Overflow => match cmd {
+            Command::Read { df: true, .. } => proto::NBD_EOVERFLOW,
+            _ => proto::NBD_EINVAL,
+        },
+    }
+}
+
+/// Runs a backend call, turning a panic into an I/O error.
+fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        warn!("backend call panicked");
+        Err(BackendError::Io)
+    })
+}
+
+/// Executes one command and returns the complete reply bytes.
+fn execute(conn: &Conn, handle: u64, cmd: Command, data: Vec<u8>) -> Vec<u8> {
+    let backend = &*conn.backend;
+    let result = match cmd {
+        Command::Read { offset, length, .. } => {
+            return execute_read(conn, handle, &cmd, offset, length)
+        }
+        Command::BlockStatus {
+            offset,
+            length,
+            req_one,
+        } => return execute_block_status(conn, handle, &cmd, offset, length, req_one),
+        Command::Write { offset, fua, .. } if !data.is_empty() => {
+            guarded(|| backend.write(offset, &data, fua))
+        }
+        Command::Flush => guarded(|| backend.flush()),
+        Command::Trim {
+            offset,
+            length,
+            fua,
+        } if length > 0 => guarded(|| backend.trim(offset, u64::from(length), fua)),
+        Command::Cache { offset, length } if length > 0 => {
+            guarded(|| backend.cache(offset, u64::from(length)))
+        }
+        Command::WriteZeroes {
+            offset,
+            length,
+            fua,
+            no_hole,
+            fast_zero,
+        } if length > 0 => {
+            let flags = WriteZeroesFlags {
+                fua,
+                no_hole,
+                fast_zero,
+            };
+            guarded(|| backend.write_zeroes(offset, u64::from(length), flags))
+        }
+        // Zero-length WRITE/TRIM/CACHE/WRITE_ZEROES succeed without a call.
+        _ => Ok(()),
+    };
+    match result {
+        Ok(()) => proto::encode_simple_reply(0, handle).to_vec(),
+        Err(e) => error_reply(
+            conn,
+            handle,
+            errno_for(e, &cmd),
+            &format!("{cmd:?} failed: {e:?}"),
+        ),
+    }
+}
+
+fn error_reply(conn: &Conn, handle: u64, error: u32, message: &str) -> Vec<u8> {
+    debug!(conn = conn.id, handle, error, message, "request failed");
+    if conn.ctx.structured_replies {
+        proto::encode_error_chunk(handle, error, message)
+    } else {
+        proto::encode_simple_reply(error, handle).to_vec()
+    }
+}
+
+/// READ: the data is read straight into the reply buffer after its header.
+fn execute_read(conn: &Conn, handle: u64, cmd: &Command, offset: u64, length: u32) -> Vec<u8> {
+    let structured = conn.ctx.structured_replies;
+    if length == 0 {
+        return match structured {
+            true => proto::encode_none_chunk(handle).to_vec(),
+            false => proto::encode_simple_reply(0, handle).to_vec(),
+        };
+    }
+    let prefix_bytes = match structured {
+        true => proto::OFFSET_DATA_PREFIX_BYTES,
+        false => proto::SIMPLE_REPLY_HEADER_BYTES,
+    };
+    let mut reply = vec![0u8; prefix_bytes + length as usize];
+    let backend = &*conn.backend;
+    if let Err(e) = guarded(|| backend.read(offset, &mut reply[prefix_bytes..])) {
+        return error_reply(
+            conn,
+            handle,
+            errno_for(e, cmd),
+            &format!("read failed: {e:?}"),
+        );
+    }
+    match structured {
+        true => reply[..prefix_bytes]
+            .copy_from_slice(&proto::encode_offset_data_prefix(handle, offset, length)),
+        false => reply[..prefix_bytes].copy_from_slice(&proto::encode_simple_reply(0, handle)),
+    }
+    reply
+}
+
+fn execute_block_status(
+    conn: &Conn,
+    handle: u64,
+    cmd: &Command,
+    offset: u64,
+    length: u32,
+    req_one: bool,
+) -> Vec<u8> {
+    let backend = &*conn.backend;
+    let extents = match guarded(|| backend.block_status(offset, u64::from(length))) {
+        Ok(extents) => extents,
+        Err(e) => {
+            return error_reply(
+                conn,
+                handle,
+                errno_for(e, cmd),
+                &format!("block status failed: {e:?}"),
+            )
+        }
+    };
+    let descriptors = proto::extents_to_descriptors(
+        &extents,
+        length,
+        req_one,
+        proto::MAX_BLOCK_STATUS_DESCRIPTORS,
+    );
+    if descriptors.is_empty() {
+        warn!(
+            conn = conn.id,
+            offset, length, "backend returned no extents"
+        );
+        return error_reply(conn, handle, proto::NBD_EIO, "backend returned no extents");
+    }
+    proto::encode_block_status_chunk(handle, proto::BASE_ALLOCATION_CONTEXT_ID, &descriptors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: u64, range: (u64, u64), is_write: bool) -> Entry {
+        Entry {
+            id,
+            range: Some(range),
+            is_write,
+            payload_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn overlap_rules() {
+        assert!(overlaps((0, 10), (9, 1)));
+        assert!(!overlaps((0, 10), (10, 1)));
+        assert!(!overlaps((0, 0), (0, 10)));
+        assert!(overlaps((u64::MAX - 1, 1), (u64::MAX - 5, 10)));
+        let state = Inflight {
+            next_id: 2,
+            entries: vec![entry(1, (0, 4096), false)],
+            payload_bytes: 0,
+        };
+        let read = Command::Read {
+            offset: 0,
+            length: 10,
+            df: false,
+        };
+        let write = Command::Write {
+            offset: 100,
+            length: 10,
+            fua: false,
+        };
+        let far_write = Command::Write {
+            offset: 8192,
+            length: 10,
+            fua: false,
+        };
+        assert!(!state.conflicts(&read));
+        assert!(state.conflicts(&write));
+        assert!(!state.conflicts(&far_write));
+        assert!(!state.conflicts(&Command::Flush));
+        let state = Inflight {
+            next_id: 2,
+            entries: vec![entry(1, (0, 4096), true)],
+            payload_bytes: 0,
+        };
+        assert!(state.conflicts(&read));
+        assert!(state.conflicts(&Command::Flush));
+        assert!(!state.conflicts(&Command::Read {
+            offset: 4096,
+            length: 1,
+            df: false
+        }));
+    }
+
+    #[test]
+    fn errno_mapping_follows_spec() {
+        let read = Command::Read {
+            offset: 0,
+            length: 1,
+            df: false,
+        };
+        let df_read = Command::Read {
+            offset: 0,
+            length: 1,
+            df: true,
+        };
+        let fast = Command::WriteZeroes {
+            offset: 0,
+            length: 1,
+            fua: false,
+            no_hole: false,
+            fast_zero: true,
+        };
+        assert_eq!(errno_for(BackendError::Io, &read), proto::NBD_EIO);
+        assert_eq!(errno_for(BackendError::NoSpace, &read), proto::NBD_ENOSPC);
+        assert_eq!(errno_for(BackendError::ReadOnly, &read), proto::NBD_EPERM);
+        assert_eq!(errno_for(BackendError::Overflow, &read), proto::NBD_EINVAL);
+        assert_eq!(
+            errno_for(BackendError::Overflow, &df_read),
+            proto::NBD_EOVERFLOW
+        );
+        assert_eq!(
+            errno_for(BackendError::NotSupported, &read),
+            proto::NBD_EINVAL
+        );
+        assert_eq!(
+            errno_for(BackendError::NotSupported, &fast),
+            proto::NBD_ENOTSUP
+        );
+    }
+}
