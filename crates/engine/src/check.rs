@@ -134,7 +134,7 @@ fn verify_records(
                 bad.push((lba, why));
             }
             done += 1;
-            if done % 4096 == 0 || done == total {
+            if done.is_multiple_of(4096) || done == total {
                 progress(done, total);
             }
         }

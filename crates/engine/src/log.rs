@@ -39,7 +39,9 @@ pub struct Log {
 impl Log {
     pub fn new(sb: &Superblock, segment: u64, fill: usize, epoch: u32, next_seq: u64) -> Log {
         assert!(segment < sb.segment_count());
-        assert!(fill as u64 <= sb.segment_size_bytes && fill as u64 % SECTOR_SIZE_BYTES == 0);
+        assert!(
+            fill as u64 <= sb.segment_size_bytes && (fill as u64).is_multiple_of(SECTOR_SIZE_BYTES)
+        );
         Log {
             segment_size: sb.segment_size_bytes,
             data_offset: sb.data_offset_bytes,

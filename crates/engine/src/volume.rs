@@ -313,7 +313,7 @@ impl Volume {
         if data.is_empty() {
             return Ok(());
         }
-        if offset % BLOCK_SIZE_BYTES == 0 && data.len() % BS == 0 {
+        if offset.is_multiple_of(BLOCK_SIZE_BYTES) && data.len().is_multiple_of(BS) {
             let _shared = self.rmw.read().expect("rmw lock");
             self.write_blocks(offset / BLOCK_SIZE_BYTES, data)?;
         } else {
@@ -343,7 +343,7 @@ impl Volume {
             self.read_blocks(first, &mut buf[..BS])?;
         }
         let tail_end = head + data.len();
-        if tail_end % BS != 0 && (last != first || head == 0) {
+        if !tail_end.is_multiple_of(BS) && (last != first || head == 0) {
             self.read_blocks(last, &mut buf[(nblocks - 1) * BS..])?;
         }
         buf[head..tail_end].copy_from_slice(data);
@@ -386,7 +386,7 @@ impl Volume {
     }
 
     fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), VolError> {
-        debug_assert!(data.len() % BS == 0);
+        debug_assert!(data.len().is_multiple_of(BS));
         let items = self.prepare(lba, data);
         let need: u64 = items
             .iter()
@@ -575,7 +575,7 @@ impl Volume {
             return Ok(());
         }
         let first = offset / BLOCK_SIZE_BYTES;
-        if offset % BLOCK_SIZE_BYTES == 0 && buf.len() % BS == 0 {
+        if offset.is_multiple_of(BLOCK_SIZE_BYTES) && buf.len().is_multiple_of(BS) {
             return self.read_blocks(first, buf);
         }
         let last = (offset + buf.len() as u64 - 1) / BLOCK_SIZE_BYTES;

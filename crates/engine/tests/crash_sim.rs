@@ -5,6 +5,7 @@
 //!   exactly, unless a later write to it was issued (then any written version);
 //! - no block ever holds content that was never written (no garbage);
 //! - `cvol check` finds the recovered volume consistent.
+//!
 //! Three crash cycles per seed, so recovery after recovery is covered.
 //!
 //! Reproduce one seed: `CVOL_SIM_SEED=123 cargo test -p cvol-engine --test crash_sim -- --nocapture`

@@ -71,7 +71,8 @@ impl Superblock {
 
     /// Checks the fields against each other; used after decode and before create.
     pub fn validate(&self) -> Result<(), FormatError> {
-        if self.logical_size_bytes == 0 || self.logical_size_bytes % BLOCK_SIZE_BYTES != 0 {
+        if self.logical_size_bytes == 0 || !self.logical_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
+        {
             return Err(FormatError::Invalid(
                 "logical size must be a non-zero multiple of 4096",
             ));
@@ -88,7 +89,7 @@ impl Superblock {
             ));
         }
         if self.data_offset_bytes < DATA_OFFSET_BYTES
-            || self.data_offset_bytes % SECTOR_SIZE_BYTES != 0
+            || !self.data_offset_bytes.is_multiple_of(SECTOR_SIZE_BYTES)
         {
             return Err(FormatError::Invalid("data offset"));
         }

@@ -214,8 +214,8 @@ mod tests {
                     "sector mixed"
                 );
             }
-            saw_lost |= b[1024..].iter().any(|&x| x == 0);
-            saw_kept |= b[1024..].iter().any(|&x| x == 2);
+            saw_lost |= b[1024..].contains(&0);
+            saw_kept |= b[1024..].contains(&2);
         }
         assert!(saw_lost && saw_kept);
     }
