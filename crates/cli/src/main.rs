@@ -16,6 +16,8 @@ use std::sync::Arc;
 const DEFAULT_VOLUME: &str = "cvol-data/default.cvol";
 const DEFAULT_SIZE: &str = "16G";
 const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+/// Metadata area plus two 1 MiB segments.
+const MIN_PHYSICAL_BYTES: u64 = 3 << 20;
 
 #[derive(Parser)]
 #[command(
@@ -175,7 +177,8 @@ fn cmd_create(
         None if is_block => FileStorage::open(path, false, false)
             .map_err(|e| e.to_string())?
             .len_bytes(),
-        None => logical,
+        // A tiny file volume still needs its metadata and two segments.
+        None => logical.max(MIN_PHYSICAL_BYTES),
     };
     let storage = if is_block {
         FileStorage::open(path, true, true)
