@@ -9,6 +9,7 @@
 //! - `codec`: lz4 / zstd / none
 mod log;
 mod map;
+pub mod segments;
 
 pub mod check;
 pub mod codec;

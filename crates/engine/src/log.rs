@@ -1,6 +1,7 @@
 //! The log head: the open segment's buffer, record placement, write-behind
 //! and the flush padding rule (no durable sector is ever written twice).
 use crate::error::VolError;
+use crate::segments::SegmentTable;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::{align_up, CodecTag, Superblock, SECTOR_SIZE_BYTES};
 use cvol_storage::Storage;
@@ -20,8 +21,9 @@ pub struct Placed {
 pub struct Log {
     pub segment_size: u64,
     pub data_offset: u64,
-    pub segment_count: u64,
     pub volume_tag: u32,
+    /// Usage and state of every segment.
+    pub segments: SegmentTable,
     /// Current (open) segment.
     pub segment: u64,
     /// Bytes of the open segment in use (records and padding).
@@ -34,19 +36,30 @@ pub struct Log {
     pub next_seq: u64,
     /// Bytes handed to storage by the log since open (write amplification).
     pub media_bytes_written: u64,
+    /// Bytes appended (records and padding) since open; only grows.
+    pub appended_bytes: u64,
 }
 
 impl Log {
-    pub fn new(sb: &Superblock, segment: u64, fill: usize, epoch: u32, next_seq: u64) -> Log {
+    /// A log head at `fill` bytes into `segment`, which `segments` has Open.
+    pub fn new(
+        sb: &Superblock,
+        segments: SegmentTable,
+        segment: u64,
+        fill: usize,
+        epoch: u32,
+        next_seq: u64,
+    ) -> Log {
         assert!(segment < sb.segment_count());
+        assert_eq!(segments.state(segment), crate::segments::SegState::Open);
         assert!(
             fill as u64 <= sb.segment_size_bytes && (fill as u64).is_multiple_of(SECTOR_SIZE_BYTES)
         );
         Log {
             segment_size: sb.segment_size_bytes,
             data_offset: sb.data_offset_bytes,
-            segment_count: sb.segment_count(),
             volume_tag: sb.volume_tag(),
+            segments,
             segment,
             fill,
             written: fill,
@@ -54,6 +67,7 @@ impl Log {
             epoch,
             next_seq,
             media_bytes_written: 0,
+            appended_bytes: 0,
         }
     }
 
@@ -65,15 +79,20 @@ impl Log {
         self.next_seq - 1
     }
 
-    /// Log bytes still available for records.
+    /// Log bytes still available for records: free segments and the open one's rest.
     pub fn free_bytes(&self) -> u64 {
-        (self.segment_count - self.segment - 1) * self.segment_size
-            + (self.segment_size - self.fill as u64)
+        self.segments.free_count() * self.segment_size + (self.segment_size - self.fill as u64)
     }
 
-    /// Log bytes consumed (records, padding and abandoned segment tails).
+    /// Log bytes occupied (live and dead records, padding, abandoned tails).
     pub fn used_bytes(&self) -> u64 {
-        self.segment * self.segment_size + self.fill as u64
+        let others = self.segments.count() - self.segments.free_count() - 1;
+        others * self.segment_size + self.fill as u64
+    }
+
+    /// Physical offset of segment `s`.
+    pub fn segment_offset(&self, s: u64) -> u64 {
+        self.data_offset + s * self.segment_size
     }
 
     /// Appends one record and returns where it landed.
@@ -112,6 +131,8 @@ impl Log {
         self.buf[at..at + RECORD_HEADER_BYTES].copy_from_slice(&hb);
         self.buf[at + RECORD_HEADER_BYTES..at + total].copy_from_slice(payload);
         self.fill += total;
+        self.appended_bytes += total as u64;
+        self.segments.note_seq(self.segment, h.seq);
         self.next_seq += 1;
         let placed = Placed {
             offset: self.segment_base() + at as u64,
@@ -149,16 +170,19 @@ impl Log {
     pub fn pad_and_write(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
         let padded = (align_up(self.fill as u64, SECTOR_SIZE_BYTES) as usize)
             .min(self.segment_size as usize);
+        self.appended_bytes += (padded - self.fill) as u64;
         self.fill = padded;
         self.write_range(storage, padded)
     }
 
     fn advance_segment(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
-        if self.segment + 1 >= self.segment_count {
+        if self.segments.free_count() == 0 {
             return Err(VolError::NoSpace);
         }
         self.write_range(storage, self.fill)?;
-        self.segment += 1;
+        self.appended_bytes += self.segment_size - self.fill as u64;
+        self.segments.seal(self.segment);
+        self.segment = self.segments.open_next().expect("a free segment was counted");
         self.fill = 0;
         self.written = 0;
         self.buf.fill(0);

@@ -21,6 +21,12 @@ pub struct Recovered {
     pub last_epoch: u32,
     pub checkpoint_generation: u64,
     pub replayed_records: u64,
+    /// Snapshot seq of the checkpoint recovery started from (0: none).
+    pub snapshot_seq: u64,
+    /// Segments recovery needs besides those holding live data: the ones the
+    /// roll-forward passed through and those holding the checkpoint, with the
+    /// highest seq each holds.
+    pub needed_segments: HashMap<u64, u64>,
     /// Human-readable notes on what was skipped (corrupt slots, fallbacks).
     pub warnings: Vec<String>,
 }
@@ -31,6 +37,9 @@ struct Start {
     offset: usize,
     expected_seq: u64,
     epoch: u32,
+    snapshot_seq: u64,
+    /// Segments holding the checkpoint's records, with their highest seq.
+    checkpoint_segments: HashMap<u64, u64>,
 }
 
 pub fn read_superblock(storage: &dyn Storage) -> Result<(Superblock, Vec<String>), String> {
@@ -96,7 +105,7 @@ pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, 
         segment,
         offset: 0,
         expected_seq: 1,
-        epoch: 0,
+        epoch: 0, snapshot_seq: 0, checkpoint_segments: HashMap::new()
     };
     let r = roll_forward(storage, sb, &mut map, start, &index)?;
     Ok(Recovered { map, ..r })
@@ -123,8 +132,15 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
     let ((mut map, start), generation) = match loaded {
         Some(x) => x,
         None => {
+            // Segments are reused only after a durable checkpoint, so with no
+            // pointer at all the whole log is still there to replay; with
+            // pointers that all fail it may not be, and replaying it could
+            // silently return old data.
             if !ptrs.is_empty() {
-                warnings.push("no usable checkpoint: rebuilding the map from the whole log".into());
+                return Err(format!(
+                    "no usable checkpoint ({}); refusing to guess the map",
+                    warnings.join("; ")
+                ));
             }
             let Some(&segment) = index.get(&1).and_then(|v| v.first()) else {
                 return Err(
@@ -135,7 +151,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
                 segment,
                 offset: 0,
                 expected_seq: 1,
-                epoch: 0,
+                epoch: 0, snapshot_seq: 0, checkpoint_segments: HashMap::new()
             };
             ((BlockMap::new(sb.logical_blocks()), start), 0)
         }
@@ -203,6 +219,7 @@ fn roll_forward(
     let tag = sb.volume_tag();
     let (mut segment, mut pos, mut expected, mut epoch) =
         (start.segment, start.offset, start.expected_seq, start.epoch);
+    let mut needed = start.checkpoint_segments.clone();
     let mut buf = read_segment(storage, sb, segment)?;
     let mut replayed = 0u64;
     loop {
@@ -234,6 +251,8 @@ fn roll_forward(
         apply(map, &h, offset)
             .map_err(|e| format!("record seq {} at byte {offset}: {e}", h.seq))?;
         replayed += 1;
+        let m = needed.entry(segment).or_insert(0);
+        *m = (*m).max(h.seq);
         pos = at + h.total_len();
         expected += 1;
         epoch = h.epoch;
@@ -246,6 +265,8 @@ fn roll_forward(
         last_epoch: epoch,
         checkpoint_generation: 0,
         replayed_records: replayed,
+        snapshot_seq: start.snapshot_seq,
+        needed_segments: needed,
         warnings: Vec::new(),
     })
 }
@@ -370,12 +391,20 @@ fn load_checkpoint(
             return Err(b);
         }
     }
+    let seg_of = |off: u64| (off - sb.data_offset_bytes) / sb.segment_size_bytes;
+    let mut checkpoint_segments = HashMap::new();
+    for c in &commit.chunks {
+        checkpoint_segments.insert(seg_of(c.offset), p.commit_seq);
+    }
+    checkpoint_segments.insert(seg_of(p.commit_offset), p.commit_seq);
     let seg_rel = p.commit_offset - sb.data_offset_bytes;
     let start = Start {
         segment: seg_rel / sb.segment_size_bytes,
         offset: (seg_rel % sb.segment_size_bytes) as usize + p.commit_len as usize,
         expected_seq: p.commit_seq + 1,
         epoch: p.commit_epoch,
+        snapshot_seq: commit.snapshot_seq,
+        checkpoint_segments,
     };
     Ok((map, start))
 }

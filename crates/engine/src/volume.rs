@@ -12,7 +12,8 @@ use crate::codec::{self, Codec};
 use crate::error::VolError;
 use crate::log::Log;
 use crate::map::BlockMap;
-use crate::recovery::{self, set_unmapped};
+use crate::recovery::{self, Recovered};
+use crate::segments::{SegState, SegmentTable};
 use crate::stats::{CodecBlocks, MapCounters, VolumeStats};
 use cvol_format::checkpoint::{push_run, ChunkRef, CommitPayload};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAX_BYTES};
@@ -29,6 +30,7 @@ const BS: usize = BLOCK_SIZE_BYTES as usize;
 const CHUNK_RAW_MAX_BYTES: usize = 256 << 10;
 /// Storage reads of adjacent records are merged up to this size.
 const READ_MERGE_MAX_BYTES: u64 = 1 << 20;
+const PAGE_BLOCKS: u64 = crate::map::PAGE_BLOCKS as u64;
 /// Metadata bytes written outside the log (two superblocks, two pointer slots).
 const METADATA_BYTES: u64 = cvol_format::POINTER_SLOT_1_OFFSET + 4096;
 /// Most extents one block-status call returns.
@@ -75,7 +77,11 @@ struct State {
     counters: MapCounters,
     synced_seq: u64,
     checkpoint_generation: u64,
-    log_used_at_checkpoint: u64,
+    /// `log.appended_bytes` at the last checkpoint (for the checkpoint interval).
+    appended_at_checkpoint: u64,
+    /// Snapshot seq of the newest durable checkpoint: segments whose records
+    /// are all at or below it, and hold no live data, may be reused.
+    durable_snapshot_seq: u64,
 }
 
 pub struct Volume {
@@ -160,13 +166,16 @@ impl Volume {
         io(storage.write_at(CheckpointPointer::slot_offset(1), &zero_slot))?;
         io(storage.write_at(sb.segment_offset(0), &[0u8; RECORD_HEADER_BYTES]))?;
         io(storage.sync())?;
+        let mut segs = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
+        let first = segs.open_next().expect("a new volume has free segments");
         let state = State {
             map: BlockMap::new(sb.logical_blocks()),
-            log: Log::new(&sb, 0, 0, 0, 1),
+            log: Log::new(&sb, segs, first, 0, 0, 1),
             counters: MapCounters::default(),
             synced_seq: 0,
             checkpoint_generation: 0,
-            log_used_at_checkpoint: 0,
+            appended_at_checkpoint: 0,
+            durable_snapshot_seq: 0,
         };
         let vol = Volume::assemble(storage, sb, OpenOptions::default(), state);
         vol.begin_epoch()?;
@@ -188,20 +197,21 @@ impl Volume {
         );
         let fill = (align_up(r.end as u64, cvol_format::SECTOR_SIZE_BYTES))
             .min(sb.segment_size_bytes) as usize;
-        let mut log = Log::new(&sb, r.segment, fill, r.last_epoch, r.last_seq + 1);
+        let segs = segment_table(&sb, &r);
+        let mut log = Log::new(&sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
         storage
             .read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end])
             .map_err(VolError::Io)?;
         let mut counters = MapCounters::default();
         r.map.for_each_mapped(|_, e| counters.add(e));
-        let used = log.used_bytes();
         let state = State {
             map: r.map,
             log,
             counters,
             synced_seq: r.last_seq,
             checkpoint_generation: r.checkpoint_generation,
-            log_used_at_checkpoint: used,
+            appended_at_checkpoint: 0,
+            durable_snapshot_seq: r.snapshot_seq,
         };
         let vol = Volume::assemble(storage, sb, options, state);
         if !vol.options.read_only {
@@ -453,6 +463,14 @@ impl Volume {
         let old = st.map.set(lba, e);
         st.counters.remove(old);
         st.counters.add(e);
+        let seg_size = self.sb.segment_size_bytes;
+        let seg_of = |off: u64| (off - self.sb.data_offset_bytes) / seg_size;
+        if let EntryState::Data { offset, len, .. } = old.state_valid() {
+            st.log.segments.sub_live(seg_of(offset), u64::from(len));
+        }
+        if let EntryState::Data { offset, len, .. } = e.state_valid() {
+            st.log.segments.add_live(seg_of(offset), u64::from(len));
+        }
     }
 
     /// TRIM: whole blocks inside the range become unmapped holes; partial
@@ -483,23 +501,15 @@ impl Volume {
             self.append_range(&mut st, RecordKind::Trim, lba, n as u32)?;
             lba += n;
         }
-        let State { map, counters, .. } = &mut *st;
-        let mut removed = MapCounters::default();
         let mut l = first;
-        while let Some(next) = map.next_allocated_page_lba(l).filter(|&n| n < end) {
-            let page_end =
-                ((next / crate::map::PAGE_BLOCKS as u64) + 1) * crate::map::PAGE_BLOCKS as u64;
+        while let Some(next) = st.map.next_allocated_page_lba(l).filter(|&n| n < end) {
+            let page_end = (next / PAGE_BLOCKS + 1) * PAGE_BLOCKS;
             for x in next..page_end.min(end) {
-                removed.add(map.get(x));
+                if !st.map.get(x).is_unmapped() {
+                    self.set_entry(&mut st, x, MapEntry::UNMAPPED);
+                }
             }
             l = page_end;
-        }
-        set_unmapped(map, first, end);
-        counters.data_blocks -= removed.data_blocks;
-        counters.zero_blocks -= removed.zero_blocks;
-        counters.stored_payload_bytes -= removed.stored_payload_bytes;
-        for i in 0..3 {
-            counters.codec_blocks[i] -= removed.codec_blocks[i];
         }
         Ok(())
     }
@@ -721,7 +731,7 @@ impl Volume {
         let due = {
             let mut st = self.lock_state();
             st.synced_seq = st.synced_seq.max(target);
-            st.log.used_bytes() - st.log_used_at_checkpoint
+            st.log.appended_bytes - st.appended_at_checkpoint
                 >= self.options.checkpoint_interval_bytes
         };
         if due {
@@ -741,11 +751,12 @@ impl Volume {
 
     fn checkpoint_locked(&self) -> Result<(), VolError> {
         self.check_writable()?;
-        let ptr = {
+        let (ptr, snapshot_seq) = {
             let mut st = self.lock_state();
+            let snapshot_seq = st.log.last_seq();
             let ptr = self.append_checkpoint(&mut st)?;
             self.guard(st.log.pad_and_write(&*self.storage))?;
-            ptr
+            (ptr, snapshot_seq)
         };
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         let slot = CheckpointPointer::slot_offset(ptr.slot());
@@ -758,7 +769,11 @@ impl Volume {
         let mut st = self.lock_state();
         st.checkpoint_generation = ptr.generation;
         st.synced_seq = st.synced_seq.max(ptr.commit_seq);
-        st.log_used_at_checkpoint = st.log.used_bytes();
+        st.appended_at_checkpoint = st.log.appended_bytes;
+        st.durable_snapshot_seq = snapshot_seq;
+        let freed = st.log.segments.reclaim(snapshot_seq);
+        drop(st);
+        self.release_segments(&freed);
         tracing::debug!(
             generation = ptr.generation,
             seq = ptr.commit_seq,
@@ -817,6 +832,19 @@ impl Volume {
         })
     }
 
+    /// Returns freed segments' space to the host (hole punch / discard).
+    fn release_segments(&self, freed: &[u64]) {
+        for &s in freed {
+            let off = self.sb.segment_offset(s);
+            if let Err(e) = self.storage.discard(off, self.sb.segment_size_bytes) {
+                tracing::debug!(segment = s, "discard failed (space stays allocated on the host): {e}");
+            }
+        }
+        if !freed.is_empty() {
+            tracing::debug!(segments = freed.len(), "segments reclaimed");
+        }
+    }
+
     /// Flushes and checkpoints (a clean close). Safe to call more than once.
     pub fn close(&self) -> Result<(), VolError> {
         if self.options.read_only {
@@ -872,6 +900,27 @@ impl Volume {
             poisoned: self.poisoned.load(Ordering::SeqCst),
         }
     }
+}
+
+/// Rebuilds the segment usage table after recovery: segments with live data
+/// or that recovery itself needs are Sealed, the log head is Open, the rest Free.
+fn segment_table(sb: &Superblock, r: &Recovered) -> SegmentTable {
+    let mut t = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
+    let seg_of = |off: u64| (off - sb.data_offset_bytes) / sb.segment_size_bytes;
+    r.map.for_each_mapped(|_, e| {
+        if let EntryState::Data { offset, len, .. } = e.state_valid() {
+            let s = seg_of(offset);
+            if t.state(s) == SegState::Free {
+                t.mark(s, SegState::Sealed, 0);
+            }
+            t.add_live(s, u64::from(len));
+        }
+    });
+    for (&s, &max_seq) in &r.needed_segments {
+        t.mark(s, SegState::Sealed, max_seq);
+    }
+    t.mark(r.segment, SegState::Open, r.last_seq);
+    t
 }
 
 /// Verifies a DATA record against the map entry that points at it and

@@ -178,6 +178,11 @@ impl Storage for SimStorage {
         Ok(())
     }
 
+    /// Like a hole punch: the range reads as zeros; unsynced, so a crash may undo it.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.write_at(offset, &vec![0u8; len as usize])
+    }
+
     fn sync(&self) -> io::Result<()> {
         let mut g = self.lock();
         SimStorage::charge(&mut g)?;
