@@ -182,7 +182,10 @@ impl Log {
         self.write_range(storage, self.fill)?;
         self.appended_bytes += self.segment_size - self.fill as u64;
         self.segments.seal(self.segment);
-        self.segment = self.segments.open_next().expect("a free segment was counted");
+        self.segment = self
+            .segments
+            .open_next()
+            .expect("a free segment was counted");
         self.fill = 0;
         self.written = 0;
         self.buf.fill(0);

@@ -105,7 +105,9 @@ pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, 
         segment,
         offset: 0,
         expected_seq: 1,
-        epoch: 0, snapshot_seq: 0, checkpoint_segments: HashMap::new()
+        epoch: 0,
+        snapshot_seq: 0,
+        checkpoint_segments: HashMap::new(),
     };
     let r = roll_forward(storage, sb, &mut map, start, &index)?;
     Ok(Recovered { map, ..r })
@@ -151,7 +153,9 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
                 segment,
                 offset: 0,
                 expected_seq: 1,
-                epoch: 0, snapshot_seq: 0, checkpoint_segments: HashMap::new()
+                epoch: 0,
+                snapshot_seq: 0,
+                checkpoint_segments: HashMap::new(),
             };
             ((BlockMap::new(sb.logical_blocks()), start), 0)
         }

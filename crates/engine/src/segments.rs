@@ -82,7 +82,9 @@ impl SegmentTable {
     /// Takes the next free segment (round-robin) and opens it.
     pub fn open_next(&mut self) -> Option<u64> {
         let n = self.count();
-        let found = (0..n).map(|i| (self.cursor + i) % n).find(|&s| self.state[s as usize] == SegState::Free)?;
+        let found = (0..n)
+            .map(|i| (self.cursor + i) % n)
+            .find(|&s| self.state[s as usize] == SegState::Free)?;
         self.set_state(found, SegState::Open);
         self.max_seq[found as usize] = 0;
         self.cursor = (found + 1) % n;
@@ -90,7 +92,11 @@ impl SegmentTable {
     }
 
     pub fn seal(&mut self, s: u64) {
-        assert_eq!(self.state(s), SegState::Open, "only the open segment is sealed");
+        assert_eq!(
+            self.state(s),
+            SegState::Open,
+            "only the open segment is sealed"
+        );
         self.set_state(s, SegState::Sealed);
     }
 
@@ -116,7 +122,10 @@ impl SegmentTable {
         let mut out = Vec::new();
         for s in 0..self.count() {
             let i = s as usize;
-            if self.state[i] == SegState::Sealed && self.live[i] == 0 && self.max_seq[i] <= snapshot_seq {
+            if self.state[i] == SegState::Sealed
+                && self.live[i] == 0
+                && self.max_seq[i] <= snapshot_seq
+            {
                 self.set_state(s, SegState::Free);
                 out.push(s);
             }
@@ -127,7 +136,10 @@ impl SegmentTable {
     /// Sealed segments with some dead space, as (segment, live bytes, max seq).
     pub fn candidates(&self) -> Vec<(u64, u64, u64)> {
         (0..self.count())
-            .filter(|&s| self.state[s as usize] == SegState::Sealed && self.live[s as usize] < self.segment_size)
+            .filter(|&s| {
+                self.state[s as usize] == SegState::Sealed
+                    && self.live[s as usize] < self.segment_size
+            })
             .map(|s| (s, self.live[s as usize], self.max_seq[s as usize]))
             .collect()
     }
@@ -147,7 +159,9 @@ impl VictimPolicy {
         match s {
             "greedy" => Ok(VictimPolicy::Greedy),
             "cost-benefit" => Ok(VictimPolicy::CostBenefit),
-            _ => Err(format!("unknown cleaner policy '{s}': expected greedy or cost-benefit")),
+            _ => Err(format!(
+                "unknown cleaner policy '{s}': expected greedy or cost-benefit"
+            )),
         }
     }
 
@@ -161,7 +175,11 @@ impl VictimPolicy {
                     let age = now_seq.saturating_sub(max_seq) as f64 + 1.0;
                     (1.0 - u) * age / (1.0 + u)
                 };
-                c.sort_by(|a, b| score(b.1, b.2).total_cmp(&score(a.1, a.2)).then(a.0.cmp(&b.0)));
+                c.sort_by(|a, b| {
+                    score(b.1, b.2)
+                        .total_cmp(&score(a.1, a.2))
+                        .then(a.0.cmp(&b.0))
+                });
             }
         }
         c.into_iter().map(|(s, _, _)| s).collect()
@@ -189,7 +207,11 @@ pub fn pack_order(items: &[(u64, u64)], mut space: u64, segment_size: u64) -> Ve
         let pick = if items[i].0 <= space {
             i
         } else {
-            match by_size.iter().copied().find(|&j| !used[j] && items[j].0 <= space) {
+            match by_size
+                .iter()
+                .copied()
+                .find(|&j| !used[j] && items[j].0 <= space)
+            {
                 Some(j) => j,
                 None => {
                     space = segment_size; // a new segment opens
@@ -219,7 +241,10 @@ mod tests {
         assert_eq!(t.free_count(), 2);
         assert!(t.reclaim(100).is_empty(), "live data keeps a segment");
         t.sub_live(0, 60);
-        assert!(t.reclaim(9).is_empty(), "records newer than the checkpoint keep it");
+        assert!(
+            t.reclaim(9).is_empty(),
+            "records newer than the checkpoint keep it"
+        );
         assert_eq!(t.reclaim(10), vec![0]);
         assert_eq!(t.free_count(), 3);
         assert_eq!(t.open_next(), Some(2), "round robin");
@@ -228,7 +253,10 @@ mod tests {
     #[test]
     fn greedy_picks_emptiest_cost_benefit_prefers_old_cold() {
         let c = vec![(0, 50, 100), (1, 10, 990), (2, 30, 10)];
-        assert_eq!(VictimPolicy::Greedy.order(c.clone(), 100, 1000), vec![1, 2, 0]);
+        assert_eq!(
+            VictimPolicy::Greedy.order(c.clone(), 100, 1000),
+            vec![1, 2, 0]
+        );
         // segment 2 is older and fairly empty: it wins under cost-benefit
         assert_eq!(VictimPolicy::CostBenefit.order(c, 100, 1000)[0], 2);
     }

@@ -837,7 +837,10 @@ impl Volume {
         for &s in freed {
             let off = self.sb.segment_offset(s);
             if let Err(e) = self.storage.discard(off, self.sb.segment_size_bytes) {
-                tracing::debug!(segment = s, "discard failed (space stays allocated on the host): {e}");
+                tracing::debug!(
+                    segment = s,
+                    "discard failed (space stays allocated on the host): {e}"
+                );
             }
         }
         if !freed.is_empty() {

@@ -47,15 +47,20 @@ impl FileStorage {
         let exists = path.exists();
         let is_block = exists && std::fs::metadata(path)?.file_type().is_block_device();
         if !is_block {
-            let f = OpenOptions::new()
+            // Create without truncating: the old contents go only once the lock is ours.
+            OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
-                .truncate(true)
+                .truncate(false)
                 .open(path)?;
-            f.set_len(size_bytes)?;
         }
-        let st = FileStorage::open(path, true, true)?;
+        let mut st = FileStorage::open(path, true, true)?;
+        if !is_block {
+            st.file.set_len(0)?;
+            st.file.set_len(size_bytes)?;
+            st.size_bytes = size_bytes;
+        }
         if st.size_bytes < size_bytes {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -130,6 +135,13 @@ mod tests {
             .err()
             .expect("second exclusive open must fail");
         assert!(e.to_string().contains("in use"), "{e}");
+        let e = FileStorage::create(&p, 1 << 20)
+            .err()
+            .expect("create over a locked volume must fail");
+        assert!(e.to_string().contains("in use"), "{e}");
+        let mut b = [0u8; 3];
+        s.read_at(4096, &mut b).unwrap();
+        assert_eq!(&b, b"abc", "a refused create must not touch the volume");
         drop(s);
         FileStorage::open(&p, false, false).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
