@@ -17,6 +17,7 @@ pub mod error;
 pub mod recovery;
 pub mod stats;
 pub mod volume;
+pub use volume::CleanerConfig;
 
 pub use codec::Codec;
 pub use error::VolError;

@@ -90,11 +90,6 @@ impl Log {
         others * self.segment_size + self.fill as u64
     }
 
-    /// Physical offset of segment `s`.
-    pub fn segment_offset(&self, s: u64) -> u64 {
-        self.data_offset + s * self.segment_size
-    }
-
     /// Appends one record and returns where it landed.
     #[allow(clippy::too_many_arguments)]
     pub fn append(

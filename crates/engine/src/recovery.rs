@@ -11,6 +11,9 @@ use cvol_format::{
 use cvol_storage::Storage;
 use std::collections::HashMap;
 
+/// Most blocks one DATA record may hold (a 64 KiB compression unit).
+pub const DATA_UNIT_BLOCKS_MAX: u32 = 16;
+
 /// Result of recovery: the map and where the log continues.
 pub struct Recovered {
     pub map: BlockMap,
@@ -21,6 +24,8 @@ pub struct Recovered {
     pub last_epoch: u32,
     pub checkpoint_generation: u64,
     pub replayed_records: u64,
+    /// Replayed records that changed the map (DATA, ZERO, TRIM).
+    pub replayed_map_records: u64,
     /// Snapshot seq of the checkpoint recovery started from (0: none).
     pub snapshot_seq: u64,
     /// Segments recovery needs besides those holding live data: the ones the
@@ -226,6 +231,7 @@ fn roll_forward(
     let mut needed = start.checkpoint_segments.clone();
     let mut buf = read_segment(storage, sb, segment)?;
     let mut replayed = 0u64;
+    let mut map_records = 0u64;
     loop {
         let aligned = align_up(pos as u64, SECTOR_SIZE_BYTES) as usize;
         let found = chain_record_at(&buf, pos, tag, expected, epoch)
@@ -234,17 +240,22 @@ fn roll_forward(
         let (at, h) = match found {
             Some(x) => x,
             None => {
-                let next = index
+                // Every candidate is tried: a stale segment of a crashed epoch
+                // may share the expected first seq with the real next one.
+                let mut next = None;
+                for &s in index
                     .get(&expected)
                     .into_iter()
                     .flatten()
-                    .copied()
-                    .find(|&s| s != segment);
-                let Some(next) = next else { break };
-                let nbuf = read_segment(storage, sb, next)?;
-                if chain_record_at(&nbuf, 0, tag, expected, epoch).is_none() {
-                    break;
+                    .filter(|&&s| s != segment)
+                {
+                    let b = read_segment(storage, sb, s)?;
+                    if chain_record_at(&b, 0, tag, expected, epoch).is_some() {
+                        next = Some((s, b));
+                        break;
+                    }
                 }
+                let Some((next, nbuf)) = next else { break };
                 segment = next;
                 buf = nbuf;
                 pos = 0;
@@ -255,6 +266,10 @@ fn roll_forward(
         apply(map, &h, offset)
             .map_err(|e| format!("record seq {} at byte {offset}: {e}", h.seq))?;
         replayed += 1;
+        map_records += u64::from(matches!(
+            h.kind,
+            RecordKind::Data | RecordKind::Zero | RecordKind::Trim
+        ));
         let m = needed.entry(segment).or_insert(0);
         *m = (*m).max(h.seq);
         pos = at + h.total_len();
@@ -269,6 +284,7 @@ fn roll_forward(
         last_epoch: epoch,
         checkpoint_generation: 0,
         replayed_records: replayed,
+        replayed_map_records: map_records,
         snapshot_seq: start.snapshot_seq,
         needed_segments: needed,
         warnings: Vec::new(),
@@ -283,6 +299,10 @@ pub fn apply(map: &mut BlockMap, h: &RecordHeader, offset: u64) -> Result<(), St
         RecordKind::Data | RecordKind::Zero | RecordKind::Trim if !in_range => {
             Err(format!("lba range {}..{end} beyond the volume", h.lba))
         }
+        RecordKind::Data if h.nblocks > DATA_UNIT_BLOCKS_MAX => Err(format!(
+            "data record of {} blocks (at most {DATA_UNIT_BLOCKS_MAX})",
+            h.nblocks
+        )),
         RecordKind::Data => {
             let e = MapEntry::data(h.codec, offset, h.total_len() as u32, h.crc);
             (h.lba..end).for_each(|l| {
@@ -333,13 +353,17 @@ pub fn read_record(
         .checked_sub(sb.data_offset_bytes)
         .ok_or("record offset inside the metadata area")?;
     if (len as usize) < RECORD_HEADER_BYTES
+        || seg_rel / sb.segment_size_bytes >= sb.segment_count()
         || seg_rel % sb.segment_size_bytes + u64::from(len) > sb.segment_size_bytes
     {
         return Err(format!(
             "record at {offset} (+{len}) crosses a segment boundary"
         ));
     }
-    if offset + u64::from(len) > sb.physical_size_bytes {
+    if offset
+        .checked_add(u64::from(len))
+        .is_none_or(|end| end > sb.physical_size_bytes)
+    {
         return Err(format!(
             "record at {offset} (+{len}) beyond the physical size"
         ));

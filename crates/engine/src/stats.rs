@@ -75,8 +75,24 @@ pub struct VolumeStats {
     pub segment_size_bytes: u64,
     pub segments_total: u64,
     pub segments_used: u64,
+    pub segments_free: u64,
+    /// Bytes of live records (headers included) in the log.
+    pub live_bytes: u64,
+    /// Log bytes occupied by dead records, old checkpoints, padding and segment tails.
+    pub dead_bytes: u64,
+    /// More logical data that fits at the current compression ratio...
+    pub estimated_free_logical_bytes: u64,
+    /// ...and if nothing more compresses (the conservative figure).
+    pub worst_case_free_logical_bytes: u64,
     pub client_bytes_written: u64,
     pub media_bytes_written: u64,
+    /// media_bytes_written / client_bytes_written since the server started.
+    pub write_amplification: f64,
+    pub cleaner_policy: String,
+    pub cleaner_segments_cleaned: u64,
+    pub cleaner_records_relocated: u64,
+    pub cleaner_bytes_relocated: u64,
+    pub segments_reclaimed: u64,
     pub corrupt_reads: u64,
     pub map_memory_bytes: u64,
     pub checkpoint_generation: u64,

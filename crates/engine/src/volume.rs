@@ -22,6 +22,10 @@ use cvol_format::{
 };
 use cvol_storage::Storage;
 use std::borrow::Cow;
+
+mod cleaner;
+use cleaner::CleanerStats;
+pub use cleaner::{BackgroundCleaner, CleanerConfig};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -31,8 +35,8 @@ const CHUNK_RAW_MAX_BYTES: usize = 256 << 10;
 /// Storage reads of adjacent records are merged up to this size.
 const READ_MERGE_MAX_BYTES: u64 = 1 << 20;
 const PAGE_BLOCKS: u64 = crate::map::PAGE_BLOCKS as u64;
-/// Metadata bytes written outside the log (two superblocks, two pointer slots).
-const METADATA_BYTES: u64 = cvol_format::POINTER_SLOT_1_OFFSET + 4096;
+/// Extra attempts at a read whose record failed verification.
+const READ_RETRIES: u32 = 2;
 /// Most extents one block-status call returns.
 const EXTENTS_MAX: usize = 1024;
 
@@ -52,6 +56,7 @@ pub struct OpenOptions {
     pub sync_writes: bool,
     /// A flush also checkpoints once this many log bytes were written since the last one.
     pub checkpoint_interval_bytes: u64,
+    pub cleaner: CleanerConfig,
 }
 
 impl Default for OpenOptions {
@@ -60,6 +65,7 @@ impl Default for OpenOptions {
             read_only: false,
             sync_writes: false,
             checkpoint_interval_bytes: 256 << 20,
+            cleaner: CleanerConfig::default(),
         }
     }
 }
@@ -82,6 +88,9 @@ struct State {
     /// Snapshot seq of the newest durable checkpoint: segments whose records
     /// are all at or below it, and hold no live data, may be reused.
     durable_snapshot_seq: u64,
+    /// Map updates since the last checkpoint was appended (close skips an
+    /// unneeded checkpoint, so restarts of a full volume cost no space).
+    map_changes_since_checkpoint: u64,
 }
 
 pub struct Volume {
@@ -95,6 +104,14 @@ pub struct Volume {
     poisoned: AtomicBool,
     client_bytes_written: AtomicU64,
     corrupt_reads: AtomicU64,
+    /// Serialises cleaning (background and foreground).
+    cleaner_lock: Mutex<()>,
+    cleaner_stats: CleanerStats,
+    /// Milliseconds since `opened` of the last client request (cleaner yields).
+    last_client_io_ms: AtomicU64,
+    opened: std::time::Instant,
+    /// Writers waiting for the cleaner to make room (the cleaner stops yielding).
+    space_waiters: std::sync::atomic::AtomicUsize,
 }
 
 /// A block after compression, before it has a place in the log.
@@ -176,6 +193,7 @@ impl Volume {
             checkpoint_generation: 0,
             appended_at_checkpoint: 0,
             durable_snapshot_seq: 0,
+            map_changes_since_checkpoint: 1,
         };
         let vol = Volume::assemble(storage, sb, OpenOptions::default(), state);
         vol.begin_epoch()?;
@@ -212,10 +230,20 @@ impl Volume {
             checkpoint_generation: r.checkpoint_generation,
             appended_at_checkpoint: 0,
             durable_snapshot_seq: r.snapshot_seq,
+            map_changes_since_checkpoint: r.replayed_map_records,
         };
         let vol = Volume::assemble(storage, sb, options, state);
         if !vol.options.read_only {
-            vol.begin_epoch()?;
+            match vol.begin_epoch() {
+                Err(VolError::NoSpace) => {
+                    return Err(VolError::Open(
+                        "the log is full: no room for the epoch record that opening for writing \
+                         needs; serve it --read-only to copy the data out"
+                            .into(),
+                    ))
+                }
+                r => r?,
+            }
         }
         Ok(vol)
     }
@@ -237,6 +265,11 @@ impl Volume {
             poisoned: AtomicBool::new(false),
             client_bytes_written: AtomicU64::new(0),
             corrupt_reads: AtomicU64::new(0),
+            cleaner_lock: Mutex::new(()),
+            cleaner_stats: CleanerStats::default(),
+            last_client_io_ms: AtomicU64::new(0),
+            opened: std::time::Instant::now(),
+            space_waiters: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -320,6 +353,7 @@ impl Volume {
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
         self.check_range(offset, data.len() as u64)?;
         self.check_writable()?;
+        self.note_client_io();
         if data.is_empty() {
             return Ok(());
         }
@@ -390,9 +424,41 @@ impl Volume {
     }
 
     /// Log bytes kept back from client writes so a checkpoint always fits.
+    /// Log bytes kept back from client writes: room for a checkpoint of the
+    /// map and one segment for the cleaner to move live data into.
     fn reserve_bytes(&self, st: &State) -> u64 {
-        let entries = st.counters.data_blocks + st.counters.zero_blocks;
-        entries * 13 + (64 << 10) + self.sb.segment_size_bytes
+        self.checkpoint_estimate_bytes(st) + self.sb.segment_size_bytes
+    }
+
+    /// Raw map bytes per MAP_CHUNK record: small next to a segment, so the
+    /// tail a chunk leaves unused at a segment switch stays small.
+    fn chunk_raw_max_bytes(&self) -> usize {
+        (self.sb.segment_size_bytes as usize / 16).min(CHUNK_RAW_MAX_BYTES)
+    }
+
+    /// Locks the state with `need` log bytes free beyond the reserve, running
+    /// the cleaner first if the log is short of space. NoSpace only when
+    /// cleaning cannot make room: the live data truly does not fit.
+    fn lock_with_space(&self, need: u64) -> Result<MutexGuard<'_, State>, VolError> {
+        for attempt in 0..3 {
+            let st = self.lock_state();
+            self.check_writable()?;
+            let want = need + self.reserve_bytes(&st);
+            if st.log.free_bytes() >= want {
+                return Ok(st);
+            }
+            drop(st);
+            if attempt == 2 {
+                break;
+            }
+            self.space_waiters.fetch_add(1, Ordering::SeqCst);
+            let cleaned = self.clean(want, false);
+            self.space_waiters.fetch_sub(1, Ordering::SeqCst);
+            if cleaned? == 0 {
+                break;
+            }
+        }
+        Err(VolError::NoSpace)
     }
 
     fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), VolError> {
@@ -406,11 +472,7 @@ impl Volume {
             })
             .sum::<u64>()
             + 2 * RECORD_MAX_BYTES as u64;
-        let mut st = self.lock_state();
-        self.check_writable()?;
-        if st.log.free_bytes() < need + self.reserve_bytes(&st) {
-            return Err(VolError::NoSpace);
-        }
+        let mut st = self.lock_with_space(need)?;
         for item in items {
             self.commit_one(&mut st, item)?;
         }
@@ -460,6 +522,7 @@ impl Volume {
     }
 
     fn set_entry(&self, st: &mut State, lba: u64, e: MapEntry) {
+        st.map_changes_since_checkpoint += 1;
         let old = st.map.set(lba, e);
         st.counters.remove(old);
         st.counters.add(e);
@@ -490,6 +553,16 @@ impl Volume {
     fn unmap_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
         let mut st = self.lock_state();
         self.check_writable()?;
+        let mapped = |l: u64| l < end && !st.map.get(l).is_unmapped();
+        let any = std::iter::successors(st.map.next_allocated_page_lba(first), |&p| {
+            st.map
+                .next_allocated_page_lba((p / PAGE_BLOCKS + 1) * PAGE_BLOCKS)
+        })
+        .take_while(|&p| p < end)
+        .any(|p| (p..((p / PAGE_BLOCKS + 1) * PAGE_BLOCKS).min(end)).any(mapped));
+        if !any {
+            return Ok(()); // already holes: no record, no space
+        }
         let records = (end - first).div_ceil(u64::from(u32::MAX));
         if st.log.free_bytes() < records * RECORD_HEADER_BYTES as u64 + 2 * RECORD_MAX_BYTES as u64
         {
@@ -536,13 +609,7 @@ impl Volume {
         // Refuse up front rather than half-way, after the edges were written.
         let edges = (u64::from(head > 0) + u64::from(tail > 0)) * (BLOCK_SIZE_BYTES + 64);
         let entries = if no_hole { (end - first) * 13 } else { 0 };
-        {
-            let st = self.lock_state();
-            let need = edges + entries + 4 * RECORD_MAX_BYTES as u64 + self.reserve_bytes(&st);
-            if st.log.free_bytes() < need {
-                return Err(VolError::NoSpace);
-            }
-        }
+        drop(self.lock_with_space(edges + entries + 4 * RECORD_MAX_BYTES as u64)?);
         if head > 0 {
             self.write_at(offset, &vec![0u8; head as usize], false)?;
         }
@@ -560,13 +627,8 @@ impl Volume {
     }
 
     fn zero_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
-        let mut st = self.lock_state();
-        self.check_writable()?;
         let records = (end - first).div_ceil(u64::from(u32::MAX));
-        let extra_entries = (end - first) * 13;
-        if st.log.free_bytes() < records * 64 + extra_entries + self.reserve_bytes(&st) {
-            return Err(VolError::NoSpace);
-        }
+        let mut st = self.lock_with_space(records * 64 + (end - first) * 13)?;
         let mut lba = first;
         while lba < end {
             let n = (end - lba).min(u64::from(u32::MAX));
@@ -596,7 +658,27 @@ impl Volume {
         Ok(())
     }
 
+    /// Reads whole blocks. A record that fails verification is looked up
+    /// and read again: the cleaner may have moved it, and its old segment been
+    /// reused, between the map lookup and the read. Only a repeated failure is
+    /// reported (and counted) as corruption.
     fn read_blocks(&self, lba: u64, out: &mut [u8]) -> Result<(), VolError> {
+        self.note_client_io();
+        let mut attempt = 0;
+        loop {
+            match self.read_blocks_once(lba, out) {
+                Err(VolError::Corrupt { .. }) if attempt < READ_RETRIES => attempt += 1,
+                Err(VolError::Corrupt { lba, detail }) => {
+                    self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(lba, "corrupt block: {detail}");
+                    return Err(VolError::Corrupt { lba, detail });
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn read_blocks_once(&self, lba: u64, out: &mut [u8]) -> Result<(), VolError> {
         let n = out.len() / BS;
         let mut entries = Vec::with_capacity(n);
         let mut buffered: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
@@ -672,13 +754,7 @@ impl Volume {
         rec: &[u8],
         out: &mut [u8],
     ) -> Result<(), VolError> {
-        let r = decode_block_record(lba, e, rec, out);
-        if let Err(detail) = r {
-            self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(lba, "corrupt block: {detail}");
-            return Err(VolError::Corrupt { lba, detail });
-        }
-        Ok(())
+        decode_block_record(lba, e, rec, out).map_err(|detail| VolError::Corrupt { lba, detail })
     }
 
     /// Allocation status from `offset`: zero-reading holes versus data.
@@ -773,6 +849,9 @@ impl Volume {
         st.durable_snapshot_seq = snapshot_seq;
         let freed = st.log.segments.reclaim(snapshot_seq);
         drop(st);
+        self.cleaner_stats
+            .segments_reclaimed
+            .fetch_add(freed.len() as u64, Ordering::Relaxed);
         self.release_segments(&freed);
         tracing::debug!(
             generation = ptr.generation,
@@ -785,10 +864,23 @@ impl Volume {
     /// Appends MAP_CHUNK records and the CKPT_COMMIT record; returns the pointer to publish.
     fn append_checkpoint(&self, st: &mut State) -> Result<CheckpointPointer, VolError> {
         let snapshot_seq = st.log.last_seq();
-        let chunks = encode_map_chunks(
-            &st.map,
-            (self.sb.segment_size_bytes as usize / 4).min(CHUNK_RAW_MAX_BYTES),
-        );
+        let chunks = encode_map_chunks(&st.map, self.chunk_raw_max_bytes());
+        // Refuse before appending anything: a half-written checkpoint only wastes space.
+        let total: u64 = chunks
+            .iter()
+            .map(|c| (RECORD_HEADER_BYTES + c.len()) as u64)
+            .sum();
+        let largest = chunks
+            .iter()
+            .map(|c| (RECORD_HEADER_BYTES + c.len()) as u64)
+            .max()
+            .unwrap_or(0);
+        let commit_bytes = (RECORD_HEADER_BYTES + 20 + 16 * chunks.len()) as u64;
+        let tails = (total / self.sb.segment_size_bytes + 2) * largest.max(commit_bytes);
+        if st.log.free_bytes() < total + commit_bytes + tails {
+            return Err(VolError::NoSpace);
+        }
+        st.map_changes_since_checkpoint = 0;
         let mut refs = Vec::with_capacity(chunks.len());
         for c in &chunks {
             let crc = crc32c::crc32c(c);
@@ -854,6 +946,9 @@ impl Volume {
             return Ok(());
         }
         self.flush()?;
+        if self.lock_state().map_changes_since_checkpoint == 0 {
+            return Ok(()); // the newest checkpoint already holds this map
+        }
         match self.checkpoint() {
             Ok(()) => Ok(()),
             Err(VolError::NoSpace) => {
@@ -871,8 +966,12 @@ impl Volume {
         let c = &st.counters;
         let bs = BLOCK_SIZE_BYTES;
         let mapped = c.data_blocks * bs;
-        let used = METADATA_BYTES + st.log.used_bytes();
+        let used = self.sb.data_offset_bytes + st.log.used_bytes();
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        let live = st.log.segments.total_live_bytes();
+        let usable = st.log.free_bytes().saturating_sub(self.reserve_bytes(&st));
+        let client = self.client_bytes_written.load(Ordering::Relaxed);
+        let cs = &self.cleaner_stats;
         VolumeStats {
             logical_size_bytes: self.sb.logical_size_bytes,
             physical_size_bytes: self.sb.physical_size_bytes,
@@ -891,9 +990,21 @@ impl Volume {
             codec: self.codec.to_string(),
             segment_size_bytes: self.sb.segment_size_bytes,
             segments_total: self.sb.segment_count(),
-            segments_used: st.log.segment + 1,
-            client_bytes_written: self.client_bytes_written.load(Ordering::Relaxed),
+            segments_used: st.log.segments.count() - st.log.segments.free_count(),
+            segments_free: st.log.segments.free_count(),
+            live_bytes: live,
+            dead_bytes: st.log.used_bytes().saturating_sub(live),
+            estimated_free_logical_bytes: (usable as f64 * ratio(mapped, live).max(1.0)) as u64,
+            worst_case_free_logical_bytes: usable / (BLOCK_SIZE_BYTES + RECORD_HEADER_BYTES as u64)
+                * BLOCK_SIZE_BYTES,
+            client_bytes_written: client,
             media_bytes_written: st.log.media_bytes_written,
+            write_amplification: ratio(st.log.media_bytes_written, client),
+            cleaner_policy: format!("{:?}", self.options.cleaner.policy),
+            cleaner_segments_cleaned: cs.segments_cleaned.load(Ordering::Relaxed),
+            cleaner_records_relocated: cs.records_relocated.load(Ordering::Relaxed),
+            cleaner_bytes_relocated: cs.bytes_relocated.load(Ordering::Relaxed),
+            segments_reclaimed: cs.segments_reclaimed.load(Ordering::Relaxed),
             corrupt_reads: self.corrupt_reads.load(Ordering::Relaxed),
             map_memory_bytes: st.map.memory_bytes(),
             checkpoint_generation: st.checkpoint_generation,
@@ -940,6 +1051,9 @@ pub fn decode_block_record(
             "record crc {:#010x} is not the one the map expects ({:#010x}): stale or misdirected",
             h.crc, e.crc
         ));
+    }
+    if h.nblocks > recovery::DATA_UNIT_BLOCKS_MAX {
+        return Err(format!("data record of {} blocks", h.nblocks));
     }
     let in_unit = h.lba <= lba && lba < h.lba + u64::from(h.nblocks);
     if h.kind != RecordKind::Data || !in_unit {

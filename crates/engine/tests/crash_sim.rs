@@ -153,7 +153,14 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng) -> OpResult {
             )
         }
         76..=93 => (vol.flush().map(|_| Durable::All), None, false),
-        94..=96 => (vol.checkpoint().map(|_| Durable::All), None, false),
+        94..=95 => (vol.checkpoint().map(|_| Durable::All), None, false),
+        // The cleaner checkpoints when it relocates, but that makes nothing
+        // durable that the model can count on unless it actually ran.
+        96 => (
+            vol.clean(u64::MAX, false).map(|_| Durable::None),
+            None,
+            false,
+        ),
         _ => {
             let mut b = vec![0u8; BS];
             let lba = rng.gen_range(0..LOGICAL_BLOCKS);
@@ -186,6 +193,7 @@ fn verify(vol: &Volume, model: &Model, seed: u64, cycle: usize) -> Vec<u8> {
 /// What a seed exercised, so the suite can assert it tested something.
 #[derive(Default)]
 struct Coverage {
+    cleaner_records_moved: u64,
     cut_mid_run: u64,
     blocks_rolled_back: u64,
     blocks_kept_unflushed: u64,
@@ -216,6 +224,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         if run_ops(&vol, &mut model, &mut rng, ops) < ops {
             cov.cut_mid_run += 1;
         }
+        cov.cleaner_records_moved += vol.stats().cleaner_records_relocated;
         let crashed = store.crash(rng.gen());
         drop(vol);
         let reopened = Volume::open(Arc::new(crashed.clone()), OpenOptions::default())
@@ -256,24 +265,28 @@ fn crash_simulation_seeds() {
     }
     eprintln!(
         "{n} seeds: {} runs cut by a failing store, {} blocks rolled back to an older version, \
-         {} unflushed blocks kept",
-        cov.cut_mid_run, cov.blocks_rolled_back, cov.blocks_kept_unflushed
+         {} unflushed blocks kept, {} records moved by the cleaner",
+        cov.cut_mid_run,
+        cov.blocks_rolled_back,
+        cov.blocks_kept_unflushed,
+        cov.cleaner_records_moved
     );
     // The simulation must actually lose unflushed data sometimes, or it tests nothing.
     assert!(cov.cut_mid_run > n / 2 && cov.blocks_rolled_back > 0 && cov.blocks_kept_unflushed > 0);
+    assert!(cov.cleaner_records_moved > 0, "the cleaner never ran");
 }
 
-/// Finds the byte offset of the TRIM record for `lba` in the store.
-fn find_trim_record(store: &SimStorage, lba: u64) -> u64 {
+/// Finds the byte offset of the ZERO record for `lba` in the store.
+fn find_zero_record(store: &SimStorage, lba: u64) -> u64 {
     let mut image = vec![0u8; store.len_bytes() as usize];
     store.read_at(0, &mut image).unwrap();
     (0..image.len() - 44)
         .find(|&i| {
             image[i..i + 4] == 0x524c_5643u32.to_le_bytes()
-                && image[i + 4] == 3
+                && image[i + 4] == 2
                 && image[i + 24..i + 32] == lba.to_le_bytes()
         })
-        .expect("trim record present") as u64
+        .expect("zero record present") as u64
 }
 
 fn header_at(store: &SimStorage, offset: u64) -> cvol_format::RecordHeader {
@@ -286,7 +299,7 @@ fn header_at(store: &SimStorage, offset: u64) -> cvol_format::RecordHeader {
 /// including C1, the first record of the next segment. The new epoch then
 /// writes exactly as many records as were lost before C1 and flushes, so
 /// C1's seq is exactly the one the chain expects next. Following seq alone
-/// would resurrect C1 over a flushed TRIM of its block; the epoch rule refuses it.
+/// would resurrect C1 over a flushed zeroing of its block; the epoch rule refuses it.
 #[test]
 fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
     let sim = SimStorage::new(6 * MIB);
@@ -300,11 +313,15 @@ fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
         let mut r = StdRng::seed_from_u64(seed);
         (0..BS).map(|_| r.gen()).collect()
     };
-    let trim = |v: &Volume, lba: u64| v.trim(lba * BS as u64, BS as u64, false).unwrap();
+    // WRITE_ZEROES with NO_HOLE always logs a 44-byte ZERO record.
+    let zero = |v: &Volume, lba: u64| {
+        v.write_zeroes(lba * BS as u64, BS as u64, true, false)
+            .unwrap()
+    };
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
     vol.write_at(0, &block(1), false).unwrap(); // A
     vol.flush().unwrap();
-    trim(&vol, 300); // B1
+    zero(&vol, 300); // B1
     for lba in 1..300u64 {
         vol.write_at(lba * BS as u64, &block(lba + 10), false)
             .unwrap(); // into segment 1
@@ -315,7 +332,7 @@ fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
         ..Default::default()
     });
     assert!(vol.flush().is_err());
-    let b1 = find_trim_record(&sim, 300);
+    let b1 = find_zero_record(&sim, 300);
     let c1 = header_at(&sim, cvol_format::DATA_OFFSET_BYTES + MIB);
     let b1_seq = header_at(&sim, b1).seq;
     let crashed = sim.crash_dropping(|sector| sector == b1 / 512 * 512);
@@ -329,9 +346,9 @@ fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
     assert!(b.iter().all(|&x| x == 0), "C1 is not part of the chain");
     // The epoch record took B1's seq; these take the rest up to C1's.
     for _ in b1_seq + 1..c1.seq - 1 {
-        trim(&vol, 300);
+        zero(&vol, 300);
     }
-    trim(&vol, c1.lba);
+    zero(&vol, c1.lba);
     vol.flush().unwrap();
     drop(vol);
 
@@ -339,7 +356,7 @@ fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
     vol.read_at(c1.lba * BS as u64, &mut b).unwrap();
     assert!(
         b.iter().all(|&x| x == 0),
-        "a stale record of the crashed epoch undid a flushed TRIM"
+        "a stale record of the crashed epoch undid a flushed zeroing"
     );
 }
 
