@@ -10,9 +10,7 @@
 set -euo pipefail
 
 DIR=$(cd "$(dirname "$0")" && pwd)
-# overwrite.sh needs the cleaner (issue #3) and joins ALL when it lands;
-# run it alone with `run-all.sh overwrite`.
-ALL=(cli nbdinfo qemu-io nbdcopy fio ext4 kill9)
+ALL=(cli nbdinfo qemu-io nbdcopy fio ext4 kill9 overwrite trim-du)
 TIMEOUT=${E2E_TEST_TIMEOUT:-300}
 : "${E2E_SERVER:=cvol}"
 export E2E_SERVER

@@ -4,7 +4,8 @@ mod control;
 mod size;
 
 use clap::{Parser, Subcommand};
-use cvol_engine::{Codec, CreateOptions, OpenOptions, Volume};
+use cvol_engine::segments::VictimPolicy;
+use cvol_engine::{CleanerConfig, Codec, CreateOptions, OpenOptions, Volume};
 use cvol_nbd::{Server, ServerConfig};
 use cvol_storage::{FileStorage, Storage};
 use std::io::{IsTerminal, Write};
@@ -71,6 +72,15 @@ enum Command {
         /// Worker threads running requests (default: 2 per core, at least 4).
         #[arg(long)]
         workers: Option<usize>,
+        /// Cleaner victim policy: cost-benefit (LFS) or greedy (fewest live bytes).
+        #[arg(long, default_value = "cost-benefit")]
+        cleaner: String,
+        /// The background cleaner starts when free segments fall below this percentage...
+        #[arg(long, default_value_t = 10)]
+        clean_start: u64,
+        /// ...and stops once they are above this one.
+        #[arg(long, default_value_t = 25)]
+        clean_stop: u64,
     },
     /// Show space and reduction statistics (asks the server when the volume is served).
     Stat {
@@ -119,7 +129,21 @@ fn main() -> ExitCode {
             read_only,
             sync,
             workers,
-        } => cmd_serve(volume, socket, listen, export, read_only, sync, workers),
+            cleaner,
+            clean_start,
+            clean_stop,
+        } => cleaner_config(&cleaner, clean_start, clean_stop).and_then(|cleaner| {
+            cmd_serve(ServeArgs {
+                volume,
+                socket,
+                listen,
+                export,
+                read_only,
+                sync,
+                workers,
+                cleaner,
+            })
+        }),
         Command::Stat { volume, json } => cmd_stat(&volume, json),
         Command::Check { volume, json } => cmd_check(&volume, json),
     };
@@ -209,7 +233,7 @@ fn cmd_create(
     Ok(ExitCode::SUCCESS)
 }
 
-fn cmd_serve(
+struct ServeArgs {
     volume: Option<PathBuf>,
     socket: Option<PathBuf>,
     listen: Option<String>,
@@ -217,7 +241,34 @@ fn cmd_serve(
     read_only: bool,
     sync: bool,
     workers: Option<usize>,
-) -> Result<ExitCode, String> {
+    cleaner: CleanerConfig,
+}
+
+fn cleaner_config(policy: &str, start: u64, stop: u64) -> Result<CleanerConfig, String> {
+    let policy = VictimPolicy::parse(policy)?;
+    if start >= stop || stop > 90 {
+        return Err(format!(
+            "--clean-start {start} must be below --clean-stop {stop}, which must be at most 90"
+        ));
+    }
+    Ok(CleanerConfig {
+        policy,
+        low_free_percent: start,
+        high_free_percent: stop,
+    })
+}
+
+fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
+    let ServeArgs {
+        volume,
+        socket,
+        listen,
+        export,
+        read_only,
+        sync,
+        workers,
+        cleaner,
+    } = args;
     let path = match volume {
         Some(p) => p,
         None => {
@@ -233,6 +284,7 @@ fn cmd_serve(
     let options = OpenOptions {
         read_only,
         sync_writes: sync,
+        cleaner,
         ..OpenOptions::default()
     };
     let vol = Arc::new(
@@ -268,6 +320,7 @@ fn cmd_serve(
         uris.push(format!("nbd://{local}/{export}"));
     }
     let ctl = control::start(&path, vol.clone())?;
+    let background_cleaner = (!read_only).then(|| vol.start_background_cleaner());
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
@@ -284,6 +337,7 @@ fn cmd_serve(
     }
     tracing::info!("stopping: finishing in-flight requests");
     server.shutdown();
+    drop(background_cleaner);
     drop(ctl);
     if let Some(sock) = &socket {
         let _ = std::fs::remove_file(sock);
@@ -343,7 +397,31 @@ fn print_stat_table(v: &serde_json::Value) {
         ("zero", b("zero_bytes")),
         ("stored payload", b("stored_bytes")),
         ("physical used", b("physical_used_bytes")),
+        ("  live records", b("live_bytes")),
+        ("  dead (reclaimable)", b("dead_bytes")),
         ("physical free", b("physical_free_bytes")),
+        (
+            "more data that fits",
+            format!(
+                "{} at the current ratio, {} worst case",
+                b("estimated_free_logical_bytes"),
+                b("worst_case_free_logical_bytes")
+            ),
+        ),
+        (
+            "write amplification",
+            format!("{:.2}", v["write_amplification"].as_f64().unwrap_or(0.0)),
+        ),
+        (
+            "cleaner",
+            format!(
+                "{}: {} segments cleaned, {} relocated, {} segments reclaimed",
+                v["cleaner_policy"].as_str().unwrap_or(""),
+                n("cleaner_segments_cleaned"),
+                b("cleaner_bytes_relocated"),
+                n("segments_reclaimed")
+            ),
+        ),
         (
             "reduction ratio",
             format!("{:.2}x", v["reduction_ratio"].as_f64().unwrap_or(0.0)),

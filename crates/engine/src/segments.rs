@@ -133,6 +133,13 @@ impl SegmentTable {
         out
     }
 
+    /// Sealed segments holding no live data: a checkpoint would free them.
+    pub fn empty_sealed_count(&self) -> u64 {
+        (0..self.state.len())
+            .filter(|&i| self.state[i] == SegState::Sealed && self.live[i] == 0)
+            .count() as u64
+    }
+
     /// Sealed segments with some dead space, as (segment, live bytes, max seq).
     pub fn candidates(&self) -> Vec<(u64, u64, u64)> {
         (0..self.count())

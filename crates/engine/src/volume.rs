@@ -451,12 +451,12 @@ impl Volume {
             if attempt == 2 {
                 break;
             }
+            // Whether this call or a concurrent one (the background cleaner)
+            // made the room, the check above decides on the next turn.
             self.space_waiters.fetch_add(1, Ordering::SeqCst);
             let cleaned = self.clean(want, false);
             self.space_waiters.fetch_sub(1, Ordering::SeqCst);
-            if cleaned? == 0 {
-                break;
-            }
+            cleaned?;
         }
         Err(VolError::NoSpace)
     }
@@ -807,8 +807,12 @@ impl Volume {
         let due = {
             let mut st = self.lock_state();
             st.synced_seq = st.synced_seq.max(target);
+            let empty = st.log.segments.empty_sealed_count();
+            // Also checkpoint when enough segments only wait for one to be reused
+            // (after a large TRIM, say), so the host gets its space back.
             st.log.appended_bytes - st.appended_at_checkpoint
                 >= self.options.checkpoint_interval_bytes
+                || empty >= (st.log.segments.count() / 8).max(4)
         };
         if due {
             match self.checkpoint_locked() {

@@ -89,6 +89,9 @@ impl Volume {
                 break;
             }
             let emptied = self.relocate_round(want_free_bytes, yield_to_clients)?;
+            if emptied == 0 {
+                break; // nothing to gain: no checkpoint either
+            }
             self.flush()?;
             match self.checkpoint() {
                 Ok(()) => {}
@@ -97,7 +100,7 @@ impl Volume {
             }
             let after = self.lock_state().log.free_bytes();
             gained += after.saturating_sub(before);
-            if emptied == 0 || after <= before {
+            if after <= before {
                 break;
             }
         }
