@@ -40,4 +40,28 @@ nbdcopy "$SRV_URI" "$E2E_TMP/out.bin" || fail "reading back failed"
 cmp -n $((160 << 20)) "$E2E_TMP/out.bin" "$E2E_TMP/random.bin" || fail "data differs"
 stop_server
 cvol_check "$VOL"
-pass "du $((full >> 10)) MiB -> reclaimed after TRIM"
+
+step "block device backing: discards reach the device (a loop device over a sparse file)"
+if ! command -v losetup >/dev/null || [[ $(id -u) -ne 0 ]]; then
+    log "skipped: needs root and losetup"
+else
+    truncate -s 128M "$E2E_TMP/disk.img"
+    LOOP=$(losetup -f --show "$E2E_TMP/disk.img") || fail "losetup failed"
+    reg_loop "$LOOP"
+    "$CVOL" create "$LOOP" --size 256M >/dev/null || fail "cvol create on $LOOP failed"
+    start_server "$LOOP"
+    head -c $((64 << 20)) "$E2E_TMP/random.bin" >"$E2E_TMP/random64.bin"
+    nbdcopy "$E2E_TMP/random64.bin" "$SRV_URI" || fail "nbdcopy to the block device volume failed"
+    sync
+    disk_full=$(du -k "$E2E_TMP/disk.img" | cut -f1)
+    qemu-io -f raw -c 'discard 0 256M' -c 'flush' "$SRV_URI" >/dev/null || fail "discard failed"
+    # shellcheck disable=SC2016
+    wait_until 10 "the loop device's file to shrink below $((disk_full >> 12)) MiB" \
+        bash -c 'sync; (( $(du -k "$0" | cut -f1) < $1 ))' "$E2E_TMP/disk.img" $((disk_full / 4))
+    log "loop device file: $((disk_full >> 10)) MiB -> $(($(du -k "$E2E_TMP/disk.img" | cut -f1) >> 10)) MiB"
+    stop_server
+    cvol_check "$LOOP"
+    losetup -d "$LOOP" || fail "losetup -d failed"
+    unreg_loop "$LOOP"
+fi
+pass "du $((full >> 10)) MiB -> reclaimed after TRIM; discards passed to a block device"
