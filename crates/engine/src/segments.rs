@@ -116,16 +116,27 @@ impl SegmentTable {
         *l -= bytes;
     }
 
-    /// Sealed segments that recovery no longer needs once a checkpoint with
-    /// `snapshot_seq` is durable; they are set Free and returned.
-    pub fn reclaim(&mut self, snapshot_seq: u64) -> Vec<u64> {
+    /// Sealed segments that hold no live data and no record newer than
+    /// `snapshot_seq`: once the map state that emptied them is durable (the
+    /// caller syncs first) and a checkpoint with that snapshot is durable,
+    /// recovery needs nothing in them.
+    pub fn reclaimable(&self, snapshot_seq: u64) -> Vec<u64> {
+        (0..self.count())
+            .filter(|&s| {
+                let i = s as usize;
+                self.state[i] == SegState::Sealed
+                    && self.live[i] == 0
+                    && self.max_seq[i] <= snapshot_seq
+            })
+            .collect()
+    }
+
+    /// Frees those of `candidates` that are still empty (a sealed segment
+    /// never gains live data, so this is a re-check, not a race).
+    pub fn free_empty(&mut self, candidates: &[u64]) -> Vec<u64> {
         let mut out = Vec::new();
-        for s in 0..self.count() {
-            let i = s as usize;
-            if self.state[i] == SegState::Sealed
-                && self.live[i] == 0
-                && self.max_seq[i] <= snapshot_seq
-            {
+        for &s in candidates {
+            if self.state(s) == SegState::Sealed && self.live_bytes(s) == 0 {
                 self.set_state(s, SegState::Free);
                 out.push(s);
             }
@@ -246,13 +257,14 @@ mod tests {
         t.seal(0);
         assert_eq!(t.open_next(), Some(1));
         assert_eq!(t.free_count(), 2);
-        assert!(t.reclaim(100).is_empty(), "live data keeps a segment");
+        assert!(t.reclaimable(100).is_empty(), "live data keeps a segment");
         t.sub_live(0, 60);
         assert!(
-            t.reclaim(9).is_empty(),
+            t.reclaimable(9).is_empty(),
             "records newer than the checkpoint keep it"
         );
-        assert_eq!(t.reclaim(10), vec![0]);
+        assert_eq!(t.reclaimable(10), vec![0]);
+        assert_eq!(t.free_empty(&[0]), vec![0]);
         assert_eq!(t.free_count(), 3);
         assert_eq!(t.open_next(), Some(2), "round robin");
     }

@@ -454,7 +454,10 @@ impl Volume {
             // Whether this call or a concurrent one (the background cleaner)
             // made the room, the check above decides on the next turn.
             self.space_waiters.fetch_add(1, Ordering::SeqCst);
-            let cleaned = self.clean(want, false);
+            // Clean a little beyond the need, so one clean serves many writes.
+            let count = self.sb.segment_count();
+            let slack = (count / 20).max(2).min(count / 4) * self.sb.segment_size_bytes;
+            let cleaned = self.clean(want + slack, false);
             self.space_waiters.fetch_sub(1, Ordering::SeqCst);
             cleaned?;
         }
@@ -795,15 +798,21 @@ impl Volume {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(VolError::Poisoned);
         }
-        let target = {
+        // Segments emptied by records this sync makes durable, and older
+        // than the durable checkpoint, are reusable once it returns.
+        let (target, candidates) = {
             let mut st = self.lock_state();
+            let candidates = st.log.segments.reclaimable(st.durable_snapshot_seq);
             if st.log.last_seq() == st.synced_seq {
+                drop(st);
+                self.reclaim(&candidates);
                 return Ok(());
             }
             self.guard(st.log.pad_and_write(&*self.storage))?;
-            st.log.last_seq()
+            (st.log.last_seq(), candidates)
         };
         self.guard(self.storage.sync().map_err(VolError::Io))?;
+        self.reclaim(&candidates);
         let due = {
             let mut st = self.lock_state();
             st.synced_seq = st.synced_seq.max(target);
@@ -831,12 +840,13 @@ impl Volume {
 
     fn checkpoint_locked(&self) -> Result<(), VolError> {
         self.check_writable()?;
-        let (ptr, snapshot_seq) = {
+        let (ptr, snapshot_seq, candidates) = {
             let mut st = self.lock_state();
             let snapshot_seq = st.log.last_seq();
+            let candidates = st.log.segments.reclaimable(snapshot_seq);
             let ptr = self.append_checkpoint(&mut st)?;
             self.guard(st.log.pad_and_write(&*self.storage))?;
-            (ptr, snapshot_seq)
+            (ptr, snapshot_seq, candidates)
         };
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         let slot = CheckpointPointer::slot_offset(ptr.slot());
@@ -851,12 +861,8 @@ impl Volume {
         st.synced_seq = st.synced_seq.max(ptr.commit_seq);
         st.appended_at_checkpoint = st.log.appended_bytes;
         st.durable_snapshot_seq = snapshot_seq;
-        let freed = st.log.segments.reclaim(snapshot_seq);
         drop(st);
-        self.cleaner_stats
-            .segments_reclaimed
-            .fetch_add(freed.len() as u64, Ordering::Relaxed);
-        self.release_segments(&freed);
+        self.reclaim(&candidates);
         tracing::debug!(
             generation = ptr.generation,
             seq = ptr.commit_seq,
@@ -926,6 +932,20 @@ impl Volume {
             commit_epoch: st.log.epoch,
             commit_seq: p.seq,
         })
+    }
+
+    /// Frees the candidates that are still empty and returns their space to
+    /// the host. Callers pass candidates chosen before a sync that made their
+    /// emptiness (and a checkpoint covering their records) durable.
+    fn reclaim(&self, candidates: &[u64]) {
+        if candidates.is_empty() {
+            return;
+        }
+        let freed = self.lock_state().log.segments.free_empty(candidates);
+        self.cleaner_stats
+            .segments_reclaimed
+            .fetch_add(freed.len() as u64, Ordering::Relaxed);
+        self.release_segments(&freed);
     }
 
     /// Returns freed segments' space to the host (hole punch / discard).

@@ -77,9 +77,12 @@ fn is_io(e: &VolError) -> bool {
 
 /// Runs random operations until they are done or the store fails. Returns
 /// the number of operations run.
+/// Swarm testing: each seed picks how often it syncs (1 = often, higher =
+/// long unsynced bursts that cross segments and race the cleaner).
 fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) -> usize {
+    let sync_rarity = [1, 1, 4, 20][rng.gen_range(0..4)];
     for i in 0..ops {
-        let (r, effect, fua) = one_op(vol, model, rng);
+        let (r, effect, fua) = one_op(vol, model, rng, sync_rarity);
         match &r {
             // A request refused for space has no effect.
             Err(VolError::NoSpace) => continue,
@@ -110,15 +113,19 @@ enum Durable {
 type OpResult = (Result<Durable, VolError>, Option<(usize, Vec<u8>)>, bool);
 
 /// One random operation: its result, the bytes it writes (if any), and whether it was FUA.
-fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng) -> OpResult {
+fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> OpResult {
     let size = LOGICAL_BLOCKS * BS;
     let none = |r: Result<(), VolError>| r.map(|_| Durable::None);
-    match rng.gen_range(0..100) {
+    let mut roll = rng.gen_range(0..100);
+    if (76..=93).contains(&roll) && !rng.gen_ratio(1, sync_rarity) {
+        roll = rng.gen_range(0..45); // a write instead of a flush
+    }
+    match roll {
         0..=44 => {
             let nb = rng.gen_range(1..=16);
             let off = rng.gen_range(0..=LOGICAL_BLOCKS - nb) * BS;
             let data = content(rng, nb * BS);
-            let fua = rng.gen_ratio(1, 10);
+            let fua = rng.gen_ratio(1, 10 * sync_rarity);
             (
                 none(vol.write_at(off as u64, &data, fua)),
                 Some((off, data)),
