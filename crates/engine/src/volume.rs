@@ -35,6 +35,10 @@ const CHUNK_RAW_MAX_BYTES: usize = 256 << 10;
 /// Storage reads of adjacent records are merged up to this size.
 const READ_MERGE_MAX_BYTES: u64 = 1 << 20;
 const PAGE_BLOCKS: u64 = crate::map::PAGE_BLOCKS as u64;
+/// Largest DATA record the volume writes (a full 64 KiB unit stored raw).
+const UNIT_RECORD_MAX_BYTES: u64 = 16 * BLOCK_SIZE_BYTES + RECORD_HEADER_BYTES as u64;
+/// Most clean-and-retry turns of a write short of space.
+const SPACE_TURNS_MAX: u32 = 16;
 /// Extra attempts at a read whose record failed verification.
 const READ_RETRIES: u32 = 2;
 /// Most extents one block-status call returns.
@@ -427,7 +431,7 @@ impl Volume {
     /// Log bytes kept back from client writes: room for a checkpoint of the
     /// map and one segment for the cleaner to move live data into.
     fn reserve_bytes(&self, st: &State) -> u64 {
-        self.checkpoint_estimate_bytes(st) + self.sb.segment_size_bytes
+        self.checkpoint_estimate_bytes(st) + self.sb.segment_size_bytes + 2 * UNIT_RECORD_MAX_BYTES
     }
 
     /// Raw map bytes per MAP_CHUNK record: small next to a segment, so the
@@ -440,7 +444,8 @@ impl Volume {
     /// the cleaner first if the log is short of space. NoSpace only when
     /// cleaning cannot make room: the live data truly does not fit.
     fn lock_with_space(&self, need: u64) -> Result<MutexGuard<'_, State>, VolError> {
-        for attempt in 0..3 {
+        let mut idle_turns = 0;
+        for _ in 0..SPACE_TURNS_MAX {
             let st = self.lock_state();
             self.check_writable()?;
             let want = need + self.reserve_bytes(&st);
@@ -448,18 +453,21 @@ impl Volume {
                 return Ok(st);
             }
             drop(st);
-            if attempt == 2 {
+            // Whether this call or a concurrent one (the background cleaner)
+            // made the room, the check above decides on the next turn. Give
+            // up when cleaning stops gaining a useful amount (a full volume
+            // only yields segment tails).
+            if idle_turns == 2 {
                 break;
             }
-            // Whether this call or a concurrent one (the background cleaner)
-            // made the room, the check above decides on the next turn.
             self.space_waiters.fetch_add(1, Ordering::SeqCst);
             // Clean a little beyond the need, so one clean serves many writes.
             let count = self.sb.segment_count();
             let slack = (count / 20).max(2).min(count / 4) * self.sb.segment_size_bytes;
             let cleaned = self.clean(want + slack, false);
             self.space_waiters.fetch_sub(1, Ordering::SeqCst);
-            cleaned?;
+            let useful = self.sb.segment_size_bytes / 16;
+            idle_turns = if cleaned? < useful { idle_turns + 1 } else { 0 };
         }
         Err(VolError::NoSpace)
     }

@@ -44,7 +44,7 @@ pub(super) struct CleanerStats {
 }
 
 /// Most clean-then-checkpoint rounds one `clean` call runs.
-const ROUNDS_MAX: usize = 16;
+const ROUNDS_MAX: usize = 64;
 /// Records moved per hold of the state lock.
 const MOVE_BATCH: usize = 64;
 /// A client request this recent makes the background cleaner pause.
@@ -108,8 +108,8 @@ impl Volume {
             }
             let after = self.lock_state().log.free_bytes();
             gained += after.saturating_sub(before);
-            if after <= before {
-                break;
+            if after < before + self.sb.segment_size_bytes / 16 {
+                break; // only segment tails left to gain: the live data is dense
             }
         }
         Ok(gained)
@@ -164,7 +164,7 @@ impl Volume {
         let budget = st
             .log
             .free_bytes()
-            .saturating_sub(ckpt + 4 * RECORD_MAX_BYTES as u64);
+            .saturating_sub(ckpt + 2 * UNIT_RECORD_MAX_BYTES);
         let candidates: Vec<_> = segs
             .candidates()
             .into_iter()
