@@ -7,6 +7,7 @@ use crate::volume::decode_block_record;
 use cvol_format::superblock::SUPERBLOCK_BYTES;
 use cvol_format::{EntryState, MapEntry, Superblock, BLOCK_SIZE_BYTES};
 use cvol_storage::Storage;
+use std::collections::HashMap;
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct CheckReport {
@@ -56,8 +57,68 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
         )),
         Err(e) => rep.notes.push(format!("full-log cross-check skipped: {e}")),
     }
+    check_segment_usage(storage, &sb, &recovered, &mut rep);
     verify_records(storage, &sb, &recovered.map, &mut rep, progress);
     rep
+}
+
+/// Cross-checks the segment usage table an open builds from the map against
+/// the segments themselves: every DATA entry must point at the start of a
+/// record in its segment's chain, and each segment's live bytes must equal
+/// the sizes of the records the map points at, found by parsing it.
+fn check_segment_usage(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    rec: &Recovered,
+    rep: &mut CheckReport,
+) {
+    let table = crate::volume::segment_table(sb, rec);
+    let mut refs: HashMap<u64, u64> = HashMap::new();
+    rec.map.for_each_mapped(|_, e| {
+        if let EntryState::Data { offset, .. } = e.state_valid() {
+            *refs.entry(offset).or_default() += 1;
+        }
+    });
+    let tag = sb.volume_tag();
+    let mut buf = vec![0u8; sb.segment_size_bytes as usize];
+    for s in 0..table.count() {
+        let want = table.live_bytes(s);
+        if want == 0 {
+            continue;
+        }
+        let base = sb.segment_offset(s);
+        if let Err(e) = storage.read_at(base, &mut buf) {
+            rep.errors.push(format!("segment {s}: read error: {e}"));
+            continue;
+        }
+        let mut found = 0u64;
+        let mut referenced = 0u64;
+        for f in crate::volume::parse_segment(&buf, tag) {
+            if let Some(&n) = refs.get(&(base + f.at as u64)) {
+                found += f.header.total_len() as u64 * n;
+                referenced += n;
+            }
+        }
+        let expected: u64 = refs
+            .iter()
+            .filter(|(&off, _)| off >= base && off < base + sb.segment_size_bytes)
+            .map(|(_, &n)| n)
+            .sum();
+        if found != want || referenced != expected {
+            rep.errors.push(format!(
+                "segment {s}: usage table says {want} live bytes in {expected} map references, \
+                 its records hold {found} bytes for {referenced} of them"
+            ));
+        }
+    }
+    rep.notes.push(format!(
+        "segment usage: {} live bytes in {} segments, {} free",
+        table.total_live_bytes(),
+        (0..table.count())
+            .filter(|&s| table.live_bytes(s) > 0)
+            .count(),
+        table.free_count()
+    ));
 }
 
 fn check_superblocks(storage: &dyn Storage, rep: &mut CheckReport) -> Option<Superblock> {

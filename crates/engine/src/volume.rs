@@ -24,6 +24,7 @@ use cvol_storage::Storage;
 use std::borrow::Cow;
 
 mod cleaner;
+pub(crate) use cleaner::parse_segment;
 use cleaner::CleanerStats;
 pub use cleaner::{BackgroundCleaner, CleanerConfig};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1050,7 +1051,7 @@ impl Volume {
 
 /// Rebuilds the segment usage table after recovery: segments with live data
 /// or that recovery itself needs are Sealed, the log head is Open, the rest Free.
-fn segment_table(sb: &Superblock, r: &Recovered) -> SegmentTable {
+pub(crate) fn segment_table(sb: &Superblock, r: &Recovered) -> SegmentTable {
     let mut t = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
     let seg_of = |off: u64| (off - sb.data_offset_bytes) / sb.segment_size_bytes;
     r.map.for_each_mapped(|_, e| {

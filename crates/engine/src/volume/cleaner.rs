@@ -50,9 +50,9 @@ const MOVE_BATCH: usize = 64;
 /// A client request this recent makes the background cleaner pause.
 const CLIENT_BUSY_MS: u64 = 20;
 
-struct Found {
-    at: usize,
-    header: RecordHeader,
+pub(crate) struct Found {
+    pub(crate) at: usize,
+    pub(crate) header: RecordHeader,
 }
 
 impl Volume {
@@ -304,7 +304,7 @@ impl Drop for BackgroundCleaner {
 
 /// The verified DATA records of a segment, walking its chain of records
 /// (each at the end of the previous one or at the next sector boundary).
-fn parse_segment(seg: &[u8], tag: u32) -> Vec<Found> {
+pub(crate) fn parse_segment(seg: &[u8], tag: u32) -> Vec<Found> {
     let mut out = Vec::new();
     let (mut pos, mut last_seq) = (0usize, 0u64);
     loop {
