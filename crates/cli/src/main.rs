@@ -48,6 +48,9 @@ enum Command {
         /// Overwrite an existing volume.
         #[arg(long)]
         force: bool,
+        /// Inline deduplication of 4 KiB blocks: on or off.
+        #[arg(long, default_value = "on")]
+        dedup: String,
         /// Segment size (power of two, 1M to 1G; default 4M, or 1M below 1 GiB physical).
         #[arg(long, hide = true)]
         segment_size: Option<String>,
@@ -81,6 +84,12 @@ enum Command {
         /// ...and stops once they are above this one.
         #[arg(long, default_value_t = 25)]
         clean_stop: u64,
+        /// Memory for the dedup fingerprint index (32 bytes per block remembered).
+        #[arg(long, default_value = "128M")]
+        dedup_memory: String,
+        /// Memory for the cache of recently read, decompressed blocks (0 disables it).
+        #[arg(long, default_value = "32M")]
+        read_cache: String,
     },
     /// Show space and reduction statistics (asks the server when the volume is served).
     Stat {
@@ -112,15 +121,19 @@ fn main() -> ExitCode {
             physical_size,
             codec,
             force,
+            dedup,
             segment_size,
-        } => cmd_create(
-            &volume,
-            &size,
-            physical_size.as_deref(),
-            &codec,
-            force,
-            segment_size.as_deref(),
-        ),
+        } => on_off("--dedup", &dedup).and_then(|dedup| {
+            cmd_create(
+                &volume,
+                &size,
+                physical_size.as_deref(),
+                &codec,
+                force,
+                dedup,
+                segment_size.as_deref(),
+            )
+        }),
         Command::Serve {
             volume,
             socket,
@@ -132,8 +145,12 @@ fn main() -> ExitCode {
             cleaner,
             clean_start,
             clean_stop,
+            dedup_memory,
+            read_cache,
         } => cleaner_config(&cleaner, clean_start, clean_stop).and_then(|cleaner| {
             cmd_serve(ServeArgs {
+                dedup_memory: size::parse_size(&dedup_memory)?,
+                read_cache: size::parse_size(&read_cache)?,
                 volume,
                 socket,
                 listen,
@@ -156,6 +173,14 @@ fn main() -> ExitCode {
     }
 }
 
+fn on_off(flag: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{flag} takes on or off, not {v:?}")),
+    }
+}
+
 fn looks_like_volume(path: &Path) -> bool {
     let Ok(st) = FileStorage::open(path, false, false) else {
         return false;
@@ -170,6 +195,7 @@ fn cmd_create(
     physical: Option<&str>,
     codec: &str,
     force: bool,
+    dedup: bool,
     segment_size: Option<&str>,
 ) -> Result<ExitCode, String> {
     let logical = size::parse_size(size)?;
@@ -219,16 +245,18 @@ fn cmd_create(
         physical_size_bytes: physical,
         codec,
         segment_size_bytes,
+        dedup,
     };
     let vol =
         Volume::create(Arc::new(storage), &opts).map_err(|e| format!("{}: {e}", path.display()))?;
     vol.close().map_err(|e| e.to_string())?;
     println!(
-        "created {}: {} logical, {} physical, codec {}",
+        "created {}: {} logical, {} physical, codec {}, dedup {}",
         path.display(),
         bytesize::ByteSize(logical).to_string_as(true),
         bytesize::ByteSize(physical).to_string_as(true),
-        codec
+        codec,
+        if dedup { "on" } else { "off" }
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -242,6 +270,8 @@ struct ServeArgs {
     sync: bool,
     workers: Option<usize>,
     cleaner: CleanerConfig,
+    dedup_memory: u64,
+    read_cache: u64,
 }
 
 fn cleaner_config(policy: &str, start: u64, stop: u64) -> Result<CleanerConfig, String> {
@@ -268,13 +298,15 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         sync,
         workers,
         cleaner,
+        dedup_memory,
+        read_cache,
     } = args;
     let path = match volume {
         Some(p) => p,
         None => {
             let p = PathBuf::from(DEFAULT_VOLUME);
             if !p.exists() {
-                cmd_create(&p, DEFAULT_SIZE, None, "lz4", false, None)?;
+                cmd_create(&p, DEFAULT_SIZE, None, "lz4", false, true, None)?;
             }
             p
         }
@@ -285,6 +317,8 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         read_only,
         sync_writes: sync,
         cleaner,
+        dedup_memory_bytes: dedup_memory,
+        read_cache_bytes: read_cache,
         ..OpenOptions::default()
     };
     let vol = Arc::new(

@@ -44,6 +44,7 @@ fn run(
         physical_size_bytes: physical,
         codec: Codec::None,
         segment_size_bytes: 1 << 20,
+        dedup: false,
     };
     let st = Arc::new(FileStorage::create(&path, physical).expect("create backing file"));
     drop(Volume::create(st, &opts).expect("create volume"));

@@ -72,7 +72,13 @@ fn check_segment_usage(
     rec: &Recovered,
     rep: &mut CheckReport,
 ) {
-    let table = crate::volume::segment_table(sb, rec);
+    let live = crate::volume::rebuild_liveness(
+        sb,
+        &rec.map,
+        &rec.needed_segments,
+        Some((rec.segment, rec.last_seq)),
+    );
+    let table = live.segments;
     let mut refs: HashMap<u64, u64> = HashMap::new();
     rec.map.for_each_mapped(|_, e| {
         if let EntryState::Data { offset, .. } = e.state_valid() {
@@ -95,7 +101,7 @@ fn check_segment_usage(
         let mut referenced = 0u64;
         for f in crate::volume::parse_segment(&buf, tag) {
             if let Some(&n) = refs.get(&(base + f.at as u64)) {
-                found += f.header.total_len() as u64 * n;
+                found += f.header.total_len() as u64; // once, however many blocks share it
                 referenced += n;
             }
         }

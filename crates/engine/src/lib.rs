@@ -13,6 +13,7 @@ pub mod segments;
 
 pub mod check;
 pub mod codec;
+pub mod dedup;
 pub mod error;
 pub mod recovery;
 pub mod stats;

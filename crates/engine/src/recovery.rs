@@ -263,12 +263,13 @@ fn roll_forward(
             }
         };
         let offset = sb.segment_offset(segment) + at as u64;
-        apply(map, &h, offset)
+        let payload = &buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
+        apply(map, sb, &h, offset, payload)
             .map_err(|e| format!("record seq {} at byte {offset}: {e}", h.seq))?;
         replayed += 1;
         map_records += u64::from(matches!(
             h.kind,
-            RecordKind::Data | RecordKind::Zero | RecordKind::Trim
+            RecordKind::Data | RecordKind::Zero | RecordKind::Trim | RecordKind::Ref
         ));
         let m = needed.entry(segment).or_insert(0);
         *m = (*m).max(h.seq);
@@ -292,11 +293,17 @@ fn roll_forward(
 }
 
 /// Applies one verified record's effect on the map.
-pub fn apply(map: &mut BlockMap, h: &RecordHeader, offset: u64) -> Result<(), String> {
+pub fn apply(
+    map: &mut BlockMap,
+    sb: &Superblock,
+    h: &RecordHeader,
+    offset: u64,
+    payload: &[u8],
+) -> Result<(), String> {
     let end = h.lba + u64::from(h.nblocks);
     let in_range = end <= map.blocks();
     match h.kind {
-        RecordKind::Data | RecordKind::Zero | RecordKind::Trim if !in_range => {
+        RecordKind::Data | RecordKind::Zero | RecordKind::Trim | RecordKind::Ref if !in_range => {
             Err(format!("lba range {}..{end} beyond the volume", h.lba))
         }
         RecordKind::Data if h.nblocks > DATA_UNIT_BLOCKS_MAX => Err(format!(
@@ -318,6 +325,16 @@ pub fn apply(map: &mut BlockMap, h: &RecordHeader, offset: u64) -> Result<(), St
         }
         RecordKind::Trim => {
             set_unmapped(map, h.lba, end);
+            Ok(())
+        }
+        RecordKind::Ref => {
+            let e = MapEntry::decode(payload).map_err(|e| format!("ref record: {e}"))?;
+            match e.state_valid() {
+                EntryState::Data { shared: true, .. } => {}
+                _ => return Err("ref record does not name a shared data entry".into()),
+            }
+            check_entry_location(sb, e).map_err(|w| format!("ref record {w}"))?;
+            map.set(h.lba, e);
             Ok(())
         }
         RecordKind::Epoch | RecordKind::MapChunk | RecordKind::CkptCommit => Ok(()),

@@ -1,5 +1,4 @@
 //! Space accounting, kept exact through every map change.
-use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CodecTag, EntryState, MapEntry};
 use serde::Serialize;
 
@@ -9,7 +8,9 @@ pub struct MapCounters {
     pub data_blocks: u64,
     pub zero_blocks: u64,
     pub codec_blocks: [u64; 3],
-    /// Payload bytes of live records (what compression produced).
+    /// Payload bytes of live records (what compression produced), each
+    /// record once however many blocks share it; kept by the volume's
+    /// liveness tracking, not by `add`/`remove`.
     pub stored_payload_bytes: u64,
 }
 
@@ -18,10 +19,9 @@ impl MapCounters {
         match e.state_valid() {
             EntryState::Unmapped => {}
             EntryState::Zero => self.zero_blocks += 1,
-            EntryState::Data { codec, len, .. } => {
+            EntryState::Data { codec, .. } => {
                 self.data_blocks += 1;
                 self.codec_blocks[codec as usize] += 1;
-                self.stored_payload_bytes += u64::from(len) - RECORD_HEADER_BYTES as u64;
             }
         }
     }
@@ -30,10 +30,9 @@ impl MapCounters {
         match e.state_valid() {
             EntryState::Unmapped => {}
             EntryState::Zero => self.zero_blocks -= 1,
-            EntryState::Data { codec, len, .. } => {
+            EntryState::Data { codec, .. } => {
                 self.data_blocks -= 1;
                 self.codec_blocks[codec as usize] -= 1;
-                self.stored_payload_bytes -= u64::from(len) - RECORD_HEADER_BYTES as u64;
             }
         }
     }
@@ -95,6 +94,31 @@ pub struct VolumeStats {
     pub segments_reclaimed: u64,
     pub corrupt_reads: u64,
     pub map_memory_bytes: u64,
+    /// Inline deduplication is on for this volume.
+    pub dedup: bool,
+    /// Logical bytes served by records shared with other blocks
+    /// (sum over shared records of (references - 1) * 4096).
+    pub dedup_saved_bytes: u64,
+    /// Logical bytes saved by compression: unique data blocks * 4096 - stored_bytes.
+    pub compression_saved_bytes: u64,
+    /// Logical bytes that cost nothing because they are zeros (= zero_bytes).
+    pub zero_saved_bytes: u64,
+    /// Records referenced by more than one block.
+    pub dedup_shared_records: u64,
+    /// Non-zero blocks looked up in the fingerprint index since open.
+    pub dedup_lookups: u64,
+    /// ...of which became references to stored data.
+    pub dedup_hits: u64,
+    pub dedup_index_entries: u64,
+    pub dedup_index_capacity: u64,
+    /// RAM of the fingerprint index (within the configured budget).
+    pub dedup_index_memory_bytes: u64,
+    /// RAM of the table of shared records (grows with shared data).
+    pub dedup_shared_table_bytes: u64,
+    pub read_cache_hits: u64,
+    pub read_cache_misses: u64,
+    /// hits / (hits + misses), 0 when nothing was read.
+    pub read_cache_hit_rate: f64,
     pub checkpoint_generation: u64,
     pub last_seq: u64,
     pub epoch: u32,

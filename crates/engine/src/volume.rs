@@ -12,8 +12,8 @@ use crate::codec::{self, Codec};
 use crate::error::VolError;
 use crate::log::Log;
 use crate::map::BlockMap;
-use crate::recovery::{self, Recovered};
-use crate::segments::{SegState, SegmentTable};
+use crate::recovery;
+use crate::segments::SegmentTable;
 use crate::stats::{CodecBlocks, MapCounters, VolumeStats};
 use cvol_format::checkpoint::{push_run, ChunkRef, CommitPayload};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAX_BYTES};
@@ -24,9 +24,13 @@ use cvol_storage::Storage;
 use std::borrow::Cow;
 
 mod cleaner;
+mod refs;
+use crate::dedup::{self, DedupIndex, Fingerprint, SharedTable};
 pub(crate) use cleaner::parse_segment;
 use cleaner::CleanerStats;
 pub use cleaner::{BackgroundCleaner, CleanerConfig};
+pub(crate) use refs::rebuild as rebuild_liveness;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -42,6 +46,11 @@ const UNIT_RECORD_MAX_BYTES: u64 = 16 * BLOCK_SIZE_BYTES + RECORD_HEADER_BYTES a
 const SPACE_TURNS_MAX: u32 = 16;
 /// Extra attempts at a read whose record failed verification.
 const READ_RETRIES: u32 = 2;
+pub const DEDUP_MEMORY_DEFAULT_BYTES: u64 = 128 << 20;
+pub const READ_CACHE_DEFAULT_BYTES: u64 = 32 << 20;
+/// Reads of at most this many adjacent records fill the read cache; longer
+/// (sequential) runs pass it by, so a scan does not flush hot blocks.
+const READ_CACHE_RUN_MAX: usize = 4;
 /// Most extents one block-status call returns.
 const EXTENTS_MAX: usize = 1024;
 
@@ -52,6 +61,8 @@ pub struct CreateOptions {
     pub codec: Codec,
     /// 0 picks a default from the physical size.
     pub segment_size_bytes: u64,
+    /// Inline deduplication of 4 KiB blocks.
+    pub dedup: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -62,6 +73,10 @@ pub struct OpenOptions {
     /// A flush also checkpoints once this many log bytes were written since the last one.
     pub checkpoint_interval_bytes: u64,
     pub cleaner: CleanerConfig,
+    /// Memory for the dedup fingerprint index (volumes with dedup on).
+    pub dedup_memory_bytes: u64,
+    /// Memory for the cache of decompressed blocks (0: none).
+    pub read_cache_bytes: u64,
 }
 
 impl Default for OpenOptions {
@@ -71,6 +86,8 @@ impl Default for OpenOptions {
             sync_writes: false,
             checkpoint_interval_bytes: 256 << 20,
             cleaner: CleanerConfig::default(),
+            dedup_memory_bytes: DEDUP_MEMORY_DEFAULT_BYTES,
+            read_cache_bytes: READ_CACHE_DEFAULT_BYTES,
         }
     }
 }
@@ -96,6 +113,14 @@ struct State {
     /// Map updates since the last checkpoint was appended (close skips an
     /// unneeded checkpoint, so restarts of a full volume cost no space).
     map_changes_since_checkpoint: u64,
+    /// Records with dedup references.
+    shared: SharedTable,
+    /// Fingerprint index (volumes with dedup on).
+    index: Option<DedupIndex>,
+    /// Segments the cleaner is emptying: no new references into them.
+    cleaning: HashSet<u64>,
+    dedup_lookups: u64,
+    dedup_hits: u64,
 }
 
 pub struct Volume {
@@ -117,6 +142,12 @@ pub struct Volume {
     opened: std::time::Instant,
     /// Writers waiting for the cleaner to make room (the cleaner stops yielding).
     space_waiters: std::sync::atomic::AtomicUsize,
+    /// Fingerprint key (volumes with dedup on).
+    dedup_key: Option<[u8; 32]>,
+    /// Decompressed blocks by (record offset, record crc).
+    read_cache: Option<ReadCache>,
+    read_cache_hits: AtomicU64,
+    read_cache_misses: AtomicU64,
 }
 
 /// A block after compression, before it has a place in the log.
@@ -126,12 +157,26 @@ enum Prepared<'a> {
         codec: CodecTag,
         payload: Cow<'a, [u8]>,
         payload_crc: u32,
+        fp: Fingerprint,
     },
     Zero {
         lba: u64,
         nblocks: u32,
     },
+    /// Content the index (or an earlier block of the same write) already
+    /// has: becomes a reference if the record is still live at commit.
+    Dup {
+        lba: u64,
+        fp: Fingerprint,
+        block: &'a [u8],
+    },
 }
+
+/// Decompressed blocks by (record offset, record crc).
+type ReadCache = quick_cache::sync::Cache<(u64, u32), Arc<[u8]>>;
+
+/// Bytes of a REF record.
+const REF_RECORD_BYTES: u64 = (RECORD_HEADER_BYTES + cvol_format::mapentry::MAP_ENTRY_BYTES) as u64;
 
 pub fn default_segment_size(physical_size_bytes: u64) -> u64 {
     if physical_size_bytes >= 1 << 30 {
@@ -169,6 +214,11 @@ impl Volume {
             created_unix_secs: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            flags: if c.dedup {
+                cvol_format::superblock::FLAG_DEDUP
+            } else {
+                0
+            },
         };
         sb.validate()
             .map_err(|e| VolError::Open(format!("cannot create volume: {e}")))?;
@@ -199,6 +249,11 @@ impl Volume {
             appended_at_checkpoint: 0,
             durable_snapshot_seq: 0,
             map_changes_since_checkpoint: 1,
+            shared: SharedTable::default(),
+            index: None,
+            cleaning: HashSet::new(),
+            dedup_lookups: 0,
+            dedup_hits: 0,
         };
         let vol = Volume::assemble(storage, sb, OpenOptions::default(), state);
         vol.begin_epoch()?;
@@ -220,13 +275,26 @@ impl Volume {
         );
         let fill = (align_up(r.end as u64, cvol_format::SECTOR_SIZE_BYTES))
             .min(sb.segment_size_bytes) as usize;
-        let segs = segment_table(&sb, &r);
-        let mut log = Log::new(&sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
+        let live = refs::rebuild(
+            &sb,
+            &r.map,
+            &r.needed_segments,
+            Some((r.segment, r.last_seq)),
+        );
+        let mut log = Log::new(
+            &sb,
+            live.segments,
+            r.segment,
+            fill,
+            r.last_epoch,
+            r.last_seq + 1,
+        );
         storage
             .read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end])
             .map_err(VolError::Io)?;
         let mut counters = MapCounters::default();
         r.map.for_each_mapped(|_, e| counters.add(e));
+        counters.stored_payload_bytes = live.stored_payload_bytes;
         let state = State {
             map: r.map,
             log,
@@ -236,6 +304,11 @@ impl Volume {
             appended_at_checkpoint: 0,
             durable_snapshot_seq: r.snapshot_seq,
             map_changes_since_checkpoint: r.replayed_map_records,
+            shared: live.shared,
+            index: None,
+            cleaning: HashSet::new(),
+            dedup_lookups: 0,
+            dedup_hits: 0,
         };
         let vol = Volume::assemble(storage, sb, options, state);
         if !vol.options.read_only {
@@ -257,9 +330,22 @@ impl Volume {
         storage: Arc<dyn Storage>,
         sb: Superblock,
         options: OpenOptions,
-        state: State,
+        mut state: State,
     ) -> Volume {
+        let dedup_key = sb.dedup().then(|| dedup::volume_key(&sb.uuid));
+        if sb.dedup() && !options.read_only {
+            // No use indexing more blocks than the log can hold uncompressed twice over.
+            let max_blocks = sb.physical_size_bytes / 1024;
+            state.index = Some(DedupIndex::new(options.dedup_memory_bytes, max_blocks));
+        }
+        let cache_blocks = options.read_cache_bytes / BLOCK_SIZE_BYTES;
+        let read_cache =
+            (cache_blocks > 0).then(|| quick_cache::sync::Cache::new(cache_blocks as usize));
         Volume {
+            dedup_key,
+            read_cache,
+            read_cache_hits: AtomicU64::new(0),
+            read_cache_misses: AtomicU64::new(0),
             codec: Codec::from_tag(sb.codec, sb.codec_level),
             storage,
             sb,
@@ -399,8 +485,37 @@ impl Volume {
         self.write_blocks(first, &buf)
     }
 
+    /// Splits a write into records to commit: zero runs, blocks whose
+    /// content is already stored (dedup candidates), and compressed blocks.
+    /// Runs on the caller's thread, outside the state lock except for one
+    /// short index probe.
     fn prepare<'a>(&self, lba: u64, data: &'a [u8]) -> Vec<Prepared<'a>> {
         let mut out: Vec<Prepared<'a>> = Vec::with_capacity(data.len() / BS);
+        let mut fps: Vec<Fingerprint> = Vec::new();
+        if let Some(key) = &self.dedup_key {
+            fps = data
+                .chunks_exact(BS)
+                .map(|b| {
+                    if is_zero(b) {
+                        0
+                    } else {
+                        dedup::fingerprint(key, b)
+                    }
+                })
+                .collect();
+        }
+        // Which blocks the index (or an earlier block of this write) has.
+        let mut known = vec![false; fps.len()];
+        if !fps.is_empty() {
+            let mut seen: HashSet<Fingerprint> = HashSet::with_capacity(fps.len());
+            let mut st = self.lock_state();
+            for (i, &fp) in fps.iter().enumerate() {
+                if fp == 0 {
+                    continue;
+                }
+                known[i] = !seen.insert(fp) || self.probe(&mut st, fp, false).is_some();
+            }
+        }
         for (i, block) in data.chunks_exact(BS).enumerate() {
             let l = lba + i as u64;
             if is_zero(block) {
@@ -413,19 +528,51 @@ impl Volume {
                 out.push(Prepared::Zero { lba: l, nblocks: 1 });
                 continue;
             }
-            let (codec, payload) = match self.codec.compress(block) {
-                Some(c) => (self.codec.tag(), Cow::Owned(c)),
-                None => (CodecTag::None, Cow::Borrowed(block)),
-            };
-            let payload_crc = crc32c::crc32c(&payload);
-            out.push(Prepared::Data {
-                lba: l,
-                codec,
-                payload,
-                payload_crc,
-            });
+            let fp = fps.get(i).copied().unwrap_or(0);
+            if known.get(i) == Some(&true) {
+                out.push(Prepared::Dup { lba: l, fp, block });
+                continue;
+            }
+            out.push(self.compress_block(l, block, fp));
         }
         out
+    }
+
+    fn compress_block<'a>(&self, lba: u64, block: &'a [u8], fp: Fingerprint) -> Prepared<'a> {
+        let (codec, payload) = match self.codec.compress(block) {
+            Some(c) => (self.codec.tag(), Cow::Owned(c)),
+            None => (CodecTag::None, Cow::Borrowed(block)),
+        };
+        let payload_crc = crc32c::crc32c(&payload);
+        Prepared::Data {
+            lba,
+            codec,
+            payload,
+            payload_crc,
+            fp,
+        }
+    }
+
+    /// The live record holding content `fp`, if the index knows one that
+    /// may be referenced now (not in a segment being cleaned). A stale index
+    /// slot is dropped. `count` records the lookup in the statistics.
+    fn probe(&self, st: &mut State, fp: Fingerprint, count: bool) -> Option<MapEntry> {
+        let (e, owner) = st.index.as_mut()?.lookup(fp)?;
+        let EntryState::Data { offset, .. } = e.state_valid() else {
+            return None;
+        };
+        let seg = (offset - self.sb.data_offset_bytes) / self.sb.segment_size_bytes;
+        if st.cleaning.contains(&seg) {
+            return None;
+        }
+        if !self.record_live(st, e, owner) {
+            st.index.as_mut().expect("index").remove(fp);
+            return None;
+        }
+        if count {
+            st.dedup_hits += 1;
+        }
+        Some(e)
     }
 
     /// Log bytes kept back from client writes so a checkpoint always fits.
@@ -475,30 +622,61 @@ impl Volume {
 
     fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), VolError> {
         debug_assert!(data.len().is_multiple_of(BS));
-        let items = self.prepare(lba, data);
-        let need: u64 = items
-            .iter()
-            .map(|p| match p {
-                Prepared::Data { payload, .. } => (RECORD_HEADER_BYTES + payload.len()) as u64,
-                Prepared::Zero { .. } => RECORD_HEADER_BYTES as u64,
-            })
-            .sum::<u64>()
-            + 2 * RECORD_MAX_BYTES as u64;
-        let mut st = self.lock_with_space(need)?;
-        for item in items {
-            self.commit_one(&mut st, item)?;
+        let mut items = self.prepare(lba, data);
+        loop {
+            let need: u64 = items
+                .iter()
+                .map(|p| match p {
+                    Prepared::Data { payload, .. } => (RECORD_HEADER_BYTES + payload.len()) as u64,
+                    Prepared::Zero { .. } => RECORD_HEADER_BYTES as u64,
+                    Prepared::Dup { .. } => REF_RECORD_BYTES,
+                })
+                .sum::<u64>()
+                + 2 * RECORD_MAX_BYTES as u64;
+            let mut st = self.lock_with_space(need)?;
+            let mut retry = Vec::new();
+            for item in items {
+                if let Some(again) = self.commit_one(&mut st, item)? {
+                    retry.push(again);
+                }
+            }
+            if retry.is_empty() {
+                return Ok(());
+            }
+            // Candidates whose record died (or is being cleaned) since the
+            // probe: compress them after all, outside the lock.
+            drop(st);
+            items = retry
+                .into_iter()
+                .map(|(l, block, fp)| self.compress_block(l, block, fp))
+                .collect();
         }
-        Ok(())
     }
 
-    fn commit_one(&self, st: &mut State, item: Prepared<'_>) -> Result<(), VolError> {
+    /// Commits one prepared item under the state lock. A dedup candidate
+    /// whose record is no longer referable comes back, to be compressed.
+    #[allow(clippy::type_complexity)]
+    fn commit_one<'a>(
+        &self,
+        st: &mut State,
+        item: Prepared<'a>,
+    ) -> Result<Option<(u64, &'a [u8], Fingerprint)>, VolError> {
         match item {
             Prepared::Data {
                 lba,
                 codec,
                 payload,
                 payload_crc,
+                fp,
             } => {
+                if fp != 0 {
+                    st.dedup_lookups += 1;
+                    // A concurrent write may have stored the same content.
+                    if let Some(target) = self.probe(st, fp, true) {
+                        self.commit_ref(st, lba, target, fp)?;
+                        return Ok(None);
+                    }
+                }
                 let p = self.guard(st.log.append(
                     &*self.storage,
                     RecordKind::Data,
@@ -508,13 +686,56 @@ impl Volume {
                     &payload,
                     payload_crc,
                 ))?;
-                self.set_entry(st, lba, MapEntry::data(codec, p.offset, p.len, p.crc));
+                let e = MapEntry::data(codec, p.offset, p.len, p.crc);
+                self.set_entry(st, lba, e);
+                if let (Some(ix), true) = (st.index.as_mut(), fp != 0) {
+                    ix.insert(fp, e, lba);
+                }
             }
             Prepared::Zero { lba, nblocks } => {
                 self.append_range(st, RecordKind::Zero, lba, nblocks)?;
                 (lba..lba + u64::from(nblocks)).for_each(|l| self.set_entry(st, l, MapEntry::ZERO));
             }
+            Prepared::Dup { lba, fp, block } => {
+                st.dedup_lookups += 1;
+                match self.probe(st, fp, true) {
+                    Some(target) => self.commit_ref(st, lba, target, fp)?,
+                    None => {
+                        st.dedup_lookups -= 1; // counted again when it comes back as data
+                        return Ok(Some((lba, block, fp)));
+                    }
+                }
+            }
         }
+        Ok(None)
+    }
+
+    /// Points `lba` at the live record `target` (same content): a REF record
+    /// in the log, a ref entry in the map, no new data.
+    fn commit_ref(
+        &self,
+        st: &mut State,
+        lba: u64,
+        target: MapEntry,
+        fp: Fingerprint,
+    ) -> Result<(), VolError> {
+        if st.map.get(lba).same_record(&target) {
+            return Ok(()); // the block holds this very record already
+        }
+        let e = target.as_ref_entry();
+        let mut payload = [0u8; cvol_format::mapentry::MAP_ENTRY_BYTES];
+        e.encode(&mut payload);
+        let crc = crc32c::crc32c(&payload);
+        self.guard(st.log.append(
+            &*self.storage,
+            RecordKind::Ref,
+            CodecTag::None,
+            lba,
+            1,
+            &payload,
+            crc,
+        ))?;
+        self.set_entry_fp(st, lba, e, fp);
         Ok(())
     }
 
@@ -534,18 +755,7 @@ impl Volume {
     }
 
     fn set_entry(&self, st: &mut State, lba: u64, e: MapEntry) {
-        st.map_changes_since_checkpoint += 1;
-        let old = st.map.set(lba, e);
-        st.counters.remove(old);
-        st.counters.add(e);
-        let seg_size = self.sb.segment_size_bytes;
-        let seg_of = |off: u64| (off - self.sb.data_offset_bytes) / seg_size;
-        if let EntryState::Data { offset, len, .. } = old.state_valid() {
-            st.log.segments.sub_live(seg_of(offset), u64::from(len));
-        }
-        if let EntryState::Data { offset, len, .. } = e.state_valid() {
-            st.log.segments.add_live(seg_of(offset), u64::from(len));
-        }
+        self.set_entry_fp(st, lba, e, 0);
     }
 
     /// TRIM: whole blocks inside the range become unmapped holes; partial
@@ -725,6 +935,14 @@ impl Volume {
                 i += 1;
                 continue;
             }
+            if let Some(cache) = &self.read_cache {
+                if let Some(b) = cache.get(&(offset, entries[i].crc)) {
+                    self.read_cache_hits.fetch_add(1, Ordering::Relaxed);
+                    out[i * BS..(i + 1) * BS].copy_from_slice(&b);
+                    i += 1;
+                    continue;
+                }
+            }
             let mut j = i + 1;
             let mut end = offset + u64::from(len);
             while j < n && buffered[j].is_none() && end - offset < READ_MERGE_MAX_BYTES {
@@ -741,18 +959,25 @@ impl Volume {
                 .read_at(offset, &mut run)
                 .map_err(VolError::Io)?;
             let mut at = 0usize;
+            let cache = self
+                .read_cache
+                .as_ref()
+                .filter(|_| j - i <= READ_CACHE_RUN_MAX);
             for k in i..j {
-                let EntryState::Data { len, .. } = entries[k].state_valid() else {
+                let EntryState::Data { offset, len, .. } = entries[k].state_valid() else {
                     unreachable!("run holds data")
                 };
                 let rec = &run[at..at + len as usize];
-                self.decode_block(
-                    lba + k as u64,
-                    entries[k],
-                    rec,
-                    &mut out[k * BS..(k + 1) * BS],
-                )?;
+                let block = &mut out[k * BS..(k + 1) * BS];
+                self.decode_block(lba + k as u64, entries[k], rec, block)?;
+                if let Some(c) = cache {
+                    c.insert((offset, entries[k].crc), Arc::from(&*block));
+                }
                 at += len as usize;
+            }
+            if self.read_cache.is_some() {
+                self.read_cache_misses
+                    .fetch_add((j - i) as u64, Ordering::Relaxed);
             }
             i = j;
         }
@@ -1005,6 +1230,8 @@ impl Volume {
         let usable = st.log.free_bytes().saturating_sub(self.reserve_bytes(&st));
         let client = self.client_bytes_written.load(Ordering::Relaxed);
         let cs = &self.cleaner_stats;
+        let cache_hits = self.read_cache_hits.load(Ordering::Relaxed);
+        let cache_misses = self.read_cache_misses.load(Ordering::Relaxed);
         VolumeStats {
             logical_size_bytes: self.sb.logical_size_bytes,
             physical_size_bytes: self.sb.physical_size_bytes,
@@ -1040,6 +1267,21 @@ impl Volume {
             segments_reclaimed: cs.segments_reclaimed.load(Ordering::Relaxed),
             corrupt_reads: self.corrupt_reads.load(Ordering::Relaxed),
             map_memory_bytes: st.map.memory_bytes(),
+            dedup: self.sb.dedup(),
+            dedup_saved_bytes: st.shared.extra_refs * bs,
+            compression_saved_bytes: ((c.data_blocks - st.shared.extra_refs) * bs)
+                .saturating_sub(c.stored_payload_bytes),
+            zero_saved_bytes: c.zero_blocks * bs,
+            dedup_shared_records: st.shared.records.len() as u64,
+            dedup_lookups: st.dedup_lookups,
+            dedup_hits: st.dedup_hits,
+            dedup_index_entries: st.index.as_ref().map_or(0, |i| i.entries),
+            dedup_index_capacity: st.index.as_ref().map_or(0, |i| i.capacity()),
+            dedup_index_memory_bytes: st.index.as_ref().map_or(0, |i| i.memory_bytes()),
+            dedup_shared_table_bytes: st.shared.memory_bytes(),
+            read_cache_hits: cache_hits,
+            read_cache_misses: cache_misses,
+            read_cache_hit_rate: ratio(cache_hits, cache_hits + cache_misses),
             checkpoint_generation: st.checkpoint_generation,
             last_seq: st.log.last_seq(),
             epoch: st.log.epoch,
@@ -1047,27 +1289,6 @@ impl Volume {
             poisoned: self.poisoned.load(Ordering::SeqCst),
         }
     }
-}
-
-/// Rebuilds the segment usage table after recovery: segments with live data
-/// or that recovery itself needs are Sealed, the log head is Open, the rest Free.
-pub(crate) fn segment_table(sb: &Superblock, r: &Recovered) -> SegmentTable {
-    let mut t = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
-    let seg_of = |off: u64| (off - sb.data_offset_bytes) / sb.segment_size_bytes;
-    r.map.for_each_mapped(|_, e| {
-        if let EntryState::Data { offset, len, .. } = e.state_valid() {
-            let s = seg_of(offset);
-            if t.state(s) == SegState::Free {
-                t.mark(s, SegState::Sealed, 0);
-            }
-            t.add_live(s, u64::from(len));
-        }
-    });
-    for (&s, &max_seq) in &r.needed_segments {
-        t.mark(s, SegState::Sealed, max_seq);
-    }
-    t.mark(r.segment, SegState::Open, r.last_seq);
-    t
 }
 
 /// Verifies a DATA record against the map entry that points at it and
@@ -1088,7 +1309,14 @@ pub fn decode_block_record(
     if h.nblocks > recovery::DATA_UNIT_BLOCKS_MAX {
         return Err(format!("data record of {} blocks", h.nblocks));
     }
-    let in_unit = h.lba <= lba && lba < h.lba + u64::from(h.nblocks);
+    // A ref entry (dedup) may point at a record that names another LBA;
+    // its crc, checked above, identifies the record.
+    let shared = matches!(e.state_valid(), EntryState::Data { shared: true, .. });
+    let in_unit = if shared {
+        h.nblocks == 1
+    } else {
+        h.lba <= lba && lba < h.lba + u64::from(h.nblocks)
+    };
     if h.kind != RecordKind::Data || !in_unit {
         return Err(format!(
             "record holds lba {}+{} of kind {:?}, not lba {lba}",

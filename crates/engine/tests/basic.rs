@@ -11,6 +11,7 @@ fn create(sim: &SimStorage, logical: u64, codec: Codec) -> Volume {
         physical_size_bytes: sim.len_bytes(),
         codec,
         segment_size_bytes: MIB,
+        dedup: true,
     };
     Volume::create(Arc::new(sim.clone()), &opts).unwrap()
 }

@@ -34,6 +34,7 @@ fn volume(sim: &SimStorage, logical: u64, policy: VictimPolicy) -> Volume {
         physical_size_bytes: sim.len_bytes(),
         codec: Codec::Lz4,
         segment_size_bytes: MIB,
+        dedup: true,
     };
     drop(Volume::create(Arc::new(sim.clone()), &opts).unwrap());
     let cleaner = CleanerConfig {

@@ -21,6 +21,7 @@ fn volume_with_data(sim: &SimStorage) -> Volume {
         physical_size_bytes: sim.len_bytes(),
         codec: Codec::Lz4,
         segment_size_bytes: MIB,
+        dedup: true,
     };
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
     for i in 0..64 {

@@ -64,7 +64,12 @@ fn content(rng: &mut StdRng, len: usize) -> Vec<u8> {
         0 => vec![0u8; len],
         1 => (0..len).map(|_| rng.gen()).collect(),
         _ => {
-            let tag: u32 = rng.gen();
+            // Half the time from a small pool, so dedup finds repeats.
+            let tag: u32 = if rng.gen_bool(0.5) {
+                rng.gen_range(0..8)
+            } else {
+                rng.gen()
+            };
             let words: Vec<u8> = format!("block {tag:08x} text ").into_bytes();
             words.iter().cycle().take(len).copied().collect()
         }
@@ -204,6 +209,7 @@ struct Coverage {
     cut_mid_run: u64,
     blocks_rolled_back: u64,
     blocks_kept_unflushed: u64,
+    dedup_hits: u64,
 }
 
 fn run_seed(seed: u64, cov: &mut Coverage) {
@@ -215,6 +221,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         physical_size_bytes: 6 * MIB,
         codec,
         segment_size_bytes: MIB,
+        dedup: rng.gen_ratio(3, 4),
     };
     let mut vol = Volume::create(Arc::new(sim.clone()), &opts).expect("create");
     vol.flush().expect("flush");
@@ -231,11 +238,18 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         if run_ops(&vol, &mut model, &mut rng, ops) < ops {
             cov.cut_mid_run += 1;
         }
-        cov.cleaner_records_moved += vol.stats().cleaner_records_relocated;
+        let st = vol.stats();
+        cov.cleaner_records_moved += st.cleaner_records_relocated;
+        cov.dedup_hits += st.dedup_hits;
+        vol.verify_refcounts()
+            .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: before the crash: {e}"));
         let crashed = store.crash(rng.gen());
         drop(vol);
         let reopened = Volume::open(Arc::new(crashed.clone()), OpenOptions::default())
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: reopen failed: {e}"));
+        reopened
+            .verify_refcounts()
+            .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: after recovery: {e}"));
         let image = verify(&reopened, &model, seed, cycle);
         for (b, (got, cur)) in image.chunks(BS).zip(model.cur.chunks(BS)).enumerate() {
             if got != cur {
@@ -272,15 +286,17 @@ fn crash_simulation_seeds() {
     }
     eprintln!(
         "{n} seeds: {} runs cut by a failing store, {} blocks rolled back to an older version, \
-         {} unflushed blocks kept, {} records moved by the cleaner",
+         {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
-        cov.cleaner_records_moved
+        cov.cleaner_records_moved,
+        cov.dedup_hits
     );
     // The simulation must actually lose unflushed data sometimes, or it tests nothing.
     assert!(cov.cut_mid_run > n / 2 && cov.blocks_rolled_back > 0 && cov.blocks_kept_unflushed > 0);
     assert!(cov.cleaner_records_moved > 0, "the cleaner never ran");
+    assert!(cov.dedup_hits > 0, "dedup never found a repeat");
 }
 
 /// Finds the byte offset of the ZERO record for `lba` in the store.
@@ -315,6 +331,7 @@ fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
         physical_size_bytes: 6 * MIB,
         codec: Codec::None,
         segment_size_bytes: MIB,
+        dedup: false,
     };
     let block = |seed: u64| -> Vec<u8> {
         let mut r = StdRng::seed_from_u64(seed);
@@ -378,6 +395,7 @@ fn space_exhaustion_under_crashes_keeps_volume_consistent() {
             physical_size_bytes: 4 * MIB,
             codec: Codec::None,
             segment_size_bytes: MIB,
+            dedup: true,
         };
         let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
         let mut model = Model::new(vec![0u8; LOGICAL_BLOCKS * BS]);

@@ -17,6 +17,7 @@ fn regression_checkpoint_fits_after_client_fills_log_with_fragmented_map() {
         physical_size_bytes: sim.len_bytes(),
         codec: Codec::Lz4,
         segment_size_bytes: MIB,
+        dedup: false,
     };
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
     // Small, highly compressible blocks at every other LBA: many map entries,
@@ -60,6 +61,7 @@ fn regression_full_log_volume_can_still_be_opened_for_writing() {
         physical_size_bytes: sim.len_bytes(),
         codec: Codec::None,
         segment_size_bytes: MIB,
+        dedup: false,
     };
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(2);

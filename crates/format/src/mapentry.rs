@@ -4,9 +4,13 @@
 //! loc: u64
 //!   bits  0..43  physical byte offset of the record header (8 TiB)
 //!   bits 43..60  record length, header + payload (< 128 KiB)
-//!   bits 60..64  state: 0 unmapped, 1 zero, 2 data/none, 3 data/lz4, 4 data/zstd
+//!   bits 60..64  state: 0 unmapped, 1 zero, 2 data/none, 3 data/lz4, 4 data/zstd,
+//!                5 ref/none, 6 ref/lz4, 7 ref/zstd
 //! crc: u32       the record's CRC (catches stale or misdirected records)
 //! ```
+//! A *ref* entry points at a DATA record that may name another LBA in its
+//! header (deduplication): the block's content is that record's, and the
+//! owner-LBA check on read is skipped (the crc still identifies the record).
 //! Checkpoint encoding: `loc` (8 bytes LE) then `crc` (4 bytes LE).
 use crate::*;
 
@@ -28,6 +32,8 @@ pub enum EntryState {
         codec: CodecTag,
         offset: u64,
         len: u32,
+        /// A dedup reference: the record may belong to another LBA.
+        shared: bool,
     },
 }
 
@@ -54,6 +60,34 @@ impl MapEntry {
         }
     }
 
+    /// The same record, referenced from an LBA its header may not name.
+    pub fn data_ref(codec: CodecTag, offset: u64, len: u32, crc: u32) -> MapEntry {
+        let e = MapEntry::data(codec, offset, len, crc);
+        MapEntry {
+            loc: e.loc + (3 << STATE_SHIFT),
+            crc,
+        }
+    }
+
+    /// This entry (data) as a ref entry to the same record.
+    pub fn as_ref_entry(&self) -> MapEntry {
+        match self.state_valid() {
+            EntryState::Data {
+                codec, offset, len, ..
+            } => MapEntry::data_ref(codec, offset, len, self.crc),
+            _ => panic!("as_ref_entry of a non-data entry"),
+        }
+    }
+
+    /// Both entries point at the same record (owner or ref form alike).
+    pub fn same_record(&self, other: &MapEntry) -> bool {
+        self.crc == other.crc
+            && self.loc & (OFFSET_MASK | (LEN_MASK << OFFSET_BITS))
+                == other.loc & (OFFSET_MASK | (LEN_MASK << OFFSET_BITS))
+            && matches!(self.state(), Ok(EntryState::Data { .. }))
+            && matches!(other.state(), Ok(EntryState::Data { .. }))
+    }
+
     pub fn state(&self) -> Result<EntryState, FormatError> {
         let offset = self.loc & OFFSET_MASK;
         let len = ((self.loc >> OFFSET_BITS) & LEN_MASK) as u32;
@@ -63,12 +97,18 @@ impl MapEntry {
             }
             0 => Ok(EntryState::Unmapped),
             1 => Ok(EntryState::Zero),
-            s @ 2..=4 => {
+            s @ 2..=7 => {
                 if (len as usize) < record::RECORD_HEADER_BYTES {
                     return Err(FormatError::Invalid("map entry length"));
                 }
-                let codec = CodecTag::from_u8((s - 2) as u8)?;
-                Ok(EntryState::Data { codec, offset, len })
+                let shared = s >= 5;
+                let codec = CodecTag::from_u8(((s - 2) % 3) as u8)?;
+                Ok(EntryState::Data {
+                    codec,
+                    offset,
+                    len,
+                    shared,
+                })
             }
             _ => Err(FormatError::Invalid("map entry state")),
         }
@@ -114,19 +154,33 @@ mod tests {
                 EntryState::Data {
                     codec,
                     offset: (1 << 43) - 1,
-                    len: 4140
+                    len: 4140,
+                    shared: false,
                 }
             );
             let mut b = [0u8; MAP_ENTRY_BYTES];
             e.encode(&mut b);
             assert_eq!(MapEntry::decode(&b).unwrap(), e);
+            let r = e.as_ref_entry();
+            assert_eq!(
+                r.state().unwrap(),
+                EntryState::Data {
+                    codec,
+                    offset: (1 << 43) - 1,
+                    len: 4140,
+                    shared: true,
+                }
+            );
+            assert!(r.same_record(&e) && e.same_record(&r) && r != e);
+            r.encode(&mut b);
+            assert_eq!(MapEntry::decode(&b).unwrap(), r);
         }
     }
 
     #[test]
     fn invalid_states_rejected() {
         assert!(MapEntry {
-            loc: 5 << STATE_SHIFT,
+            loc: 8 << STATE_SHIFT,
             crc: 0
         }
         .state()

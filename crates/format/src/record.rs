@@ -45,6 +45,9 @@ pub enum RecordKind {
     Epoch = 4,
     MapChunk = 5,
     CkptCommit = 6,
+    /// Dedup reference: the LBA now holds the content of an existing DATA
+    /// record; the payload is that record's map entry (12 bytes, ref form).
+    Ref = 7,
 }
 
 impl RecordKind {
@@ -56,6 +59,7 @@ impl RecordKind {
             4 => RecordKind::Epoch,
             5 => RecordKind::MapChunk,
             6 => RecordKind::CkptCommit,
+            7 => RecordKind::Ref,
             _ => return Err(FormatError::UnknownKind(v)),
         })
     }
@@ -135,6 +139,11 @@ impl RecordHeader {
             }
             RecordKind::Zero | RecordKind::Trim if h.payload_len != 0 || h.nblocks == 0 => {
                 return Err(FormatError::Invalid("zero/trim record shape"))
+            }
+            RecordKind::Ref
+                if h.payload_len as usize != crate::mapentry::MAP_ENTRY_BYTES || h.nblocks != 1 =>
+            {
+                return Err(FormatError::Invalid("ref record shape"))
             }
             _ => {}
         }

@@ -4,7 +4,7 @@
 //! offset size field
 //! 0      8    magic "CVOLSUPR"
 //! 8      4    version (1)
-//! 12     4    flags (0)
+//! 12     4    flags: bit 0 = inline deduplication on; other bits 0
 //! 16     16   volume uuid (random)
 //! 32     8    logical_size_bytes   (multiple of 4096)
 //! 40     8    physical_size_bytes  (backing bytes the volume may use)
@@ -35,6 +35,10 @@ const OFF_CREATED: usize = OFF_LEVEL + 1 + 6;
 const OFF_CRC: usize = OFF_CREATED + 8;
 const END: usize = OFF_CRC + 4;
 
+/// Superblock flag: blocks are deduplicated inline (REF records may appear).
+pub const FLAG_DEDUP: u32 = 1;
+const FLAGS_KNOWN: u32 = FLAG_DEDUP;
+
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;
 
@@ -48,9 +52,15 @@ pub struct Superblock {
     pub codec: CodecTag,
     pub codec_level: u8,
     pub created_unix_secs: u64,
+    /// `FLAG_*` bits.
+    pub flags: u32,
 }
 
 impl Superblock {
+    pub fn dedup(&self) -> bool {
+        self.flags & FLAG_DEDUP != 0
+    }
+
     /// Tag every record carries so that records of another volume are rejected.
     pub fn volume_tag(&self) -> u32 {
         crc32c::crc32c(&self.uuid)
@@ -108,7 +118,7 @@ impl Superblock {
         let mut b = [0u8; SUPERBLOCK_BYTES];
         b[0..8].copy_from_slice(&SUPERBLOCK_MAGIC);
         put_u32(&mut b, OFF_VERSION, FORMAT_VERSION);
-        put_u32(&mut b, OFF_FLAGS, 0);
+        put_u32(&mut b, OFF_FLAGS, self.flags);
         b[OFF_UUID..OFF_UUID + 16].copy_from_slice(&self.uuid);
         put_u64(&mut b, OFF_LOGICAL, self.logical_size_bytes);
         put_u64(&mut b, OFF_PHYSICAL, self.physical_size_bytes);
@@ -136,6 +146,10 @@ impl Superblock {
         if version != FORMAT_VERSION {
             return Err(FormatError::UnsupportedVersion(version));
         }
+        let flags = get_u32(b, OFF_FLAGS);
+        if flags & !FLAGS_KNOWN != 0 {
+            return Err(FormatError::Invalid("unknown superblock flags"));
+        }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(&b[OFF_UUID..OFF_UUID + 16]);
         let sb = Superblock {
@@ -147,6 +161,7 @@ impl Superblock {
             codec: CodecTag::from_u8(b[OFF_CODEC])?,
             codec_level: b[OFF_LEVEL],
             created_unix_secs: get_u64(b, OFF_CREATED),
+            flags,
         };
         sb.validate()?;
         Ok(sb)
@@ -167,6 +182,7 @@ mod tests {
             codec: CodecTag::Zstd,
             codec_level: 3,
             created_unix_secs: 1_700_000_000,
+            flags: FLAG_DEDUP,
         }
     }
 

@@ -11,7 +11,7 @@
 //! old records where they were.
 use super::*;
 use crate::segments::{pack_order, VictimPolicy};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -183,14 +183,38 @@ impl Volume {
 
     /// Moves every live record of `victim` to the log head.
     fn relocate_segment(&self, victim: u64) -> Result<(), VolError> {
+        // No new dedup reference may point into the victim from here on, so
+        // the holders of its shared records found below stay complete.
+        self.lock_state().cleaning.insert(victim);
+        let r = self.relocate_segment_marked(victim);
+        self.lock_state().cleaning.remove(&victim);
+        r
+    }
+
+    fn relocate_segment_marked(&self, victim: u64) -> Result<(), VolError> {
         let base = self.sb.segment_offset(victim);
+        let end = base + self.sb.segment_size_bytes;
         let mut buf = vec![0u8; self.sb.segment_size_bytes as usize];
         self.storage.read_at(base, &mut buf).map_err(VolError::Io)?;
         let found = parse_segment(&buf, self.sb.volume_tag());
 
-        let space = {
+        let (space, holders) = {
             let st = self.lock_state();
-            st.log.segment_size - st.log.fill as u64
+            let any_shared = found
+                .iter()
+                .any(|f| st.shared.get(base + f.at as u64).is_some());
+            // Every LBA pointing at a shared record of the victim: one map scan.
+            let mut holders: HashMap<u64, Vec<u64>> = HashMap::new();
+            if any_shared {
+                st.map.for_each_mapped(|lba, e| {
+                    if let EntryState::Data { offset, .. } = e.state_valid() {
+                        if offset >= base && offset < end && st.shared.get(offset).is_some() {
+                            holders.entry(offset).or_default().push(lba);
+                        }
+                    }
+                });
+            }
+            (st.log.segment_size - st.log.fill as u64, holders)
         };
         let sizes: Vec<(u64, u64)> = found
             .iter()
@@ -201,7 +225,11 @@ impl Volume {
             let mut st = self.lock_state();
             self.check_writable()?;
             for &i in batch {
-                self.move_record(&mut st, base, &buf, &found[i])?;
+                let f = &found[i];
+                match holders.get(&(base + f.at as u64)) {
+                    Some(h) => self.move_shared_record(&mut st, base, &buf, f, h)?,
+                    None => self.move_record(&mut st, base, &buf, f)?,
+                }
             }
         }
         Ok(())
@@ -224,30 +252,90 @@ impl Volume {
         {
             return Ok(());
         }
+        let new = self.copy_record(st, seg, f, h.lba)?;
+        for l in lbas {
+            if st.map.get(l) == old {
+                self.set_entry(st, l, new);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves a record that dedup references share: the copy's owner is the
+    /// old owner if it still points at the record, else one of the holders;
+    /// every other holder gets a REF record to the copy, so roll-forward
+    /// repoints them all.
+    fn move_shared_record(
+        &self,
+        st: &mut State,
+        base: u64,
+        seg: &[u8],
+        f: &Found,
+        holders: &[u64],
+    ) -> Result<(), VolError> {
+        let h = &f.header;
+        let offset = base + f.at as u64;
+        let old = MapEntry::data(h.codec, offset, h.total_len() as u32, h.crc);
+        let lbas: Vec<u64> = holders
+            .iter()
+            .copied()
+            .filter(|&l| st.map.get(l).same_record(&old))
+            .collect();
+        let Some(&first) = lbas.first() else {
+            return Ok(()); // every holder moved on since the scan
+        };
+        let refs_bytes = REF_RECORD_BYTES * lbas.len() as u64;
+        if st.log.free_bytes()
+            < refs_bytes + self.checkpoint_estimate_bytes(st) + UNIT_RECORD_MAX_BYTES
+        {
+            return Err(VolError::NoSpace);
+        }
+        let fp = st.shared.fingerprint_of(offset);
+        let owner = if h.lba < st.map.blocks() && st.map.get(h.lba) == old {
+            h.lba
+        } else {
+            first
+        };
+        let new = self.copy_record(st, seg, f, owner)?;
+        self.set_entry_fp(st, owner, new, fp);
+        for &l in lbas.iter().filter(|&&l| l != owner) {
+            self.commit_ref(st, l, new, fp)?;
+        }
+        debug_assert!(st.shared.get(offset).is_none(), "all holders moved");
+        if let (Some(ix), true) = (st.index.as_mut(), fp != 0) {
+            ix.moved(fp, &old, new, owner);
+        }
+        Ok(())
+    }
+
+    /// Appends the record's bytes again (new seq, header naming `owner`),
+    /// without recompressing. Returns the copy's owner map entry.
+    fn copy_record(
+        &self,
+        st: &mut State,
+        seg: &[u8],
+        f: &Found,
+        owner: u64,
+    ) -> Result<MapEntry, VolError> {
+        let h = &f.header;
         let payload = &seg[f.at + RECORD_HEADER_BYTES..f.at + h.total_len()];
         let crc = crc32c::crc32c(payload);
         let p = self.guard(st.log.append(
             &*self.storage,
             RecordKind::Data,
             h.codec,
-            h.lba,
+            owner,
             h.nblocks,
             payload,
             crc,
         ))?;
-        let new = MapEntry::data(h.codec, p.offset, p.len, p.crc);
-        for l in lbas {
-            if st.map.get(l) == old {
-                self.set_entry(st, l, new);
-            }
-        }
         self.cleaner_stats
             .records_relocated
             .fetch_add(1, Ordering::Relaxed);
         self.cleaner_stats
             .bytes_relocated
             .fetch_add(u64::from(p.len), Ordering::Relaxed);
-        Ok(())
+        Ok(MapEntry::data(h.codec, p.offset, p.len, p.crc))
     }
 
     /// Starts the background cleaner thread; it stops when the handle drops.

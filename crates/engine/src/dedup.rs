@@ -1,0 +1,345 @@
+//! Inline deduplication: block fingerprints, the bounded fingerprint index,
+//! and the table of shared records (reference counts).
+//!
+//! Fingerprint: BLAKE3 keyed with a per-volume key (derived from the volume
+//! uuid), truncated to 128 bits. A match is trusted without reading the block
+//! back; docs/FORMAT.md has the collision argument and the measurement that
+//! chose this over xxh3-128 with a verification read.
+//!
+//! Index: a set-associative table of `WAYS`-slot sets, exact LRU inside each
+//! set, sized from a memory budget at open. When a set is full the least
+//! recently used slot of that set is forgotten. Slots are hints: a hit is
+//! validated against the map (the record must still be live) before use, so
+//! stale slots cost a lookup, never correctness.
+//!
+//! Shared records: a DATA record referenced by exactly one map entry (its
+//! owner, the LBA in its header) is not in the table. The first dedup
+//! reference puts it in with a count of 2; it stays while any entry points
+//! at it and leaves at 0, when its bytes become dead. So a record is live
+//! iff it is in the table, or its owner's map entry points at it.
+use cvol_format::MapEntry;
+use std::collections::HashMap;
+
+pub type Fingerprint = u128;
+
+/// Per-volume fingerprint key: the uuid never leaves the volume, so a client
+/// cannot aim for collisions with another client's data.
+pub fn volume_key(uuid: &[u8; 16]) -> [u8; 32] {
+    blake3::derive_key("cvol 2026-11 dedup fingerprint key v1", uuid)
+}
+
+pub fn fingerprint(key: &[u8; 32], block: &[u8]) -> Fingerprint {
+    let h = blake3::keyed_hash(key, block);
+    let b = h.as_bytes();
+    let fp = u128::from_le_bytes(b[..16].try_into().expect("16 bytes"));
+    // 0 marks an empty slot; the chance of hitting it is 2^-128.
+    fp.max(1)
+}
+
+const WAYS: usize = 8;
+
+/// 32 bytes: fingerprint, the record's map entry, and its owner LBA
+/// (logical sizes up to 16 TiB keep LBAs below 2^32).
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    fp: [u64; 2],
+    loc: u64,
+    crc: u32,
+    /// The LBA named in the record's header when it was indexed.
+    owner: u32,
+}
+
+impl Slot {
+    fn new(fp: Fingerprint, entry: MapEntry, owner: u64) -> Slot {
+        Slot {
+            fp: split(fp),
+            loc: entry.loc,
+            crc: entry.crc,
+            owner: u32::try_from(owner).expect("LBA below 2^32"),
+        }
+    }
+
+    fn is(&self, fp: Fingerprint) -> bool {
+        self.fp == split(fp)
+    }
+
+    fn empty(&self) -> bool {
+        self.fp == [0, 0]
+    }
+
+    fn entry(&self) -> MapEntry {
+        MapEntry {
+            loc: self.loc,
+            crc: self.crc,
+        }
+    }
+}
+
+fn split(fp: Fingerprint) -> [u64; 2] {
+    [fp as u64, (fp >> 64) as u64]
+}
+
+/// Bytes one slot costs (the budget is divided by this).
+pub const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
+
+pub struct DedupIndex {
+    slots: Vec<Slot>,
+    set_mask: u64,
+    pub entries: u64,
+}
+
+impl DedupIndex {
+    /// An index of at most `budget_bytes`, and no larger than `max_useful`
+    /// entries (a small volume cannot hold more distinct blocks).
+    pub fn new(budget_bytes: u64, max_useful: u64) -> DedupIndex {
+        let by_budget = (budget_bytes / SLOT_BYTES / WAYS as u64).max(1);
+        let by_need = (max_useful.div_ceil(WAYS as u64) * 2).max(1);
+        let mut sets = by_budget.min(by_need).next_power_of_two();
+        if sets * WAYS as u64 * SLOT_BYTES > budget_bytes.max(SLOT_BYTES * WAYS as u64) {
+            sets /= 2; // next_power_of_two rounded up past the budget
+        }
+        let sets = sets.max(1);
+        DedupIndex {
+            slots: vec![Slot::default(); (sets as usize) * WAYS],
+            set_mask: sets - 1,
+            entries: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    pub fn memory_bytes(&self) -> u64 {
+        self.slots.len() as u64 * SLOT_BYTES
+    }
+
+    fn set(&mut self, fp: Fingerprint) -> &mut [Slot] {
+        // The high bits pick the set; the fingerprint is uniform.
+        let i = ((fp >> 64) as u64 & self.set_mask) as usize * WAYS;
+        &mut self.slots[i..i + WAYS]
+    }
+
+    /// The slot for `fp`, made most recently used.
+    pub fn lookup(&mut self, fp: Fingerprint) -> Option<(MapEntry, u64)> {
+        let set = self.set(fp);
+        let pos = set.iter().position(|s| s.is(fp))?;
+        set[..=pos].rotate_right(1);
+        Some((set[0].entry(), u64::from(set[0].owner)))
+    }
+
+    /// Inserts or refreshes `fp` as most recently used; the set's least
+    /// recently used slot is forgotten when it is full.
+    pub fn insert(&mut self, fp: Fingerprint, entry: MapEntry, owner: u64) {
+        let set = self.set(fp);
+        let pos = set
+            .iter()
+            .position(|s| s.is(fp))
+            .or_else(|| set.iter().position(Slot::empty))
+            .unwrap_or(WAYS - 1);
+        let new = set[pos].empty();
+        set[..=pos].rotate_right(1);
+        set[0] = Slot::new(fp, entry, owner);
+        if new {
+            self.entries += 1;
+        }
+    }
+
+    /// Forgets `fp` (its record is gone).
+    pub fn remove(&mut self, fp: Fingerprint) {
+        let set = self.set(fp);
+        if let Some(pos) = set.iter().position(|s| s.is(fp)) {
+            set[pos..].rotate_left(1);
+            set[WAYS - 1] = Slot::default();
+            self.entries -= 1;
+        }
+    }
+
+    /// Repoints `fp` from `from` to a moved copy of the same record.
+    pub fn moved(&mut self, fp: Fingerprint, from: &MapEntry, to: MapEntry, owner: u64) {
+        let set = self.set(fp);
+        if let Some(s) = set.iter_mut().find(|s| s.is(fp)) {
+            if s.entry().same_record(from) {
+                *s = Slot::new(fp, to, owner);
+            }
+        }
+    }
+}
+
+/// A record with dedup references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shared {
+    /// Ref entries pointing at the record.
+    pub refs: u32,
+    /// Whether its owner entry (the LBA in its header) still points at it.
+    pub owner_alive: bool,
+    /// The record's crc (identifies this life of the offset).
+    pub crc: u32,
+    /// Its fingerprint, 0 if unknown (tables rebuilt at open).
+    pub fp: Fingerprint,
+}
+
+impl Shared {
+    /// Map entries pointing at the record.
+    pub fn entries(&self) -> u32 {
+        self.refs + u32::from(self.owner_alive)
+    }
+
+    fn extra(&self) -> u64 {
+        u64::from(self.entries().saturating_sub(1))
+    }
+}
+
+/// Records with ref entries, by physical offset of their header.
+#[derive(Debug, Default, Clone)]
+pub struct SharedTable {
+    pub records: HashMap<u64, Shared>,
+    /// Sum over shared records of (entries - 1): blocks served without a
+    /// record of their own.
+    pub extra_refs: u64,
+}
+
+impl SharedTable {
+    pub fn get(&self, offset: u64) -> Option<&Shared> {
+        self.records.get(&offset)
+    }
+
+    /// One more ref entry points at the live record at `offset`. A record
+    /// not yet shared is live through its owner entry.
+    pub fn acquire(&mut self, offset: u64, crc: u32, fp: Fingerprint) {
+        let s = self.records.entry(offset).or_insert(Shared {
+            refs: 0,
+            owner_alive: true,
+            crc,
+            fp,
+        });
+        assert_eq!(s.crc, crc, "shared record at {offset} changed identity");
+        let before = s.extra();
+        s.refs += 1;
+        if s.fp == 0 {
+            s.fp = fp;
+        }
+        self.extra_refs += s.extra() - before;
+    }
+
+    /// An entry (a ref entry if `was_ref`, else the owner) stopped pointing
+    /// at the record at `offset`. None if the record is not shared (the
+    /// owner was its only entry); else whether the record is now dead.
+    pub fn release(&mut self, offset: u64, was_ref: bool) -> Option<bool> {
+        let s = self.records.get_mut(&offset)?;
+        let before = s.extra();
+        if was_ref {
+            assert!(s.refs > 0, "ref count of the record at {offset} underflows");
+            s.refs -= 1;
+        } else {
+            assert!(
+                s.owner_alive,
+                "owner of the record at {offset} released twice"
+            );
+            s.owner_alive = false;
+        }
+        self.extra_refs -= before - s.extra();
+        if s.refs == 0 {
+            // Only the owner left (unshared again), or nothing (dead).
+            let dead = !s.owner_alive;
+            self.records.remove(&offset);
+            return Some(dead);
+        }
+        Some(false)
+    }
+
+    /// The fingerprint of a shared record, 0 if not known.
+    pub fn fingerprint_of(&self, offset: u64) -> Fingerprint {
+        self.records.get(&offset).map_or(0, |s| s.fp)
+    }
+
+    pub fn memory_bytes(&self) -> u64 {
+        // hashbrown: key + value + 1 control byte per bucket.
+        (self.records.capacity() as u64) * (8 + std::mem::size_of::<Shared>() as u64 + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cvol_format::CodecTag;
+
+    fn e(off: u64) -> MapEntry {
+        MapEntry::data(CodecTag::Lz4, off, 100, off as u32)
+    }
+
+    #[test]
+    fn fingerprints_depend_on_key_and_content() {
+        let k1 = volume_key(&[1; 16]);
+        let k2 = volume_key(&[2; 16]);
+        let a = vec![7u8; 4096];
+        let mut b = a.clone();
+        b[4095] = 8;
+        assert_eq!(fingerprint(&k1, &a), fingerprint(&k1, &a));
+        assert_ne!(fingerprint(&k1, &a), fingerprint(&k1, &b));
+        assert_ne!(fingerprint(&k1, &a), fingerprint(&k2, &a));
+    }
+
+    #[test]
+    fn index_is_lru_per_set_and_bounded() {
+        let mut ix = DedupIndex::new(SLOT_BYTES * WAYS as u64, 1 << 20); // one set
+        assert_eq!(ix.capacity(), WAYS as u64);
+        for i in 1..=WAYS as u128 {
+            ix.insert(i, e(i as u64), 0);
+        }
+        assert_eq!(ix.entries, WAYS as u64);
+        // Touch 1: now 2 is the least recently used and goes first.
+        assert!(ix.lookup(1).is_some());
+        ix.insert(100, e(100), 0);
+        assert!(ix.lookup(2).is_none());
+        assert!(ix.lookup(1).is_some());
+        assert!(ix.lookup(100).is_some());
+        assert_eq!(ix.entries, WAYS as u64);
+        ix.remove(100);
+        assert!(ix.lookup(100).is_none());
+        assert_eq!(ix.entries, WAYS as u64 - 1);
+        let moved = e(5000);
+        ix.moved(1, &e(1), moved, 9);
+        assert_eq!(ix.lookup(1), Some((moved, 9)));
+    }
+
+    #[test]
+    fn slots_are_32_bytes() {
+        assert_eq!(SLOT_BYTES, 32);
+    }
+
+    #[test]
+    fn index_respects_budget() {
+        for budget in [1u64 << 10, 1 << 20, 3 << 20, 100 << 20] {
+            let ix = DedupIndex::new(budget, u64::MAX / 4);
+            assert!(ix.memory_bytes() <= budget.max(SLOT_BYTES * WAYS as u64));
+            assert!(ix.memory_bytes() * 2 > budget.min(ix.memory_bytes() * 2));
+        }
+        // Small volumes get small indexes.
+        assert!(DedupIndex::new(1 << 30, 1000).memory_bytes() < 1 << 20);
+    }
+
+    #[test]
+    fn shared_table_counts_exactly() {
+        let mut t = SharedTable::default();
+        assert_eq!(t.release(10, false), None); // not shared: the caller owns the answer
+        t.acquire(10, 10, 0); // owner + one ref
+        t.acquire(10, 10, 0);
+        assert_eq!(t.get(10).unwrap().entries(), 3);
+        assert_eq!(t.extra_refs, 2);
+        // The last ref goes while the owner lives: unshared again, alive.
+        assert_eq!(t.release(10, true), Some(false));
+        assert_eq!(t.release(10, true), Some(false));
+        assert_eq!(t.extra_refs, 0);
+        assert!(t.get(10).is_none());
+        // Owner goes first, then the refs: dead with the last ref.
+        t.acquire(20, 20, 0);
+        t.acquire(20, 20, 0);
+        assert_eq!(t.release(20, false), Some(false));
+        assert_eq!(t.extra_refs, 1);
+        assert_eq!(t.release(20, true), Some(false));
+        assert_eq!(t.extra_refs, 0);
+        assert_eq!(t.release(20, true), Some(true));
+        assert!(t.get(20).is_none());
+    }
+}

@@ -1,0 +1,226 @@
+//! Liveness of records: which map entries point at which record, kept exact
+//! through every map change (segment live bytes, stored bytes, shared
+//! records), rebuilt from the map at open and cross-checked by
+//! `verify_refcounts`.
+//!
+//! Rules (see crate::dedup): a record has at most one *owner* entry (the LBA
+//! in its header, created once, when the record is appended or moved) and any
+//! number of *ref* entries (dedup). A record with ref entries is in the
+//! shared table; a record is live while any entry points at it, and then its
+//! bytes count once in its segment's live bytes and in `stored_payload_bytes`.
+use super::{State, Volume};
+use crate::dedup::{Fingerprint, Shared, SharedTable};
+use crate::map::BlockMap;
+use crate::segments::{SegState, SegmentTable};
+use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::{EntryState, MapEntry, Superblock};
+use std::collections::HashMap;
+
+/// Everything derived from the map about records: rebuilt at open.
+pub(crate) struct Liveness {
+    pub segments: SegmentTable,
+    pub shared: SharedTable,
+    pub stored_payload_bytes: u64,
+}
+
+fn seg_of(sb: &Superblock, off: u64) -> u64 {
+    (off - sb.data_offset_bytes) / sb.segment_size_bytes
+}
+
+/// Rebuilds liveness from a map: live bytes per segment (each record once),
+/// the shared table (records with ref entries), stored payload bytes.
+/// `needed` marks segments recovery needs (sealed with their newest seq);
+/// `open` is the log head.
+pub(crate) fn rebuild(
+    sb: &Superblock,
+    map: &BlockMap,
+    needed: &HashMap<u64, u64>,
+    open: Option<(u64, u64)>,
+) -> Liveness {
+    let mut lens: HashMap<u64, u32> = HashMap::new();
+    let mut shared: HashMap<u64, Shared> = HashMap::new();
+    map.for_each_mapped(|_, e| {
+        if let EntryState::Data {
+            offset,
+            len,
+            shared: true,
+            ..
+        } = e.state_valid()
+        {
+            lens.insert(offset, len);
+            shared
+                .entry(offset)
+                .or_insert(Shared {
+                    refs: 0,
+                    owner_alive: false,
+                    crc: e.crc,
+                    fp: 0,
+                })
+                .refs += 1;
+        }
+    });
+    let mut t = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
+    let mut stored = 0u64;
+    let mut live = |t: &mut SegmentTable, offset: u64, len: u32| {
+        let s = seg_of(sb, offset);
+        if t.state(s) == SegState::Free {
+            t.mark(s, SegState::Sealed, 0);
+        }
+        t.add_live(s, u64::from(len));
+        stored += u64::from(len) - RECORD_HEADER_BYTES as u64;
+    };
+    map.for_each_mapped(|_, e| {
+        if let EntryState::Data {
+            offset,
+            len,
+            shared: false,
+            ..
+        } = e.state_valid()
+        {
+            match shared.get_mut(&offset) {
+                Some(s) => s.owner_alive = true,
+                None => live(&mut t, offset, len),
+            }
+        }
+    });
+    let mut extra = 0u64;
+    for (&offset, s) in &shared {
+        live(&mut t, offset, lens[&offset]);
+        extra += u64::from(s.entries() - 1);
+    }
+    for (&s, &max_seq) in needed {
+        t.mark(s, SegState::Sealed, max_seq);
+    }
+    if let Some((s, seq)) = open {
+        t.mark(s, SegState::Open, seq);
+    }
+    Liveness {
+        segments: t,
+        shared: SharedTable {
+            records: shared,
+            extra_refs: extra,
+        },
+        stored_payload_bytes: stored,
+    }
+}
+
+impl Volume {
+    /// Sets one map entry and keeps liveness exact: the new entry's record
+    /// gains a reference (it is new, or live already), the old one loses one.
+    pub(super) fn set_entry_fp(&self, st: &mut State, lba: u64, e: MapEntry, fp: Fingerprint) {
+        st.map_changes_since_checkpoint += 1;
+        let old = st.map.set(lba, e);
+        st.counters.remove(old);
+        st.counters.add(e);
+        if let EntryState::Data {
+            offset,
+            len,
+            shared,
+            ..
+        } = e.state_valid()
+        {
+            if shared {
+                st.shared.acquire(offset, e.crc, fp);
+            } else {
+                debug_assert!(
+                    st.shared.get(offset).is_none(),
+                    "owner entry of a shared record"
+                );
+                self.record_born(st, offset, len);
+            }
+        }
+        if let EntryState::Data {
+            offset,
+            len,
+            shared,
+            ..
+        } = old.state_valid()
+        {
+            let dead = match st.shared.release(offset, shared) {
+                Some(dead) => dead,
+                None => {
+                    debug_assert!(!shared, "ref entry of an unshared record");
+                    true
+                }
+            };
+            if dead {
+                self.record_died(st, offset, len);
+            }
+        }
+    }
+
+    fn record_born(&self, st: &mut State, offset: u64, len: u32) {
+        st.log
+            .segments
+            .add_live(seg_of(&self.sb, offset), u64::from(len));
+        st.counters.stored_payload_bytes += u64::from(len) - RECORD_HEADER_BYTES as u64;
+    }
+
+    fn record_died(&self, st: &mut State, offset: u64, len: u32) {
+        st.log
+            .segments
+            .sub_live(seg_of(&self.sb, offset), u64::from(len));
+        st.counters.stored_payload_bytes -= u64::from(len) - RECORD_HEADER_BYTES as u64;
+    }
+
+    /// Is the record `e` (indexed with header LBA `owner`) still live?
+    pub(super) fn record_live(&self, st: &State, e: MapEntry, owner: u64) -> bool {
+        let EntryState::Data { offset, .. } = e.state_valid() else {
+            return false;
+        };
+        if let Some(s) = st.shared.get(offset) {
+            return s.crc == e.crc;
+        }
+        owner < st.map.blocks() && st.map.get(owner) == e
+    }
+
+    /// Recomputes reference counts, live bytes per segment and stored bytes
+    /// from the map and compares them with the running tables.
+    pub fn verify_refcounts(&self) -> Result<(), String> {
+        let st = self.lock_state();
+        let fresh = rebuild(&self.sb, &st.map, &HashMap::new(), None);
+        let mut errors = Vec::new();
+        for (off, s) in &st.shared.records {
+            match fresh.shared.records.get(off) {
+                Some(f) if f.refs == s.refs && f.owner_alive == s.owner_alive && f.crc == s.crc => {
+                }
+                other => errors.push(format!(
+                    "record at {off}: running {s:?}, from the map {other:?}"
+                )),
+            }
+        }
+        for (off, f) in &fresh.shared.records {
+            if !st.shared.records.contains_key(off) {
+                errors.push(format!(
+                    "record at {off}: shared per the map ({f:?}), not in the table"
+                ));
+            }
+        }
+        if fresh.shared.extra_refs != st.shared.extra_refs {
+            errors.push(format!(
+                "extra refs: running {}, from the map {}",
+                st.shared.extra_refs, fresh.shared.extra_refs
+            ));
+        }
+        if fresh.stored_payload_bytes != st.counters.stored_payload_bytes {
+            errors.push(format!(
+                "stored bytes: running {}, from the map {}",
+                st.counters.stored_payload_bytes, fresh.stored_payload_bytes
+            ));
+        }
+        for s in 0..st.log.segments.count() {
+            let (a, b) = (st.log.segments.live_bytes(s), fresh.segments.live_bytes(s));
+            if a != b {
+                errors.push(format!(
+                    "segment {s}: live bytes running {a}, from the map {b}"
+                ));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            errors.truncate(20);
+            Err(errors.join("; "))
+        }
+    }
+}
