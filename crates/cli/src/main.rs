@@ -355,6 +355,9 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     }
     let ctl = control::start(&path, vol.clone())?;
     let background_cleaner = (!read_only).then(|| vol.start_background_cleaner());
+    // The dedup index is not persisted: refill it from the volume's data
+    // while clients are idle.
+    let index_warmup = (!read_only).then(|| vol.start_index_warmup());
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
@@ -371,6 +374,7 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     }
     tracing::info!("stopping: finishing in-flight requests");
     server.shutdown();
+    drop(index_warmup);
     drop(background_cleaner);
     drop(ctl);
     if let Some(sock) = &socket {
@@ -459,6 +463,40 @@ fn print_stat_table(v: &serde_json::Value) {
         (
             "reduction ratio",
             format!("{:.2}x", v["reduction_ratio"].as_f64().unwrap_or(0.0)),
+        ),
+        (
+            "savings",
+            format!(
+                "zeros {}  dedup {}  compression {}",
+                b("zero_saved_bytes"),
+                b("dedup_saved_bytes"),
+                b("compression_saved_bytes")
+            ),
+        ),
+        (
+            "dedup",
+            if v["dedup"].as_bool().unwrap_or(false) {
+                format!(
+                    "on: {} of {} blocks found stored, {} shared records, index {} of {} ({})",
+                    n("dedup_hits"),
+                    n("dedup_lookups"),
+                    n("dedup_shared_records"),
+                    n("dedup_index_entries"),
+                    n("dedup_index_capacity"),
+                    b("dedup_index_memory_bytes")
+                )
+            } else {
+                "off".to_string()
+            },
+        ),
+        (
+            "read cache",
+            format!(
+                "{:.1}% hits ({} of {})",
+                100.0 * v["read_cache_hit_rate"].as_f64().unwrap_or(0.0),
+                n("read_cache_hits"),
+                n("read_cache_hits") + n("read_cache_misses")
+            ),
         ),
         (
             "compression ratio",

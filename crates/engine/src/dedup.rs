@@ -1,10 +1,12 @@
 //! Inline deduplication: block fingerprints, the bounded fingerprint index,
 //! and the table of shared records (reference counts).
 //!
-//! Fingerprint: BLAKE3 keyed with a per-volume key (derived from the volume
-//! uuid), truncated to 128 bits. A match is trusted without reading the block
-//! back; docs/FORMAT.md has the collision argument and the measurement that
-//! chose this over xxh3-128 with a verification read.
+//! Fingerprint: xxh3-128 seeded per volume. A match is only a candidate:
+//! the stored block is read back (read cache, log buffer or store),
+//! decompressed and compared byte for byte before the new block refers to
+//! it, so a collision, accidental or crafted, costs a missed dedup, never
+//! wrong data. docs/FORMAT.md has the argument and the measurement that chose
+//! this over keyed BLAKE3-128 trusted without a read.
 //!
 //! Index: a set-associative table of `WAYS`-slot sets, exact LRU inside each
 //! set, sized from a memory budget at open. When a set is full the least
@@ -22,18 +24,14 @@ use std::collections::HashMap;
 
 pub type Fingerprint = u128;
 
-/// Per-volume fingerprint key: the uuid never leaves the volume, so a client
-/// cannot aim for collisions with another client's data.
-pub fn volume_key(uuid: &[u8; 16]) -> [u8; 32] {
-    blake3::derive_key("cvol 2026-11 dedup fingerprint key v1", uuid)
+/// Per-volume fingerprint seed (from the volume uuid).
+pub fn volume_seed(uuid: &[u8; 16]) -> u64 {
+    u64::from_le_bytes(uuid[..8].try_into().expect("8 bytes")) ^ 0x6376_6f6c_6465_6475
 }
 
-pub fn fingerprint(key: &[u8; 32], block: &[u8]) -> Fingerprint {
-    let h = blake3::keyed_hash(key, block);
-    let b = h.as_bytes();
-    let fp = u128::from_le_bytes(b[..16].try_into().expect("16 bytes"));
-    // 0 marks an empty slot; the chance of hitting it is 2^-128.
-    fp.max(1)
+pub fn fingerprint(seed: u64, block: &[u8]) -> Fingerprint {
+    // 0 marks an empty slot; a block hashing to 0 is merely never deduplicated.
+    xxhash_rust::xxh3::xxh3_128_with_seed(block, seed).max(1)
 }
 
 const WAYS: usize = 8;
@@ -99,8 +97,15 @@ impl DedupIndex {
             sets /= 2; // next_power_of_two rounded up past the budget
         }
         let sets = sets.max(1);
+        let mut slots = vec![Slot::default(); (sets as usize) * WAYS];
+        // Touch every page now: the index is a fixed, configured cost, and
+        // first-touch page faults would otherwise land on client writes.
+        for s in slots.iter_mut().step_by(4096 / SLOT_BYTES as usize) {
+            // SAFETY: `s` is a valid, aligned, exclusive reference.
+            unsafe { std::ptr::write_volatile(s, Slot::default()) };
+        }
         DedupIndex {
-            slots: vec![Slot::default(); (sets as usize) * WAYS],
+            slots,
             set_mask: sets - 1,
             entries: 0,
         }
@@ -145,10 +150,28 @@ impl DedupIndex {
         }
     }
 
-    /// Forgets `fp` (its record is gone).
-    pub fn remove(&mut self, fp: Fingerprint) {
+    /// Inserts `fp` only into a free slot of its set (never evicting what
+    /// live writes taught the index). Returns false when the set is full.
+    pub fn insert_if_room(&mut self, fp: Fingerprint, entry: MapEntry, owner: u64) -> bool {
         let set = self.set(fp);
-        if let Some(pos) = set.iter().position(|s| s.is(fp)) {
+        if set.iter().any(|s| s.is(fp)) {
+            return true;
+        }
+        let Some(pos) = set.iter().position(Slot::empty) else {
+            return false;
+        };
+        set[pos] = Slot::new(fp, entry, owner);
+        self.entries += 1;
+        true
+    }
+
+    /// Forgets `fp` if it still names `entry`'s record (which is gone).
+    pub fn forget(&mut self, fp: Fingerprint, entry: &MapEntry) {
+        let set = self.set(fp);
+        if let Some(pos) = set
+            .iter()
+            .position(|s| s.is(fp) && s.entry().same_record(entry))
+        {
             set[pos..].rotate_left(1);
             set[WAYS - 1] = Slot::default();
             self.entries -= 1;
@@ -269,15 +292,15 @@ mod tests {
     }
 
     #[test]
-    fn fingerprints_depend_on_key_and_content() {
-        let k1 = volume_key(&[1; 16]);
-        let k2 = volume_key(&[2; 16]);
+    fn fingerprints_depend_on_seed_and_content() {
+        let k1 = volume_seed(&[1; 16]);
+        let k2 = volume_seed(&[2; 16]);
         let a = vec![7u8; 4096];
         let mut b = a.clone();
         b[4095] = 8;
-        assert_eq!(fingerprint(&k1, &a), fingerprint(&k1, &a));
-        assert_ne!(fingerprint(&k1, &a), fingerprint(&k1, &b));
-        assert_ne!(fingerprint(&k1, &a), fingerprint(&k2, &a));
+        assert_eq!(fingerprint(k1, &a), fingerprint(k1, &a));
+        assert_ne!(fingerprint(k1, &a), fingerprint(k1, &b));
+        assert_ne!(fingerprint(k1, &a), fingerprint(k2, &a));
     }
 
     #[test]
@@ -295,7 +318,9 @@ mod tests {
         assert!(ix.lookup(1).is_some());
         assert!(ix.lookup(100).is_some());
         assert_eq!(ix.entries, WAYS as u64);
-        ix.remove(100);
+        ix.forget(100, &e(99)); // another record: kept
+        assert!(ix.lookup(100).is_some());
+        ix.forget(100, &e(100));
         assert!(ix.lookup(100).is_none());
         assert_eq!(ix.entries, WAYS as u64 - 1);
         let moved = e(5000);

@@ -23,4 +23,4 @@ pub use volume::CleanerConfig;
 pub use codec::Codec;
 pub use error::VolError;
 pub use stats::VolumeStats;
-pub use volume::{CreateOptions, Extent, OpenOptions, Volume};
+pub use volume::{CreateOptions, Extent, IndexWarmup, OpenOptions, Volume};

@@ -61,7 +61,7 @@ impl Volume {
         self.last_client_io_ms.store(ms, Ordering::Relaxed);
     }
 
-    fn clients_busy(&self) -> bool {
+    pub(super) fn clients_busy(&self) -> bool {
         let now = self.opened.elapsed().as_millis() as u64;
         now.saturating_sub(self.last_client_io_ms.load(Ordering::Relaxed)) < CLIENT_BUSY_MS
     }
@@ -302,8 +302,8 @@ impl Volume {
             self.commit_ref(st, l, new, fp)?;
         }
         debug_assert!(st.shared.get(offset).is_none(), "all holders moved");
-        if let (Some(ix), true) = (st.index.as_mut(), fp != 0) {
-            ix.moved(fp, &old, new, owner);
+        if let (Some(ix), true) = (&self.index, fp != 0) {
+            ix.lock().expect("index lock").moved(fp, &old, new, owner);
         }
         Ok(())
     }
