@@ -86,6 +86,7 @@ fn check_segment_usage(
         }
     });
     let tag = sb.volume_tag();
+    let errors_before = rep.errors.len();
     let mut buf = vec![0u8; sb.segment_size_bytes as usize];
     for s in 0..table.count() {
         let want = table.live_bytes(s);
@@ -116,6 +117,18 @@ fn check_segment_usage(
                  its records hold {found} bytes for {referenced} of them"
             ));
         }
+    }
+    let shared = refs.values().filter(|&&n| n > 1).count();
+    let holders: u64 = refs.values().filter(|&&n| n > 1).sum();
+    if shared > 0 {
+        let verdict = if rep.errors.len() == errors_before {
+            "reference counts match the records"
+        } else {
+            "see the errors above"
+        };
+        rep.notes.push(format!(
+            "dedup: {shared} records shared by {holders} blocks, {verdict}"
+        ));
     }
     rep.notes.push(format!(
         "segment usage: {} live bytes in {} segments, {} free",
