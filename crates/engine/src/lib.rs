@@ -7,8 +7,11 @@
 //! - `recovery`: checkpoint load and roll-forward
 //! - `check`: offline verification of every record and all metadata
 //! - `codec`: lz4 / zstd / none
-mod log;
-mod map;
+// `log` and `map` are internals; public only for the criterion benchmarks.
+#[doc(hidden)]
+pub mod log;
+#[doc(hidden)]
+pub mod map;
 pub mod segments;
 
 pub mod check;

@@ -47,17 +47,35 @@ enum WorkerMessage {
     Stop,
 }
 
+/// Which queue a job goes to: workers take read work first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// READ and BLOCK_STATUS: a client waits on them and they are cheap.
+    Read,
+    /// WRITE, TRIM, WRITE_ZEROES, FLUSH: compression and log work.
+    Write,
+}
+
+/// Reads a worker takes in a row while write work waits, so that a flood of
+/// reads delays writes but never starves them.
+const READS_IN_A_ROW_MAX: u32 = 8;
+
 /// Handle used by connections to hand jobs to the worker pool.
 #[derive(Clone)]
 pub(crate) struct JobQueue {
-    tx: Sender<WorkerMessage>,
+    reads: Sender<WorkerMessage>,
+    writes: Sender<WorkerMessage>,
 }
 
 impl JobQueue {
-    /// Queues a job, blocking while the queue is full. If the pool is gone
+    /// Queues a job, blocking while its lane is full. If the pool is gone
     /// (never while connections exist), the job runs on the caller's thread.
-    pub(crate) fn submit(&self, job: Job) {
-        if let Err(e) = self.tx.send(WorkerMessage::Run(job)) {
+    pub(crate) fn submit(&self, lane: Lane, job: Job) {
+        let tx = match lane {
+            Lane::Read => &self.reads,
+            Lane::Write => &self.writes,
+        };
+        if let Err(e) = tx.send(WorkerMessage::Run(job)) {
             if let WorkerMessage::Run(job) = e.into_inner() {
                 job();
             }
@@ -65,9 +83,44 @@ impl JobQueue {
     }
 }
 
-fn worker_loop(rx: Receiver<WorkerMessage>) {
-    while let Ok(WorkerMessage::Run(job)) = rx.recv() {
-        job();
+/// Runs jobs, read lane first (000 §2.1.5: reads are latency-critical,
+/// writes are acknowledged from memory), until a Stop arrives on the write
+/// lane, which is sent only once no connection is left.
+fn worker_loop(reads: Receiver<WorkerMessage>, writes: Receiver<WorkerMessage>) {
+    let mut reads_in_a_row = 0u32;
+    loop {
+        let first = if reads_in_a_row < READS_IN_A_ROW_MAX {
+            reads.try_recv().ok()
+        } else {
+            None
+        };
+        let msg = match first {
+            Some(m) => {
+                reads_in_a_row += 1;
+                Some(m)
+            }
+            None => {
+                reads_in_a_row = 0;
+                match writes.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(_) => crossbeam_channel::select! {
+                        recv(reads) -> m => m.ok(),
+                        recv(writes) -> m => m.ok(),
+                    },
+                }
+            }
+        };
+        match msg {
+            Some(WorkerMessage::Run(job)) => job(),
+            Some(WorkerMessage::Stop) | None => {
+                // Nothing is queued once connections are gone; run anything
+                // left rather than drop a reply.
+                while let Ok(WorkerMessage::Run(job)) = reads.try_recv() {
+                    job();
+                }
+                return;
+            }
+        }
     }
 }
 
@@ -217,20 +270,24 @@ impl Server {
     /// Creates the server and starts its worker pool. No socket is opened.
     pub fn new(backend: Arc<dyn Backend>, config: ServerConfig) -> Server {
         let config = normalize_config(config);
-        let (tx, rx) = bounded(config.workers * JOBS_QUEUED_PER_WORKER);
+        let (reads_tx, reads_rx) = bounded(config.workers * JOBS_QUEUED_PER_WORKER);
+        let (writes_tx, writes_rx) = bounded(config.workers * JOBS_QUEUED_PER_WORKER);
         let workers = (0..config.workers)
             .map(|i| {
-                let rx = rx.clone();
+                let (reads, writes) = (reads_rx.clone(), writes_rx.clone());
                 std::thread::Builder::new()
                     .name(format!("nbd-worker-{i}"))
-                    .spawn(move || worker_loop(rx))
+                    .spawn(move || worker_loop(reads, writes))
                     .expect("spawn NBD worker thread")
             })
             .collect();
         let inner = Inner {
             backend,
             config,
-            jobs: JobQueue { tx },
+            jobs: JobQueue {
+                reads: reads_tx,
+                writes: writes_tx,
+            },
             shutting_down: AtomicBool::new(false),
             registry: Mutex::new(Registry {
                 next_id: 1,
@@ -298,7 +355,7 @@ impl Server {
         drop(reg);
         let workers: Vec<_> = lock(&inner.workers).drain(..).collect();
         for _ in &workers {
-            let _ = inner.jobs.tx.send(WorkerMessage::Stop);
+            let _ = inner.jobs.writes.send(WorkerMessage::Stop);
         }
         for handle in workers {
             let _ = handle.join();
@@ -330,4 +387,60 @@ fn normalize_config(mut config: ServerConfig) -> ServerConfig {
     config.max_inflight_per_conn = config.max_inflight_per_conn.max(1);
     config.max_connections = config.max_connections.max(1);
     config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Queues `lanes` behind a job that holds the only worker, then lets it
+    /// go and returns the order in which the queued jobs ran.
+    fn run_order(lanes: &[Lane]) -> Vec<usize> {
+        let (reads_tx, reads_rx) = bounded(64);
+        let (writes_tx, writes_rx) = bounded(64);
+        let q = JobQueue {
+            reads: reads_tx,
+            writes: writes_tx,
+        };
+        let worker = std::thread::spawn(move || worker_loop(reads_rx, writes_rx));
+        let (gate_tx, gate_rx) = bounded::<()>(0);
+        let (held_tx, held_rx) = bounded::<()>(1);
+        q.submit(
+            Lane::Write,
+            Box::new(move || {
+                held_tx.send(()).unwrap();
+                let _ = gate_rx.recv();
+            }),
+        );
+        held_rx.recv().unwrap(); // the worker is busy: everything below queues
+        let order = Arc::new(Mutex::new(Vec::new()));
+        for (i, &lane) in lanes.iter().enumerate() {
+            let order = Arc::clone(&order);
+            q.submit(lane, Box::new(move || lock(&order).push(i)));
+        }
+        gate_tx.send(()).unwrap();
+        q.writes.send(WorkerMessage::Stop).unwrap();
+        worker.join().unwrap();
+        let v = lock(&order).clone();
+        v
+    }
+
+    #[test]
+    fn queued_reads_run_before_queued_writes() {
+        use Lane::{Read, Write};
+        assert_eq!(
+            run_order(&[Write, Write, Write, Read, Read]),
+            vec![3, 4, 0, 1, 2]
+        );
+    }
+
+    #[test]
+    fn a_flood_of_reads_does_not_starve_a_write() {
+        let mut lanes = vec![Lane::Write];
+        lanes.extend(std::iter::repeat_n(Lane::Read, 30));
+        let order = run_order(&lanes);
+        let at = order.iter().position(|&i| i == 0).unwrap();
+        assert_eq!(at, READS_IN_A_ROW_MAX as usize, "{order:?}");
+        assert_eq!(order.len(), 31);
+    }
 }

@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 
 use super::handshake::Negotiated;
 use super::socket::Socket;
-use super::{lock, Inner};
+use super::{lock, Inner, Lane};
 use crate::proto::{self, Command, RequestHeader, TransmissionContext};
 use crate::{Backend, BackendError, WriteZeroesFlags};
 
@@ -342,12 +342,19 @@ fn dispatch(
         }
         _ => Vec::new(),
     };
+    let lane = match cmd {
+        Command::Read { .. } | Command::BlockStatus { .. } => Lane::Read,
+        _ => Lane::Write,
+    };
     let job_conn = Arc::clone(conn);
-    inner.jobs.submit(Box::new(move || {
-        let _release = release;
-        let reply = execute(&job_conn, handle, cmd, data);
-        job_conn.send(&reply);
-    }));
+    inner.jobs.submit(
+        lane,
+        Box::new(move || {
+            let _release = release;
+            let reply = execute(&job_conn, handle, cmd, data);
+            job_conn.send(&reply);
+        }),
+    );
     Ok(Next::Continue)
 }
 
