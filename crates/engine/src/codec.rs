@@ -65,7 +65,7 @@ impl Codec {
         let limit = data.len() - data.len() / 8;
         let out = match self {
             Codec::None => return None,
-            Codec::Lz4 => lz4_flex::block::compress(data),
+            Codec::Lz4 => lz4_compress(data)?,
             Codec::Zstd(level) => zstd_compress(level, data)?,
         };
         (out.len() <= limit).then_some(out)
@@ -85,6 +85,23 @@ impl std::fmt::Display for Codec {
 thread_local! {
     static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
     static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+thread_local! {
+    /// lz4 output scratch, reused so that a block costs no zeroed allocation.
+    static LZ4_OUT: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn lz4_compress(data: &[u8]) -> Option<Vec<u8>> {
+    LZ4_OUT.with(|out| {
+        let mut out = out.borrow_mut();
+        let max = lz4_flex::block::get_maximum_output_size(data.len());
+        if out.len() < max {
+            out.resize(max, 0);
+        }
+        let n = lz4_flex::block::compress_into(data, &mut out[..]).ok()?;
+        Some(out[..n].to_vec())
+    })
 }
 
 fn zstd_compress(level: i32, data: &[u8]) -> Option<Vec<u8>> {

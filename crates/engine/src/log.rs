@@ -166,6 +166,7 @@ impl Log {
         let padded = (align_up(self.fill as u64, SECTOR_SIZE_BYTES) as usize)
             .min(self.segment_size as usize);
         self.appended_bytes += (padded - self.fill) as u64;
+        self.buf[self.fill..padded].fill(0); // may hold an earlier segment's bytes
         self.fill = padded;
         self.write_range(storage, padded)
     }
@@ -181,9 +182,10 @@ impl Log {
             .segments
             .open_next()
             .expect("a free segment was counted");
+        // No zeroing of `buf`: only appended records and the zeroed padding
+        // of `pad_and_write` are ever written out or read back.
         self.fill = 0;
         self.written = 0;
-        self.buf.fill(0);
         Ok(())
     }
 
