@@ -202,4 +202,34 @@ mod tests {
         assert!(decompress(CodecTag::Zstd, &c, &mut out).is_err());
         assert!(decompress(CodecTag::None, &c, &mut out).is_err());
     }
+
+    /// lz4_flex runs its faster unsafe decoder here (`checked-decode` on):
+    /// mutated and random payloads, into outputs of every size class, must
+    /// come back as errors or data, never as a crash or an out-of-bounds
+    /// write.
+    #[test]
+    fn mutated_and_random_lz4_payloads_never_crash() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let good = Codec::Lz4.compress(&text_block()).unwrap();
+        for i in 0..20_000 {
+            let mut p = if i % 2 == 0 {
+                let mut p = good.clone();
+                for _ in 0..rng.gen_range(1..8) {
+                    let at = rng.gen_range(0..p.len());
+                    p[at] = rng.gen();
+                }
+                p.truncate(rng.gen_range(1..=p.len()));
+                p
+            } else {
+                let n = rng.gen_range(0..600);
+                (0..n).map(|_| rng.gen()).collect::<Vec<u8>>()
+            };
+            if i % 3 == 0 {
+                p.extend_from_slice(&good[..rng.gen_range(0..good.len())]);
+            }
+            let mut out = vec![0u8; [512, 4096, 65536][i % 3]];
+            let _ = decompress(CodecTag::Lz4, &p, &mut out);
+        }
+    }
 }
