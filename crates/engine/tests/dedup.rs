@@ -6,6 +6,7 @@
 use cvol_engine::{check, Codec, CreateOptions, OpenOptions, Volume};
 use cvol_storage::{SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -80,15 +81,39 @@ fn clone_offset(i: u64, image_len: usize) -> u64 {
     i * (image_len as u64 + 7 * BS as u64)
 }
 
+/// Writes clone `i` of `img` at its offset, `chunk` bytes per write.
+fn write_clone(vol: &Volume, img: &[u8], i: u64, chunk: usize) {
+    for (k, b) in img.chunks(chunk).enumerate() {
+        let off = clone_offset(i, img.len()) + (k * chunk) as u64;
+        vol.write_at(off, b, false).unwrap();
+    }
+}
+
+/// Reads back every clone in `clones` and compares it with `img`.
+#[track_caller]
+fn assert_clones(vol: &Volume, img: &[u8], clones: Range<u64>) {
+    for i in clones {
+        assert!(
+            read(vol, clone_offset(i, img.len()), img.len()) == img,
+            "clone {i}"
+        );
+    }
+}
+
+/// Flushes and closes `vol`, then checks the volume on `sim` is consistent.
+#[track_caller]
+fn close_and_check(vol: &Volume, sim: &SimStorage) {
+    vol.flush().unwrap();
+    vol.close().unwrap();
+    assert_consistent(sim);
+}
+
 /// Writes `n` clones of `img` and returns the stored bytes after the first
 /// and after all of them.
 fn write_clones(vol: &Volume, img: &[u8], n: u64) -> (u64, u64) {
     let mut first = 0;
     for i in 0..n {
-        for (k, chunk) in img.chunks(256 << 10).enumerate() {
-            let off = clone_offset(i, img.len()) + (k * (256 << 10)) as u64;
-            vol.write_at(off, chunk, false).unwrap();
-        }
+        write_clone(vol, img, i, 256 << 10);
         if i == 0 {
             vol.flush().unwrap();
             first = vol.stats().stored_bytes;
@@ -120,23 +145,13 @@ fn twenty_clones_of_a_real_image_cost_about_one_copy_and_read_back_exact() {
     );
     assert!(s.dedup_hits > 0 && s.dedup_shared_records > 0);
     assert!(s.physical_used_bytes < 2 * one + 2 * MIB);
-    for i in 0..20 {
-        assert!(
-            read(&vol, clone_offset(i, img.len()), img.len()) == img,
-            "clone {i}"
-        );
-    }
+    assert_clones(&vol, &img, 0..20);
     vol.verify_refcounts().unwrap();
     vol.close().unwrap();
     assert_consistent(&sim);
     let vol = open(&sim);
     vol.verify_refcounts().unwrap();
-    for i in 0..20 {
-        assert!(
-            read(&vol, clone_offset(i, img.len()), img.len()) == img,
-            "clone {i} after reopen"
-        );
-    }
+    assert_clones(&vol, &img, 0..20); // after reopen
     assert_eq!(vol.stats().stored_bytes, all);
 }
 
@@ -151,9 +166,7 @@ fn with_dedup_off_every_clone_is_stored() {
     let s = vol.stats();
     assert!(!s.dedup);
     assert_eq!((s.dedup_hits, s.dedup_saved_bytes), (0, 0));
-    for i in 0..5 {
-        assert!(read(&vol, clone_offset(i, img.len()), img.len()) == img);
-    }
+    assert_clones(&vol, &img, 0..5);
 }
 
 #[test]
@@ -181,17 +194,10 @@ fn overwrite_trim_and_zeroing_of_one_clone_leave_the_others_intact() {
         let c2 = read(vol, clone_offset(2, img.len()), img.len());
         assert!(c2[..img.len() / 2] == img[..img.len() / 2]);
         assert!(c2[img.len() / 2..].iter().all(|&b| b == 0));
-        for i in 3..5 {
-            assert!(
-                read(vol, clone_offset(i, img.len()), img.len()) == img,
-                "clone {i}"
-            );
-        }
+        assert_clones(vol, &img, 3..5);
     };
     check_all(&vol);
-    vol.flush().unwrap();
-    vol.close().unwrap();
-    assert_consistent(&sim);
+    close_and_check(&vol, &sim);
     let vol = open(&sim);
     vol.verify_refcounts().unwrap();
     check_all(&vol);
@@ -231,9 +237,7 @@ fn repeats_inside_one_write_dedup_and_zero_blocks_never_enter_the_index() {
     assert_eq!(s.dedup_lookups, 16, "zero blocks were looked up");
     assert_eq!(s.zero_saved_bytes, 16 * BS as u64);
     assert!(read(&vol, 0, data.len()) == data);
-    vol.flush().unwrap();
-    vol.close().unwrap();
-    assert_consistent(&sim);
+    close_and_check(&vol, &sim);
 }
 
 #[test]
@@ -247,11 +251,7 @@ fn concurrent_writers_of_the_same_content_are_safe() {
             let (vol, img) = (vol.clone(), img.clone());
             std::thread::spawn(move || {
                 for round in 0..4u64 {
-                    let i = t * 4 + round;
-                    for (k, b) in img.chunks(BS * 8).enumerate() {
-                        let off = clone_offset(i, img.len()) + (k * BS * 8) as u64;
-                        vol.write_at(off, b, false).unwrap();
-                    }
+                    write_clone(&vol, &img, t * 4 + round, BS * 8);
                 }
             })
         })
@@ -260,9 +260,7 @@ fn concurrent_writers_of_the_same_content_are_safe() {
         t.join().unwrap();
     }
     vol.verify_refcounts().unwrap();
-    for i in 0..16 {
-        assert!(read(&vol, clone_offset(i, img.len()), img.len()) == img);
-    }
+    assert_clones(&vol, &img, 0..16);
     // Racing writers may each store a block before either is indexed, but
     // no more than one copy per writer.
     let s = vol.stats();
@@ -272,9 +270,7 @@ fn concurrent_writers_of_the_same_content_are_safe() {
         "stored {}, one lz4 copy ~{one}",
         s.stored_bytes
     );
-    vol.flush().unwrap();
-    vol.close().unwrap();
-    assert_consistent(&sim);
+    close_and_check(&vol, &sim);
 }
 
 #[test]
@@ -323,17 +319,13 @@ fn the_cleaner_moves_shared_records_and_keeps_them_shared() {
     assert_eq!(after.dedup_shared_records, before.dedup_shared_records);
     vol.verify_refcounts().unwrap();
     let check_all = |vol: &Volume| {
-        for i in 1..4 {
-            assert!(read(vol, clone_offset(i, img.len()), img.len()) == img);
-        }
+        assert_clones(vol, &img, 1..4);
         for (slot, b) in churn.iter().enumerate() {
             assert!(read(vol, churn_base + (slot * BS) as u64, BS) == *b);
         }
     };
     check_all(&vol);
-    vol.flush().unwrap();
-    vol.close().unwrap();
-    assert_consistent(&sim);
+    close_and_check(&vol, &sim);
     let vol = open(&sim);
     vol.verify_refcounts().unwrap();
     check_all(&vol);
