@@ -5,7 +5,7 @@ mod size;
 
 use clap::{Parser, Subcommand};
 use cvol_engine::segments::VictimPolicy;
-use cvol_engine::{CleanerConfig, Codec, CreateOptions, OpenOptions, Volume};
+use cvol_engine::{CleanerConfig, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, Volume};
 use cvol_nbd::{Server, ServerConfig};
 use cvol_storage::{FileStorage, Storage};
 use std::io::{IsTerminal, Write};
@@ -42,8 +42,10 @@ enum Command {
         /// Backing bytes the volume may use (default: the file's --size, or the device size).
         #[arg(long)]
         physical_size: Option<String>,
-        /// lz4, zstd:LEVEL (1-19) or none.
-        #[arg(long, default_value = "lz4")]
+        /// auto (elastic: lz4 when busy, zstd when idle, background
+        /// recompression to zstd:9), auto:zstd:LEVEL (another strong level),
+        /// or one fixed codec for every block: lz4, zstd:LEVEL (1-19), none.
+        #[arg(long, default_value = "auto")]
         codec: String,
         /// Overwrite an existing volume.
         #[arg(long)]
@@ -90,6 +92,23 @@ enum Command {
         /// Memory for the cache of recently read, decompressed blocks (0 disables it).
         #[arg(long, default_value = "32M")]
         read_cache: String,
+        /// Largest merged compression unit (4K to 64K, a power of two):
+        /// contiguous blocks of one write inside an aligned window of this
+        /// size are compressed together.
+        #[arg(long, default_value = "16K")]
+        unit_size: String,
+        /// Codec policy auto: 4 KiB-normalised requests per second at or
+        /// above which the load is busy (lz4)...
+        #[arg(long, default_value_t = ElasticConfig::default().busy_iops)]
+        busy_iops: u64,
+        /// ...and below which it is idle (the strong zstd level); between
+        /// the two, zstd:1.
+        #[arg(long, default_value_t = ElasticConfig::default().idle_iops)]
+        idle_iops: u64,
+        /// Codec policy auto: rewrite cold lz4 data and small units with the
+        /// strong codec while clients are idle (on or off).
+        #[arg(long, default_value = "on")]
+        recompress: String,
     },
     /// Show space and reduction statistics (asks the server when the volume is served).
     Stat {
@@ -147,10 +166,15 @@ fn main() -> ExitCode {
             clean_stop,
             dedup_memory,
             read_cache,
+            unit_size,
+            busy_iops,
+            idle_iops,
+            recompress,
         } => cleaner_config(&cleaner, clean_start, clean_stop).and_then(|cleaner| {
             cmd_serve(ServeArgs {
                 dedup_memory: size::parse_size(&dedup_memory)?,
                 read_cache: size::parse_size(&read_cache)?,
+                elastic: elastic_config(&unit_size, busy_iops, idle_iops, &recompress)?,
                 volume,
                 socket,
                 listen,
@@ -171,6 +195,32 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn elastic_config(
+    unit_size: &str,
+    busy_iops: u64,
+    idle_iops: u64,
+    recompress: &str,
+) -> Result<ElasticConfig, String> {
+    let unit = size::parse_size(unit_size)?;
+    if !(4096..=65536).contains(&unit) || !unit.is_power_of_two() {
+        return Err(format!(
+            "--unit-size {unit_size} must be a power of two from 4K to 64K"
+        ));
+    }
+    if idle_iops >= busy_iops {
+        return Err(format!(
+            "--idle-iops {idle_iops} must be below --busy-iops {busy_iops}"
+        ));
+    }
+    Ok(ElasticConfig {
+        unit_blocks: (unit / 4096) as u32,
+        busy_iops,
+        idle_iops,
+        recompress: on_off("--recompress", recompress)?,
+        ..ElasticConfig::default()
+    })
 }
 
 fn on_off(flag: &str, v: &str) -> Result<bool, String> {
@@ -204,7 +254,7 @@ fn cmd_create(
             "--size {size} must be a non-zero multiple of 4096 bytes"
         ));
     }
-    let codec = Codec::parse(codec)?;
+    let codec = CodecPolicy::parse(codec)?;
     let is_block = std::fs::metadata(path).map(|m| {
         use std::os::unix::fs::FileTypeExt;
         m.file_type().is_block_device()
@@ -272,6 +322,7 @@ struct ServeArgs {
     cleaner: CleanerConfig,
     dedup_memory: u64,
     read_cache: u64,
+    elastic: ElasticConfig,
 }
 
 fn cleaner_config(policy: &str, start: u64, stop: u64) -> Result<CleanerConfig, String> {
@@ -300,13 +351,14 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         cleaner,
         dedup_memory,
         read_cache,
+        elastic,
     } = args;
     let path = match volume {
         Some(p) => p,
         None => {
             let p = PathBuf::from(DEFAULT_VOLUME);
             if !p.exists() {
-                cmd_create(&p, DEFAULT_SIZE, None, "lz4", false, true, None)?;
+                cmd_create(&p, DEFAULT_SIZE, None, "auto", false, true, None)?;
             }
             p
         }
@@ -319,6 +371,7 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         cleaner,
         dedup_memory_bytes: dedup_memory,
         read_cache_bytes: read_cache,
+        elastic,
         ..OpenOptions::default()
     };
     let vol = Arc::new(
@@ -355,6 +408,8 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     }
     let ctl = control::start(&path, vol.clone())?;
     let background_cleaner = (!read_only).then(|| vol.start_background_cleaner());
+    // Policy auto: rewrite cold fast-codec data with the strong codec when idle.
+    let recompressor = vol.start_background_recompressor();
     // The dedup index is not persisted: refill it from the volume's data
     // while clients are idle.
     let index_warmup = (!read_only).then(|| vol.start_index_warmup());
@@ -375,6 +430,7 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     tracing::info!("stopping: finishing in-flight requests");
     server.shutdown();
     drop(index_warmup);
+    drop(recompressor);
     drop(background_cleaner);
     drop(ctl);
     if let Some(sock) = &socket {
@@ -509,6 +565,45 @@ fn print_stat_table(v: &serde_json::Value) {
                 n("codec_lz4_blocks"),
                 n("codec_zstd_blocks"),
                 n("codec_none_blocks")
+            ),
+        ),
+        (
+            "bytes by codec",
+            format!(
+                "lz4 {}  zstd {}  none {}",
+                b("codec_lz4_bytes"),
+                b("codec_zstd_bytes"),
+                b("codec_none_bytes")
+            ),
+        ),
+        (
+            "elastic",
+            format!(
+                "strong codec {}, units up to {} blocks ({} written), load {} ({} IOPS), \
+                 probe wrote {} blocks raw",
+                v["codec_strong"].as_str().unwrap_or(""),
+                n("unit_blocks"),
+                n("units_written"),
+                v["load_level"].as_str().unwrap_or(""),
+                n("load_iops"),
+                n("probe_raw_blocks")
+            ),
+        ),
+        (
+            "recompressed",
+            format!(
+                "{} blocks in {} passes: {} -> {}",
+                n("recompressed_blocks"),
+                n("recompress_passes"),
+                b("recompressed_bytes_before"),
+                b("recompressed_bytes_after")
+            ),
+        ),
+        (
+            "read amplification",
+            format!(
+                "{:.2} (bytes decompressed / bytes read)",
+                v["read_amplification"].as_f64().unwrap_or(0.0)
             ),
         ),
         (

@@ -102,7 +102,7 @@ fn packing(c: &mut Criterion) {
         &CreateOptions {
             logical_size_bytes: 64 << 20,
             physical_size_bytes: sim.len_bytes(),
-            codec: Codec::Lz4,
+            codec: Codec::Lz4.into(),
             segment_size_bytes: 1 << 20,
             dedup: false,
         },
@@ -148,7 +148,7 @@ fn volume_io(c: &mut Criterion) {
                 &CreateOptions {
                     logical_size_bytes: 256 << 20,
                     physical_size_bytes: sim.len_bytes(),
-                    codec: Codec::Lz4,
+                    codec: Codec::Lz4.into(),
                     segment_size_bytes: 0,
                     dedup,
                 },

@@ -42,7 +42,7 @@ fn run(
     let opts = CreateOptions {
         logical_size_bytes: blocks * BS,
         physical_size_bytes: physical,
-        codec: Codec::None,
+        codec: Codec::None.into(),
         segment_size_bytes: 1 << 20,
         dedup: false,
     };

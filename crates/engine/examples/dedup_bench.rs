@@ -100,7 +100,7 @@ fn volume(dir: &std::path::Path, name: &str, size: u64, dedup: bool) -> Volume {
     let opts = CreateOptions {
         logical_size_bytes: size,
         physical_size_bytes: size,
-        codec: Codec::Lz4,
+        codec: Codec::Lz4.into(),
         segment_size_bytes: 0,
         dedup,
     };

@@ -80,9 +80,24 @@ fn check_segment_usage(
     );
     let table = live.segments;
     let mut refs: HashMap<u64, u64> = HashMap::new();
+    let mut dedup_refs: HashMap<u64, u64> = HashMap::new();
+    let (mut unit_blocks, mut units) = (0u64, std::collections::HashSet::new());
     rec.map.for_each_mapped(|_, e| {
-        if let EntryState::Data { offset, .. } = e.state_valid() {
+        if let EntryState::Data {
+            offset,
+            shared,
+            unit,
+            ..
+        } = e.state_valid()
+        {
             *refs.entry(offset).or_default() += 1;
+            if shared {
+                *dedup_refs.entry(offset).or_default() += 1;
+            }
+            if unit {
+                unit_blocks += 1;
+                units.insert(offset);
+            }
         }
     });
     let tag = sb.volume_tag();
@@ -118,8 +133,14 @@ fn check_segment_usage(
             ));
         }
     }
-    let shared = refs.values().filter(|&&n| n > 1).count();
-    let holders: u64 = refs.values().filter(|&&n| n > 1).sum();
+    let shared = dedup_refs.len();
+    let holders: u64 = dedup_refs.keys().map(|o| refs[o]).sum();
+    if !units.is_empty() {
+        rep.notes.push(format!(
+            "units: {} merged compression units serve {unit_blocks} blocks",
+            units.len()
+        ));
+    }
     if shared > 0 {
         let verdict = if rep.errors.len() == errors_before {
             "reference counts match the records"

@@ -189,35 +189,49 @@ impl DedupIndex {
     }
 }
 
-/// A record with dedup references.
+/// A record reached by more than one kind of entry: a single-block record
+/// with dedup references, or any multi-block unit (whose blocks each have
+/// an entry) while it is live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shared {
     /// Ref entries pointing at the record.
     pub refs: u32,
-    /// Whether its owner entry (the LBA in its header) still points at it.
-    pub owner_alive: bool,
-    /// The record's crc (identifies this life of the offset).
+    /// Owner entries pointing at it: 0 or 1 (the LBA in its header) for a
+    /// single-block record, up to its block count for a unit.
+    pub owners: u32,
+    /// The record's crc (identifies this life of the offset); 0 for a unit,
+    /// whose entries carry crc xor block index.
     pub crc: u32,
-    /// Its fingerprint, 0 if unknown (tables rebuilt at open).
+    /// Its fingerprint, 0 if unknown (tables rebuilt at open; units).
     pub fp: Fingerprint,
+    /// A multi-block unit.
+    pub unit: bool,
 }
 
 impl Shared {
     /// Map entries pointing at the record.
     pub fn entries(&self) -> u32 {
-        self.refs + u32::from(self.owner_alive)
+        self.refs + self.owners
     }
 
-    fn extra(&self) -> u64 {
-        u64::from(self.entries().saturating_sub(1))
+    /// Blocks served without storing them again: a single-block record
+    /// stores one block for all its entries; a unit stores its owners'
+    /// blocks, and each ref is a block saved (counted so even after the
+    /// owner of that block moved on: an upper bound).
+    pub fn extra(&self) -> u64 {
+        if self.unit {
+            u64::from(self.refs)
+        } else {
+            u64::from(self.entries().saturating_sub(1))
+        }
     }
 }
 
-/// Records with ref entries, by physical offset of their header.
+/// Records with ref entries, and live units, by physical offset of their header.
 #[derive(Debug, Default, Clone)]
 pub struct SharedTable {
     pub records: HashMap<u64, Shared>,
-    /// Sum over shared records of (entries - 1): blocks served without a
+    /// Sum over the records of `Shared::extra`: blocks served without a
     /// record of their own.
     pub extra_refs: u64,
 }
@@ -227,27 +241,56 @@ impl SharedTable {
         self.records.get(&offset)
     }
 
-    /// One more ref entry points at the live record at `offset`. A record
-    /// not yet shared is live through its owner entry.
-    pub fn acquire(&mut self, offset: u64, crc: u32, fp: Fingerprint) {
-        let s = self.records.entry(offset).or_insert(Shared {
-            refs: 0,
-            owner_alive: true,
-            crc,
-            fp,
+    /// Records with dedup references (units without refs not counted).
+    pub fn shared_count(&self) -> u64 {
+        self.records.values().filter(|s| s.refs > 0).count() as u64
+    }
+
+    /// One more entry points at the live record at `offset`: a ref entry
+    /// (`is_ref`) or, for a unit, an owner entry. A single-block record not
+    /// yet shared is live through its owner entry. Returns true when the
+    /// record was not live before (a unit's first entry).
+    pub fn acquire(
+        &mut self,
+        offset: u64,
+        crc: u32,
+        fp: Fingerprint,
+        unit: bool,
+        is_ref: bool,
+    ) -> bool {
+        debug_assert!(unit || is_ref, "single-block owners are not tracked");
+        let mut born = false;
+        let s = self.records.entry(offset).or_insert_with(|| {
+            born = unit;
+            Shared {
+                refs: 0,
+                owners: u32::from(!unit),
+                crc: if unit { 0 } else { crc },
+                fp: 0,
+                unit,
+            }
         });
-        assert_eq!(s.crc, crc, "shared record at {offset} changed identity");
+        assert_eq!(s.unit, unit, "record at {offset} changed shape");
+        if !unit {
+            assert_eq!(s.crc, crc, "shared record at {offset} changed identity");
+        }
         let before = s.extra();
-        s.refs += 1;
-        if s.fp == 0 {
+        if is_ref {
+            s.refs += 1;
+        } else {
+            s.owners += 1;
+        }
+        if s.fp == 0 && !unit {
             s.fp = fp;
         }
         self.extra_refs += s.extra() - before;
+        born
     }
 
-    /// An entry (a ref entry if `was_ref`, else the owner) stopped pointing
-    /// at the record at `offset`. None if the record is not shared (the
-    /// owner was its only entry); else whether the record is now dead.
+    /// An entry (a ref entry if `was_ref`, else an owner) stopped pointing
+    /// at the record at `offset`. None if the record is not in the table
+    /// (a single-block record whose owner was its only entry); else whether
+    /// the record is now dead.
     pub fn release(&mut self, offset: u64, was_ref: bool) -> Option<bool> {
         let s = self.records.get_mut(&offset)?;
         let before = s.extra();
@@ -256,15 +299,22 @@ impl SharedTable {
             s.refs -= 1;
         } else {
             assert!(
-                s.owner_alive,
+                s.owners > 0,
                 "owner of the record at {offset} released twice"
             );
-            s.owner_alive = false;
+            s.owners -= 1;
         }
         self.extra_refs -= before - s.extra();
+        if s.unit {
+            if s.entries() == 0 {
+                self.records.remove(&offset);
+                return Some(true);
+            }
+            return Some(false);
+        }
         if s.refs == 0 {
             // Only the owner left (unshared again), or nothing (dead).
-            let dead = !s.owner_alive;
+            let dead = s.owners == 0;
             self.records.remove(&offset);
             return Some(dead);
         }
@@ -348,8 +398,8 @@ mod tests {
     fn shared_table_counts_exactly() {
         let mut t = SharedTable::default();
         assert_eq!(t.release(10, false), None); // not shared: the caller owns the answer
-        t.acquire(10, 10, 0); // owner + one ref
-        t.acquire(10, 10, 0);
+        t.acquire(10, 10, 0, false, true); // owner + one ref
+        t.acquire(10, 10, 0, false, true);
         assert_eq!(t.get(10).unwrap().entries(), 3);
         assert_eq!(t.extra_refs, 2);
         // The last ref goes while the owner lives: unshared again, alive.
@@ -358,13 +408,29 @@ mod tests {
         assert_eq!(t.extra_refs, 0);
         assert!(t.get(10).is_none());
         // Owner goes first, then the refs: dead with the last ref.
-        t.acquire(20, 20, 0);
-        t.acquire(20, 20, 0);
+        t.acquire(20, 20, 0, false, true);
+        t.acquire(20, 20, 0, false, true);
         assert_eq!(t.release(20, false), Some(false));
         assert_eq!(t.extra_refs, 1);
         assert_eq!(t.release(20, true), Some(false));
         assert_eq!(t.extra_refs, 0);
         assert_eq!(t.release(20, true), Some(true));
         assert!(t.get(20).is_none());
+    }
+
+    #[test]
+    fn units_live_while_any_block_or_ref_points_at_them() {
+        let mut t = SharedTable::default();
+        assert!(t.acquire(30, 0, 0, true, false)); // first block: born
+        assert!(!t.acquire(30, 0, 0, true, false));
+        assert!(!t.acquire(30, 0, 0, true, true)); // a dedup ref to one block
+        assert_eq!(t.get(30).unwrap().entries(), 3);
+        assert_eq!((t.extra_refs, t.shared_count()), (1, 1));
+        assert_eq!(t.release(30, false), Some(false));
+        assert_eq!(t.release(30, false), Some(false));
+        assert_eq!(t.extra_refs, 1);
+        assert_eq!(t.release(30, true), Some(true)); // the ref was the last
+        assert!(t.get(30).is_none());
+        assert_eq!(t.extra_refs, 0);
     }
 }

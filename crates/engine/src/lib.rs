@@ -12,6 +12,7 @@
 pub mod log;
 #[doc(hidden)]
 pub mod map;
+pub mod policy;
 pub mod segments;
 
 pub mod check;
@@ -25,5 +26,6 @@ pub use volume::CleanerConfig;
 
 pub use codec::Codec;
 pub use error::VolError;
+pub use policy::{CodecPolicy, ElasticConfig};
 pub use stats::VolumeStats;
 pub use volume::{CreateOptions, Extent, IndexWarmup, OpenOptions, Volume};

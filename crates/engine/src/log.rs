@@ -9,6 +9,17 @@ use cvol_storage::Storage;
 /// Unwritten full sectors beyond this are written behind, before any flush.
 const WRITE_BEHIND_BYTES: usize = 1 << 20;
 
+/// The header fields of a record to append (the log fills in the rest).
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub kind: RecordKind,
+    pub codec: CodecTag,
+    pub level: u8,
+    pub lba: u64,
+    pub nblocks: u32,
+    pub mask: u16,
+}
+
 /// Where a record landed.
 #[derive(Debug, Clone, Copy)]
 pub struct Placed {
@@ -92,6 +103,7 @@ impl Log {
 
     /// Appends one record and returns where it landed.
     #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     pub fn append(
         &mut self,
         storage: &dyn Storage,
@@ -102,6 +114,33 @@ impl Log {
         payload: &[u8],
         payload_crc: u32,
     ) -> Result<Placed, VolError> {
+        let shape = Shape {
+            kind,
+            codec,
+            level: 0,
+            lba,
+            nblocks,
+            mask: 0,
+        };
+        self.append_shaped(storage, shape, payload, payload_crc)
+    }
+
+    /// Appends a record with every header field chosen by the caller.
+    pub fn append_shaped(
+        &mut self,
+        storage: &dyn Storage,
+        shape: Shape,
+        payload: &[u8],
+        payload_crc: u32,
+    ) -> Result<Placed, VolError> {
+        let Shape {
+            kind,
+            codec,
+            level,
+            lba,
+            nblocks,
+            mask,
+        } = shape;
         let total = RECORD_HEADER_BYTES + payload.len();
         assert!(
             total as u64 <= self.segment_size,
@@ -113,6 +152,8 @@ impl Log {
         let mut h = RecordHeader {
             kind,
             codec,
+            level,
+            mask,
             volume_tag: self.volume_tag,
             epoch: self.epoch,
             seq: self.next_seq,

@@ -311,10 +311,16 @@ pub fn apply(
             h.nblocks
         )),
         RecordKind::Data => {
-            let e = MapEntry::data(h.codec, offset, h.total_len() as u32, h.crc);
-            (h.lba..end).for_each(|l| {
-                map.set(l, e);
-            });
+            // A unit's blocks each get their own entry (crc xor index); a
+            // unit moved by the cleaner maps only the blocks of its live mask.
+            for l in (h.lba..end).filter(|&l| h.maps(l)) {
+                let k = (l - h.lba) as u32;
+                let len = h.total_len() as u32;
+                map.set(
+                    l,
+                    crate::volume::unit_entry(h.codec, offset, len, h.crc, h.nblocks, k),
+                );
+            }
             Ok(())
         }
         RecordKind::Zero => {

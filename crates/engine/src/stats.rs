@@ -12,6 +12,8 @@ pub struct MapCounters {
     /// record once however many blocks share it; kept by the volume's
     /// liveness tracking, not by `add`/`remove`.
     pub stored_payload_bytes: u64,
+    /// `stored_payload_bytes` by the codec of the record.
+    pub stored_codec_bytes: [u64; 3],
 }
 
 impl MapCounters {
@@ -119,6 +121,46 @@ pub struct VolumeStats {
     pub read_cache_misses: u64,
     /// hits / (hits + misses), 0 when nothing was read.
     pub read_cache_hit_rate: f64,
+    /// Elastic compression: the strong (idle, background) codec of `auto`,
+    /// or the fixed codec.
+    pub codec_strong: String,
+    /// Stored payload bytes of live records by codec.
+    pub codec_none_bytes: u64,
+    pub codec_lz4_bytes: u64,
+    pub codec_zstd_bytes: u64,
+    /// Blocks per merged compression unit (serve --unit-size / 4096).
+    pub unit_blocks: u32,
+    /// Multi-block units written by client writes since open, and their blocks.
+    pub units_written: u64,
+    pub unit_blocks_written: u64,
+    /// Blocks written raw because the compressibility probe judged them
+    /// incompressible (since open).
+    pub probe_raw_blocks: u64,
+    /// Units the auto policy gave lz4 (busy), zstd:1 (medium), the strong
+    /// zstd level (idle), since open.
+    pub auto_lz4_units: u64,
+    pub auto_zstd_fast_units: u64,
+    pub auto_zstd_strong_units: u64,
+    /// Load as the auto policy sees it now: 4 KiB-normalised requests in
+    /// the last second, requests in the engine, and the resulting level.
+    pub load_iops: u64,
+    pub load_inflight: u64,
+    pub load_level: String,
+    /// Read amplification: bytes decompressed to serve reads / bytes read.
+    pub bytes_read: u64,
+    pub bytes_decoded: u64,
+    pub read_amplification: f64,
+    pub unit_cache_hits: u64,
+    pub unit_cache_misses: u64,
+    /// Background recompression since open: passes, blocks rewritten,
+    /// their stored bytes before and after, units left alone (no gain or
+    /// changed under it).
+    pub recompress: bool,
+    pub recompress_passes: u64,
+    pub recompressed_blocks: u64,
+    pub recompressed_bytes_before: u64,
+    pub recompressed_bytes_after: u64,
+    pub recompress_skipped_units: u64,
     pub checkpoint_generation: u64,
     pub last_seq: u64,
     pub epoch: u32,

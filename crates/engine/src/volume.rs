@@ -10,8 +10,9 @@
 //! other write interleaves with their read and commit.
 use crate::codec::{self, Codec};
 use crate::error::VolError;
-use crate::log::Log;
+use crate::log::{Log, Shape};
 use crate::map::BlockMap;
+use crate::policy::{self, CodecPolicy, ElasticConfig, LoadMonitor};
 use crate::recovery;
 use crate::segments::SegmentTable;
 use crate::stats::{CodecBlocks, MapCounters, VolumeStats};
@@ -24,12 +25,14 @@ use cvol_storage::Storage;
 use std::borrow::Cow;
 
 mod cleaner;
+mod recompress;
 mod refs;
 mod warmup;
 use crate::dedup::{self, DedupIndex, Fingerprint, SharedTable};
 pub(crate) use cleaner::parse_segment;
 use cleaner::CleanerStats;
 pub use cleaner::{BackgroundCleaner, CleanerConfig};
+pub use recompress::{BackgroundRecompressor, RecompressReport};
 pub(crate) use refs::rebuild as rebuild_liveness;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,12 +58,16 @@ pub const READ_CACHE_DEFAULT_BYTES: u64 = 32 << 20;
 const READ_CACHE_RUN_MAX: usize = 4;
 /// Most extents one block-status call returns.
 const EXTENTS_MAX: usize = 1024;
+/// Decompressed units kept for reads of their other blocks (at most
+/// 64 KiB each).
+const UNIT_CACHE_UNITS: usize = 128;
 
 #[derive(Debug, Clone)]
 pub struct CreateOptions {
     pub logical_size_bytes: u64,
     pub physical_size_bytes: u64,
-    pub codec: Codec,
+    /// A fixed codec, or `auto` (elastic, with a strong codec for idle time).
+    pub codec: CodecPolicy,
     /// 0 picks a default from the physical size.
     pub segment_size_bytes: u64,
     /// Inline deduplication of 4 KiB blocks.
@@ -79,6 +86,8 @@ pub struct OpenOptions {
     pub dedup_memory_bytes: u64,
     /// Memory for the cache of decompressed blocks (0: none).
     pub read_cache_bytes: u64,
+    /// Merged compression units, load thresholds, background recompression.
+    pub elastic: ElasticConfig,
 }
 
 impl Default for OpenOptions {
@@ -90,6 +99,7 @@ impl Default for OpenOptions {
             cleaner: CleanerConfig::default(),
             dedup_memory_bytes: DEDUP_MEMORY_DEFAULT_BYTES,
             read_cache_bytes: READ_CACHE_DEFAULT_BYTES,
+            elastic: ElasticConfig::default(),
         }
     }
 }
@@ -124,7 +134,14 @@ struct State {
 pub struct Volume {
     storage: Arc<dyn Storage>,
     sb: Superblock,
-    codec: Codec,
+    policy: CodecPolicy,
+    /// I/O intensity for the auto policy.
+    load: LoadMonitor,
+    /// Decompressed multi-block units by (record offset, record length).
+    unit_cache: UnitCache,
+    elastic_stats: ElasticStats,
+    /// Next window the background recompressor scans.
+    recompress_cursor: AtomicU64,
     options: OpenOptions,
     state: Mutex<State>,
     flush_lock: Mutex<()>,
@@ -154,14 +171,18 @@ pub struct Volume {
     read_cache_misses: AtomicU64,
 }
 
-/// A block after compression, before it has a place in the log.
+/// A block or unit after compression, before it has a place in the log.
 enum Prepared<'a> {
     Data {
         lba: u64,
+        /// 1, or the blocks of a merged unit.
+        nblocks: u32,
         codec: CodecTag,
+        level: u8,
         payload: Cow<'a, [u8]>,
         payload_crc: u32,
-        fp: Fingerprint,
+        /// Fingerprint per block (0: none).
+        fps: Vec<Fingerprint>,
     },
     Zero {
         lba: u64,
@@ -188,8 +209,65 @@ enum DupTarget {
 /// Decompressed blocks by (record offset, record crc).
 type ReadCache = quick_cache::sync::Cache<(u64, u32), Arc<[u8]>>;
 
+/// A verified, decompressed record: its header and all its blocks.
+pub(crate) struct DecodedUnit {
+    header: RecordHeader,
+    data: Vec<u8>,
+}
+type UnitCache = quick_cache::sync::Cache<(u64, u32), Arc<DecodedUnit>>;
+
+/// Counters of elastic compression, for `stat`.
+#[derive(Debug, Default)]
+struct ElasticStats {
+    /// Blocks the probe sent to storage raw, uncompressed.
+    probe_raw_blocks: AtomicU64,
+    /// Units (records) the auto policy compressed with lz4 / zstd:1 / zstd:3.
+    auto_lz4: AtomicU64,
+    auto_zstd_fast: AtomicU64,
+    auto_zstd_strong: AtomicU64,
+    /// Multi-block units written by client writes, and their blocks.
+    units_written: AtomicU64,
+    unit_blocks_written: AtomicU64,
+    /// Read path: bytes served, bytes decompressed to serve them.
+    bytes_read: AtomicU64,
+    bytes_decoded: AtomicU64,
+    unit_cache_hits: AtomicU64,
+    unit_cache_misses: AtomicU64,
+    /// Background recompression.
+    recompress_passes: AtomicU64,
+    recompressed_blocks: AtomicU64,
+    recompressed_bytes_before: AtomicU64,
+    recompressed_bytes_after: AtomicU64,
+    recompress_skipped_units: AtomicU64,
+}
+
 /// Bytes of a REF record.
 const REF_RECORD_BYTES: u64 = (RECORD_HEADER_BYTES + cvol_format::mapentry::MAP_ENTRY_BYTES) as u64;
+
+/// The live mask of a fresh record of `nblocks` (every block; 0 for one).
+pub(crate) fn full_mask(nblocks: u32) -> u16 {
+    if nblocks > 1 {
+        ((1u32 << nblocks) - 1) as u16
+    } else {
+        0
+    }
+}
+
+/// The owner entry of block `k` of a record of `nblocks` blocks.
+pub(crate) fn unit_entry(
+    codec: CodecTag,
+    offset: u64,
+    len: u32,
+    crc: u32,
+    nblocks: u32,
+    k: u32,
+) -> MapEntry {
+    if nblocks > 1 {
+        MapEntry::unit(codec, offset, len, crc, k)
+    } else {
+        MapEntry::data(codec, offset, len, crc)
+    }
+}
 
 pub fn default_segment_size(physical_size_bytes: u64) -> u64 {
     if physical_size_bytes >= 1 << 30 {
@@ -222,13 +300,17 @@ impl Volume {
             physical_size_bytes: c.physical_size_bytes,
             segment_size_bytes,
             data_offset_bytes: cvol_format::DATA_OFFSET_BYTES,
-            codec: c.codec.tag(),
-            codec_level: c.codec.level(),
+            codec: c.codec.codec().tag(),
+            codec_level: c.codec.codec().level(),
             created_unix_secs: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             flags: if c.dedup {
                 cvol_format::superblock::FLAG_DEDUP
+            } else {
+                0
+            } | if c.codec.is_auto() {
+                cvol_format::superblock::FLAG_AUTO_CODEC
             } else {
                 0
             },
@@ -305,6 +387,7 @@ impl Volume {
         let mut counters = MapCounters::default();
         r.map.for_each_mapped(|_, e| counters.add(e));
         counters.stored_payload_bytes = live.stored_payload_bytes;
+        counters.stored_codec_bytes = live.stored_codec_bytes;
         let state = State {
             map: r.map,
             log,
@@ -358,7 +441,18 @@ impl Volume {
             read_cache,
             read_cache_hits: AtomicU64::new(0),
             read_cache_misses: AtomicU64::new(0),
-            codec: Codec::from_tag(sb.codec, sb.codec_level),
+            policy: {
+                let c = Codec::from_tag(sb.codec, sb.codec_level);
+                if sb.auto_codec() {
+                    CodecPolicy::Auto { strong: c }
+                } else {
+                    CodecPolicy::Fixed(c)
+                }
+            },
+            load: LoadMonitor::default(),
+            unit_cache: quick_cache::sync::Cache::new(UNIT_CACHE_UNITS),
+            elastic_stats: ElasticStats::default(),
+            recompress_cursor: AtomicU64::new(0),
             storage,
             sb,
             options,
@@ -408,8 +502,13 @@ impl Volume {
         self.sb.logical_size_bytes
     }
 
+    /// The fixed codec, or the strong (idle-time) codec of the auto policy.
     pub fn codec(&self) -> Codec {
-        self.codec
+        self.policy.codec()
+    }
+
+    pub fn codec_policy(&self) -> CodecPolicy {
+        self.policy
     }
 
     pub fn read_only(&self) -> bool {
@@ -460,6 +559,8 @@ impl Volume {
         if data.is_empty() {
             return Ok(());
         }
+        self.load.note(data.len() as u64);
+        let _inflight = self.load.enter();
         if offset.is_multiple_of(BLOCK_SIZE_BYTES) && data.len().is_multiple_of(BS) {
             let _shared = self.rmw.read().expect("rmw lock");
             self.write_blocks(offset / BLOCK_SIZE_BYTES, data)?;
@@ -548,10 +649,29 @@ impl Volume {
                 }
             }
         }
+        // Zero runs, dedup references, and runs of data merged into units:
+        // contiguous blocks inside one aligned window of `unit` blocks.
+        let unit = u64::from(
+            self.options
+                .elastic
+                .unit_blocks
+                .clamp(1, policy::UNIT_BLOCKS_MAX),
+        );
         let mut out: Vec<Prepared<'a>> = Vec::with_capacity(nblocks);
+        let mut run: Option<usize> = None;
+        let flush_run = |out: &mut Vec<Prepared<'a>>, run: &mut Option<usize>, end: usize| {
+            if let Some(start) = run.take() {
+                out.extend(self.compress_run(
+                    lba + start as u64,
+                    &data[start * BS..end * BS],
+                    &fps[start..end],
+                ));
+            }
+        };
         for i in 0..nblocks {
             let (l, b) = (lba + i as u64, block(i));
             if is_zero(b) {
+                flush_run(&mut out, &mut run, i);
                 if let Some(Prepared::Zero { lba: zl, nblocks }) = out.last_mut() {
                     if *zl + u64::from(*nblocks) == l {
                         *nblocks += 1;
@@ -561,41 +681,135 @@ impl Volume {
                 out.push(Prepared::Zero { lba: l, nblocks: 1 });
                 continue;
             }
-            out.push(match targets[i] {
-                Some(target) => Prepared::Dup {
+            if let Some(target) = targets[i] {
+                flush_run(&mut out, &mut run, i);
+                out.push(Prepared::Dup {
                     lba: l,
                     fp: fps[i],
                     block: b,
                     target,
-                },
-                None => self.compress_block(l, b, fps[i]),
-            });
+                });
+                continue;
+            }
+            if run.is_some() && l % unit == 0 {
+                flush_run(&mut out, &mut run, i);
+            }
+            run.get_or_insert(i);
+        }
+        flush_run(&mut out, &mut run, nblocks);
+        out
+    }
+
+    /// The codec for a run of blocks: raw if the probe finds it
+    /// incompressible, else the fixed codec or the auto policy's choice
+    /// for the current load.
+    fn choose_codec(&self, data: &[u8]) -> Codec {
+        let n = (data.len() / BS) as u64;
+        let es = &self.elastic_stats;
+        match self.policy {
+            CodecPolicy::Fixed(Codec::None) => Codec::None,
+            _ if !policy::probe_compressible(data) => {
+                es.probe_raw_blocks.fetch_add(n, Ordering::Relaxed);
+                Codec::None
+            }
+            CodecPolicy::Fixed(c) => c,
+            CodecPolicy::Auto { .. } => {
+                let load = self.load.load(&self.options.elastic);
+                match load {
+                    policy::Load::Busy => &es.auto_lz4,
+                    policy::Load::Medium => &es.auto_zstd_fast,
+                    policy::Load::Idle => &es.auto_zstd_strong,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+                policy::auto_codec(load)
+            }
+        }
+    }
+
+    /// Compresses a run of contiguous blocks (inside one unit window) into
+    /// one unit record, or single-block records when it is one block or
+    /// does not compress.
+    fn compress_run<'a>(&self, lba: u64, data: &'a [u8], fps: &[Fingerprint]) -> Vec<Prepared<'a>> {
+        let out = self.compress_run_with(lba, data, fps, self.choose_codec(data));
+        if let [Prepared::Data { nblocks, .. }] = out[..] {
+            if nblocks > 1 {
+                let es = &self.elastic_stats;
+                es.units_written.fetch_add(1, Ordering::Relaxed);
+                es.unit_blocks_written
+                    .fetch_add(u64::from(nblocks), Ordering::Relaxed);
+            }
         }
         out
     }
 
-    fn compress_block<'a>(&self, lba: u64, block: &'a [u8], fp: Fingerprint) -> Prepared<'a> {
-        let (codec, payload) = match self.codec.compress(block) {
-            Some(c) => (self.codec.tag(), Cow::Owned(c)),
-            None => (CodecTag::None, Cow::Borrowed(block)),
-        };
-        let payload_crc = crc32c::crc32c(&payload);
-        Prepared::Data {
-            lba,
-            codec,
-            payload,
-            payload_crc,
-            fp,
+    fn compress_run_with<'a>(
+        &self,
+        lba: u64,
+        data: &'a [u8],
+        fps: &[Fingerprint],
+        codec: Codec,
+    ) -> Vec<Prepared<'a>> {
+        let n = data.len() / BS;
+        debug_assert!(n >= 1 && n <= policy::UNIT_BLOCKS_MAX as usize && fps.len() == n);
+        let compressed = codec.compress(data);
+        match compressed {
+            Some(c) => {
+                vec![Prepared::Data {
+                    lba,
+                    nblocks: n as u32,
+                    codec: codec.tag(),
+                    level: codec.level(),
+                    payload_crc: crc32c::crc32c(&c),
+                    payload: Cow::Owned(c),
+                    fps: fps.to_vec(),
+                }]
+            }
+            // Stored raw, one record per block: a raw unit would only cost
+            // read amplification.
+            None => (0..n)
+                .map(|i| {
+                    let b = &data[i * BS..(i + 1) * BS];
+                    Prepared::Data {
+                        lba: lba + i as u64,
+                        nblocks: 1,
+                        codec: CodecTag::None,
+                        level: 0,
+                        payload_crc: crc32c::crc32c(b),
+                        payload: Cow::Borrowed(b),
+                        fps: vec![fps[i]],
+                    }
+                })
+                .collect(),
         }
+    }
+
+    /// One block, compressed on its own (a dedup candidate that lost its
+    /// target at commit).
+    fn compress_block<'a>(&self, lba: u64, block: &'a [u8], fp: Fingerprint) -> Prepared<'a> {
+        self.compress_run(lba, block, &[fp])
+            .pop()
+            .expect("one block makes one record")
     }
 
     /// The decompressed block of the record `e` names, for dedup
     /// verification: from the read cache, the open segment's buffer or the
     /// store. None if it cannot be read or is not that record any more.
     fn stored_block(&self, e: MapEntry) -> Option<Arc<[u8]>> {
-        let EntryState::Data { offset, len, .. } = e.state_valid() else {
+        let EntryState::Data {
+            offset, len, unit, ..
+        } = e.state_valid()
+        else {
             return None;
         };
+        // As a ref entry: the record may name any LBA; its crc must match.
+        let as_ref = e.as_ref_entry();
+        let mut out = vec![0u8; BS];
+        if unit {
+            if let Some(u) = self.unit_cache.get(&(offset, len)) {
+                u.copy_block(0, as_ref, &mut out).ok()?;
+                return Some(Arc::from(out));
+            }
+        }
         if let Some(b) = self
             .read_cache
             .as_ref()
@@ -617,9 +831,13 @@ impl Volume {
                 r
             }
         };
-        let mut out = vec![0u8; BS];
-        // As a ref entry: the record may name any LBA; its crc must match.
-        decode_block_record(0, e.as_ref_entry(), &rec, &mut out).ok()?;
+        if unit {
+            let u = Arc::new(DecodedUnit::decode(&rec).ok()?);
+            u.copy_block(0, as_ref, &mut out).ok()?;
+            self.unit_cache.insert((offset, len), u);
+        } else {
+            decode_block_record(0, as_ref, &rec, &mut out).ok()?;
+        }
         let b: Arc<[u8]> = Arc::from(out);
         if let Some(c) = &self.read_cache {
             self.read_cache_misses.fetch_add(1, Ordering::Relaxed);
@@ -721,25 +939,34 @@ impl Volume {
         match item {
             Prepared::Data {
                 lba,
+                nblocks,
                 codec,
+                level,
                 payload,
                 payload_crc,
-                fp,
+                fps,
             } => {
-                let p = self.guard(st.log.append(
-                    &*self.storage,
-                    RecordKind::Data,
+                let shape = Shape {
+                    kind: RecordKind::Data,
                     codec,
+                    level,
                     lba,
-                    1,
-                    &payload,
-                    payload_crc,
-                ))?;
-                let e = MapEntry::data(codec, p.offset, p.len, p.crc);
-                self.set_entry(st, lba, e);
-                if let (Some(ix), true) = (&self.index, fp != 0) {
-                    ix.lock().expect("index lock").insert(fp, e, lba);
-                    done.insert(lba, e);
+                    nblocks,
+                    mask: full_mask(nblocks),
+                };
+                let p =
+                    self.guard(
+                        st.log
+                            .append_shaped(&*self.storage, shape, &payload, payload_crc),
+                    )?;
+                for (k, &fp) in fps.iter().enumerate() {
+                    let e = unit_entry(codec, p.offset, p.len, p.crc, nblocks, k as u32);
+                    let l = lba + k as u64;
+                    self.set_entry(st, l, e);
+                    if let (Some(ix), true) = (&self.index, fp != 0) {
+                        ix.lock().expect("index lock").insert(fp, e, l);
+                        done.insert(l, e);
+                    }
                 }
             }
             Prepared::Zero { lba, nblocks } => {
@@ -943,6 +1170,8 @@ impl Volume {
         if buf.is_empty() {
             return Ok(());
         }
+        self.load.note(buf.len() as u64);
+        let _inflight = self.load.enter();
         let first = offset / BLOCK_SIZE_BYTES;
         if offset.is_multiple_of(BLOCK_SIZE_BYTES) && buf.len().is_multiple_of(BS) {
             return self.read_blocks(first, buf);
@@ -963,7 +1192,7 @@ impl Volume {
         self.note_client_io();
         let mut attempt = 0;
         loop {
-            match self.read_blocks_once(lba, out) {
+            match self.read_blocks_once(lba, out, true) {
                 Err(VolError::Corrupt { .. }) if attempt < READ_RETRIES => attempt += 1,
                 Err(VolError::Corrupt { lba, detail }) => {
                     self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
@@ -975,7 +1204,8 @@ impl Volume {
         }
     }
 
-    fn read_blocks_once(&self, lba: u64, out: &mut [u8]) -> Result<(), VolError> {
+    /// Reads whole blocks once; `client` reads count in the read statistics.
+    fn read_blocks_once(&self, lba: u64, out: &mut [u8], client: bool) -> Result<(), VolError> {
         let n = out.len() / BS;
         let mut entries = Vec::with_capacity(n);
         let mut buffered: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
@@ -993,9 +1223,23 @@ impl Volume {
                 buffered.push(b);
             }
         }
+        let scratch = ElasticStats::default();
+        let es = if client {
+            &self.elastic_stats
+        } else {
+            &scratch
+        };
+        es.bytes_read.fetch_add(out.len() as u64, Ordering::Relaxed);
+        let corrupt = |k: usize, detail: String| VolError::Corrupt {
+            lba: lba + k as u64,
+            detail,
+        };
         let mut i = 0;
         while i < n {
-            let EntryState::Data { offset, len, .. } = entries[i].state_valid() else {
+            let EntryState::Data {
+                offset, len, unit, ..
+            } = entries[i].state_valid()
+            else {
                 out[i * BS..(i + 1) * BS].fill(0);
                 i += 1;
                 continue;
@@ -1010,21 +1254,39 @@ impl Volume {
                 i += 1;
                 continue;
             }
-            if let Some(cache) = &self.read_cache {
-                if let Some(b) = cache.get(&(offset, entries[i].crc)) {
-                    self.read_cache_hits.fetch_add(1, Ordering::Relaxed);
-                    out[i * BS..(i + 1) * BS].copy_from_slice(&b);
-                    i += 1;
-                    continue;
+            if !unit {
+                if let Some(cache) = &self.read_cache {
+                    if let Some(b) = cache.get(&(offset, entries[i].crc)) {
+                        self.read_cache_hits.fetch_add(1, Ordering::Relaxed);
+                        out[i * BS..(i + 1) * BS].copy_from_slice(&b);
+                        i += 1;
+                        continue;
+                    }
                 }
+            } else if let Some(u) = self.unit_cache.get(&(offset, len)) {
+                es.unit_cache_hits.fetch_add(1, Ordering::Relaxed);
+                // This block and the following ones of the same unit.
+                let mut j = i;
+                while j < n && buffered[j].is_none() && entries[j].same_location(&entries[i]) {
+                    u.copy_block(lba + j as u64, entries[j], &mut out[j * BS..(j + 1) * BS])
+                        .map_err(|d| corrupt(j, d))?;
+                    j += 1;
+                }
+                i = j;
+                continue;
             }
+            // Adjacent records (and further blocks of the same unit) in one read.
             let mut j = i + 1;
-            let mut end = offset + u64::from(len);
+            let (mut end, mut last) = (offset + u64::from(len), offset);
             while j < n && buffered[j].is_none() && end - offset < READ_MERGE_MAX_BYTES {
                 match entries[j].state_valid() {
+                    EntryState::Data { offset: o, .. } if o == last => {}
                     EntryState::Data {
                         offset: o, len: l, ..
-                    } if o == end => end += u64::from(l),
+                    } if o == end => {
+                        last = o;
+                        end += u64::from(l);
+                    }
                     _ => break,
                 }
                 j += 1;
@@ -1033,22 +1295,43 @@ impl Volume {
             self.storage
                 .read_at(offset, &mut run)
                 .map_err(VolError::Io)?;
-            let mut at = 0usize;
             let cache = self
                 .read_cache
                 .as_ref()
                 .filter(|_| j - i <= READ_CACHE_RUN_MAX);
+            let mut current: Option<(u64, Arc<DecodedUnit>)> = None;
             for k in i..j {
-                let EntryState::Data { offset, len, .. } = entries[k].state_valid() else {
+                let EntryState::Data {
+                    offset: o,
+                    len: l,
+                    unit,
+                    ..
+                } = entries[k].state_valid()
+                else {
                     unreachable!("run holds data")
                 };
-                let rec = &run[at..at + len as usize];
+                let at = (o - offset) as usize;
+                let rec = &run[at..at + l as usize];
                 let block = &mut out[k * BS..(k + 1) * BS];
-                self.decode_block(lba + k as u64, entries[k], rec, block)?;
-                if let Some(c) = cache {
-                    c.insert((offset, entries[k].crc), Arc::from(&*block));
+                if !unit {
+                    self.decode_block(lba + k as u64, entries[k], rec, block)?;
+                    es.bytes_decoded.fetch_add(BS as u64, Ordering::Relaxed);
+                    if let Some(c) = cache {
+                        c.insert((o, entries[k].crc), Arc::from(&*block));
+                    }
+                    continue;
                 }
-                at += len as usize;
+                if current.as_ref().is_none_or(|(co, _)| *co != o) {
+                    let u = Arc::new(DecodedUnit::decode(rec).map_err(|d| corrupt(k, d))?);
+                    es.unit_cache_misses.fetch_add(1, Ordering::Relaxed);
+                    es.bytes_decoded
+                        .fetch_add(u.data.len() as u64, Ordering::Relaxed);
+                    self.unit_cache.insert((o, l), u.clone());
+                    current = Some((o, u));
+                }
+                let (_, u) = current.as_ref().expect("decoded above");
+                u.copy_block(lba + k as u64, entries[k], block)
+                    .map_err(|d| corrupt(k, d))?;
             }
             if self.read_cache.is_some() {
                 self.read_cache_misses
@@ -1309,6 +1592,8 @@ impl Volume {
         let ix = ix_guard.as_deref();
         let cache_hits = self.read_cache_hits.load(Ordering::Relaxed);
         let cache_misses = self.read_cache_misses.load(Ordering::Relaxed);
+        let es = &self.elastic_stats;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         VolumeStats {
             logical_size_bytes: self.sb.logical_size_bytes,
             physical_size_bytes: self.sb.physical_size_bytes,
@@ -1324,7 +1609,7 @@ impl Volume {
             codec_none_blocks: c.codec_blocks[CodecTag::None as usize],
             codec_lz4_blocks: c.codec_blocks[CodecTag::Lz4 as usize],
             codec_zstd_blocks: c.codec_blocks[CodecTag::Zstd as usize],
-            codec: self.codec.to_string(),
+            codec: self.policy.to_string(),
             segment_size_bytes: self.sb.segment_size_bytes,
             segments_total: self.sb.segment_count(),
             segments_used: st.log.segments.count() - st.log.segments.free_count(),
@@ -1349,7 +1634,7 @@ impl Volume {
             compression_saved_bytes: ((c.data_blocks - st.shared.extra_refs) * bs)
                 .saturating_sub(c.stored_payload_bytes),
             zero_saved_bytes: c.zero_blocks * bs,
-            dedup_shared_records: st.shared.records.len() as u64,
+            dedup_shared_records: st.shared.shared_count(),
             dedup_lookups: self.dedup_lookups.load(Ordering::Relaxed),
             dedup_hits: self.dedup_hits.load(Ordering::Relaxed),
             dedup_index_entries: ix.map_or(0, |i| i.entries),
@@ -1359,12 +1644,93 @@ impl Volume {
             read_cache_hits: cache_hits,
             read_cache_misses: cache_misses,
             read_cache_hit_rate: ratio(cache_hits, cache_hits + cache_misses),
+            codec_strong: self.policy.codec().to_string(),
+            codec_none_bytes: c.stored_codec_bytes[CodecTag::None as usize],
+            codec_lz4_bytes: c.stored_codec_bytes[CodecTag::Lz4 as usize],
+            codec_zstd_bytes: c.stored_codec_bytes[CodecTag::Zstd as usize],
+            unit_blocks: self.options.elastic.unit_blocks,
+            units_written: get(&es.units_written),
+            unit_blocks_written: get(&es.unit_blocks_written),
+            probe_raw_blocks: get(&es.probe_raw_blocks),
+            auto_lz4_units: get(&es.auto_lz4),
+            auto_zstd_fast_units: get(&es.auto_zstd_fast),
+            auto_zstd_strong_units: get(&es.auto_zstd_strong),
+            load_iops: self.load.iops(),
+            load_inflight: self.load.inflight() as u64,
+            load_level: format!("{:?}", self.load.load(&self.options.elastic)).to_lowercase(),
+            bytes_read: get(&es.bytes_read),
+            bytes_decoded: get(&es.bytes_decoded),
+            read_amplification: ratio(get(&es.bytes_decoded), get(&es.bytes_read)),
+            unit_cache_hits: get(&es.unit_cache_hits),
+            unit_cache_misses: get(&es.unit_cache_misses),
+            recompress: self.policy.is_auto() && self.options.elastic.recompress,
+            recompress_passes: get(&es.recompress_passes),
+            recompressed_blocks: get(&es.recompressed_blocks),
+            recompressed_bytes_before: get(&es.recompressed_bytes_before),
+            recompressed_bytes_after: get(&es.recompressed_bytes_after),
+            recompress_skipped_units: get(&es.recompress_skipped_units),
             checkpoint_generation: st.checkpoint_generation,
             last_seq: st.log.last_seq(),
             epoch: st.log.epoch,
             read_only: self.options.read_only,
             poisoned: self.poisoned.load(Ordering::SeqCst),
         }
+    }
+}
+
+/// Checks that map entry `e` (for `lba`) may point at the verified record
+/// `h`, and returns the index of the block it names in it. A record's crc
+/// includes its seq, so a stale or misdirected record fails here.
+pub fn block_index(lba: u64, e: MapEntry, h: &RecordHeader) -> Result<usize, String> {
+    let EntryState::Data { shared, unit, .. } = e.state_valid() else {
+        return Err("map entry names no record".into());
+    };
+    let k = e.block_in(h.crc);
+    let fits = if unit {
+        h.nblocks >= 2 && k < h.nblocks
+    } else {
+        h.nblocks == 1 && k == 0
+    };
+    if !fits || h.kind != RecordKind::Data {
+        return Err(format!(
+            "record crc {:#010x} ({:?}, lba {}+{}) is not the one the map expects \
+             ({:#010x}): stale or misdirected",
+            h.crc, h.kind, h.lba, h.nblocks, e.crc
+        ));
+    }
+    if h.nblocks > recovery::DATA_UNIT_BLOCKS_MAX {
+        return Err(format!("data record of {} blocks", h.nblocks));
+    }
+    // A ref entry (dedup) may point at a record that names another LBA.
+    if !shared && h.lba + u64::from(k) != lba {
+        return Err(format!(
+            "record holds lba {}+{} of kind {:?}, not lba {lba}",
+            h.lba, h.nblocks, h.kind
+        ));
+    }
+    Ok(k as usize)
+}
+
+impl DecodedUnit {
+    /// Verifies and decompresses a whole DATA record.
+    pub(crate) fn decode(rec: &[u8]) -> Result<DecodedUnit, String> {
+        let (h, payload) = RecordHeader::decode_verified(rec).map_err(|e| e.to_string())?;
+        if h.kind != RecordKind::Data || h.nblocks > recovery::DATA_UNIT_BLOCKS_MAX {
+            return Err(format!(
+                "not a data record: {:?} of {} blocks",
+                h.kind, h.nblocks
+            ));
+        }
+        let mut data = vec![0u8; h.nblocks as usize * BS];
+        codec::decompress(h.codec, payload, &mut data)?;
+        Ok(DecodedUnit { header: h, data })
+    }
+
+    /// Copies the block entry `e` (for `lba`) names, after the identity check.
+    pub(crate) fn copy_block(&self, lba: u64, e: MapEntry, out: &mut [u8]) -> Result<(), String> {
+        let k = block_index(lba, e, &self.header)?;
+        out.copy_from_slice(&self.data[k * BS..(k + 1) * BS]);
+        Ok(())
     }
 }
 
@@ -1377,36 +1743,13 @@ pub fn decode_block_record(
     out: &mut [u8],
 ) -> Result<(), String> {
     let (h, payload) = RecordHeader::decode_verified(rec).map_err(|e| e.to_string())?;
-    if h.crc != e.crc {
-        return Err(format!(
-            "record crc {:#010x} is not the one the map expects ({:#010x}): stale or misdirected",
-            h.crc, e.crc
-        ));
-    }
-    if h.nblocks > recovery::DATA_UNIT_BLOCKS_MAX {
-        return Err(format!("data record of {} blocks", h.nblocks));
-    }
-    // A ref entry (dedup) may point at a record that names another LBA;
-    // its crc, checked above, identifies the record.
-    let shared = matches!(e.state_valid(), EntryState::Data { shared: true, .. });
-    let in_unit = if shared {
-        h.nblocks == 1
-    } else {
-        h.lba <= lba && lba < h.lba + u64::from(h.nblocks)
-    };
-    if h.kind != RecordKind::Data || !in_unit {
-        return Err(format!(
-            "record holds lba {}+{} of kind {:?}, not lba {lba}",
-            h.lba, h.nblocks, h.kind
-        ));
-    }
+    let k = block_index(lba, e, &h)?;
     if h.nblocks == 1 {
         return codec::decompress(h.codec, payload, out);
     }
     let mut unit = vec![0u8; h.nblocks as usize * BS];
     codec::decompress(h.codec, payload, &mut unit)?;
-    let at = (lba - h.lba) as usize * BS;
-    out.copy_from_slice(&unit[at..at + BS]);
+    out.copy_from_slice(&unit[k * BS..(k + 1) * BS]);
     Ok(())
 }
 
@@ -1458,7 +1801,7 @@ mod dedup_tests {
         let opts = CreateOptions {
             logical_size_bytes: 1 << 20,
             physical_size_bytes: 8 << 20,
-            codec: Codec::Lz4,
+            codec: Codec::Lz4.into(),
             segment_size_bytes: 1 << 20,
             dedup: true,
         };
@@ -1492,7 +1835,7 @@ mod dedup_tests {
         let opts = CreateOptions {
             logical_size_bytes: 1 << 20,
             physical_size_bytes: 8 << 20,
-            codec: Codec::Lz4,
+            codec: Codec::Lz4.into(),
             segment_size_bytes: 1 << 20,
             dedup: true,
         };

@@ -9,7 +9,7 @@ fn create(sim: &SimStorage, logical: u64, codec: Codec) -> Volume {
     let opts = CreateOptions {
         logical_size_bytes: logical,
         physical_size_bytes: sim.len_bytes(),
-        codec,
+        codec: codec.into(),
         segment_size_bytes: MIB,
         dedup: true,
     };

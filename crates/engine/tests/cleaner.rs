@@ -32,7 +32,7 @@ fn volume(sim: &SimStorage, logical: u64, policy: VictimPolicy) -> Volume {
     let opts = CreateOptions {
         logical_size_bytes: logical,
         physical_size_bytes: sim.len_bytes(),
-        codec: Codec::Lz4,
+        codec: Codec::Lz4.into(),
         segment_size_bytes: MIB,
         dedup: true,
     };

@@ -19,7 +19,7 @@ fn volume_with_data(sim: &SimStorage) -> Volume {
     let opts = CreateOptions {
         logical_size_bytes: 4 * MIB,
         physical_size_bytes: sim.len_bytes(),
-        codec: Codec::Lz4,
+        codec: Codec::Lz4.into(),
         segment_size_bytes: MIB,
         dedup: true,
     };

@@ -10,7 +10,9 @@
 //!
 //! Reproduce one seed: `CVOL_SIM_SEED=123 cargo test -p cvol-engine --test crash_sim -- --nocapture`
 //! More seeds: `CVOL_SIM_SEEDS=5000 cargo test --release -p cvol-engine --test crash_sim`
-use cvol_engine::{check, Codec, CreateOptions, OpenOptions, VolError, Volume};
+use cvol_engine::{
+    check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume,
+};
 use cvol_storage::{SimConfig, SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::HashSet;
@@ -173,6 +175,12 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
             None,
             false,
         ),
+        // Background recompression (policy auto; a no-op otherwise).
+        97 => (
+            vol.recompress_pass(u64::MAX, false).map(|_| Durable::None),
+            None,
+            false,
+        ),
         _ => {
             let mut b = vec![0u8; BS];
             let lba = rng.gen_range(0..LOGICAL_BLOCKS);
@@ -210,12 +218,36 @@ struct Coverage {
     blocks_rolled_back: u64,
     blocks_kept_unflushed: u64,
     dedup_hits: u64,
+    units_written: u64,
+    recompressed_blocks: u64,
+}
+
+/// Elastic settings for one seed: a unit size, and load thresholds that
+/// pin the auto policy to one load level (the measured load depends on
+/// timing, which a seed must not).
+fn elastic(rng: &mut StdRng) -> ElasticConfig {
+    let (busy_iops, idle_iops) =
+        [(0, 0), (u64::MAX, 0), (u64::MAX, u64::MAX - 1)][rng.gen_range(0..3)];
+    ElasticConfig {
+        unit_blocks: [1, 4, 8, 16][rng.gen_range(0..4)],
+        busy_iops,
+        idle_iops,
+        busy_inflight: usize::MAX,
+        ..ElasticConfig::default()
+    }
 }
 
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
     let sim = SimStorage::new(6 * MIB);
-    let codec = [Codec::Lz4, Codec::Zstd(1), Codec::None][rng.gen_range(0..3)];
+    let codec = [
+        Codec::Lz4.into(),
+        Codec::Zstd(1).into(),
+        Codec::None.into(),
+        CodecPolicy::Auto {
+            strong: Codec::Zstd(3),
+        },
+    ][rng.gen_range(0..4)];
     let opts = CreateOptions {
         logical_size_bytes: (LOGICAL_BLOCKS * BS) as u64,
         physical_size_bytes: 6 * MIB,
@@ -223,8 +255,13 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         segment_size_bytes: MIB,
         dedup: rng.gen_ratio(3, 4),
     };
-    let mut vol = Volume::create(Arc::new(sim.clone()), &opts).expect("create");
-    vol.flush().expect("flush");
+    let created = Volume::create(Arc::new(sim.clone()), &opts).expect("create");
+    created.close().expect("close");
+    let options = || OpenOptions {
+        elastic: elastic(&mut StdRng::seed_from_u64(seed)),
+        ..OpenOptions::default()
+    };
+    let mut vol = Volume::open(Arc::new(sim.clone()), options()).expect("open");
     let mut model = Model::new(vec![0u8; LOGICAL_BLOCKS * BS]);
     let mut store = sim;
     for cycle in 0..3 {
@@ -241,11 +278,13 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         let st = vol.stats();
         cov.cleaner_records_moved += st.cleaner_records_relocated;
         cov.dedup_hits += st.dedup_hits;
+        cov.units_written += st.units_written;
+        cov.recompressed_blocks += st.recompressed_blocks;
         vol.verify_refcounts()
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: before the crash: {e}"));
         let crashed = store.crash(rng.gen());
         drop(vol);
-        let reopened = Volume::open(Arc::new(crashed.clone()), OpenOptions::default())
+        let reopened = Volume::open(Arc::new(crashed.clone()), options())
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: reopen failed: {e}"));
         reopened
             .verify_refcounts()
@@ -286,17 +325,25 @@ fn crash_simulation_seeds() {
     }
     eprintln!(
         "{n} seeds: {} runs cut by a failing store, {} blocks rolled back to an older version, \
-         {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits",
+         {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits, \
+         {} units written, {} blocks recompressed",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
         cov.cleaner_records_moved,
-        cov.dedup_hits
+        cov.dedup_hits,
+        cov.units_written,
+        cov.recompressed_blocks
     );
     // The simulation must actually lose unflushed data sometimes, or it tests nothing.
     assert!(cov.cut_mid_run > n / 2 && cov.blocks_rolled_back > 0 && cov.blocks_kept_unflushed > 0);
     assert!(cov.cleaner_records_moved > 0, "the cleaner never ran");
     assert!(cov.dedup_hits > 0, "dedup never found a repeat");
+    assert!(cov.units_written > 0, "no merged unit was ever written");
+    assert!(
+        cov.recompressed_blocks > 0,
+        "background recompression never ran"
+    );
 }
 
 /// Finds the byte offset of the ZERO record for `lba` in the store.
@@ -329,7 +376,7 @@ fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
     let opts = CreateOptions {
         logical_size_bytes: (LOGICAL_BLOCKS * BS) as u64,
         physical_size_bytes: 6 * MIB,
-        codec: Codec::None,
+        codec: Codec::None.into(),
         segment_size_bytes: MIB,
         dedup: false,
     };
@@ -393,7 +440,7 @@ fn space_exhaustion_under_crashes_keeps_volume_consistent() {
         let opts = CreateOptions {
             logical_size_bytes: (LOGICAL_BLOCKS * BS) as u64,
             physical_size_bytes: 4 * MIB,
-            codec: Codec::None,
+            codec: Codec::None.into(),
             segment_size_bytes: MIB,
             dedup: true,
         };

@@ -97,7 +97,7 @@ fn run(ops: Vec<Op>, codec: Codec, dedup: bool) {
     let opts = CreateOptions {
         logical_size_bytes: SIZE as u64,
         physical_size_bytes: sim.len_bytes(),
-        codec,
+        codec: codec.into(),
         segment_size_bytes: 1 << 20,
         dedup,
     };
@@ -175,7 +175,7 @@ fn concurrent_writers_and_readers_on_disjoint_ranges() {
     let opts = CreateOptions {
         logical_size_bytes: 16 << 20,
         physical_size_bytes: sim.len_bytes(),
-        codec: Codec::Lz4,
+        codec: Codec::Lz4.into(),
         segment_size_bytes: 1 << 20,
         dedup: true,
     };

@@ -15,7 +15,7 @@ fn regression_checkpoint_fits_after_client_fills_log_with_fragmented_map() {
     let opts = CreateOptions {
         logical_size_bytes: 262144 * MIB,
         physical_size_bytes: sim.len_bytes(),
-        codec: Codec::Lz4,
+        codec: Codec::Lz4.into(),
         segment_size_bytes: MIB,
         dedup: false,
     };
@@ -59,7 +59,7 @@ fn regression_full_log_volume_can_still_be_opened_for_writing() {
     let opts = CreateOptions {
         logical_size_bytes: 64 * MIB,
         physical_size_bytes: sim.len_bytes(),
-        codec: Codec::None,
+        codec: Codec::None.into(),
         segment_size_bytes: MIB,
         dedup: false,
     };

@@ -5,12 +5,18 @@
 //!   bits  0..43  physical byte offset of the record header (8 TiB)
 //!   bits 43..60  record length, header + payload (< 128 KiB)
 //!   bits 60..64  state: 0 unmapped, 1 zero, 2 data/none, 3 data/lz4, 4 data/zstd,
-//!                5 ref/none, 6 ref/lz4, 7 ref/zstd
-//! crc: u32       the record's CRC (catches stale or misdirected records)
+//!                5 ref/none, 6 ref/lz4, 7 ref/zstd,
+//!                8 unit/none, 9 unit/lz4, 10 unit/zstd,
+//!                11 unit ref/none, 12 unit ref/lz4, 13 unit ref/zstd
+//! crc: u32       the record's CRC (catches stale or misdirected records);
+//!                for a block k of a unit, the record's CRC xor k
 //! ```
 //! A *ref* entry points at a DATA record that may name another LBA in its
 //! header (deduplication): the block's content is that record's, and the
 //! owner-LBA check on read is skipped (the crc still identifies the record).
+//! A *unit* entry points at block k of a multi-block DATA record (a merged
+//! compression unit): k = entry crc xor record crc, which must be below the
+//! record's block count (and, for the owner form, equal lba - record lba).
 //! Checkpoint encoding: `loc` (8 bytes LE) then `crc` (4 bytes LE).
 use crate::*;
 
@@ -34,6 +40,9 @@ pub enum EntryState {
         len: u32,
         /// A dedup reference: the record may belong to another LBA.
         shared: bool,
+        /// The record is a multi-block unit; crc is the record's xor the
+        /// block's index in it.
+        unit: bool,
     },
 }
 
@@ -69,21 +78,55 @@ impl MapEntry {
         }
     }
 
-    /// This entry (data) as a ref entry to the same record.
+    /// Block `k` of the multi-block record (crc `record_crc`) at `offset`.
+    pub fn unit(codec: CodecTag, offset: u64, len: u32, record_crc: u32, k: u32) -> MapEntry {
+        assert!(k < 16, "block {k} of a unit");
+        let e = MapEntry::data(codec, offset, len, record_crc ^ k);
+        MapEntry {
+            loc: e.loc + (6 << STATE_SHIFT),
+            crc: e.crc,
+        }
+    }
+
+    /// This entry (data) as a ref entry to the same block of the same record.
     pub fn as_ref_entry(&self) -> MapEntry {
         match self.state_valid() {
-            EntryState::Data {
-                codec, offset, len, ..
-            } => MapEntry::data_ref(codec, offset, len, self.crc),
+            EntryState::Data { shared: true, .. } => *self,
+            EntryState::Data { .. } => MapEntry {
+                loc: self.loc + (3 << STATE_SHIFT),
+                crc: self.crc,
+            },
             _ => panic!("as_ref_entry of a non-data entry"),
         }
     }
 
-    /// Both entries point at the same record (owner or ref form alike).
+    /// This entry (data) in owner form (the inverse of `as_ref_entry`).
+    pub fn as_owner_entry(&self) -> MapEntry {
+        match self.state_valid() {
+            EntryState::Data { shared: true, .. } => MapEntry {
+                loc: self.loc - (3 << STATE_SHIFT),
+                crc: self.crc,
+            },
+            EntryState::Data { .. } => *self,
+            _ => panic!("as_owner_entry of a non-data entry"),
+        }
+    }
+
+    /// The block index this entry names in the record whose crc is `record_crc`.
+    pub fn block_in(&self, record_crc: u32) -> u32 {
+        self.crc ^ record_crc
+    }
+
+    /// Both entries name the same block of the same record (owner or ref
+    /// form alike).
     pub fn same_record(&self, other: &MapEntry) -> bool {
-        self.crc == other.crc
-            && self.loc & (OFFSET_MASK | (LEN_MASK << OFFSET_BITS))
-                == other.loc & (OFFSET_MASK | (LEN_MASK << OFFSET_BITS))
+        self.crc == other.crc && self.same_location(other)
+    }
+
+    /// Both entries point at the record at the same place (any block of it).
+    pub fn same_location(&self, other: &MapEntry) -> bool {
+        self.loc & (OFFSET_MASK | (LEN_MASK << OFFSET_BITS))
+            == other.loc & (OFFSET_MASK | (LEN_MASK << OFFSET_BITS))
             && matches!(self.state(), Ok(EntryState::Data { .. }))
             && matches!(other.state(), Ok(EntryState::Data { .. }))
     }
@@ -97,17 +140,18 @@ impl MapEntry {
             }
             0 => Ok(EntryState::Unmapped),
             1 => Ok(EntryState::Zero),
-            s @ 2..=7 => {
+            s @ 2..=13 => {
                 if (len as usize) < record::RECORD_HEADER_BYTES {
                     return Err(FormatError::Invalid("map entry length"));
                 }
-                let shared = s >= 5;
+                let form = (s - 2) / 3;
                 let codec = CodecTag::from_u8(((s - 2) % 3) as u8)?;
                 Ok(EntryState::Data {
                     codec,
                     offset,
                     len,
-                    shared,
+                    shared: form % 2 == 1,
+                    unit: form >= 2,
                 })
             }
             _ => Err(FormatError::Invalid("map entry state")),
@@ -156,6 +200,7 @@ mod tests {
                     offset: (1 << 43) - 1,
                     len: 4140,
                     shared: false,
+                    unit: false,
                 }
             );
             let mut b = [0u8; MAP_ENTRY_BYTES];
@@ -169,18 +214,41 @@ mod tests {
                     offset: (1 << 43) - 1,
                     len: 4140,
                     shared: true,
+                    unit: false,
                 }
             );
             assert!(r.same_record(&e) && e.same_record(&r) && r != e);
             r.encode(&mut b);
             assert_eq!(MapEntry::decode(&b).unwrap(), r);
+            for k in [0, 1, 15] {
+                let u = MapEntry::unit(codec, 4096, 30_000, 0xabcd_0000, k);
+                let want = |shared| EntryState::Data {
+                    codec,
+                    offset: 4096,
+                    len: 30_000,
+                    shared,
+                    unit: true,
+                };
+                assert_eq!(u.state().unwrap(), want(false));
+                assert_eq!(u.block_in(0xabcd_0000), k);
+                let ur = u.as_ref_entry();
+                assert_eq!(ur.state().unwrap(), want(true));
+                assert_eq!(ur.as_ref_entry(), ur);
+                assert_eq!(ur.as_owner_entry(), u);
+                assert_eq!(u.as_owner_entry(), u);
+                assert!(ur.same_record(&u) && ur.block_in(0xabcd_0000) == k);
+                ur.encode(&mut b);
+                assert_eq!(MapEntry::decode(&b).unwrap(), ur);
+                let other = MapEntry::unit(codec, 4096, 30_000, 0xabcd_0000, (k + 1) % 16);
+                assert!(!other.same_record(&u) && other.same_location(&u));
+            }
         }
     }
 
     #[test]
     fn invalid_states_rejected() {
         assert!(MapEntry {
-            loc: 8 << STATE_SHIFT,
+            loc: 14 << STATE_SHIFT,
             crc: 0
         }
         .state()

@@ -4,8 +4,15 @@
 //! offset size field
 //! 0      4    magic 0x524c5643 ("CVLR" little-endian)
 //! 4      1    kind   (1 DATA, 2 ZERO, 3 TRIM, 4 EPOCH, 5 MAP_CHUNK, 6 CKPT_COMMIT)
-//! 5      1    codec tag of the payload (0 none, 1 lz4, 2 zstd)
-//! 6      2    flags (0)
+//! 5      1    codec: bits 0..3 tag of the payload (0 none, 1 lz4, 2 zstd),
+//!             bits 3..8 the codec level it was made with (zstd 1..=19; 0 otherwise
+//!             or unknown)
+//! 6      2    flags: for a DATA record of more than one block (a merged
+//!             compression unit), the *live mask*: bit k set = replay maps
+//!             block k (lba + k) to this record (a fresh unit has every bit
+//!             of its blocks set; a unit the cleaner moved keeps only its live
+//!             blocks, possibly none when only dedup references hold it).
+//!             0 otherwise
 //! 8      4    volume tag (crc32c of the volume uuid)
 //! 12     4    epoch (incremented each time the volume is opened for writing)
 //! 16     8    seq   (global, +1 per record, never reused)
@@ -15,8 +22,9 @@
 //! 40     4    crc32c: crc32c_append(crc32c(payload), header bytes [0, 40))
 //! 44          payload
 //! ```
-//! DATA payloads decompress to exactly `nblocks * 4096` bytes. ZERO and TRIM
-//! carry no payload. Records never span segments.
+//! DATA payloads decompress to exactly `nblocks * 4096` bytes (a unit holds at
+//! most 16 blocks, so the live mask fits the flags). ZERO and TRIM carry no
+//! payload. Records never span segments.
 use crate::*;
 
 pub const RECORD_MAGIC: u32 = 0x524c_5643;
@@ -69,6 +77,10 @@ impl RecordKind {
 pub struct RecordHeader {
     pub kind: RecordKind,
     pub codec: CodecTag,
+    /// Codec level the payload was made with (zstd), 0 if none or unknown.
+    pub level: u8,
+    /// Live mask of a multi-block DATA record; 0 otherwise.
+    pub mask: u16,
     pub volume_tag: u32,
     pub epoch: u32,
     pub seq: u64,
@@ -84,12 +96,20 @@ impl RecordHeader {
         RECORD_HEADER_BYTES + self.payload_len as usize
     }
 
+    /// Does replaying this record map block `lba`?
+    pub fn maps(&self, lba: u64) -> bool {
+        let end = self.lba + u64::from(self.nblocks);
+        (self.lba..end).contains(&lba)
+            && (self.nblocks == 1 || self.mask & (1 << (lba - self.lba).min(15)) != 0)
+    }
+
     fn encode_without_crc(&self) -> [u8; RECORD_HEADER_BYTES] {
         let mut b = [0u8; RECORD_HEADER_BYTES];
         put_u32(&mut b, 0, RECORD_MAGIC);
         b[OFF_KIND] = self.kind as u8;
-        b[OFF_CODEC] = self.codec as u8;
-        put_u16(&mut b, OFF_FLAGS, 0);
+        assert!(self.level < 32, "codec level {} does not fit", self.level);
+        b[OFF_CODEC] = self.codec as u8 | (self.level << 3);
+        put_u16(&mut b, OFF_FLAGS, self.mask);
         put_u32(&mut b, OFF_VOLTAG, self.volume_tag);
         put_u32(&mut b, OFF_EPOCH, self.epoch);
         put_u64(&mut b, OFF_SEQ, self.seq);
@@ -118,7 +138,9 @@ impl RecordHeader {
         }
         let h = RecordHeader {
             kind: RecordKind::from_u8(b[OFF_KIND])?,
-            codec: CodecTag::from_u8(b[OFF_CODEC])?,
+            codec: CodecTag::from_u8(b[OFF_CODEC] & 7)?,
+            level: b[OFF_CODEC] >> 3,
+            mask: get_u16(b, OFF_FLAGS),
             volume_tag: get_u32(b, OFF_VOLTAG),
             epoch: get_u32(b, OFF_EPOCH),
             seq: get_u64(b, OFF_SEQ),
@@ -127,8 +149,11 @@ impl RecordHeader {
             payload_len: get_u32(b, OFF_PAYLOAD_LEN),
             crc: get_u32(b, OFF_CRC),
         };
-        if get_u16(b, OFF_FLAGS) != 0 {
+        if h.mask != 0 && (h.kind != RecordKind::Data || h.nblocks < 2) {
             return Err(FormatError::Invalid("record flags"));
+        }
+        if h.nblocks <= 16 && u32::from(h.mask) >> h.nblocks.min(16) != 0 {
+            return Err(FormatError::Invalid("live mask beyond the record"));
         }
         match h.kind {
             RecordKind::Data if h.nblocks == 0 || h.payload_len == 0 => {
@@ -200,6 +225,8 @@ mod tests {
         RecordHeader {
             kind: RecordKind::Data,
             codec: CodecTag::Lz4,
+            level: 0,
+            mask: 0,
             volume_tag: 0xdead_beef,
             epoch: 3,
             seq: 42,
@@ -249,5 +276,31 @@ mod tests {
             RecordHeader::decode(&bad),
             Err(FormatError::UnknownKind(99))
         );
+    }
+
+    #[test]
+    fn level_and_live_mask_roundtrip() {
+        let payload = vec![7u8; 100];
+        let mut h = hdr(100);
+        h.codec = CodecTag::Zstd;
+        h.level = 19;
+        h.nblocks = 16;
+        h.mask = 0b1010_0000_0000_0001;
+        let rec = encode_record(&mut h, &payload);
+        let (d, _) = RecordHeader::decode_verified(&rec).unwrap();
+        assert_eq!(d, h);
+        assert!(d.maps(1000) && !d.maps(1001) && d.maps(1013) && d.maps(1015));
+        assert!(!d.maps(999) && !d.maps(1016));
+        h.mask = 0; // a moved unit only dedup references hold
+        assert!((990..1020).all(|l| !h.maps(l)));
+        h.mask = 0xffff;
+        assert!((1000..1016).all(|l| h.maps(l)));
+        // A mask on a single-block record, or beyond the unit, is rejected.
+        h.nblocks = 1;
+        h.mask = 1;
+        assert!(RecordHeader::decode(&h.encode_with_crc(0)).is_err());
+        h.nblocks = 4;
+        h.mask = 0b1_0000;
+        assert!(RecordHeader::decode(&h.encode_with_crc(0)).is_err());
     }
 }

@@ -4,7 +4,8 @@
 //! offset size field
 //! 0      8    magic "CVOLSUPR"
 //! 8      4    version (1)
-//! 12     4    flags: bit 0 = inline deduplication on; other bits 0
+//! 12     4    flags: bit 0 = inline deduplication on; bit 1 = codec policy
+//!             auto (the codec below is then the strong, idle-time codec); other bits 0
 //! 16     16   volume uuid (random)
 //! 32     8    logical_size_bytes   (multiple of 4096)
 //! 40     8    physical_size_bytes  (backing bytes the volume may use)
@@ -37,7 +38,9 @@ const END: usize = OFF_CRC + 4;
 
 /// Superblock flag: blocks are deduplicated inline (REF records may appear).
 pub const FLAG_DEDUP: u32 = 1;
-const FLAGS_KNOWN: u32 = FLAG_DEDUP;
+/// Elastic codec choice (policy `auto`).
+pub const FLAG_AUTO_CODEC: u32 = 2;
+const FLAGS_KNOWN: u32 = FLAG_DEDUP | FLAG_AUTO_CODEC;
 
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;
@@ -59,6 +62,11 @@ pub struct Superblock {
 impl Superblock {
     pub fn dedup(&self) -> bool {
         self.flags & FLAG_DEDUP != 0
+    }
+
+    /// Is the codec policy `auto` (elastic)?
+    pub fn auto_codec(&self) -> bool {
+        self.flags & FLAG_AUTO_CODEC != 0
     }
 
     /// Tag every record carries so that records of another volume are rejected.

@@ -200,15 +200,15 @@ impl Volume {
 
         let (space, holders) = {
             let st = self.lock_state();
-            let any_shared = found
-                .iter()
-                .any(|f| st.shared.get(base + f.at as u64).is_some());
-            // Every LBA pointing at a shared record of the victim: one map scan.
+            let has_refs = |off: u64| st.shared.get(off).is_some_and(|s| s.refs > 0);
+            let any_shared = found.iter().any(|f| has_refs(base + f.at as u64));
+            // Every LBA pointing at a record of the victim with dedup
+            // references: one map scan. (A unit's owners are in its range.)
             let mut holders: HashMap<u64, Vec<u64>> = HashMap::new();
             if any_shared {
                 st.map.for_each_mapped(|lba, e| {
                     if let EntryState::Data { offset, .. } = e.state_valid() {
-                        if offset >= base && offset < end && st.shared.get(offset).is_some() {
+                        if offset >= base && offset < end && has_refs(offset) {
                             holders.entry(offset).or_default().push(lba);
                         }
                     }
@@ -226,12 +226,80 @@ impl Volume {
             self.check_writable()?;
             for &i in batch {
                 let f = &found[i];
-                match holders.get(&(base + f.at as u64)) {
+                let holders = holders.get(&(base + f.at as u64));
+                match holders {
+                    _ if f.header.nblocks > 1 => {
+                        let h = holders.map_or(&[][..], Vec::as_slice);
+                        self.move_unit_record(&mut st, base, &buf, f, h)?
+                    }
                     Some(h) => self.move_shared_record(&mut st, base, &buf, f, h)?,
                     None => self.move_record(&mut st, base, &buf, f)?,
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Moves a multi-block unit: its owners (blocks of its range that still
+    /// point at it) are repointed and named in the copy's live mask, so
+    /// roll-forward maps exactly them; dedup holders get REF records.
+    fn move_unit_record(
+        &self,
+        st: &mut State,
+        base: u64,
+        seg: &[u8],
+        f: &Found,
+        holders: &[u64],
+    ) -> Result<(), VolError> {
+        let h = &f.header;
+        let (off, len) = (base + f.at as u64, h.total_len() as u32);
+        let owners: Vec<u32> = (0..h.nblocks)
+            .filter(|&k| {
+                let l = h.lba + u64::from(k);
+                l < st.map.blocks() && st.map.get(l) == MapEntry::unit(h.codec, off, len, h.crc, k)
+            })
+            .collect();
+        let refs: Vec<(u64, u32)> = holders
+            .iter()
+            .filter_map(|&l| {
+                let e = st.map.get(l);
+                match e.state_valid() {
+                    EntryState::Data {
+                        offset,
+                        shared: true,
+                        unit: true,
+                        ..
+                    } if offset == off && e.block_in(h.crc) < h.nblocks => {
+                        Some((l, e.block_in(h.crc)))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        if owners.is_empty() && refs.is_empty() {
+            return Ok(());
+        }
+        let refs_bytes = REF_RECORD_BYTES * refs.len() as u64;
+        if st.log.free_bytes()
+            < refs_bytes + self.checkpoint_estimate_bytes(st) + UNIT_RECORD_MAX_BYTES
+        {
+            return Err(VolError::NoSpace);
+        }
+        let mask = owners.iter().fold(0u16, |m, &k| m | (1 << k));
+        let new = self.copy_record(st, seg, f, h.lba, mask)?;
+        let EntryState::Data { offset, len, .. } = new.state_valid() else {
+            unreachable!("copy is data")
+        };
+        let crc = new.block_in(0);
+        for k in owners {
+            let e = MapEntry::unit(h.codec, offset, len, crc, k);
+            self.set_entry(st, h.lba + u64::from(k), e);
+        }
+        for (l, k) in refs {
+            let e = MapEntry::unit(h.codec, offset, len, crc, k);
+            self.commit_ref(st, l, e, 0)?;
+        }
+        debug_assert!(st.shared.get(off).is_none(), "every holder moved");
         Ok(())
     }
 
@@ -252,7 +320,7 @@ impl Volume {
         {
             return Ok(());
         }
-        let new = self.copy_record(st, seg, f, h.lba)?;
+        let new = self.copy_record(st, seg, f, h.lba, 0)?;
         for l in lbas {
             if st.map.get(l) == old {
                 self.set_entry(st, l, new);
@@ -296,7 +364,7 @@ impl Volume {
         } else {
             first
         };
-        let new = self.copy_record(st, seg, f, owner)?;
+        let new = self.copy_record(st, seg, f, owner, 0)?;
         self.set_entry_fp(st, owner, new, fp);
         for &l in lbas.iter().filter(|&&l| l != owner) {
             self.commit_ref(st, l, new, fp)?;
@@ -308,27 +376,29 @@ impl Volume {
         Ok(())
     }
 
-    /// Appends the record's bytes again (new seq, header naming `owner`),
-    /// without recompressing. Returns the copy's owner map entry.
+    /// Appends the record's bytes again (new seq, header naming `owner`,
+    /// live mask `mask` for a unit), without recompressing. Returns the
+    /// copy's owner map entry (of block 0 for a unit).
     fn copy_record(
         &self,
         st: &mut State,
         seg: &[u8],
         f: &Found,
         owner: u64,
+        mask: u16,
     ) -> Result<MapEntry, VolError> {
         let h = &f.header;
         let payload = &seg[f.at + RECORD_HEADER_BYTES..f.at + h.total_len()];
         let crc = crc32c::crc32c(payload);
-        let p = self.guard(st.log.append(
-            &*self.storage,
-            RecordKind::Data,
-            h.codec,
-            owner,
-            h.nblocks,
-            payload,
-            crc,
-        ))?;
+        let shape = crate::log::Shape {
+            kind: RecordKind::Data,
+            codec: h.codec,
+            level: h.level,
+            lba: owner,
+            nblocks: h.nblocks,
+            mask,
+        };
+        let p = self.guard(st.log.append_shaped(&*self.storage, shape, payload, crc))?;
         self.cleaner_stats
             .records_relocated
             .fetch_add(1, Ordering::Relaxed);

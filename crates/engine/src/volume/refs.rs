@@ -13,7 +13,7 @@ use crate::dedup::{Fingerprint, Shared, SharedTable};
 use crate::map::BlockMap;
 use crate::segments::{SegState, SegmentTable};
 use cvol_format::record::RECORD_HEADER_BYTES;
-use cvol_format::{EntryState, MapEntry, Superblock};
+use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use std::collections::HashMap;
 
 /// Everything derived from the map about records: rebuilt at open.
@@ -21,6 +21,7 @@ pub(crate) struct Liveness {
     pub segments: SegmentTable,
     pub shared: SharedTable,
     pub stored_payload_bytes: u64,
+    pub stored_codec_bytes: [u64; 3],
 }
 
 fn seg_of(sb: &Superblock, off: u64) -> u64 {
@@ -28,65 +29,76 @@ fn seg_of(sb: &Superblock, off: u64) -> u64 {
 }
 
 /// Rebuilds liveness from a map: live bytes per segment (each record once),
-/// the shared table (records with ref entries), stored payload bytes.
-/// `needed` marks segments recovery needs (sealed with their newest seq);
-/// `open` is the log head.
+/// the shared table (records with ref entries, and units), stored payload
+/// bytes. `needed` marks segments recovery needs (sealed with their newest
+/// seq); `open` is the log head.
 pub(crate) fn rebuild(
     sb: &Superblock,
     map: &BlockMap,
     needed: &HashMap<u64, u64>,
     open: Option<(u64, u64)>,
 ) -> Liveness {
-    let mut lens: HashMap<u64, u32> = HashMap::new();
+    let mut lens: HashMap<u64, (u32, CodecTag)> = HashMap::new();
     let mut shared: HashMap<u64, Shared> = HashMap::new();
     map.for_each_mapped(|_, e| {
         if let EntryState::Data {
             offset,
             len,
-            shared: true,
-            ..
+            shared: is_ref,
+            unit,
+            codec,
         } = e.state_valid()
         {
-            lens.insert(offset, len);
-            shared
-                .entry(offset)
-                .or_insert(Shared {
-                    refs: 0,
-                    owner_alive: false,
-                    crc: e.crc,
-                    fp: 0,
-                })
-                .refs += 1;
+            if !(is_ref || unit) {
+                return;
+            }
+            lens.insert(offset, (len, codec));
+            let s = shared.entry(offset).or_insert(Shared {
+                refs: 0,
+                owners: 0,
+                crc: if unit { 0 } else { e.crc },
+                fp: 0,
+                unit,
+            });
+            if is_ref {
+                s.refs += 1;
+            } else {
+                s.owners += 1;
+            }
         }
     });
     let mut t = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
     let mut stored = 0u64;
-    let mut live = |t: &mut SegmentTable, offset: u64, len: u32| {
+    let mut by_codec = [0u64; 3];
+    let mut live = |t: &mut SegmentTable, offset: u64, len: u32, codec: CodecTag| {
         let s = seg_of(sb, offset);
         if t.state(s) == SegState::Free {
             t.mark(s, SegState::Sealed, 0);
         }
         t.add_live(s, u64::from(len));
         stored += u64::from(len) - RECORD_HEADER_BYTES as u64;
+        by_codec[codec as usize] += u64::from(len) - RECORD_HEADER_BYTES as u64;
     };
     map.for_each_mapped(|_, e| {
         if let EntryState::Data {
             offset,
             len,
             shared: false,
-            ..
+            unit: false,
+            codec,
         } = e.state_valid()
         {
             match shared.get_mut(&offset) {
-                Some(s) => s.owner_alive = true,
-                None => live(&mut t, offset, len),
+                Some(s) => s.owners = 1,
+                None => live(&mut t, offset, len, codec),
             }
         }
     });
     let mut extra = 0u64;
     for (&offset, s) in &shared {
-        live(&mut t, offset, lens[&offset]);
-        extra += u64::from(s.entries() - 1);
+        let (len, codec) = lens[&offset];
+        live(&mut t, offset, len, codec);
+        extra += s.extra();
     }
     for (&s, &max_seq) in needed {
         t.mark(s, SegState::Sealed, max_seq);
@@ -101,6 +113,7 @@ pub(crate) fn rebuild(
             extra_refs: extra,
         },
         stored_payload_bytes: stored,
+        stored_codec_bytes: by_codec,
     }
 }
 
@@ -116,23 +129,27 @@ impl Volume {
             offset,
             len,
             shared,
-            ..
+            unit,
+            codec,
         } = e.state_valid()
         {
-            if shared {
-                st.shared.acquire(offset, e.crc, fp);
+            if shared || unit {
+                if st.shared.acquire(offset, e.crc, fp, unit, shared) {
+                    self.record_born(st, offset, len, codec);
+                }
             } else {
                 debug_assert!(
                     st.shared.get(offset).is_none(),
                     "owner entry of a shared record"
                 );
-                self.record_born(st, offset, len);
+                self.record_born(st, offset, len, codec);
             }
         }
         if let EntryState::Data {
             offset,
             len,
             shared,
+            codec,
             ..
         } = old.state_valid()
         {
@@ -144,32 +161,41 @@ impl Volume {
                 }
             };
             if dead {
-                self.record_died(st, offset, len);
+                self.record_died(st, offset, len, codec);
             }
         }
     }
 
-    fn record_born(&self, st: &mut State, offset: u64, len: u32) {
+    fn record_born(&self, st: &mut State, offset: u64, len: u32, codec: CodecTag) {
         st.log
             .segments
             .add_live(seg_of(&self.sb, offset), u64::from(len));
-        st.counters.stored_payload_bytes += u64::from(len) - RECORD_HEADER_BYTES as u64;
+        let payload = u64::from(len) - RECORD_HEADER_BYTES as u64;
+        st.counters.stored_payload_bytes += payload;
+        st.counters.stored_codec_bytes[codec as usize] += payload;
     }
 
-    fn record_died(&self, st: &mut State, offset: u64, len: u32) {
+    fn record_died(&self, st: &mut State, offset: u64, len: u32, codec: CodecTag) {
         st.log
             .segments
             .sub_live(seg_of(&self.sb, offset), u64::from(len));
-        st.counters.stored_payload_bytes -= u64::from(len) - RECORD_HEADER_BYTES as u64;
+        let payload = u64::from(len) - RECORD_HEADER_BYTES as u64;
+        st.counters.stored_payload_bytes -= payload;
+        st.counters.stored_codec_bytes[codec as usize] -= payload;
     }
 
-    /// Is the record `e` (indexed with header LBA `owner`) still live?
+    /// Is the record `e` (indexed with LBA `owner`) still live, and still
+    /// holding that block? For a unit block, exactly when its owner still
+    /// points at it (conservative: a unit block whose owner moved on is
+    /// not offered for dedup).
     pub(super) fn record_live(&self, st: &State, e: MapEntry, owner: u64) -> bool {
-        let EntryState::Data { offset, .. } = e.state_valid() else {
+        let EntryState::Data { offset, unit, .. } = e.state_valid() else {
             return false;
         };
-        if let Some(s) = st.shared.get(offset) {
-            return s.crc == e.crc;
+        if !unit {
+            if let Some(s) = st.shared.get(offset) {
+                return s.crc == e.crc;
+            }
         }
         owner < st.map.blocks() && st.map.get(owner) == e
     }
@@ -182,8 +208,7 @@ impl Volume {
         let mut errors = Vec::new();
         for (off, s) in &st.shared.records {
             match fresh.shared.records.get(off) {
-                Some(f) if f.refs == s.refs && f.owner_alive == s.owner_alive && f.crc == s.crc => {
-                }
+                Some(f) if f == s || (f.fp == 0 && Shared { fp: 0, ..*s } == *f) => {}
                 other => errors.push(format!(
                     "record at {off}: running {s:?}, from the map {other:?}"
                 )),
@@ -200,6 +225,12 @@ impl Volume {
             errors.push(format!(
                 "extra refs: running {}, from the map {}",
                 st.shared.extra_refs, fresh.shared.extra_refs
+            ));
+        }
+        if fresh.stored_codec_bytes != st.counters.stored_codec_bytes {
+            errors.push(format!(
+                "stored bytes by codec: running {:?}, from the map {:?}",
+                st.counters.stored_codec_bytes, fresh.stored_codec_bytes
             ));
         }
         if fresh.stored_payload_bytes != st.counters.stored_payload_bytes {

@@ -96,7 +96,7 @@ impl Volume {
         let before = snapshot();
         let mut data = vec![0u8; (n as usize) * BS];
         // Unreadable blocks are simply not indexed; a client read reports them.
-        if self.read_blocks_once(first, &mut data).is_err() {
+        if self.read_blocks_once(first, &mut data, false).is_err() {
             return Some(first + n);
         }
         // Index a block only if the map named the same record before and
@@ -109,14 +109,14 @@ impl Volume {
             .collect();
         let mut ix = index.lock().expect("index lock");
         for (i, (e, b)) in entries.iter().zip(data.chunks_exact(BS)).enumerate() {
-            let EntryState::Data {
-                codec, offset, len, ..
-            } = e.state_valid()
-            else {
+            let EntryState::Data { shared, unit, .. } = e.state_valid() else {
                 continue;
             };
+            if shared && unit {
+                continue; // a unit block is offered for dedup through its owner only
+            }
             let fp = dedup::fingerprint(seed, b);
-            let owner_form = MapEntry::data(codec, offset, len, e.crc);
+            let owner_form = e.as_owner_entry();
             if !ix.insert_if_room(fp, owner_form, first + i as u64) && ix.entries >= ix.capacity() {
                 return None;
             }

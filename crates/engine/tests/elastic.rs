@@ -1,0 +1,358 @@
+//! Elastic compression: the probe writes incompressible data raw, codec tags
+//! round-trip under every policy, merged units read back exactly at every
+//! offset (also after overwrite, TRIM, cleaning, dedup and reopen), and
+//! background recompression shrinks fast-codec data without changing it,
+//! also while a client writes.
+use cvol_engine::{check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, Volume};
+use cvol_storage::{SimStorage, Storage};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::sync::Arc;
+
+const BS: usize = 4096;
+const MIB: u64 = 1 << 20;
+
+/// Compressible text (about 3:1 with lz4), unique per (seed, position).
+fn text(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = StdRng::seed_from_u64(seed);
+    let words = [
+        "volume ",
+        "segment ",
+        "record ",
+        "checkpoint ",
+        "unit ",
+        "codec ",
+        "block ",
+        "map ",
+    ];
+    let mut v = Vec::with_capacity(len + 16);
+    while v.len() < len {
+        if r.gen_ratio(1, 6) {
+            v.extend_from_slice(format!("{} ", r.gen::<u16>()).as_bytes());
+        }
+        v.extend_from_slice(words[r.gen_range(0..words.len())].as_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+fn random(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| r.gen()).collect()
+}
+
+/// Thresholds that pin the auto policy to one load level.
+fn pinned(load: &str, unit_blocks: u32) -> ElasticConfig {
+    let (busy_iops, idle_iops) = match load {
+        "busy" => (0, 0),
+        "medium" => (u64::MAX, 0),
+        _ => (u64::MAX, u64::MAX - 1),
+    };
+    ElasticConfig {
+        unit_blocks,
+        busy_iops,
+        idle_iops,
+        busy_inflight: usize::MAX,
+        recompress: false,
+        ..ElasticConfig::default()
+    }
+}
+
+fn volume(sim: &SimStorage, codec: CodecPolicy, dedup: bool, elastic: ElasticConfig) -> Volume {
+    let opts = CreateOptions {
+        logical_size_bytes: 16 * MIB,
+        physical_size_bytes: sim.len_bytes(),
+        codec,
+        segment_size_bytes: MIB,
+        dedup,
+    };
+    Volume::create(Arc::new(sim.clone()), &opts)
+        .unwrap()
+        .close()
+        .unwrap();
+    reopen(sim, elastic)
+}
+
+fn reopen(sim: &SimStorage, elastic: ElasticConfig) -> Volume {
+    let options = OpenOptions {
+        elastic,
+        ..OpenOptions::default()
+    };
+    Volume::open(Arc::new(sim.clone()), options).unwrap()
+}
+
+fn auto() -> CodecPolicy {
+    CodecPolicy::Auto {
+        strong: Codec::Zstd(9),
+    }
+}
+
+fn read(vol: &Volume, offset: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    vol.read_at(offset, &mut b).unwrap();
+    b
+}
+
+fn close_and_check(vol: Volume, sim: &SimStorage) {
+    vol.verify_refcounts().unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let rep = check::check_volume(sim, &mut |_, _| {});
+    assert!(rep.consistent(), "check: {:?}", rep.errors);
+}
+
+/// Every 4 KiB block alone, and byte ranges that straddle unit edges.
+fn assert_reads(vol: &Volume, image: &[u8]) {
+    for b in 0..image.len() / BS {
+        assert!(
+            read(vol, (b * BS) as u64, BS) == image[b * BS..(b + 1) * BS],
+            "block {b}"
+        );
+    }
+    let mut r = StdRng::seed_from_u64(7);
+    for _ in 0..200 {
+        let off = r.gen_range(0..image.len() - 1);
+        let len = r.gen_range(1..=(image.len() - off).min(80_000));
+        assert!(
+            read(vol, off as u64, len) == image[off..off + len],
+            "{off}+{len}"
+        );
+    }
+    assert!(read(vol, 0, image.len()) == image);
+}
+
+#[test]
+fn the_probe_writes_random_data_raw_without_compressing_it() {
+    let sim = SimStorage::new(32 * MIB);
+    let vol = volume(&sim, auto(), false, pinned("idle", 16));
+    let data = random(1, 256 * 1024);
+    vol.write_at(0, &data, false).unwrap();
+    let st = vol.stats();
+    assert_eq!(st.probe_raw_blocks, 64);
+    assert_eq!((st.codec_none_blocks, st.units_written), (64, 0));
+    assert_eq!(st.codec_none_bytes, 256 * 1024);
+    // Compressible data next to it is compressed.
+    vol.write_at(MIB, &text(2, 256 * 1024), false).unwrap();
+    let st = vol.stats();
+    assert_eq!(st.probe_raw_blocks, 64);
+    assert_eq!(st.codec_zstd_blocks, 64);
+    assert!(st.codec_zstd_bytes < 128 * 1024, "{}", st.codec_zstd_bytes);
+    assert!(read(&vol, 0, data.len()) == data);
+    close_and_check(vol, &sim);
+}
+
+#[test]
+fn codec_tags_round_trip_under_every_policy() {
+    let cases: [(CodecPolicy, &str, [u64; 3]); 7] = [
+        (Codec::None.into(), "busy", [64, 0, 0]),
+        (Codec::Lz4.into(), "busy", [0, 64, 0]),
+        (Codec::Zstd(1).into(), "idle", [0, 0, 64]),
+        (Codec::Zstd(19).into(), "busy", [0, 0, 64]),
+        (auto(), "busy", [0, 64, 0]),
+        (auto(), "medium", [0, 0, 64]),
+        (auto(), "idle", [0, 0, 64]),
+    ];
+    for (policy, load, by_codec) in cases {
+        let sim = SimStorage::new(32 * MIB);
+        let vol = volume(&sim, policy, true, pinned(load, 8));
+        let data = text(3, 256 * 1024);
+        vol.write_at(0, &data, false).unwrap();
+        let st = vol.stats();
+        let got = [
+            st.codec_none_blocks,
+            st.codec_lz4_blocks,
+            st.codec_zstd_blocks,
+        ];
+        assert_eq!(got, by_codec, "{policy} {load}");
+        assert_eq!(st.codec, policy.to_string());
+        assert!(read(&vol, 0, data.len()) == data, "{policy} {load}");
+        vol.close().unwrap();
+        drop(vol);
+        let vol = reopen(&sim, pinned(load, 8));
+        let st = vol.stats();
+        let got = [
+            st.codec_none_blocks,
+            st.codec_lz4_blocks,
+            st.codec_zstd_blocks,
+        ];
+        assert_eq!(got, by_codec, "{policy} {load} after reopen");
+        assert_eq!(st.codec, policy.to_string(), "the policy is persistent");
+        assert!(read(&vol, 0, data.len()) == data);
+        close_and_check(vol, &sim);
+    }
+}
+
+#[test]
+fn merged_units_read_back_exactly_at_every_offset() {
+    for unit in [1u32, 2, 4, 8, 16] {
+        let sim = SimStorage::new(32 * MIB);
+        let vol = volume(&sim, Codec::Lz4.into(), false, pinned("busy", unit));
+        // One large write, an unaligned one, and one that starts mid-window.
+        let mut image = text(u64::from(unit), 512 * 1024);
+        vol.write_at(0, &image, false).unwrap();
+        let odd = text(99, 3 * BS + 100);
+        vol.write_at(200 * 1024 + 333, &odd, false).unwrap();
+        image[200 * 1024 + 333..200 * 1024 + 333 + odd.len()].copy_from_slice(&odd);
+        let st = vol.stats();
+        if unit > 1 {
+            assert!(st.units_written > 0 && st.unit_blocks_written <= 128 + 8);
+            assert!(st.unit_blocks_written >= u64::from(unit) * st.units_written / 2);
+        } else {
+            assert_eq!(st.units_written, 0);
+        }
+        assert_reads(&vol, &image);
+        // Overwrite one block inside a unit, trim another, zero a third.
+        let one = text(1000, BS);
+        vol.write_at(5 * BS as u64, &one, false).unwrap();
+        image[5 * BS..6 * BS].copy_from_slice(&one);
+        vol.trim(9 * BS as u64, BS as u64, false).unwrap();
+        image[9 * BS..10 * BS].fill(0);
+        vol.write_zeroes(17 * BS as u64, BS as u64, false, false)
+            .unwrap();
+        image[17 * BS..18 * BS].fill(0);
+        assert_reads(&vol, &image);
+        vol.verify_refcounts().unwrap();
+        // The cleaner moves partly dead units (live mask) and reopen replays them.
+        vol.clean(u64::MAX, false).unwrap();
+        vol.flush().unwrap();
+        vol.verify_refcounts().unwrap();
+        assert_reads(&vol, &image);
+        vol.close().unwrap();
+        drop(vol);
+        let vol = reopen(&sim, pinned("busy", unit));
+        assert_reads(&vol, &image);
+        close_and_check(vol, &sim);
+    }
+}
+
+#[test]
+fn dedup_finds_blocks_inside_units_and_survives_their_owners() {
+    let sim = SimStorage::new(32 * MIB);
+    let vol = volume(&sim, Codec::Lz4.into(), true, pinned("busy", 16));
+    let a = text(5, 128 * 1024);
+    vol.write_at(0, &a, false).unwrap();
+    let stored = vol.stats().stored_bytes;
+    // The same content one block further on: every block is a duplicate of
+    // a block inside a unit (different unit boundaries).
+    vol.write_at(MIB + BS as u64, &a, false).unwrap();
+    let st = vol.stats();
+    assert_eq!(st.dedup_hits, 32);
+    assert_eq!(st.stored_bytes, stored);
+    // The owners go away; the references keep the units alive.
+    vol.write_at(0, &text(6, 128 * 1024), false).unwrap();
+    assert!(read(&vol, MIB + BS as u64, a.len()) == a);
+    vol.verify_refcounts().unwrap();
+    vol.clean(u64::MAX, false).unwrap();
+    vol.flush().unwrap();
+    assert!(read(&vol, MIB + BS as u64, a.len()) == a);
+    vol.close().unwrap();
+    drop(vol);
+    let vol = reopen(&sim, pinned("busy", 16));
+    assert!(read(&vol, MIB + BS as u64, a.len()) == a);
+    close_and_check(vol, &sim);
+}
+
+#[test]
+fn recompression_shrinks_lz4_data_and_keeps_it_exact() {
+    let sim = SimStorage::new(64 * MIB);
+    // Busy: lz4, written in 4 KiB requests (single-block records).
+    let vol = volume(&sim, auto(), true, pinned("busy", 16));
+    let image = text(8, 4 * MIB as usize);
+    for (i, b) in image.chunks(BS).enumerate() {
+        vol.write_at((i * BS) as u64, b, false).unwrap();
+    }
+    let before = vol.stats();
+    assert_eq!(before.codec_lz4_blocks, 1024);
+    let mut total = 0;
+    loop {
+        let r = vol.recompress_pass(MIB, false).unwrap();
+        total += r.blocks_rewritten;
+        assert!(r.bytes_after <= r.bytes_before);
+        if r.blocks_rewritten == 0 {
+            break;
+        }
+    }
+    let after = vol.stats();
+    assert_eq!(total, 1024);
+    assert_eq!((after.codec_zstd_blocks, after.codec_lz4_blocks), (1024, 0));
+    assert_eq!(after.recompressed_blocks, 1024);
+    assert!(
+        after.units_written == 0,
+        "recompression units are not client units"
+    );
+    assert!(
+        after.stored_bytes * 10 < before.stored_bytes * 8,
+        "{} -> {}",
+        before.stored_bytes,
+        after.stored_bytes
+    );
+    assert_reads(&vol, &image);
+    // A second sweep finds nothing left to do.
+    assert_eq!(
+        vol.recompress_pass(u64::MAX, false)
+            .unwrap()
+            .blocks_rewritten,
+        0
+    );
+    // Fixed codecs never recompress.
+    vol.close().unwrap();
+    drop(vol);
+    let vol = reopen(&sim, pinned("busy", 16));
+    assert_reads(&vol, &image);
+    close_and_check(vol, &sim);
+    let sim2 = SimStorage::new(32 * MIB);
+    let fixed = volume(&sim2, Codec::Lz4.into(), false, pinned("busy", 1));
+    fixed.write_at(0, &text(9, 256 * 1024), false).unwrap();
+    assert_eq!(
+        fixed
+            .recompress_pass(u64::MAX, false)
+            .unwrap()
+            .blocks_rewritten,
+        0
+    );
+}
+
+#[test]
+fn recompression_racing_a_writer_never_loses_the_newer_write() {
+    let sim = SimStorage::new(96 * MIB);
+    let vol = Arc::new(volume(&sim, auto(), false, pinned("busy", 8)));
+    let blocks = 2048u64;
+    let mut versions = vec![0u32; blocks as usize];
+    for l in 0..blocks {
+        vol.write_at(l * BS as u64, &text(l << 8, BS), false)
+            .unwrap();
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bg = {
+        let (vol, stop) = (vol.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += vol
+                    .recompress_pass(256 * 1024, false)
+                    .unwrap()
+                    .blocks_rewritten;
+            }
+            n
+        })
+    };
+    let mut r = StdRng::seed_from_u64(11);
+    for _ in 0..6000 {
+        let l = r.gen_range(0..blocks);
+        versions[l as usize] += 1;
+        let v = u64::from(versions[l as usize]);
+        vol.write_at(l * BS as u64, &text((l << 8) | v, BS), false)
+            .unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let rewritten = bg.join().unwrap();
+    assert!(rewritten > 0, "recompression never ran against the writer");
+    for l in 0..blocks {
+        let v = u64::from(versions[l as usize]);
+        assert!(
+            read(&vol, l * BS as u64, BS) == text((l << 8) | v, BS),
+            "lba {l}"
+        );
+    }
+    let vol = Arc::try_unwrap(vol).ok().unwrap();
+    close_and_check(vol, &sim);
+}
