@@ -54,7 +54,7 @@ fn create(sim: &SimStorage, logical: u64, dedup: bool) {
     let opts = CreateOptions {
         logical_size_bytes: logical,
         physical_size_bytes: sim.len_bytes(),
-        codec: Codec::Lz4,
+        codec: Codec::Lz4.into(),
         segment_size_bytes: MIB,
         dedup,
     };
