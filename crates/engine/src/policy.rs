@@ -178,13 +178,19 @@ impl LoadMonitor {
         self.counts[i].fetch_add(units, Ordering::Relaxed);
     }
 
-    /// Calculated IOPS over the last second.
+    /// Calculated IOPS: the larger of the last second's count and the last
+    /// 200 ms scaled to a second (fast attack, slow decay: a burst counts
+    /// as busy within a fraction of a second, a pause as idle only after a
+    /// quiet second).
     pub fn iops(&self) -> u64 {
         let t = self.tick();
-        (0..BUCKETS)
-            .filter(|&i| t - self.stamps[i].load(Ordering::Relaxed) < BUCKETS as u64)
-            .map(|i| self.counts[i].load(Ordering::Relaxed))
-            .sum()
+        let within = |age: u64| {
+            (0..BUCKETS)
+                .filter(|&i| t - self.stamps[i].load(Ordering::Relaxed) < age)
+                .map(|i| self.counts[i].load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        within(BUCKETS as u64).max(within(2) * (BUCKETS as u64 / 2))
     }
 
     pub fn enter(&self) -> InflightGuard<'_> {
@@ -335,7 +341,10 @@ mod tests {
         m.note(4096);
         m.note(1 << 20); // 256 units
         m.note(512); // rounds up to one unit
-        assert_eq!(m.iops(), 258);
+                     // All in the last 200 ms: scaled to a second (x5), unless a bucket
+                     // boundary fell in between (then the second's sum still counts all).
+        let iops = m.iops();
+        assert!((258..=5 * 258).contains(&iops), "{iops}");
         {
             let _a = m.enter();
             let _b = m.enter();
@@ -343,7 +352,7 @@ mod tests {
         }
         assert_eq!(m.inflight(), 0);
         let cfg = ElasticConfig {
-            busy_iops: 200,
+            busy_iops: 258,
             ..ElasticConfig::default()
         };
         assert_eq!(m.load(&cfg), Load::Busy);

@@ -189,13 +189,13 @@ impl Volume {
         Ok(rep)
     }
 
-    /// Recompression appends before the old records die: only with the
-    /// cleaner's start threshold of free segments to spare.
+    /// Recompression appends before the old records die: only with free
+    /// segments above the cleaner's start threshold (plus 5%) to spare.
     fn room_for_recompression(&self) -> bool {
         let st = self.lock_state();
         let free = st.log.segments.free_count();
         let total = st.log.segments.count();
-        free * 100 > self.options.cleaner.high_free_percent.max(1) * total
+        free * 100 > (self.options.cleaner.low_free_percent + 5) * total
             && st.log.free_bytes() > self.reserve_bytes(&st) + 2 * self.sb.segment_size_bytes
     }
 
@@ -343,6 +343,19 @@ fn recompress_loop(vol: std::sync::Weak<Volume>, stop: Arc<AtomicBool>) {
         let written = v.client_bytes_written.load(Ordering::Relaxed);
         if quiet_at == Some(written) {
             continue;
+        }
+        // Rewrites append before old records die: make room first (idle
+        // time is the cleaner's too), up to the cleaner's stop threshold.
+        let (free, total) = {
+            let st = v.lock_state();
+            (st.log.segments.free_count(), st.log.segments.count())
+        };
+        let cfg = v.options.cleaner;
+        if free * 100 < cfg.high_free_percent * total {
+            let want = (cfg.high_free_percent * total).div_ceil(100) * v.sb.segment_size_bytes;
+            if let Err(e) = v.clean(want, true) {
+                tracing::warn!("cleaning before recompression: {e}");
+            }
         }
         match v.recompress_pass(v.options.elastic.recompress_pass_bytes, true) {
             Ok(r) => {
