@@ -16,9 +16,13 @@
 //!   payloads, and dispatches accepted requests to the worker pool. Requests
 //!   rejected at validation are answered by the reader itself.
 //! * A shared **worker pool** (`ServerConfig::workers` threads, bounded job
-//!   queue) runs the backend calls and writes the replies. Replies go out in
-//!   completion order (out of order), each written whole under the
-//!   connection's write mutex, so replies never interleave.
+//!   queue) runs the backend calls and hands each reply to its connection.
+//!   Replies go out in completion order (out of order), each written whole,
+//!   so replies never interleave. A worker only ever writes what the socket
+//!   takes without blocking; the rest goes to the connection's outbox.
+//! * One **reply writer thread per connection** (in transmission) sends what
+//!   is in the outbox, blocking on the socket, so a client that stops
+//!   reading its replies stalls only its own connection, never a worker.
 //!
 //! ## Ordering rules (per connection)
 //!
@@ -41,12 +45,19 @@
 //!   A WRITE whose payload exceeds that limit is read and discarded if it is
 //!   at most `max(64 MiB, max_request_bytes)`; beyond that the connection is
 //!   dropped (the spec allows a hard disconnect for such payloads).
-//! * At most `max_inflight_per_conn` requests in flight per connection, and
+//! * At most `max_inflight_per_conn` requests in flight per connection
+//!   (rejected requests included: their error replies take a slot too), and
 //!   at most `max(64 MiB, 2 × max_request_bytes)` of READ/WRITE payload
-//!   buffered per connection (one request is always allowed).
+//!   buffered per connection (one request is always allowed). A request is
+//!   in flight until its reply has been written, so the outbox of replies
+//!   is bounded by the same limits.
+//! * At most `max_buffered_bytes` (default 256 MiB) of READ/WRITE payload
+//!   in flight server-wide; a reader whose request does not fit waits.
 //! * At most `max_connections` connections; beyond that new connections are
-//!   closed at once. Handshake options are limited in size (64 KiB) and in
-//!   number per connection.
+//!   closed at once (counted, logged sparsely). Handshake options are
+//!   limited in size (64 KiB buffered, up to 1 MiB skipped) and in number
+//!   (256) per connection, and the whole handshake must finish within
+//!   `handshake_timeout` (default 30 s).
 //! * Every queue is bounded; nothing is allocated from a client-supplied
 //!   length before it has been validated against these limits.
 //! * A socket write that blocks for longer than the write timeout (the client
@@ -145,8 +156,18 @@ pub struct ServerConfig {
     pub workers: usize,
     /// Requests in flight per connection before the reader stops reading; default 64.
     pub max_inflight_per_conn: usize,
-    /// Connections served at once; default 256. Beyond, new connections are closed.
+    /// Connections served at once; default 256. Beyond, new connections are
+    /// accepted and closed at once (before the greeting; logged sparsely,
+    /// counted in [`Server::refused_connection_count`]).
     pub max_connections: usize,
+    /// Server-wide cap on READ/WRITE payload bytes held by in-flight
+    /// requests (WRITE data read but not yet written to the backend, READ
+    /// replies not yet sent); default 256 MiB, at least `max_request_bytes`.
+    /// A reader whose request does not fit waits (stops reading).
+    pub max_buffered_bytes: u64,
+    /// The whole handshake (greeting to NBD_OPT_GO/EXPORT_NAME) must finish
+    /// within this time, or the connection is closed; default 30 s.
+    pub handshake_timeout: std::time::Duration,
 }
 
 impl Default for ServerConfig {
@@ -159,6 +180,8 @@ impl Default for ServerConfig {
             workers: (2 * cores).max(4),
             max_inflight_per_conn: 64,
             max_connections: 256,
+            max_buffered_bytes: 256 * 1024 * 1024,
+            handshake_timeout: std::time::Duration::from_secs(30),
         }
     }
 }

@@ -1,11 +1,12 @@
 //! Fixed-newstyle handshake (option haggling).
 
 use std::io::{self, Read};
+use std::time::Instant;
 
 use tracing::{debug, warn};
 
 use super::socket::Socket;
-use super::Inner;
+use super::{remaining, Inner};
 use crate::proto;
 
 /// Most options a client may send before entering transmission.
@@ -28,6 +29,7 @@ struct Haggle<'a> {
     inner: &'a Inner,
     socket: &'a Socket,
     conn: u64,
+    deadline: Instant,
     fixed_newstyle: bool,
     no_zeroes: bool,
     structured_replies: bool,
@@ -41,17 +43,27 @@ enum Step {
     Close,
 }
 
-/// Runs the handshake. `Ok(None)` means the session ended (abort, EOF,
-/// protocol violation, unknown export with `NBD_OPT_EXPORT_NAME`).
+/// Sends during the handshake, waiting at most until `deadline`.
+fn send_by(socket: &Socket, deadline: Instant, bytes: &[u8]) -> io::Result<()> {
+    socket.set_write_timeout(Some(remaining(deadline)?))?;
+    socket.send_all(bytes)
+}
+
+/// Runs the handshake; it must be over by `deadline` (the reader enforces it
+/// for reads, `send_by` for sends). `Ok(None)` means the session ended
+/// (abort, EOF, protocol violation, unknown export with `NBD_OPT_EXPORT_NAME`).
 pub(crate) fn negotiate(
     inner: &Inner,
     socket: &Socket,
     reader: &mut impl Read,
     conn: u64,
+    deadline: Instant,
 ) -> io::Result<Option<Negotiated>> {
-    socket.send_all(&proto::encode_greeting(
-        proto::NBD_FLAG_FIXED_NEWSTYLE | proto::NBD_FLAG_NO_ZEROES,
-    ))?;
+    send_by(
+        socket,
+        deadline,
+        &proto::encode_greeting(proto::NBD_FLAG_FIXED_NEWSTYLE | proto::NBD_FLAG_NO_ZEROES),
+    )?;
     let mut flag_bytes = [0u8; 4];
     reader.read_exact(&mut flag_bytes)?;
     let client_flags = u32::from_be_bytes(flag_bytes);
@@ -63,6 +75,7 @@ pub(crate) fn negotiate(
         inner,
         socket,
         conn,
+        deadline,
         fixed_newstyle: client_flags & proto::NBD_FLAG_C_FIXED_NEWSTYLE != 0,
         no_zeroes: client_flags & proto::NBD_FLAG_C_NO_ZEROES != 0,
         structured_replies: false,
@@ -183,8 +196,8 @@ impl Haggle<'_> {
     }
 
     fn reply(&self, option: u32, reply_type: u32, data: &[u8]) -> io::Result<()> {
-        self.socket
-            .send_all(&proto::encode_option_reply(option, reply_type, data))
+        let bytes = proto::encode_option_reply(option, reply_type, data);
+        send_by(self.socket, self.deadline, &bytes)
     }
 
     fn reply_error(&self, option: u32, reply_type: u32, message: &str) -> io::Result<()> {
@@ -227,7 +240,7 @@ impl Haggle<'_> {
             negotiated.transmission_flags,
             self.no_zeroes,
         );
-        self.socket.send_all(&reply)?;
+        send_by(self.socket, self.deadline, &reply)?;
         debug!(conn = self.conn, export = %name, "entering transmission (EXPORT_NAME)");
         Ok(Step::Transmission(negotiated))
     }

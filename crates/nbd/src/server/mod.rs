@@ -9,10 +9,10 @@ use std::collections::HashMap;
 use std::io::{BufReader, Read};
 use std::net::{Shutdown, TcpListener};
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use tracing::{debug, info, warn};
@@ -24,8 +24,6 @@ use socket::{Listener, Socket};
 const ACCEPT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// A send that makes no progress for this long ends the connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// The whole handshake must make progress within this time per read.
-const HANDSHAKE_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Read buffer of a connection's reader.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// Smallest accepted `max_request_bytes` (the preferred block size).
@@ -124,6 +122,50 @@ fn worker_loop(reads: Receiver<WorkerMessage>, writes: Receiver<WorkerMessage>) 
     }
 }
 
+/// A server-wide budget of READ/WRITE payload bytes held by in-flight
+/// requests (WRITE data read from clients, READ replies not yet sent).
+/// A request waits (its connection's reader waits) until its bytes fit;
+/// one request always fits when nothing else is held.
+pub(crate) struct PayloadBudget {
+    limit_bytes: u64,
+    used_bytes: Mutex<u64>,
+    freed: Condvar,
+}
+
+impl PayloadBudget {
+    fn new(limit_bytes: u64) -> PayloadBudget {
+        PayloadBudget {
+            limit_bytes,
+            used_bytes: Mutex::new(0),
+            freed: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn acquire(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let mut used = lock(&self.used_bytes);
+        while *used > 0 && *used + bytes > self.limit_bytes {
+            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+        }
+        *used += bytes;
+    }
+
+    pub(crate) fn release(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let mut used = lock(&self.used_bytes);
+        *used -= bytes;
+        self.freed.notify_all();
+    }
+
+    fn used(&self) -> u64 {
+        *lock(&self.used_bytes)
+    }
+}
+
 /// Connections currently registered, for counting and for shutdown.
 struct Registry {
     next_id: u64,
@@ -135,6 +177,9 @@ pub(crate) struct Inner {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) config: ServerConfig,
     pub(crate) jobs: JobQueue,
+    pub(crate) payload_budget: Arc<PayloadBudget>,
+    /// Connections closed at once because of `max_connections`.
+    refused: AtomicU64,
     shutting_down: AtomicBool,
     registry: Mutex<Registry>,
     registry_changed: Condvar,
@@ -153,10 +198,16 @@ impl Inner {
             return None;
         }
         if reg.sockets.len() >= self.config.max_connections {
-            warn!(
-                limit = self.config.max_connections,
-                "connection limit reached, closing new connection"
-            );
+            drop(reg);
+            let refused = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+            // Logged sparsely: a flood of connections must not flood the log.
+            if refused.is_power_of_two() || refused.is_multiple_of(1000) {
+                warn!(
+                    limit = self.config.max_connections,
+                    refused_total = refused,
+                    "connection limit reached, closing new connections"
+                );
+            }
             return None;
         }
         let id = reg.next_id;
@@ -208,23 +259,56 @@ impl Drop for Unregister<'_> {
 }
 
 /// Reads from the shared socket; owned by the connection's BufReader.
-pub(crate) struct SocketReader(Arc<Socket>);
+/// With a deadline (the handshake), every read waits at most until then,
+/// so a client trickling bytes cannot hold a connection slot forever.
+pub(crate) struct SocketReader {
+    socket: Arc<Socket>,
+    deadline: Option<Instant>,
+}
 
 impl Read for SocketReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        (&*self.0).read(buf)
+        if let Some(deadline) = self.deadline {
+            let left = remaining(deadline)?;
+            self.socket.set_read_timeout(Some(left))?;
+        }
+        (&*self.socket).read(buf)
     }
+}
+
+/// Time left until `deadline`, or `TimedOut` once it has passed.
+pub(crate) fn remaining(deadline: Instant) -> std::io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "handshake deadline passed",
+        ));
+    }
+    Ok(left)
 }
 
 fn run_connection(inner: &Arc<Inner>, socket: &Arc<Socket>, id: u64) {
     let peer = socket.peer();
     info!(conn = id, %peer, "client connected");
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, SocketReader(Arc::clone(socket)));
-    let _ = socket.set_read_timeout(Some(HANDSHAKE_READ_TIMEOUT));
-    match handshake::negotiate(inner, socket, &mut reader, id) {
+    let deadline = Instant::now() + inner.config.handshake_timeout;
+    let mut reader = BufReader::with_capacity(
+        READ_BUFFER_BYTES,
+        SocketReader {
+            socket: Arc::clone(socket),
+            deadline: Some(deadline),
+        },
+    );
+    match handshake::negotiate(inner, socket, &mut reader, id, deadline) {
         Ok(Some(negotiated)) => {
-            let _ = socket.set_read_timeout(None);
-            transmission::serve(inner, socket, &mut reader, negotiated, id);
+            reader.get_mut().deadline = None;
+            let restored = socket
+                .set_read_timeout(None)
+                .and_then(|()| socket.set_write_timeout(Some(WRITE_TIMEOUT)));
+            match restored {
+                Ok(()) => transmission::serve(inner, socket, &mut reader, negotiated, id),
+                Err(e) => debug!(conn = id, error = %e, "cannot reset socket timeouts"),
+            }
         }
         Ok(None) => {}
         Err(e) => debug!(conn = id, error = %e, "handshake ended"),
@@ -281,6 +365,7 @@ impl Server {
                     .expect("spawn NBD worker thread")
             })
             .collect();
+        let payload_budget = Arc::new(PayloadBudget::new(config.max_buffered_bytes));
         let inner = Inner {
             backend,
             config,
@@ -288,6 +373,8 @@ impl Server {
                 reads: reads_tx,
                 writes: writes_tx,
             },
+            payload_budget,
+            refused: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
             registry: Mutex::new(Registry {
                 next_id: 1,
@@ -367,6 +454,17 @@ impl Server {
     pub fn connection_count(&self) -> usize {
         lock(&self.inner.registry).sockets.len()
     }
+
+    /// Connections closed at once because `max_connections` were open.
+    pub fn refused_connection_count(&self) -> u64 {
+        self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// READ/WRITE payload bytes held by in-flight requests right now
+    /// (server-wide; at most `max_buffered_bytes`, or one request).
+    pub fn buffered_payload_bytes(&self) -> u64 {
+        self.inner.payload_budget.used()
+    }
 }
 
 impl Drop for Server {
@@ -386,6 +484,13 @@ fn normalize_config(mut config: ServerConfig) -> ServerConfig {
     config.workers = config.workers.max(1);
     config.max_inflight_per_conn = config.max_inflight_per_conn.max(1);
     config.max_connections = config.max_connections.max(1);
+    // One request of each kind must always fit.
+    config.max_buffered_bytes = config
+        .max_buffered_bytes
+        .max(u64::from(config.max_request_bytes));
+    if config.handshake_timeout.is_zero() {
+        config.handshake_timeout = Duration::from_secs(1);
+    }
     config
 }
 

@@ -61,16 +61,48 @@ impl Socket {
         };
     }
 
-    /// Writes all of `bytes` with `MSG_NOSIGNAL` (no SIGPIPE if the peer is gone).
-    pub(crate) fn send_all(&self, mut bytes: &[u8]) -> io::Result<()> {
-        while !bytes.is_empty() {
+    pub(crate) fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_write_timeout(timeout),
+            Socket::Unix(s) => s.set_write_timeout(timeout),
+        }
+    }
+
+    /// Writes all of `bytes` with `MSG_NOSIGNAL` (no SIGPIPE if the peer is
+    /// gone), blocking up to the socket's send timeout per call.
+    pub(crate) fn send_all(&self, bytes: &[u8]) -> io::Result<()> {
+        let mut sent = 0;
+        while sent < bytes.len() {
+            sent += self.send_once(&bytes[sent..], 0)?;
+        }
+        Ok(())
+    }
+
+    /// Writes as much of `bytes` as the socket takes without blocking and
+    /// returns how much that was (`WouldBlock` is not an error here).
+    pub(crate) fn send_nonblocking(&self, bytes: &[u8]) -> io::Result<usize> {
+        let mut sent = 0;
+        while sent < bytes.len() {
+            match self.send_once(&bytes[sent..], libc::MSG_DONTWAIT) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(sent)
+    }
+
+    /// One `send(2)`, retried on EINTR; never returns `Ok(0)` for a
+    /// non-empty slice.
+    fn send_once(&self, bytes: &[u8], flags: libc::c_int) -> io::Result<usize> {
+        loop {
             // SAFETY: the pointer/length pair describes a live, initialised slice.
             let n = unsafe {
                 libc::send(
                     self.fd(),
                     bytes.as_ptr().cast(),
                     bytes.len(),
-                    libc::MSG_NOSIGNAL,
+                    libc::MSG_NOSIGNAL | flags,
                 )
             };
             if n < 0 {
@@ -83,9 +115,8 @@ impl Socket {
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
-            bytes = &bytes[n as usize..];
+            return Ok(n as usize);
         }
-        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 //! Transmission phase: the per-connection reader loop, in-flight tracking
 //! with the ordering rules, and execution of commands on the worker pool.
 
+use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,7 +12,7 @@ use tracing::{debug, warn};
 
 use super::handshake::Negotiated;
 use super::socket::Socket;
-use super::{lock, Inner, Lane};
+use super::{lock, Inner, Lane, PayloadBudget};
 use crate::proto::{self, Command, RequestHeader, TransmissionContext};
 use crate::{Backend, BackendError, WriteZeroesFlags};
 
@@ -22,6 +23,8 @@ const MIN_DISCARD_CAP_BYTES: u64 = 64 * 1024 * 1024;
 const MIN_PAYLOAD_BUDGET_BYTES: u64 = 64 * 1024 * 1024;
 /// Chunk size used when discarding a payload.
 const DISCARD_CHUNK_BYTES: usize = 64 * 1024;
+/// Stack of a connection's reply writer thread (it only sends bytes).
+const REPLY_WRITER_STACK_BYTES: usize = 256 * 1024;
 
 /// A request that has been dispatched and whose reply is not yet sent.
 struct Entry {
@@ -62,53 +65,164 @@ impl Inflight {
     }
 }
 
-/// State shared by a connection's reader and the workers running its requests.
+/// A reply waiting for the connection's writer thread. It holds the
+/// request's in-flight slot, so the outbox never holds more replies than
+/// `max_inflight_per_conn` nor more payload than the connection's budget.
+struct Pending {
+    bytes: Vec<u8>,
+    /// Bytes already written by a worker before the socket filled up.
+    sent: usize,
+    _release: Release,
+}
+
+/// Replies not yet written. Exactly one party writes to the socket at a
+/// time: a worker (only while `queue` is empty and the writer is idle, with
+/// a non-blocking send, under the lock) or the writer thread (`busy`).
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<Pending>,
+    busy: bool,
+    closed: bool,
+}
+
+/// State shared by a connection's reader, its reply writer and the workers
+/// running its requests.
 pub(crate) struct Conn {
     id: u64,
     socket: Arc<Socket>,
     backend: Arc<dyn Backend>,
     ctx: TransmissionContext,
-    write_lock: Mutex<()>,
     broken: AtomicBool,
+    outbox: Mutex<Outbox>,
+    outbox_changed: Condvar,
     inflight: Mutex<Inflight>,
     inflight_changed: Condvar,
     max_inflight: usize,
     payload_budget_bytes: u64,
+    /// Server-wide budget of READ/WRITE payload bytes in flight.
+    server_budget: Arc<PayloadBudget>,
 }
 
 impl Conn {
-    /// Sends one complete reply; replies never interleave. After a send
-    /// error the connection is dead: later replies are dropped.
-    fn send(&self, bytes: &[u8]) {
-        let _guard = lock(&self.write_lock);
+    /// Queues one complete reply; replies never interleave. A worker never
+    /// blocks on the client here: whatever the socket does not take at once
+    /// goes to the connection's writer thread, so a client that stops
+    /// reading stalls only itself. After a send error the connection is
+    /// dead: later replies are dropped (their slots released).
+    fn send(&self, bytes: Vec<u8>, release: Release) {
+        let mut outbox = lock(&self.outbox);
         if self.broken.load(Ordering::Acquire) {
             return;
         }
-        if let Err(e) = self.socket.send_all(bytes) {
-            debug!(conn = self.id, error = %e, "reply not sent, dropping connection");
-            self.broken.store(true, Ordering::Release);
-            self.socket.shutdown(Shutdown::Both);
+        let mut pending = Pending {
+            bytes,
+            sent: 0,
+            _release: release,
+        };
+        if outbox.queue.is_empty() && !outbox.busy {
+            match self.socket.send_nonblocking(&pending.bytes) {
+                Ok(n) if n == pending.bytes.len() => {
+                    drop(outbox);
+                    return; // `pending` releases its slot
+                }
+                Ok(n) => pending.sent = n,
+                Err(e) => {
+                    drop(outbox);
+                    self.fail(&e);
+                    return;
+                }
+            }
+        }
+        outbox.queue.push_back(pending);
+        self.outbox_changed.notify_all();
+    }
+
+    /// Marks the connection dead after a send error.
+    fn fail(&self, e: &io::Error) {
+        debug!(conn = self.id, error = %e, "reply not sent, dropping connection");
+        self.broken.store(true, Ordering::Release);
+        self.socket.shutdown(Shutdown::Both);
+        let dropped: Vec<Pending> = lock(&self.outbox).queue.drain(..).collect();
+        drop(dropped); // releases the slots outside the outbox lock
+    }
+
+    /// The writer thread: sends queued replies (blocking, up to the send
+    /// timeout) until the connection is closed and the outbox is empty.
+    fn write_replies(&self) {
+        let mut outbox = lock(&self.outbox);
+        loop {
+            let Some(pending) = outbox.queue.pop_front() else {
+                if outbox.closed {
+                    return;
+                }
+                outbox = self
+                    .outbox_changed
+                    .wait(outbox)
+                    .unwrap_or_else(|e| e.into_inner());
+                continue;
+            };
+            outbox.busy = true;
+            drop(outbox);
+            if !self.broken.load(Ordering::Acquire) {
+                if let Err(e) = self.socket.send_all(&pending.bytes[pending.sent..]) {
+                    self.fail(&e);
+                }
+            }
+            drop(pending); // the request stops counting as in flight
+            outbox = lock(&self.outbox);
+            outbox.busy = false;
         }
     }
 
-    /// Sends an error reply (structured if negotiated).
-    fn send_error(&self, handle: u64, error: u32, message: &str) {
+    /// Lets the writer thread end once the outbox is empty.
+    fn close_outbox(&self) {
+        lock(&self.outbox).closed = true;
+        self.outbox_changed.notify_all();
+    }
+
+    /// Sends an error reply (structured if negotiated) for a request that
+    /// never reached a worker; it takes an in-flight slot like any request,
+    /// so a client flooding invalid requests cannot queue unbounded replies.
+    fn send_error(self: &Arc<Self>, handle: u64, error: u32, message: &str) {
         debug_assert_ne!(error, 0);
-        if self.ctx.structured_replies {
-            self.send(&proto::encode_error_chunk(handle, error, message));
+        let release = self.reserve_slot(None, false, 0);
+        let bytes = if self.ctx.structured_replies {
+            proto::encode_error_chunk(handle, error, message)
         } else {
-            self.send(&proto::encode_simple_reply(error, handle));
-        }
+            proto::encode_simple_reply(error, handle).to_vec()
+        };
+        self.send(bytes, release);
     }
 
     /// Blocks until `cmd` may be dispatched, then records it as in flight.
-    fn reserve(&self, cmd: &Command, payload_bytes: u64) -> u64 {
+    fn reserve(self: &Arc<Self>, cmd: &Command, payload_bytes: u64) -> Release {
+        let conflicts = |state: &Inflight| state.conflicts(cmd);
+        self.reserve_with(cmd.range(), cmd.is_write(), payload_bytes, conflicts)
+    }
+
+    /// Takes an in-flight slot that conflicts with nothing.
+    fn reserve_slot(
+        self: &Arc<Self>,
+        range: Option<(u64, u64)>,
+        is_write: bool,
+        payload_bytes: u64,
+    ) -> Release {
+        self.reserve_with(range, is_write, payload_bytes, |_| false)
+    }
+
+    fn reserve_with(
+        self: &Arc<Self>,
+        range: Option<(u64, u64)>,
+        is_write: bool,
+        payload_bytes: u64,
+        conflicts: impl Fn(&Inflight) -> bool,
+    ) -> Release {
         let mut state = lock(&self.inflight);
         loop {
             let room = state.entries.len() < self.max_inflight
                 && (state.entries.is_empty()
                     || state.payload_bytes + payload_bytes <= self.payload_budget_bytes);
-            if room && !state.conflicts(cmd) {
+            if room && !conflicts(&state) {
                 break;
             }
             state = self
@@ -121,12 +235,19 @@ impl Conn {
         state.payload_bytes += payload_bytes;
         state.entries.push(Entry {
             id,
-            range: cmd.range(),
-            is_write: cmd.is_write(),
+            range,
+            is_write,
             payload_bytes,
         });
         assert!(state.entries.len() <= self.max_inflight);
-        id
+        drop(state);
+        // Then the server-wide budget (never while holding the lock above:
+        // releases need it). Only this reader waits here.
+        self.server_budget.acquire(payload_bytes);
+        Release {
+            conn: Arc::clone(self),
+            id,
+        }
     }
 
     fn release(&self, id: u64) {
@@ -134,6 +255,7 @@ impl Conn {
         if let Some(pos) = state.entries.iter().position(|e| e.id == id) {
             let entry = state.entries.swap_remove(pos);
             state.payload_bytes -= entry.payload_bytes;
+            self.server_budget.release(entry.payload_bytes);
         }
         self.inflight_changed.notify_all();
     }
@@ -188,14 +310,42 @@ pub(crate) fn serve(
             base_allocation: negotiated.base_allocation,
             max_request_bytes,
         },
-        write_lock: Mutex::new(()),
         broken: AtomicBool::new(false),
+        outbox: Mutex::new(Outbox::default()),
+        outbox_changed: Condvar::new(),
         inflight: Mutex::new(Inflight::default()),
         inflight_changed: Condvar::new(),
         max_inflight: inner.config.max_inflight_per_conn,
-        payload_budget_bytes: MIN_PAYLOAD_BUDGET_BYTES.max(2 * u64::from(max_request_bytes)),
+        payload_budget_bytes: connection_payload_budget_bytes(&inner.config),
+        server_budget: Arc::clone(&inner.payload_budget),
     });
-    let discard_cap_bytes = MIN_DISCARD_CAP_BYTES.max(u64::from(max_request_bytes));
+    let writer_conn = Arc::clone(&conn);
+    let writer = std::thread::Builder::new()
+        .name(format!("nbd-reply-{id}"))
+        .stack_size(REPLY_WRITER_STACK_BYTES)
+        .spawn(move || writer_conn.write_replies());
+    let writer = match writer {
+        Ok(handle) => handle,
+        Err(e) => {
+            warn!(conn = id, error = %e, "cannot spawn reply writer thread, closing");
+            return;
+        }
+    };
+    read_requests(inner, &conn, reader);
+    conn.wait_idle();
+    conn.close_outbox();
+    let _ = writer.join();
+}
+
+/// Per-connection budget of buffered READ/WRITE payload bytes.
+pub(crate) fn connection_payload_budget_bytes(config: &crate::ServerConfig) -> u64 {
+    MIN_PAYLOAD_BUDGET_BYTES.max(2 * u64::from(config.max_request_bytes))
+}
+
+/// The reader loop: until DISC, EOF, a protocol violation or shutdown.
+fn read_requests(inner: &Inner, conn: &Arc<Conn>, reader: &mut impl Read) {
+    let id = conn.id;
+    let discard_cap_bytes = MIN_DISCARD_CAP_BYTES.max(u64::from(conn.ctx.max_request_bytes));
     loop {
         let header = match read_request_header(reader) {
             Ok(Some(h)) => h,
@@ -213,7 +363,7 @@ pub(crate) fn serve(
             );
             break;
         }
-        match handle_request(inner, &conn, reader, header, discard_cap_bytes) {
+        match handle_request(inner, conn, reader, header, discard_cap_bytes) {
             Ok(Next::Continue) => {}
             Ok(Next::Stop) => break,
             Err(e) => {
@@ -222,7 +372,6 @@ pub(crate) fn serve(
             }
         }
     }
-    conn.wait_idle();
 }
 
 /// Reads and decodes a request header. `Ok(None)` on clean EOF or bad magic.
@@ -270,7 +419,7 @@ fn handle_request(
 
 /// Answers an invalid request; a WRITE's payload is consumed first.
 fn reject(
-    conn: &Conn,
+    conn: &Arc<Conn>,
     reader: &mut impl Read,
     header: &RequestHeader,
     error: u32,
@@ -328,11 +477,7 @@ fn dispatch(
         Command::Read { length, .. } | Command::Write { length, .. } => u64::from(length),
         _ => 0,
     };
-    let id = conn.reserve(&cmd, payload_bytes);
-    let release = Release {
-        conn: Arc::clone(conn),
-        id,
-    };
+    let release = conn.reserve(&cmd, payload_bytes);
     let data = match cmd {
         Command::Write { length, .. } => {
             debug_assert!(length <= conn.ctx.max_request_bytes);
@@ -350,9 +495,8 @@ fn dispatch(
     inner.jobs.submit(
         lane,
         Box::new(move || {
-            let _release = release;
             let reply = execute(&job_conn, handle, cmd, data);
-            job_conn.send(&reply);
+            job_conn.send(reply, release);
         }),
     );
     Ok(Next::Continue)

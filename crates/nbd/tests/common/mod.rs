@@ -5,7 +5,7 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 use cvol_nbd::{Backend, BackendError, Extent, Server, ServerConfig, WriteZeroesFlags};
@@ -34,6 +34,9 @@ pub struct MemBackend {
     pub log: Mutex<Vec<String>>,
     active: AtomicUsize,
     pub max_active: AtomicUsize,
+    /// While true, writes block (see `hold_writes`).
+    writes_held: Mutex<bool>,
+    writes_released: Condvar,
 }
 
 impl MemBackend {
@@ -53,6 +56,21 @@ impl MemBackend {
             log: Mutex::new(Vec::new()),
             active: AtomicUsize::new(0),
             max_active: AtomicUsize::new(0),
+            writes_held: Mutex::new(false),
+            writes_released: Condvar::new(),
+        }
+    }
+
+    /// Makes every write block until `hold_writes(false)`.
+    pub fn hold_writes(&self, held: bool) {
+        *self.writes_held.lock().unwrap() = held;
+        self.writes_released.notify_all();
+    }
+
+    fn wait_if_held(&self) {
+        let mut held = self.writes_held.lock().unwrap();
+        while *held {
+            held = self.writes_released.wait(held).unwrap();
         }
     }
 
@@ -157,6 +175,7 @@ impl Backend for MemBackend {
         if *self.slow_write_byte.lock().unwrap() == Some(data[0]) {
             self.delay();
         }
+        self.wait_if_held();
         {
             let mut st = self.state.write().unwrap();
             st.data[offset as usize..offset as usize + data.len()].copy_from_slice(data);
