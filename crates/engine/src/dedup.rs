@@ -227,23 +227,40 @@ impl Shared {
     }
 }
 
-/// Records with ref entries, and live units, by physical offset of their header.
+/// Liveness of a unit: 8 bytes, as every live unit has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitLive {
+    pub refs: u32,
+    pub owners: u16,
+}
+
+/// Records with ref entries (single-block records) and live units (a
+/// compact table of their own), by physical offset of their header.
 #[derive(Debug, Default, Clone)]
 pub struct SharedTable {
     pub records: HashMap<u64, Shared>,
+    pub units: HashMap<u64, UnitLive>,
     /// Sum over the records of `Shared::extra`: blocks served without a
     /// record of their own.
     pub extra_refs: u64,
 }
 
 impl SharedTable {
-    pub fn get(&self, offset: u64) -> Option<&Shared> {
-        self.records.get(&offset)
+    pub fn get(&self, offset: u64) -> Option<Shared> {
+        self.records.get(&offset).copied().or_else(|| {
+            self.units.get(&offset).map(|u| Shared {
+                refs: u.refs,
+                owners: u32::from(u.owners),
+                crc: 0,
+                fp: 0,
+                unit: true,
+            })
+        })
     }
 
     /// Records with dedup references (units without refs not counted).
     pub fn shared_count(&self) -> u64 {
-        self.records.values().filter(|s| s.refs > 0).count() as u64
+        (self.records.len() + self.units.values().filter(|u| u.refs > 0).count()) as u64
     }
 
     /// One more entry points at the live record at `offset`: a ref entry
@@ -259,32 +276,35 @@ impl SharedTable {
         is_ref: bool,
     ) -> bool {
         debug_assert!(unit || is_ref, "single-block owners are not tracked");
-        let mut born = false;
-        let s = self.records.entry(offset).or_insert_with(|| {
-            born = unit;
-            Shared {
-                refs: 0,
-                owners: u32::from(!unit),
-                crc: if unit { 0 } else { crc },
-                fp: 0,
-                unit,
+        if unit {
+            let mut born = false;
+            let u = self.units.entry(offset).or_insert_with(|| {
+                born = true;
+                UnitLive { refs: 0, owners: 0 }
+            });
+            if is_ref {
+                u.refs += 1;
+                self.extra_refs += 1;
+            } else {
+                u.owners += 1;
             }
+            return born;
+        }
+        let s = self.records.entry(offset).or_insert(Shared {
+            refs: 0,
+            owners: 1,
+            crc,
+            fp: 0,
+            unit: false,
         });
-        assert_eq!(s.unit, unit, "record at {offset} changed shape");
-        if !unit {
-            assert_eq!(s.crc, crc, "shared record at {offset} changed identity");
-        }
+        assert_eq!(s.crc, crc, "shared record at {offset} changed identity");
         let before = s.extra();
-        if is_ref {
-            s.refs += 1;
-        } else {
-            s.owners += 1;
-        }
-        if s.fp == 0 && !unit {
+        s.refs += 1;
+        if s.fp == 0 {
             s.fp = fp;
         }
         self.extra_refs += s.extra() - before;
-        born
+        false
     }
 
     /// An entry (a ref entry if `was_ref`, else an owner) stopped pointing
@@ -292,6 +312,21 @@ impl SharedTable {
     /// (a single-block record whose owner was its only entry); else whether
     /// the record is now dead.
     pub fn release(&mut self, offset: u64, was_ref: bool) -> Option<bool> {
+        if let Some(u) = self.units.get_mut(&offset) {
+            if was_ref {
+                assert!(u.refs > 0, "ref count of the unit at {offset} underflows");
+                u.refs -= 1;
+                self.extra_refs -= 1;
+            } else {
+                assert!(u.owners > 0, "owners of the unit at {offset} underflow");
+                u.owners -= 1;
+            }
+            if u.refs == 0 && u.owners == 0 {
+                self.units.remove(&offset);
+                return Some(true);
+            }
+            return Some(false);
+        }
         let s = self.records.get_mut(&offset)?;
         let before = s.extra();
         if was_ref {
@@ -305,13 +340,6 @@ impl SharedTable {
             s.owners -= 1;
         }
         self.extra_refs -= before - s.extra();
-        if s.unit {
-            if s.entries() == 0 {
-                self.records.remove(&offset);
-                return Some(true);
-            }
-            return Some(false);
-        }
         if s.refs == 0 {
             // Only the owner left (unshared again), or nothing (dead).
             let dead = s.owners == 0;
@@ -329,6 +357,7 @@ impl SharedTable {
     pub fn memory_bytes(&self) -> u64 {
         // hashbrown: key + value + 1 control byte per bucket.
         (self.records.capacity() as u64) * (8 + std::mem::size_of::<Shared>() as u64 + 1)
+            + (self.units.capacity() as u64) * (8 + std::mem::size_of::<UnitLive>() as u64 + 1)
     }
 }
 
@@ -416,6 +445,11 @@ mod tests {
         assert_eq!(t.extra_refs, 0);
         assert_eq!(t.release(20, true), Some(true));
         assert!(t.get(20).is_none());
+    }
+
+    #[test]
+    fn unit_liveness_is_8_bytes() {
+        assert_eq!(std::mem::size_of::<UnitLive>(), 8);
     }
 
     #[test]

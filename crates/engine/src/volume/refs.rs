@@ -9,7 +9,7 @@
 //! shared table; a record is live while any entry points at it, and then its
 //! bytes count once in its segment's live bytes and in `stored_payload_bytes`.
 use super::{State, Volume};
-use crate::dedup::{Fingerprint, Shared, SharedTable};
+use crate::dedup::{Fingerprint, Shared, SharedTable, UnitLive};
 use crate::map::BlockMap;
 use crate::segments::{SegState, SegmentTable};
 use cvol_format::record::RECORD_HEADER_BYTES;
@@ -40,6 +40,7 @@ pub(crate) fn rebuild(
 ) -> Liveness {
     let mut lens: HashMap<u64, (u32, CodecTag)> = HashMap::new();
     let mut shared: HashMap<u64, Shared> = HashMap::new();
+    let mut units: HashMap<u64, UnitLive> = HashMap::new();
     map.for_each_mapped(|_, e| {
         if let EntryState::Data {
             offset,
@@ -49,21 +50,28 @@ pub(crate) fn rebuild(
             codec,
         } = e.state_valid()
         {
-            if !(is_ref || unit) {
-                return;
-            }
-            lens.insert(offset, (len, codec));
-            let s = shared.entry(offset).or_insert(Shared {
-                refs: 0,
-                owners: 0,
-                crc: if unit { 0 } else { e.crc },
-                fp: 0,
-                unit,
-            });
-            if is_ref {
-                s.refs += 1;
-            } else {
-                s.owners += 1;
+            if unit {
+                lens.insert(offset, (len, codec));
+                let u = units
+                    .entry(offset)
+                    .or_insert(UnitLive { refs: 0, owners: 0 });
+                if is_ref {
+                    u.refs += 1;
+                } else {
+                    u.owners += 1;
+                }
+            } else if is_ref {
+                lens.insert(offset, (len, codec));
+                shared
+                    .entry(offset)
+                    .or_insert(Shared {
+                        refs: 0,
+                        owners: 0,
+                        crc: e.crc,
+                        fp: 0,
+                        unit: false,
+                    })
+                    .refs += 1;
             }
         }
     });
@@ -100,6 +108,11 @@ pub(crate) fn rebuild(
         live(&mut t, offset, len, codec);
         extra += s.extra();
     }
+    for (&offset, u) in &units {
+        let (len, codec) = lens[&offset];
+        live(&mut t, offset, len, codec);
+        extra += u64::from(u.refs);
+    }
     for (&s, &max_seq) in needed {
         t.mark(s, SegState::Sealed, max_seq);
     }
@@ -110,6 +123,7 @@ pub(crate) fn rebuild(
         segments: t,
         shared: SharedTable {
             records: shared,
+            units,
             extra_refs: extra,
         },
         stored_payload_bytes: stored,
@@ -213,6 +227,19 @@ impl Volume {
                     "record at {off}: running {s:?}, from the map {other:?}"
                 )),
             }
+        }
+        if fresh.shared.units != st.shared.units {
+            let differ = st
+                .shared
+                .units
+                .iter()
+                .filter(|(o, u)| fresh.shared.units.get(o) != Some(u))
+                .count();
+            errors.push(format!(
+                "units: {} running, {} from the map, {differ} differ",
+                st.shared.units.len(),
+                fresh.shared.units.len()
+            ));
         }
         for (off, f) in &fresh.shared.records {
             if !st.shared.records.contains_key(off) {
