@@ -109,6 +109,16 @@ enum Command {
         /// strong codec while clients are idle (on or off).
         #[arg(long, default_value = "on")]
         recompress: String,
+        /// Clients served at once; more are refused (closed before the greeting).
+        #[arg(long, default_value_t = ServerConfig::default().max_connections)]
+        max_connections: usize,
+        /// Request payload (READ/WRITE data) the server holds at once across
+        /// all connections; a client whose request does not fit waits.
+        #[arg(long, default_value = "256M")]
+        max_buffered: String,
+        /// Seconds a client has for the whole handshake.
+        #[arg(long, default_value_t = 30)]
+        handshake_timeout: u64,
     },
     /// Show space and reduction statistics (asks the server when the volume is served).
     Stat {
@@ -121,6 +131,11 @@ enum Command {
         volume: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Repair what redundancy and the log allow first: rewrite a damaged
+        /// superblock copy, rebuild a lost checkpoint from the log, write
+        /// fresh checkpoints; then check and list what could not be saved.
+        #[arg(long)]
+        repair: bool,
     },
 }
 
@@ -170,11 +185,15 @@ fn main() -> ExitCode {
             busy_iops,
             idle_iops,
             recompress,
+            max_connections,
+            max_buffered,
+            handshake_timeout,
         } => cleaner_config(&cleaner, clean_start, clean_stop).and_then(|cleaner| {
             cmd_serve(ServeArgs {
                 dedup_memory: size::parse_size(&dedup_memory)?,
                 read_cache: size::parse_size(&read_cache)?,
                 elastic: elastic_config(&unit_size, busy_iops, idle_iops, &recompress)?,
+                limits: limits(max_connections, &max_buffered, handshake_timeout)?,
                 volume,
                 socket,
                 listen,
@@ -186,7 +205,16 @@ fn main() -> ExitCode {
             })
         }),
         Command::Stat { volume, json } => cmd_stat(&volume, json),
-        Command::Check { volume, json } => cmd_check(&volume, json),
+        Command::Check {
+            volume,
+            json,
+            repair: false,
+        } => cmd_check(&volume, json),
+        Command::Check {
+            volume,
+            json,
+            repair: true,
+        } => cmd_repair(&volume, json),
     };
     match r {
         Ok(code) => code,
@@ -195,6 +223,34 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Client limits of the NBD server (validated at the edge).
+struct Limits {
+    max_connections: usize,
+    max_buffered: u64,
+    handshake_timeout: std::time::Duration,
+}
+
+fn limits(max_connections: usize, max_buffered: &str, handshake_secs: u64) -> Result<Limits, String> {
+    let max_buffered_bytes = size::parse_size(max_buffered)?;
+    let min = u64::from(ServerConfig::default().max_request_bytes);
+    if max_connections == 0 {
+        return Err("--max-connections must be at least 1".into());
+    }
+    if max_buffered_bytes < min {
+        return Err(format!(
+            "--max-buffered {max_buffered} must be at least one request ({min} bytes)"
+        ));
+    }
+    if handshake_secs == 0 {
+        return Err("--handshake-timeout must be at least 1 second".into());
+    }
+    Ok(Limits {
+        max_connections,
+        max_buffered: max_buffered_bytes,
+        handshake_timeout: std::time::Duration::from_secs(handshake_secs),
+    })
 }
 
 fn elastic_config(
@@ -305,7 +361,10 @@ fn cmd_create(
         path.display(),
         bytesize::ByteSize(logical).to_string_as(true),
         bytesize::ByteSize(physical).to_string_as(true),
-        codec,
+        match codec {
+            CodecPolicy::Auto { strong } => format!("auto (lz4 when busy, {strong} when idle)"),
+            fixed => fixed.to_string(),
+        },
         if dedup { "on" } else { "off" }
     );
     Ok(ExitCode::SUCCESS)
@@ -323,6 +382,7 @@ struct ServeArgs {
     dedup_memory: u64,
     read_cache: u64,
     elastic: ElasticConfig,
+    limits: Limits,
 }
 
 fn cleaner_config(policy: &str, start: u64, stop: u64) -> Result<CleanerConfig, String> {
@@ -352,6 +412,7 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         dedup_memory,
         read_cache,
         elastic,
+        limits,
     } = args;
     let path = match volume {
         Some(p) => p,
@@ -379,6 +440,9 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     );
     let mut config = ServerConfig {
         export_name: export.clone(),
+        max_connections: limits.max_connections,
+        max_buffered_bytes: limits.max_buffered,
+        handshake_timeout: limits.handshake_timeout,
         ..ServerConfig::default()
     };
     if let Some(w) = workers {
@@ -615,6 +679,51 @@ fn print_stat_table(v: &serde_json::Value) {
     for (k, val) in rows {
         println!("{k:<24}{val}");
     }
+}
+
+fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
+    let storage = FileStorage::open(path, true, true).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => format!(
+            "{}: the volume is being served; stop the server to repair it",
+            path.display()
+        ),
+        _ => format!("{}: {e}", path.display()),
+    })?;
+    let rep = cvol_engine::check::repair_volume(Arc::new(storage));
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+        );
+    } else {
+        if rep.actions.is_empty() {
+            println!("{}: nothing needed repair", path.display());
+        }
+        for a in &rep.actions {
+            println!("repaired: {a}");
+        }
+        if rep.after.consistent() {
+            println!(
+                "{}: consistent after repair ({} data blocks verified)",
+                path.display(),
+                rep.after.blocks_checked
+            );
+        } else {
+            println!(
+                "{}: {} problem(s) could not be repaired",
+                path.display(),
+                rep.after.errors.len()
+            );
+            for e in &rep.after.errors {
+                println!("  - {e}");
+            }
+        }
+    }
+    Ok(if rep.after.consistent() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {

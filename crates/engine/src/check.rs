@@ -269,3 +269,66 @@ fn verify_one(
         .map_err(|e| format!("read error: {e}"))?;
     decode_block_record(lba, e, &rec, out)
 }
+
+/// What `cvol check --repair` did and what it could not save.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct RepairReport {
+    /// Repairs made, in order.
+    pub actions: Vec<String>,
+    /// The check after the repair: its errors are what could not be saved
+    /// (each names the LBAs affected).
+    pub after: CheckReport,
+}
+
+/// Repairs what can be repaired from redundancy and the self-describing
+/// log: a damaged superblock copy is rewritten from the other; a volume
+/// with no usable checkpoint gets its map rebuilt from the log (newest
+/// checkpoint whose commit record is intact, else every record in
+/// (epoch, seq) order) and two fresh checkpoints, so both pointer slots are
+/// valid again. Damaged data records cannot be repaired (there is no second
+/// copy): the final check lists their LBAs, which keep reading as EIO.
+pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
+    let mut rep = RepairReport::default();
+    match recovery::repair_superblocks(&*storage) {
+        Ok(notes) => rep.actions.extend(notes),
+        Err(e) => {
+            rep.after.errors.push(e);
+            return rep;
+        }
+    }
+    let options = crate::OpenOptions {
+        rebuild_from_log: true,
+        dedup_memory_bytes: 1 << 20,
+        read_cache_bytes: 0,
+        ..crate::OpenOptions::default()
+    };
+    match crate::Volume::open(storage.clone(), options) {
+        Ok(vol) => {
+            rep.actions.extend(
+                vol.recovery_warnings()
+                    .iter()
+                    .map(|w| format!("recovery: {w}")),
+            );
+            let mut written = 0;
+            for _ in 0..2 {
+                match vol.checkpoint() {
+                    Ok(()) => written += 1,
+                    Err(e) => rep.actions.push(format!("checkpoint failed: {e}")),
+                }
+            }
+            if written > 0 {
+                rep.actions.push(format!(
+                    "{written} fresh checkpoint(s) written (both pointer slots)"
+                ));
+            }
+            if let Err(e) = vol.close() {
+                rep.actions.push(format!("close failed: {e}"));
+            }
+        }
+        Err(e) => rep
+            .actions
+            .push(format!("could not open the volume to repair it: {e}")),
+    }
+    rep.after = check_volume(&*storage, &mut |_, _| {});
+    rep
+}

@@ -4,7 +4,7 @@
 use crate::map::BlockMap;
 use cvol_format::checkpoint::{decode_runs, CommitPayload};
 use cvol_format::pointer::POINTER_BYTES;
-use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
 use cvol_format::{
     align_up, CheckpointPointer, CodecTag, EntryState, MapEntry, Superblock, SECTOR_SIZE_BYTES,
 };
@@ -135,6 +135,46 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
             )),
         }
     }
+    // A slot that holds bytes but does not decode was damaged (create
+    // zeroes both): the log may no longer reach seq 1, so it must not be
+    // replayed from there as if no checkpoint had ever been written.
+    let damaged_slots = damaged_pointer_slots(storage);
+    if damaged_slots > 0 {
+        warnings.push(format!(
+            "{damaged_slots} checkpoint pointer slot(s) damaged"
+        ));
+    }
+    let had_checkpoint = !ptrs.is_empty() || damaged_slots > 0;
+    if loaded.is_none() && had_checkpoint {
+        // The pointers are damaged or name damaged records: a checkpoint's
+        // commit record is self-describing, so look for the newest intact
+        // one in the log itself.
+        let scan = scan_log(storage, sb);
+        let mut commits: Vec<&Scanned> = scan
+            .records
+            .iter()
+            .filter(|r| r.header.kind == RecordKind::CkptCommit)
+            .collect();
+        commits.sort_by_key(|r| std::cmp::Reverse(r.header.seq));
+        for c in commits {
+            let p = CheckpointPointer {
+                generation: 0,
+                commit_offset: sb.segment_offset(c.segment) + c.at as u64,
+                commit_len: c.header.total_len() as u32,
+                commit_epoch: c.header.epoch,
+                commit_seq: c.header.seq,
+            };
+            if let Ok(x) = load_checkpoint(storage, sb, &p) {
+                warnings.push(format!(
+                    "no pointer slot usable: recovered from the checkpoint whose commit record \
+                     (seq {}) was found by scanning the log",
+                    p.commit_seq
+                ));
+                loaded = Some((x, 0));
+                break;
+            }
+        }
+    }
     let index = first_record_index(storage, sb);
     let ((mut map, start), generation) = match loaded {
         Some(x) => x,
@@ -142,10 +182,12 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
             // Segments are reused only after a durable checkpoint, so with no
             // pointer at all the whole log is still there to replay; with
             // pointers that all fail it may not be, and replaying it could
-            // silently return old data.
-            if !ptrs.is_empty() {
+            // silently return old data: only `rebuild_from_log`, asked for
+            // explicitly (`cvol check --repair`), does that.
+            if had_checkpoint {
                 return Err(format!(
-                    "no usable checkpoint ({}); refusing to guess the map",
+                    "no usable checkpoint ({}); refusing to guess the map: \
+                     `cvol check --repair` rebuilds it from the log",
                     warnings.join("; ")
                 ));
             }
@@ -172,6 +214,269 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
         warnings,
         ..r
     })
+}
+
+/// Pointer slots that hold bytes but no valid pointer.
+fn damaged_pointer_slots(storage: &dyn Storage) -> usize {
+    (0..2)
+        .filter(|&slot| {
+            let mut b = vec![0u8; POINTER_BYTES];
+            match storage.read_at(CheckpointPointer::slot_offset(slot), &mut b) {
+                Err(_) => true,
+                Ok(()) => {
+                    b.iter().any(|&x| x != 0)
+                        && CheckpointPointer::decode(&b)
+                            .ok()
+                            .filter(|p| p.slot() == slot)
+                            .is_none()
+                }
+            }
+        })
+        .count()
+}
+
+/// A verified record found by scanning a segment.
+pub struct Scanned {
+    pub segment: u64,
+    pub at: usize,
+    pub header: RecordHeader,
+    /// The payload of a REF record (a map entry).
+    pub ref_entry: Option<MapEntry>,
+}
+
+/// Every verified record of every segment, and the segments where a
+/// record header was found but did not verify (damage).
+pub struct LogScan {
+    pub records: Vec<Scanned>,
+    pub damaged: Vec<(u64, usize, String)>,
+}
+
+/// Walks every segment's chain of records (each at the end of the previous
+/// one or at the next sector boundary, seq increasing); records of earlier
+/// lives of a reused segment have lower seqs and end the walk.
+pub fn scan_log(storage: &dyn Storage, sb: &Superblock) -> LogScan {
+    let tag = sb.volume_tag();
+    let mut out = LogScan {
+        records: Vec::new(),
+        damaged: Vec::new(),
+    };
+    for s in 0..sb.segment_count() {
+        let Ok(buf) = read_segment(storage, sb, s) else {
+            out.damaged.push((s, 0, "unreadable".into()));
+            continue;
+        };
+        let walk = walk_segment(&buf, tag);
+        out.damaged
+            .extend(walk.damaged.into_iter().map(|(at, e)| (s, at, e)));
+        for (at, h) in walk.records {
+            let ref_entry = (h.kind == RecordKind::Ref)
+                .then(|| MapEntry::decode(&buf[at + RECORD_HEADER_BYTES..]).ok())
+                .flatten();
+            out.records.push(Scanned {
+                segment: s,
+                at,
+                header: h,
+                ref_entry,
+            });
+        }
+    }
+    out
+}
+
+/// The verified records of one segment, and where damaged ones were.
+pub struct SegmentWalk {
+    pub records: Vec<(usize, RecordHeader)>,
+    pub damaged: Vec<(usize, String)>,
+}
+
+/// Walks a segment's records: each at the end of the previous one or at the
+/// next sector boundary, seq increasing (records of a reused segment's
+/// earlier lives have lower seqs and are not taken). Where the walk breaks
+/// — a damaged record, or a damaged header that no longer decodes — it
+/// resumes at the next intact record further on, found byte by byte, so
+/// one damaged record never hides the records after it.
+pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
+    let mut out = SegmentWalk {
+        records: Vec::new(),
+        damaged: Vec::new(),
+    };
+    let (mut pos, mut last) = (0usize, 0u64);
+    let try_at = |at: usize, last: u64| -> Option<Result<RecordHeader, String>> {
+        let b = buf.get(at..)?;
+        let h = RecordHeader::decode(b).ok()?;
+        if h.volume_tag != tag || h.seq <= last {
+            return None;
+        }
+        if h.total_len() > b.len() {
+            return Some(Err("record runs past the segment".into()));
+        }
+        Some(
+            h.verify(b, &b[RECORD_HEADER_BYTES..h.total_len()])
+                .map(|_| h)
+                .map_err(|e| e.to_string()),
+        )
+    };
+    let search = |from: usize, last: u64| {
+        (from..buf.len().saturating_sub(RECORD_HEADER_BYTES)).find(|&p| {
+            buf[p..p + 4] == RECORD_MAGIC.to_le_bytes() && matches!(try_at(p, last), Some(Ok(_)))
+        })
+    };
+    loop {
+        let aligned = align_up(pos as u64, SECTOR_SIZE_BYTES) as usize;
+        let found = match try_at(pos, last) {
+            Some(r) => Some((pos, r)),
+            None => try_at(aligned, last).map(|r| (aligned, r)),
+        };
+        match found {
+            Some((at, Ok(h))) => {
+                pos = at + h.total_len();
+                last = h.seq;
+                out.records.push((at, h));
+            }
+            Some((at, Err(e))) => {
+                out.damaged.push((at, e));
+                match search(at + 1, last) {
+                    Some(p) => pos = p,
+                    None => break,
+                }
+            }
+            // The usual end of the segment's records, or a header too
+            // damaged to decode: look further on before concluding.
+            None => match search(pos + 1, last) {
+                Some(p) => {
+                    out.damaged
+                        .push((pos, "no record where the chain continues".into()));
+                    pos = p;
+                }
+                None => break,
+            },
+        }
+    }
+    out
+}
+
+/// Rebuilds the map from every record the log still holds, without any
+/// checkpoint (`cvol check --repair` when no checkpoint is usable). Records
+/// apply in (epoch, seq) order, so a later epoch's writes win over records a
+/// crashed epoch left behind. What it cannot know: a block whose newest
+/// history (a TRIM, an overwrite) sat only in segments already reused may
+/// come back with an older version; the warnings say how many records and
+/// which damaged places were involved.
+pub fn rebuild_from_log(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
+    let scan = scan_log(storage, sb);
+    let mut recs: Vec<&Scanned> = scan.records.iter().collect();
+    if recs.is_empty() {
+        return Err("no intact record in the log: nothing to rebuild from".into());
+    }
+    recs.sort_by_key(|r| (r.header.epoch, r.header.seq));
+    let data_at: HashMap<u64, &RecordHeader> = scan
+        .records
+        .iter()
+        .filter(|r| r.header.kind == RecordKind::Data)
+        .map(|r| (sb.segment_offset(r.segment) + r.at as u64, &r.header))
+        .collect();
+    let mut map = BlockMap::new(sb.logical_blocks());
+    let mut needed: HashMap<u64, u64> = HashMap::new();
+    let (mut applied, mut dropped_refs) = (0u64, Vec::new());
+    for r in &recs {
+        let h = &r.header;
+        let offset = sb.segment_offset(r.segment) + r.at as u64;
+        let m = needed.entry(r.segment).or_insert(0);
+        *m = (*m).max(h.seq);
+        if h.kind == RecordKind::Ref {
+            // The target must be an intact DATA record holding that block.
+            let ok = r.ref_entry.is_some_and(|e| match e.state() {
+                Ok(EntryState::Data { offset, .. }) => data_at
+                    .get(&offset)
+                    .is_some_and(|t| e.block_in(t.crc) < t.nblocks.max(1)),
+                _ => false,
+            });
+            if !ok {
+                dropped_refs.push(h.lba);
+                continue;
+            }
+        }
+        let payload = r
+            .ref_entry
+            .map(|e| {
+                let mut b = [0u8; cvol_format::mapentry::MAP_ENTRY_BYTES];
+                e.encode(&mut b);
+                b.to_vec()
+            })
+            .unwrap_or_default();
+        if apply(&mut map, sb, h, offset, &payload).is_ok() {
+            applied += u64::from(matches!(
+                h.kind,
+                RecordKind::Data | RecordKind::Zero | RecordKind::Trim | RecordKind::Ref
+            ));
+        }
+    }
+    let last = recs.last().expect("not empty");
+    let mut warnings = vec![format!(
+        "map rebuilt from {} records of the log without a checkpoint ({} map changes); \
+         blocks whose newest history was only in reused segments may hold an older version",
+        recs.len(),
+        applied
+    )];
+    for (s, at, e) in &scan.damaged {
+        warnings.push(format!(
+            "segment {s} at byte {at}: damaged record ({e}); the rest of that segment was skipped"
+        ));
+    }
+    if !dropped_refs.is_empty() {
+        dropped_refs.truncate(100);
+        warnings.push(format!(
+            "dedup references whose target record is lost were dropped (LBAs {:?}): those blocks read as holes",
+            dropped_refs
+        ));
+    }
+    Ok(Recovered {
+        map,
+        segment: last.segment,
+        end: last.at + last.header.total_len(),
+        last_seq: recs.iter().map(|r| r.header.seq).max().unwrap_or(0),
+        last_epoch: recs.iter().map(|r| r.header.epoch).max().unwrap_or(0),
+        checkpoint_generation: 0,
+        replayed_records: recs.len() as u64,
+        replayed_map_records: applied.max(1),
+        snapshot_seq: 0,
+        needed_segments: needed,
+        warnings,
+    })
+}
+
+/// Rewrites a damaged superblock copy from the intact one. Returns what it did.
+pub fn repair_superblocks(storage: &dyn Storage) -> Result<Vec<String>, String> {
+    let offs = [
+        cvol_format::SUPERBLOCK_A_OFFSET,
+        cvol_format::SUPERBLOCK_B_OFFSET,
+    ];
+    let read = |off: u64| -> Option<Superblock> {
+        let mut b = vec![0u8; cvol_format::superblock::SUPERBLOCK_BYTES];
+        storage.read_at(off, &mut b).ok()?;
+        Superblock::decode(&b).ok()
+    };
+    let copies = [read(offs[0]), read(offs[1])];
+    let Some(good) = copies.iter().flatten().next().cloned() else {
+        return Err("both superblock copies are damaged: cannot repair".into());
+    };
+    let mut notes = Vec::new();
+    for (i, c) in copies.iter().enumerate() {
+        if c.as_ref() != Some(&good) {
+            storage
+                .write_at(offs[i], &good.encode())
+                .map_err(|e| e.to_string())?;
+            notes.push(format!(
+                "superblock copy {} rewritten from copy {}",
+                ["A", "B"][i],
+                ["B", "A"][i]
+            ));
+        }
+    }
+    if !notes.is_empty() {
+        storage.sync().map_err(|e| e.to_string())?;
+    }
+    Ok(notes)
 }
 
 /// Seq of the first record of every segment whose first header decodes.

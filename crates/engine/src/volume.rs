@@ -92,6 +92,9 @@ pub struct OpenOptions {
 
 impl Default for OpenOptions {
     fn default() -> Self {
+    /// When no checkpoint is usable, rebuild the map from every record the
+    /// log still holds (`cvol check --repair`) instead of refusing to open.
+    pub rebuild_from_log: bool,
         OpenOptions {
             read_only: false,
             sync_writes: false,
@@ -104,6 +107,7 @@ impl Default for OpenOptions {
     }
 }
 
+            rebuild_from_log: false,
 /// One run of block status: `length` bytes that are all zero-reading holes or all data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
@@ -146,6 +150,8 @@ pub struct Volume {
     state: Mutex<State>,
     flush_lock: Mutex<()>,
     rmw: RwLock<()>,
+    /// What recovery had to skip or rebuild at open (shown by repair).
+    recovery_warnings: Vec<String>,
     poisoned: AtomicBool,
     client_bytes_written: AtomicU64,
     corrupt_reads: AtomicU64,
@@ -357,7 +363,17 @@ impl Volume {
     pub fn open(storage: Arc<dyn Storage>, options: OpenOptions) -> Result<Volume, VolError> {
         let (sb, warnings) = recovery::read_superblock(&*storage).map_err(VolError::Open)?;
         warnings.iter().for_each(|w| tracing::warn!("{w}"));
-        let r = recovery::recover(&*storage, &sb).map_err(VolError::Open)?;
+        let r = match recovery::recover(&*storage, &sb) {
+            Ok(r) => r,
+            Err(e) if options.rebuild_from_log && !options.read_only => {
+                tracing::warn!("{e}; rebuilding the map from the log");
+                let mut r = recovery::rebuild_from_log(&*storage, &sb).map_err(VolError::Open)?;
+                r.warnings.insert(0, e);
+                r
+            }
+            Err(e) => return Err(VolError::Open(e)),
+        };
+        let recovery_warnings = r.warnings.clone();
         r.warnings.iter().for_each(|w| tracing::warn!("{w}"));
         tracing::info!(
             checkpoint = r.checkpoint_generation,
@@ -400,7 +416,8 @@ impl Volume {
             shared: live.shared,
             cleaning: HashSet::new(),
         };
-        let vol = Volume::assemble(storage, sb, options, state);
+        let mut vol = Volume::assemble(storage, sb, options, state);
+        vol.recovery_warnings = recovery_warnings;
         if !vol.options.read_only {
             match vol.begin_epoch() {
                 Err(VolError::NoSpace) => {
@@ -459,6 +476,7 @@ impl Volume {
             state: Mutex::new(state),
             flush_lock: Mutex::new(()),
             rmw: RwLock::new(()),
+            recovery_warnings: Vec::new(),
             poisoned: AtomicBool::new(false),
             client_bytes_written: AtomicU64::new(0),
             corrupt_reads: AtomicU64::new(0),
@@ -514,6 +532,11 @@ impl Volume {
     pub fn read_only(&self) -> bool {
         self.options.read_only
     }
+    /// What recovery skipped or rebuilt when this volume was opened.
+    pub fn recovery_warnings(&self) -> &[String] {
+        &self.recovery_warnings
+    }
+
 
     fn lock_state(&self) -> MutexGuard<'_, State> {
         self.state

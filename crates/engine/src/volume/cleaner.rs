@@ -460,33 +460,13 @@ impl Drop for BackgroundCleaner {
     }
 }
 
-/// The verified DATA records of a segment, walking its chain of records
-/// (each at the end of the previous one or at the next sector boundary).
+/// The verified DATA records of a segment (see `recovery::walk_segment`:
+/// a damaged record does not hide the ones after it).
 pub(crate) fn parse_segment(seg: &[u8], tag: u32) -> Vec<Found> {
-    let mut out = Vec::new();
-    let (mut pos, mut last_seq) = (0usize, 0u64);
-    loop {
-        let aligned = align_up(pos as u64, cvol_format::SECTOR_SIZE_BYTES) as usize;
-        let Some((at, header)) =
-            record_at(seg, pos, tag, last_seq).or_else(|| record_at(seg, aligned, tag, last_seq))
-        else {
-            break;
-        };
-        if header.kind == RecordKind::Data {
-            out.push(Found { at, header });
-        }
-        pos = at + header.total_len();
-        last_seq = header.seq;
-    }
-    out
-}
-
-fn record_at(seg: &[u8], at: usize, tag: u32, after_seq: u64) -> Option<(usize, RecordHeader)> {
-    let b = seg.get(at..)?;
-    let h = RecordHeader::decode(b).ok()?;
-    if h.volume_tag != tag || h.seq <= after_seq || h.total_len() > b.len() {
-        return None;
-    }
-    h.verify(b, &b[RECORD_HEADER_BYTES..h.total_len()]).ok()?;
-    Some((at, h))
+    crate::recovery::walk_segment(seg, tag)
+        .records
+        .into_iter()
+        .filter(|(_, h)| h.kind == RecordKind::Data)
+        .map(|(at, header)| Found { at, header })
+        .collect()
 }
