@@ -122,19 +122,6 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
     let mut warnings = Vec::new();
     let mut ptrs: Vec<CheckpointPointer> = read_pointers(storage).into_iter().flatten().collect();
     ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
-    let mut loaded = None;
-    for p in &ptrs {
-        match load_checkpoint(storage, sb, p) {
-            Ok(x) => {
-                loaded = Some((x, p.generation));
-                break;
-            }
-            Err(e) => warnings.push(format!(
-                "checkpoint generation {} unusable: {e}",
-                p.generation
-            )),
-        }
-    }
     // A slot that holds bytes but does not decode was damaged (create
     // zeroes both): the log may no longer reach seq 1, so it must not be
     // replayed from there as if no checkpoint had ever been written.
@@ -145,75 +132,196 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
         ));
     }
     let had_checkpoint = !ptrs.is_empty() || damaged_slots > 0;
-    if loaded.is_none() && had_checkpoint {
-        // The pointers are damaged or name damaged records: a checkpoint's
-        // commit record is self-describing, so look for the newest intact
-        // one in the log itself.
-        let scan = scan_log(storage, sb);
-        let mut commits: Vec<&Scanned> = scan
-            .records
-            .iter()
-            .filter(|r| r.header.kind == RecordKind::CkptCommit)
-            .collect();
-        commits.sort_by_key(|r| std::cmp::Reverse(r.header.seq));
-        for c in commits {
-            let p = CheckpointPointer {
-                generation: 0,
-                commit_offset: sb.segment_offset(c.segment) + c.at as u64,
-                commit_len: c.header.total_len() as u32,
-                commit_epoch: c.header.epoch,
-                commit_seq: c.header.seq,
-            };
-            if let Ok(x) = load_checkpoint(storage, sb, &p) {
-                warnings.push(format!(
-                    "no pointer slot usable: recovered from the checkpoint whose commit record \
-                     (seq {}) was found by scanning the log",
-                    p.commit_seq
-                ));
-                loaded = Some((x, 0));
+    let index = first_record_index(storage, sb);
+    // Candidates, best first: the newest pointer; then (fallbacks) the older
+    // pointer and the newest intact commit records found by scanning the
+    // log. A fallback may name records in segments reused since, so its
+    // result is accepted only if every record its map names verifies.
+    let mut tried: Vec<u64> = Vec::new();
+    let mut scanned = false;
+    let mut candidates: Vec<(CheckpointPointer, &'static str)> =
+        ptrs.iter().map(|p| (*p, "pointer")).collect();
+    let mut i = 0;
+    while had_checkpoint {
+        if i == candidates.len() {
+            if scanned {
                 break;
             }
+            scanned = true;
+            let scan = scan_log(storage, sb);
+            let mut commits: Vec<&Scanned> = scan
+                .records
+                .iter()
+                .filter(|r| r.header.kind == RecordKind::CkptCommit)
+                .collect();
+            commits.sort_by_key(|r| std::cmp::Reverse(r.header.seq));
+            candidates.extend(commits.into_iter().map(|c| {
+                let p = CheckpointPointer {
+                    generation: 0,
+                    commit_offset: sb.segment_offset(c.segment) + c.at as u64,
+                    commit_len: c.header.total_len() as u32,
+                    commit_epoch: c.header.epoch,
+                    commit_seq: c.header.seq,
+                };
+                (p, "scan")
+            }));
+            continue;
         }
-    }
-    let index = first_record_index(storage, sb);
-    let ((mut map, start), generation) = match loaded {
-        Some(x) => x,
-        None => {
-            // Segments are reused only after a durable checkpoint, so with no
-            // pointer at all the whole log is still there to replay; with
-            // pointers that all fail it may not be, and replaying it could
-            // silently return old data: only `rebuild_from_log`, asked for
-            // explicitly (`cvol check --repair`), does that.
-            if had_checkpoint {
-                return Err(format!(
-                    "no usable checkpoint ({}); refusing to guess the map: \
-                     `cvol check --repair` rebuilds it from the log",
-                    warnings.join("; ")
-                ));
+        let (p, source) = candidates[i];
+        i += 1;
+        if tried.contains(&p.commit_offset) {
+            continue;
+        }
+        tried.push(p.commit_offset);
+        let what = match source {
+            "pointer" => format!("checkpoint generation {}", p.generation),
+            _ => format!("checkpoint found in the log (commit seq {})", p.commit_seq),
+        };
+        let (mut map, start) = match load_checkpoint(storage, sb, &p) {
+            Ok(x) => x,
+            Err(e) => {
+                warnings.push(format!("{what} unusable: {e}"));
+                continue;
             }
-            let Some(&segment) = index.get(&1).and_then(|v| v.first()) else {
-                return Err(
-                    "no checkpoint and no log start found: the volume was never initialised".into(),
-                );
-            };
-            let start = Start {
-                segment,
-                offset: 0,
-                expected_seq: 1,
-                epoch: 0,
-                snapshot_seq: 0,
-                checkpoint_segments: HashMap::new(),
-            };
-            ((BlockMap::new(sb.logical_blocks()), start), 0)
+        };
+        let r = match roll_forward(storage, sb, &mut map, start, &index) {
+            Ok(r) => r,
+            Err(e) => {
+                warnings.push(format!("{what}: roll-forward failed: {e}"));
+                continue;
+            }
+        };
+        if let Some(certified) = certified_beyond(storage, sb, &r, &index) {
+            return Err(damaged_chain(r.last_seq, certified, &warnings));
         }
+        let newest = source == "pointer" && i == 1;
+        if !newest {
+            if let Err(e) = verify_map_records(storage, sb, &map) {
+                warnings.push(format!("{what} is stale: {e}"));
+                continue;
+            }
+            warnings.push(format!("recovered from the {what}"));
+        }
+        return Ok(Recovered {
+            map,
+            checkpoint_generation: p.generation,
+            warnings,
+            ..r
+        });
+    }
+    // Segments are reused only after a durable checkpoint, so with no
+    // pointer at all the whole log is still there to replay; with pointers
+    // that all fail it may not be, and replaying it could silently return
+    // old data: only `rebuild_from_log`, asked for explicitly (`cvol check
+    // --repair`), does that.
+    if had_checkpoint {
+        return Err(format!(
+            "no usable checkpoint ({}); refusing to guess the map: \
+             `cvol check --repair` rebuilds it from the log",
+            warnings.join("; ")
+        ));
+    }
+    let Some(&segment) = index.get(&1).and_then(|v| v.first()) else {
+        return Err(
+            "no checkpoint and no log start found: the volume was never initialised".into(),
+        );
     };
+    let start = Start {
+        segment,
+        offset: 0,
+        expected_seq: 1,
+        epoch: 0,
+        snapshot_seq: 0,
+        checkpoint_segments: HashMap::new(),
+    };
+    let mut map = BlockMap::new(sb.logical_blocks());
     let r = roll_forward(storage, sb, &mut map, start, &index)?;
+    if let Some(certified) = certified_beyond(storage, sb, &r, &index) {
+        return Err(damaged_chain(r.last_seq, certified, &warnings));
+    }
     Ok(Recovered {
         map,
-        checkpoint_generation: generation,
+        checkpoint_generation: 0,
         warnings,
         ..r
     })
+}
+
+fn damaged_chain(last_seq: u64, certified: u64, warnings: &[String]) -> String {
+    let mut m = format!(
+        "the log is damaged: its chain of records ends at seq {last_seq}, but a later record \
+         certifies that records up to seq {certified} were flushed; opening would lose them \
+         silently, so cvol refuses: `cvol check --repair` rebuilds the map from every intact record"
+    );
+    if !warnings.is_empty() {
+        m += &format!(" ({})", warnings.join("; "));
+    }
+    m
+}
+
+/// The highest seq a SYNCED record found beyond the recovered chain's end
+/// certifies as flushed, if the chain did not reach it: records the chain
+/// should have passed are damaged (a crash's unsynced tail never is
+/// certified: a SYNCED record is written only after its sync completed).
+fn certified_beyond(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    r: &Recovered,
+    index: &HashMap<u64, Vec<u64>>,
+) -> Option<u64> {
+    let mut segs = vec![r.segment];
+    for (&first, s) in index {
+        if first > r.last_seq {
+            segs.extend(s);
+        }
+    }
+    segs.sort_unstable();
+    segs.dedup();
+    let mut best: Option<u64> = None;
+    for s in segs {
+        let Ok(buf) = read_segment(storage, sb, s) else {
+            continue;
+        };
+        for (at, h) in walk_segment(&buf, sb.volume_tag()).records {
+            if h.kind != RecordKind::Synced || h.seq <= r.last_seq {
+                continue;
+            }
+            let p = &buf[at + RECORD_HEADER_BYTES..at + RECORD_HEADER_BYTES + 8];
+            let certified = u64::from_le_bytes(p.try_into().expect("8 bytes"));
+            if certified > r.last_seq {
+                best = Some(best.map_or(certified, |b| b.max(certified)));
+            }
+        }
+    }
+    best
+}
+
+/// Every DATA entry of `map` names an intact record holding its block (a
+/// fallback checkpoint may predate the reuse of segments it points into).
+fn verify_map_records(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    map: &BlockMap,
+) -> Result<(), String> {
+    let mut seen: HashMap<u64, Option<RecordHeader>> = HashMap::new();
+    let mut bad = None;
+    map.for_each_mapped(|lba, e| {
+        if bad.is_some() {
+            return;
+        }
+        if let Ok(EntryState::Data { offset, len, .. }) = e.state() {
+            let h = seen
+                .entry(offset)
+                .or_insert_with(|| read_record(storage, sb, offset, len).ok().map(|(h, _)| h));
+            let ok = h.as_ref().is_some_and(|h| {
+                h.kind == RecordKind::Data && e.block_in(h.crc) < h.nblocks.max(1)
+            });
+            if !ok {
+                bad = Some(format!("lba {lba} names no intact record at byte {offset}"));
+            }
+        }
+    });
+    bad.map_or(Ok(()), Err)
 }
 
 /// Pointer slots that hold bytes but no valid pointer.
@@ -313,7 +421,13 @@ pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
         Some(
             h.verify(b, &b[RECORD_HEADER_BYTES..h.total_len()])
                 .map(|_| h)
-                .map_err(|e| e.to_string()),
+                .map_err(|e| {
+                    format!(
+                        "{e}; it claims to be {:?} seq {} for lba {}+{} (its blocks may now \
+                         read an older version or as holes)",
+                        h.kind, h.seq, h.lba, h.nblocks
+                    )
+                }),
         )
     };
     let search = |from: usize, last: u64| {
@@ -648,7 +762,9 @@ pub fn apply(
             map.set(h.lba, e);
             Ok(())
         }
-        RecordKind::Epoch | RecordKind::MapChunk | RecordKind::CkptCommit => Ok(()),
+        RecordKind::Epoch | RecordKind::MapChunk | RecordKind::CkptCommit | RecordKind::Synced => {
+            Ok(())
+        }
     }
 }
 

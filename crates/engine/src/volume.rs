@@ -124,6 +124,8 @@ struct State {
     /// `log.appended_bytes` at the last checkpoint (for the checkpoint interval).
     appended_at_checkpoint: u64,
     /// Snapshot seq of the newest durable checkpoint: segments whose records
+    /// The synced seq the newest SYNCED record in the log certifies.
+    synced_marked: u64,
     /// are all at or below it, and hold no live data, may be reused.
     durable_snapshot_seq: u64,
     /// Map updates since the last checkpoint was appended (close skips an
@@ -352,6 +354,7 @@ impl Volume {
             map_changes_since_checkpoint: 1,
             shared: SharedTable::default(),
             cleaning: HashSet::new(),
+            synced_marked: 0,
         };
         let vol = Volume::assemble(storage, sb, OpenOptions::default(), state);
         vol.begin_epoch()?;
@@ -415,6 +418,7 @@ impl Volume {
             map_changes_since_checkpoint: r.replayed_map_records,
             shared: live.shared,
             cleaning: HashSet::new(),
+            synced_marked: 0,
         };
         let mut vol = Volume::assemble(storage, sb, options, state);
         vol.recovery_warnings = recovery_warnings;
@@ -525,13 +529,17 @@ impl Volume {
         self.policy.codec()
     }
 
-    pub fn codec_policy(&self) -> CodecPolicy {
-        self.policy
+    /// Where the record serving `lba` lies (offset, length), if any: for
+    /// tests that attribute an unreadable block to an injected fault.
+    #[doc(hidden)]
+    pub fn block_record(&self, lba: u64) -> Option<(u64, u32)> {
+        let st = self.lock_state();
+        match (lba < st.map.blocks()).then(|| st.map.get(lba).state_valid()) {
+            Some(EntryState::Data { offset, len, .. }) => Some((offset, len)),
+            _ => None,
+        }
     }
 
-    pub fn read_only(&self) -> bool {
-        self.options.read_only
-    }
     /// What recovery skipped or rebuilt when this volume was opened.
     pub fn recovery_warnings(&self) -> &[String] {
         &self.recovery_warnings
@@ -544,6 +552,13 @@ impl Volume {
             .expect("volume state lock poisoned by a panic")
     }
 
+    pub fn codec_policy(&self) -> CodecPolicy {
+        self.policy
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.options.read_only
+    }
     /// Poisons the volume on an I/O error.
     fn guard<T>(&self, r: Result<T, VolError>) -> Result<T, VolError> {
         if let Err(VolError::Io(e)) = &r {
@@ -1430,6 +1445,24 @@ impl Volume {
         self.reclaim(&candidates);
         let due = {
             let mut st = self.lock_state();
+            // Certify the previous sync in the log (lazily: with this
+            // flush's data, no extra write), so that recovery can tell
+            // damage at rest from a crash's unsynced tail.
+            if st.synced_seq > st.synced_marked {
+                let seq = st.synced_seq;
+                let payload = seq.to_le_bytes();
+                let crc = crc32c::crc32c(&payload);
+                self.guard(st.log.append(
+                    &*self.storage,
+                    RecordKind::Synced,
+                    CodecTag::None,
+                    0,
+                    0,
+                    &payload,
+                    crc,
+                ))?;
+                st.synced_marked = seq;
+            }
             st.synced_seq = st.synced_seq.max(target);
             let empty = st.log.segments.empty_sealed_count();
             // Also checkpoint when enough segments only wait for one to be reused

@@ -3,7 +3,8 @@
 //! ```text
 //! offset size field
 //! 0      4    magic 0x524c5643 ("CVLR" little-endian)
-//! 4      1    kind   (1 DATA, 2 ZERO, 3 TRIM, 4 EPOCH, 5 MAP_CHUNK, 6 CKPT_COMMIT)
+//! 4      1    kind   (1 DATA, 2 ZERO, 3 TRIM, 4 EPOCH, 5 MAP_CHUNK, 6 CKPT_COMMIT,
+//!                     7 REF, 8 SYNCED)
 //! 5      1    codec: bits 0..3 tag of the payload (0 none, 1 lz4, 2 zstd),
 //!             bits 3..8 the codec level it was made with (zstd 1..=19; 0 otherwise
 //!             or unknown)
@@ -56,6 +57,10 @@ pub enum RecordKind {
     /// Dedup reference: the LBA now holds the content of an existing DATA
     /// record; the payload is that record's map entry (12 bytes, ref form).
     Ref = 7,
+    /// Written with a flush: every record up to the seq in its payload (u64)
+    /// was made durable by an earlier, completed sync. Lets recovery tell a
+    /// log damaged after the fact from a crash's unsynced tail.
+    Synced = 8,
 }
 
 impl RecordKind {
@@ -68,6 +73,7 @@ impl RecordKind {
             5 => RecordKind::MapChunk,
             6 => RecordKind::CkptCommit,
             7 => RecordKind::Ref,
+            8 => RecordKind::Synced,
             _ => return Err(FormatError::UnknownKind(v)),
         })
     }
@@ -169,6 +175,9 @@ impl RecordHeader {
                 if h.payload_len as usize != crate::mapentry::MAP_ENTRY_BYTES || h.nblocks != 1 =>
             {
                 return Err(FormatError::Invalid("ref record shape"))
+            }
+            RecordKind::Synced if h.payload_len != 8 || h.nblocks != 0 => {
+                return Err(FormatError::Invalid("synced record shape"))
             }
             _ => {}
         }
