@@ -114,7 +114,11 @@ impl Superblock {
         if self.physical_size_bytes > PHYSICAL_SIZE_MAX_BYTES {
             return Err(FormatError::Invalid("physical size above 8 TiB"));
         }
-        if self.physical_size_bytes < self.data_offset_bytes + 2 * self.segment_size_bytes {
+        // Checked: a corrupt data offset near u64::MAX must not wrap past this test.
+        let needed = self
+            .data_offset_bytes
+            .checked_add(2 * self.segment_size_bytes);
+        if needed.is_none_or(|n| self.physical_size_bytes < n) {
             return Err(FormatError::Invalid(
                 "physical size too small: need metadata plus two segments",
             ));
@@ -223,5 +227,22 @@ mod tests {
         sb.physical_size_bytes = 2 << 20;
         assert!(sb.validate().is_err());
         assert!(Superblock::decode(&[0u8; 10]).is_err());
+    }
+
+    /// Found by the `format_decoders` fuzz target
+    /// (fuzz/regressions/format_decoders/superblock-data-offset-overflow):
+    /// a data offset near u64::MAX overflowed the size check (a panic with
+    /// overflow checks; without them the check wrapped, passed, and the
+    /// segment count underflowed to an astronomically large number).
+    #[test]
+    fn regression_huge_data_offset_is_rejected_without_overflow() {
+        for data_offset_bytes in [u64::MAX - 511, u64::MAX - (1 << 30) + 1, 1 << 63] {
+            let sb = Superblock {
+                data_offset_bytes: data_offset_bytes / 512 * 512,
+                ..sample()
+            };
+            assert!(sb.validate().is_err(), "{data_offset_bytes}");
+            assert!(Superblock::decode(&sb.encode()).is_err());
+        }
     }
 }

@@ -1,0 +1,449 @@
+//! NBD targets: the real server (`cvol_nbd::Server`) on an abstract Unix
+//! socket over an in-memory backend, fed the fuzz input as the client's byte
+//! stream, plus the pure parsers of `cvol_nbd::proto` on the same bytes.
+//!
+//! Properties: the server never panics (any thread), always closes the
+//! connection once the client has sent everything and half-closed (no hang),
+//! and every request `validate_request` accepts lies inside the export and
+//! the advertised limits.
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::{OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use cvol_nbd::proto::{self, RequestHeader, TransmissionContext};
+use cvol_nbd::{Backend, BackendError, Extent, Server, ServerConfig, WriteZeroesFlags};
+
+use crate::input::Input;
+use crate::panics;
+
+/// Export size: small (replies stay small) and not a multiple of 4 KiB.
+pub const EXPORT_BYTES: u64 = 64 * 1024 + 512;
+/// `max_request_bytes` of the fuzzed servers: below the export size, so both
+/// "in range but too long" and "too long and out of range" exist.
+pub const MAX_REQUEST_BYTES: u32 = 16 * 1024;
+/// Inputs are cut to this many bytes (bounds the reply volume per input).
+pub const MAX_INPUT_BYTES: usize = 16 * 1024;
+/// A connection the server has not closed this long after the client's
+/// half-close counts as a hang.
+const HANG_TIMEOUT: Duration = Duration::from_secs(20);
+/// A read of a block whose first byte is this fails with `Io`; a write whose
+/// first byte is this fails with `NoSpace` (error replies get exercised).
+const FAIL_BYTE: u8 = 0xe5;
+
+/// In-memory export; holes are blocks of zeros.
+struct MemBackend {
+    data: RwLock<Vec<u8>>,
+    read_only: bool,
+}
+
+impl MemBackend {
+    fn new(read_only: bool) -> MemBackend {
+        let mut data = vec![0u8; EXPORT_BYTES as usize];
+        // Some allocated blocks so that block status sees both kinds.
+        for (i, b) in data.iter_mut().enumerate().skip(4096).step_by(3) {
+            *b = (i / 4096) as u8 | 1;
+        }
+        data[8192..12288].fill(0);
+        MemBackend {
+            data: RwLock::new(data),
+            read_only,
+        }
+    }
+
+    fn zero(&self, offset: u64, length: u64) {
+        let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
+        d[offset as usize..(offset + length) as usize].fill(0);
+    }
+}
+
+impl Backend for MemBackend {
+    fn size_bytes(&self) -> u64 {
+        EXPORT_BYTES
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
+        let src = &d[offset as usize..offset as usize + buf.len()];
+        if src.first() == Some(&FAIL_BYTE) {
+            return Err(BackendError::Io);
+        }
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), BackendError> {
+        assert!(!self.read_only, "write on a read-only export");
+        if data.first() == Some(&FAIL_BYTE) {
+            return Err(BackendError::NoSpace);
+        }
+        let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
+        d[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn trim(&self, offset: u64, length: u64, _fua: bool) -> Result<(), BackendError> {
+        assert!(!self.read_only, "trim on a read-only export");
+        self.zero(offset, length);
+        Ok(())
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        flags: WriteZeroesFlags,
+    ) -> Result<(), BackendError> {
+        assert!(!self.read_only, "write_zeroes on a read-only export");
+        if flags.fast_zero && flags.no_hole {
+            return Err(BackendError::NotSupported);
+        }
+        self.zero(offset, length);
+        Ok(())
+    }
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
+        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
+        let end = (offset + length).min(EXPORT_BYTES);
+        let mut out: Vec<Extent> = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let next = ((at / 4096 + 1) * 4096).min(end);
+            let zero = d[at as usize..next as usize].iter().all(|&b| b == 0);
+            match out.last_mut() {
+                Some(last) if last.zero == zero => last.length += next - at,
+                _ => out.push(Extent {
+                    length: next - at,
+                    hole: zero,
+                    zero,
+                }),
+            }
+            at = next;
+        }
+        // Deliberately overshoot sometimes: the server must cut it off.
+        if let Some(last) = out.last_mut() {
+            if last.zero {
+                last.length += 4096;
+            }
+        }
+        Ok(out)
+    }
+}
+
+struct Fixture {
+    server: Server,
+    addr: SocketAddr,
+}
+
+fn fixture(read_only: bool) -> &'static Fixture {
+    static FIXTURES: OnceLock<[Fixture; 2]> = OnceLock::new();
+    let all = FIXTURES.get_or_init(|| {
+        panics::install();
+        // libFuzzer's main is not Rust's: SIGPIPE would kill the process
+        // when the server closes a connection the client is still writing to.
+        // SAFETY: setting a signal disposition to SIG_IGN is always sound.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+        [false, true].map(|ro| {
+            let name = format!("cvol-fuzz-nbd-{}-{ro}", std::process::id());
+            let addr = SocketAddr::from_abstract_name(name.as_bytes()).expect("socket name");
+            let listener = UnixListener::bind_addr(&addr).expect("bind abstract socket");
+            let config = ServerConfig {
+                export_name: "fuzz".into(),
+                description: Some("cvol fuzz export".into()),
+                max_request_bytes: MAX_REQUEST_BYTES,
+                workers: 2,
+                max_inflight_per_conn: 8,
+                max_connections: 64,
+                ..ServerConfig::default()
+            };
+            let server = Server::new(std::sync::Arc::new(MemBackend::new(ro)), config);
+            server.serve_unix(listener).expect("serve");
+            Fixture { server, addr }
+        })
+    });
+    &all[usize::from(read_only)]
+}
+
+/// Sends `bytes` as the client, half-closes, and returns everything the
+/// server sent until it closed the connection. Panics if the server hangs
+/// or panicked.
+pub fn exchange(read_only: bool, bytes: &[u8]) -> Vec<u8> {
+    let f = fixture(read_only);
+    let before = panics::count();
+    let stream = UnixStream::connect_addr(&f.addr).expect("connect to the fuzzed server");
+    stream
+        .set_read_timeout(Some(HANG_TIMEOUT))
+        .expect("read timeout");
+    // At most MAX_INPUT_BYTES plus a handshake: fits the socket buffer, so
+    // writing everything before reading cannot deadlock. The server may
+    // close early (protocol violation): a failed write is fine.
+    let mut writer = &stream;
+    let _ = writer.write_all(bytes);
+    let _ = stream.shutdown(Shutdown::Write);
+    let started = Instant::now();
+    let mut out = Vec::new();
+    let mut reader = &stream;
+    if let Err(e) = reader.read_to_end(&mut out) {
+        let timed_out = matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        );
+        assert!(
+            !timed_out,
+            "server hang: connection still open {:?} after the client finished",
+            started.elapsed()
+        );
+    }
+    drop(stream);
+    // The connection's thread ends soon after it closed the socket; wait, so
+    // that every input starts from an idle server.
+    while f.server.connection_count() > 0 {
+        assert!(
+            started.elapsed() < HANG_TIMEOUT,
+            "server hang: connection thread still running after the socket closed"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        panics::count(),
+        before,
+        "the NBD server panicked on this input"
+    );
+    out
+}
+
+fn option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
+    out.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// How `request` negotiates before the fuzzed transmission bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Mode {
+    pub structured_replies: bool,
+    pub base_allocation: bool,
+    pub read_only: bool,
+    /// Enter transmission with NBD_OPT_EXPORT_NAME instead of NBD_OPT_GO.
+    pub export_name: bool,
+    pub no_zeroes: bool,
+}
+
+impl Mode {
+    pub fn from_byte(b: u8) -> Mode {
+        Mode {
+            structured_replies: b & 1 != 0,
+            base_allocation: b & 2 != 0,
+            read_only: b & 4 != 0,
+            export_name: b & 8 != 0,
+            no_zeroes: b & 16 != 0,
+        }
+    }
+
+    pub fn to_byte(self) -> u8 {
+        u8::from(self.structured_replies)
+            | u8::from(self.base_allocation) << 1
+            | u8::from(self.read_only) << 2
+            | u8::from(self.export_name) << 3
+            | u8::from(self.no_zeroes) << 4
+    }
+
+    /// The client's handshake bytes for this mode (valid, ends in transmission).
+    pub fn handshake(self) -> Vec<u8> {
+        let mut flags = proto::NBD_FLAG_C_FIXED_NEWSTYLE;
+        if self.no_zeroes {
+            flags |= proto::NBD_FLAG_C_NO_ZEROES;
+        }
+        let mut out = flags.to_be_bytes().to_vec();
+        if self.structured_replies {
+            option(&mut out, proto::NBD_OPT_STRUCTURED_REPLY, &[]);
+        }
+        if self.base_allocation {
+            let mut data = 0u32.to_be_bytes().to_vec(); // export "" (default)
+            data.extend_from_slice(&1u32.to_be_bytes());
+            data.extend_from_slice(&(proto::BASE_ALLOCATION.len() as u32).to_be_bytes());
+            data.extend_from_slice(proto::BASE_ALLOCATION.as_bytes());
+            option(&mut out, proto::NBD_OPT_SET_META_CONTEXT, &data);
+        }
+        if self.export_name {
+            option(&mut out, proto::NBD_OPT_EXPORT_NAME, b"fuzz");
+        } else {
+            let mut data = 4u32.to_be_bytes().to_vec();
+            data.extend_from_slice(b"fuzz");
+            data.extend_from_slice(&1u16.to_be_bytes());
+            data.extend_from_slice(&proto::NBD_INFO_BLOCK_SIZE.to_be_bytes());
+            option(&mut out, proto::NBD_OPT_GO, &data);
+        }
+        out
+    }
+
+    /// What the server negotiates in this mode (for the pure validator).
+    pub fn context(self) -> TransmissionContext {
+        TransmissionContext {
+            size_bytes: EXPORT_BYTES,
+            transmission_flags: proto::transmission_flags(self.read_only, self.structured_replies),
+            structured_replies: self.structured_replies,
+            base_allocation: self.structured_replies && self.base_allocation,
+            max_request_bytes: MAX_REQUEST_BYTES,
+        }
+    }
+}
+
+/// Target `nbd_handshake`: `data` is everything the client sends after the
+/// server's greeting (client flags, options, and whatever follows).
+pub fn handshake(data: &[u8]) {
+    let data = &data[..data.len().min(MAX_INPUT_BYTES)];
+    pure_option_parsers(data);
+    let read_only = data.first().is_some_and(|b| b & 0x80 != 0);
+    let reply = exchange(read_only, data);
+    assert_eq!(
+        reply.get(..18),
+        Some(
+            &proto::encode_greeting(proto::NBD_FLAG_FIXED_NEWSTYLE | proto::NBD_FLAG_NO_ZEROES)[..]
+        ),
+        "the server must always greet"
+    );
+}
+
+/// Option payload parsers on arbitrary bytes (and on every option of the
+/// input, split the way the server would).
+fn pure_option_parsers(data: &[u8]) {
+    let one = |payload: &[u8]| {
+        if let Ok(r) = proto::parse_info_request(payload) {
+            assert!(r.export_name.len() <= proto::MAX_STRING_BYTES);
+        }
+        if let Ok(r) = proto::parse_meta_context_request(payload) {
+            for q in &r.queries {
+                let _ = proto::query_syntax_valid(q);
+                let _ = proto::query_selects_base_allocation(q, true);
+                let _ = proto::query_selects_base_allocation(q, false);
+            }
+        }
+        if let Ok(s) = proto::parse_string(payload) {
+            assert!(!s.contains('\0') && s.len() <= proto::MAX_STRING_BYTES);
+            let _ = proto::query_syntax_valid(&s);
+        }
+    };
+    one(data);
+    let mut rest = data.get(4..).unwrap_or_default();
+    while rest.len() >= proto::OPTION_HEADER_BYTES {
+        let header: &[u8; proto::OPTION_HEADER_BYTES] =
+            rest[..proto::OPTION_HEADER_BYTES].try_into().expect("16");
+        let Ok(h) = proto::parse_option_header(header) else {
+            break;
+        };
+        rest = &rest[proto::OPTION_HEADER_BYTES..];
+        let n = (h.length_bytes as usize).min(rest.len());
+        one(&rest[..n]);
+        rest = &rest[n..];
+    }
+}
+
+/// Target `nbd_request`: byte 0 picks a [`Mode`]; the rest is the
+/// transmission phase (request headers and WRITE payloads) sent after the
+/// handshake of that mode.
+pub fn request(data: &[u8]) {
+    let data = &data[..data.len().min(MAX_INPUT_BYTES)];
+    let mut input = Input::new(data);
+    let mode = Mode::from_byte(input.u8());
+    let requests = input.rest();
+    pure_requests(mode, requests);
+    let mut stream = mode.handshake();
+    stream.extend_from_slice(requests);
+    let reply = exchange(mode.read_only, &stream);
+    assert!(reply.len() >= 18, "the server must always greet");
+}
+
+/// The request parser and validator on every 28-byte window, with oracles.
+fn pure_requests(mode: Mode, bytes: &[u8]) {
+    let ctx = mode.context();
+    for window in bytes.windows(proto::REQUEST_HEADER_BYTES).step_by(4) {
+        let window: &[u8; proto::REQUEST_HEADER_BYTES] = window.try_into().expect("28");
+        let h = match proto::parse_request_header(window) {
+            Ok(h) => h,
+            // Also validate the same fields behind a good magic.
+            Err(_) => {
+                let mut fixed = *window;
+                fixed[..4].copy_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
+                proto::parse_request_header(&fixed).expect("magic fixed")
+            }
+        };
+        assert_eq!(proto::encode_request_header(&h)[4..], window[4..]);
+        check_validation(&h, &ctx);
+        check_validation(&h, &Mode::from_byte(!mode.to_byte()).context());
+    }
+    extents(bytes);
+}
+
+fn check_validation(h: &RequestHeader, ctx: &TransmissionContext) {
+    let Ok(cmd) = proto::validate_request(h, ctx) else {
+        return;
+    };
+    let read_only = ctx.transmission_flags & proto::NBD_FLAG_READ_ONLY != 0;
+    assert!(
+        !(read_only && cmd.is_write()),
+        "write accepted on a read-only export: {h:?}"
+    );
+    if let Some((offset, length)) = cmd.range() {
+        assert!(
+            offset
+                .checked_add(length)
+                .is_some_and(|e| e <= ctx.size_bytes),
+            "accepted request out of range: {h:?}"
+        );
+    }
+    use proto::Command::*;
+    match cmd {
+        Read { length, .. } | Write { length, .. } | Cache { length, .. } => {
+            assert!(length <= ctx.max_request_bytes, "accepted oversized {h:?}")
+        }
+        BlockStatus { length, .. } => {
+            assert!(length > 0 && ctx.structured_replies && ctx.base_allocation)
+        }
+        _ => {}
+    }
+}
+
+/// Block status descriptors from arbitrary extents: never more bytes than
+/// asked, never an empty descriptor, never more than the limit.
+fn extents(bytes: &[u8]) {
+    let mut input = Input::new(bytes);
+    let request_length = input.u32();
+    let req_one = request_length & 1 != 0;
+    let max = usize::from(input.u8() % 8);
+    let mut list = Vec::new();
+    while !input.is_empty() && list.len() < 64 {
+        let length = match input.u8() % 4 {
+            0 => u64::from(input.u8()),
+            1 => u64::from(input.u32()),
+            2 => input.u64(),
+            _ => 0,
+        };
+        let flags = input.u8();
+        list.push(Extent {
+            length,
+            hole: flags & 1 != 0,
+            zero: flags & 2 != 0,
+        });
+    }
+    let d = proto::extents_to_descriptors(&list, request_length, req_one, max);
+    let total: u64 = d.iter().map(|x| u64::from(x.length)).sum();
+    assert!(total <= u64::from(request_length));
+    assert!(d.len() <= if req_one { 1 } else { max.max(1) });
+    assert!(d.iter().all(|x| x.length > 0));
+    let described: u64 = list.iter().map(|e| e.length.min(1)).sum();
+    if request_length > 0 && described > 0 {
+        assert!(!d.is_empty());
+    }
+    if !d.is_empty() {
+        let chunk = proto::encode_block_status_chunk(7, proto::BASE_ALLOCATION_CONTEXT_ID, &d);
+        assert_eq!(
+            chunk.len(),
+            proto::STRUCTURED_REPLY_HEADER_BYTES + 4 + 8 * d.len()
+        );
+    }
+}
