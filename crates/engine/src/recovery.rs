@@ -374,9 +374,19 @@ pub fn scan_log(storage: &dyn Storage, sb: &Superblock) -> LogScan {
             continue;
         };
         let walk = walk_segment(&buf, tag);
+        // Records older than the segment's first are from its earlier
+        // lives (reused since): dead, and not to be replayed.
+        let life_start = match walk.records.first() {
+            Some((0, h)) => h.seq,
+            _ => 0,
+        };
         out.damaged
             .extend(walk.damaged.into_iter().map(|(at, e)| (s, at, e)));
-        for (at, h) in walk.records {
+        for (at, h) in walk
+            .records
+            .into_iter()
+            .filter(|(_, h)| h.seq >= life_start)
+        {
             let ref_entry = (h.kind == RecordKind::Ref)
                 .then(|| MapEntry::decode(&buf[at + RECORD_HEADER_BYTES..]).ok())
                 .flatten();
@@ -398,21 +408,24 @@ pub struct SegmentWalk {
 }
 
 /// Walks a segment's records: each at the end of the previous one or at the
-/// next sector boundary, seq increasing (records of a reused segment's
-/// earlier lives have lower seqs and are not taken). Where the walk breaks
-/// — a damaged record, or a damaged header that no longer decodes — it
-/// resumes at the next intact record further on, found byte by byte, so
-/// one damaged record never hides the records after it.
+/// next sector boundary; where that breaks (the end of what was written, a
+/// damaged record, a header too damaged to decode, a valid record written
+/// to the wrong place) it resumes at the next intact record further on,
+/// found byte by byte, so nothing damaged or misplaced hides the records
+/// after it. Every verified record is returned, whatever its seq: records
+/// of a reused segment's earlier lives too (callers that care compare seqs;
+/// the cleaner moves only records the map names). `damaged` lists records
+/// whose header decodes but whose checksum fails.
 pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
     let mut out = SegmentWalk {
         records: Vec::new(),
         damaged: Vec::new(),
     };
-    let (mut pos, mut last) = (0usize, 0u64);
-    let try_at = |at: usize, last: u64| -> Option<Result<RecordHeader, String>> {
+    let mut pos = 0usize;
+    let try_at = |at: usize| -> Option<Result<RecordHeader, String>> {
         let b = buf.get(at..)?;
         let h = RecordHeader::decode(b).ok()?;
-        if h.volume_tag != tag || h.seq <= last {
+        if h.volume_tag != tag {
             return None;
         }
         if h.total_len() > b.len() {
@@ -430,38 +443,31 @@ pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
                 }),
         )
     };
-    let search = |from: usize, last: u64| {
+    let search = |from: usize| {
         (from..buf.len().saturating_sub(RECORD_HEADER_BYTES)).find(|&p| {
-            buf[p..p + 4] == RECORD_MAGIC.to_le_bytes() && matches!(try_at(p, last), Some(Ok(_)))
+            buf[p..p + 4] == RECORD_MAGIC.to_le_bytes() && matches!(try_at(p), Some(Ok(_)))
         })
     };
     loop {
         let aligned = align_up(pos as u64, SECTOR_SIZE_BYTES) as usize;
-        let found = match try_at(pos, last) {
+        let found = match try_at(pos) {
             Some(r) => Some((pos, r)),
-            None => try_at(aligned, last).map(|r| (aligned, r)),
+            None => try_at(aligned).map(|r| (aligned, r)),
         };
         match found {
             Some((at, Ok(h))) => {
                 pos = at + h.total_len();
-                last = h.seq;
                 out.records.push((at, h));
             }
             Some((at, Err(e))) => {
                 out.damaged.push((at, e));
-                match search(at + 1, last) {
+                match search(at + 1) {
                     Some(p) => pos = p,
                     None => break,
                 }
             }
-            // The usual end of the segment's records, or a header too
-            // damaged to decode: look further on before concluding.
-            None => match search(pos + 1, last) {
-                Some(p) => {
-                    out.damaged
-                        .push((pos, "no record where the chain continues".into()));
-                    pos = p;
-                }
+            None => match search(pos + 1) {
+                Some(p) => pos = p,
                 None => break,
             },
         }
@@ -544,10 +550,19 @@ pub fn rebuild_from_log(storage: &dyn Storage, sb: &Superblock) -> Result<Recove
             dropped_refs
         ));
     }
+    // The log continues after every record of the head's segment: records
+    // of a crashed epoch may lie beyond the newest one, and the map may
+    // name them now.
+    let end = recs
+        .iter()
+        .filter(|r| r.segment == last.segment)
+        .map(|r| r.at + r.header.total_len())
+        .max()
+        .unwrap_or(0);
     Ok(Recovered {
         map,
         segment: last.segment,
-        end: last.at + last.header.total_len(),
+        end,
         last_seq: recs.iter().map(|r| r.header.seq).max().unwrap_or(0),
         last_epoch: recs.iter().map(|r| r.header.epoch).max().unwrap_or(0),
         checkpoint_generation: 0,
@@ -894,4 +909,50 @@ pub fn check_entry_location(sb: &Superblock, e: MapEntry) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod walk_tests {
+    use super::*;
+    use cvol_format::record::encode_record;
+
+    fn record(seq: u64, lba: u64, payload: &[u8]) -> Vec<u8> {
+        let mut h = RecordHeader {
+            kind: RecordKind::Data,
+            codec: CodecTag::None,
+            level: 0,
+            mask: 0,
+            volume_tag: 7,
+            epoch: 1,
+            seq,
+            lba,
+            nblocks: 1,
+            payload_len: payload.len() as u32,
+            crc: 0,
+        };
+        encode_record(&mut h, payload)
+    }
+
+    /// Found by the fault simulation (seed 247): a misdirected write put a
+    /// valid record with a higher seq in the middle of a segment; the walk
+    /// required rising seqs and lost the live records after it (the
+    /// cleaner would never have moved them; check reported bad usage).
+    #[test]
+    fn regression_a_misplaced_valid_record_does_not_hide_the_records_after_it() {
+        let mut seg = Vec::new();
+        for (seq, lba) in [(5, 1), (90, 2), (6, 3), (7, 4)] {
+            seg.extend(record(seq, lba, &[lba as u8; 100]));
+        }
+        // A damaged record, then one more.
+        let mut bad = record(8, 5, &[5; 100]);
+        bad[60] ^= 1;
+        seg.extend(bad);
+        seg.extend(record(9, 6, &[6; 100]));
+        seg.resize(4096, 0);
+        let walk = walk_segment(&seg, 7);
+        let lbas: Vec<u64> = walk.records.iter().map(|(_, h)| h.lba).collect();
+        assert_eq!(lbas, vec![1, 2, 3, 4, 6]);
+        assert_eq!(walk.damaged.len(), 1);
+        assert!(walk.damaged[0].1.contains("lba 5+1"), "{:?}", walk.damaged);
+    }
 }

@@ -251,8 +251,9 @@ fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back
         vol.write_at(i * BS as u64, &block(i, 1), false).unwrap();
     }
     vol.flush().unwrap(); // certifies the previous sync
-    drop(vol); // a crash: no checkpoint at close
-    // Damage the flushed record of lba 7 version 1 (the newest DATA record for it).
+                          // A crash: no checkpoint at close. Then damage the flushed record of
+                          // lba 7 version 1 (the newest DATA record for it).
+    drop(vol);
     let mut img = vec![0u8; sim.len_bytes() as usize];
     sim.read_at(0, &mut img).unwrap();
     let at = (0..img.len() - 44)
@@ -280,7 +281,10 @@ fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back
     let mut b = vec![0u8; BS];
     for i in 20..40u64 {
         vol.read_at(i * BS as u64, &mut b).unwrap();
-        assert!(b == block(i, 1), "flushed lba {i} after the damage survives repair");
+        assert!(
+            b == block(i, 1),
+            "flushed lba {i} after the damage survives repair"
+        );
     }
     // Lba 7 falls back to the version before the damaged record.
     vol.read_at(7 * BS as u64, &mut b).unwrap();
