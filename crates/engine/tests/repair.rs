@@ -251,8 +251,9 @@ fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back
         vol.write_at(i * BS as u64, &block(i, 1), false).unwrap();
     }
     vol.flush().unwrap(); // certifies the previous sync
-                          // A crash: no checkpoint at close. Then damage the flushed record of
-                          // lba 7 version 1 (the newest DATA record for it).
+
+    // A crash: no checkpoint at close. Then damage the flushed record of
+    // lba 7 version 1 (the newest DATA record for it).
     drop(vol);
     let mut img = vec![0u8; sim.len_bytes() as usize];
     sim.read_at(0, &mut img).unwrap();
