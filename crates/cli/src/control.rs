@@ -1,5 +1,7 @@
 //! Control socket of a running server, so `cvol stat` works while serving.
 //! One request per connection: the client sends `stat\n` and reads one line of JSON.
+//! `scrub RATE`, `scrub-status` and `scrub-cancel` drive a background scrub
+//! (crate::scrub).
 use cvol_engine::Volume;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
@@ -25,11 +27,18 @@ pub fn socket_path(volume: &Path) -> Option<PathBuf> {
 
 pub struct ControlGuard {
     path: PathBuf,
+    vol: Arc<Volume>,
 }
 
 impl Drop for ControlGuard {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+        // A running scrub stops before the volume closes.
+        self.vol.cancel_scrub();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.vol.scrub_status().running && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -38,6 +47,7 @@ pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
     let _ = std::fs::remove_file(&path);
     let listener =
         UnixListener::bind(&path).map_err(|e| format!("control socket {}: {e}", path.display()))?;
+    let guard_vol = vol.clone();
     std::thread::Builder::new()
         .name("cvol-control".into())
         .spawn(move || {
@@ -46,10 +56,13 @@ pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
             }
         })
         .map_err(|e| e.to_string())?;
-    Ok(ControlGuard { path })
+    Ok(ControlGuard {
+        path,
+        vol: guard_vol,
+    })
 }
 
-fn serve_one(conn: UnixStream, vol: &Volume) -> std::io::Result<()> {
+fn serve_one(conn: UnixStream, vol: &Arc<Volume>) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut line = String::new();
     BufReader::new((&conn).take(256)).read_line(&mut line)?;
@@ -57,7 +70,9 @@ fn serve_one(conn: UnixStream, vol: &Volume) -> std::io::Result<()> {
         "stat" => {
             serde_json::to_string(&vol.stats()).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
         }
-        other => serde_json::json!({ "error": format!("unknown request '{other}'") }).to_string(),
+        other => crate::scrub::serve_request(vol, other).unwrap_or_else(|| {
+            serde_json::json!({ "error": format!("unknown request '{other}'") }).to_string()
+        }),
     };
     (&conn).write_all(reply.as_bytes())?;
     (&conn).write_all(b"\n")
@@ -73,4 +88,16 @@ pub fn query_stat(volume: &Path) -> Option<serde_json::Value> {
     conn.read_to_string(&mut s).ok()?;
     let v: serde_json::Value = serde_json::from_str(s.trim()).ok()?;
     v.get("logical_size_bytes").is_some().then_some(v)
+}
+
+/// Sends one request line to a running server; its JSON reply, or `None`
+/// if none answers.
+pub fn query(volume: &Path, request: &str) -> Option<serde_json::Value> {
+    let path = socket_path(volume)?;
+    let mut conn = UnixStream::connect(path).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    conn.write_all(format!("{request}\n").as_bytes()).ok()?;
+    let mut s = String::new();
+    conn.read_to_string(&mut s).ok()?;
+    serde_json::from_str(s.trim()).ok()
 }

@@ -1,6 +1,7 @@
 //! `cvol`: create, serve, inspect and verify compressed volumes.
 mod backend;
 mod control;
+mod scrub;
 mod size;
 
 use clap::{Parser, Subcommand};
@@ -137,6 +138,25 @@ enum Command {
         #[arg(long)]
         repair: bool,
     },
+    /// Verify every block (record checksum, map identity, decompression),
+    /// both superblock copies and the newest checkpoint, at a limited rate.
+    /// A served volume is scrubbed by its server in the background while
+    /// it keeps serving; otherwise the volume is opened read-only and
+    /// scrubbed here. Exit 0 clean, 1 problems found (listed by LBA), 2 error.
+    Scrub {
+        volume: PathBuf,
+        /// Logical data verified per second at most (e.g. 64M or 64M/s; 0: no limit).
+        #[arg(long, default_value = "64M")]
+        rate: String,
+        #[arg(long)]
+        json: bool,
+        /// Served volume: start the scrub and return (see --status, `cvol stat`).
+        #[arg(long)]
+        no_wait: bool,
+        /// Served volume: print the running scrub's progress and the last report.
+        #[arg(long, conflicts_with = "no_wait")]
+        status: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -215,6 +235,21 @@ fn main() -> ExitCode {
             json,
             repair: true,
         } => cmd_repair(&volume, json),
+        Command::Scrub {
+            volume,
+            rate,
+            json,
+            no_wait,
+            status,
+        } => scrub::cmd_scrub(
+            &volume,
+            scrub::ScrubArgs {
+                rate: &rate,
+                json,
+                no_wait,
+                status,
+            },
+        ),
     };
     match r {
         Ok(code) => code,

@@ -166,6 +166,19 @@ pub struct VolumeStats {
     pub epoch: u32,
     pub read_only: bool,
     pub poisoned: bool,
+    /// Scrubs finished since open (`cvol scrub`), data blocks they verified,
+    /// and blocks they found corrupt (counted apart from `corrupt_reads`,
+    /// which counts client reads refused).
+    pub scrub_runs: u64,
+    pub scrub_blocks_checked: u64,
+    pub scrub_corrupt_blocks: u64,
+    /// Unix seconds when the last scrub finished (0: none since open).
+    pub scrub_last_finished_unix: u64,
+    /// A scrub is running: blocks verified so far of the data blocks
+    /// mapped when it started (both 0 when none runs).
+    pub scrub_in_progress: bool,
+    pub scrub_progress_blocks: u64,
+    pub scrub_total_blocks: u64,
 }
 
 impl CodecBlocks {

@@ -27,6 +27,7 @@ use std::borrow::Cow;
 mod cleaner;
 mod recompress;
 mod refs;
+mod scrub;
 mod warmup;
 use crate::dedup::{self, DedupIndex, Fingerprint, SharedTable};
 pub(crate) use cleaner::parse_segment;
@@ -34,6 +35,9 @@ use cleaner::CleanerStats;
 pub use cleaner::{BackgroundCleaner, CleanerConfig};
 pub use recompress::{BackgroundRecompressor, RecompressReport};
 pub(crate) use refs::rebuild as rebuild_liveness;
+pub use scrub::{
+    pace_delay, ScrubFinding, ScrubOptions, ScrubProgress, ScrubReport, ScrubRunning, ScrubStatus,
+};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -160,6 +164,8 @@ pub struct Volume {
     /// Serialises cleaning (background and foreground).
     cleaner_lock: Mutex<()>,
     cleaner_stats: CleanerStats,
+    /// The running scrub, its last report and counters.
+    scrub: scrub::ScrubState,
     /// Milliseconds since `opened` of the last client request (cleaner yields).
     last_client_io_ms: AtomicU64,
     opened: std::time::Instant,
@@ -486,6 +492,7 @@ impl Volume {
             corrupt_reads: AtomicU64::new(0),
             cleaner_lock: Mutex::new(()),
             cleaner_stats: CleanerStats::default(),
+            scrub: scrub::ScrubState::default(),
             last_client_io_ms: AtomicU64::new(0),
             opened: std::time::Instant::now(),
             space_waiters: std::sync::atomic::AtomicUsize::new(0),
@@ -1650,6 +1657,7 @@ impl Volume {
         let cache_misses = self.read_cache_misses.load(Ordering::Relaxed);
         let es = &self.elastic_stats;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let scrub_now = self.scrub.in_progress();
         VolumeStats {
             logical_size_bytes: self.sb.logical_size_bytes,
             physical_size_bytes: self.sb.physical_size_bytes,
@@ -1730,6 +1738,13 @@ impl Volume {
             epoch: st.log.epoch,
             read_only: self.options.read_only,
             poisoned: self.poisoned.load(Ordering::SeqCst),
+            scrub_runs: get(&self.scrub.finished_runs),
+            scrub_blocks_checked: get(&self.scrub.blocks_checked_total),
+            scrub_corrupt_blocks: get(&self.scrub.corrupt_blocks_total),
+            scrub_last_finished_unix: get(&self.scrub.last_finished_unix),
+            scrub_in_progress: scrub_now.is_some(),
+            scrub_progress_blocks: scrub_now.as_ref().map_or(0, |p| p.blocks_checked),
+            scrub_total_blocks: scrub_now.as_ref().map_or(0, |p| p.blocks_total),
         }
     }
 }
