@@ -102,20 +102,23 @@ pub fn read_pointers(storage: &dyn Storage) -> [Option<CheckpointPointer>; 2] {
 /// `cvol check` to cross-check the checkpointed map.
 pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
     let index = first_record_index(storage, sb);
-    let Some(&segment) = index.get(&1).and_then(|v| v.first()) else {
-        return Err("no log start (record seq 1) found".into());
-    };
+    let start = log_start(&index).ok_or("no log start (record seq 1) found")?;
     let mut map = BlockMap::new(sb.logical_blocks());
-    let start = Start {
+    let r = roll_forward(storage, sb, &mut map, start, &index)?;
+    Ok(Recovered { map, ..r })
+}
+
+/// Roll-forward from the very first record (seq 1), if the log still has it.
+fn log_start(index: &HashMap<u64, Vec<u64>>) -> Option<Start> {
+    let &segment = index.get(&1)?.first()?;
+    Some(Start {
         segment,
         offset: 0,
         expected_seq: 1,
         epoch: 0,
         snapshot_seq: 0,
         checkpoint_segments: HashMap::new(),
-    };
-    let r = roll_forward(storage, sb, &mut map, start, &index)?;
-    Ok(Recovered { map, ..r })
+    })
 }
 
 pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
@@ -142,7 +145,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
     let mut candidates: Vec<(CheckpointPointer, &'static str)> =
         ptrs.iter().map(|p| (*p, "pointer")).collect();
     let mut i = 0;
-    while had_checkpoint {
+    while had_checkpoint && i <= candidates.len() {
         if i == candidates.len() {
             if scanned {
                 break;
@@ -221,19 +224,8 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
             warnings.join("; ")
         ));
     }
-    let Some(&segment) = index.get(&1).and_then(|v| v.first()) else {
-        return Err(
-            "no checkpoint and no log start found: the volume was never initialised".into(),
-        );
-    };
-    let start = Start {
-        segment,
-        offset: 0,
-        expected_seq: 1,
-        epoch: 0,
-        snapshot_seq: 0,
-        checkpoint_segments: HashMap::new(),
-    };
+    let start = log_start(&index)
+        .ok_or("no checkpoint and no log start found: the volume was never initialised")?;
     let mut map = BlockMap::new(sb.logical_blocks());
     let r = roll_forward(storage, sb, &mut map, start, &index)?;
     if let Some(certified) = certified_beyond(storage, sb, &r, &index) {

@@ -10,6 +10,8 @@
 //!
 //! Reproduce one seed: `CVOL_SIM_SEED=123 cargo test -p cvol-engine --test crash_sim -- --nocapture`
 //! More seeds: `CVOL_SIM_SEEDS=5000 cargo test --release -p cvol-engine --test crash_sim`
+#[path = "common/seeds.rs"]
+mod seeds;
 use cvol_engine::{
     check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume,
 };
@@ -312,17 +314,11 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
 #[test]
 fn crash_simulation_seeds() {
     let mut cov = Coverage::default();
-    if let Ok(s) = std::env::var("CVOL_SIM_SEED") {
-        run_seed(s.parse().expect("CVOL_SIM_SEED is a number"), &mut cov);
+    let Some(n) = seeds::run_seeds("CVOL_SIM_SEED", "CVOL_SIM_SEEDS", 300, |seed| {
+        run_seed(seed, &mut cov)
+    }) else {
         return;
-    }
-    let n: u64 = std::env::var("CVOL_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
-    for seed in 0..n {
-        run_seed(seed, &mut cov);
-    }
+    };
     eprintln!(
         "{n} seeds: {} runs cut by a failing store, {} blocks rolled back to an older version, \
          {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits, \

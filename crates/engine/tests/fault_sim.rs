@@ -18,6 +18,8 @@
 //!
 //! One seed: `CVOL_FAULT_SEED=N cargo test --release -p cvol-engine --test fault_sim -- --nocapture`
 //! More:     `CVOL_FAULT_SEEDS=2000 cargo test --release -p cvol-engine --test fault_sim`
+#[path = "common/seeds.rs"]
+mod seeds;
 use cvol_engine::{
     check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume,
 };
@@ -420,17 +422,11 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
 #[test]
 fn fault_simulation_seeds() {
     let mut cov = Coverage::default();
-    if let Ok(s) = std::env::var("CVOL_FAULT_SEED") {
-        run_seed(s.parse().expect("CVOL_FAULT_SEED is a number"), &mut cov);
+    let Some(n) = seeds::run_seeds("CVOL_FAULT_SEED", "CVOL_FAULT_SEEDS", 150, |seed| {
+        run_seed(seed, &mut cov)
+    }) else {
         return;
-    }
-    let n: u64 = std::env::var("CVOL_FAULT_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(150);
-    for seed in 0..n {
-        run_seed(seed, &mut cov);
-    }
+    };
     eprintln!(
         "{n} seeds: {} cycles with injected faults, {} reads refused (EIO; {} where the block's own \
          record was hit), {} opens refused then repaired, {} times check named damaged blocks",
