@@ -92,13 +92,13 @@ pub struct OpenOptions {
     pub read_cache_bytes: u64,
     /// Merged compression units, load thresholds, background recompression.
     pub elastic: ElasticConfig,
+    /// When no checkpoint is usable, rebuild the map from every record the
+    /// log still holds (`cvol check --repair`) instead of refusing to open.
+    pub rebuild_from_log: bool,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
-    /// When no checkpoint is usable, rebuild the map from every record the
-    /// log still holds (`cvol check --repair`) instead of refusing to open.
-    pub rebuild_from_log: bool,
         OpenOptions {
             read_only: false,
             sync_writes: false,
@@ -107,11 +107,11 @@ impl Default for OpenOptions {
             dedup_memory_bytes: DEDUP_MEMORY_DEFAULT_BYTES,
             read_cache_bytes: READ_CACHE_DEFAULT_BYTES,
             elastic: ElasticConfig::default(),
+            rebuild_from_log: false,
         }
     }
 }
 
-            rebuild_from_log: false,
 /// One run of block status: `length` bytes that are all zero-reading holes or all data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
@@ -124,12 +124,12 @@ struct State {
     log: Log,
     counters: MapCounters,
     synced_seq: u64,
+    /// The synced seq the newest SYNCED record in the log certifies.
+    synced_marked: u64,
     checkpoint_generation: u64,
     /// `log.appended_bytes` at the last checkpoint (for the checkpoint interval).
     appended_at_checkpoint: u64,
     /// Snapshot seq of the newest durable checkpoint: segments whose records
-    /// The synced seq the newest SYNCED record in the log certifies.
-    synced_marked: u64,
     /// are all at or below it, and hold no live data, may be reused.
     durable_snapshot_seq: u64,
     /// Map updates since the last checkpoint was appended (close skips an
@@ -152,12 +152,12 @@ pub struct Volume {
     elastic_stats: ElasticStats,
     /// Next window the background recompressor scans.
     recompress_cursor: AtomicU64,
+    /// What recovery had to skip or rebuild at open (shown by repair).
+    recovery_warnings: Vec<String>,
     options: OpenOptions,
     state: Mutex<State>,
     flush_lock: Mutex<()>,
     rmw: RwLock<()>,
-    /// What recovery had to skip or rebuild at open (shown by repair).
-    recovery_warnings: Vec<String>,
     poisoned: AtomicBool,
     client_bytes_written: AtomicU64,
     corrupt_reads: AtomicU64,
@@ -354,13 +354,13 @@ impl Volume {
             log: Log::new(&sb, segs, first, 0, 0, 1),
             counters: MapCounters::default(),
             synced_seq: 0,
+            synced_marked: 0,
             checkpoint_generation: 0,
             appended_at_checkpoint: 0,
             durable_snapshot_seq: 0,
             map_changes_since_checkpoint: 1,
             shared: SharedTable::default(),
             cleaning: HashSet::new(),
-            synced_marked: 0,
         };
         let vol = Volume::assemble(storage, sb, OpenOptions::default(), state);
         vol.begin_epoch()?;
@@ -418,13 +418,13 @@ impl Volume {
             log,
             counters,
             synced_seq: r.last_seq,
+            synced_marked: 0,
             checkpoint_generation: r.checkpoint_generation,
             appended_at_checkpoint: 0,
             durable_snapshot_seq: r.snapshot_seq,
             map_changes_since_checkpoint: r.replayed_map_records,
             shared: live.shared,
             cleaning: HashSet::new(),
-            synced_marked: 0,
         };
         let mut vol = Volume::assemble(storage, sb, options, state);
         vol.recovery_warnings = recovery_warnings;
@@ -480,13 +480,13 @@ impl Volume {
             unit_cache: quick_cache::sync::Cache::new(UNIT_CACHE_UNITS),
             elastic_stats: ElasticStats::default(),
             recompress_cursor: AtomicU64::new(0),
+            recovery_warnings: Vec::new(),
             storage,
             sb,
             options,
             state: Mutex::new(state),
             flush_lock: Mutex::new(()),
             rmw: RwLock::new(()),
-            recovery_warnings: Vec::new(),
             poisoned: AtomicBool::new(false),
             client_bytes_written: AtomicU64::new(0),
             corrupt_reads: AtomicU64::new(0),
@@ -552,13 +552,6 @@ impl Volume {
         &self.recovery_warnings
     }
 
-
-    fn lock_state(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .expect("volume state lock poisoned by a panic")
-    }
-
     pub fn codec_policy(&self) -> CodecPolicy {
         self.policy
     }
@@ -566,6 +559,13 @@ impl Volume {
     pub fn read_only(&self) -> bool {
         self.options.read_only
     }
+
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .expect("volume state lock poisoned by a panic")
+    }
+
     /// Poisons the volume on an I/O error.
     fn guard<T>(&self, r: Result<T, VolError>) -> Result<T, VolError> {
         if let Err(VolError::Io(e)) = &r {
@@ -1445,13 +1445,6 @@ impl Volume {
                 self.reclaim(&candidates);
                 return Ok(());
             }
-            self.guard(st.log.pad_and_write(&*self.storage))?;
-            (st.log.last_seq(), candidates)
-        };
-        self.guard(self.storage.sync().map_err(VolError::Io))?;
-        self.reclaim(&candidates);
-        let due = {
-            let mut st = self.lock_state();
             // Certify the previous sync in the log (lazily: with this
             // flush's data, no extra write), so that recovery can tell
             // damage at rest from a crash's unsynced tail.
@@ -1470,6 +1463,13 @@ impl Volume {
                 ))?;
                 st.synced_marked = seq;
             }
+            self.guard(st.log.pad_and_write(&*self.storage))?;
+            (st.log.last_seq(), candidates)
+        };
+        self.guard(self.storage.sync().map_err(VolError::Io))?;
+        self.reclaim(&candidates);
+        let due = {
+            let mut st = self.lock_state();
             st.synced_seq = st.synced_seq.max(target);
             let empty = st.log.segments.empty_sealed_count();
             // Also checkpoint when enough segments only wait for one to be reused
