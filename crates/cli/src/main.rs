@@ -267,7 +267,11 @@ struct Limits {
     handshake_timeout: std::time::Duration,
 }
 
-fn limits(max_connections: usize, max_buffered: &str, handshake_secs: u64) -> Result<Limits, String> {
+fn limits(
+    max_connections: usize,
+    max_buffered: &str,
+    handshake_secs: u64,
+) -> Result<Limits, String> {
     let max_buffered_bytes = size::parse_size(max_buffered)?;
     let min = u64::from(ServerConfig::default().max_request_bytes);
     if max_connections == 0 {
