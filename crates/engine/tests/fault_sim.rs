@@ -138,6 +138,11 @@ fn setup(rng: &mut StdRng) -> (CreateOptions, OpenOptions) {
     (create, open)
 }
 
+/// `CVOL_FAULT_TRACE=LBA`: follow one block through a seed.
+fn trace_lba() -> Option<usize> {
+    std::env::var("CVOL_FAULT_TRACE").ok()?.parse().ok()
+}
+
 fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) {
     for _ in 0..ops {
         let r: Result<(), VolError> = match rng.gen_range(0..100) {
@@ -146,6 +151,12 @@ fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) {
                 let off = rng.gen_range(0..=BLOCKS - nb) * BS;
                 let data = content(rng, nb * BS);
                 model.written(off, &data);
+                if let Some(l) = trace_lba().filter(|l| (off / BS..off / BS + nb).contains(l)) {
+                    eprintln!(
+                        "trace write lba {l} h={}",
+                        h(&model.cur[l * BS..(l + 1) * BS])
+                    );
+                }
                 vol.write_at(off as u64, &data, false)
             }
             55..=62 => {
@@ -277,7 +288,10 @@ fn verify(
                 } else if damage.ranges.is_empty() {
                     assert!(
                         model.allowed[lba].contains(&v),
-                        "lost or garbage: {}",
+                        "lost or garbage ({} allowed versions; an older version: {}; zeros: {}): {}",
+                        model.allowed[lba].len(),
+                        model.history[lba].contains(&v),
+                        buf.iter().all(|&x| x == 0),
                         ctx(lba)
                     );
                 } else {
@@ -374,6 +388,17 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
                 (v, true)
             }
         };
+        if let Some(l) = trace_lba() {
+            let mut b = vec![0u8; BS];
+            let r = reopened.read_at(l as u64 * BS as u64, &mut b);
+            eprintln!(
+                "trace cycle {cycle}: lba {l} at {:?} reads {:?} h={} allowed={:?}",
+                reopened.block_record(l as u64),
+                r.err().map(|e| e.to_string()),
+                h(&b),
+                model.allowed[l]
+            );
+        }
         if std::env::var("CVOL_FAULT_SEED").is_ok() {
             eprintln!(
                 "cycle {cycle}: damage {:?} {:?}; recovery: {:?}",
@@ -401,17 +426,24 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             );
             cov.check_named += 1;
         }
-        // Damaged blocks stay damaged: the next cycle starts from what reads.
+        // The read errors go away (a replaced cable); damaged records stay
+        // damaged. The next cycle starts from what reads now, unreadable
+        // blocks rewritten with zeros.
+        drop(image);
         store.set_config(SimConfig::default());
-        model.reset_to(image);
-        // Rewrite unreadable blocks so the next cycle starts clean.
-        for lba in 0..BLOCKS {
-            let mut b = vec![0u8; BS];
-            if reopened.read_at((lba * BS) as u64, &mut b).is_err() {
-                let z = vec![0u8; BS];
-                reopened.write_at((lba * BS) as u64, &z, false).unwrap();
-                model.written(lba * BS, &z);
+        let mut now = vec![0u8; BLOCKS * BS];
+        let mut unreadable = Vec::new();
+        for (lba, b) in now.chunks_mut(BS).enumerate() {
+            if reopened.read_at((lba * BS) as u64, b).is_err() {
+                b.fill(0);
+                unreadable.push(lba);
             }
+        }
+        model.reset_to(now);
+        for lba in unreadable {
+            let z = vec![0u8; BS];
+            reopened.write_at((lba * BS) as u64, &z, false).unwrap();
+            model.written(lba * BS, &z);
         }
         reopened.flush().unwrap();
         model.durable();
