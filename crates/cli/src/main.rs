@@ -545,23 +545,28 @@ fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Opens a volume nobody serves, read-only (`stat`, offline `scrub`).
+pub(crate) fn open_read_only(path: &Path, read_cache_bytes: u64) -> Result<Volume, String> {
+    let storage = FileStorage::open(path, false, false).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => format!(
+            "{}: in use by a cvol process whose control socket could not be reached ({e})",
+            path.display()
+        ),
+        _ => format!("{}: {e}", path.display()),
+    })?;
+    let options = OpenOptions {
+        read_only: true,
+        read_cache_bytes,
+        ..OpenOptions::default()
+    };
+    Volume::open(Arc::new(storage), options).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
     let (mut value, served) = match control::query_stat(path) {
         Some(v) => (v, true),
         None => {
-            let storage = FileStorage::open(path, false, false).map_err(|e| match e.kind() {
-                std::io::ErrorKind::WouldBlock => format!(
-                    "{}: in use by a cvol process whose control socket could not be reached ({e})",
-                    path.display()
-                ),
-                _ => format!("{}: {e}", path.display()),
-            })?;
-            let options = OpenOptions {
-                read_only: true,
-                ..OpenOptions::default()
-            };
-            let vol = Volume::open(Arc::new(storage), options)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let vol = open_read_only(path, cvol_engine::volume::READ_CACHE_DEFAULT_BYTES)?;
             (
                 serde_json::to_value(vol.stats()).map_err(|e| e.to_string())?,
                 false,

@@ -6,8 +6,7 @@
 //! there. Volume not served: it is opened read-only and scrubbed here.
 use crate::{control, size};
 use cvol_engine::volume::{ScrubOptions, ScrubProgress, ScrubReport};
-use cvol_engine::{OpenOptions, Volume};
-use cvol_storage::FileStorage;
+use cvol_engine::Volume;
 use serde_json::{json, Value};
 use std::io::IsTerminal;
 use std::path::Path;
@@ -146,20 +145,7 @@ fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, St
 }
 
 fn scrub_offline(path: &Path, rate: u64, json: bool) -> Result<ExitCode, String> {
-    let storage = FileStorage::open(path, false, false).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock => format!(
-            "{}: in use by a cvol process whose control socket could not be reached ({e})",
-            path.display()
-        ),
-        _ => format!("{}: {e}", path.display()),
-    })?;
-    let options = OpenOptions {
-        read_only: true,
-        read_cache_bytes: 0,
-        ..OpenOptions::default()
-    };
-    let vol =
-        Volume::open(Arc::new(storage), options).map_err(|e| format!("{}: {e}", path.display()))?;
+    let vol = crate::open_read_only(path, 0)?;
     let bar = progress_bar();
     let progress = |p: &ScrubProgress| {
         if let Some(pb) = &bar {
