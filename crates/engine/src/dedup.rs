@@ -189,23 +189,20 @@ impl DedupIndex {
     }
 }
 
-/// A record reached by more than one kind of entry: a single-block record
-/// with dedup references, or any multi-block unit (whose blocks each have
-/// an entry) while it is live.
+/// A single-block record with dedup references (`SharedTable::get` also
+/// reports live units in this shape, with crc and fp 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shared {
     /// Ref entries pointing at the record.
     pub refs: u32,
-    /// Owner entries pointing at it: 0 or 1 (the LBA in its header) for a
-    /// single-block record, up to its block count for a unit.
+    /// Owner entries pointing at it: 0 or 1 (the LBA in its header); up to
+    /// its block count for a unit.
     pub owners: u32,
     /// The record's crc (identifies this life of the offset); 0 for a unit,
     /// whose entries carry crc xor block index.
     pub crc: u32,
     /// Its fingerprint, 0 if unknown (tables rebuilt at open; units).
     pub fp: Fingerprint,
-    /// A multi-block unit.
-    pub unit: bool,
 }
 
 impl Shared {
@@ -215,15 +212,10 @@ impl Shared {
     }
 
     /// Blocks served without storing them again: a single-block record
-    /// stores one block for all its entries; a unit stores its owners'
-    /// blocks, and each ref is a block saved (counted so even after the
-    /// owner of that block moved on: an upper bound).
+    /// stores one block for all its entries. (For a unit, each ref counts:
+    /// see `SharedTable::acquire`.)
     pub fn extra(&self) -> u64 {
-        if self.unit {
-            u64::from(self.refs)
-        } else {
-            u64::from(self.entries().saturating_sub(1))
-        }
+        u64::from(self.entries().saturating_sub(1))
     }
 }
 
@@ -253,7 +245,6 @@ impl SharedTable {
                 owners: u32::from(u.owners),
                 crc: 0,
                 fp: 0,
-                unit: true,
             })
         })
     }
@@ -295,7 +286,6 @@ impl SharedTable {
             owners: 1,
             crc,
             fp: 0,
-            unit: false,
         });
         assert_eq!(s.crc, crc, "shared record at {offset} changed identity");
         let before = s.extra();

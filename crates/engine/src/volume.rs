@@ -1268,13 +1268,13 @@ impl Volume {
                 buffered.push(b);
             }
         }
-        let scratch = ElasticStats::default();
-        let es = if client {
-            &self.elastic_stats
-        } else {
-            &scratch
+        // Only client reads count in the read statistics.
+        let count = |pick: fn(&ElasticStats) -> &AtomicU64, n: u64| {
+            if client {
+                pick(&self.elastic_stats).fetch_add(n, Ordering::Relaxed);
+            }
         };
-        es.bytes_read.fetch_add(out.len() as u64, Ordering::Relaxed);
+        count(|e| &e.bytes_read, out.len() as u64);
         let corrupt = |k: usize, detail: String| VolError::Corrupt {
             lba: lba + k as u64,
             detail,
@@ -1309,7 +1309,7 @@ impl Volume {
                     }
                 }
             } else if let Some(u) = self.unit_cache.get(&(offset, len)) {
-                es.unit_cache_hits.fetch_add(1, Ordering::Relaxed);
+                count(|e| &e.unit_cache_hits, 1);
                 // This block and the following ones of the same unit.
                 let mut j = i;
                 while j < n && buffered[j].is_none() && entries[j].same_location(&entries[i]) {
@@ -1360,7 +1360,7 @@ impl Volume {
                 let block = &mut out[k * BS..(k + 1) * BS];
                 if !unit {
                     self.decode_block(lba + k as u64, entries[k], rec, block)?;
-                    es.bytes_decoded.fetch_add(BS as u64, Ordering::Relaxed);
+                    count(|e| &e.bytes_decoded, BS as u64);
                     if let Some(c) = cache {
                         c.insert((o, entries[k].crc), Arc::from(&*block));
                     }
@@ -1368,9 +1368,8 @@ impl Volume {
                 }
                 if current.as_ref().is_none_or(|(co, _)| *co != o) {
                     let u = Arc::new(DecodedUnit::decode(rec).map_err(|d| corrupt(k, d))?);
-                    es.unit_cache_misses.fetch_add(1, Ordering::Relaxed);
-                    es.bytes_decoded
-                        .fetch_add(u.data.len() as u64, Ordering::Relaxed);
+                    count(|e| &e.unit_cache_misses, 1);
+                    count(|e| &e.bytes_decoded, u.data.len() as u64);
                     self.unit_cache.insert((o, l), u.clone());
                     current = Some((o, u));
                 }

@@ -69,7 +69,6 @@ pub(crate) fn rebuild(
                         owners: 0,
                         crc: e.crc,
                         fp: 0,
-                        unit: false,
                     })
                     .refs += 1;
             }
