@@ -20,15 +20,8 @@ is_cvol || skip "cvol only: elastic compression has no stand-in"
 MB=${E2E_ELASTIC_MB:-48}
 BYTES=$((MB * 1024 * 1024))
 VOL=$E2E_TMP/vol.cvol
-mkdir -p "$E2E_CACHE_DIR"
-IMG=$E2E_CACHE_DIR/elastic-${MB}M.img
-if [[ ! -s "$IMG" || $(stat -c %s "$IMG") -ne $BYTES ]]; then
-    step "data: tar of /usr/include, /usr/share/doc and /usr/bin cut to $MB MiB"
-    tmp=$(mktemp "$E2E_CACHE_DIR/img.XXXXXX")
-    (set +o pipefail; tar -cf - --sort=name /usr/include /usr/share/doc /usr/bin 2>/dev/null | head -c "$BYTES" >"$tmp") || true
-    [[ $(stat -c %s "$tmp") -eq $BYTES ]] || { rm -f "$tmp"; fail "not enough data for $MB MiB"; }
-    mv "$tmp" "$IMG"
-fi
+tar_image elastic "$MB" /usr/include /usr/share/doc /usr/bin
+IMG=$TAR_IMAGE
 RND=$E2E_TMP/random.bin
 head -c $((4 * 1024 * 1024)) /dev/urandom >"$RND"
 

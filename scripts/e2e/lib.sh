@@ -312,6 +312,24 @@ wait_until() {
     done
 }
 
+# tar_image NAME MB DIR... -- sets TAR_IMAGE to a cached MB MiB file: a tar of
+# the DIRs (real data) cut to size, made once in $E2E_CACHE_DIR.
+tar_image() {
+    local name=$1 mb=$2
+    shift 2
+    local bytes=$((mb * 1024 * 1024)) img=$E2E_CACHE_DIR/$name-${mb}M.img tmp
+    mkdir -p "$E2E_CACHE_DIR"
+    if [[ ! -s "$img" || $(stat -c %s "$img") -ne $bytes ]]; then
+        step "data: tar of $* cut to $mb MiB"
+        tmp=$(mktemp "$E2E_CACHE_DIR/img.XXXXXX")
+        # tar is cut off by head (SIGPIPE), so ignore the pipeline status.
+        (set +o pipefail; tar -cf - --sort=name "$@" 2>/dev/null | head -c "$bytes" >"$tmp") || true
+        [[ $(stat -c %s "$tmp") -eq $bytes ]] || { rm -f "$tmp"; fail "not enough data under $* for $mb MiB"; }
+        mv "$tmp" "$img"
+    fi
+    TAR_IMAGE=$img
+}
+
 # -------------------------------------------------------------- volumes ----
 
 # make_volume VOLUME SIZE [cvol create args...]

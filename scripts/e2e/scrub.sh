@@ -23,15 +23,8 @@ is_cvol || skip "cvol only: scrub has no stand-in"
 MB=${E2E_SCRUB_MB:-16}
 BYTES=$((MB * 1024 * 1024))
 VOL=$E2E_TMP/vol.cvol
-mkdir -p "$E2E_CACHE_DIR"
-IMG=$E2E_CACHE_DIR/doc-${MB}M.img
-if [[ ! -s "$IMG" || $(stat -c %s "$IMG") -ne $BYTES ]]; then
-    step "image: tar of /usr/share/doc cut to $MB MiB"
-    tmp=$(mktemp "$E2E_CACHE_DIR/img.XXXXXX")
-    (set +o pipefail; tar -cf - --sort=name /usr/share/doc /usr/share 2>/dev/null | head -c "$BYTES" >"$tmp") || true
-    [[ $(stat -c %s "$tmp") -eq $BYTES ]] || { rm -f "$tmp"; fail "not enough data under /usr/share for $MB MiB"; }
-    mv "$tmp" "$IMG"
-fi
+tar_image doc "$MB" /usr/share/doc /usr/share
+IMG=$TAR_IMAGE
 
 stat_get() { cvol_stat_json "$VOL" "$E2E_TMP/stat.json"; json_get "$E2E_TMP/stat.json" "$1"; }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{pattern, MemBackend, TestServer};
+use common::{pattern, MemBackend, NbdWire, TestServer};
 use cvol_nbd::proto::*;
 use cvol_nbd::ServerConfig;
 
@@ -108,6 +108,12 @@ struct Client {
     structured: bool,
 }
 
+impl NbdWire for Client {
+    fn stream(&mut self) -> &mut UnixStream {
+        &mut self.s
+    }
+}
+
 impl Client {
     fn connect(ts: &TestServer) -> Client {
         let s = UnixStream::connect(&ts.socket_path).unwrap();
@@ -117,21 +123,6 @@ impl Client {
             s,
             structured: false,
         }
-    }
-
-    fn read_n(&mut self, n: usize) -> Vec<u8> {
-        let mut v = vec![0u8; n];
-        self.s.read_exact(&mut v).unwrap();
-        v
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_be_bytes(self.read_n(2).try_into().unwrap())
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_be_bytes(self.read_n(4).try_into().unwrap())
-    }
-    fn u64(&mut self) -> u64 {
-        u64::from_be_bytes(self.read_n(8).try_into().unwrap())
     }
 
     fn greet(&mut self) {
@@ -148,21 +139,6 @@ impl Client {
         m.extend_from_slice(&option.to_be_bytes());
         m.extend_from_slice(&length_bytes.to_be_bytes());
         m
-    }
-
-    fn send_option(&mut self, option: u32, data: &[u8]) {
-        let mut m = Client::option_header(option, data.len() as u32);
-        m.extend_from_slice(data);
-        self.s.write_all(&m).unwrap();
-    }
-
-    /// (option, reply type, data)
-    fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
-        assert_eq!(self.u64(), OPTION_REPLY_MAGIC);
-        let option = self.u32();
-        let reply_type = self.u32();
-        let length = self.u32() as usize;
-        (option, reply_type, self.read_n(length))
     }
 
     fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
@@ -266,12 +242,6 @@ impl Client {
         let (h, error, _) = self.reply(0);
         assert_eq!(h, handle);
         error
-    }
-
-    /// True if the server closed the connection (EOF or reset).
-    fn is_closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0) | Err(_))
     }
 }
 

@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{pattern, MemBackend, TestServer};
+use common::{pattern, MemBackend, NbdWire, TestServer};
 use cvol_nbd::proto::*;
 use cvol_nbd::{BackendError, ServerConfig};
 
@@ -65,6 +65,12 @@ impl Reply {
     }
 }
 
+impl NbdWire for Client {
+    fn stream(&mut self) -> &mut UnixStream {
+        &mut self.s
+    }
+}
+
 impl Client {
     fn connect(ts: &TestServer) -> Client {
         let s = UnixStream::connect(&ts.socket_path).unwrap();
@@ -75,45 +81,12 @@ impl Client {
         }
     }
 
-    fn read_n(&mut self, n: usize) -> Vec<u8> {
-        let mut v = vec![0u8; n];
-        self.s.read_exact(&mut v).unwrap();
-        v
-    }
-
-    fn u16(&mut self) -> u16 {
-        u16::from_be_bytes(self.read_n(2).try_into().unwrap())
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_be_bytes(self.read_n(4).try_into().unwrap())
-    }
-    fn u64(&mut self) -> u64 {
-        u64::from_be_bytes(self.read_n(8).try_into().unwrap())
-    }
-
     /// Reads the greeting and sends the client flags.
     fn greet(&mut self, client_flags: u32) {
         assert_eq!(self.u64(), NBD_MAGIC);
         assert_eq!(self.u64(), IHAVEOPT);
         assert_eq!(self.u16(), NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
         self.s.write_all(&client_flags.to_be_bytes()).unwrap();
-    }
-
-    fn send_option(&mut self, option: u32, data: &[u8]) {
-        let mut m = IHAVEOPT.to_be_bytes().to_vec();
-        m.extend_from_slice(&option.to_be_bytes());
-        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        m.extend_from_slice(data);
-        self.s.write_all(&m).unwrap();
-    }
-
-    /// Reads one option reply: (option, reply type, data).
-    fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
-        assert_eq!(self.u64(), OPTION_REPLY_MAGIC);
-        let option = self.u32();
-        let reply_type = self.u32();
-        let length = self.u32() as usize;
-        (option, reply_type, self.read_n(length))
     }
 
     /// Reads option replies up to the final one; returns all of them.
@@ -270,12 +243,6 @@ impl Client {
         let (reply, _) = self.reply(0);
         assert_eq!(reply.handle(), handle);
         reply.error()
-    }
-
-    /// True if the server closed the connection (EOF or reset).
-    fn is_closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0) | Err(_))
     }
 }
 

@@ -321,3 +321,52 @@ pub fn pattern(length: usize, seed: u8) -> Vec<u8> {
 pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
 }
+
+/// The byte-level side of a raw NBD test client (the tests' own clients
+/// add handshakes and requests on top): big-endian reads, option frames,
+/// closed-connection detection.
+pub trait NbdWire {
+    fn stream(&mut self) -> &mut std::os::unix::net::UnixStream;
+
+    fn read_n(&mut self, n: usize) -> Vec<u8> {
+        use std::io::Read;
+        let mut v = vec![0u8; n];
+        self.stream().read_exact(&mut v).unwrap();
+        v
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_be_bytes(self.read_n(2).try_into().unwrap())
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_be_bytes(self.read_n(4).try_into().unwrap())
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_be_bytes(self.read_n(8).try_into().unwrap())
+    }
+
+    /// Sends one option: IHAVEOPT, option, length, data.
+    fn send_option(&mut self, option: u32, data: &[u8]) {
+        use std::io::Write;
+        let mut m = cvol_nbd::proto::IHAVEOPT.to_be_bytes().to_vec();
+        m.extend_from_slice(&option.to_be_bytes());
+        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        m.extend_from_slice(data);
+        self.stream().write_all(&m).unwrap();
+    }
+
+    /// One option reply: (option, reply type, data).
+    fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
+        assert_eq!(self.u64(), cvol_nbd::proto::OPTION_REPLY_MAGIC);
+        let option = self.u32();
+        let reply_type = self.u32();
+        let length = self.u32() as usize;
+        (option, reply_type, self.read_n(length))
+    }
+
+    /// The server closed the connection (or it failed).
+    fn is_closed(&mut self) -> bool {
+        use std::io::Read;
+        let mut b = [0u8; 1];
+        matches!(self.stream().read(&mut b), Ok(0) | Err(_))
+    }
+}
