@@ -102,8 +102,10 @@ impl Log {
     }
 
     /// Appends one record and returns where it landed.
-    #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "every header field of a record without a level or mask"
+    )]
     pub fn append(
         &mut self,
         storage: &dyn Storage,

@@ -974,7 +974,10 @@ impl Volume {
 
     /// Commits one prepared item under the state lock. A dedup candidate
     /// whose record can no longer be referenced comes back, to be compressed.
-    #[allow(clippy::type_complexity)]
+    #[expect(
+        clippy::type_complexity,
+        reason = "the candidate handed back: (lba, block, fingerprint)"
+    )]
     fn commit_one<'a>(
         &self,
         st: &mut State,

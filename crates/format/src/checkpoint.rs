@@ -16,8 +16,30 @@
 //! ```
 use crate::*;
 
-pub const RUN_HEADER_BYTES: usize = 12;
-pub const CHUNK_REF_BYTES: usize = 16;
+// Run header of a MAP_CHUNK payload.
+const RUN_OFF_LBA: usize = 0;
+const RUN_OFF_COUNT: usize = RUN_OFF_LBA + 8;
+pub const RUN_HEADER_BYTES: usize = RUN_OFF_COUNT + 4;
+
+// CKPT_COMMIT payload: a fixed header, then one chunk reference per MAP_CHUNK.
+const COMMIT_OFF_SNAPSHOT_SEQ: usize = 0;
+const COMMIT_OFF_LOGICAL_BLOCKS: usize = COMMIT_OFF_SNAPSHOT_SEQ + 8;
+const COMMIT_OFF_CHUNK_COUNT: usize = COMMIT_OFF_LOGICAL_BLOCKS + 8;
+pub const COMMIT_HEADER_BYTES: usize = COMMIT_OFF_CHUNK_COUNT + 4;
+const CHUNK_OFF_OFFSET: usize = 0;
+const CHUNK_OFF_LEN: usize = CHUNK_OFF_OFFSET + 8;
+const CHUNK_OFF_CRC: usize = CHUNK_OFF_LEN + 4;
+pub const CHUNK_REF_BYTES: usize = CHUNK_OFF_CRC + 4;
+
+/// Bytes of a CKPT_COMMIT payload naming `chunks` MAP_CHUNK records.
+pub const fn commit_payload_bytes(chunks: usize) -> usize {
+    COMMIT_HEADER_BYTES + chunks * CHUNK_REF_BYTES
+}
+
+/// Bytes of one run of `entries` map entries in a MAP_CHUNK payload.
+pub const fn run_bytes(entries: usize) -> usize {
+    RUN_HEADER_BYTES + entries * mapentry::MAP_ENTRY_BYTES
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkRef {
@@ -35,38 +57,38 @@ pub struct CommitPayload {
 
 impl CommitPayload {
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = vec![0u8; 20 + self.chunks.len() * CHUNK_REF_BYTES];
-        put_u64(&mut v, 0, self.snapshot_seq);
-        put_u64(&mut v, 8, self.logical_blocks);
-        put_u32(&mut v, 16, self.chunks.len() as u32);
+        let mut v = vec![0u8; commit_payload_bytes(self.chunks.len())];
+        put_u64(&mut v, COMMIT_OFF_SNAPSHOT_SEQ, self.snapshot_seq);
+        put_u64(&mut v, COMMIT_OFF_LOGICAL_BLOCKS, self.logical_blocks);
+        put_u32(&mut v, COMMIT_OFF_CHUNK_COUNT, self.chunks.len() as u32);
         for (i, c) in self.chunks.iter().enumerate() {
-            let at = 20 + i * CHUNK_REF_BYTES;
-            put_u64(&mut v, at, c.offset);
-            put_u32(&mut v, at + 8, c.len);
-            put_u32(&mut v, at + 12, c.crc);
+            let at = commit_payload_bytes(i);
+            put_u64(&mut v, at + CHUNK_OFF_OFFSET, c.offset);
+            put_u32(&mut v, at + CHUNK_OFF_LEN, c.len);
+            put_u32(&mut v, at + CHUNK_OFF_CRC, c.crc);
         }
         v
     }
 
     pub fn decode(b: &[u8]) -> Result<CommitPayload, FormatError> {
-        need(b, 20)?;
-        let count = get_u32(b, 16) as usize;
-        if b.len() != 20 + count * CHUNK_REF_BYTES {
+        need(b, COMMIT_HEADER_BYTES)?;
+        let count = get_u32(b, COMMIT_OFF_CHUNK_COUNT) as usize;
+        if b.len() != commit_payload_bytes(count) {
             return Err(FormatError::Invalid("commit payload length"));
         }
         let chunks = (0..count)
             .map(|i| {
-                let at = 20 + i * CHUNK_REF_BYTES;
+                let at = commit_payload_bytes(i);
                 ChunkRef {
-                    offset: get_u64(b, at),
-                    len: get_u32(b, at + 8),
-                    crc: get_u32(b, at + 12),
+                    offset: get_u64(b, at + CHUNK_OFF_OFFSET),
+                    len: get_u32(b, at + CHUNK_OFF_LEN),
+                    crc: get_u32(b, at + CHUNK_OFF_CRC),
                 }
             })
             .collect();
         Ok(CommitPayload {
-            snapshot_seq: get_u64(b, 0),
-            logical_blocks: get_u64(b, 8),
+            snapshot_seq: get_u64(b, COMMIT_OFF_SNAPSHOT_SEQ),
+            logical_blocks: get_u64(b, COMMIT_OFF_LOGICAL_BLOCKS),
             chunks,
         })
     }
@@ -76,12 +98,9 @@ impl CommitPayload {
 pub fn push_run(out: &mut Vec<u8>, first_lba: u64, entries: &[MapEntry]) {
     assert!(!entries.is_empty());
     let at = out.len();
-    out.resize(
-        at + RUN_HEADER_BYTES + entries.len() * mapentry::MAP_ENTRY_BYTES,
-        0,
-    );
-    put_u64(out, at, first_lba);
-    put_u32(out, at + 8, entries.len() as u32);
+    out.resize(at + run_bytes(entries.len()), 0);
+    put_u64(out, at + RUN_OFF_LBA, first_lba);
+    put_u32(out, at + RUN_OFF_COUNT, entries.len() as u32);
     for (i, e) in entries.iter().enumerate() {
         e.encode(&mut out[at + RUN_HEADER_BYTES + i * mapentry::MAP_ENTRY_BYTES..]);
     }
@@ -96,8 +115,8 @@ pub fn decode_runs(
 ) -> Result<(), FormatError> {
     while !b.is_empty() {
         need(b, RUN_HEADER_BYTES)?;
-        let first = get_u64(b, 0);
-        let count = get_u32(b, 8) as usize;
+        let first = get_u64(b, RUN_OFF_LBA);
+        let count = get_u32(b, RUN_OFF_COUNT) as usize;
         let bytes = count * mapentry::MAP_ENTRY_BYTES;
         need(b, RUN_HEADER_BYTES + bytes)?;
         if count == 0

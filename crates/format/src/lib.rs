@@ -31,10 +31,15 @@ pub const BLOCK_SIZE_BYTES: u64 = 4096;
 /// sector is ever written again.
 pub const SECTOR_SIZE_BYTES: u64 = 512;
 
+/// Each superblock copy and pointer slot has a 4 KiB place of its own.
+pub const METADATA_SLOT_BYTES: u64 = 4096;
 pub const SUPERBLOCK_A_OFFSET: u64 = 0;
-pub const SUPERBLOCK_B_OFFSET: u64 = SUPERBLOCK_A_OFFSET + 4096;
-pub const POINTER_SLOT_0_OFFSET: u64 = SUPERBLOCK_B_OFFSET + 4096;
-pub const POINTER_SLOT_1_OFFSET: u64 = POINTER_SLOT_0_OFFSET + 4096;
+pub const SUPERBLOCK_B_OFFSET: u64 = SUPERBLOCK_A_OFFSET + METADATA_SLOT_BYTES;
+pub const POINTER_SLOT_0_OFFSET: u64 = SUPERBLOCK_B_OFFSET + METADATA_SLOT_BYTES;
+pub const POINTER_SLOT_1_OFFSET: u64 = POINTER_SLOT_0_OFFSET + METADATA_SLOT_BYTES;
+const _: () = assert!(superblock::SUPERBLOCK_BYTES as u64 == METADATA_SLOT_BYTES);
+const _: () = assert!(pointer::POINTER_BYTES as u64 <= METADATA_SLOT_BYTES);
+const _: () = assert!(POINTER_SLOT_1_OFFSET + METADATA_SLOT_BYTES <= DATA_OFFSET_BYTES);
 /// First byte of segment 0.
 pub const DATA_OFFSET_BYTES: u64 = 1 << 20;
 

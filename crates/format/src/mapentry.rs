@@ -80,7 +80,7 @@ impl MapEntry {
 
     /// Block `k` of the multi-block record (crc `record_crc`) at `offset`.
     pub fn unit(codec: CodecTag, offset: u64, len: u32, record_crc: u32, k: u32) -> MapEntry {
-        assert!(k < 16, "block {k} of a unit");
+        assert!(k < record::UNIT_BLOCKS_MAX, "block {k} of a unit");
         let e = MapEntry::data(codec, offset, len, record_crc ^ k);
         MapEntry {
             loc: e.loc + (6 << STATE_SHIFT),

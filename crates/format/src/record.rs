@@ -24,8 +24,8 @@
 //! 44          payload
 //! ```
 //! DATA payloads decompress to exactly `nblocks * 4096` bytes (a unit holds at
-//! most 16 blocks, so the live mask fits the flags). ZERO and TRIM carry no
-//! payload. Records never span segments.
+//! most `UNIT_BLOCKS_MAX` = 16 blocks, so the live mask fits the flags). ZERO
+//! and TRIM carry no payload. Records never span segments.
 use crate::*;
 
 pub const RECORD_MAGIC: u32 = 0x524c_5643;
@@ -44,6 +44,23 @@ const _: () = assert!(OFF_CRC + 4 == RECORD_HEADER_BYTES);
 
 /// Largest record (header + payload) a map entry can point at.
 pub const RECORD_MAX_BYTES: usize = (1 << 17) - 1;
+
+/// Most blocks one DATA record holds (a merged compression unit): the live
+/// mask in the flags field has one bit per block.
+pub const UNIT_BLOCKS_MAX: u32 = u16::BITS;
+/// A DATA record of a whole unit stored uncompressed: the largest DATA
+/// record a writer makes.
+pub const UNIT_RECORD_MAX_BYTES: usize =
+    RECORD_HEADER_BYTES + UNIT_BLOCKS_MAX as usize * BLOCK_SIZE_BYTES as usize;
+const _: () = assert!(UNIT_RECORD_MAX_BYTES <= RECORD_MAX_BYTES);
+/// A REF record's payload: one map entry (ref form).
+pub const REF_PAYLOAD_BYTES: usize = crate::mapentry::MAP_ENTRY_BYTES;
+/// A whole REF record.
+pub const REF_RECORD_BYTES: usize = RECORD_HEADER_BYTES + REF_PAYLOAD_BYTES;
+/// A SYNCED record's payload: the certified seq (u64).
+pub const SYNCED_PAYLOAD_BYTES: usize = 8;
+/// A record without payload (ZERO, TRIM, EPOCH).
+pub const EMPTY_RECORD_BYTES: usize = RECORD_HEADER_BYTES;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -106,7 +123,8 @@ impl RecordHeader {
     pub fn maps(&self, lba: u64) -> bool {
         let end = self.lba + u64::from(self.nblocks);
         (self.lba..end).contains(&lba)
-            && (self.nblocks == 1 || self.mask & (1 << (lba - self.lba).min(15)) != 0)
+            && (self.nblocks == 1
+                || self.mask & (1 << (lba - self.lba).min(u64::from(UNIT_BLOCKS_MAX) - 1)) != 0)
     }
 
     fn encode_without_crc(&self) -> [u8; RECORD_HEADER_BYTES] {
@@ -158,7 +176,7 @@ impl RecordHeader {
         if h.mask != 0 && (h.kind != RecordKind::Data || h.nblocks < 2) {
             return Err(FormatError::Invalid("record flags"));
         }
-        if h.nblocks <= 16 && u32::from(h.mask) >> h.nblocks.min(16) != 0 {
+        if h.nblocks <= UNIT_BLOCKS_MAX && u32::from(h.mask) >> h.nblocks != 0 {
             return Err(FormatError::Invalid("live mask beyond the record"));
         }
         match h.kind {
@@ -171,12 +189,12 @@ impl RecordHeader {
             RecordKind::Zero | RecordKind::Trim if h.payload_len != 0 || h.nblocks == 0 => {
                 return Err(FormatError::Invalid("zero/trim record shape"))
             }
-            RecordKind::Ref
-                if h.payload_len as usize != crate::mapentry::MAP_ENTRY_BYTES || h.nblocks != 1 =>
-            {
+            RecordKind::Ref if h.payload_len as usize != REF_PAYLOAD_BYTES || h.nblocks != 1 => {
                 return Err(FormatError::Invalid("ref record shape"))
             }
-            RecordKind::Synced if h.payload_len != 8 || h.nblocks != 0 => {
+            RecordKind::Synced
+                if h.payload_len as usize != SYNCED_PAYLOAD_BYTES || h.nblocks != 0 =>
+            {
                 return Err(FormatError::Invalid("synced record shape"))
             }
             _ => {}

@@ -26,13 +26,16 @@ pub const SUPERBLOCK_BYTES: usize = 4096;
 const OFF_VERSION: usize = 8;
 const OFF_FLAGS: usize = OFF_VERSION + 4;
 const OFF_UUID: usize = OFF_FLAGS + 4;
-const OFF_LOGICAL: usize = OFF_UUID + 16;
+pub const UUID_BYTES: usize = 16;
+const OFF_LOGICAL: usize = OFF_UUID + UUID_BYTES;
 const OFF_PHYSICAL: usize = OFF_LOGICAL + 8;
 const OFF_SEGMENT: usize = OFF_PHYSICAL + 8;
 const OFF_DATA: usize = OFF_SEGMENT + 8;
 const OFF_CODEC: usize = OFF_DATA + 8;
 const OFF_LEVEL: usize = OFF_CODEC + 1;
-const OFF_CREATED: usize = OFF_LEVEL + 1 + 6;
+const OFF_RESERVED: usize = OFF_LEVEL + 1;
+const RESERVED_BYTES: usize = 6;
+const OFF_CREATED: usize = OFF_RESERVED + RESERVED_BYTES;
 const OFF_CRC: usize = OFF_CREATED + 8;
 const END: usize = OFF_CRC + 4;
 
@@ -47,7 +50,7 @@ pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
-    pub uuid: [u8; 16],
+    pub uuid: [u8; UUID_BYTES],
     pub logical_size_bytes: u64,
     pub physical_size_bytes: u64,
     pub segment_size_bytes: u64,
@@ -131,7 +134,7 @@ impl Superblock {
         b[0..8].copy_from_slice(&SUPERBLOCK_MAGIC);
         put_u32(&mut b, OFF_VERSION, FORMAT_VERSION);
         put_u32(&mut b, OFF_FLAGS, self.flags);
-        b[OFF_UUID..OFF_UUID + 16].copy_from_slice(&self.uuid);
+        b[OFF_UUID..OFF_UUID + UUID_BYTES].copy_from_slice(&self.uuid);
         put_u64(&mut b, OFF_LOGICAL, self.logical_size_bytes);
         put_u64(&mut b, OFF_PHYSICAL, self.physical_size_bytes);
         put_u64(&mut b, OFF_SEGMENT, self.segment_size_bytes);
@@ -162,8 +165,8 @@ impl Superblock {
         if flags & !FLAGS_KNOWN != 0 {
             return Err(FormatError::Invalid("unknown superblock flags"));
         }
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&b[OFF_UUID..OFF_UUID + 16]);
+        let mut uuid = [0u8; UUID_BYTES];
+        uuid.copy_from_slice(&b[OFF_UUID..OFF_UUID + UUID_BYTES]);
         let sb = Superblock {
             uuid,
             logical_size_bytes: get_u64(b, OFF_LOGICAL),

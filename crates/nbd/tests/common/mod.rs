@@ -1,5 +1,5 @@
 //! Shared test helpers: an in-memory backend and a server on a Unix socket.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
