@@ -8,11 +8,11 @@
 //! `valgrind --tool=callgrind target/release/deps/hot_paths-* --bench --profile-time 1 FILTER`.
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use cvol_engine::codec::{self, Codec};
-use cvol_engine::log::Log;
+use cvol_engine::log::{Log, Shape};
 use cvol_engine::map::BlockMap;
 use cvol_engine::segments::SegmentTable;
 use cvol_engine::{CreateOptions, OpenOptions, Volume};
-use cvol_format::{CodecTag, MapEntry, RecordKind};
+use cvol_format::{CodecTag, MapEntry};
 use cvol_storage::{SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
 use std::sync::Arc;
@@ -32,7 +32,7 @@ fn half_compressible(rng: &mut StdRng) -> Vec<u8> {
 
 /// Real text: this crate's own source, 4 KiB from the middle of a file.
 fn text_block() -> Vec<u8> {
-    let src = include_bytes!("../src/volume.rs");
+    let src = include_bytes!("../src/volume/read.rs");
     src[8192..8192 + BS].to_vec()
 }
 
@@ -125,8 +125,13 @@ fn packing(c: &mut Criterion) {
             |mut log| {
                 for lba in 0..per_batch {
                     black_box(
-                        log.append(&sim, RecordKind::Data, CodecTag::Lz4, lba, 1, &payload, crc)
-                            .unwrap(),
+                        log.append(
+                            &sim,
+                            Shape::data(CodecTag::Lz4, 0, lba, 1, 0),
+                            &payload,
+                            crc,
+                        )
+                        .unwrap(),
                     );
                 }
                 log

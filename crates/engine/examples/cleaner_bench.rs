@@ -98,7 +98,8 @@ fn run(
         policy,
         wa: media as f64 / client as f64,
         mbps: client as f64 / secs / 1e6,
-        relocated_mib: (s1.cleaner_bytes_relocated - s0.cleaner_bytes_relocated) as f64
+        relocated_mib: (s1.cleaner.cleaner_bytes_relocated - s0.cleaner.cleaner_bytes_relocated)
+            as f64
             / (1 << 20) as f64,
     }
 }

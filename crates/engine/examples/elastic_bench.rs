@@ -153,7 +153,7 @@ fn unit_sizes(dir: &Path, img: &[u8]) {
                 vol.read_at((l * BS) as u64, &mut b).unwrap();
             }
             let read_us = t.elapsed().as_secs_f64() * 1e6 / reads as f64;
-            let amp = vol.stats().read_amplification;
+            let amp = vol.stats().elastic.read_amplification;
             let mut big = vec![0u8; MIB];
             let t = Instant::now();
             for i in 0..img.len() / MIB {

@@ -1,12 +1,24 @@
 //! cvol engine: a volume of 4 KiB logical blocks stored as compressed,
 //! self-describing records packed byte-granular into fixed-size segments.
 //!
-//! - `volume`: the public API (create/open, read/write/trim/zero, flush, checkpoint, stats)
-//! - `log`: the open segment buffer and record placement
+//! Rooms, from the bottom up (each depends only on rooms above it in this
+//! list and on `cvol-format`, `cvol-storage`):
+//!
+//! - `error`: `VolError`, `OpenError`
+//! - `codec`: lz4 / zstd / none; `policy`: which codec a write gets (elastic)
+//! - `records`: record decoding shared by every reader of the log
 //! - `map`: the in-memory block map (12 bytes per written block)
-//! - `recovery`: checkpoint load and roll-forward
-//! - `check`: offline verification of every record and all metadata
-//! - `codec`: lz4 / zstd / none
+//! - `segments`: segment allocation, segment usage, victim policies
+//! - `dedup`: fingerprints, the fingerprint index, the shared-record table
+//! - `stats`: `VolumeStats` (what `stat` shows) and the map's counters
+//! - `liveness`: `LiveMap`, the map and every table derived from it, kept
+//!   exact by its one mutator
+//! - `log`: the open segment buffer and record placement
+//! - `locks`: the lock order (checked in debug builds) and poisoning
+//! - `recovery`: checkpoint load and roll-forward; `check`: offline
+//!   verification and repair
+//! - `volume`: the public API, one file per stage, background jobs in
+//!   `volume/jobs`
 // `log` and `map` are internals; public only for the criterion benchmarks.
 #[doc(hidden)]
 pub mod log;
@@ -19,13 +31,16 @@ pub mod check;
 pub mod codec;
 pub mod dedup;
 pub mod error;
+mod liveness;
+mod locks;
+pub mod records;
 pub mod recovery;
 pub mod stats;
 pub mod volume;
 pub use volume::CleanerConfig;
 
 pub use codec::Codec;
-pub use error::VolError;
+pub use error::{OpenError, VolError};
 pub use policy::{CodecPolicy, ElasticConfig};
 pub use stats::VolumeStats;
 pub use volume::{CreateOptions, Extent, IndexWarmup, OpenOptions, Volume};

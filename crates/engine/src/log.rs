@@ -1,8 +1,9 @@
 //! The log head: the open segment's buffer, record placement, write-behind
 //! and the flush padding rule (no durable sector is ever written twice).
 use crate::error::VolError;
-use crate::segments::SegmentTable;
-use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use crate::segments::{SegState, SegmentTable};
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAX_BYTES};
+use cvol_format::record::{REF_PAYLOAD_BYTES, SYNCED_PAYLOAD_BYTES, UNIT_BLOCKS_MAX};
 use cvol_format::{align_up, CodecTag, Superblock, SECTOR_SIZE_BYTES};
 use cvol_storage::Storage;
 
@@ -10,7 +11,7 @@ use cvol_storage::Storage;
 const WRITE_BEHIND_BYTES: usize = 1 << 20;
 
 /// The header fields of a record to append (the log fills in the rest).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub kind: RecordKind,
     pub codec: CodecTag,
@@ -18,6 +19,93 @@ pub struct Shape {
     pub lba: u64,
     pub nblocks: u32,
     pub mask: u16,
+}
+
+impl Shape {
+    /// A DATA record of `nblocks` from `lba` (a unit when more than one),
+    /// mapping the blocks of `mask`.
+    pub fn data(codec: CodecTag, level: u8, lba: u64, nblocks: u32, mask: u16) -> Shape {
+        Shape {
+            kind: RecordKind::Data,
+            codec,
+            level,
+            lba,
+            nblocks,
+            mask,
+        }
+    }
+
+    /// A ZERO or TRIM record over `nblocks` from `lba` (no payload).
+    pub fn range(kind: RecordKind, lba: u64, nblocks: u32) -> Shape {
+        assert!(matches!(kind, RecordKind::Zero | RecordKind::Trim));
+        Shape::meta(kind, CodecTag::None).at(lba, nblocks)
+    }
+
+    /// A REF record for `lba` (its payload: the ref entry).
+    pub fn reference(lba: u64) -> Shape {
+        Shape::meta(RecordKind::Ref, CodecTag::None).at(lba, 1)
+    }
+
+    /// A record that covers no blocks: EPOCH, SYNCED, MAP_CHUNK, CKPT_COMMIT.
+    pub fn meta(kind: RecordKind, codec: CodecTag) -> Shape {
+        Shape {
+            kind,
+            codec,
+            level: 0,
+            lba: 0,
+            nblocks: 0,
+            mask: 0,
+        }
+    }
+
+    fn at(self, lba: u64, nblocks: u32) -> Shape {
+        Shape {
+            lba,
+            nblocks,
+            ..self
+        }
+    }
+
+    /// Checks the shape the way recovery will (`RecordHeader::decode`), so
+    /// that nothing is appended that roll-forward would refuse.
+    fn assert_valid(&self, payload_len: usize) {
+        let total = RECORD_HEADER_BYTES + payload_len;
+        match self.kind {
+            RecordKind::Data => {
+                assert!((1..=UNIT_BLOCKS_MAX).contains(&self.nblocks) && payload_len > 0);
+                assert!(total <= RECORD_MAX_BYTES, "DATA record of {total} bytes");
+                assert!(self.nblocks > 1 || self.mask == 0, "mask of a single block");
+                assert!(
+                    u32::from(self.mask) >> self.nblocks == 0,
+                    "mask beyond the unit"
+                );
+            }
+            RecordKind::Zero | RecordKind::Trim => {
+                assert!(payload_len == 0 && self.nblocks > 0 && self.mask == 0);
+            }
+            RecordKind::Ref => assert!(payload_len == REF_PAYLOAD_BYTES && self.nblocks == 1),
+            RecordKind::Synced => assert!(payload_len == SYNCED_PAYLOAD_BYTES),
+            RecordKind::Epoch => assert!(payload_len == 0),
+            RecordKind::MapChunk | RecordKind::CkptCommit => assert!(payload_len > 0),
+        }
+        if self.kind != RecordKind::Data {
+            assert!(
+                self.mask == 0 && self.level == 0,
+                "{:?} with a level or mask",
+                self.kind
+            );
+        }
+        if matches!(
+            self.kind,
+            RecordKind::Epoch | RecordKind::Synced | RecordKind::MapChunk | RecordKind::CkptCommit
+        ) {
+            assert!(
+                self.lba == 0 && self.nblocks == 0,
+                "{:?} covers no blocks",
+                self.kind
+            );
+        }
+    }
 }
 
 /// Where a record landed.
@@ -62,7 +150,7 @@ impl Log {
         next_seq: u64,
     ) -> Log {
         assert!(segment < sb.segment_count());
-        assert_eq!(segments.state(segment), crate::segments::SegState::Open);
+        assert_eq!(segments.state(segment), SegState::Open);
         assert!(
             fill as u64 <= sb.segment_size_bytes && (fill as u64).is_multiple_of(SECTOR_SIZE_BYTES)
         );
@@ -101,48 +189,19 @@ impl Log {
         others * self.segment_size + self.fill as u64
     }
 
-    /// Appends one record and returns where it landed.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "every header field of a record without a level or mask"
-    )]
+    /// Appends one record (`payload_crc` = crc32c of `payload`, computed by
+    /// the caller, possibly earlier and outside every lock) and returns where
+    /// it landed. Opens the next free segment when the record does not fit
+    /// in the open one; NoSpace when there is none.
     pub fn append(
-        &mut self,
-        storage: &dyn Storage,
-        kind: RecordKind,
-        codec: CodecTag,
-        lba: u64,
-        nblocks: u32,
-        payload: &[u8],
-        payload_crc: u32,
-    ) -> Result<Placed, VolError> {
-        let shape = Shape {
-            kind,
-            codec,
-            level: 0,
-            lba,
-            nblocks,
-            mask: 0,
-        };
-        self.append_shaped(storage, shape, payload, payload_crc)
-    }
-
-    /// Appends a record with every header field chosen by the caller.
-    pub fn append_shaped(
         &mut self,
         storage: &dyn Storage,
         shape: Shape,
         payload: &[u8],
         payload_crc: u32,
     ) -> Result<Placed, VolError> {
-        let Shape {
-            kind,
-            codec,
-            level,
-            lba,
-            nblocks,
-            mask,
-        } = shape;
+        shape.assert_valid(payload.len());
+        debug_assert_eq!(payload_crc, crc32c::crc32c(payload));
         let total = RECORD_HEADER_BYTES + payload.len();
         assert!(
             total as u64 <= self.segment_size,
@@ -152,19 +211,21 @@ impl Log {
             self.advance_segment(storage)?;
         }
         let mut h = RecordHeader {
-            kind,
-            codec,
-            level,
-            mask,
+            kind: shape.kind,
+            codec: shape.codec,
+            level: shape.level,
+            mask: shape.mask,
             volume_tag: self.volume_tag,
             epoch: self.epoch,
             seq: self.next_seq,
-            lba,
-            nblocks,
+            lba: shape.lba,
+            nblocks: shape.nblocks,
             payload_len: payload.len() as u32,
             crc: 0,
         };
         let hb = h.encode_with_crc(payload_crc);
+        // What the log writes, recovery reads back as the same header.
+        debug_assert_eq!(RecordHeader::decode(&hb), Ok(h));
         let at = self.fill;
         self.buf[at..at + RECORD_HEADER_BYTES].copy_from_slice(&hb);
         self.buf[at + RECORD_HEADER_BYTES..at + total].copy_from_slice(payload);
@@ -179,7 +240,16 @@ impl Log {
             seq: h.seq,
         };
         self.write_behind(storage)?;
+        self.assert_head();
         Ok(placed)
+    }
+
+    /// The log head's invariants: the open segment is Open, its fill within
+    /// it, and only whole filled bytes handed to storage.
+    fn assert_head(&self) {
+        assert_eq!(self.segments.state(self.segment), SegState::Open);
+        assert!(self.written <= self.fill && self.fill as u64 <= self.segment_size);
+        assert!(self.fill <= self.buf.len());
     }
 
     fn write_range(&mut self, storage: &dyn Storage, end: usize) -> Result<(), VolError> {
@@ -211,7 +281,10 @@ impl Log {
         self.appended_bytes += (padded - self.fill) as u64;
         self.buf[self.fill..padded].fill(0); // may hold an earlier segment's bytes
         self.fill = padded;
-        self.write_range(storage, padded)
+        self.write_range(storage, padded)?;
+        assert!(self.written == self.fill && (self.fill as u64).is_multiple_of(SECTOR_SIZE_BYTES));
+        self.assert_head();
+        Ok(())
     }
 
     fn advance_segment(&mut self, storage: &dyn Storage) -> Result<(), VolError> {

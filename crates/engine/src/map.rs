@@ -62,7 +62,10 @@ impl BlockMap {
         };
         page.loc[i] = e.loc;
         page.crc[i] = e.crc;
-        page.used = page.used + u32::from(!e.is_unmapped()) - u32::from(!old.is_unmapped());
+        page.used = (page.used + u32::from(!e.is_unmapped()))
+            .checked_sub(u32::from(!old.is_unmapped()))
+            .expect("a page's count of used entries matches its entries");
+        debug_assert!(page.used as usize <= PAGE_BLOCKS);
         if page.used == 0 {
             self.pages[p] = None;
         }
@@ -95,12 +98,42 @@ impl BlockMap {
             .map(|p| ((p * PAGE_BLOCKS) as u64).max(lba))
     }
 
+    /// The mapped (not unmapped) LBAs in [lba, end) of the first allocated
+    /// page at or after `lba`, and where the next page starts; None when no
+    /// allocated page starts before `end`. Callers may change entries of the
+    /// batch before asking for the next one.
+    pub fn next_mapped_batch(&self, lba: u64, end: u64) -> Option<(Vec<u64>, u64)> {
+        let first = self.next_allocated_page_lba(lba).filter(|&p| p < end)?;
+        let next = page_end(first);
+        let lbas = (first..next.min(end))
+            .filter(|&l| !self.get(l).is_unmapped())
+            .collect();
+        Some((lbas, next))
+    }
+
+    /// Is any entry in [first, end) mapped?
+    pub fn any_mapped(&self, first: u64, end: u64) -> bool {
+        let mut lba = first;
+        while let Some((lbas, next)) = self.next_mapped_batch(lba, end) {
+            if !lbas.is_empty() {
+                return true;
+            }
+            lba = next;
+        }
+        false
+    }
+
     /// Bytes of heap this map uses.
     pub fn memory_bytes(&self) -> u64 {
         let pages = self.pages.iter().filter(|p| p.is_some()).count();
         (self.pages.capacity() * std::mem::size_of::<Option<Box<Page>>>()
             + pages * std::mem::size_of::<Page>()) as u64
     }
+}
+
+/// The first LBA of the page after the one holding `lba`.
+pub fn page_end(lba: u64) -> u64 {
+    (lba / PAGE_BLOCKS as u64 + 1) * PAGE_BLOCKS as u64
 }
 
 fn split(lba: u64) -> (usize, usize) {
@@ -124,6 +157,10 @@ mod tests {
         m.for_each_mapped(|l, e| seen.push((l, e)));
         assert_eq!(seen, vec![(700, e), (701, MapEntry::ZERO)]);
         assert_eq!(m.next_allocated_page_lba(0), Some(512));
+        assert_eq!(m.next_mapped_batch(0, 2000), Some((vec![700, 701], 1024)));
+        assert_eq!(m.next_mapped_batch(701, 2000), Some((vec![701], 1024)));
+        assert_eq!(m.next_mapped_batch(1024, 2000), None);
+        assert!(m.any_mapped(0, 701) && !m.any_mapped(0, 700) && !m.any_mapped(702, 2000));
         assert_eq!(m.set(700, MapEntry::UNMAPPED), e);
         assert_eq!(m.set(701, MapEntry::UNMAPPED), MapEntry::ZERO);
         assert_eq!(m.next_allocated_page_lba(0), None);

@@ -2,9 +2,10 @@
 //! chain of records (seq + 1, same epoch or a newer EPOCH record) through the
 //! segments written after it. See docs/FORMAT.md "Recovery".
 use crate::map::BlockMap;
+pub use crate::records::{walk_segment, SegmentWalk};
 use cvol_format::checkpoint::{decode_runs, CommitPayload};
 use cvol_format::pointer::POINTER_BYTES;
-use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::{
     align_up, CheckpointPointer, CodecTag, EntryState, MapEntry, Superblock, SECTOR_SIZE_BYTES,
 };
@@ -12,7 +13,7 @@ use cvol_storage::Storage;
 use std::collections::HashMap;
 
 /// Most blocks one DATA record may hold (a 64 KiB compression unit).
-pub const DATA_UNIT_BLOCKS_MAX: u32 = 16;
+pub const DATA_UNIT_BLOCKS_MAX: u32 = cvol_format::record::UNIT_BLOCKS_MAX;
 
 /// Result of recovery: the map and where the log continues.
 pub struct Recovered {
@@ -393,80 +394,6 @@ pub fn scan_log(storage: &dyn Storage, sb: &Superblock) -> LogScan {
     out
 }
 
-/// The verified records of one segment, and where damaged ones were.
-pub struct SegmentWalk {
-    pub records: Vec<(usize, RecordHeader)>,
-    pub damaged: Vec<(usize, String)>,
-}
-
-/// Walks a segment's records: each at the end of the previous one or at the
-/// next sector boundary; where that breaks (the end of what was written, a
-/// damaged record, a header too damaged to decode, a valid record written
-/// to the wrong place) it resumes at the next intact record further on,
-/// found byte by byte, so nothing damaged or misplaced hides the records
-/// after it. Every verified record is returned, whatever its seq: records
-/// of a reused segment's earlier lives too (callers that care compare seqs;
-/// the cleaner moves only records the map names). `damaged` lists records
-/// whose header decodes but whose checksum fails.
-pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
-    let mut out = SegmentWalk {
-        records: Vec::new(),
-        damaged: Vec::new(),
-    };
-    let mut pos = 0usize;
-    let try_at = |at: usize| -> Option<Result<RecordHeader, String>> {
-        let b = buf.get(at..)?;
-        let h = RecordHeader::decode(b).ok()?;
-        if h.volume_tag != tag {
-            return None;
-        }
-        if h.total_len() > b.len() {
-            return Some(Err("record runs past the segment".into()));
-        }
-        Some(
-            h.verify(b, &b[RECORD_HEADER_BYTES..h.total_len()])
-                .map(|_| h)
-                .map_err(|e| {
-                    format!(
-                        "{e}; it claims to be {:?} seq {} for lba {}+{} (its blocks may now \
-                         read an older version or as holes)",
-                        h.kind, h.seq, h.lba, h.nblocks
-                    )
-                }),
-        )
-    };
-    let search = |from: usize| {
-        (from..buf.len().saturating_sub(RECORD_HEADER_BYTES)).find(|&p| {
-            buf[p..p + 4] == RECORD_MAGIC.to_le_bytes() && matches!(try_at(p), Some(Ok(_)))
-        })
-    };
-    loop {
-        let aligned = align_up(pos as u64, SECTOR_SIZE_BYTES) as usize;
-        let found = match try_at(pos) {
-            Some(r) => Some((pos, r)),
-            None => try_at(aligned).map(|r| (aligned, r)),
-        };
-        match found {
-            Some((at, Ok(h))) => {
-                pos = at + h.total_len();
-                out.records.push((at, h));
-            }
-            Some((at, Err(e))) => {
-                out.damaged.push((at, e));
-                match search(at + 1) {
-                    Some(p) => pos = p,
-                    None => break,
-                }
-            }
-            None => match search(pos + 1) {
-                Some(p) => pos = p,
-                None => break,
-            },
-        }
-    }
-    out
-}
-
 /// Rebuilds the map from every record the log still holds, without any
 /// checkpoint (`cvol check --repair` when no checkpoint is usable). Records
 /// apply in (epoch, seq) order, so a later epoch's writes win over records a
@@ -688,6 +615,8 @@ fn roll_forward(
                 continue;
             }
         };
+        // chain_record_at verified a whole record of the expected seq.
+        assert!(at + h.total_len() <= buf.len() && h.seq == expected);
         let offset = sb.segment_offset(segment) + at as u64;
         let payload = &buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
         apply(map, sb, &h, offset, payload)
@@ -744,7 +673,7 @@ pub fn apply(
                 let len = h.total_len() as u32;
                 map.set(
                     l,
-                    crate::volume::unit_entry(h.codec, offset, len, h.crc, h.nblocks, k),
+                    crate::records::unit_entry(h.codec, offset, len, h.crc, h.nblocks, k),
                 );
             }
             Ok(())

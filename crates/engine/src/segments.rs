@@ -1,4 +1,5 @@
-//! Segment usage table, victim policies and relocation packing for the cleaner.
+//! Segment table (allocation), segment usage (live bytes), victim policies
+//! and relocation packing for the cleaner.
 //!
 //! A segment is Free (allocatable), Open (the log head) or Sealed (written,
 //! possibly holding live records). A Sealed segment becomes Free again only
@@ -12,12 +13,13 @@ pub enum SegState {
     Sealed,
 }
 
+/// Allocation state of every segment: the log's side of the segment table.
+/// What lives in each segment is `SegmentUsage`, derived from the map and
+/// kept by `LiveMap`; decisions that need both take the usage as an argument.
 #[derive(Debug, Clone)]
 pub struct SegmentTable {
     pub segment_size: u64,
     state: Vec<SegState>,
-    /// Bytes of live records (header + payload) per segment.
-    live: Vec<u64>,
     /// Highest record seq written into each segment (0: none known since open).
     max_seq: Vec<u64>,
     free_count: u64,
@@ -31,7 +33,6 @@ impl SegmentTable {
         SegmentTable {
             segment_size,
             state: vec![SegState::Free; n],
-            live: vec![0; n],
             max_seq: vec![0; n],
             free_count: count,
             cursor: 0,
@@ -50,16 +51,8 @@ impl SegmentTable {
         self.state[s as usize]
     }
 
-    pub fn live_bytes(&self, s: u64) -> u64 {
-        self.live[s as usize]
-    }
-
     pub fn max_seq(&self, s: u64) -> u64 {
         self.max_seq[s as usize]
-    }
-
-    pub fn total_live_bytes(&self) -> u64 {
-        self.live.iter().sum()
     }
 
     fn set_state(&mut self, s: u64, st: SegState) {
@@ -71,6 +64,10 @@ impl SegmentTable {
             self.free_count += 1;
         }
         self.state[s as usize] = st;
+        debug_assert_eq!(
+            self.free_count,
+            self.state.iter().filter(|&&x| x == SegState::Free).count() as u64
+        );
     }
 
     /// Marks a segment in use as found by recovery.
@@ -101,42 +98,35 @@ impl SegmentTable {
     }
 
     pub fn note_seq(&mut self, s: u64, seq: u64) {
+        assert_eq!(
+            self.state(s),
+            SegState::Open,
+            "records go to the open segment"
+        );
         let m = &mut self.max_seq[s as usize];
         *m = (*m).max(seq);
-    }
-
-    pub fn add_live(&mut self, s: u64, bytes: u64) {
-        self.live[s as usize] += bytes;
-        debug_assert!(self.live[s as usize] <= self.segment_size);
-    }
-
-    pub fn sub_live(&mut self, s: u64, bytes: u64) {
-        let l = &mut self.live[s as usize];
-        assert!(*l >= bytes, "segment {s} live bytes would go negative");
-        *l -= bytes;
     }
 
     /// Sealed segments that hold no live data and no record newer than
     /// `snapshot_seq`: once the map state that emptied them is durable (the
     /// caller syncs first) and a checkpoint with that snapshot is durable,
     /// recovery needs nothing in them.
-    pub fn reclaimable(&self, snapshot_seq: u64) -> Vec<u64> {
+    pub fn reclaimable(&self, usage: &SegmentUsage, snapshot_seq: u64) -> Vec<u64> {
         (0..self.count())
             .filter(|&s| {
-                let i = s as usize;
-                self.state[i] == SegState::Sealed
-                    && self.live[i] == 0
-                    && self.max_seq[i] <= snapshot_seq
+                self.state(s) == SegState::Sealed
+                    && usage.live_bytes(s) == 0
+                    && self.max_seq(s) <= snapshot_seq
             })
             .collect()
     }
 
     /// Frees those of `candidates` that are still empty (a sealed segment
     /// never gains live data, so this is a re-check, not a race).
-    pub fn free_empty(&mut self, candidates: &[u64]) -> Vec<u64> {
+    pub fn free_empty(&mut self, usage: &SegmentUsage, candidates: &[u64]) -> Vec<u64> {
         let mut out = Vec::new();
         for &s in candidates {
-            if self.state(s) == SegState::Sealed && self.live_bytes(s) == 0 {
+            if self.state(s) == SegState::Sealed && usage.live_bytes(s) == 0 {
                 self.set_state(s, SegState::Free);
                 out.push(s);
             }
@@ -145,21 +135,65 @@ impl SegmentTable {
     }
 
     /// Sealed segments holding no live data: a checkpoint would free them.
-    pub fn empty_sealed_count(&self) -> u64 {
-        (0..self.state.len())
-            .filter(|&i| self.state[i] == SegState::Sealed && self.live[i] == 0)
+    pub fn empty_sealed_count(&self, usage: &SegmentUsage) -> u64 {
+        (0..self.count())
+            .filter(|&s| self.state(s) == SegState::Sealed && usage.live_bytes(s) == 0)
             .count() as u64
     }
 
     /// Sealed segments with some dead space, as (segment, live bytes, max seq).
-    pub fn candidates(&self) -> Vec<(u64, u64, u64)> {
+    pub fn candidates(&self, usage: &SegmentUsage) -> Vec<(u64, u64, u64)> {
         (0..self.count())
             .filter(|&s| {
-                self.state[s as usize] == SegState::Sealed
-                    && self.live[s as usize] < self.segment_size
+                self.state(s) == SegState::Sealed && usage.live_bytes(s) < self.segment_size
             })
-            .map(|s| (s, self.live[s as usize], self.max_seq[s as usize]))
+            .map(|s| (s, usage.live_bytes(s), self.max_seq(s)))
             .collect()
+    }
+}
+
+/// Bytes of live records (header + payload) per segment: derived from the
+/// map, changed only by `LiveMap` (a record is born or dies).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentUsage {
+    segment_size: u64,
+    live: Vec<u64>,
+}
+
+impl SegmentUsage {
+    pub fn new(count: u64, segment_size: u64) -> SegmentUsage {
+        SegmentUsage {
+            segment_size,
+            live: vec![0; count as usize],
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.live.len() as u64
+    }
+
+    pub fn live_bytes(&self, s: u64) -> u64 {
+        self.live[s as usize]
+    }
+
+    pub fn total_live_bytes(&self) -> u64 {
+        self.live.iter().sum()
+    }
+
+    pub(crate) fn add_live(&mut self, s: u64, bytes: u64) {
+        let l = &mut self.live[s as usize];
+        *l += bytes;
+        assert!(
+            *l <= self.segment_size,
+            "segment {s} holds {l} live bytes, more than it has"
+        );
+    }
+
+    pub(crate) fn sub_live(&mut self, s: u64, bytes: u64) {
+        let l = &mut self.live[s as usize];
+        *l = l
+            .checked_sub(bytes)
+            .unwrap_or_else(|| panic!("segment {s} live bytes would go negative"));
     }
 }
 
@@ -251,20 +285,24 @@ mod tests {
     #[test]
     fn allocation_sealing_and_reclaim() {
         let mut t = SegmentTable::new(4, 100);
+        let mut u = SegmentUsage::new(4, 100);
         assert_eq!(t.open_next(), Some(0));
-        t.add_live(0, 60);
+        u.add_live(0, 60);
         t.note_seq(0, 10);
         t.seal(0);
         assert_eq!(t.open_next(), Some(1));
         assert_eq!(t.free_count(), 2);
-        assert!(t.reclaimable(100).is_empty(), "live data keeps a segment");
-        t.sub_live(0, 60);
         assert!(
-            t.reclaimable(9).is_empty(),
+            t.reclaimable(&u, 100).is_empty(),
+            "live data keeps a segment"
+        );
+        u.sub_live(0, 60);
+        assert!(
+            t.reclaimable(&u, 9).is_empty(),
             "records newer than the checkpoint keep it"
         );
-        assert_eq!(t.reclaimable(10), vec![0]);
-        assert_eq!(t.free_empty(&[0]), vec![0]);
+        assert_eq!(t.reclaimable(&u, 10), vec![0]);
+        assert_eq!(t.free_empty(&u, &[0]), vec![0]);
         assert_eq!(t.free_count(), 3);
         assert_eq!(t.open_next(), Some(2), "round robin");
     }

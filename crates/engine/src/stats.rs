@@ -1,4 +1,5 @@
-//! Space accounting, kept exact through every map change.
+//! What `stat` reports (`VolumeStats`, its JSON keys a contract), and the
+//! counters derived from the map (`MapCounters`), kept exact by `LiveMap`.
 use cvol_format::{CodecTag, EntryState, MapEntry};
 use serde::Serialize;
 
@@ -9,8 +10,8 @@ pub struct MapCounters {
     pub zero_blocks: u64,
     pub codec_blocks: [u64; 3],
     /// Payload bytes of live records (what compression produced), each
-    /// record once however many blocks share it; kept by the volume's
-    /// liveness tracking, not by `add`/`remove`.
+    /// record once however many blocks share it; kept by `LiveMap` as
+    /// records are born and die, not by `add`/`remove`.
     pub stored_payload_bytes: u64,
     /// `stored_payload_bytes` by the codec of the record.
     pub stored_codec_bytes: [u64; 3],
@@ -28,16 +29,44 @@ impl MapCounters {
         }
     }
 
+    /// Counts `e` out. Panics (never wraps) if it was not counted in: the
+    /// books and the map disagree.
     pub fn remove(&mut self, e: MapEntry) {
         match e.state_valid() {
             EntryState::Unmapped => {}
-            EntryState::Zero => self.zero_blocks -= 1,
+            EntryState::Zero => decrement(&mut self.zero_blocks, 1, "zero blocks"),
             EntryState::Data { codec, .. } => {
-                self.data_blocks -= 1;
-                self.codec_blocks[codec as usize] -= 1;
+                decrement(&mut self.data_blocks, 1, "data blocks");
+                decrement(
+                    &mut self.codec_blocks[codec as usize],
+                    1,
+                    "blocks of a codec",
+                );
             }
         }
     }
+
+    /// A record of `payload` bytes became live.
+    pub fn record_born(&mut self, codec: CodecTag, payload: u64) {
+        self.stored_payload_bytes += payload;
+        self.stored_codec_bytes[codec as usize] += payload;
+    }
+
+    /// A record of `payload` bytes died. Panics (never wraps) on underflow.
+    pub fn record_died(&mut self, codec: CodecTag, payload: u64) {
+        decrement(&mut self.stored_payload_bytes, payload, "stored bytes");
+        decrement(
+            &mut self.stored_codec_bytes[codec as usize],
+            payload,
+            "stored bytes of a codec",
+        );
+    }
+}
+
+fn decrement(counter: &mut u64, by: u64, what: &str) {
+    *counter = counter
+        .checked_sub(by)
+        .unwrap_or_else(|| panic!("{what} would go negative: {counter} - {by}"));
 }
 
 /// Per-codec block counts as they appear in `cvol stat --json`.
@@ -48,7 +77,8 @@ pub struct CodecBlocks {
     pub zstd: u64,
 }
 
-/// What `cvol stat` reports. Field names are the JSON keys: a contract.
+/// What `cvol stat` reports. Field names are the JSON keys: a contract. The
+/// sections are flattened, so the JSON is one flat object, in field order.
 #[derive(Debug, Clone, Serialize)]
 pub struct VolumeStats {
     pub logical_size_bytes: u64,
@@ -89,13 +119,37 @@ pub struct VolumeStats {
     pub media_bytes_written: u64,
     /// media_bytes_written / client_bytes_written since the server started.
     pub write_amplification: f64,
+    #[serde(flatten)]
+    pub cleaner: CleanerStats,
+    pub corrupt_reads: u64,
+    pub map_memory_bytes: u64,
+    #[serde(flatten)]
+    pub dedup: DedupStats,
+    #[serde(flatten)]
+    pub elastic: ElasticStats,
+    pub checkpoint_generation: u64,
+    pub last_seq: u64,
+    pub epoch: u32,
+    pub read_only: bool,
+    pub poisoned: bool,
+    #[serde(flatten)]
+    pub scrub: ScrubStats,
+}
+
+/// The cleaner: its policy and what it did since open.
+#[derive(Debug, Clone, Serialize)]
+pub struct CleanerStats {
     pub cleaner_policy: String,
     pub cleaner_segments_cleaned: u64,
     pub cleaner_records_relocated: u64,
     pub cleaner_bytes_relocated: u64,
     pub segments_reclaimed: u64,
-    pub corrupt_reads: u64,
-    pub map_memory_bytes: u64,
+}
+
+/// Deduplication, what each kind of reduction saved, and the read cache
+/// (which also serves dedup verification).
+#[derive(Debug, Clone, Serialize)]
+pub struct DedupStats {
     /// Inline deduplication is on for this volume.
     pub dedup: bool,
     /// Logical bytes served by records shared with other blocks
@@ -121,8 +175,13 @@ pub struct VolumeStats {
     pub read_cache_misses: u64,
     /// hits / (hits + misses), 0 when nothing was read.
     pub read_cache_hit_rate: f64,
-    /// Elastic compression: the strong (idle, background) codec of `auto`,
-    /// or the fixed codec.
+}
+
+/// Elastic compression: codecs chosen, units, load, read amplification,
+/// background recompression.
+#[derive(Debug, Clone, Serialize)]
+pub struct ElasticStats {
+    /// The strong (idle, background) codec of `auto`, or the fixed codec.
     pub codec_strong: String,
     /// Stored payload bytes of live records by codec.
     pub codec_none_bytes: u64,
@@ -161,11 +220,11 @@ pub struct VolumeStats {
     pub recompressed_bytes_before: u64,
     pub recompressed_bytes_after: u64,
     pub recompress_skipped_units: u64,
-    pub checkpoint_generation: u64,
-    pub last_seq: u64,
-    pub epoch: u32,
-    pub read_only: bool,
-    pub poisoned: bool,
+}
+
+/// Scrubs since open.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScrubStats {
     /// Scrubs finished since open (`cvol scrub`), data blocks they verified,
     /// and blocks they found corrupt (counted apart from `corrupt_reads`,
     /// which counts client reads refused).

@@ -109,21 +109,21 @@ fn overwrites_of_many_times_the_physical_size_complete_greedy() {
     let vol = overwrite_workload(VictimPolicy::Greedy, 1, 6);
     let s = vol.stats();
     assert!(
-        s.cleaner_segments_cleaned > 0,
+        s.cleaner.cleaner_segments_cleaned > 0,
         "cleaned {}",
-        s.cleaner_segments_cleaned
+        s.cleaner.cleaner_segments_cleaned
     );
     assert!(
-        s.segments_reclaimed > 0,
+        s.cleaner.segments_reclaimed > 0,
         "reclaimed {}",
-        s.segments_reclaimed
+        s.cleaner.segments_reclaimed
     );
 }
 
 #[test]
 fn overwrites_of_many_times_the_physical_size_complete_cost_benefit() {
     let vol = overwrite_workload(VictimPolicy::CostBenefit, 2, 6);
-    assert!(vol.stats().cleaner_records_relocated > 0);
+    assert!(vol.stats().cleaner.cleaner_records_relocated > 0);
 }
 
 #[test]
@@ -272,10 +272,10 @@ fn trimmed_segments_are_reclaimed_and_discarded_after_a_flush() {
     vol.flush().unwrap();
     let after = vol.stats();
     assert!(
-        after.segments_reclaimed >= before.segments_reclaimed + 12,
+        after.cleaner.segments_reclaimed >= before.cleaner.segments_reclaimed + 12,
         "{} -> {}",
-        before.segments_reclaimed,
-        after.segments_reclaimed
+        before.cleaner.segments_reclaimed,
+        after.cleaner.segments_reclaimed
     );
     assert!(after.physical_free_bytes > before.physical_free_bytes + 12 * MIB);
     // The sim models a hole punch as zeros: the old data is gone from the store.

@@ -142,7 +142,7 @@ fn garbage_store_is_refused_cleanly() {
     let sim = SimStorage::new(8 * MIB);
     sim.write_at(0, &vec![0xa5u8; 65536]).unwrap();
     match Volume::open(Arc::new(sim.clone()), OpenOptions::default()) {
-        Err(VolError::Open(msg)) => assert!(msg.contains("not a cvol volume"), "{msg}"),
+        Err(VolError::Open(msg)) => assert!(msg.to_string().contains("not a cvol volume"), "{msg}"),
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("opened garbage"),
     }

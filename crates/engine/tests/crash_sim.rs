@@ -278,10 +278,10 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             cov.cut_mid_run += 1;
         }
         let st = vol.stats();
-        cov.cleaner_records_moved += st.cleaner_records_relocated;
-        cov.dedup_hits += st.dedup_hits;
-        cov.units_written += st.units_written;
-        cov.recompressed_blocks += st.recompressed_blocks;
+        cov.cleaner_records_moved += st.cleaner.cleaner_records_relocated;
+        cov.dedup_hits += st.dedup.dedup_hits;
+        cov.units_written += st.elastic.units_written;
+        cov.recompressed_blocks += st.elastic.recompressed_blocks;
         vol.verify_refcounts()
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: before the crash: {e}"));
         let crashed = store.crash(rng.gen());

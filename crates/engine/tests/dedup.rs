@@ -139,11 +139,11 @@ fn twenty_clones_of_a_real_image_cost_about_one_copy_and_read_back_exact() {
     let logical_copies = 19 * img.len() as u64;
     let zero_in_img = img.chunks(BS).filter(|b| b.iter().all(|&x| x == 0)).count() as u64;
     assert!(
-        s.dedup_saved_bytes >= logical_copies - 19 * zero_in_img * BS as u64 - 19 * BS as u64,
+        s.dedup.dedup_saved_bytes >= logical_copies - 19 * zero_in_img * BS as u64 - 19 * BS as u64,
         "dedup saved {} of {logical_copies}",
-        s.dedup_saved_bytes
+        s.dedup.dedup_saved_bytes
     );
-    assert!(s.dedup_hits > 0 && s.dedup_shared_records > 0);
+    assert!(s.dedup.dedup_hits > 0 && s.dedup.dedup_shared_records > 0);
     assert!(s.physical_used_bytes < 2 * one + 2 * MIB);
     assert_clones(&vol, &img, 0..20);
     vol.verify_refcounts().unwrap();
@@ -164,8 +164,8 @@ fn with_dedup_off_every_clone_is_stored() {
     let (one, all) = write_clones(&vol, &img, 5);
     assert!(all >= 5 * one - BS as u64, "5 clones {all}, one {one}");
     let s = vol.stats();
-    assert!(!s.dedup);
-    assert_eq!((s.dedup_hits, s.dedup_saved_bytes), (0, 0));
+    assert!(!s.dedup.dedup);
+    assert_eq!((s.dedup.dedup_hits, s.dedup.dedup_saved_bytes), (0, 0));
     assert_clones(&vol, &img, 0..5);
 }
 
@@ -207,7 +207,7 @@ fn overwrite_trim_and_zeroing_of_one_clone_leave_the_others_intact() {
     }
     vol.verify_refcounts().unwrap();
     let s = vol.stats();
-    assert_eq!(s.dedup_shared_records, 0);
+    assert_eq!(s.dedup.dedup_shared_records, 0);
     assert!(
         s.stored_bytes <= img.len() as u64 + 4 * BS as u64,
         "only the random overwrite should be live, {} stored",
@@ -231,11 +231,11 @@ fn repeats_inside_one_write_dedup_and_zero_blocks_never_enter_the_index() {
     }
     vol.write_at(0, &data, false).unwrap();
     let s = vol.stats();
-    assert_eq!(s.dedup_hits, 15, "{s:?}");
+    assert_eq!(s.dedup.dedup_hits, 15, "{s:?}");
     assert!(s.stored_bytes < 2 * BS as u64, "stored {}", s.stored_bytes);
-    assert_eq!(s.dedup_index_entries, 1, "zero blocks were indexed");
-    assert_eq!(s.dedup_lookups, 16, "zero blocks were looked up");
-    assert_eq!(s.zero_saved_bytes, 16 * BS as u64);
+    assert_eq!(s.dedup.dedup_index_entries, 1, "zero blocks were indexed");
+    assert_eq!(s.dedup.dedup_lookups, 16, "zero blocks were looked up");
+    assert_eq!(s.dedup.zero_saved_bytes, 16 * BS as u64);
     assert!(read(&vol, 0, data.len()) == data);
     close_and_check(&vol, &sim);
 }
@@ -298,7 +298,7 @@ fn the_cleaner_moves_shared_records_and_keeps_them_shared() {
     }
     vol.flush().unwrap();
     let before = vol.stats();
-    assert!(before.dedup_shared_records > 0);
+    assert!(before.dedup.dedup_shared_records > 0);
     // Clone 0 (the owner of most records) goes away: the cleaner must hand
     // ownership to a surviving holder.
     vol.trim(clone_offset(0, img.len()), img.len() as u64, false)
@@ -308,7 +308,7 @@ fn the_cleaner_moves_shared_records_and_keeps_them_shared() {
     vol.clean(u64::MAX, false).unwrap();
     let after = vol.stats();
     assert!(
-        after.cleaner_records_relocated > 0,
+        after.cleaner.cleaner_records_relocated > 0,
         "nothing relocated: {after:?}"
     );
     assert!(
@@ -316,7 +316,10 @@ fn the_cleaner_moves_shared_records_and_keeps_them_shared() {
         "sharing broken by the cleaner: {stored_before} -> {}",
         after.stored_bytes
     );
-    assert_eq!(after.dedup_shared_records, before.dedup_shared_records);
+    assert_eq!(
+        after.dedup.dedup_shared_records,
+        before.dedup.dedup_shared_records
+    );
     vol.verify_refcounts().unwrap();
     let check_all = |vol: &Volume| {
         assert_clones(vol, &img, 1..4);
@@ -354,14 +357,14 @@ fn a_small_index_stays_within_budget_and_still_finds_recent_duplicates() {
         last = data;
     }
     let s = vol.stats();
-    assert!(s.dedup_index_memory_bytes <= budget, "{s:?}");
-    assert!(s.dedup_index_entries <= s.dedup_index_capacity);
-    assert!(s.dedup_index_capacity < blocks / 2);
-    assert_eq!(s.dedup_hits, 0);
+    assert!(s.dedup.dedup_index_memory_bytes <= budget, "{s:?}");
+    assert!(s.dedup.dedup_index_entries <= s.dedup.dedup_index_capacity);
+    assert!(s.dedup.dedup_index_capacity < blocks / 2);
+    assert_eq!(s.dedup.dedup_hits, 0);
     // The most recent write is still remembered.
     vol.write_at(blocks * BS as u64, &last, false).unwrap();
     let s2 = vol.stats();
-    assert_eq!(s2.dedup_hits, 16, "recent duplicates forgotten");
+    assert_eq!(s2.dedup.dedup_hits, 16, "recent duplicates forgotten");
     assert!(s2.stored_bytes < s.stored_bytes + BS as u64);
     assert!(read(&vol, blocks * BS as u64, last.len()) == last);
 }

@@ -127,15 +127,19 @@ fn the_probe_writes_random_data_raw_without_compressing_it() {
     let data = random(1, 256 * 1024);
     vol.write_at(0, &data, false).unwrap();
     let st = vol.stats();
-    assert_eq!(st.probe_raw_blocks, 64);
-    assert_eq!((st.codec_none_blocks, st.units_written), (64, 0));
-    assert_eq!(st.codec_none_bytes, 256 * 1024);
+    assert_eq!(st.elastic.probe_raw_blocks, 64);
+    assert_eq!((st.codec_none_blocks, st.elastic.units_written), (64, 0));
+    assert_eq!(st.elastic.codec_none_bytes, 256 * 1024);
     // Compressible data next to it is compressed.
     vol.write_at(MIB, &text(2, 256 * 1024), false).unwrap();
     let st = vol.stats();
-    assert_eq!(st.probe_raw_blocks, 64);
+    assert_eq!(st.elastic.probe_raw_blocks, 64);
     assert_eq!(st.codec_zstd_blocks, 64);
-    assert!(st.codec_zstd_bytes < 128 * 1024, "{}", st.codec_zstd_bytes);
+    assert!(
+        st.elastic.codec_zstd_bytes < 128 * 1024,
+        "{}",
+        st.elastic.codec_zstd_bytes
+    );
     assert!(read(&vol, 0, data.len()) == data);
     close_and_check(vol, &sim);
 }
@@ -194,10 +198,12 @@ fn merged_units_read_back_exactly_at_every_offset() {
         image[200 * 1024 + 333..200 * 1024 + 333 + odd.len()].copy_from_slice(&odd);
         let st = vol.stats();
         if unit > 1 {
-            assert!(st.units_written > 0 && st.unit_blocks_written <= 128 + 8);
-            assert!(st.unit_blocks_written >= u64::from(unit) * st.units_written / 2);
+            assert!(st.elastic.units_written > 0 && st.elastic.unit_blocks_written <= 128 + 8);
+            assert!(
+                st.elastic.unit_blocks_written >= u64::from(unit) * st.elastic.units_written / 2
+            );
         } else {
-            assert_eq!(st.units_written, 0);
+            assert_eq!(st.elastic.units_written, 0);
         }
         assert_reads(&vol, &image);
         // Overwrite one block inside a unit, trim another, zero a third.
@@ -235,7 +241,7 @@ fn dedup_finds_blocks_inside_units_and_survives_their_owners() {
     // a block inside a unit (different unit boundaries).
     vol.write_at(MIB + BS as u64, &a, false).unwrap();
     let st = vol.stats();
-    assert_eq!(st.dedup_hits, 32);
+    assert_eq!(st.dedup.dedup_hits, 32);
     assert_eq!(st.stored_bytes, stored);
     // The owners go away; the references keep the units alive.
     vol.write_at(0, &text(6, 128 * 1024), false).unwrap();
@@ -274,9 +280,9 @@ fn recompression_shrinks_lz4_data_and_keeps_it_exact() {
     let after = vol.stats();
     assert_eq!(total, 1024);
     assert_eq!((after.codec_zstd_blocks, after.codec_lz4_blocks), (1024, 0));
-    assert_eq!(after.recompressed_blocks, 1024);
+    assert_eq!(after.elastic.recompressed_blocks, 1024);
     assert!(
-        after.units_written == 0,
+        after.elastic.units_written == 0,
         "recompression units are not client units"
     );
     assert!(

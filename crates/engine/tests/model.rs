@@ -86,7 +86,7 @@ fn check_stats(vol: &Volume, model: &[u8]) {
         nonzero
     );
     assert!(s.stored_bytes <= s.mapped_bytes);
-    assert!(s.dedup_saved_bytes <= s.mapped_bytes);
+    assert!(s.dedup.dedup_saved_bytes <= s.mapped_bytes);
     if let Err(e) = vol.verify_refcounts() {
         panic!("reference counts: {e}");
     }

@@ -103,8 +103,8 @@ fn scrub_names_exactly_the_blocks_of_damaged_records() {
     let vol = open(&sim);
     let data = write_layout(&vol);
     let st = vol.stats();
-    assert!(st.dedup_hits >= 3, "the layout has dedup references");
-    assert!(st.units_written >= 4, "the layout has units");
+    assert!(st.dedup.dedup_hits >= 3, "the layout has dedup references");
+    assert!(st.elastic.units_written >= 4, "the layout has units");
     vol.close().unwrap();
     drop(vol);
 
@@ -176,11 +176,11 @@ fn scrub_names_exactly_the_blocks_of_damaged_records() {
     }
     // Counters: scrub findings apart from the client reads refused.
     let st = vol.stats();
-    assert_eq!(st.scrub_runs, 1);
-    assert_eq!(st.scrub_corrupt_blocks, expect.len() as u64);
-    assert_eq!(st.scrub_blocks_checked, rep.blocks_checked);
-    assert!(st.scrub_last_finished_unix > 0);
-    assert!(!st.scrub_in_progress);
+    assert_eq!(st.scrub.scrub_runs, 1);
+    assert_eq!(st.scrub.scrub_corrupt_blocks, expect.len() as u64);
+    assert_eq!(st.scrub.scrub_blocks_checked, rep.blocks_checked);
+    assert!(st.scrub.scrub_last_finished_unix > 0);
+    assert!(!st.scrub.scrub_in_progress);
     assert_eq!(st.corrupt_reads, expect.len() as u64);
     let status = vol.scrub_status();
     assert!(!status.running);
@@ -201,7 +201,7 @@ fn scrub_names_exactly_the_blocks_of_damaged_records() {
         .unwrap();
     assert_eq!(capped.corrupt.len(), 2);
     assert_eq!(capped.corrupt_blocks, expect.len() as u64);
-    assert_eq!(vol.stats().scrub_runs, 2);
+    assert_eq!(vol.stats().scrub.scrub_runs, 2);
 }
 
 #[test]
@@ -258,7 +258,7 @@ fn only_one_scrub_runs_at_a_time_and_cancel_stops_it() {
     assert_eq!(busy.0.run, 1);
     let status = vol.scrub_status();
     assert!(status.running && status.run == 1);
-    assert!(vol.stats().scrub_in_progress);
+    assert!(vol.stats().scrub.scrub_in_progress);
     vol.cancel_scrub();
     let deadline = Instant::now() + Duration::from_secs(60);
     while vol.scrub_status().running {
@@ -270,7 +270,7 @@ fn only_one_scrub_runs_at_a_time_and_cancel_stops_it() {
     // And the next one runs to the end.
     let rep = vol.scrub(&fast(), &|_| {}).unwrap();
     assert!(rep.clean() && !rep.cancelled && rep.run == 2, "{rep:?}");
-    assert_eq!(vol.stats().scrub_runs, 2);
+    assert_eq!(vol.stats().scrub.scrub_runs, 2);
 }
 
 /// Overwrites, dedup, TRIM and the cleaner (a small physical size makes it
@@ -325,10 +325,10 @@ fn scrub_racing_writes_and_the_cleaner_reports_nothing_false() {
     let versions = writer.join().unwrap();
     let st = vol.stats();
     assert!(
-        st.cleaner_records_relocated > 0,
+        st.cleaner.cleaner_records_relocated > 0,
         "the cleaner must have moved records under the scrubs"
     );
-    assert_eq!(st.scrub_corrupt_blocks, 0);
+    assert_eq!(st.scrub.scrub_corrupt_blocks, 0);
     let rep = vol.scrub(&fast(), &|_| {}).unwrap();
     assert!(rep.clean() && rep.skipped_blocks == 0, "{rep:?}");
     let mut b = vec![0u8; BS as usize];

@@ -14,9 +14,18 @@
 //! segments are reused only after the map pointing away is durable
 //! (the cleaner's rule). Raw records (the probe, or a compression that did
 //! not pay) are never retried; windows holding dedup references are skipped.
-use super::*;
+use super::{Next, Worker};
+use crate::codec::Codec;
+use crate::dedup::Fingerprint;
+use crate::error::VolError;
+use crate::policy::CodecPolicy;
+use crate::volume::prepare::Prepared;
+use crate::volume::{State, Volume, BS};
+use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::{CodecTag, EntryState, MapEntry, BLOCK_SIZE_BYTES};
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Windows (of unit size) scanned per hold of the state lock.
@@ -25,6 +34,13 @@ const SCAN_WINDOWS_PER_LOCK: u64 = 4096;
 const SCAN_WINDOWS_PER_PASS: u64 = 1 << 18;
 /// A rewrite must save at least 1/16 of the bytes it replaces.
 const MIN_GAIN_DIVISOR: u64 = 16;
+/// How often the background recompressor looks for idle time.
+const BACKGROUND_PERIOD: Duration = Duration::from_millis(200);
+/// Recompression appends before old records die: it runs only with this
+/// many percent of free segments above the cleaner's start threshold...
+const ROOM_FREE_PERCENT_ABOVE_CLEANER: u64 = 5;
+/// ...and this many free segments beyond the reserve.
+const ROOM_SEGMENTS: u64 = 2;
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -48,24 +64,14 @@ struct Candidate {
 
 impl Volume {
     fn window_blocks(&self) -> u64 {
-        u64::from(
-            self.options
-                .elastic
-                .unit_blocks
-                .clamp(1, policy::UNIT_BLOCKS_MAX),
-        )
-    }
-
-    /// Milliseconds since the last client request.
-    pub(super) fn idle_ms(&self) -> u64 {
-        let now = self.opened.elapsed().as_millis() as u64;
-        now.saturating_sub(self.last_client_io_ms.load(Ordering::Relaxed))
+        self.unit_blocks()
     }
 
     /// Is entry `e` a record worth rewriting with the strong codec? lz4
     /// records, and single-block records of a compressing codec (too small
     /// a unit); not raw ones (judged incompressible), not dedup-shared ones.
     fn weak(st: &State, e: MapEntry) -> Option<(u64, u32)> {
+        let table = st.live.shared();
         match e.state_valid() {
             EntryState::Data {
                 codec,
@@ -75,7 +81,7 @@ impl Volume {
                 unit,
             } if codec != CodecTag::None
                 && (codec == CodecTag::Lz4 || !unit)
-                && st.shared.get(offset).is_none_or(|s| s.refs == 0) =>
+                && table.get(offset).is_none_or(|s| s.refs == 0) =>
             {
                 Some((offset, len))
             }
@@ -85,7 +91,11 @@ impl Volume {
 
     /// Scores the windows from `cursor`: stored bytes of weak records in
     /// each window with no dedup references in it.
-    fn scan_candidates(&self, cursor: u64, windows: u64) -> (Vec<Candidate>, u64) {
+    fn scan_candidates(
+        &self,
+        cursor: u64,
+        windows: u64,
+    ) -> Result<(Vec<Candidate>, u64), VolError> {
         let w = self.window_blocks();
         let total = self.sb.logical_blocks().div_ceil(w);
         let end = (cursor + windows).min(total);
@@ -93,12 +103,12 @@ impl Volume {
         let mut at = cursor;
         while at < end {
             let stop = (at + SCAN_WINDOWS_PER_LOCK).min(end);
-            let st = self.lock_state();
+            let st = self.lock_state()?;
             while at < stop {
                 let first = at * w;
                 at += 1;
                 // Skip unwritten pages quickly.
-                match st.map.next_allocated_page_lba(first) {
+                match st.live.map().next_allocated_page_lba(first) {
                     Some(p) if p < first + w => {}
                     Some(p) => {
                         at = at.max(p / w);
@@ -109,29 +119,34 @@ impl Volume {
                         break;
                     }
                 }
-                let last = (first + w).min(st.map.blocks());
-                let mut score = 0u64;
-                let mut seen = Vec::new();
-                let mut shared = false;
-                for l in first..last {
-                    let e = st.map.get(l);
-                    if let EntryState::Data { shared: true, .. } = e.state_valid() {
-                        shared = true;
-                        break;
-                    }
-                    if let Some((offset, len)) = Self::weak(&st, e) {
-                        if !seen.contains(&offset) {
-                            seen.push(offset);
-                            score += u64::from(len);
-                        }
-                    }
-                }
-                if !shared && score > 0 {
+                if let Some(score) = Self::window_score(&st, first, w) {
                     out.push(Candidate { first, score });
                 }
             }
         }
-        (out, end)
+        Ok((out, end))
+    }
+
+    /// Stored bytes of the weak records in the window of `w` blocks from
+    /// `first`, each record once; None if there are none or the window
+    /// holds a dedup reference.
+    fn window_score(st: &State, first: u64, w: u64) -> Option<u64> {
+        let last = (first + w).min(st.live.blocks());
+        let mut score = 0u64;
+        let mut seen = Vec::new();
+        for l in first..last {
+            let e = st.live.get(l);
+            if let EntryState::Data { shared: true, .. } = e.state_valid() {
+                return None;
+            }
+            if let Some((offset, len)) = Self::weak(st, e) {
+                if !seen.contains(&offset) {
+                    seen.push(offset);
+                    score += u64::from(len);
+                }
+            }
+        }
+        (score > 0).then_some(score)
     }
 
     /// One background pass: scans windows from the cursor, rewrites the
@@ -146,12 +161,15 @@ impl Volume {
         let CodecPolicy::Auto { strong } = self.policy else {
             return Ok(RecompressReport::default());
         };
-        let _c = self.cleaner_lock.lock().expect("cleaner lock");
+        let _c = self.lock_cleaner()?;
         let mut rep = RecompressReport::default();
-        let w = self.window_blocks();
-        let total = self.sb.logical_blocks().div_ceil(w);
-        let cursor = self.recompress_cursor.load(Ordering::Relaxed).min(total);
-        let (mut cands, end) = self.scan_candidates(cursor, SCAN_WINDOWS_PER_PASS);
+        let total = self.sb.logical_blocks().div_ceil(self.window_blocks());
+        let cursor = self
+            .jobs
+            .recompress_cursor
+            .load(Ordering::Relaxed)
+            .min(total);
+        let (mut cands, end) = self.scan_candidates(cursor, SCAN_WINDOWS_PER_PASS)?;
         rep.windows_scanned = end - cursor;
         rep.candidates = cands.len() as u64;
         // Largest expected savings first.
@@ -159,10 +177,10 @@ impl Volume {
         let mut budget = budget_bytes;
         let mut finished = true;
         for c in cands {
-            if yield_to_clients && self.clients_busy() {
+            if yield_to_clients && self.activity.clients_busy() {
                 rep.yielded = true;
             }
-            if rep.yielded || budget == 0 || !self.room_for_recompression() {
+            if rep.yielded || budget == 0 || !self.room_for_recompression()? {
                 finished = false;
                 break;
             }
@@ -174,29 +192,21 @@ impl Volume {
         if finished {
             rep.wrapped = end >= total;
             let next = if rep.wrapped { 0 } else { end };
-            self.recompress_cursor.store(next, Ordering::Relaxed);
+            self.jobs.recompress_cursor.store(next, Ordering::Relaxed);
         }
-        let es = &self.elastic_stats;
-        es.recompress_passes.fetch_add(1, Ordering::Relaxed);
-        es.recompressed_blocks
-            .fetch_add(rep.blocks_rewritten, Ordering::Relaxed);
-        es.recompressed_bytes_before
-            .fetch_add(rep.bytes_before, Ordering::Relaxed);
-        es.recompressed_bytes_after
-            .fetch_add(rep.bytes_after, Ordering::Relaxed);
-        es.recompress_skipped_units
-            .fetch_add(rep.skipped, Ordering::Relaxed);
+        self.counters.elastic.count_recompress_pass(&rep);
         Ok(rep)
     }
 
     /// Recompression appends before the old records die: only with free
     /// segments above the cleaner's start threshold (plus 5%) to spare.
-    fn room_for_recompression(&self) -> bool {
-        let st = self.lock_state();
+    fn room_for_recompression(&self) -> Result<bool, VolError> {
+        let st = self.lock_state()?;
         let free = st.log.segments.free_count();
         let total = st.log.segments.count();
-        free * 100 > (self.options.cleaner.low_free_percent + 5) * total
-            && st.log.free_bytes() > self.reserve_bytes(&st) + 2 * self.sb.segment_size_bytes
+        let percent = self.options.cleaner.low_free_percent + ROOM_FREE_PERCENT_ABOVE_CLEANER;
+        Ok(free * 100 > percent * total
+            && self.usable_bytes(&st) > ROOM_SEGMENTS * self.sb.segment_size_bytes)
     }
 
     /// Rewrites the runs of contiguous data blocks of one window with the
@@ -210,8 +220,8 @@ impl Volume {
         let w = self.window_blocks();
         let last = (first + w).min(self.sb.logical_blocks());
         let before: Vec<MapEntry> = {
-            let st = self.lock_state();
-            (first..last).map(|l| st.map.get(l)).collect()
+            let st = self.lock_state()?;
+            (first..last).map(|l| st.live.get(l)).collect()
         };
         let mut data = vec![0u8; before.len() * BS];
         // An unreadable block is left for the client read to report.
@@ -219,15 +229,15 @@ impl Volume {
             rep.skipped += 1;
             return Ok(0);
         }
+        let owner_data = |e: &MapEntry| {
+            matches!(
+                e.state_valid(),
+                EntryState::Data { shared: false, codec, .. } if codec != CodecTag::None
+            )
+        };
         let mut rewritten = 0;
         let mut i = 0;
         while i < before.len() {
-            let owner_data = |e: &MapEntry| {
-                matches!(
-                    e.state_valid(),
-                    EntryState::Data { shared: false, codec, .. } if codec != CodecTag::None
-                )
-            };
             if !owner_data(&before[i]) {
                 i += 1;
                 continue;
@@ -236,50 +246,51 @@ impl Volume {
             while j < before.len() && owner_data(&before[j]) {
                 j += 1;
             }
-            rewritten += self.recompress_run(
-                first + i as u64,
-                &before[i..j],
-                &data[i * BS..j * BS],
-                strong,
-                rep,
-            )?;
+            let run = Run {
+                lba: first + i as u64,
+                before: &before[i..j],
+                data: &data[i * BS..j * BS],
+            };
+            rewritten += self.recompress_run(run, strong, rep)?;
             i = j;
         }
         Ok(rewritten)
+    }
+
+    /// What the run's records cost now: each distinct record once, if the
+    /// run covers all its entries (else it stays live anyway).
+    fn run_stored_bytes(&self, before: &[MapEntry]) -> Result<u64, VolError> {
+        let st = self.lock_state()?;
+        let mut per: HashMap<u64, (u32, u32)> = HashMap::new();
+        for e in before {
+            if let EntryState::Data { offset, len, .. } = e.state_valid() {
+                per.entry(offset).or_insert((len, 0)).1 += 1;
+            }
+        }
+        let shared = st.live.shared();
+        Ok(per
+            .iter()
+            .filter(|(off, (_, count))| {
+                shared
+                    .get(**off)
+                    .is_none_or(|s| s.refs == 0 && s.owners == *count)
+            })
+            .map(|(_, (len, _))| u64::from(*len))
+            .sum::<u64>())
     }
 
     /// Compresses one run with the strong codec and commits it if it saves
     /// enough and nothing changed under it.
     fn recompress_run(
         &self,
-        lba: u64,
-        before: &[MapEntry],
-        data: &[u8],
+        run: Run<'_>,
         strong: Codec,
         rep: &mut RecompressReport,
     ) -> Result<u64, VolError> {
-        let n = before.len();
-        // What the run's records cost now: each distinct record once, if
-        // the run covers all its entries (else it stays live anyway).
-        let old_bytes = {
-            let st = self.lock_state();
-            let mut per: HashMap<u64, (u32, u32)> = HashMap::new();
-            for e in before {
-                if let EntryState::Data { offset, len, .. } = e.state_valid() {
-                    per.entry(offset).or_insert((len, 0)).1 += 1;
-                }
-            }
-            per.iter()
-                .filter(|(off, (_, count))| {
-                    st.shared
-                        .get(**off)
-                        .is_none_or(|s| s.refs == 0 && s.owners == *count)
-                })
-                .map(|(_, (len, _))| u64::from(*len))
-                .sum::<u64>()
-        };
+        let n = run.before.len();
+        let old_bytes = self.run_stored_bytes(run.before)?;
         let fps = vec![0 as Fingerprint; n];
-        let items = self.compress_run_with(lba, data, &fps, strong);
+        let items = self.compress_run_with(run.lba, run.data, &fps, strong);
         let new_bytes: u64 = items
             .iter()
             .map(|p| match p {
@@ -291,12 +302,13 @@ impl Volume {
             rep.skipped += 1;
             return Ok(0);
         }
-        let mut st = self.lock_state();
+        let mut st = self.lock_state()?;
         self.check_writable()?;
-        let changed = before
+        let changed = run
+            .before
             .iter()
             .enumerate()
-            .any(|(k, e)| st.map.get(lba + k as u64) != *e);
+            .any(|(k, e)| st.live.get(run.lba + k as u64) != *e);
         if changed || st.log.free_bytes() < new_bytes + self.reserve_bytes(&st) {
             rep.skipped += 1;
             return Ok(0);
@@ -304,7 +316,7 @@ impl Volume {
         let mut done = HashMap::new();
         for item in items {
             let again = self.commit_one(&mut st, item, &mut done)?;
-            debug_assert!(again.is_none(), "data items always commit");
+            assert!(again.is_none(), "data items always commit");
         }
         rep.blocks_rewritten += n as u64;
         rep.bytes_before += old_bytes;
@@ -314,56 +326,51 @@ impl Volume {
 
     /// Starts the background recompressor (policy auto with recompression
     /// on); it stops when the handle drops.
-    pub fn start_background_recompressor(self: &Arc<Self>) -> Option<BackgroundRecompressor> {
+    pub fn start_background_recompressor(self: &Arc<Self>) -> Option<Worker> {
         if !self.policy.is_auto() || !self.options.elastic.recompress || self.options.read_only {
             return None;
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let (vol, flag) = (Arc::downgrade(self), stop.clone());
-        let handle = std::thread::Builder::new()
-            .name("cvol-recompress".into())
-            .spawn(move || recompress_loop(vol, flag))
-            .expect("spawn recompression thread");
-        Some(BackgroundRecompressor {
-            stop,
-            handle: Some(handle),
-        })
+        // After a sweep of the whole volume found nothing, wait for new writes.
+        let mut quiet_at: Option<u64> = None;
+        Some(Worker::spawn(
+            "cvol-recompress",
+            self,
+            BACKGROUND_PERIOD,
+            move |v| {
+                v.background_recompress(&mut quiet_at);
+                Next::After(BACKGROUND_PERIOD)
+            },
+        ))
     }
-}
 
-fn recompress_loop(vol: std::sync::Weak<Volume>, stop: Arc<AtomicBool>) {
-    // After a sweep of the whole volume found nothing, wait for new writes.
-    let mut quiet_at: Option<u64> = None;
-    while !stop.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(200));
-        let Some(v) = vol.upgrade() else { return };
-        if v.poisoned.load(Ordering::SeqCst) || v.idle_ms() < v.options.elastic.recompress_idle_ms {
-            continue;
+    fn background_recompress(&self, quiet_at: &mut Option<u64>) {
+        if self.poisoned.load(Ordering::SeqCst)
+            || self.activity.idle_ms() < self.options.elastic.recompress_idle_ms
+        {
+            return;
         }
-        let written = v.client_bytes_written.load(Ordering::Relaxed);
-        if quiet_at == Some(written) {
-            continue;
+        let written = self.counters.client_bytes_written.load(Ordering::Relaxed);
+        if *quiet_at == Some(written) {
+            return;
         }
         // Rewrites append before old records die: make room first (idle
         // time is the cleaner's too), up to the cleaner's stop threshold.
-        let (free, total) = {
-            let st = v.lock_state();
-            (st.log.segments.free_count(), st.log.segments.count())
-        };
-        let cfg = v.options.cleaner;
-        if free * 100 < cfg.high_free_percent * total {
-            let want = (cfg.high_free_percent * total).div_ceil(100) * v.sb.segment_size_bytes;
-            if let Err(e) = v.clean(want, true) {
-                tracing::warn!("cleaning before recompression: {e}");
+        match self.free_segments_below(self.options.cleaner.high_free_percent) {
+            Ok(Some(want)) => {
+                if let Err(e) = self.clean(want, true) {
+                    tracing::warn!("cleaning before recompression: {e}");
+                }
             }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("cleaning before recompression: {e}"),
         }
-        match v.recompress_pass(v.options.elastic.recompress_pass_bytes, true) {
+        match self.recompress_pass(self.options.elastic.recompress_pass_bytes, true) {
             Ok(r) => {
                 if r.blocks_rewritten > 0 {
                     tracing::debug!(?r, "background recompression pass");
                 }
                 if r.wrapped && r.blocks_rewritten == 0 && !r.yielded {
-                    quiet_at = Some(written);
+                    *quiet_at = Some(written);
                 }
             }
             Err(e) => tracing::warn!("background recompression: {e}"),
@@ -371,17 +378,10 @@ fn recompress_loop(vol: std::sync::Weak<Volume>, stop: Arc<AtomicBool>) {
     }
 }
 
-/// Handle of the background recompression thread.
-pub struct BackgroundRecompressor {
-    stop: Arc<AtomicBool>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for BackgroundRecompressor {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
+/// A run of contiguous owner data blocks of one window, as read.
+struct Run<'a> {
+    lba: u64,
+    /// The map entries the data was read under (compare-and-set at commit).
+    before: &'a [MapEntry],
+    data: &'a [u8],
 }

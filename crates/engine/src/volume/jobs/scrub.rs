@@ -15,9 +15,17 @@
 //!
 //! Scrub findings are counted in their own `stat` keys (`scrub_*`), not in
 //! `corrupt_reads`, which stays the count of client reads refused.
-use super::*;
+use crate::error::VolError;
+use crate::records::{block_index, DecodedUnit};
+use crate::volume::read::READ_MERGE_MAX_BYTES;
+use crate::volume::Volume;
+use cvol_format::checkpoint::CommitPayload;
+use cvol_format::record::{RecordHeader, RecordKind};
+use cvol_format::{CheckpointPointer, EntryState, MapEntry, Superblock, BLOCK_SIZE_BYTES};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Blocks of the map taken per batch (1 MiB of logical space).
@@ -135,21 +143,32 @@ impl std::error::Error for ScrubRunning {}
 
 /// Per-volume scrub state and counters (for `stat` and `scrub-status`).
 #[derive(Debug, Default)]
-pub(super) struct ScrubState {
+pub(in crate::volume) struct ScrubState {
     running: AtomicBool,
     cancel: AtomicBool,
     started_runs: AtomicU64,
-    pub(super) finished_runs: AtomicU64,
-    pub(super) blocks_checked_total: AtomicU64,
-    pub(super) corrupt_blocks_total: AtomicU64,
-    pub(super) last_finished_unix: AtomicU64,
+    pub(in crate::volume) finished_runs: AtomicU64,
+    pub(in crate::volume) blocks_checked_total: AtomicU64,
+    pub(in crate::volume) corrupt_blocks_total: AtomicU64,
+    pub(in crate::volume) last_finished_unix: AtomicU64,
+    /// Leaf locks (nothing is taken while they are held), holding copies
+    /// for status reports: a panic elsewhere cannot leave them half-updated.
     progress: Mutex<Option<ScrubProgress>>,
     last: Mutex<Option<ScrubReport>>,
 }
 
+/// A leaf lock of snapshot data, read through a poison.
+fn leaf<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl ScrubState {
-    pub(super) fn in_progress(&self) -> Option<ScrubProgress> {
-        self.progress.lock().expect("scrub progress lock").clone()
+    pub(in crate::volume) fn in_progress(&self) -> Option<ScrubProgress> {
+        leaf(&self.progress).clone()
+    }
+
+    fn set_progress(&self, p: Option<ScrubProgress>) {
+        *leaf(&self.progress) = p;
     }
 }
 
@@ -158,7 +177,7 @@ struct RunningGuard<'a>(&'a ScrubState);
 
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
-        *self.0.progress.lock().expect("scrub progress lock") = None;
+        self.0.set_progress(None);
         self.0.cancel.store(false, Ordering::SeqCst);
         self.0.running.store(false, Ordering::SeqCst);
     }
@@ -182,9 +201,32 @@ struct Item {
     buffered: Option<Arc<Vec<u8>>>,
 }
 
+#[derive(Clone)]
 enum Failure {
     Corrupt(String),
     Unreadable(String),
+}
+
+/// Verified header (or failure) per record, by (offset, len).
+type Verdicts = HashMap<(u64, u32), Result<RecordHeader, Failure>>;
+
+/// Verifies and decompresses the record at byte `at`.
+fn verify_record(at: u64, rec: &[u8]) -> Result<RecordHeader, Failure> {
+    DecodedUnit::decode(rec)
+        .map(|u| u.header)
+        .map_err(|d| Failure::Corrupt(format!("record at byte {at} ({} bytes): {d}", rec.len())))
+}
+
+/// How a block that failed verification ended up after a second look.
+enum Outcome {
+    /// Verified now (its record moved and the first look raced the move).
+    Checked,
+    /// No data there any more.
+    Gone,
+    /// Its entry kept changing: not verified.
+    Skipped,
+    /// It failed twice on an entry that did not change.
+    Failed(Failure),
 }
 
 impl Volume {
@@ -213,23 +255,24 @@ impl Volume {
             });
         if let Err(e) = spawned {
             tracing::error!("cannot start the scrub thread: {e}");
-            self.scrub.running.store(false, Ordering::SeqCst);
-            *self.scrub.progress.lock().expect("scrub progress lock") = None;
+            self.jobs.scrub.running.store(false, Ordering::SeqCst);
+            self.jobs.scrub.set_progress(None);
         }
         Ok(run)
     }
 
     /// Asks a running scrub to stop after its current batch.
     pub fn cancel_scrub(&self) {
-        if self.scrub.running.load(Ordering::SeqCst) {
-            self.scrub.cancel.store(true, Ordering::SeqCst);
+        let s = &self.jobs.scrub;
+        if s.running.load(Ordering::SeqCst) {
+            s.cancel.store(true, Ordering::SeqCst);
         }
     }
 
     /// The running scrub's progress and the last finished report.
     pub fn scrub_status(&self) -> ScrubStatus {
-        let progress = self.scrub.in_progress();
-        let last_report = self.scrub.last.lock().expect("scrub report lock").clone();
+        let progress = self.jobs.scrub.in_progress();
+        let last_report = leaf(&self.jobs.scrub.last).clone();
         ScrubStatus {
             running: progress.is_some(),
             run: progress
@@ -243,18 +286,18 @@ impl Volume {
     }
 
     fn claim_scrub(&self) -> Result<u64, ScrubRunning> {
-        let s = &self.scrub;
+        let s = &self.jobs.scrub;
         if s.running.swap(true, Ordering::SeqCst) {
             // Another scrub holds the flag; its progress may not be set yet.
             return Err(ScrubRunning(s.in_progress().unwrap_or_default()));
         }
         let run = s.started_runs.fetch_add(1, Ordering::SeqCst) + 1;
-        let total = self.lock_state().counters.data_blocks;
-        *s.progress.lock().expect("scrub progress lock") = Some(ScrubProgress {
+        let total = self.state.lock_for_report().live.counters().data_blocks;
+        s.set_progress(Some(ScrubProgress {
             run,
             blocks_total: total,
             ..ScrubProgress::default()
-        });
+        }));
         s.cancel.store(false, Ordering::SeqCst);
         Ok(run)
     }
@@ -265,9 +308,9 @@ impl Volume {
         opts: &ScrubOptions,
         progress: &dyn Fn(&ScrubProgress),
     ) -> ScrubReport {
-        let _running = RunningGuard(&self.scrub);
+        let _running = RunningGuard(&self.jobs.scrub);
         let start = Instant::now();
-        let blocks_total = self.scrub.in_progress().map_or(0, |p| p.blocks_total);
+        let blocks_total = self.jobs.scrub.in_progress().map_or(0, |p| p.blocks_total);
         tracing::info!(run, rate = opts.bytes_per_sec, "scrub started");
         let mut rep = ScrubReport {
             run,
@@ -277,34 +320,24 @@ impl Volume {
         for e in &rep.metadata_errors {
             tracing::error!("scrub: {e}");
         }
-        let blocks = self.sb.logical_blocks();
         let mut lba = 0;
         loop {
-            if self.scrub.cancel.load(Ordering::SeqCst) {
+            if self.jobs.scrub.cancel.load(Ordering::SeqCst) {
                 rep.cancelled = true;
                 break;
             }
             if opts.yield_to_clients {
-                let since = Instant::now();
-                while self.clients_busy() && since.elapsed() < SCRUB_YIELD_MAX {
-                    std::thread::sleep(Duration::from_millis(5));
+                self.scrub_yield();
+            }
+            match self.scrub_next_batch(lba, opts, &mut rep) {
+                Ok(Some(next)) => lba = next,
+                Ok(None) => break,
+                Err(e) => {
+                    rep.metadata_errors.push(format!("scrub stopped: {e}"));
+                    rep.cancelled = true;
+                    break;
                 }
             }
-            let Some(first) = self
-                .lock_state()
-                .map
-                .next_allocated_page_lba(lba)
-                .filter(|&f| f < blocks)
-            else {
-                break;
-            };
-            let n = SCRUB_BATCH_BLOCKS.min(blocks - first);
-            let before = rep.blocks_checked;
-            self.scrub_batch(first, n, opts, &mut rep);
-            self.scrub
-                .blocks_checked_total
-                .fetch_add(rep.blocks_checked - before, Ordering::Relaxed);
-            lba = first + n;
             let p = ScrubProgress {
                 run,
                 blocks_checked: rep.blocks_checked,
@@ -314,27 +347,66 @@ impl Volume {
                 unreadable_blocks: rep.unreadable_blocks,
                 elapsed_secs: start.elapsed().as_secs_f64(),
             };
-            *self.scrub.progress.lock().expect("scrub progress lock") = Some(p.clone());
+            self.jobs.scrub.set_progress(Some(p.clone()));
             progress(&p);
-            // Rate limit, in slices so a cancel is noticed.
-            loop {
-                let d = pace_delay(rep.bytes_checked, opts.bytes_per_sec, start.elapsed());
-                if d.is_zero() || self.scrub.cancel.load(Ordering::SeqCst) {
-                    break;
-                }
-                std::thread::sleep(d.min(SCRUB_SLEEP_SLICE));
-            }
+            self.scrub_pace(rep.bytes_checked, opts.bytes_per_sec, start);
         }
+        self.finish_scrub(rep, start)
+    }
+
+    /// Pauses while clients are busy, at most `SCRUB_YIELD_MAX`.
+    fn scrub_yield(&self) {
+        let since = Instant::now();
+        while self.activity.clients_busy() && since.elapsed() < SCRUB_YIELD_MAX {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Rate limit, in slices so a cancel is noticed.
+    fn scrub_pace(&self, done: u64, rate: u64, start: Instant) {
+        loop {
+            let d = pace_delay(done, rate, start.elapsed());
+            if d.is_zero() || self.jobs.scrub.cancel.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(d.min(SCRUB_SLEEP_SLICE));
+        }
+    }
+
+    /// Verifies the next batch of mapped blocks at or after `lba`; returns
+    /// where the next batch starts, None at the end of the map.
+    fn scrub_next_batch(
+        &self,
+        lba: u64,
+        opts: &ScrubOptions,
+        rep: &mut ScrubReport,
+    ) -> Result<Option<u64>, VolError> {
+        let blocks = self.sb.logical_blocks();
+        let next = self.lock_state()?.live.map().next_allocated_page_lba(lba);
+        let Some(first) = next.filter(|&f| f < blocks) else {
+            return Ok(None);
+        };
+        let n = SCRUB_BATCH_BLOCKS.min(blocks - first);
+        let before = rep.blocks_checked;
+        self.scrub_batch(first, n, opts, rep)?;
+        self.jobs
+            .scrub
+            .blocks_checked_total
+            .fetch_add(rep.blocks_checked - before, Ordering::Relaxed);
+        Ok(Some(first + n))
+    }
+
+    fn finish_scrub(&self, mut rep: ScrubReport, start: Instant) -> ScrubReport {
         rep.elapsed_secs = start.elapsed().as_secs_f64();
         rep.finished_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let s = &self.scrub;
+        let s = &self.jobs.scrub;
         s.finished_runs.fetch_add(1, Ordering::Relaxed);
         s.last_finished_unix
             .store(rep.finished_unix, Ordering::Relaxed);
         tracing::info!(
-            run,
+            run = rep.run,
             blocks = rep.blocks_checked,
             corrupt = rep.corrupt_blocks,
             unreadable = rep.unreadable_blocks,
@@ -343,18 +415,18 @@ impl Volume {
             secs = rep.elapsed_secs,
             "scrub finished"
         );
-        *s.last.lock().expect("scrub report lock") = Some(rep.clone());
+        *leaf(&s.last) = Some(rep.clone());
         rep
     }
 
     /// The data entries of `n` blocks from `first`, with copies of records
     /// still in the open segment's buffer (one short hold of the lock).
-    fn scrub_snapshot(&self, first: u64, n: u64) -> Vec<Item> {
-        let st = self.lock_state();
+    fn scrub_snapshot(&self, first: u64, n: u64) -> Result<Vec<Item>, VolError> {
+        let st = self.lock_state()?;
         let mut copies: HashMap<u64, Arc<Vec<u8>>> = HashMap::new();
         let mut items = Vec::new();
         for lba in first..first + n {
-            let entry = st.map.get(lba);
+            let entry = st.live.get(lba);
             let EntryState::Data { offset, len, .. } = entry.state_valid() else {
                 continue;
             };
@@ -372,74 +444,85 @@ impl Volume {
                 buffered,
             });
         }
-        items
+        Ok(items)
     }
 
-    fn scrub_batch(&self, first: u64, n: u64, opts: &ScrubOptions, rep: &mut ScrubReport) {
-        let items = self.scrub_snapshot(first, n);
+    fn scrub_batch(
+        &self,
+        first: u64,
+        n: u64,
+        opts: &ScrubOptions,
+        rep: &mut ScrubReport,
+    ) -> Result<(), VolError> {
+        let items = self.scrub_snapshot(first, n)?;
         let results = self.scrub_verify(&items, rep);
         for (item, res) in items.iter().zip(results) {
-            let Err(failure) = res else {
-                rep.blocks_checked += 1;
-                continue;
+            let outcome = match res {
+                Ok(()) => Outcome::Checked,
+                Err(failure) => self.scrub_again(item, failure, rep)?,
             };
-            // The record may have moved (cleaner, overwrite) since the
-            // snapshot: verify what the map names now; report only a
-            // failure on an entry that stayed the same.
-            let mut last = (item.entry, failure);
-            let mut outcome = None;
-            for _ in 1..SCRUB_ATTEMPTS {
-                let again = self.scrub_snapshot(item.lba, 1);
-                let Some(now) = again.first() else {
-                    outcome = Some(Ok(false)); // no data there any more
-                    break;
-                };
-                match self
-                    .scrub_verify(&again[..1], rep)
-                    .pop()
-                    .expect("one result")
-                {
-                    Ok(()) => {
-                        outcome = Some(Ok(true));
-                        break;
-                    }
-                    Err(f) if now.entry == last.0 => {
-                        outcome = Some(Err(f));
-                        break;
-                    }
-                    Err(f) => last = (now.entry, f),
-                }
-            }
-            match outcome {
-                Some(Ok(true)) => rep.blocks_checked += 1,
-                Some(Ok(false)) => {}
-                None => rep.skipped_blocks += 1,
-                Some(Err(Failure::Corrupt(detail))) => {
-                    tracing::error!(lba = item.lba, "scrub: corrupt block: {detail}");
-                    rep.corrupt_blocks += 1;
-                    self.scrub
-                        .corrupt_blocks_total
-                        .fetch_add(1, Ordering::Relaxed);
-                    if rep.corrupt.len() < opts.max_listed {
-                        rep.corrupt.push(ScrubFinding {
-                            lba: item.lba,
-                            detail,
-                        });
-                    }
-                }
-                Some(Err(Failure::Unreadable(detail))) => {
-                    tracing::error!(lba = item.lba, "scrub: unreadable block: {detail}");
-                    rep.unreadable_blocks += 1;
-                    if rep.unreadable.len() < opts.max_listed {
-                        rep.unreadable.push(ScrubFinding {
-                            lba: item.lba,
-                            detail,
-                        });
-                    }
-                }
-            }
+            self.record_outcome(item.lba, outcome, opts, rep);
         }
         rep.bytes_checked = rep.blocks_checked * BLOCK_SIZE_BYTES;
+        Ok(())
+    }
+
+    /// The record of a block that failed may have moved (cleaner,
+    /// overwrite) since the snapshot: verifies what the map names now, and
+    /// reports only a failure on an entry that stayed the same.
+    fn scrub_again(
+        &self,
+        item: &Item,
+        failure: Failure,
+        rep: &mut ScrubReport,
+    ) -> Result<Outcome, VolError> {
+        let mut last = (item.entry, failure);
+        for _ in 1..SCRUB_ATTEMPTS {
+            let again = self.scrub_snapshot(item.lba, 1)?;
+            let Some(now) = again.first() else {
+                return Ok(Outcome::Gone);
+            };
+            let verdict = self.scrub_verify(&again[..1], rep).pop();
+            match verdict.expect("one result per item") {
+                Ok(()) => return Ok(Outcome::Checked),
+                Err(f) if now.entry == last.0 => return Ok(Outcome::Failed(f)),
+                Err(f) => last = (now.entry, f),
+            }
+        }
+        Ok(Outcome::Skipped)
+    }
+
+    fn record_outcome(
+        &self,
+        lba: u64,
+        outcome: Outcome,
+        opts: &ScrubOptions,
+        rep: &mut ScrubReport,
+    ) {
+        let listed = |list: &mut Vec<ScrubFinding>, detail: String| {
+            if list.len() < opts.max_listed {
+                list.push(ScrubFinding { lba, detail });
+            }
+        };
+        match outcome {
+            Outcome::Checked => rep.blocks_checked += 1,
+            Outcome::Gone => {}
+            Outcome::Skipped => rep.skipped_blocks += 1,
+            Outcome::Failed(Failure::Corrupt(detail)) => {
+                tracing::error!(lba, "scrub: corrupt block: {detail}");
+                rep.corrupt_blocks += 1;
+                self.jobs
+                    .scrub
+                    .corrupt_blocks_total
+                    .fetch_add(1, Ordering::Relaxed);
+                listed(&mut rep.corrupt, detail);
+            }
+            Outcome::Failed(Failure::Unreadable(detail)) => {
+                tracing::error!(lba, "scrub: unreadable block: {detail}");
+                rep.unreadable_blocks += 1;
+                listed(&mut rep.unreadable, detail);
+            }
+        }
     }
 
     /// Reads and verifies the records `items` name (each once), without any
@@ -452,15 +535,35 @@ impl Volume {
                 on_store.insert((offset, len));
             }
         }
-        // Verified header (or failure) per record, by (offset, len).
-        let mut verdicts: HashMap<(u64, u32), Result<RecordHeader, Failure>> = HashMap::new();
-        let verify = |at: u64, rec: &[u8]| -> Result<RecordHeader, Failure> {
-            DecodedUnit::decode(rec).map(|u| u.header).map_err(|d| {
-                Failure::Corrupt(format!("record at byte {at} ({} bytes): {d}", rec.len()))
-            })
-        };
-        // Adjacent records in one read, up to READ_MERGE_MAX_BYTES.
         let recs: Vec<(u64, u32)> = on_store.into_iter().collect();
+        let verdicts = self.read_verdicts(&recs, rep);
+        rep.records_checked += verdicts.len() as u64;
+        items
+            .iter()
+            .map(|it| {
+                let EntryState::Data { offset, len, .. } = it.entry.state_valid() else {
+                    return Ok(());
+                };
+                let header = match &it.buffered {
+                    Some(rec) => verify_record(offset, rec)?,
+                    None => match verdicts.get(&(offset, len)) {
+                        Some(Ok(h)) => *h,
+                        Some(Err(f)) => return Err(f.clone()),
+                        None => unreachable!("every stored record has a verdict"),
+                    },
+                };
+                block_index(it.lba, it.entry, &header)
+                    .map(|_| ())
+                    .map_err(Failure::Corrupt)
+            })
+            .collect()
+    }
+
+    /// Reads the records `recs` (sorted by offset) from the store, adjacent
+    /// ones in one read up to READ_MERGE_MAX_BYTES, and verifies each: its
+    /// header, or why it failed, by (offset, len).
+    fn read_verdicts(&self, recs: &[(u64, u32)], rep: &mut ScrubReport) -> Verdicts {
+        let mut verdicts = Verdicts::new();
         let mut i = 0;
         while i < recs.len() {
             let (start, _) = recs[i];
@@ -476,51 +579,37 @@ impl Volume {
                     rep.stored_bytes_read += end - start;
                     for &(o, l) in &recs[i..j] {
                         let at = (o - start) as usize;
-                        verdicts.insert((o, l), verify(o, &run[at..at + l as usize]));
+                        verdicts.insert((o, l), verify_record(o, &run[at..at + l as usize]));
                     }
                 }
                 // Read the records one by one, to tell which are unreadable.
                 Err(_) => {
                     for &(o, l) in &recs[i..j] {
-                        let mut rec = vec![0u8; l as usize];
-                        let v = match self.storage.read_at(o, &mut rec) {
-                            Ok(()) => {
-                                rep.stored_bytes_read += u64::from(l);
-                                verify(o, &rec)
-                            }
-                            Err(e) => Err(Failure::Unreadable(format!(
-                                "reading the record at byte {o} ({l} bytes): {e}"
-                            ))),
-                        };
-                        verdicts.insert((o, l), v);
+                        verdicts.insert((o, l), self.read_one_verdict(o, l, rep));
                     }
                 }
             }
             i = j;
         }
-        rep.records_checked += verdicts.len() as u64;
-        items
-            .iter()
-            .map(|it| {
-                let EntryState::Data { offset, len, .. } = it.entry.state_valid() else {
-                    return Ok(());
-                };
-                let header = match &it.buffered {
-                    Some(rec) => verify(offset, rec)?,
-                    None => match verdicts.get(&(offset, len)) {
-                        Some(Ok(h)) => *h,
-                        Some(Err(Failure::Corrupt(d))) => return Err(Failure::Corrupt(d.clone())),
-                        Some(Err(Failure::Unreadable(d))) => {
-                            return Err(Failure::Unreadable(d.clone()))
-                        }
-                        None => unreachable!("every stored record has a verdict"),
-                    },
-                };
-                block_index(it.lba, it.entry, &header)
-                    .map(|_| ())
-                    .map_err(Failure::Corrupt)
-            })
-            .collect()
+        verdicts
+    }
+
+    fn read_one_verdict(
+        &self,
+        o: u64,
+        l: u32,
+        rep: &mut ScrubReport,
+    ) -> Result<RecordHeader, Failure> {
+        let mut rec = vec![0u8; l as usize];
+        match self.storage.read_at(o, &mut rec) {
+            Ok(()) => {
+                rep.stored_bytes_read += u64::from(l);
+                verify_record(o, &rec)
+            }
+            Err(e) => Err(Failure::Unreadable(format!(
+                "reading the record at byte {o} ({l} bytes): {e}"
+            ))),
+        }
     }
 
     /// Both superblock copies, and the newest checkpoint: its pointer, commit

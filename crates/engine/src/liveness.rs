@@ -1,0 +1,419 @@
+//! The block map and everything derived from it about records, behind one
+//! type whose only mutator keeps them exact: `LiveMap::set`.
+//!
+//! Derived from the map: the block counters (`MapCounters`), the live bytes
+//! of every segment (`SegmentUsage`), the stored payload bytes, and the
+//! shared table (records with dedup references, and live units). Rebuilt
+//! from the map at open (`rebuild`), cross-checked by `LiveMap::verify`
+//! (`Volume::verify_refcounts`, the crash simulation) and by `cvol check`.
+//!
+//! Rules (see crate::dedup): a record has at most one *owner* entry per
+//! block (the LBAs in its header, created once, when the record is appended
+//! or moved) and any number of *ref* entries (dedup). A record with ref
+//! entries, and every live unit, is in the shared table; a record is live
+//! while any entry points at it, and then its bytes count once in its
+//! segment's live bytes and in the stored bytes.
+use crate::dedup::{Fingerprint, Shared, SharedTable, UnitLive};
+use crate::map::BlockMap;
+use crate::segments::{SegState, SegmentTable, SegmentUsage};
+use crate::stats::MapCounters;
+use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
+use std::collections::HashMap;
+
+/// Where segments lie, to find a record's segment.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    data_offset_bytes: u64,
+    segment_size_bytes: u64,
+}
+
+impl Geometry {
+    fn of(sb: &Superblock) -> Geometry {
+        Geometry {
+            data_offset_bytes: sb.data_offset_bytes,
+            segment_size_bytes: sb.segment_size_bytes,
+        }
+    }
+
+    fn segment_of(&self, offset: u64) -> u64 {
+        let rel = offset
+            .checked_sub(self.data_offset_bytes)
+            .expect("a record lies in the data area");
+        rel / self.segment_size_bytes
+    }
+}
+
+/// The block map and the tables derived from it.
+pub(crate) struct LiveMap {
+    map: BlockMap,
+    counters: MapCounters,
+    shared: SharedTable,
+    usage: SegmentUsage,
+    geometry: Geometry,
+    /// Map changes since open (starting from those recovery replayed).
+    changes: u64,
+}
+
+impl LiveMap {
+    /// The empty map of a new volume (one change: it needs a checkpoint).
+    pub(crate) fn empty(sb: &Superblock) -> LiveMap {
+        LiveMap {
+            map: BlockMap::new(sb.logical_blocks()),
+            counters: MapCounters::default(),
+            shared: SharedTable::default(),
+            usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
+            geometry: Geometry::of(sb),
+            changes: 1,
+        }
+    }
+
+    /// A recovered map and the tables `rebuild` derived from it, with
+    /// `changes` map records replayed since the checkpoint.
+    pub(crate) fn recovered(
+        sb: &Superblock,
+        map: BlockMap,
+        tables: Rebuilt,
+        changes: u64,
+    ) -> (LiveMap, SegmentTable) {
+        let live = LiveMap {
+            map,
+            counters: tables.counters,
+            shared: tables.shared,
+            usage: tables.segments.usage,
+            geometry: Geometry::of(sb),
+            changes,
+        };
+        (live, tables.segments.table)
+    }
+
+    pub(crate) fn map(&self) -> &BlockMap {
+        &self.map
+    }
+
+    pub(crate) fn get(&self, lba: u64) -> MapEntry {
+        self.map.get(lba)
+    }
+
+    pub(crate) fn blocks(&self) -> u64 {
+        self.map.blocks()
+    }
+
+    pub(crate) fn counters(&self) -> &MapCounters {
+        &self.counters
+    }
+
+    pub(crate) fn shared(&self) -> &SharedTable {
+        &self.shared
+    }
+
+    pub(crate) fn usage(&self) -> &SegmentUsage {
+        &self.usage
+    }
+
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Sets one map entry and keeps every derived table exact: the new
+    /// entry's record gains an entry (it is new, or live already), the old
+    /// one loses one and dies with its last. `segs` is the log's segment
+    /// table (a live record never lies in a free segment); `fp` the block's
+    /// fingerprint, 0 if unknown.
+    pub(crate) fn set(&mut self, segs: &SegmentTable, lba: u64, e: MapEntry, fp: Fingerprint) {
+        assert!(lba < self.map.blocks(), "lba {lba} beyond the map");
+        self.changes += 1;
+        let old = self.map.set(lba, e);
+        self.counters.remove(old);
+        self.counters.add(e);
+        if let EntryState::Data {
+            offset,
+            len,
+            shared,
+            unit,
+            codec,
+        } = e.state_valid()
+        {
+            if shared || unit {
+                if self.shared.acquire(offset, e.crc, fp, unit, shared) {
+                    self.record_born(segs, offset, len, codec);
+                }
+            } else {
+                assert!(
+                    self.shared.get(offset).is_none(),
+                    "owner entry of a shared record at {offset}"
+                );
+                self.record_born(segs, offset, len, codec);
+            }
+        }
+        if let EntryState::Data {
+            offset,
+            len,
+            shared,
+            codec,
+            ..
+        } = old.state_valid()
+        {
+            let dead = self.shared.release(offset, shared).unwrap_or_else(|| {
+                assert!(!shared, "ref entry of an unshared record at {offset}");
+                true
+            });
+            if dead {
+                self.record_died(offset, len, codec);
+            }
+        }
+    }
+
+    fn record_born(&mut self, segs: &SegmentTable, offset: u64, len: u32, codec: CodecTag) {
+        let s = self.geometry.segment_of(offset);
+        assert_ne!(
+            segs.state(s),
+            SegState::Free,
+            "a live record in free segment {s}"
+        );
+        self.usage.add_live(s, u64::from(len));
+        self.counters
+            .record_born(codec, u64::from(len) - RECORD_HEADER_BYTES as u64);
+    }
+
+    fn record_died(&mut self, offset: u64, len: u32, codec: CodecTag) {
+        let s = self.geometry.segment_of(offset);
+        self.usage.sub_live(s, u64::from(len));
+        self.counters
+            .record_died(codec, u64::from(len) - RECORD_HEADER_BYTES as u64);
+    }
+
+    /// Is the record `e` (indexed with LBA `owner`) still live, and still
+    /// holding that block? For a unit block, exactly when its owner still
+    /// points at it (conservative: a unit block whose owner moved on is
+    /// not offered for dedup).
+    pub(crate) fn record_live(&self, e: MapEntry, owner: u64) -> bool {
+        let EntryState::Data { offset, unit, .. } = e.state_valid() else {
+            return false;
+        };
+        if !unit {
+            if let Some(s) = self.shared.get(offset) {
+                return s.crc == e.crc;
+            }
+        }
+        owner < self.map.blocks() && self.map.get(owner) == e
+    }
+
+    /// Recomputes every derived table from the map and compares it with the
+    /// running one.
+    pub(crate) fn verify(&self, sb: &Superblock) -> Result<(), String> {
+        let fresh = rebuild(sb, &self.map, &HashMap::new(), None);
+        let mut errors = shared_differences(&self.shared, &fresh.shared);
+        if fresh.counters != self.counters {
+            errors.push(format!(
+                "map counters: running {:?}, from the map {:?}",
+                self.counters, fresh.counters
+            ));
+        }
+        for s in 0..self.usage.count() {
+            let (a, b) = (self.usage.live_bytes(s), fresh.segments.live_bytes(s));
+            if a != b {
+                errors.push(format!(
+                    "segment {s}: live bytes running {a}, from the map {b}"
+                ));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            errors.truncate(20);
+            Err(errors.join("; "))
+        }
+    }
+}
+
+/// How a running shared table differs from one rebuilt from the map (a
+/// rebuilt one knows no fingerprints).
+fn shared_differences(running: &SharedTable, fresh: &SharedTable) -> Vec<String> {
+    let mut errors = Vec::new();
+    for (off, s) in &running.records {
+        match fresh.records.get(off) {
+            Some(f) if f == s || (f.fp == 0 && Shared { fp: 0, ..*s } == *f) => {}
+            other => errors.push(format!(
+                "record at {off}: running {s:?}, from the map {other:?}"
+            )),
+        }
+    }
+    for (off, f) in &fresh.records {
+        if !running.records.contains_key(off) {
+            errors.push(format!(
+                "record at {off}: shared per the map ({f:?}), not in the table"
+            ));
+        }
+    }
+    if fresh.units != running.units {
+        let differ = running
+            .units
+            .iter()
+            .filter(|(o, u)| fresh.units.get(o) != Some(u))
+            .count();
+        errors.push(format!(
+            "units: {} running, {} from the map, {differ} differ",
+            running.units.len(),
+            fresh.units.len()
+        ));
+    }
+    if fresh.extra_refs != running.extra_refs {
+        errors.push(format!(
+            "extra refs: running {}, from the map {}",
+            running.extra_refs, fresh.extra_refs
+        ));
+    }
+    errors
+}
+
+/// The segment table and usage a rebuild yields (what `check` cross-checks
+/// against the segments themselves).
+pub(crate) struct RebuiltSegments {
+    pub(crate) table: SegmentTable,
+    pub(crate) usage: SegmentUsage,
+}
+
+impl RebuiltSegments {
+    pub(crate) fn count(&self) -> u64 {
+        self.table.count()
+    }
+
+    pub(crate) fn free_count(&self) -> u64 {
+        self.table.free_count()
+    }
+
+    pub(crate) fn live_bytes(&self, s: u64) -> u64 {
+        self.usage.live_bytes(s)
+    }
+
+    pub(crate) fn total_live_bytes(&self) -> u64 {
+        self.usage.total_live_bytes()
+    }
+}
+
+/// Everything derived from a map, rebuilt.
+pub(crate) struct Rebuilt {
+    pub(crate) segments: RebuiltSegments,
+    pub(crate) shared: SharedTable,
+    pub(crate) counters: MapCounters,
+}
+
+/// Entries of the map per record that liveness needs: the length and codec
+/// of every shared or unit record, the single-block records with ref
+/// entries, and the entries of every unit.
+#[derive(Default)]
+struct Census {
+    lens: HashMap<u64, (u32, CodecTag)>,
+    shared: HashMap<u64, Shared>,
+    units: HashMap<u64, UnitLive>,
+}
+
+impl Census {
+    fn of(map: &BlockMap) -> Census {
+        let mut c = Census::default();
+        map.for_each_mapped(|_, e| {
+            if let EntryState::Data {
+                offset,
+                len,
+                shared: is_ref,
+                unit,
+                codec,
+            } = e.state_valid()
+            {
+                if unit {
+                    c.lens.insert(offset, (len, codec));
+                    let u = c
+                        .units
+                        .entry(offset)
+                        .or_insert(UnitLive { refs: 0, owners: 0 });
+                    if is_ref {
+                        u.refs += 1;
+                    } else {
+                        u.owners += 1;
+                    }
+                } else if is_ref {
+                    c.lens.insert(offset, (len, codec));
+                    let fresh = Shared {
+                        refs: 0,
+                        owners: 0,
+                        crc: e.crc,
+                        fp: 0,
+                    };
+                    c.shared.entry(offset).or_insert(fresh).refs += 1;
+                }
+            }
+        });
+        c
+    }
+}
+
+/// Rebuilds the derived tables from a map: live bytes per segment (each
+/// record once), the shared table (records with ref entries, and units),
+/// the counters. `needed` marks segments recovery needs (sealed with their
+/// newest seq); `open` is the log head (segment, seq).
+pub(crate) fn rebuild(
+    sb: &Superblock,
+    map: &BlockMap,
+    needed: &HashMap<u64, u64>,
+    open: Option<(u64, u64)>,
+) -> Rebuilt {
+    let census = Census::of(map);
+    let geometry = Geometry::of(sb);
+    let mut segments = RebuiltSegments {
+        table: SegmentTable::new(sb.segment_count(), sb.segment_size_bytes),
+        usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
+    };
+    let mut counters = MapCounters::default();
+    let mut live = |offset: u64, len: u32, codec: CodecTag| {
+        let s = geometry.segment_of(offset);
+        if segments.table.state(s) == SegState::Free {
+            segments.table.mark(s, SegState::Sealed, 0);
+        }
+        segments.usage.add_live(s, u64::from(len));
+        counters.record_born(codec, u64::from(len) - RECORD_HEADER_BYTES as u64);
+    };
+    let mut shared = census.shared;
+    map.for_each_mapped(|_, e| {
+        if let EntryState::Data {
+            offset,
+            len,
+            shared: false,
+            unit: false,
+            codec,
+        } = e.state_valid()
+        {
+            match shared.get_mut(&offset) {
+                Some(s) => s.owners = 1,
+                None => live(offset, len, codec),
+            }
+        }
+    });
+    let mut extra = 0u64;
+    for (&offset, s) in &shared {
+        let (len, codec) = census.lens[&offset];
+        live(offset, len, codec);
+        extra += s.extra();
+    }
+    for (&offset, u) in &census.units {
+        let (len, codec) = census.lens[&offset];
+        live(offset, len, codec);
+        extra += u64::from(u.refs);
+    }
+    for (&s, &max_seq) in needed {
+        segments.table.mark(s, SegState::Sealed, max_seq);
+    }
+    if let Some((s, seq)) = open {
+        segments.table.mark(s, SegState::Open, seq);
+    }
+    map.for_each_mapped(|_, e| counters.add(e));
+    Rebuilt {
+        segments,
+        shared: SharedTable {
+            records: shared,
+            units: census.units,
+            extra_refs: extra,
+        },
+        counters,
+    }
+}

@@ -1,0 +1,241 @@
+//! Record decoding shared by every reader of the log: the volume's read path
+//! and scrub, the cleaner, recovery and `check`. It depends on nothing but
+//! `cvol-format` and the codecs, so none of its users depend on each other
+//! through it (recovery no longer imports the volume, nor the cleaner
+//! recovery).
+//!
+//! - map entries of a record: `unit_entry`, `full_mask`;
+//! - the identity check a map entry makes against the record it names:
+//!   `block_index`;
+//! - whole DATA records verified and decompressed: `DecodedUnit`,
+//!   `decode_block_record`;
+//! - the records of a segment buffer: `walk_segment` (every verified record,
+//!   damage skipped), `data_records` (the DATA ones).
+use crate::codec;
+use cvol_format::record::UNIT_BLOCKS_MAX;
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
+use cvol_format::{align_up, CodecTag, EntryState, MapEntry, BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
+
+const BS: usize = BLOCK_SIZE_BYTES as usize;
+
+/// The live mask of a fresh record of `nblocks` (every block; 0 for one).
+pub(crate) fn full_mask(nblocks: u32) -> u16 {
+    assert!(
+        (1..=UNIT_BLOCKS_MAX).contains(&nblocks),
+        "a DATA record of {nblocks} blocks"
+    );
+    if nblocks > 1 {
+        // nblocks <= 16: the mask fits the u16 flags.
+        ((1u32 << nblocks) - 1) as u16
+    } else {
+        0
+    }
+}
+
+/// The owner entry of block `k` of a record of `nblocks` blocks.
+pub(crate) fn unit_entry(
+    codec: CodecTag,
+    offset: u64,
+    len: u32,
+    crc: u32,
+    nblocks: u32,
+    k: u32,
+) -> MapEntry {
+    assert!(k < nblocks, "block {k} of a record of {nblocks}");
+    if nblocks > 1 {
+        MapEntry::unit(codec, offset, len, crc, k)
+    } else {
+        MapEntry::data(codec, offset, len, crc)
+    }
+}
+
+/// Checks that map entry `e` (for `lba`) may point at the verified record
+/// `h`, and returns the index of the block it names in it. A record's crc
+/// includes its seq, so a stale or misdirected record fails here.
+pub fn block_index(lba: u64, e: MapEntry, h: &RecordHeader) -> Result<usize, String> {
+    let EntryState::Data { shared, unit, .. } = e.state_valid() else {
+        return Err("map entry names no record".into());
+    };
+    let k = e.block_in(h.crc);
+    let fits = if unit {
+        h.nblocks >= 2 && k < h.nblocks
+    } else {
+        h.nblocks == 1 && k == 0
+    };
+    if !fits || h.kind != RecordKind::Data {
+        return Err(format!(
+            "record crc {:#010x} ({:?}, lba {}+{}) is not the one the map expects \
+             ({:#010x}): stale or misdirected",
+            h.crc, h.kind, h.lba, h.nblocks, e.crc
+        ));
+    }
+    if h.nblocks > UNIT_BLOCKS_MAX {
+        return Err(format!("data record of {} blocks", h.nblocks));
+    }
+    // A ref entry (dedup) may point at a record that names another LBA.
+    if !shared && h.lba + u64::from(k) != lba {
+        return Err(format!(
+            "record holds lba {}+{} of kind {:?}, not lba {lba}",
+            h.lba, h.nblocks, h.kind
+        ));
+    }
+    Ok(k as usize)
+}
+
+/// A verified, decompressed DATA record: its header and all its blocks.
+pub(crate) struct DecodedUnit {
+    pub(crate) header: RecordHeader,
+    pub(crate) data: Vec<u8>,
+}
+
+impl DecodedUnit {
+    /// Verifies and decompresses a whole DATA record.
+    pub(crate) fn decode(rec: &[u8]) -> Result<DecodedUnit, String> {
+        let (h, payload) = RecordHeader::decode_verified(rec).map_err(|e| e.to_string())?;
+        if h.kind != RecordKind::Data || h.nblocks > UNIT_BLOCKS_MAX {
+            return Err(format!(
+                "not a data record: {:?} of {} blocks",
+                h.kind, h.nblocks
+            ));
+        }
+        let mut data = vec![0u8; h.nblocks as usize * BS];
+        codec::decompress(h.codec, payload, &mut data)?;
+        Ok(DecodedUnit { header: h, data })
+    }
+
+    /// Copies the block entry `e` (for `lba`) names, after the identity check.
+    pub(crate) fn copy_block(&self, lba: u64, e: MapEntry, out: &mut [u8]) -> Result<(), String> {
+        let k = block_index(lba, e, &self.header)?;
+        out.copy_from_slice(&self.data[k * BS..(k + 1) * BS]);
+        Ok(())
+    }
+}
+
+/// Verifies a DATA record against the map entry that points at it and
+/// decompresses the block for `lba` into `out`.
+pub fn decode_block_record(
+    lba: u64,
+    e: MapEntry,
+    rec: &[u8],
+    out: &mut [u8],
+) -> Result<(), String> {
+    let (h, payload) = RecordHeader::decode_verified(rec).map_err(|e| e.to_string())?;
+    let k = block_index(lba, e, &h)?;
+    if h.nblocks == 1 {
+        return codec::decompress(h.codec, payload, out);
+    }
+    let mut unit = vec![0u8; h.nblocks as usize * BS];
+    codec::decompress(h.codec, payload, &mut unit)?;
+    out.copy_from_slice(&unit[k * BS..(k + 1) * BS]);
+    Ok(())
+}
+
+/// The verified records of one segment, and where damaged ones were.
+pub struct SegmentWalk {
+    pub records: Vec<(usize, RecordHeader)>,
+    pub damaged: Vec<(usize, String)>,
+}
+
+/// Walks a segment's records: each at the end of the previous one or at the
+/// next sector boundary; where that breaks (the end of what was written, a
+/// damaged record, a header too damaged to decode, a valid record written
+/// to the wrong place) it resumes at the next intact record further on,
+/// found byte by byte, so nothing damaged or misplaced hides the records
+/// after it. Every verified record is returned, whatever its seq: records
+/// of a reused segment's earlier lives too (callers that care compare seqs;
+/// the cleaner moves only records the map names). `damaged` lists records
+/// whose header decodes but whose checksum fails.
+pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
+    let mut out = SegmentWalk {
+        records: Vec::new(),
+        damaged: Vec::new(),
+    };
+    let mut pos = 0usize;
+    loop {
+        let aligned = align_up(pos as u64, SECTOR_SIZE_BYTES) as usize;
+        let found = match record_at(buf, pos, tag) {
+            Some(r) => Some((pos, r)),
+            None => record_at(buf, aligned, tag).map(|r| (aligned, r)),
+        };
+        match found {
+            Some((at, Ok(h))) => {
+                pos = at + h.total_len();
+                assert!(pos <= buf.len(), "a verified record ends inside its buffer");
+                out.records.push((at, h));
+            }
+            Some((at, Err(e))) => {
+                out.damaged.push((at, e));
+                match next_intact_record(buf, at + 1, tag) {
+                    Some(p) => pos = p,
+                    None => break,
+                }
+            }
+            None => match next_intact_record(buf, pos + 1, tag) {
+                Some(p) => pos = p,
+                None => break,
+            },
+        }
+    }
+    out
+}
+
+/// The record of this volume at `at`: None if no header of ours decodes
+/// there, else the verified header or why it failed verification.
+fn record_at(buf: &[u8], at: usize, tag: u32) -> Option<Result<RecordHeader, String>> {
+    let b = buf.get(at..)?;
+    let h = RecordHeader::decode(b).ok()?;
+    if h.volume_tag != tag {
+        return None;
+    }
+    if h.total_len() > b.len() {
+        return Some(Err("record runs past the segment".into()));
+    }
+    Some(
+        h.verify(b, &b[RECORD_HEADER_BYTES..h.total_len()])
+            .map(|_| h)
+            .map_err(|e| {
+                format!(
+                    "{e}; it claims to be {:?} seq {} for lba {}+{} (its blocks may now \
+                     read an older version or as holes)",
+                    h.kind, h.seq, h.lba, h.nblocks
+                )
+            }),
+    )
+}
+
+/// The first place at or after `from` holding an intact record of ours.
+fn next_intact_record(buf: &[u8], from: usize, tag: u32) -> Option<usize> {
+    (from..buf.len().saturating_sub(RECORD_HEADER_BYTES)).find(|&p| {
+        buf[p..p + 4] == RECORD_MAGIC.to_le_bytes() && matches!(record_at(buf, p, tag), Some(Ok(_)))
+    })
+}
+
+/// A verified DATA record found in a segment buffer.
+pub(crate) struct Found {
+    /// Its byte offset in the segment.
+    pub(crate) at: usize,
+    pub(crate) header: RecordHeader,
+}
+
+impl Found {
+    /// Its bytes (header and payload) in the segment buffer it was found in.
+    pub(crate) fn bytes<'a>(&self, seg: &'a [u8]) -> &'a [u8] {
+        &seg[self.at..self.at + self.header.total_len()]
+    }
+
+    /// Its payload in the segment buffer it was found in.
+    pub(crate) fn payload<'a>(&self, seg: &'a [u8]) -> &'a [u8] {
+        &self.bytes(seg)[RECORD_HEADER_BYTES..]
+    }
+}
+
+/// The verified DATA records of a segment (see `walk_segment`: a damaged
+/// record does not hide the ones after it).
+pub(crate) fn data_records(seg: &[u8], tag: u32) -> Vec<Found> {
+    walk_segment(seg, tag)
+        .records
+        .into_iter()
+        .filter(|(_, h)| h.kind == RecordKind::Data)
+        .map(|(at, header)| Found { at, header })
+        .collect()
+}

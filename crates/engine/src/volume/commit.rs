@@ -1,0 +1,235 @@
+//! Committing a write: under the state lock, each prepared record gets the
+//! next seq, is copied into the open segment's buffer, and the map is
+//! updated through `LiveMap::set` (the only way the map changes, which keeps
+//! segment live bytes, stored bytes and the shared table exact). A dedup
+//! candidate becomes a REF record only if its record is still live and not
+//! being cleaned; otherwise it is compressed after all.
+use super::prepare::{DupTarget, Prepared};
+use super::{space, State, Volume, BS};
+use crate::dedup::Fingerprint;
+use crate::error::VolError;
+use crate::log::Shape;
+use crate::records::{full_mask, unit_entry};
+use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES, REF_PAYLOAD_BYTES, REF_RECORD_BYTES};
+use cvol_format::{EntryState, MapEntry, BLOCK_SIZE_BYTES};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+/// Entries a commit gave each LBA (for duplicates inside one write).
+pub(in crate::volume) type Committed = HashMap<u64, MapEntry>;
+
+/// A dedup candidate handed back by a commit: its record can no longer be
+/// referenced, so it is compressed and committed again.
+pub(in crate::volume) struct Orphan<'a> {
+    lba: u64,
+    block: &'a [u8],
+    fp: Fingerprint,
+}
+
+impl Volume {
+    pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
+        self.check_range(offset, data.len() as u64)?;
+        self.check_writable()?;
+        self.activity.note_client_io();
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.activity.load.note(data.len() as u64);
+        let _inflight = self.activity.load.enter();
+        if offset.is_multiple_of(BLOCK_SIZE_BYTES) && data.len().is_multiple_of(BS) {
+            let _shared = self.rmw_shared()?;
+            self.write_blocks(offset / BLOCK_SIZE_BYTES, data)?;
+        } else {
+            let _exclusive = self.rmw_exclusive()?;
+            self.write_unaligned(offset, data)?;
+        }
+        self.counters
+            .client_bytes_written
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.after_write(fua)
+    }
+
+    pub(super) fn after_write(&self, fua: bool) -> Result<(), VolError> {
+        if fua || self.options.sync_writes {
+            self.flush()
+        } else {
+            Ok(())
+        }
+    }
+
+    fn write_unaligned(&self, offset: u64, data: &[u8]) -> Result<(), VolError> {
+        let first = offset / BLOCK_SIZE_BYTES;
+        let last = (offset + data.len() as u64 - 1) / BLOCK_SIZE_BYTES;
+        let nblocks = (last - first + 1) as usize;
+        let mut buf = vec![0u8; nblocks * BS];
+        let head = (offset % BLOCK_SIZE_BYTES) as usize;
+        if head != 0 {
+            self.read_blocks(first, &mut buf[..BS])?;
+        }
+        let tail_end = head + data.len();
+        if !tail_end.is_multiple_of(BS) && (last != first || head == 0) {
+            self.read_blocks(last, &mut buf[(nblocks - 1) * BS..])?;
+        }
+        buf[head..tail_end].copy_from_slice(data);
+        self.write_blocks(first, &buf)
+    }
+
+    fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), VolError> {
+        assert!(data.len().is_multiple_of(BS));
+        let mut items = self.prepare(lba, data)?;
+        loop {
+            let need: u64 = items.iter().map(record_bytes).sum();
+            let mut st = self.lock_with_space(space::commit_bytes(need))?;
+            let mut done = Committed::new();
+            let mut orphans = Vec::new();
+            for item in items {
+                if let Some(o) = self.commit_one(&mut st, item, &mut done)? {
+                    orphans.push(o);
+                }
+            }
+            if orphans.is_empty() {
+                return Ok(());
+            }
+            // Candidates whose record died (or is being cleaned) since they
+            // were verified: compress them after all, outside the lock.
+            drop(st);
+            items = orphans
+                .into_iter()
+                .map(|o| self.compress_block(o.lba, o.block, o.fp))
+                .collect();
+        }
+    }
+
+    /// Commits one prepared item under the state lock. A dedup candidate
+    /// whose record can no longer be referenced comes back, to be compressed.
+    pub(in crate::volume) fn commit_one<'a>(
+        &self,
+        st: &mut State,
+        item: Prepared<'a>,
+        done: &mut Committed,
+    ) -> Result<Option<Orphan<'a>>, VolError> {
+        match item {
+            Prepared::Data { .. } => self.commit_data(st, item, done)?,
+            Prepared::Zero { lba, nblocks } => {
+                self.append(st, Shape::range(RecordKind::Zero, lba, nblocks), &[])?;
+                for l in lba..lba + u64::from(nblocks) {
+                    st.set_entry(l, MapEntry::ZERO, 0);
+                }
+            }
+            Prepared::Dup {
+                lba,
+                fp,
+                block,
+                target,
+            } => {
+                let Some(target) = self.dup_target(st, target, fp, done)? else {
+                    return Ok(Some(Orphan { lba, block, fp }));
+                };
+                self.commit_ref(st, lba, target, fp)?;
+                done.insert(lba, target);
+                self.counters.dedup_hits.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Appends a DATA record and points its blocks at it; indexes their
+    /// fingerprints.
+    fn commit_data(
+        &self,
+        st: &mut State,
+        item: Prepared<'_>,
+        done: &mut Committed,
+    ) -> Result<(), VolError> {
+        let Prepared::Data {
+            lba,
+            nblocks,
+            codec,
+            level,
+            payload,
+            payload_crc,
+            fps,
+        } = item
+        else {
+            unreachable!("commit_data of a data item")
+        };
+        assert_eq!(fps.len(), nblocks as usize, "a fingerprint per block");
+        let shape = Shape::data(codec, level, lba, nblocks, full_mask(nblocks));
+        let p = self.append_with_crc(st, shape, &payload, payload_crc)?;
+        for (k, &fp) in fps.iter().enumerate() {
+            let e = unit_entry(codec, p.offset, p.len, p.crc, nblocks, k as u32);
+            let l = lba + k as u64;
+            st.set_entry(l, e, 0);
+            if fp != 0 {
+                if let Some(mut ix) = self.lock_index()? {
+                    ix.insert(fp, e, l);
+                    done.insert(l, e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The entry a verified duplicate may reference now, if any: a stored
+    /// record that is still live and not being cleaned (else the index
+    /// forgets it), or an earlier block of this very commit.
+    fn dup_target(
+        &self,
+        st: &State,
+        target: DupTarget,
+        fp: Fingerprint,
+        done: &Committed,
+    ) -> Result<Option<MapEntry>, VolError> {
+        match target {
+            DupTarget::Record(e, owner) => {
+                if self.referable(st, e, owner) {
+                    return Ok(Some(e));
+                }
+                if let Some(mut ix) = self.lock_index()? {
+                    ix.forget(fp, &e);
+                }
+                Ok(None)
+            }
+            // Committed earlier in this very lock hold, so still live.
+            DupTarget::Earlier(l0) => Ok(done.get(&l0).copied()),
+        }
+    }
+
+    /// May a new reference point at record `e` (indexed with header LBA
+    /// `owner`) now: is it live, and not in a segment being cleaned?
+    fn referable(&self, st: &State, e: MapEntry, owner: u64) -> bool {
+        let EntryState::Data { offset, .. } = e.state_valid() else {
+            return false;
+        };
+        !st.cleaning.contains(&st.segment_of(offset)) && st.live.record_live(e, owner)
+    }
+
+    /// Points `lba` at the live record `target` (same content): a REF record
+    /// in the log, a ref entry in the map, no new data.
+    pub(in crate::volume) fn commit_ref(
+        &self,
+        st: &mut State,
+        lba: u64,
+        target: MapEntry,
+        fp: Fingerprint,
+    ) -> Result<(), VolError> {
+        if st.live.get(lba).same_record(&target) {
+            return Ok(()); // the block holds this very record already
+        }
+        let e = target.as_ref_entry();
+        let mut payload = [0u8; REF_PAYLOAD_BYTES];
+        e.encode(&mut payload);
+        self.append(st, Shape::reference(lba), &payload)?;
+        st.set_entry(lba, e, fp);
+        Ok(())
+    }
+}
+
+/// Log bytes a prepared item's record takes.
+fn record_bytes(p: &Prepared<'_>) -> u64 {
+    match p {
+        Prepared::Data { payload, .. } => (RECORD_HEADER_BYTES + payload.len()) as u64,
+        Prepared::Zero { .. } => RECORD_HEADER_BYTES as u64,
+        Prepared::Dup { .. } => REF_RECORD_BYTES as u64,
+    }
+}

@@ -1,0 +1,111 @@
+//! TRIM and WRITE_ZEROES: whole blocks become unmapped holes (TRIM records)
+//! or zero blocks that stay allocated (ZERO records); partial blocks at the
+//! edges are left alone (TRIM is advisory) or written as data.
+use super::space::{self, RANGE_RECORD_BLOCKS_MAX};
+use super::{State, Volume};
+use crate::error::VolError;
+use crate::log::Shape;
+use cvol_format::record::RecordKind;
+use cvol_format::{MapEntry, BLOCK_SIZE_BYTES};
+
+impl Volume {
+    /// TRIM: whole blocks inside the range become unmapped holes; partial
+    /// blocks at the edges are left alone (TRIM is advisory).
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolError> {
+        self.check_range(offset, len)?;
+        self.check_writable()?;
+        let first = offset.div_ceil(BLOCK_SIZE_BYTES);
+        let end = (offset + len) / BLOCK_SIZE_BYTES;
+        if first < end {
+            let _shared = self.rmw_shared()?;
+            self.unmap_blocks(first, end)?;
+        }
+        self.after_write(fua)
+    }
+
+    fn unmap_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
+        let mut st = self.lock_state()?;
+        self.check_writable()?;
+        if !st.live.map().any_mapped(first, end) {
+            return Ok(()); // already holes: no record, no space
+        }
+        if st.log.free_bytes() < space::trim_bytes(end - first) {
+            return Err(VolError::NoSpace);
+        }
+        self.append_ranges(&mut st, RecordKind::Trim, first, end)?;
+        let mut lba = first;
+        while let Some((mapped, next)) = st.live.map().next_mapped_batch(lba, end) {
+            for l in mapped {
+                st.set_entry(l, MapEntry::UNMAPPED, 0);
+            }
+            lba = next;
+        }
+        Ok(())
+    }
+
+    /// Appends ZERO or TRIM records over [first, end), as many as their
+    /// u32 block counts need.
+    fn append_ranges(
+        &self,
+        st: &mut State,
+        kind: RecordKind,
+        first: u64,
+        end: u64,
+    ) -> Result<(), VolError> {
+        let mut lba = first;
+        while lba < end {
+            let n = (end - lba).min(RANGE_RECORD_BLOCKS_MAX);
+            self.append(st, Shape::range(kind, lba, n as u32), &[])?;
+            lba += n;
+        }
+        Ok(())
+    }
+
+    /// WRITE_ZEROES: whole blocks become holes (or, with `no_hole`, zero
+    /// blocks that stay allocated in the map); partial edges are written.
+    pub fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        no_hole: bool,
+        fua: bool,
+    ) -> Result<(), VolError> {
+        self.check_range(offset, len)?;
+        self.check_writable()?;
+        let first = offset.div_ceil(BLOCK_SIZE_BYTES);
+        let end = (offset + len) / BLOCK_SIZE_BYTES;
+        if first >= end {
+            let zeros = vec![0u8; len as usize];
+            return self.write_at(offset, &zeros, fua);
+        }
+        let head = first * BLOCK_SIZE_BYTES - offset;
+        let tail = offset + len - end * BLOCK_SIZE_BYTES;
+        // Refuse up front rather than half-way, after the edges were written.
+        let edges = u64::from(head > 0) + u64::from(tail > 0);
+        drop(self.lock_with_space(space::write_zeroes_bytes(edges, end - first, no_hole))?);
+        if head > 0 {
+            self.write_at(offset, &vec![0u8; head as usize], false)?;
+        }
+        if tail > 0 {
+            self.write_at(end * BLOCK_SIZE_BYTES, &vec![0u8; tail as usize], false)?;
+        }
+        {
+            let _shared = self.rmw_shared()?;
+            if no_hole {
+                self.zero_blocks(first, end)?;
+            } else {
+                self.unmap_blocks(first, end)?;
+            }
+        }
+        self.after_write(fua)
+    }
+
+    fn zero_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
+        let mut st = self.lock_with_space(space::zero_blocks_bytes(end - first))?;
+        self.append_ranges(&mut st, RecordKind::Zero, first, end)?;
+        for l in first..end {
+            st.set_entry(l, MapEntry::ZERO, 0);
+        }
+        Ok(())
+    }
+}

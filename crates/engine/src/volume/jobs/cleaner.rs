@@ -1,0 +1,447 @@
+//! The cleaner: makes room in the log by moving the live records of
+//! mostly-dead segments to the log head, then checkpointing so the emptied
+//! segments can be reused (ZBD §2.1.4, LFS §3.5).
+//!
+//! Safety: a record is moved only if, under the state lock, the map still
+//! points at it; the move is an ordinary DATA record appended to the log, so
+//! roll-forward replays it in order with client writes. A segment is reused
+//! only after a durable checkpoint whose snapshot covers every record in it
+//! (`SegmentTable::reclaimable`), i.e. after the map that points away from it
+//! is durable. Until then a crash recovers the old map, which still finds the
+//! old records where they were.
+use super::{Next, Worker};
+use crate::error::VolError;
+use crate::log::Shape;
+use crate::records::{data_records, Found};
+use crate::segments::{pack_order, VictimPolicy};
+use crate::volume::space::{self, CLEAN_GAIN_USEFUL_DIVISOR};
+use crate::volume::{State, Volume};
+use cvol_format::{EntryState, MapEntry};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// When and how the cleaner runs.
+#[derive(Debug, Clone, Copy)]
+pub struct CleanerConfig {
+    pub policy: VictimPolicy,
+    /// The background cleaner starts below this share of free segments...
+    pub low_free_percent: u64,
+    /// ...and stops above this one.
+    pub high_free_percent: u64,
+}
+
+impl Default for CleanerConfig {
+    fn default() -> Self {
+        CleanerConfig {
+            policy: VictimPolicy::CostBenefit,
+            low_free_percent: 10,
+            high_free_percent: 25,
+        }
+    }
+}
+
+/// What the cleaner did since open, for `stat`.
+#[derive(Debug, Default)]
+pub(in crate::volume) struct CleanerStats {
+    pub(in crate::volume) segments_cleaned: AtomicU64,
+    pub(in crate::volume) records_relocated: AtomicU64,
+    pub(in crate::volume) bytes_relocated: AtomicU64,
+    pub(in crate::volume) segments_reclaimed: AtomicU64,
+}
+
+/// Most clean-then-checkpoint rounds one `clean` call runs.
+const ROUNDS_MAX: usize = 64;
+/// Records moved per hold of the state lock.
+const MOVE_BATCH: usize = 64;
+/// How often the background cleaner looks at the free segments.
+const BACKGROUND_PERIOD: Duration = Duration::from_millis(100);
+
+/// A victim segment read into memory, its DATA records, and the map entries
+/// holding its shared records (by record offset).
+struct Victim {
+    base: u64,
+    buf: Vec<u8>,
+    found: Vec<Found>,
+    holders: HashMap<u64, Vec<u64>>,
+}
+
+impl Volume {
+    /// Cleans until the log has `want_free_bytes` free or nothing more can
+    /// be gained. With `yield_to_clients` it pauses while clients are busy.
+    /// Returns the log bytes gained.
+    pub fn clean(&self, want_free_bytes: u64, yield_to_clients: bool) -> Result<u64, VolError> {
+        let _c = self.lock_cleaner()?;
+        self.check_writable()?;
+        let mut gained = 0;
+        for _ in 0..ROUNDS_MAX {
+            let before = self.lock_state()?.log.free_bytes();
+            if before >= want_free_bytes {
+                break;
+            }
+            let emptied = self.relocate_round(want_free_bytes, yield_to_clients)?;
+            if emptied == 0 {
+                break; // nothing to gain: no checkpoint either
+            }
+            // Victims older than the durable checkpoint are free once the
+            // moves are durable; newer ones need a checkpoint first.
+            self.flush()?;
+            let (free, waiting) = {
+                let st = self.lock_state()?;
+                let usage = st.live.usage();
+                (
+                    st.log.free_bytes(),
+                    st.log.segments.empty_sealed_count(usage),
+                )
+            };
+            if free < want_free_bytes && waiting > 0 {
+                match self.checkpoint() {
+                    Ok(()) => {}
+                    Err(VolError::NoSpace) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            let after = self.lock_state()?.log.free_bytes();
+            gained += after.saturating_sub(before);
+            if after < before + self.sb.segment_size_bytes / CLEAN_GAIN_USEFUL_DIVISOR {
+                break; // only segment tails left to gain: the live data is dense
+            }
+        }
+        Ok(gained)
+    }
+
+    /// Empties victims until the log would have `want_free_bytes` free once
+    /// they are reclaimed. Returns how many segments were emptied.
+    fn relocate_round(
+        &self,
+        want_free_bytes: u64,
+        yield_to_clients: bool,
+    ) -> Result<u64, VolError> {
+        let mut done: HashSet<u64> = HashSet::new();
+        loop {
+            if yield_to_clients {
+                while self.activity.clients_busy() && !self.activity.space_wanted() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            let Some((victim, live)) = self.pick_victim(&done, want_free_bytes)? else {
+                break;
+            };
+            done.insert(victim);
+            if live > 0 {
+                self.relocate_segment(victim)?;
+                self.counters
+                    .cleaner
+                    .segments_cleaned
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            let left = self.lock_state()?.live.usage().live_bytes(victim);
+            if left > 0 {
+                tracing::warn!(
+                    segment = victim,
+                    live_bytes = left,
+                    "cleaner could not empty a segment (unreadable records?)"
+                );
+            }
+        }
+        Ok(done.len() as u64)
+    }
+
+    /// The best victim not yet tried whose live data fits in the space the
+    /// cleaner may use, or None once enough space will be free.
+    fn pick_victim(
+        &self,
+        done: &HashSet<u64>,
+        want_free_bytes: u64,
+    ) -> Result<Option<(u64, u64)>, VolError> {
+        let st = self.lock_state()?;
+        let (segs, usage) = (&st.log.segments, st.live.usage());
+        let ckpt = self.checkpoint_estimate_bytes(&st);
+        let projected = st.log.free_bytes() + done.len() as u64 * self.sb.segment_size_bytes;
+        if projected >= want_free_bytes.saturating_add(ckpt) {
+            return Ok(None);
+        }
+        let budget = space::cleaner_budget(st.log.free_bytes(), ckpt);
+        let candidates: Vec<_> = segs
+            .candidates(usage)
+            .into_iter()
+            .filter(|c| !done.contains(&c.0))
+            .collect();
+        let order = self.options.cleaner.policy.order(
+            candidates,
+            self.sb.segment_size_bytes,
+            st.log.last_seq(),
+        );
+        Ok(order
+            .into_iter()
+            .map(|s| (s, usage.live_bytes(s)))
+            .find(|&(_, live)| live <= budget))
+    }
+
+    /// Moves every live record of `victim` to the log head.
+    fn relocate_segment(&self, victim: u64) -> Result<(), VolError> {
+        // No new dedup reference may point into the victim from here on, so
+        // the holders of its shared records found below stay complete.
+        self.lock_state()?.cleaning.insert(victim);
+        let r = self.relocate_segment_marked(victim);
+        self.lock_state()?.cleaning.remove(&victim);
+        r
+    }
+
+    fn relocate_segment_marked(&self, victim: u64) -> Result<(), VolError> {
+        let (v, space) = self.read_victim(victim)?;
+        let sizes: Vec<(u64, u64)> = v
+            .found
+            .iter()
+            .map(|f| (f.header.total_len() as u64, f.header.lba))
+            .collect();
+        let order = pack_order(&sizes, space, self.sb.segment_size_bytes);
+        for batch in order.chunks(MOVE_BATCH) {
+            let mut st = self.lock_state()?;
+            self.check_writable()?;
+            for &i in batch {
+                let f = &v.found[i];
+                let holders = v.holders.get(&(v.base + f.at as u64));
+                match holders {
+                    _ if f.header.nblocks > 1 => {
+                        let h = holders.map_or(&[][..], Vec::as_slice);
+                        self.move_unit_record(&mut st, &v, f, h)?
+                    }
+                    Some(h) => self.move_shared_record(&mut st, &v, f, h)?,
+                    None => self.move_record(&mut st, &v, f)?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the victim and finds the holders of its shared records (one map
+    /// scan); also returns the room left in the open segment.
+    fn read_victim(&self, victim: u64) -> Result<(Victim, u64), VolError> {
+        let base = self.sb.segment_offset(victim);
+        let end = base + self.sb.segment_size_bytes;
+        let mut buf = vec![0u8; self.sb.segment_size_bytes as usize];
+        self.storage.read_at(base, &mut buf).map_err(VolError::Io)?;
+        let found = data_records(&buf, self.sb.volume_tag());
+        let st = self.lock_state()?;
+        let shared = st.live.shared();
+        let has_refs = |off: u64| shared.get(off).is_some_and(|s| s.refs > 0);
+        // Every LBA pointing at a record of the victim with dedup
+        // references. (A unit's owners are in its range.)
+        let mut holders: HashMap<u64, Vec<u64>> = HashMap::new();
+        if found.iter().any(|f| has_refs(base + f.at as u64)) {
+            st.live.map().for_each_mapped(|lba, e| {
+                if let EntryState::Data { offset, .. } = e.state_valid() {
+                    if offset >= base && offset < end && has_refs(offset) {
+                        holders.entry(offset).or_default().push(lba);
+                    }
+                }
+            });
+        }
+        let space = st.log.segment_size - st.log.fill as u64;
+        let v = Victim {
+            base,
+            buf,
+            found,
+            holders,
+        };
+        Ok((v, space))
+    }
+
+    /// Refuses a move that could leave no room for a checkpoint.
+    fn check_relocation_room(&self, st: &State, holders: usize) -> Result<(), VolError> {
+        let need = space::relocation_bytes(holders, self.checkpoint_estimate_bytes(st));
+        if st.log.free_bytes() < need {
+            return Err(VolError::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// Moves a multi-block unit: its owners (blocks of its range that still
+    /// point at it) are repointed and named in the copy's live mask, so
+    /// roll-forward maps exactly them; dedup holders get REF records.
+    fn move_unit_record(
+        &self,
+        st: &mut State,
+        v: &Victim,
+        f: &Found,
+        holders: &[u64],
+    ) -> Result<(), VolError> {
+        let h = &f.header;
+        let (off, len) = (v.base + f.at as u64, h.total_len() as u32);
+        let owners: Vec<u32> = (0..h.nblocks)
+            .filter(|&k| {
+                let l = h.lba + u64::from(k);
+                l < st.live.blocks()
+                    && st.live.get(l) == MapEntry::unit(h.codec, off, len, h.crc, k)
+            })
+            .collect();
+        let refs: Vec<(u64, u32)> = holders
+            .iter()
+            .filter_map(|&l| unit_ref_block(st.live.get(l), off, h.crc, h.nblocks).map(|k| (l, k)))
+            .collect();
+        if owners.is_empty() && refs.is_empty() {
+            return Ok(());
+        }
+        self.check_relocation_room(st, refs.len())?;
+        let mask = owners.iter().fold(0u16, |m, &k| m | (1 << k));
+        assert!(
+            u32::from(mask) >> h.nblocks == 0,
+            "live mask beyond the unit"
+        );
+        let new = self.copy_record(st, v, f, h.lba, mask)?;
+        let EntryState::Data { offset, len, .. } = new.state_valid() else {
+            unreachable!("copy is data")
+        };
+        let crc = new.block_in(0);
+        for k in owners {
+            let e = MapEntry::unit(h.codec, offset, len, crc, k);
+            st.set_entry(h.lba + u64::from(k), e, 0);
+        }
+        for (l, k) in refs {
+            let e = MapEntry::unit(h.codec, offset, len, crc, k);
+            self.commit_ref(st, l, e, 0)?;
+        }
+        assert!(st.live.shared().get(off).is_none(), "every holder moved");
+        Ok(())
+    }
+
+    /// Appends a copy of one record if the map still points at the original.
+    fn move_record(&self, st: &mut State, v: &Victim, f: &Found) -> Result<(), VolError> {
+        let h = &f.header;
+        let old = MapEntry::data(h.codec, v.base + f.at as u64, h.total_len() as u32, h.crc);
+        let lbas = h.lba..h.lba + u64::from(h.nblocks);
+        if !lbas
+            .clone()
+            .any(|l| l < st.live.blocks() && st.live.get(l) == old)
+        {
+            return Ok(());
+        }
+        let new = self.copy_record(st, v, f, h.lba, 0)?;
+        for l in lbas {
+            if st.live.get(l) == old {
+                st.set_entry(l, new, 0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves a record that dedup references share: the copy's owner is the
+    /// old owner if it still points at the record, else one of the holders;
+    /// every other holder gets a REF record to the copy, so roll-forward
+    /// repoints them all.
+    fn move_shared_record(
+        &self,
+        st: &mut State,
+        v: &Victim,
+        f: &Found,
+        holders: &[u64],
+    ) -> Result<(), VolError> {
+        let h = &f.header;
+        let offset = v.base + f.at as u64;
+        let old = MapEntry::data(h.codec, offset, h.total_len() as u32, h.crc);
+        let lbas: Vec<u64> = holders
+            .iter()
+            .copied()
+            .filter(|&l| st.live.get(l).same_record(&old))
+            .collect();
+        let Some(&first) = lbas.first() else {
+            return Ok(()); // every holder moved on since the scan
+        };
+        self.check_relocation_room(st, lbas.len())?;
+        let fp = st.live.shared().fingerprint_of(offset);
+        let owner = if h.lba < st.live.blocks() && st.live.get(h.lba) == old {
+            h.lba
+        } else {
+            first
+        };
+        let new = self.copy_record(st, v, f, owner, 0)?;
+        st.set_entry(owner, new, fp);
+        for &l in lbas.iter().filter(|&&l| l != owner) {
+            self.commit_ref(st, l, new, fp)?;
+        }
+        assert!(st.live.shared().get(offset).is_none(), "all holders moved");
+        if fp != 0 {
+            if let Some(mut ix) = self.lock_index()? {
+                ix.moved(fp, &old, new, owner);
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the record's bytes again (new seq, header naming `owner`,
+    /// live mask `mask` for a unit), without recompressing. Returns the
+    /// copy's owner map entry (of block 0 for a unit).
+    fn copy_record(
+        &self,
+        st: &mut State,
+        v: &Victim,
+        f: &Found,
+        owner: u64,
+        mask: u16,
+    ) -> Result<MapEntry, VolError> {
+        let h = &f.header;
+        let shape = Shape::data(h.codec, h.level, owner, h.nblocks, mask);
+        let p = self.append(st, shape, f.payload(&v.buf))?;
+        let stats = &self.counters.cleaner;
+        stats.records_relocated.fetch_add(1, Ordering::Relaxed);
+        stats
+            .bytes_relocated
+            .fetch_add(u64::from(p.len), Ordering::Relaxed);
+        Ok(MapEntry::data(h.codec, p.offset, p.len, p.crc))
+    }
+
+    /// Starts the background cleaner thread: between the configured
+    /// thresholds of free segments it cleans, yielding to clients.
+    pub fn start_background_cleaner(self: &Arc<Self>) -> Worker {
+        Worker::spawn("cvol-cleaner", self, BACKGROUND_PERIOD, |v| {
+            v.background_clean();
+            Next::After(BACKGROUND_PERIOD)
+        })
+    }
+
+    fn background_clean(&self) {
+        if self.read_only() || self.poisoned.load(Ordering::SeqCst) {
+            return;
+        }
+        let cfg = self.options.cleaner;
+        match self.free_segments_below(cfg.low_free_percent) {
+            Ok(Some(want)) => match self.clean(want, true) {
+                Ok(n) => tracing::debug!(freed = n, "background cleaning pass"),
+                Err(e) => tracing::warn!("background cleaner: {e}"),
+            },
+            Ok(None) => {}
+            Err(e) => tracing::warn!("background cleaner: {e}"),
+        }
+    }
+
+    /// When fewer than `percent` of the segments are free: the free log bytes
+    /// the cleaner's stop threshold asks for.
+    pub(in crate::volume) fn free_segments_below(
+        &self,
+        percent: u64,
+    ) -> Result<Option<u64>, VolError> {
+        let (free, total) = {
+            let st = self.lock_state()?;
+            (st.log.segments.free_count(), st.log.segments.count())
+        };
+        let high = self.options.cleaner.high_free_percent;
+        Ok((free * 100 < percent * total)
+            .then(|| (high * total).div_ceil(100) * self.sb.segment_size_bytes))
+    }
+}
+
+/// The block of the unit at `off` (crc `crc`, `nblocks`) that ref entry
+/// `e` names, if it is a ref to that unit.
+fn unit_ref_block(e: MapEntry, off: u64, crc: u32, nblocks: u32) -> Option<u32> {
+    match e.state_valid() {
+        EntryState::Data {
+            offset,
+            shared: true,
+            unit: true,
+            ..
+        } if offset == off && e.block_in(crc) < nblocks => Some(e.block_in(crc)),
+        _ => None,
+    }
+}

@@ -1,0 +1,144 @@
+//! Background work on a volume: the cleaner, background recompression, the
+//! dedup index warm-up (each a thread behind one `Worker` handle type), and
+//! scrub. They share the view of client activity (`Activity`): each yields
+//! while clients are busy.
+pub(in crate::volume) mod cleaner;
+pub(in crate::volume) mod recompress;
+pub(in crate::volume) mod scrub;
+pub(in crate::volume) mod warmup;
+
+use super::Volume;
+use crate::policy::LoadMonitor;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A client request this recent makes background work pause.
+const CLIENT_BUSY_MS: u64 = 20;
+
+/// What a background step asks for next.
+pub(in crate::volume) enum Next {
+    /// Run again after this pause.
+    After(Duration),
+    /// The work is done: the thread ends.
+    Stop,
+}
+
+/// Handle of a background thread working on a volume. The thread holds only
+/// a weak reference to the volume between steps (so it never keeps a
+/// closed volume alive) and stops when the handle drops.
+pub struct Worker {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Starts thread `name`: after `first` it runs `step` on the volume,
+    /// then again after the pause each step asks for, until the handle
+    /// drops, the volume is gone or a step says `Stop`.
+    pub(in crate::volume) fn spawn(
+        name: &str,
+        vol: &Arc<Volume>,
+        first: Duration,
+        mut step: impl FnMut(&Volume) -> Next + Send + 'static,
+    ) -> Worker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (weak, flag): (Weak<Volume>, _) = (Arc::downgrade(vol), stop.clone());
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let mut pause = first;
+                while !flag.load(Ordering::SeqCst) {
+                    std::thread::sleep(pause);
+                    let Some(v) = weak.upgrade() else { return };
+                    if flag.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    match step(&v) {
+                        Next::After(d) => pause = d,
+                        Next::Stop => return,
+                    }
+                }
+            })
+            .unwrap_or_else(|e| panic!("cannot spawn the {name} thread: {e}"));
+        Worker {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// A handle with no thread (work that does not apply to this volume).
+    pub(in crate::volume) fn none() -> Worker {
+        Worker {
+            stop: Arc::new(AtomicBool::new(true)),
+            handle: None,
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            // A worker that panicked has poisoned what it held; nothing to add.
+            let _ = h.join();
+        }
+    }
+}
+
+/// What the clients are doing, as background work and the codec policy see it.
+pub(in crate::volume) struct Activity {
+    /// I/O intensity for the auto codec policy.
+    pub(in crate::volume) load: LoadMonitor,
+    opened: Instant,
+    /// Milliseconds since `opened` of the last client request.
+    last_client_io_ms: AtomicU64,
+    /// Writers waiting for the cleaner to make room (the cleaner stops yielding).
+    pub(in crate::volume) space_waiters: AtomicUsize,
+}
+
+impl Activity {
+    pub(in crate::volume) fn new() -> Activity {
+        Activity {
+            load: LoadMonitor::default(),
+            opened: Instant::now(),
+            last_client_io_ms: AtomicU64::new(0),
+            space_waiters: AtomicUsize::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.opened.elapsed().as_millis() as u64
+    }
+
+    pub(in crate::volume) fn note_client_io(&self) {
+        self.last_client_io_ms
+            .store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Milliseconds since the last client request.
+    pub(in crate::volume) fn idle_ms(&self) -> u64 {
+        self.now_ms()
+            .saturating_sub(self.last_client_io_ms.load(Ordering::Relaxed))
+    }
+
+    /// Did a client issue a request in the last `CLIENT_BUSY_MS`?
+    pub(in crate::volume) fn clients_busy(&self) -> bool {
+        self.idle_ms() < CLIENT_BUSY_MS
+    }
+
+    /// Is a writer waiting for the cleaner to make room?
+    pub(in crate::volume) fn space_wanted(&self) -> bool {
+        self.space_waiters.load(Ordering::SeqCst) > 0
+    }
+}
+
+/// Per-volume state of the jobs that is not a thread: where background
+/// recompression resumes, the scrub's run state and counters.
+#[derive(Default)]
+pub(in crate::volume) struct JobsState {
+    /// Next window the background recompressor scans.
+    pub(in crate::volume) recompress_cursor: AtomicU64,
+    pub(in crate::volume) scrub: scrub::ScrubState,
+}

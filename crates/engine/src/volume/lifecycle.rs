@@ -1,0 +1,286 @@
+//! A volume's life: create (format the store, an empty map, a first
+//! checkpoint), open (recovery, the tables rebuilt from the recovered map,
+//! then a new epoch), close (flush and a final checkpoint), and the
+//! accessors of what does not change while it is open.
+use super::jobs::{Activity, JobsState};
+use super::read::Caches;
+use super::stats::Counters;
+use super::{CreateOptions, Dedup, OpenOptions, State, Volume};
+use crate::codec::Codec;
+use crate::dedup::{self, DedupIndex};
+use crate::error::{OpenError, VolError};
+use crate::liveness::{self, LiveMap};
+use crate::locks::{Level, OrderedMutex, OrderedRwLock};
+use crate::log::Log;
+use crate::policy::CodecPolicy;
+use crate::recovery::{self, Recovered};
+use crate::segments::SegmentTable;
+use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::superblock::{FLAG_AUTO_CODEC, FLAG_DEDUP};
+use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};
+use cvol_format::{BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES, SECTOR_SIZE_BYTES};
+use cvol_format::{SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
+use cvol_storage::Storage;
+use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// Physical sizes from this one up get large segments.
+const LARGE_SEGMENTS_FROM_BYTES: u64 = 1 << 30;
+/// The dedup index need not hold more blocks than the log stores at 4:1.
+const DEDUP_INDEX_USEFUL_RATIO: u64 = 4;
+
+/// The segment size `cvol create` picks when none is given: 1 MiB below
+/// 1 GiB of physical size, else 4 MiB.
+pub fn default_segment_size(physical_size_bytes: u64) -> u64 {
+    if physical_size_bytes >= LARGE_SEGMENTS_FROM_BYTES {
+        4 << 20
+    } else {
+        1 << 20
+    }
+}
+
+impl State {
+    fn new(live: LiveMap, log: Log, synced_seq: u64, generation: u64, snapshot_seq: u64) -> State {
+        State {
+            live,
+            log,
+            synced_seq,
+            synced_marked: 0,
+            checkpoint_generation: generation,
+            appended_at_checkpoint: 0,
+            durable_snapshot_seq: snapshot_seq,
+            changes_at_checkpoint: 0,
+            cleaning: HashSet::new(),
+        }
+    }
+}
+
+/// The superblock of a new volume with options `c`.
+fn new_superblock(c: &CreateOptions) -> Superblock {
+    let segment_size_bytes = match c.segment_size_bytes {
+        0 => default_segment_size(c.physical_size_bytes),
+        s => s,
+    };
+    let flag = |on: bool, f: u32| if on { f } else { 0 };
+    Superblock {
+        uuid: rand::random(),
+        logical_size_bytes: c.logical_size_bytes,
+        physical_size_bytes: c.physical_size_bytes,
+        segment_size_bytes,
+        data_offset_bytes: DATA_OFFSET_BYTES,
+        codec: c.codec.codec().tag(),
+        codec_level: c.codec.codec().level(),
+        created_unix_secs: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        flags: flag(c.dedup, FLAG_DEDUP) | flag(c.codec.is_auto(), FLAG_AUTO_CODEC),
+    }
+}
+
+/// Writes both superblock copies, empty pointer slots and an empty first
+/// record header, and syncs.
+fn format_store(storage: &dyn Storage, sb: &Superblock) -> Result<(), VolError> {
+    let io = |r: std::io::Result<()>| r.map_err(VolError::Io);
+    let enc = sb.encode();
+    io(storage.write_at(SUPERBLOCK_A_OFFSET, &enc))?;
+    io(storage.write_at(SUPERBLOCK_B_OFFSET, &enc))?;
+    let zero_slot = [0u8; cvol_format::pointer::POINTER_BYTES];
+    io(storage.write_at(CheckpointPointer::slot_offset(0), &zero_slot))?;
+    io(storage.write_at(CheckpointPointer::slot_offset(1), &zero_slot))?;
+    io(storage.write_at(sb.segment_offset(0), &[0u8; RECORD_HEADER_BYTES]))?;
+    io(storage.sync())
+}
+
+/// The codec policy a superblock records.
+fn policy_of(sb: &Superblock) -> CodecPolicy {
+    let c = Codec::from_tag(sb.codec, sb.codec_level);
+    if sb.auto_codec() {
+        CodecPolicy::Auto { strong: c }
+    } else {
+        CodecPolicy::Fixed(c)
+    }
+}
+
+impl Volume {
+    /// Formats `storage` as a new volume and opens it for writing.
+    pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Volume, VolError> {
+        let sb = new_superblock(c);
+        sb.validate().map_err(OpenError::Geometry)?;
+        if sb.physical_size_bytes > storage.len_bytes() {
+            return Err(OpenError::BackingTooSmall {
+                physical_size_bytes: sb.physical_size_bytes,
+                backing_bytes: storage.len_bytes(),
+            }
+            .into());
+        }
+        format_store(&*storage, &sb)?;
+        let mut segs = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
+        let first = segs.open_next().expect("a new volume has free segments");
+        let log = Log::new(&sb, segs, first, 0, 0, 1);
+        let state = State::new(LiveMap::empty(&sb), log, 0, 0, 0);
+        let vol = Volume::assemble(storage, sb, OpenOptions::default(), state);
+        vol.begin_epoch()?;
+        vol.checkpoint()?;
+        Ok(vol)
+    }
+
+    /// Opens an existing volume: recovery, then (unless read-only) a new epoch.
+    pub fn open(storage: Arc<dyn Storage>, options: OpenOptions) -> Result<Volume, VolError> {
+        let (sb, r) = recover(&*storage, &options)?;
+        let recovery_warnings = r.warnings.clone();
+        let state = recovered_state(&*storage, &sb, r)?;
+        let mut vol = Volume::assemble(storage, sb, options, state);
+        vol.recovery_warnings = recovery_warnings;
+        if !vol.options.read_only {
+            match vol.begin_epoch() {
+                Err(VolError::NoSpace) => return Err(OpenError::LogFull.into()),
+                r => r?,
+            }
+        }
+        Ok(vol)
+    }
+
+    fn assemble(
+        storage: Arc<dyn Storage>,
+        sb: Superblock,
+        options: OpenOptions,
+        state: State,
+    ) -> Volume {
+        let max_useful = sb.physical_size_bytes * DEDUP_INDEX_USEFUL_RATIO / BLOCK_SIZE_BYTES;
+        let dedup = (sb.dedup() && !options.read_only).then(|| Dedup {
+            seed: dedup::volume_seed(&sb.uuid),
+            index: OrderedMutex::new(
+                Level::Index,
+                DedupIndex::new(options.dedup_memory_bytes, max_useful),
+            ),
+        });
+        Volume {
+            policy: policy_of(&sb),
+            recovery_warnings: Vec::new(),
+            rmw: OrderedRwLock::new(Level::Rmw, ()),
+            cleaner_lock: OrderedMutex::new(Level::Cleaner, ()),
+            flush_lock: OrderedMutex::new(Level::Flush, ()),
+            state: OrderedMutex::new(Level::State, state),
+            dedup,
+            poisoned: AtomicBool::new(false),
+            activity: Activity::new(),
+            caches: Caches::new(options.read_cache_bytes),
+            counters: Counters::default(),
+            jobs: JobsState::default(),
+            storage,
+            sb,
+            options,
+        }
+    }
+
+    /// Flushes and checkpoints (a clean close). Safe to call more than once.
+    pub fn close(&self) -> Result<(), VolError> {
+        if self.options.read_only {
+            return Ok(());
+        }
+        self.flush()?;
+        let unchanged = {
+            let st = self.lock_state()?;
+            st.live.changes() == st.changes_at_checkpoint
+        };
+        if unchanged {
+            return Ok(()); // the newest checkpoint already holds this map
+        }
+        match self.checkpoint() {
+            Ok(()) => Ok(()),
+            Err(VolError::NoSpace) => {
+                tracing::warn!(
+                    "no space for a final checkpoint; the next open replays the log instead"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.sb.logical_size_bytes
+    }
+
+    pub fn codec_policy(&self) -> CodecPolicy {
+        self.policy
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.options.read_only
+    }
+
+    /// What recovery skipped or rebuilt when this volume was opened.
+    pub fn recovery_warnings(&self) -> &[String] {
+        &self.recovery_warnings
+    }
+
+    /// Where the record serving `lba` lies (offset, length), if any: for
+    /// tests that attribute an unreadable block to an injected fault.
+    #[doc(hidden)]
+    pub fn block_record(&self, lba: u64) -> Option<(u64, u32)> {
+        let st = self.lock_state().ok()?;
+        match (lba < st.live.blocks()).then(|| st.live.get(lba).state_valid()) {
+            Some(EntryState::Data { offset, len, .. }) => Some((offset, len)),
+            _ => None,
+        }
+    }
+}
+
+/// Reads the superblock and recovers the map: the newest usable checkpoint
+/// and roll-forward, or (asked for, not read-only) a rebuild from the log.
+fn recover(
+    storage: &dyn Storage,
+    options: &OpenOptions,
+) -> Result<(Superblock, Recovered), VolError> {
+    let (sb, warnings) = recovery::read_superblock(storage).map_err(OpenError::Superblock)?;
+    warnings.iter().for_each(|w| tracing::warn!("{w}"));
+    let r = match recovery::recover(storage, &sb) {
+        Ok(r) => r,
+        Err(e) if options.rebuild_from_log && !options.read_only => {
+            tracing::warn!("{e}; rebuilding the map from the log");
+            let mut r = recovery::rebuild_from_log(storage, &sb).map_err(OpenError::Recovery)?;
+            r.warnings.insert(0, e);
+            r
+        }
+        Err(e) => return Err(OpenError::Recovery(e).into()),
+    };
+    r.warnings.iter().for_each(|w| tracing::warn!("{w}"));
+    tracing::info!(
+        checkpoint = r.checkpoint_generation,
+        replayed = r.replayed_records,
+        last_seq = r.last_seq,
+        "volume recovered"
+    );
+    Ok((sb, r))
+}
+
+/// The state of a recovered volume: the map with its tables rebuilt, the
+/// log head after the chain's last record (its segment read back into the
+/// buffer).
+fn recovered_state(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    r: Recovered,
+) -> Result<State, VolError> {
+    let fill = (align_up(r.end as u64, SECTOR_SIZE_BYTES)).min(sb.segment_size_bytes) as usize;
+    let head = Some((r.segment, r.last_seq));
+    let tables = liveness::rebuild(sb, &r.map, &r.needed_segments, head);
+    let (live, segs) = LiveMap::recovered(sb, r.map, tables, r.replayed_map_records);
+    let mut log = Log::new(sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
+    storage
+        .read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end])
+        .map_err(VolError::Io)?;
+    Ok(State::new(
+        live,
+        log,
+        r.last_seq,
+        r.checkpoint_generation,
+        r.snapshot_seq,
+    ))
+}

@@ -1,0 +1,253 @@
+//! The volume: block-granular reads and writes over a log of compressed
+//! records, with a block map in memory, checkpoints and recovery.
+//!
+//! One file per stage (a request goes through them top to bottom):
+//!
+//! | room | holds |
+//! |---|---|
+//! | `options` | `CreateOptions`, `OpenOptions`, the defaults |
+//! | `lifecycle` | create, open (recovery, then a new epoch), close, accessors |
+//! | `prepare` | a write split into zero runs, dedup candidates (looked up and verified) and units compressed by the codec policy, outside every lock |
+//! | `commit` | `write_at`: records appended and the map updated under the state lock, through `LiveMap::set` only |
+//! | `read` | `read_at`, block status, the read and unit caches |
+//! | `discard` | TRIM and WRITE_ZEROES |
+//! | `durability` | flush, checkpoint, the EPOCH record, segment reclaim |
+//! | `space` | every reserve and cost (named, from `cvol-format` constants) and the wait for room |
+//! | `stats` | the counters not derived from the map, and `stat` |
+//! | `jobs/` | background work sharing one `Worker` handle: cleaner, recompress, warmup, scrub |
+//!
+//! Concurrency: compression and decompression run on the caller's thread,
+//! outside any lock, so concurrent requests use every core. The `state`
+//! mutex covers the map and the log head for the short commit step (assign
+//! seq, copy into the segment buffer, update the map). The lock order
+//! (rmw -> cleaner -> flush -> state -> index) is in crate::locks, checked in
+//! debug builds.
+use crate::codec::Codec;
+use crate::dedup::DedupIndex;
+use crate::error::VolError;
+use crate::liveness::LiveMap;
+use crate::locks::{Held, OrderedMutex, OrderedRwLock};
+use crate::log::{Log, Placed, Shape};
+use crate::policy::CodecPolicy;
+use cvol_format::{MapEntry, Superblock, BLOCK_SIZE_BYTES};
+use cvol_storage::Storage;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, MutexGuard, RwLockReadGuard, RwLockWriteGuard};
+
+mod commit;
+mod discard;
+mod durability;
+mod jobs;
+mod lifecycle;
+mod options;
+mod prepare;
+mod read;
+mod space;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+use crate::dedup::Fingerprint;
+pub use jobs::cleaner::CleanerConfig;
+pub use jobs::recompress::RecompressReport;
+pub use jobs::scrub::{
+    pace_delay, ScrubFinding, ScrubOptions, ScrubProgress, ScrubReport, ScrubRunning, ScrubStatus,
+};
+pub use jobs::Worker;
+pub use lifecycle::default_segment_size;
+pub use options::{
+    CreateOptions, OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
+};
+pub use read::Extent;
+// Record decoding lives in crate::records; these paths stay for the tools
+// that used them here.
+pub(crate) use crate::liveness::rebuild as rebuild_liveness;
+pub(crate) use crate::records::data_records as parse_segment;
+pub use crate::records::{block_index, decode_block_record};
+
+/// Handle of the background cleaner thread (stops when dropped).
+pub type BackgroundCleaner = Worker;
+/// Handle of the background recompression thread (stops when dropped).
+pub type BackgroundRecompressor = Worker;
+/// Handle of the dedup index warm-up thread (stops when dropped).
+pub type IndexWarmup = Worker;
+
+const BS: usize = BLOCK_SIZE_BYTES as usize;
+
+/// What the state lock covers: the map and its books, the log head, and
+/// the sync and checkpoint bookkeeping.
+struct State {
+    /// The block map and every table derived from it.
+    live: LiveMap,
+    log: Log,
+    synced_seq: u64,
+    /// The synced seq the newest SYNCED record in the log certifies.
+    synced_marked: u64,
+    checkpoint_generation: u64,
+    /// `log.appended_bytes` at the last checkpoint (for the checkpoint interval).
+    appended_at_checkpoint: u64,
+    /// Snapshot seq of the newest durable checkpoint: segments whose records
+    /// are all at or below it, and hold no live data, may be reused.
+    durable_snapshot_seq: u64,
+    /// `live.changes()` when the last checkpoint was appended (close skips
+    /// an unneeded checkpoint, so restarts of a full volume cost no space).
+    changes_at_checkpoint: u64,
+    /// Segments the cleaner is emptying: no new references into them.
+    cleaning: HashSet<u64>,
+}
+
+impl State {
+    /// Sets one map entry through the only mutator of the map's books.
+    fn set_entry(&mut self, lba: u64, e: MapEntry, fp: Fingerprint) {
+        self.live.set(&self.log.segments, lba, e, fp);
+    }
+
+    /// Segment holding the byte at physical `offset`.
+    fn segment_of(&self, offset: u64) -> u64 {
+        (offset - self.log.data_offset) / self.log.segment_size
+    }
+}
+
+/// The dedup fingerprint seed and index (volumes with dedup on, opened for
+/// writing).
+struct Dedup {
+    seed: u64,
+    /// Hints only, checked against the map at commit. Its own lock (level
+    /// `Index`, after `state`), so probes never wait for the log's I/O.
+    index: OrderedMutex<DedupIndex>,
+}
+
+pub struct Volume {
+    storage: Arc<dyn Storage>,
+    sb: Superblock,
+    options: OpenOptions,
+    policy: CodecPolicy,
+    /// What recovery had to skip or rebuild at open (shown by repair).
+    recovery_warnings: Vec<String>,
+    // The locks, in lock order (crate::locks). `dedup` holds the last one.
+    /// Unaligned writes (read-modify-write) take it exclusively so that no
+    /// other write interleaves with their read and commit.
+    rmw: OrderedRwLock<()>,
+    /// Serialises cleaning (background and foreground) and recompression.
+    cleaner_lock: OrderedMutex<()>,
+    /// Serialises flushes and checkpoints; concurrent flushes batch.
+    flush_lock: OrderedMutex<()>,
+    state: OrderedMutex<State>,
+    dedup: Option<Dedup>,
+    /// Set by an I/O error on the store or a poisoned lock: writes and
+    /// flushes fail until the volume is reopened.
+    poisoned: AtomicBool,
+    /// Client activity: load for the codec policy, when clients last
+    /// issued a request, writers waiting for space.
+    activity: jobs::Activity,
+    caches: read::Caches,
+    counters: stats::Counters,
+    jobs: jobs::JobsState,
+}
+
+type StateGuard<'a> = Held<MutexGuard<'a, State>>;
+
+impl Volume {
+    /// The state lock. A lock poisoned by a panic poisons the volume.
+    fn lock_state(&self) -> Result<StateGuard<'_>, VolError> {
+        self.note_poison(self.state.lock())
+    }
+
+    fn lock_flush(&self) -> Result<Held<MutexGuard<'_, ()>>, VolError> {
+        self.note_poison(self.flush_lock.lock())
+    }
+
+    fn lock_cleaner(&self) -> Result<Held<MutexGuard<'_, ()>>, VolError> {
+        self.note_poison(self.cleaner_lock.lock())
+    }
+
+    fn rmw_shared(&self) -> Result<Held<RwLockReadGuard<'_, ()>>, VolError> {
+        self.note_poison(self.rmw.read())
+    }
+
+    fn rmw_exclusive(&self) -> Result<Held<RwLockWriteGuard<'_, ()>>, VolError> {
+        self.note_poison(self.rmw.write())
+    }
+
+    /// The dedup index, if this volume has one.
+    fn lock_index(&self) -> Result<Option<Held<MutexGuard<'_, DedupIndex>>>, VolError> {
+        match &self.dedup {
+            Some(d) => self.note_poison(d.index.lock()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Poisons the volume when `r` is a poisoned lock.
+    fn note_poison<T>(&self, r: Result<T, VolError>) -> Result<T, VolError> {
+        if let Err(VolError::Poisoned) = &r {
+            if !self.poisoned.swap(true, Ordering::SeqCst) {
+                tracing::error!(
+                    "a panic inside the engine poisoned a lock; refusing further requests \
+                     until reopened"
+                );
+            }
+        }
+        r
+    }
+
+    /// Appends a record (its payload crc computed here); an I/O error
+    /// poisons the volume.
+    fn append(&self, st: &mut State, shape: Shape, payload: &[u8]) -> Result<Placed, VolError> {
+        self.append_with_crc(st, shape, payload, crc32c::crc32c(payload))
+    }
+
+    /// Appends a record whose payload crc was computed earlier (outside
+    /// the lock).
+    fn append_with_crc(
+        &self,
+        st: &mut State,
+        shape: Shape,
+        payload: &[u8],
+        payload_crc: u32,
+    ) -> Result<Placed, VolError> {
+        self.guard(st.log.append(&*self.storage, shape, payload, payload_crc))
+    }
+
+    /// Poisons the volume on an I/O error.
+    fn guard<T>(&self, r: Result<T, VolError>) -> Result<T, VolError> {
+        if let Err(VolError::Io(e)) = &r {
+            if !self.poisoned.swap(true, Ordering::SeqCst) {
+                tracing::error!(
+                    "backing store I/O error, refusing further writes until reopened: {e}"
+                );
+            }
+        }
+        r
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), VolError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.sb.logical_size_bytes => Ok(()),
+            _ => Err(VolError::OutOfRange),
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), VolError> {
+        if self.options.read_only {
+            Err(VolError::ReadOnly)
+        } else if self.poisoned.load(Ordering::SeqCst) {
+            Err(VolError::Poisoned)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Recomputes reference counts, live bytes per segment, stored bytes
+    /// and block counters from the map and compares them with the running
+    /// tables.
+    pub fn verify_refcounts(&self) -> Result<(), String> {
+        let st = self.lock_state().map_err(|e| e.to_string())?;
+        st.live.verify(&self.sb)
+    }
+
+    /// The fixed codec, or the strong (idle-time) codec of the auto policy.
+    pub fn codec(&self) -> Codec {
+        self.policy.codec()
+    }
+}

@@ -1,0 +1,231 @@
+//! Space: every reserve and cost the volume checks before it appends, named
+//! and built from `cvol-format` constants, and the wait for room (cleaning
+//! in the foreground) that a client write makes when the log is short.
+//!
+//! The promise (docs/FORMAT.md "Space"): a client write proceeds only if,
+//! after it, the log still has the *reserve* free: room for a checkpoint of
+//! the current map, one segment for the cleaner to move live data into, and
+//! two whole units. So a checkpoint, a reopen (its EPOCH record) and the
+//! cleaner always find room, whatever the clients wrote.
+use super::{State, StateGuard, Volume};
+use crate::error::VolError;
+use cvol_format::checkpoint::{commit_payload_bytes, run_bytes};
+use cvol_format::mapentry::MAP_ENTRY_BYTES;
+use cvol_format::record::{
+    EMPTY_RECORD_BYTES, RECORD_HEADER_BYTES, RECORD_MAX_BYTES, UNIT_RECORD_MAX_BYTES,
+};
+use cvol_format::BLOCK_SIZE_BYTES;
+use std::sync::atomic::Ordering;
+
+/// Raw bytes of map entries per checkpoint chunk record, at most.
+const CHUNK_RAW_MAX_BYTES: usize = 256 << 10;
+/// Chunks are also at most 1/16 of a segment, so the tail one leaves unused
+/// at a segment switch stays small.
+const CHUNK_SEGMENT_DIVISOR: usize = 16;
+/// Checkpoint bytes one map entry may cost: the entry and a run header of
+/// its own (no two entries adjacent), plus a byte for lz4, which is not
+/// counted on to shrink anything (its expansion of incompressible input is
+/// far below a byte per entry).
+const CHECKPOINT_ENTRY_MAX_BYTES: u64 = run_bytes(1) as u64 + 1;
+/// The commit record of a checkpoint, and what its padding costs.
+const CHECKPOINT_COMMIT_ALLOWANCE_BYTES: u64 = 64 << 10;
+/// Chunk records a checkpoint may lose to segment tails besides one per
+/// segment it spans.
+const CHECKPOINT_TAILS_EXTRA: u64 = 2;
+/// A segment switch can leave up to a record's bytes unused at the tail of
+/// the old segment; a commit allows for two.
+const SEGMENT_TAIL_MARGIN_BYTES: u64 = 2 * RECORD_MAX_BYTES as u64;
+/// What a record without payload costs, rounded up (ZERO, TRIM records and
+/// the header of a partial edge block).
+const RECORD_HEADER_ALLOWANCE_BYTES: u64 = 64;
+const _: () = assert!(RECORD_HEADER_ALLOWANCE_BYTES >= RECORD_HEADER_BYTES as u64);
+/// Checkpoint growth per block turned into a ZERO entry: one map entry,
+/// plus lz4's byte.
+const ZERO_ENTRY_CHECKPOINT_BYTES: u64 = MAP_ENTRY_BYTES as u64 + 1;
+/// Most clean-and-retry turns of a write short of space.
+const SPACE_TURNS_MAX: u32 = 16;
+/// Turns in a row that gained too little before a write gives up (NoSpace).
+const SPACE_IDLE_TURNS_MAX: u32 = 2;
+/// A cleaning turn that gains less than 1/16 of a segment gained nothing
+/// useful: only segment tails are left to collect.
+pub(super) const CLEAN_GAIN_USEFUL_DIVISOR: u64 = 16;
+/// Blocks of a ZERO or TRIM record, at most (its block count is a u32).
+pub(super) const RANGE_RECORD_BLOCKS_MAX: u64 = u32::MAX as u64;
+
+/// Raw map bytes per MAP_CHUNK record for segments of `segment_size_bytes`.
+pub(super) fn chunk_raw_max_bytes(segment_size_bytes: u64) -> usize {
+    (segment_size_bytes as usize / CHUNK_SEGMENT_DIVISOR).min(CHUNK_RAW_MAX_BYTES)
+}
+
+/// Upper bound on the log bytes a checkpoint of a map of `entries` mapped
+/// or zero entries takes: the entries, up to two chunk records lost to
+/// segment tails per segment it spans, the commit record.
+pub(super) fn checkpoint_estimate_bytes(entries: u64, segment_size_bytes: u64) -> u64 {
+    let chunk = (chunk_raw_max_bytes(segment_size_bytes) + 2 * RECORD_HEADER_BYTES) as u64;
+    let raw = entries * CHECKPOINT_ENTRY_MAX_BYTES;
+    raw + (raw / segment_size_bytes + CHECKPOINT_TAILS_EXTRA) * chunk
+        + CHECKPOINT_COMMIT_ALLOWANCE_BYTES
+}
+
+/// Log bytes appending a checkpoint of these encoded chunk payloads needs,
+/// segment tails included: what is checked before the first chunk record.
+pub(super) fn checkpoint_append_bytes(chunk_lens: &[usize], segment_size_bytes: u64) -> u64 {
+    let record = |len: usize| (RECORD_HEADER_BYTES + len) as u64;
+    let total: u64 = chunk_lens.iter().map(|&l| record(l)).sum();
+    let largest = chunk_lens.iter().map(|&l| record(l)).max().unwrap_or(0);
+    let commit = record(commit_payload_bytes(chunk_lens.len()));
+    let tails = (total / segment_size_bytes + CHECKPOINT_TAILS_EXTRA) * largest.max(commit);
+    total + commit + tails
+}
+
+/// Log bytes a TRIM of `nblocks` appends (it is not held to the reserve:
+/// it frees space).
+pub(super) fn trim_bytes(nblocks: u64) -> u64 {
+    let records = nblocks.div_ceil(RANGE_RECORD_BLOCKS_MAX);
+    records * EMPTY_RECORD_BYTES as u64 + SEGMENT_TAIL_MARGIN_BYTES
+}
+
+/// Log bytes beyond the reserve WRITE_ZEROES needs: its partial edge
+/// blocks (`edges`, 0-2) written as data, and with `no_hole` a ZERO entry
+/// per whole block, refused up front rather than half-way.
+pub(super) fn write_zeroes_bytes(edges: u64, nblocks: u64, no_hole: bool) -> u64 {
+    let edge_bytes = edges * (BLOCK_SIZE_BYTES + RECORD_HEADER_ALLOWANCE_BYTES);
+    let entries = if no_hole {
+        nblocks * ZERO_ENTRY_CHECKPOINT_BYTES
+    } else {
+        0
+    };
+    edge_bytes + entries + 2 * SEGMENT_TAIL_MARGIN_BYTES
+}
+
+/// Log bytes beyond the reserve ZERO records over `nblocks` need.
+pub(super) fn zero_blocks_bytes(nblocks: u64) -> u64 {
+    let records = nblocks.div_ceil(RANGE_RECORD_BLOCKS_MAX);
+    records * RECORD_HEADER_ALLOWANCE_BYTES + nblocks * ZERO_ENTRY_CHECKPOINT_BYTES
+}
+
+/// Log bytes beyond the reserve a commit of records of these sizes needs.
+pub(super) fn commit_bytes(record_bytes: u64) -> u64 {
+    record_bytes + SEGMENT_TAIL_MARGIN_BYTES
+}
+
+/// Room a cleaner move needs: the copy (at most a whole unit), a REF
+/// record per holder, and a checkpoint of the map (`checkpoint` bytes).
+pub(super) fn relocation_bytes(holders: usize, checkpoint: u64) -> u64 {
+    holders as u64 * cvol_format::record::REF_RECORD_BYTES as u64
+        + checkpoint
+        + UNIT_RECORD_MAX_BYTES as u64
+}
+
+/// Log bytes the cleaner may fill with moved records, with `free` bytes
+/// free and a checkpoint of `checkpoint` bytes to keep room for.
+pub(super) fn cleaner_budget(free: u64, checkpoint: u64) -> u64 {
+    free.saturating_sub(checkpoint + 2 * UNIT_RECORD_MAX_BYTES as u64)
+}
+
+/// Logical bytes that surely fit in `usable` log bytes: every block stored
+/// raw, in a record of its own.
+pub(super) fn worst_case_free_logical_bytes(usable: u64) -> u64 {
+    usable / (BLOCK_SIZE_BYTES + RECORD_HEADER_BYTES as u64) * BLOCK_SIZE_BYTES
+}
+
+impl Volume {
+    /// Bytes a checkpoint of the current map may take.
+    pub(super) fn checkpoint_estimate_bytes(&self, st: &State) -> u64 {
+        let c = st.live.counters();
+        checkpoint_estimate_bytes(c.data_blocks + c.zero_blocks, self.sb.segment_size_bytes)
+    }
+
+    /// Log bytes kept back from client writes: room for a checkpoint of the
+    /// map, one segment for the cleaner to move live data into, and two
+    /// whole units.
+    pub(super) fn reserve_bytes(&self, st: &State) -> u64 {
+        self.checkpoint_estimate_bytes(st)
+            + self.sb.segment_size_bytes
+            + 2 * UNIT_RECORD_MAX_BYTES as u64
+    }
+
+    /// Log bytes free beyond the reserve.
+    pub(super) fn usable_bytes(&self, st: &State) -> u64 {
+        st.log.free_bytes().saturating_sub(self.reserve_bytes(st))
+    }
+
+    /// Locks the state with `need` log bytes free beyond the reserve, running
+    /// the cleaner first if the log is short of space. NoSpace only when
+    /// cleaning cannot make room: the live data truly does not fit.
+    pub(super) fn lock_with_space(&self, need: u64) -> Result<StateGuard<'_>, VolError> {
+        let mut idle_turns = 0;
+        for _ in 0..SPACE_TURNS_MAX {
+            let st = self.lock_state()?;
+            self.check_writable()?;
+            let want = need + self.reserve_bytes(&st);
+            if st.log.free_bytes() >= want {
+                return Ok(st);
+            }
+            drop(st);
+            // Whether this call or a concurrent one (the background cleaner)
+            // made the room, the check above decides on the next turn. Give
+            // up when cleaning stops gaining a useful amount (a full volume
+            // only yields segment tails).
+            if idle_turns == SPACE_IDLE_TURNS_MAX {
+                break;
+            }
+            let cleaned = self.clean_for_space(want);
+            let useful = self.sb.segment_size_bytes / CLEAN_GAIN_USEFUL_DIVISOR;
+            idle_turns = if cleaned? < useful { idle_turns + 1 } else { 0 };
+        }
+        Err(VolError::NoSpace)
+    }
+
+    /// Foreground cleaning for a writer that needs `want` bytes free: a
+    /// little beyond the need, so one clean serves many writes.
+    fn clean_for_space(&self, want: u64) -> Result<u64, VolError> {
+        let waiters = &self.activity.space_waiters;
+        waiters.fetch_add(1, Ordering::SeqCst);
+        let count = self.sb.segment_count();
+        let slack = (count / 20).max(2).min(count / 4) * self.sb.segment_size_bytes;
+        let cleaned = self.clean(want + slack, false);
+        waiters.fetch_sub(1, Ordering::SeqCst);
+        cleaned
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_named_costs_are_the_numbers_the_volume_always_used() {
+        assert_eq!(CHECKPOINT_ENTRY_MAX_BYTES, 25);
+        assert_eq!(ZERO_ENTRY_CHECKPOINT_BYTES, 13);
+        assert_eq!(chunk_raw_max_bytes(MIB), 64 << 10);
+        assert_eq!(chunk_raw_max_bytes(1 << 30), 256 << 10);
+        assert_eq!(UNIT_RECORD_MAX_BYTES, 16 * 4096 + 44);
+        // An empty map: two chunk records' worth and the commit allowance.
+        let chunk = (64 << 10) + 2 * 44;
+        assert_eq!(checkpoint_estimate_bytes(0, MIB), 2 * chunk + (64 << 10));
+        assert_eq!(trim_bytes(1), 44 + 2 * ((1 << 17) - 1));
+        assert_eq!(
+            trim_bytes(u64::from(u32::MAX) + 1),
+            2 * 44 + 2 * ((1 << 17) - 1)
+        );
+        assert_eq!(zero_blocks_bytes(10), 64 + 130);
+        assert_eq!(
+            write_zeroes_bytes(2, 10, true),
+            2 * (4096 + 64) + 130 + 4 * ((1 << 17) - 1)
+        );
+        assert_eq!(worst_case_free_logical_bytes(4140 * 3 + 100), 3 * 4096);
+    }
+
+    #[test]
+    fn a_checkpoint_append_counts_its_tails() {
+        // Three chunks of 1000 bytes in 1 MiB segments: the records, the
+        // commit record, and two of the larger of a chunk and the commit.
+        let need = checkpoint_append_bytes(&[1000, 1000, 1000], MIB);
+        let commit = (44 + 20 + 3 * 16) as u64;
+        assert_eq!(need, 3 * 1044 + commit + 2 * 1044);
+        assert_eq!(checkpoint_append_bytes(&[], MIB), 64 + 2 * 64);
+    }
+}

@@ -1,0 +1,224 @@
+//! The counters of what happened since open (everything `stat` shows that
+//! is not derived from the map), and `Volume::stats`.
+use super::jobs::cleaner::CleanerStats as CleanerCounters;
+use super::jobs::recompress::RecompressReport;
+use super::{space, State, Volume};
+use crate::dedup::DedupIndex;
+use crate::policy::Load;
+use crate::stats::VolumeStats;
+use crate::stats::{CleanerStats, CodecBlocks, DedupStats, ElasticStats, ScrubStats};
+use cvol_format::{CodecTag, BLOCK_SIZE_BYTES};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of client I/O, dedup, caches and background work since open.
+#[derive(Debug, Default)]
+pub(in crate::volume) struct Counters {
+    pub(in crate::volume) client_bytes_written: AtomicU64,
+    pub(in crate::volume) corrupt_reads: AtomicU64,
+    pub(in crate::volume) dedup_lookups: AtomicU64,
+    pub(in crate::volume) dedup_hits: AtomicU64,
+    pub(in crate::volume) read_cache_hits: AtomicU64,
+    pub(in crate::volume) read_cache_misses: AtomicU64,
+    pub(in crate::volume) elastic: ElasticCounters,
+    pub(in crate::volume) cleaner: CleanerCounters,
+}
+
+/// Counters of elastic compression, for `stat`.
+#[derive(Debug, Default)]
+pub(in crate::volume) struct ElasticCounters {
+    /// Blocks the probe sent to storage raw, uncompressed.
+    pub(in crate::volume) probe_raw_blocks: AtomicU64,
+    /// Units (records) the auto policy compressed with lz4 / zstd:1 / zstd:3.
+    auto_lz4: AtomicU64,
+    auto_zstd_fast: AtomicU64,
+    auto_zstd_strong: AtomicU64,
+    /// Multi-block units written by client writes, and their blocks.
+    pub(in crate::volume) units_written: AtomicU64,
+    pub(in crate::volume) unit_blocks_written: AtomicU64,
+    /// Read path: bytes served, bytes decompressed to serve them.
+    pub(in crate::volume) bytes_read: AtomicU64,
+    pub(in crate::volume) bytes_decoded: AtomicU64,
+    pub(in crate::volume) unit_cache_hits: AtomicU64,
+    pub(in crate::volume) unit_cache_misses: AtomicU64,
+    /// Background recompression.
+    recompress_passes: AtomicU64,
+    recompressed_blocks: AtomicU64,
+    recompressed_bytes_before: AtomicU64,
+    recompressed_bytes_after: AtomicU64,
+    recompress_skipped_units: AtomicU64,
+}
+
+fn get(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+impl ElasticCounters {
+    /// The auto policy chose a codec for a unit under `load`.
+    pub(in crate::volume) fn count_auto_choice(&self, load: Load) {
+        match load {
+            Load::Busy => &self.auto_lz4,
+            Load::Medium => &self.auto_zstd_fast,
+            Load::Idle => &self.auto_zstd_strong,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(in crate::volume) fn count_recompress_pass(&self, rep: &RecompressReport) {
+        let add = |a: &AtomicU64, n: u64| a.fetch_add(n, Ordering::Relaxed);
+        add(&self.recompress_passes, 1);
+        add(&self.recompressed_blocks, rep.blocks_rewritten);
+        add(&self.recompressed_bytes_before, rep.bytes_before);
+        add(&self.recompressed_bytes_after, rep.bytes_after);
+        add(&self.recompress_skipped_units, rep.skipped);
+    }
+}
+
+impl Volume {
+    /// What `stat` shows. Reads through a poisoned lock (the numbers of a
+    /// volume that stopped may be half-updated; `poisoned` says so).
+    pub fn stats(&self) -> VolumeStats {
+        let st = self.state.lock_for_report();
+        let c = st.live.counters();
+        let bs = BLOCK_SIZE_BYTES;
+        let mapped = c.data_blocks * bs;
+        let used = self.sb.data_offset_bytes + st.log.used_bytes();
+        let live = st.live.usage().total_live_bytes();
+        let usable = self.usable_bytes(&st);
+        let client = get(&self.counters.client_bytes_written);
+        let segs = &st.log.segments;
+        VolumeStats {
+            logical_size_bytes: self.sb.logical_size_bytes,
+            physical_size_bytes: self.sb.physical_size_bytes,
+            mapped_bytes: mapped,
+            zero_bytes: c.zero_blocks * bs,
+            unmapped_bytes: self.sb.logical_size_bytes - mapped - c.zero_blocks * bs,
+            stored_bytes: c.stored_payload_bytes,
+            physical_used_bytes: used,
+            physical_free_bytes: st.log.free_bytes(),
+            reduction_ratio: ratio(mapped, used),
+            compression_ratio: ratio(mapped, c.stored_payload_bytes),
+            blocks_by_codec: CodecBlocks::from_counts(&c.codec_blocks),
+            codec_none_blocks: c.codec_blocks[CodecTag::None as usize],
+            codec_lz4_blocks: c.codec_blocks[CodecTag::Lz4 as usize],
+            codec_zstd_blocks: c.codec_blocks[CodecTag::Zstd as usize],
+            codec: self.policy.to_string(),
+            segment_size_bytes: self.sb.segment_size_bytes,
+            segments_total: self.sb.segment_count(),
+            segments_used: segs.count() - segs.free_count(),
+            segments_free: segs.free_count(),
+            live_bytes: live,
+            dead_bytes: st.log.used_bytes().saturating_sub(live),
+            estimated_free_logical_bytes: (usable as f64 * ratio(mapped, live).max(1.0)) as u64,
+            worst_case_free_logical_bytes: space::worst_case_free_logical_bytes(usable),
+            client_bytes_written: client,
+            media_bytes_written: st.log.media_bytes_written,
+            write_amplification: ratio(st.log.media_bytes_written, client),
+            cleaner: self.cleaner_stats(),
+            corrupt_reads: get(&self.counters.corrupt_reads),
+            map_memory_bytes: st.live.map().memory_bytes(),
+            dedup: self.dedup_stats(&st),
+            elastic: self.elastic_stats(&st),
+            checkpoint_generation: st.checkpoint_generation,
+            last_seq: st.log.last_seq(),
+            epoch: st.log.epoch,
+            read_only: self.options.read_only,
+            poisoned: self.poisoned.load(Ordering::SeqCst),
+            scrub: self.scrub_stats(),
+        }
+    }
+
+    fn cleaner_stats(&self) -> CleanerStats {
+        let cs = &self.counters.cleaner;
+        CleanerStats {
+            cleaner_policy: format!("{:?}", self.options.cleaner.policy),
+            cleaner_segments_cleaned: get(&cs.segments_cleaned),
+            cleaner_records_relocated: get(&cs.records_relocated),
+            cleaner_bytes_relocated: get(&cs.bytes_relocated),
+            segments_reclaimed: get(&cs.segments_reclaimed),
+        }
+    }
+
+    /// Dedup and reduction figures; takes the index lock (after `state`).
+    fn dedup_stats(&self, st: &State) -> DedupStats {
+        let (c, shared) = (st.live.counters(), st.live.shared());
+        let bs = BLOCK_SIZE_BYTES;
+        let ix = self.dedup.as_ref().map(|d| d.index.lock_for_report());
+        let ix: Option<&DedupIndex> = ix.as_deref();
+        let (hits, misses) = (
+            get(&self.counters.read_cache_hits),
+            get(&self.counters.read_cache_misses),
+        );
+        DedupStats {
+            dedup: self.sb.dedup(),
+            dedup_saved_bytes: shared.extra_refs * bs,
+            compression_saved_bytes: ((c.data_blocks - shared.extra_refs) * bs)
+                .saturating_sub(c.stored_payload_bytes),
+            zero_saved_bytes: c.zero_blocks * bs,
+            dedup_shared_records: shared.shared_count(),
+            dedup_lookups: get(&self.counters.dedup_lookups),
+            dedup_hits: get(&self.counters.dedup_hits),
+            dedup_index_entries: ix.map_or(0, |i| i.entries),
+            dedup_index_capacity: ix.map_or(0, |i| i.capacity()),
+            dedup_index_memory_bytes: ix.map_or(0, |i| i.memory_bytes()),
+            dedup_shared_table_bytes: shared.memory_bytes(),
+            read_cache_hits: hits,
+            read_cache_misses: misses,
+            read_cache_hit_rate: ratio(hits, hits + misses),
+        }
+    }
+
+    fn elastic_stats(&self, st: &State) -> ElasticStats {
+        let c = st.live.counters();
+        let es = &self.counters.elastic;
+        let load = &self.activity.load;
+        ElasticStats {
+            codec_strong: self.policy.codec().to_string(),
+            codec_none_bytes: c.stored_codec_bytes[CodecTag::None as usize],
+            codec_lz4_bytes: c.stored_codec_bytes[CodecTag::Lz4 as usize],
+            codec_zstd_bytes: c.stored_codec_bytes[CodecTag::Zstd as usize],
+            unit_blocks: self.options.elastic.unit_blocks,
+            units_written: get(&es.units_written),
+            unit_blocks_written: get(&es.unit_blocks_written),
+            probe_raw_blocks: get(&es.probe_raw_blocks),
+            auto_lz4_units: get(&es.auto_lz4),
+            auto_zstd_fast_units: get(&es.auto_zstd_fast),
+            auto_zstd_strong_units: get(&es.auto_zstd_strong),
+            load_iops: load.iops(),
+            load_inflight: load.inflight() as u64,
+            load_level: format!("{:?}", load.load(&self.options.elastic)).to_lowercase(),
+            bytes_read: get(&es.bytes_read),
+            bytes_decoded: get(&es.bytes_decoded),
+            read_amplification: ratio(get(&es.bytes_decoded), get(&es.bytes_read)),
+            unit_cache_hits: get(&es.unit_cache_hits),
+            unit_cache_misses: get(&es.unit_cache_misses),
+            recompress: self.policy.is_auto() && self.options.elastic.recompress,
+            recompress_passes: get(&es.recompress_passes),
+            recompressed_blocks: get(&es.recompressed_blocks),
+            recompressed_bytes_before: get(&es.recompressed_bytes_before),
+            recompressed_bytes_after: get(&es.recompressed_bytes_after),
+            recompress_skipped_units: get(&es.recompress_skipped_units),
+        }
+    }
+
+    fn scrub_stats(&self) -> ScrubStats {
+        let s = &self.jobs.scrub;
+        let now = s.in_progress();
+        ScrubStats {
+            scrub_runs: get(&s.finished_runs),
+            scrub_blocks_checked: get(&s.blocks_checked_total),
+            scrub_corrupt_blocks: get(&s.corrupt_blocks_total),
+            scrub_last_finished_unix: get(&s.last_finished_unix),
+            scrub_in_progress: now.is_some(),
+            scrub_progress_blocks: now.as_ref().map_or(0, |p| p.blocks_checked),
+            scrub_total_blocks: now.as_ref().map_or(0, |p| p.blocks_total),
+        }
+    }
+}

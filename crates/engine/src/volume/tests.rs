@@ -1,0 +1,116 @@
+use super::*;
+use cvol_storage::SimStorage;
+
+fn block(tag: u8) -> Vec<u8> {
+    format!("block {tag} ").bytes().cycle().take(BS).collect()
+}
+
+fn volume(sim: &SimStorage) -> Volume {
+    let opts = CreateOptions::new(1 << 20, 8 << 20)
+        .with_codec(Codec::Lz4)
+        .with_segment_size(1 << 20);
+    Volume::create(Arc::new(sim.clone()), &opts).unwrap()
+}
+
+fn entry(vol: &Volume, lba: u64) -> MapEntry {
+    vol.lock_state().unwrap().live.get(lba)
+}
+
+/// A fingerprint collision (here planted in the index) must cost a
+/// missed dedup, never another block's data.
+#[test]
+fn a_colliding_fingerprint_is_caught_by_verification() {
+    let sim = SimStorage::new(8 << 20);
+    let vol = volume(&sim);
+    let (a, b) = (block(1), block(2));
+    vol.write_at(BS as u64, &b, false).unwrap();
+    let b_entry = entry(&vol, 1);
+    let d = vol.dedup.as_ref().unwrap();
+    let fp_a = crate::dedup::fingerprint(d.seed, &a);
+    d.index.lock().unwrap().insert(fp_a, b_entry, 1);
+    vol.write_at(2 * BS as u64, &a, false).unwrap();
+    let mut got = vec![0u8; BS];
+    vol.read_at(2 * BS as u64, &mut got).unwrap();
+    assert!(got == a, "the colliding block must hold its own data");
+    assert!(!entry(&vol, 2).same_record(&b_entry));
+    assert_eq!(vol.stats().dedup.dedup_hits, 0);
+    // A real duplicate still dedups.
+    vol.write_at(3 * BS as u64, &b, false).unwrap();
+    assert!(entry(&vol, 3).same_record(&b_entry));
+    assert_eq!(vol.stats().dedup.dedup_hits, 1);
+    vol.verify_refcounts().unwrap();
+}
+
+#[test]
+fn index_is_empty_after_reopen_until_warmed_up() {
+    let sim = SimStorage::new(8 << 20);
+    let vol = volume(&sim);
+    for t in 0..8u8 {
+        vol.write_at(u64::from(t) * BS as u64, &block(t), false)
+            .unwrap();
+    }
+    vol.close().unwrap();
+    drop(vol);
+    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    vol.write_at(100 * BS as u64, &block(3), false).unwrap();
+    assert_eq!(
+        vol.stats().dedup.dedup_hits,
+        0,
+        "a fresh index knows nothing"
+    );
+    // 8 blocks on the volume; block 3 is known already (the copy just written).
+    assert_eq!(vol.warm_index(), 7);
+    vol.write_at(101 * BS as u64, &block(5), false).unwrap();
+    assert_eq!(vol.stats().dedup.dedup_hits, 1);
+    assert!(entry(&vol, 101).same_record(&entry(&vol, 5)));
+    vol.verify_refcounts().unwrap();
+}
+
+/// A panic while the state lock is held (a failed assertion, a bug) turns
+/// every later request into `Poisoned`, not into another panic, and `stat`
+/// still answers.
+#[test]
+fn a_panic_under_the_state_lock_poisons_the_volume_instead_of_cascading() {
+    let sim = SimStorage::new(8 << 20);
+    let vol = Arc::new(volume(&sim));
+    vol.write_at(0, &block(1), false).unwrap();
+    let v = vol.clone();
+    let panicked = std::thread::spawn(move || {
+        let _st = v.lock_state().unwrap();
+        panic!("an engine bug while the state lock is held");
+    })
+    .join();
+    assert!(panicked.is_err());
+    let mut b = vec![0u8; BS];
+    assert!(matches!(vol.read_at(0, &mut b), Err(VolError::Poisoned)));
+    assert!(matches!(
+        vol.write_at(0, &b, false),
+        Err(VolError::Poisoned)
+    ));
+    assert!(matches!(vol.flush(), Err(VolError::Poisoned)));
+    assert!(matches!(vol.close(), Err(VolError::Poisoned)));
+    assert!(vol.stats().poisoned);
+    assert!(vol.verify_refcounts().is_err());
+}
+
+/// `stat --json` stays one flat object: the sections of `VolumeStats`
+/// are flattened, their keys in the order they always had.
+#[test]
+fn stats_serialize_flat_in_field_order() {
+    let sim = SimStorage::new(8 << 20);
+    let vol = volume(&sim);
+    let text = serde_json::to_string(&vol.stats()).unwrap();
+    let at = |k: &str| {
+        text.find(&format!("\"{k}\":"))
+            .unwrap_or_else(|| panic!("no key {k} in {text}"))
+    };
+    assert!(at("write_amplification") < at("cleaner_policy"));
+    assert!(at("segments_reclaimed") < at("corrupt_reads"));
+    assert!(at("map_memory_bytes") < at("dedup"));
+    assert!(at("read_cache_hit_rate") < at("codec_strong"));
+    assert!(at("recompress_skipped_units") < at("checkpoint_generation"));
+    assert!(at("poisoned") < at("scrub_runs"));
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json.as_object().unwrap().len(), 84);
+    assert!(json["blocks_by_codec"]["lz4"].is_u64());
+}
