@@ -1,23 +1,12 @@
 //! Basic volume behaviour over the simulated store.
-use cvol_engine::{Codec, CreateOptions, OpenOptions, VolError, Volume};
-use cvol_storage::{SimStorage, Storage};
+mod common;
+use common::{open, MIB};
+use cvol_engine::{Codec, OpenOptions, VolError, Volume};
+use cvol_storage::SimStorage;
 use std::sync::Arc;
 
-const MIB: u64 = 1 << 20;
-
 fn create(sim: &SimStorage, logical: u64, codec: Codec) -> Volume {
-    let opts = CreateOptions {
-        logical_size_bytes: logical,
-        physical_size_bytes: sim.len_bytes(),
-        codec: codec.into(),
-        segment_size_bytes: MIB,
-        dedup: true,
-    };
-    Volume::create(Arc::new(sim.clone()), &opts).unwrap()
-}
-
-fn reopen(sim: &SimStorage) -> Volume {
-    Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap()
+    common::create(sim, &common::options(sim, logical).with_codec(codec))
 }
 
 fn text(seed: u8, len: usize) -> Vec<u8> {
@@ -45,7 +34,7 @@ fn write_read_reopen_every_codec() {
         assert!(a == b);
         vol.flush().unwrap();
         drop(vol);
-        let vol = reopen(&sim);
+        let vol = open(&sim);
         let mut b = vec![0u8; a.len()];
         vol.read_at(8192, &mut b).unwrap();
         assert!(a == b, "{codec}");
@@ -141,7 +130,7 @@ fn fills_up_with_enospc_stays_readable_and_reopens() {
     assert!(written >= 4 * MIB, "only {written} bytes fit");
     vol.flush().unwrap();
     vol.close().unwrap();
-    for v in [&vol, &reopen(&sim)] {
+    for v in [&vol, &open(&sim)] {
         let mut b = vec![0u8; 64 << 10];
         for off in (0..written).step_by(64 << 10) {
             v.read_at(off, &mut b).unwrap();

@@ -1,15 +1,14 @@
 //! The cleaner keeps an overwritten volume alive forever: overwrite workloads
 //! that write many times the physical size complete and verify; a truly full
 //! volume answers ENOSPC, stays readable, and accepts writes again after TRIM.
+mod common;
+use common::{BS, MIB};
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::volume::CleanerConfig;
-use cvol_engine::{check, Codec, CreateOptions, OpenOptions, VolError, Volume};
+use cvol_engine::{check, OpenOptions, VolError, Volume};
 use cvol_storage::{SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::Arc;
-
-const BS: usize = 4096;
-const MIB: u64 = 1 << 20;
 
 /// Compressible (about 3:1) content unique to (lba, version).
 fn block(lba: u64, version: u32) -> Vec<u8> {
@@ -29,26 +28,19 @@ fn block(lba: u64, version: u32) -> Vec<u8> {
 }
 
 fn volume(sim: &SimStorage, logical: u64, policy: VictimPolicy) -> Volume {
-    let opts = CreateOptions {
-        logical_size_bytes: logical,
-        physical_size_bytes: sim.len_bytes(),
-        codec: Codec::Lz4.into(),
-        segment_size_bytes: MIB,
-        dedup: true,
-    };
-    drop(Volume::create(Arc::new(sim.clone()), &opts).unwrap());
+    let opts = common::options(sim, logical);
+    common::create_closed(sim, &opts);
     let cleaner = CleanerConfig {
         policy,
         ..CleanerConfig::default()
     };
-    Volume::open(
-        Arc::new(sim.clone()),
+    common::open_with(
+        sim,
         OpenOptions {
             cleaner,
             ..OpenOptions::default()
         },
     )
-    .unwrap()
 }
 
 fn verify_all(vol: &Volume, versions: &[Option<u32>]) {
@@ -97,7 +89,7 @@ fn overwrite_workload(policy: VictimPolicy, seed: u64, factor: u64) -> Volume {
     }
     verify_all(&vol, &versions);
     vol.close().unwrap();
-    let reopened = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    let reopened = common::open(&sim);
     verify_all(&reopened, &versions);
     let rep = check::check_volume(&sim, &mut |_, _| {});
     assert!(rep.consistent(), "{:?}", rep.errors);

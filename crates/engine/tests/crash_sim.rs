@@ -10,8 +10,8 @@
 //!
 //! Reproduce one seed: `CVOL_SIM_SEED=123 cargo test -p cvol-engine --test crash_sim -- --nocapture`
 //! More seeds: `CVOL_SIM_SEEDS=5000 cargo test --release -p cvol-engine --test crash_sim`
-#[path = "common/seeds.rs"]
-mod seeds;
+mod common;
+use common::seeds;
 use cvol_engine::{
     check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume,
 };
@@ -21,8 +21,7 @@ use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-const BS: usize = 4096;
-const MIB: u64 = 1 << 20;
+use common::{BS, MIB};
 const LOGICAL_BLOCKS: usize = 384;
 
 fn h(b: &[u8]) -> u64 {
@@ -250,20 +249,17 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             strong: Codec::Zstd(3),
         },
     ][rng.gen_range(0..4)];
-    let opts = CreateOptions {
-        logical_size_bytes: (LOGICAL_BLOCKS * BS) as u64,
-        physical_size_bytes: 6 * MIB,
-        codec,
-        segment_size_bytes: MIB,
-        dedup: rng.gen_ratio(3, 4),
-    };
-    let created = Volume::create(Arc::new(sim.clone()), &opts).expect("create");
+    let opts = CreateOptions::new((LOGICAL_BLOCKS * BS) as u64, 6 * MIB)
+        .with_segment_size(MIB)
+        .with_codec(codec)
+        .with_dedup(rng.gen_ratio(3, 4));
+    let created = common::create(&sim, &opts);
     created.close().expect("close");
     let options = || OpenOptions {
         elastic: elastic(&mut StdRng::seed_from_u64(seed)),
         ..OpenOptions::default()
     };
-    let mut vol = Volume::open(Arc::new(sim.clone()), options()).expect("open");
+    let mut vol = common::open_with(&sim, options());
     let mut model = Model::new(vec![0u8; LOGICAL_BLOCKS * BS]);
     let mut store = sim;
     for cycle in 0..3 {
@@ -369,13 +365,10 @@ fn header_at(store: &SimStorage, offset: u64) -> cvol_format::RecordHeader {
 #[test]
 fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
     let sim = SimStorage::new(6 * MIB);
-    let opts = CreateOptions {
-        logical_size_bytes: (LOGICAL_BLOCKS * BS) as u64,
-        physical_size_bytes: 6 * MIB,
-        codec: Codec::None.into(),
-        segment_size_bytes: MIB,
-        dedup: false,
-    };
+    let opts = CreateOptions::new((LOGICAL_BLOCKS * BS) as u64, 6 * MIB)
+        .with_segment_size(MIB)
+        .with_codec(Codec::None)
+        .with_dedup(false);
     let block = |seed: u64| -> Vec<u8> {
         let mut r = StdRng::seed_from_u64(seed);
         (0..BS).map(|_| r.gen()).collect()
@@ -385,7 +378,7 @@ fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
         v.write_zeroes(lba * BS as u64, BS as u64, true, false)
             .unwrap()
     };
-    let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
+    let vol = common::create(&sim, &opts);
     vol.write_at(0, &block(1), false).unwrap(); // A
     vol.flush().unwrap();
     zero(&vol, 300); // B1
@@ -433,14 +426,10 @@ fn space_exhaustion_under_crashes_keeps_volume_consistent() {
     for seed in 1000..1010 {
         let mut rng = StdRng::seed_from_u64(seed);
         let sim = SimStorage::new(4 * MIB);
-        let opts = CreateOptions {
-            logical_size_bytes: (LOGICAL_BLOCKS * BS) as u64,
-            physical_size_bytes: 4 * MIB,
-            codec: Codec::None.into(),
-            segment_size_bytes: MIB,
-            dedup: true,
-        };
-        let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
+        let opts = CreateOptions::new((LOGICAL_BLOCKS * BS) as u64, 4 * MIB)
+            .with_segment_size(MIB)
+            .with_codec(Codec::None);
+        let vol = common::create(&sim, &opts);
         let mut model = Model::new(vec![0u8; LOGICAL_BLOCKS * BS]);
         let mut full = false;
         for _ in 0..400 {

@@ -3,15 +3,14 @@
 //! WRITE_ZEROES of one clone leave the others intact; sharing survives the
 //! cleaner, reopen and `check`; the index stays within its budget and keeps
 //! finding recent duplicates.
-use cvol_engine::{check, Codec, CreateOptions, OpenOptions, Volume};
-use cvol_storage::{SimStorage, Storage};
+mod common;
+use common::{open, BS, MIB};
+use cvol_engine::{check, OpenOptions, Volume};
+use cvol_storage::SimStorage;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-
-const BS: usize = 4096;
-const MIB: u64 = 1 << 20;
 
 /// A "real image": the workspace's own sources (text) followed by this test
 /// binary (machine code), cut to `bytes` (a multiple of 4 KiB).
@@ -51,18 +50,8 @@ fn real_image(bytes: usize) -> Vec<u8> {
 }
 
 fn create(sim: &SimStorage, logical: u64, dedup: bool) {
-    let opts = CreateOptions {
-        logical_size_bytes: logical,
-        physical_size_bytes: sim.len_bytes(),
-        codec: Codec::Lz4.into(),
-        segment_size_bytes: MIB,
-        dedup,
-    };
-    drop(Volume::create(Arc::new(sim.clone()), &opts).unwrap());
-}
-
-fn open(sim: &SimStorage) -> Volume {
-    Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap()
+    let opts = common::options(sim, logical).with_dedup(dedup);
+    common::create_closed(sim, &opts);
 }
 
 fn read(vol: &Volume, offset: u64, len: usize) -> Vec<u8> {

@@ -3,13 +3,12 @@
 //! offset (also after overwrite, TRIM, cleaning, dedup and reopen), and
 //! background recompression shrinks fast-codec data without changing it,
 //! also while a client writes.
-use cvol_engine::{check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, Volume};
-use cvol_storage::{SimStorage, Storage};
+mod common;
+use common::{BS, MIB};
+use cvol_engine::{check, Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
+use cvol_storage::SimStorage;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::Arc;
-
-const BS: usize = 4096;
-const MIB: u64 = 1 << 20;
 
 /// Compressible text (about 3:1 with lz4), unique per (seed, position).
 fn text(seed: u64, len: usize) -> Vec<u8> {
@@ -58,17 +57,10 @@ fn pinned(load: &str, unit_blocks: u32) -> ElasticConfig {
 }
 
 fn volume(sim: &SimStorage, codec: CodecPolicy, dedup: bool, elastic: ElasticConfig) -> Volume {
-    let opts = CreateOptions {
-        logical_size_bytes: 16 * MIB,
-        physical_size_bytes: sim.len_bytes(),
-        codec,
-        segment_size_bytes: MIB,
-        dedup,
-    };
-    Volume::create(Arc::new(sim.clone()), &opts)
-        .unwrap()
-        .close()
-        .unwrap();
+    let opts = common::options(sim, 16 * MIB)
+        .with_codec(codec)
+        .with_dedup(dedup);
+    common::create_closed(sim, &opts);
     reopen(sim, elastic)
 }
 
@@ -77,7 +69,7 @@ fn reopen(sim: &SimStorage, elastic: ElasticConfig) -> Volume {
         elastic,
         ..OpenOptions::default()
     };
-    Volume::open(Arc::new(sim.clone()), options).unwrap()
+    common::open_with(sim, options)
 }
 
 fn auto() -> CodecPolicy {

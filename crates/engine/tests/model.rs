@@ -2,12 +2,13 @@
 //! through writes (aligned and not), trims, write-zeroes, flushes,
 //! checkpoints and clean reopens. Also checks the space accounting:
 //! mapped_bytes is exactly 4 KiB per block of the model holding non-zero data.
-use cvol_engine::{Codec, CreateOptions, OpenOptions, Volume};
-use cvol_storage::{SimStorage, Storage};
+mod common;
+use common::BS;
+use cvol_engine::{Codec, Volume};
+use cvol_storage::SimStorage;
 use proptest::prelude::*;
 use std::sync::Arc;
 
-const BS: usize = 4096;
 const BLOCKS: usize = 256;
 const SIZE: usize = BLOCKS * BS;
 
@@ -94,14 +95,10 @@ fn check_stats(vol: &Volume, model: &[u8]) {
 
 fn run(ops: Vec<Op>, codec: Codec, dedup: bool) {
     let sim = SimStorage::new(48 << 20);
-    let opts = CreateOptions {
-        logical_size_bytes: SIZE as u64,
-        physical_size_bytes: sim.len_bytes(),
-        codec: codec.into(),
-        segment_size_bytes: 1 << 20,
-        dedup,
-    };
-    let mut vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
+    let opts = common::options(&sim, SIZE as u64)
+        .with_codec(codec)
+        .with_dedup(dedup);
+    let mut vol = common::create(&sim, &opts);
     let mut model = vec![0u8; SIZE];
     for op in ops {
         match op {
@@ -132,7 +129,7 @@ fn run(ops: Vec<Op>, codec: Codec, dedup: bool) {
             Op::Reopen => {
                 vol.close().unwrap();
                 drop(vol);
-                vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+                vol = common::open(&sim);
             }
             Op::Read { off, len } => {
                 let mut b = vec![0u8; len];
@@ -172,14 +169,8 @@ proptest! {
 #[test]
 fn concurrent_writers_and_readers_on_disjoint_ranges() {
     let sim = SimStorage::new(64 << 20);
-    let opts = CreateOptions {
-        logical_size_bytes: 16 << 20,
-        physical_size_bytes: sim.len_bytes(),
-        codec: Codec::Lz4.into(),
-        segment_size_bytes: 1 << 20,
-        dedup: true,
-    };
-    let vol = Arc::new(Volume::create(Arc::new(sim.clone()), &opts).unwrap());
+    let opts = common::options(&sim, 16 << 20);
+    let vol = Arc::new(common::create(&sim, &opts));
     let threads: Vec<_> = (0..4u8)
         .map(|t| {
             let vol = vol.clone();

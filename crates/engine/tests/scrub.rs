@@ -2,8 +2,10 @@
 //! record it hits, dedup references included), the volume keeps serving
 //! everything else, `stat` counts it; a scrub racing writes, overwrites and
 //! the cleaner reports nothing false; one scrub at a time.
+mod common;
+use common::{open, MIB};
 use cvol_engine::volume::{ScrubOptions, ScrubReport};
-use cvol_engine::{Codec, CreateOptions, OpenOptions, Volume};
+use cvol_engine::Volume;
 use cvol_storage::{SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::BTreeSet;
@@ -11,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const BS: u64 = 4096;
-const MIB: u64 = 1 << 20;
 
 /// Compressible content unique to (lba, version).
 fn block(lba: u64, version: u32) -> Vec<u8> {
@@ -26,21 +27,7 @@ fn block(lba: u64, version: u32) -> Vec<u8> {
 }
 
 fn create(sim: &SimStorage, logical: u64) {
-    let opts = CreateOptions {
-        logical_size_bytes: logical,
-        physical_size_bytes: sim.len_bytes(),
-        codec: Codec::Lz4.into(),
-        segment_size_bytes: MIB,
-        dedup: true,
-    };
-    Volume::create(Arc::new(sim.clone()), &opts)
-        .unwrap()
-        .close()
-        .unwrap();
-}
-
-fn open(sim: &SimStorage) -> Volume {
-    Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap()
+    common::create_closed(sim, &common::options(sim, logical));
 }
 
 fn fast() -> ScrubOptions {
@@ -53,24 +40,9 @@ fn fast() -> ScrubOptions {
 
 /// Byte offset of the DATA record whose header names `lba` first.
 fn record_offset(sim: &SimStorage, lba: u64) -> u64 {
-    let mut img = vec![0u8; sim.len_bytes() as usize];
-    sim.read_at(0, &mut img).unwrap();
-    let found: Vec<usize> = (0..img.len() - 44)
-        .filter(|&i| {
-            img[i..i + 4] == 0x524c_5643u32.to_le_bytes()
-                && img[i + 4] == 1
-                && img[i + 24..i + 32] == lba.to_le_bytes()
-        })
-        .collect();
+    let found = common::data_records_of(sim, lba);
     assert_eq!(found.len(), 1, "one DATA record for lba {lba}");
-    found[0] as u64
-}
-
-/// Blocks of the DATA record at `at` (its header's block count).
-fn record_blocks(sim: &SimStorage, at: u64) -> u64 {
-    let mut h = [0u8; 44];
-    sim.read_at(at, &mut h).unwrap();
-    u64::from(u32::from_le_bytes(h[32..36].try_into().unwrap()))
+    found[0]
 }
 
 fn corrupt_lbas(rep: &ScrubReport) -> BTreeSet<u64> {
@@ -127,15 +99,15 @@ fn scrub_names_exactly_the_blocks_of_damaged_records() {
     sim.flip_bit(at3 + 50, 0);
     expect.extend([3, 200]);
     let at_unit = record_offset(&sim, 100);
-    assert_eq!(record_blocks(&sim, at_unit), 4, "a 4-block unit");
+    assert_eq!(
+        common::record_header(&sim, at_unit).nblocks,
+        4,
+        "a 4-block unit"
+    );
     sim.flip_bit(at_unit + 80, 6);
     expect.extend([100, 101, 102, 103, 202]);
     // (The shorter over the longer, so the next record stays intact.)
-    let rec_len = |at: u64| {
-        let mut h = [0u8; 44];
-        sim.read_at(at, &mut h).unwrap();
-        44 + u32::from_le_bytes(h[36..40].try_into().unwrap()) as usize
-    };
+    let rec_len = |at: u64| common::record_header(&sim, at).total_len();
     let (a5, a6) = (record_offset(&sim, 5), record_offset(&sim, 6));
     let (from, to, victim) = if rec_len(a5) <= rec_len(a6) {
         (a5, a6, 6)
@@ -212,7 +184,7 @@ fn scrub_reports_a_damaged_superblock_copy_and_checkpoint_record() {
     write_layout(&vol);
     vol.close().unwrap();
     drop(vol);
-    sim.flip_bit(4096 + 20, 2); // superblock copy B
+    sim.flip_bit(cvol_format::SUPERBLOCK_B_OFFSET + 20, 2);
     let vol = open(&sim);
     let rep = vol.scrub(&fast(), &|_| {}).unwrap();
     assert_eq!(rep.corrupt_blocks, 0);
@@ -223,11 +195,7 @@ fn scrub_reports_a_damaged_superblock_copy_and_checkpoint_record() {
     );
     assert!(!rep.clean());
     // Now the newest checkpoint's commit record, under the open volume.
-    let slot = |i: u64| {
-        let mut b = vec![0u8; 512];
-        sim.read_at(8192 + i * 4096, &mut b).unwrap();
-        cvol_format::CheckpointPointer::decode(&b).ok()
-    };
+    let slot = |i| common::pointer_slot(&sim, i);
     let ptr = cvol_format::CheckpointPointer::newest(slot(0), slot(1)).unwrap();
     sim.flip_bit(ptr.commit_offset + 50, 1);
     let rep = vol.scrub(&fast(), &|_| {}).unwrap();

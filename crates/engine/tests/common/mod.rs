@@ -1,0 +1,68 @@
+//! Helpers shared by the engine's integration tests: the usual volume
+//! options, create and open, and reading record headers off the store.
+#![allow(dead_code, reason = "each test binary uses only some of the helpers")]
+pub mod seeds;
+
+use cvol_engine::{CreateOptions, OpenOptions, Volume};
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
+use cvol_format::CheckpointPointer;
+use cvol_storage::{SimStorage, Storage};
+use std::sync::Arc;
+
+pub const BS: usize = cvol_format::BLOCK_SIZE_BYTES as usize;
+pub const MIB: u64 = 1 << 20;
+
+/// A volume of `logical` bytes on all of `sim`: lz4, 1 MiB segments, dedup
+/// on. Change what a test needs with the `with_*` methods.
+pub fn options(sim: &SimStorage, logical: u64) -> CreateOptions {
+    CreateOptions::new(logical, sim.len_bytes()).with_segment_size(MIB)
+}
+
+/// Formats `sim` with `opts`; the volume stays open.
+pub fn create(sim: &SimStorage, opts: &CreateOptions) -> Volume {
+    Volume::create(Arc::new(sim.clone()), opts).expect("create")
+}
+
+/// Formats `sim` with `opts` and closes the volume again.
+pub fn create_closed(sim: &SimStorage, opts: &CreateOptions) {
+    create(sim, opts).close().expect("close after create");
+}
+
+/// Opens the volume on `sim` with the default options.
+pub fn open(sim: &SimStorage) -> Volume {
+    open_with(sim, OpenOptions::default())
+}
+
+pub fn open_with(sim: &SimStorage, options: OpenOptions) -> Volume {
+    Volume::open(Arc::new(sim.clone()), options).expect("open")
+}
+
+/// The record header at byte `at` of the store.
+pub fn record_header(sim: &SimStorage, at: u64) -> RecordHeader {
+    let mut h = [0u8; RECORD_HEADER_BYTES];
+    sim.read_at(at, &mut h).expect("read a record header");
+    RecordHeader::decode(&h).expect("a record header")
+}
+
+/// Byte offsets of the DATA records on the store whose header names `lba`
+/// first.
+pub fn data_records_of(sim: &SimStorage, lba: u64) -> Vec<u64> {
+    let mut img = vec![0u8; sim.len_bytes() as usize];
+    sim.read_at(0, &mut img).expect("read the store");
+    (0..img.len() - RECORD_HEADER_BYTES)
+        .filter(|&i| img[i..i + 4] == RECORD_MAGIC.to_le_bytes())
+        .filter(|&i| {
+            RecordHeader::decode(&img[i..])
+                .is_ok_and(|h| h.kind == RecordKind::Data && h.lba == lba)
+        })
+        .map(|i| i as u64)
+        .collect()
+}
+
+/// The checkpoint pointer in slot `i` (0 or 1), if it decodes.
+pub fn pointer_slot(sim: &SimStorage, i: usize) -> Option<CheckpointPointer> {
+    let mut b = vec![0u8; cvol_format::pointer::POINTER_BYTES];
+    sim.read_at(CheckpointPointer::slot_offset(i), &mut b)
+        .ok()?;
+    CheckpointPointer::decode(&b).ok()
+}
