@@ -148,6 +148,7 @@ impl DedupIndex {
         if new {
             self.entries += 1;
         }
+        debug_assert!(self.entries <= self.capacity());
     }
 
     /// Inserts `fp` only into a free slot of its set (never evicting what
@@ -174,7 +175,7 @@ impl DedupIndex {
         {
             set[pos..].rotate_left(1);
             set[WAYS - 1] = Slot::default();
-            self.entries -= 1;
+            self.entries = self.entries.checked_sub(1).expect("a slot was counted");
         }
     }
 

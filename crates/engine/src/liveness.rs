@@ -124,6 +124,7 @@ impl LiveMap {
         assert!(lba < self.map.blocks(), "lba {lba} beyond the map");
         self.changes += 1;
         let old = self.map.set(lba, e);
+        debug_assert_eq!(self.map.get(lba), e);
         self.counters.remove(old);
         self.counters.add(e);
         if let EntryState::Data {

@@ -298,6 +298,7 @@ impl Log {
             .segments
             .open_next()
             .expect("a free segment was counted");
+        assert_eq!(self.segments.state(self.segment), SegState::Open);
         // No zeroing of `buf`: only appended records and the zeroed padding
         // of `pad_and_write` are ever written out or read back.
         self.fill = 0;

@@ -100,6 +100,7 @@ impl DecodedUnit {
         }
         let mut data = vec![0u8; h.nblocks as usize * BS];
         codec::decompress(h.codec, payload, &mut data)?;
+        debug_assert_eq!(data.len(), h.nblocks as usize * BS);
         Ok(DecodedUnit { header: h, data })
     }
 

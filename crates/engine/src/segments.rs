@@ -82,7 +82,9 @@ impl SegmentTable {
         let found = (0..n)
             .map(|i| (self.cursor + i) % n)
             .find(|&s| self.state[s as usize] == SegState::Free)?;
+        let free_before = self.free_count;
         self.set_state(found, SegState::Open);
+        assert_eq!(self.free_count + 1, free_before);
         self.max_seq[found as usize] = 0;
         self.cursor = (found + 1) % n;
         Some(found)

@@ -72,6 +72,15 @@ fn reopen(sim: &SimStorage, elastic: ElasticConfig) -> Volume {
     common::open_with(sim, options)
 }
 
+/// Blocks stored raw, lz4, zstd.
+fn blocks_by_codec(st: &cvol_engine::VolumeStats) -> [u64; 3] {
+    [
+        st.codec_none_blocks,
+        st.codec_lz4_blocks,
+        st.codec_zstd_blocks,
+    ]
+}
+
 fn auto() -> CodecPolicy {
     CodecPolicy::Auto {
         strong: Codec::Zstd(9),
@@ -153,11 +162,7 @@ fn codec_tags_round_trip_under_every_policy() {
         let data = text(3, 256 * 1024);
         vol.write_at(0, &data, false).unwrap();
         let st = vol.stats();
-        let got = [
-            st.codec_none_blocks,
-            st.codec_lz4_blocks,
-            st.codec_zstd_blocks,
-        ];
+        let got = blocks_by_codec(&st);
         assert_eq!(got, by_codec, "{policy} {load}");
         assert_eq!(st.codec, policy.to_string());
         assert!(read(&vol, 0, data.len()) == data, "{policy} {load}");
@@ -165,11 +170,7 @@ fn codec_tags_round_trip_under_every_policy() {
         drop(vol);
         let vol = reopen(&sim, pinned(load, 8));
         let st = vol.stats();
-        let got = [
-            st.codec_none_blocks,
-            st.codec_lz4_blocks,
-            st.codec_zstd_blocks,
-        ];
+        let got = blocks_by_codec(&st);
         assert_eq!(got, by_codec, "{policy} {load} after reopen");
         assert_eq!(st.codec, policy.to_string(), "the policy is persistent");
         assert!(read(&vol, 0, data.len()) == data);

@@ -156,6 +156,7 @@ impl Volume {
         assert_eq!(fps.len(), nblocks as usize, "a fingerprint per block");
         let shape = Shape::data(codec, level, lba, nblocks, full_mask(nblocks));
         let p = self.append_with_crc(st, shape, &payload, payload_crc)?;
+        assert_eq!(p.len as usize, RECORD_HEADER_BYTES + payload.len());
         for (k, &fp) in fps.iter().enumerate() {
             let e = unit_entry(codec, p.offset, p.len, p.crc, nblocks, k as u32);
             let l = lba + k as u64;
@@ -221,6 +222,7 @@ impl Volume {
         e.encode(&mut payload);
         self.append(st, Shape::reference(lba), &payload)?;
         st.set_entry(lba, e, fp);
+        debug_assert!(st.live.get(lba).same_record(&target));
         Ok(())
     }
 }

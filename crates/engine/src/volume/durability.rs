@@ -24,7 +24,7 @@ impl Volume {
     pub(super) fn begin_epoch(&self) -> Result<(), VolError> {
         let _f = self.lock_flush()?;
         let mut st = self.lock_state()?;
-        st.log.epoch += 1;
+        st.log.epoch = st.log.epoch.checked_add(1).expect("epochs never run out");
         self.append(&mut st, Shape::meta(RecordKind::Epoch, CodecTag::None), &[])?;
         self.guard(st.log.pad_and_write(&*self.storage))?;
         drop(st);
@@ -77,6 +77,10 @@ impl Volume {
         }
         self.certify_previous_sync(&mut st)?;
         self.guard(st.log.pad_and_write(&*self.storage))?;
+        assert!(
+            st.log.last_seq() > st.synced_seq,
+            "a sync has records to make durable"
+        );
         Ok(Some((st.log.last_seq(), candidates)))
     }
 
@@ -86,6 +90,10 @@ impl Volume {
     fn certify_previous_sync(&self, st: &mut State) -> Result<(), VolError> {
         if st.synced_seq > st.synced_marked {
             let seq = st.synced_seq;
+            assert!(
+                seq <= st.log.last_seq(),
+                "only appended records were synced"
+            );
             let shape = Shape::meta(RecordKind::Synced, CodecTag::None);
             self.append(st, shape, &seq.to_le_bytes())?;
             st.synced_marked = seq;
@@ -118,6 +126,10 @@ impl Volume {
             let candidates = st.log.segments.reclaimable(st.live.usage(), snapshot_seq);
             let ptr = self.append_checkpoint(&mut st)?;
             self.guard(st.log.pad_and_write(&*self.storage))?;
+            assert!(
+                ptr.commit_seq > snapshot_seq,
+                "the commit follows its snapshot"
+            );
             (ptr, snapshot_seq, candidates)
         };
         self.guard(self.storage.sync().map_err(VolError::Io))?;

@@ -269,6 +269,10 @@ fn recovered_state(
     r: Recovered,
 ) -> Result<State, VolError> {
     let fill = (align_up(r.end as u64, SECTOR_SIZE_BYTES)).min(sb.segment_size_bytes) as usize;
+    assert!(
+        r.end <= fill && r.segment < sb.segment_count(),
+        "the chain ends inside a segment"
+    );
     let head = Some((r.segment, r.last_seq));
     let tables = liveness::rebuild(sb, &r.map, &r.needed_segments, head);
     let (live, segs) = LiveMap::recovered(sb, r.map, tables, r.replayed_map_records);

@@ -121,6 +121,7 @@ impl Volume {
             }
         }
         flush_run(&mut out, &mut run, nblocks);
+        assert_covers(&out, lba, nblocks as u64);
         Ok(out)
     }
 
@@ -224,6 +225,11 @@ impl Volume {
     ) -> Vec<Prepared<'a>> {
         let n = data.len() / BS;
         assert!(n >= 1 && n <= UNIT_BLOCKS_MAX as usize && fps.len() == n);
+        let unit = self.unit_blocks();
+        assert!(
+            lba / unit == (lba + n as u64 - 1) / unit,
+            "a unit stays inside one aligned window"
+        );
         let compressed = codec.compress(data);
         match compressed {
             Some(c) => {
@@ -321,6 +327,22 @@ impl Volume {
             }
         }
     }
+}
+
+/// The prepared items cover `nblocks` from `lba` exactly, in order.
+fn assert_covers(items: &[Prepared<'_>], lba: u64, nblocks: u64) {
+    let mut next = lba;
+    for p in items {
+        let (first, n) = match p {
+            Prepared::Data { lba, nblocks, .. } | Prepared::Zero { lba, nblocks } => {
+                (*lba, u64::from(*nblocks))
+            }
+            Prepared::Dup { lba, .. } => (*lba, 1),
+        };
+        assert_eq!(first, next, "prepared items leave a gap or overlap");
+        next += n;
+    }
+    assert_eq!(next, lba + nblocks, "prepared items cover the write");
 }
 
 /// Adds block `l` to the zero run it continues, or starts a new one.

@@ -384,6 +384,7 @@ impl Volume {
         let h = &f.header;
         let shape = Shape::data(h.codec, h.level, owner, h.nblocks, mask);
         let p = self.append(st, shape, f.payload(&v.buf))?;
+        assert_eq!(p.len as usize, h.total_len(), "a copy is the same record");
         let stats = &self.counters.cleaner;
         stats.records_relocated.fetch_add(1, Ordering::Relaxed);
         stats
