@@ -7,6 +7,8 @@ use serde::Serialize;
 pub struct MapCounters {
     pub data_blocks: u64,
     pub zero_blocks: u64,
+    /// Blocks whose newest version repair could not salvage (read as EIO).
+    pub lost_blocks: u64,
     pub codec_blocks: [u64; 3],
     /// Payload bytes of live records (what compression produced), each
     /// record once however many blocks share it; kept by the volume's
@@ -21,6 +23,7 @@ impl MapCounters {
         match e.state_valid() {
             EntryState::Unmapped => {}
             EntryState::Zero => self.zero_blocks += 1,
+            EntryState::Lost => self.lost_blocks += 1,
             EntryState::Data { codec, .. } => {
                 self.data_blocks += 1;
                 self.codec_blocks[codec as usize] += 1;
@@ -32,6 +35,7 @@ impl MapCounters {
         match e.state_valid() {
             EntryState::Unmapped => {}
             EntryState::Zero => self.zero_blocks -= 1,
+            EntryState::Lost => self.lost_blocks -= 1,
             EntryState::Data { codec, .. } => {
                 self.data_blocks -= 1;
                 self.codec_blocks[codec as usize] -= 1;
@@ -95,6 +99,9 @@ pub struct VolumeStats {
     pub cleaner_bytes_relocated: u64,
     pub segments_reclaimed: u64,
     pub corrupt_reads: u64,
+    /// Logical bytes whose newest version `cvol check --repair` could not
+    /// salvage: they read as EIO until written again.
+    pub lost_bytes: u64,
     pub map_memory_bytes: u64,
     /// Inline deduplication is on for this volume.
     pub dedup: bool,

@@ -154,6 +154,8 @@ pub struct Volume {
     recompress_cursor: AtomicU64,
     /// What recovery had to skip or rebuild at open (shown by repair).
     recovery_warnings: Vec<String>,
+    /// What a salvage at open (repair) could not save.
+    recovery_salvage: Option<recovery::Salvage>,
     options: OpenOptions,
     state: Mutex<State>,
     flush_lock: Mutex<()>,
@@ -375,14 +377,15 @@ impl Volume {
         let r = match recovery::recover(&*storage, &sb) {
             Ok(r) => r,
             Err(e) if options.rebuild_from_log && !options.read_only => {
-                tracing::warn!("{e}; rebuilding the map from the log");
-                let mut r = recovery::rebuild_from_log(&*storage, &sb).map_err(VolError::Open)?;
+                tracing::warn!("{e}; salvaging the map from the log");
+                let mut r = recovery::salvage(&*storage, &sb).map_err(VolError::Open)?;
                 r.warnings.insert(0, e);
                 r
             }
             Err(e) => return Err(VolError::Open(e)),
         };
         let recovery_warnings = r.warnings.clone();
+        let recovery_salvage = r.salvage.clone();
         r.warnings.iter().for_each(|w| tracing::warn!("{w}"));
         tracing::info!(
             checkpoint = r.checkpoint_generation,
@@ -428,6 +431,7 @@ impl Volume {
         };
         let mut vol = Volume::assemble(storage, sb, options, state);
         vol.recovery_warnings = recovery_warnings;
+        vol.recovery_salvage = recovery_salvage;
         if !vol.options.read_only {
             match vol.begin_epoch() {
                 Err(VolError::NoSpace) => {
@@ -481,6 +485,7 @@ impl Volume {
             elastic_stats: ElasticStats::default(),
             recompress_cursor: AtomicU64::new(0),
             recovery_warnings: Vec::new(),
+            recovery_salvage: None,
             storage,
             sb,
             options,
@@ -550,6 +555,11 @@ impl Volume {
     /// What recovery skipped or rebuilt when this volume was opened.
     pub fn recovery_warnings(&self) -> &[String] {
         &self.recovery_warnings
+    }
+
+    /// What the salvage this open ran (`rebuild_from_log`) could not save.
+    pub fn recovery_salvage(&self) -> Option<&recovery::Salvage> {
+        self.recovery_salvage.as_ref()
     }
 
     pub fn codec_policy(&self) -> CodecPolicy {
@@ -1281,6 +1291,14 @@ impl Volume {
         };
         let mut i = 0;
         while i < n {
+            if entries[i].state_valid() == EntryState::Lost {
+                return Err(corrupt(
+                    i,
+                    "lost: damage destroyed this block's newest version (repair could not \
+                     salvage it); it reads as an error until written again"
+                        .into(),
+                ));
+            }
             let EntryState::Data {
                 offset, len, unit, ..
             } = entries[i].state_valid()
@@ -1409,7 +1427,10 @@ impl Volume {
                 Some(p) if p > lba => (true, p * BLOCK_SIZE_BYTES),
                 None => (true, end),
                 Some(_) => {
-                    let z = !matches!(st.map.get(lba).state_valid(), EntryState::Data { .. });
+                    let z = !matches!(
+                        st.map.get(lba).state_valid(),
+                        EntryState::Data { .. } | EntryState::Lost
+                    );
                     (z, (lba + 1) * BLOCK_SIZE_BYTES)
                 }
             };
@@ -1662,7 +1683,10 @@ impl Volume {
             physical_size_bytes: self.sb.physical_size_bytes,
             mapped_bytes: mapped,
             zero_bytes: c.zero_blocks * bs,
-            unmapped_bytes: self.sb.logical_size_bytes - mapped - c.zero_blocks * bs,
+            unmapped_bytes: self.sb.logical_size_bytes
+                - mapped
+                - c.zero_blocks * bs
+                - c.lost_blocks * bs,
             stored_bytes: c.stored_payload_bytes,
             physical_used_bytes: used,
             physical_free_bytes: st.log.free_bytes(),
@@ -1691,6 +1715,7 @@ impl Volume {
             cleaner_bytes_relocated: cs.bytes_relocated.load(Ordering::Relaxed),
             segments_reclaimed: cs.segments_reclaimed.load(Ordering::Relaxed),
             corrupt_reads: self.corrupt_reads.load(Ordering::Relaxed),
+            lost_bytes: c.lost_blocks * bs,
             map_memory_bytes: st.map.memory_bytes(),
             dedup: self.sb.dedup(),
             dedup_saved_bytes: st.shared.extra_refs * bs,

@@ -70,7 +70,7 @@ impl Volume {
     pub(super) fn checkpoint_estimate_bytes(&self, st: &State) -> u64 {
         // 12 bytes per entry plus a 12-byte run header at worst; lz4 is not counted on;
         // up to two chunk records lost to segment tails; the commit record.
-        let entries = st.counters.data_blocks + st.counters.zero_blocks;
+        let entries = st.counters.data_blocks + st.counters.zero_blocks + st.counters.lost_blocks;
         let chunk = (self.chunk_raw_max_bytes() + 2 * RECORD_HEADER_BYTES) as u64;
         let raw = entries * 25;
         raw + (raw / self.sb.segment_size_bytes + 2) * chunk + (64 << 10)
