@@ -1106,6 +1106,19 @@ pub fn lba_list(v: &[u64]) -> String {
 /// Without any usable checkpoint: the walk from the log's first record, or
 /// else `rebuild_from_log`.
 pub fn salvage(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
+    let mut r = salvage_inner(storage, sb)?;
+    if r.salvage.as_ref().is_some_and(|s| s.unknown_records != [0]) {
+        // (rebuild_from_log lists the damaged records itself.)
+        let scan_damaged = scan_log(storage, sb).damaged;
+        for (s, at, e) in scan_damaged.iter().take(100) {
+            r.warnings
+                .push(format!("segment {s} at byte {at}: damaged record ({e})"));
+        }
+    }
+    Ok(r)
+}
+
+fn salvage_inner(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
     let scan = scan_log(storage, sb);
     let mut ptrs: Vec<CheckpointPointer> = read_pointers(storage).into_iter().flatten().collect();
     ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
