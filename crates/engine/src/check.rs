@@ -48,6 +48,15 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
         }
     };
     rep.errors.extend(recovered.warnings.iter().cloned());
+    let certified = recovery::certified_in_log(storage, &sb);
+    if recovered.last_seq < certified.seq {
+        rep.errors.push(format!(
+            "flushed records are missing: recovery reaches seq {} but {} certifies seq {} as \
+             flushed (damage hides part of the log from the open); `cvol check --repair` \
+             salvages them",
+            recovered.last_seq, certified.by, certified.seq
+        ));
+    }
     rep.records_replayed = recovered.replayed_records;
     rep.last_seq = recovered.last_seq;
     // Once the cleaner has reused segments the log no longer goes back to

@@ -36,6 +36,8 @@ pub struct Recovered {
     pub warnings: Vec<String>,
     /// Seqs of damaged checkpoint records the roll-forward stepped over.
     pub skipped: Vec<u64>,
+    /// Segments the roll-forward read records from.
+    pub rolled_segments: Vec<u64>,
     /// What a salvage (`cvol check --repair`) could not save.
     pub salvage: Option<Salvage>,
 }
@@ -119,7 +121,7 @@ pub fn read_pointers(storage: &dyn Storage) -> [Option<CheckpointPointer>; 2] {
 /// Rebuilds the map from the whole log, ignoring every checkpoint. Used by
 /// `cvol check` to cross-check the checkpointed map.
 pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
-    let index = first_record_index(storage, sb);
+    let index = first_record_index(storage, sb)?;
     let start = log_start(&index).ok_or("no log start (record seq 1) found")?;
     let mut map = BlockMap::new(sb.logical_blocks());
     let r = roll_forward(storage, sb, &mut map, start, &index, &HashMap::new())?;
@@ -223,6 +225,18 @@ impl Certified {
     }
 }
 
+/// The highest certified seq found by reading the whole log (pointer
+/// slots, every SYNCED record, the newest complete checkpoint when a slot
+/// is damaged). Open looks only where the chain can lead; `check` and
+/// repair, which read everything anyway, also catch damage that hides a
+/// whole segment from the chain (its first records erased).
+pub fn certified_in_log(storage: &dyn Storage, sb: &Superblock) -> Certified {
+    let ptrs: Vec<CheckpointPointer> = read_pointers(storage).into_iter().flatten().collect();
+    let mut c = Certified::from_pointers(&ptrs);
+    c.raise_from_scan(storage, sb, &scan_log(storage, sb));
+    c
+}
+
 /// Records a pointer names that recovery may step over when damaged,
 /// because they change no block: the MAP_CHUNK and CKPT_COMMIT records of
 /// the checkpoints the slots name (chunks have the seqs just below their
@@ -271,7 +285,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
         ));
     }
     let had_checkpoint = !ptrs.is_empty() || damaged_slots > 0;
-    let index = first_record_index(storage, sb);
+    let index = first_record_index(storage, sb)?;
     let mut certified = Certified::from_pointers(&ptrs);
     let known = known_checkpoint_records(storage, sb, &ptrs);
     // Candidates, best first: the newest pointer; then (fallbacks) the older
@@ -430,7 +444,11 @@ fn certified_beyond(
     r: &Recovered,
     index: &HashMap<u64, Vec<u64>>,
 ) -> Option<u64> {
+    // The end's segment, those the roll-forward passed through (a record
+    // copied elsewhere by a misdirected write can lead the chain away from
+    // the segment that holds the rest), and those that start after it.
     let mut segs = vec![r.segment];
+    segs.extend(&r.rolled_segments);
     for (&first, s) in index {
         if first > r.last_seq {
             segs.extend(s);
@@ -767,6 +785,7 @@ pub fn rebuild_from_log(storage: &dyn Storage, sb: &Superblock) -> Result<Recove
         warnings,
         skipped: Vec::new(),
         salvage: None,
+        rolled_segments: Vec::new(),
     })
 }
 
@@ -1077,6 +1096,7 @@ fn salvage_walk(
         needed_segments: needed,
         warnings,
         skipped: Vec::new(),
+        rolled_segments: Vec::new(),
         salvage: Some(Salvage {
             lost_lbas,
             unknown_records: unknown.clone(),
@@ -1171,7 +1191,7 @@ fn salvage_inner(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, St
         return Ok(w.recovered);
     }
     // No checkpoint at all: from the log's first record, if it is still there.
-    let index = first_record_index(storage, sb);
+    let index = first_record_index(storage, sb)?;
     if let Some(start) = log_start(&index) {
         let base = SalvageBase {
             map: BlockMap::new(sb.logical_blocks()),
@@ -1224,21 +1244,33 @@ pub fn repair_superblocks(storage: &dyn Storage) -> Result<Vec<String>, String> 
     Ok(notes)
 }
 
-/// Seq of the first record of every segment whose first header decodes.
-fn first_record_index(storage: &dyn Storage, sb: &Superblock) -> HashMap<u64, Vec<u64>> {
+/// Key of `first_record_index` under which segments whose start holds
+/// bytes but no record header of this volume are listed (damage, or a
+/// misdirected write: their records may still matter).
+const DAMAGED_START: u64 = u64::MAX;
+
+/// Seq of the first record of every segment whose first header decodes;
+/// under `DAMAGED_START`, segments whose start is neither that nor zeros.
+/// A segment that cannot be read fails the open: it may hold the log's
+/// continuation, and guessing would end the chain early.
+fn first_record_index(
+    storage: &dyn Storage,
+    sb: &Superblock,
+) -> Result<HashMap<u64, Vec<u64>>, String> {
     let mut index: HashMap<u64, Vec<u64>> = HashMap::new();
     let mut b = [0u8; RECORD_HEADER_BYTES];
     for s in 0..sb.segment_count() {
-        if storage.read_at(sb.segment_offset(s), &mut b).is_err() {
-            continue;
-        }
-        if let Ok(h) = RecordHeader::decode(&b) {
-            if h.volume_tag == sb.volume_tag() {
-                index.entry(h.seq).or_default().push(s);
-            }
+        storage
+            .read_at(sb.segment_offset(s), &mut b)
+            .map_err(|e| format!("reading the start of segment {s}: {e}"))?;
+        match RecordHeader::decode(&b) {
+            Ok(h) if h.volume_tag == sb.volume_tag() => index.entry(h.seq).or_default().push(s),
+            Ok(_) => {}
+            Err(_) if b.iter().any(|&x| x != 0) => index.entry(DAMAGED_START).or_default().push(s),
+            Err(_) => {}
         }
     }
-    index
+    Ok(index)
 }
 
 /// A verified record at `at` in `seg` that continues the chain, if any.
@@ -1284,6 +1316,7 @@ fn roll_forward(
     let mut replayed = 0u64;
     let mut map_records = 0u64;
     let mut skipped = Vec::new();
+    let mut rolled_segments = vec![segment];
     loop {
         let aligned = align_up(pos as u64, SECTOR_SIZE_BYTES) as usize;
         let found = chain_record_at(&buf, pos, tag, expected, epoch)
@@ -1308,6 +1341,7 @@ fn roll_forward(
                 if s != segment {
                     buf = read_segment(storage, sb, s)?;
                     segment = s;
+                    rolled_segments.push(s);
                 }
                 skipped.push(expected);
                 let m = needed.entry(segment).or_insert(0);
@@ -1333,6 +1367,7 @@ fn roll_forward(
                     }
                 }
                 let Some((next, nbuf)) = next else { break };
+                rolled_segments.push(next);
                 segment = next;
                 buf = nbuf;
                 pos = 0;
@@ -1368,6 +1403,7 @@ fn roll_forward(
         warnings: Vec::new(),
         skipped,
         salvage: None,
+        rolled_segments,
     })
 }
 

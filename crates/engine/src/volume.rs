@@ -375,6 +375,23 @@ impl Volume {
         let (sb, warnings) = recovery::read_superblock(&*storage).map_err(VolError::Open)?;
         warnings.iter().for_each(|w| tracing::warn!("{w}"));
         let r = match recovery::recover(&*storage, &sb) {
+            // Repair reads the whole log: flushed records the chain cannot
+            // reach (a segment whose start was erased) are salvaged too.
+            Ok(r) if options.rebuild_from_log && !options.read_only => {
+                let c = recovery::certified_in_log(&*storage, &sb);
+                if r.last_seq < c.seq {
+                    let e = format!(
+                        "the log's chain ends at seq {} but {} certifies seq {} as flushed",
+                        r.last_seq, c.by, c.seq
+                    );
+                    tracing::warn!("{e}; salvaging the map from the log");
+                    let mut r = recovery::salvage(&*storage, &sb).map_err(VolError::Open)?;
+                    r.warnings.insert(0, e);
+                    r
+                } else {
+                    r
+                }
+            }
             Ok(r) => r,
             Err(e) if options.rebuild_from_log && !options.read_only => {
                 tracing::warn!("{e}; salvaging the map from the log");

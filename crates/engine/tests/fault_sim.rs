@@ -228,6 +228,10 @@ fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) {
 struct Damage {
     ranges: Vec<(u64, u64)>,
     kinds: Vec<&'static str>,
+    /// A misdirected write left the first sectors of a segment zeroed:
+    /// recovery cannot find that segment when the log continues in it
+    /// (docs/FORMAT.md, "what open cannot see"); `check` and repair can.
+    erased_segment_start: bool,
 }
 
 impl Damage {
@@ -342,6 +346,7 @@ fn inject(store: &SimStorage, rng: &mut StdRng, used_end: u64) -> Damage {
                 store.read_at(from, &mut b).unwrap();
                 store.write_at(to, &b).unwrap();
                 store.write_at(from, &vec![0u8; n as usize]).unwrap();
+                d.erased_segment_start |= (from - DATA_AREA).is_multiple_of(MIB);
                 store.sync().unwrap();
                 d.ranges.push((from, from + n));
                 d.ranges.push((to, to + n));
@@ -374,9 +379,9 @@ fn verify(
     repaired: Option<&check::RepairReport>,
     seed: u64,
     cycle: usize,
-) -> (Vec<u8>, u64, u64) {
+) -> (Vec<u8>, u64, u64, u64) {
     let mut image = vec![0u8; BLOCKS * BS];
-    let (mut failed, mut own) = (0, 0);
+    let (mut failed, mut own, mut unseen) = (0, 0, 0);
     let ctx = |lba: usize| {
         format!(
             "seed {seed} cycle {cycle} lba {lba} (damage: {:?}; reproduce: CVOL_FAULT_SEED={seed} \
@@ -422,6 +427,11 @@ fn verify(
                         buf.iter().all(|&x| x == 0),
                         ctx(lba)
                     );
+                } else if damage.erased_segment_start {
+                    // The one damage open cannot see (the caller requires
+                    // `check` to report it): a version once held.
+                    assert!(model.history[lba].contains(&v), "garbage: {}", ctx(lba));
+                    unseen += u64::from(!model.certified[lba].contains(&v));
                 } else {
                     // Opened despite damage: recovery never ends below a
                     // certified seq, so a block holds its certified version
@@ -458,7 +468,7 @@ fn verify(
             Err(e) => panic!("unexpected error {e}: {}", ctx(lba)),
         }
     }
-    (image, failed, own)
+    (image, failed, own, unseen)
 }
 
 #[derive(Default)]
@@ -474,6 +484,9 @@ struct Coverage {
     unknown_losses: u64,
     /// Cycles with the newest checkpoint and one log record damaged.
     checkpoint_and_record: u64,
+    /// Cycles where an erased segment start hid flushed records from open
+    /// (check reported them).
+    unseen_by_open: u64,
 }
 
 fn run_seed(seed: u64, cov: &mut Coverage) {
@@ -517,13 +530,35 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         let (reopened, repaired) = match Volume::open(Arc::new(store.clone()), open.clone()) {
             Ok(v) => (v, None),
             Err(e) => {
+                if std::env::var("CVOL_FAULT_SEED").is_ok() {
+                    eprintln!(
+                        "cycle {cycle}: damage {:?} {:?}; open refused: {e}",
+                        damage.kinds, damage.ranges
+                    );
+                }
                 assert!(
                     !damage.ranges.is_empty(),
                     "seed {seed} cycle {cycle}: open failed without damage: {e}"
                 );
                 cov.refused_opens += 1;
                 store.set_config(SimConfig::default()); // repair needs to read
+                if std::env::var("CVOL_FAULT_DUMP").is_ok() {
+                    for (o, h) in verified_records(&store) {
+                        eprintln!(
+                            "  before repair {o} {:?} seq {} epoch {} lba {}",
+                            h.kind, h.seq, h.epoch, h.lba
+                        );
+                    }
+                }
                 let rep = check::repair_volume(Arc::new(store.clone()));
+                if std::env::var("CVOL_FAULT_DUMP").is_ok() {
+                    for (o, h) in verified_records(&store) {
+                        eprintln!(
+                            "  after repair {o} {:?} seq {} epoch {} lba {}",
+                            h.kind, h.seq, h.epoch, h.lba
+                        );
+                    }
+                }
                 cov.repairs += 1;
                 let v = Volume::open(Arc::new(store.clone()), open.clone()).unwrap_or_else(|e| {
                     panic!(
@@ -555,7 +590,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
                 reopened.recovery_warnings()
             );
         }
-        let (image, failed, own) =
+        let (image, failed, own, unseen) =
             verify(&reopened, &model, &damage, repaired.as_ref(), seed, cycle);
         cov.failed_reads += failed;
         cov.own_record_hits += own;
@@ -566,6 +601,14 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
                 "seed {seed} cycle {cycle}: check: {:?}",
                 rep.errors
             );
+        }
+        if unseen > 0 {
+            // Open could not see the erased segment; check must.
+            assert!(
+                !rep.consistent(),
+                "seed {seed} cycle {cycle}: {unseen} blocks lost flushed versions and check is clean"
+            );
+            cov.unseen_by_open += 1;
         }
         if failed > 0 && !damage.hits_metadata() {
             // Damaged data blocks are named by LBA (reads failed; check must see it).
@@ -612,7 +655,8 @@ fn fault_simulation_seeds() {
         "{n} seeds: {} cycles with injected faults ({} newest checkpoint + log record), {} reads \
          refused (EIO; {} where the block's own record was hit), {} opens refused then repaired \
          ({} blocks listed lost, {} repairs that could not tell), {} times check named damaged \
-         blocks",
+         blocks; {} cycles where an erased segment start hid flushed records from open and \
+         check reported it",
         cov.faults,
         cov.checkpoint_and_record,
         cov.failed_reads,
@@ -620,7 +664,8 @@ fn fault_simulation_seeds() {
         cov.refused_opens,
         cov.lost_listed,
         cov.unknown_losses,
-        cov.check_named
+        cov.check_named,
+        cov.unseen_by_open
     );
     assert!(
         cov.checkpoint_and_record > 0,
