@@ -384,12 +384,23 @@ impl Volume {
         };
         let recovery_warnings = r.warnings.clone();
         r.warnings.iter().for_each(|w| tracing::warn!("{w}"));
-        tracing::info!(
-            checkpoint = r.checkpoint_generation,
-            replayed = r.replayed_records,
-            last_seq = r.last_seq,
-            "volume recovered"
-        );
+        // A clean close leaves nothing after the last checkpoint: say
+        // "recovered" only when records had to be replayed.
+        if r.replayed_records > 0 {
+            tracing::info!(
+                checkpoint = r.checkpoint_generation,
+                last_seq = r.last_seq,
+                "recovered: replayed {} records written after the last checkpoint \
+                 (the volume was not closed cleanly)",
+                r.replayed_records
+            );
+        } else {
+            tracing::debug!(
+                checkpoint = r.checkpoint_generation,
+                last_seq = r.last_seq,
+                "volume opened (closed cleanly, nothing to replay)"
+            );
+        }
         let fill = (align_up(r.end as u64, cvol_format::SECTOR_SIZE_BYTES))
             .min(sb.segment_size_bytes) as usize;
         let live = refs::rebuild(
