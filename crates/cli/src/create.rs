@@ -55,9 +55,9 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
     }
     if logical > LOGICAL_SIZE_MAX_BYTES {
         return Err(format!(
-            "--size {} is above the largest volume, {} (16T)",
+            "--size {} is above the largest logical size, {} TiB",
             a.size,
-            human_bytes(LOGICAL_SIZE_MAX_BYTES)
+            LOGICAL_SIZE_MAX_BYTES >> 40
         ));
     }
     let codec = words::parse_codec(a.codec)?;
@@ -85,15 +85,14 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
     if physical > PHYSICAL_SIZE_MAX_BYTES {
         return Err(match a.physical_size {
             Some(p) => format!(
-                "--physical-size {p} is above the largest backing store, {} (8T)",
-                human_bytes(PHYSICAL_SIZE_MAX_BYTES)
+                "--physical-size {p} is above the largest physical size, {} TiB",
+                PHYSICAL_SIZE_MAX_BYTES >> 40
             ),
             None => format!(
-                "--size {} needs --physical-size: without it the backing file is as large as \
-                 --size, above the largest backing store, {} (8T); a volume may be larger \
-                 than its backing store (e.g. --physical-size 8T)",
+                "--size {} needs a --physical-size of at most {} TiB: without it the \
+                 physical size is --size (a volume may be larger than its backing store)",
                 a.size,
-                human_bytes(PHYSICAL_SIZE_MAX_BYTES)
+                PHYSICAL_SIZE_MAX_BYTES >> 40
             ),
         });
     }

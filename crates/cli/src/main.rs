@@ -64,10 +64,10 @@ enum Command {
         volume: Option<PathBuf>,
         /// Listen on a Unix socket at PATH (refused if PATH exists, unless
         /// it is the stale socket of a server that is gone).
-        #[arg(long)]
+        #[arg(long, value_name = "PATH")]
         socket: Option<PathBuf>,
         /// Listen on TCP ADDR:PORT (default 127.0.0.1:10809 when no --socket is given).
-        #[arg(long)]
+        #[arg(long, value_name = "ADDR:PORT")]
         listen: Option<String>,
         /// Export name (clients asking for "" get it too).
         #[arg(long, default_value = "")]
