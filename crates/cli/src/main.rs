@@ -101,16 +101,13 @@ enum Command {
         /// size are compressed together.
         #[arg(long, default_value = "16K")]
         unit_size: String,
-        /// Codec policy auto: 4 KiB-normalised requests per second at or
-        /// above which the load is busy (lz4)...
-        #[arg(long, default_value_t = ElasticConfig::default().busy_iops)]
+        #[arg(long, default_value_t = ElasticConfig::default().busy_iops, help = words::busy_iops_help())]
         busy_iops: u64,
-        /// ...and below which it is idle (the strong zstd level); between
-        /// the two, zstd:1.
-        #[arg(long, default_value_t = ElasticConfig::default().idle_iops)]
+        #[arg(long, default_value_t = ElasticConfig::default().idle_iops, help = words::idle_iops_help())]
         idle_iops: u64,
         /// Codec policy auto: rewrite cold lz4 data and small units with the
-        /// strong codec while clients are idle (on or off).
+        /// strong codec (zstd:9, or the LEVEL of auto:zstd:LEVEL) while clients
+        /// are idle (on or off).
         #[arg(long, default_value = "on")]
         recompress: String,
         /// Clients served at once; more are refused (closed before the greeting).

@@ -50,6 +50,25 @@ pub fn codec_help() -> String {
     )
 }
 
+/// `--help` of `serve --busy-iops`.
+pub fn busy_iops_help() -> String {
+    format!(
+        "Codec policy auto: 4 KiB-normalised requests per second at or above which \
+         the load is busy ({})",
+        auto_codec(Load::Busy)
+    )
+}
+
+/// `--help` of `serve --idle-iops`.
+pub fn idle_iops_help() -> String {
+    format!(
+        "Codec policy auto: requests per second below which the load is idle ({}); \
+         between the two, {}",
+        auto_codec(Load::Idle),
+        auto_codec(Load::Medium)
+    )
+}
+
 /// A policy as `create` reports it.
 pub fn describe_policy(p: CodecPolicy) -> String {
     match p {
