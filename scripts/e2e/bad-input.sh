@@ -84,6 +84,9 @@ cp --sparse=always "$W/vol.cvol" "$W/short.cvol"
 truncate -s 8M "$W/short.cvol" # past the data: only free log is missing
 cp --sparse=always "$W/vol.cvol" "$W/cut.cvol"
 truncate -s 3M "$W/cut.cvol" # into the data
+cp --sparse=always "$W/vol.cvol" "$W/damaged.cvol" # both superblock copies damaged
+printf 'XX' | dd of="$W/damaged.cvol" bs=1 seek=20 conv=notrunc status=none
+printf 'XX' | dd of="$W/damaged.cvol" bs=1 seek=4116 conv=notrunc status=none
 echo "notes, not a volume" >"$W/note.txt"
 head -c 1048576 /dev/urandom >"$W/random.bin"
 : >"$W/empty.img"
@@ -138,6 +141,8 @@ run_table <<'EOF'
 1 | shorter than the volume | check --json: truncated copy                   | check short.cvol --json
 1 | shorter than the volume.*nothing was changed | check --repair: truncated copy, nothing written | check short.cvol --repair
 1 | shorter than the volume | check --repair: truncated into the data        | check cut.cvol --repair
+1 | superblock copy A.*checksum | check: both superblock copies damaged        | check damaged.cvol
+1 | both superblock copies are damaged | check --repair: cannot repair, nothing written | check damaged.cvol --repair
 2 | not a cvol volume    | check: random bytes                               | check random.bin
 2 | not a cvol volume    | check --repair: random bytes, nothing written     | check random.bin --repair
 2 | empty                | check: an empty file                              | check empty.img
@@ -154,6 +159,7 @@ run_table <<'EOF'
 2 | shorter than the volume | stat: truncated copy                           | stat short.cvol
 2 | shorter than the volume | stat --json: truncated into the data           | stat cut.cvol --json
 2 | not a cvol volume    | stat: random bytes                                | stat random.bin
+2 | both damaged         | stat: both superblock copies damaged              | stat damaged.cvol
 2 | empty                | stat: an empty file                               | stat empty.img
 2 | directory            | stat: a directory                                 | stat dir
 2 | not a regular file   | stat: a FIFO                                      | stat fifo
@@ -181,6 +187,7 @@ run_table <<'EOF'
 2 | in use               | a volume another server serves                    | serve @LIVE@/live.cvol --socket s.sock
 2 | shorter than the volume | serve: truncated copy                          | serve short.cvol --socket s.sock
 2 | not a cvol volume    | serve: random bytes                               | serve random.bin --socket s.sock
+2 | both damaged         | serve: both superblock copies damaged             | serve damaged.cvol --socket s.sock
 2 | empty                | serve: an empty file                              | serve empty.img --socket s.sock
 2 | directory            | serve: a directory                                | serve dir --socket s.sock
 2 | no such file         | serve: a missing volume is not created            | serve missing.cvol --socket s.sock

@@ -119,7 +119,7 @@ pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
             serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
         );
     } else {
-        if rep.actions.is_empty() {
+        if rep.actions.is_empty() && rep.after.consistent() {
             println!("{}: nothing needed repair", path.display());
         }
         for a in &rep.actions {

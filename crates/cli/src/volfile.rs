@@ -152,14 +152,19 @@ pub fn open_store(path: &Path, purpose: Purpose) -> Result<(FileStorage, Kind), 
     Ok((st, kind))
 }
 
-/// Opens the store and refuses (exit 2) what is not a volume or is
-/// shorter than the volume: for the commands that open it (stat, scrub,
-/// serve). A damaged header is left to the engine, whose error names it.
+/// Opens the store and refuses (exit 2) what is not a volume, is shorter
+/// than the volume or has no intact superblock: for the commands that open
+/// it (stat, scrub, serve).
 pub fn open_volume_store(path: &Path, purpose: Purpose) -> Result<FileStorage, String> {
     let (st, kind) = open_store(path, purpose)?;
     match read_header(path, &st, kind)? {
         Header::Short(m) => Err(format!("{}: {m}", path.display())),
-        Header::Volume | Header::Damaged => Ok(st),
+        Header::Damaged => Err(format!(
+            "{}: a cvol volume whose superblock copies are both damaged; \
+             `cvol check` lists what else is wrong",
+            path.display()
+        )),
+        Header::Volume => Ok(st),
     }
 }
 
