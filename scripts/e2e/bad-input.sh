@@ -133,6 +133,7 @@ run_table <<'EOF'
 2 | directory            | a directory is no volume                          | create dir --size 16M
 2 | not a regular file   | a FIFO is no volume                               | create fifo --size 16M
 2 | symbolic link        | a dangling symlink is not followed                | create dangling --size 16M
+2 | not a directory      | a file where the directory should be              | create note.txt/v.cvol --size 16M
 2 | in use               | --force on a served volume                        | create @LIVE@/live.cvol --size 16M --force
 2 | size                 | --size missing                                    | create new.cvol
 # check: exit 1 for a broken volume, 2 when it cannot run

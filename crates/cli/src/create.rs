@@ -184,7 +184,15 @@ fn find_target(path: &Path, a: &CreateArgs) -> Result<Target, String> {
             }
             Ok(Target::NewFile)
         }
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => {
+            let dir = parent(path);
+            Err(match std::fs::metadata(&dir) {
+                Ok(md) if !md.is_dir() => {
+                    format!("{}: {} is not a directory", path.display(), dir.display())
+                }
+                _ => format!("{}: {e}", path.display()),
+            })
+        }
     }
 }
 
