@@ -404,12 +404,25 @@ impl Volume {
         let recovery_warnings = r.warnings.clone();
         let recovery_salvage = r.salvage.clone();
         r.warnings.iter().for_each(|w| tracing::warn!("{w}"));
-        tracing::info!(
-            checkpoint = r.checkpoint_generation,
-            replayed = r.replayed_records,
-            last_seq = r.last_seq,
-            "volume recovered"
-        );
+        // A clean close leaves no data records after the last checkpoint
+        // (only EPOCH records of opens): say "recovered" only when records
+        // that change the map had to be replayed.
+        if r.replayed_map_records > 0 {
+            tracing::info!(
+                checkpoint = r.checkpoint_generation,
+                last_seq = r.last_seq,
+                "recovered: replayed {} records written after the last checkpoint \
+                 (the last run ended without a final checkpoint)",
+                r.replayed_map_records
+            );
+        } else {
+            tracing::debug!(
+                checkpoint = r.checkpoint_generation,
+                replayed = r.replayed_records,
+                last_seq = r.last_seq,
+                "volume opened: no data to replay"
+            );
+        }
         let fill = (align_up(r.end as u64, cvol_format::SECTOR_SIZE_BYTES))
             .min(sb.segment_size_bytes) as usize;
         let live = refs::rebuild(
