@@ -628,6 +628,9 @@ pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
         damaged: Vec::new(),
         damaged_headers: Vec::new(),
     };
+    if buf.iter().all(|&b| b == 0) {
+        return out; // a free segment (a hole on the host): nothing to search
+    }
     let mut pos = 0usize;
     let try_at = |at: usize| -> Option<Result<RecordHeader, String>> {
         let b = buf.get(at..)?;
@@ -1126,11 +1129,11 @@ pub fn lba_list(v: &[u64]) -> String {
 /// Without any usable checkpoint: the walk from the log's first record, or
 /// else `rebuild_from_log`.
 pub fn salvage(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
-    let mut r = salvage_inner(storage, sb)?;
+    let scan = scan_log(storage, sb);
+    let mut r = salvage_from(storage, sb, &scan)?;
     if r.salvage.as_ref().is_some_and(|s| s.unknown_records != [0]) {
         // (rebuild_from_log lists the damaged records itself.)
-        let scan_damaged = scan_log(storage, sb).damaged;
-        for (s, at, e) in scan_damaged.iter().take(100) {
+        for (s, at, e) in scan.damaged.iter().take(100) {
             r.warnings
                 .push(format!("segment {s} at byte {at}: damaged record ({e})"));
         }
@@ -1138,12 +1141,15 @@ pub fn salvage(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
     Ok(r)
 }
 
-fn salvage_inner(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
-    let scan = scan_log(storage, sb);
+fn salvage_from(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    scan: &LogScan,
+) -> Result<Recovered, String> {
     let mut ptrs: Vec<CheckpointPointer> = read_pointers(storage).into_iter().flatten().collect();
     ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
     let mut certified = Certified::from_pointers(&ptrs);
-    certified.raise_from_scan(storage, sb, &scan);
+    certified.raise_from_scan(storage, sb, scan);
     let known = known_checkpoint_records(storage, sb, &ptrs);
     let mut commits: Vec<(CheckpointPointer, String)> = ptrs
         .iter()
@@ -1178,7 +1184,7 @@ fn salvage_inner(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, St
             continue;
         };
         let complete = base.lost_spans.is_empty();
-        let walk = salvage_walk(sb, &scan, base, &certified, &known);
+        let walk = salvage_walk(sb, scan, base, &certified, &known);
         // Every seq from the base on was found (intact, or damaged with
         // its blocks named): nothing between was reused, so the map names
         // no place reused since, and it is exact but for the LOST blocks.
@@ -1199,7 +1205,7 @@ fn salvage_inner(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, St
             lost_spans: Vec::new(),
             what: "start of the log (seq 1)".into(),
         };
-        return Ok(salvage_walk(sb, &scan, base, &certified, &known).recovered);
+        return Ok(salvage_walk(sb, scan, base, &certified, &known).recovered);
     }
     let mut r = rebuild_from_log(storage, sb)?;
     r.salvage = Some(Salvage {
