@@ -499,6 +499,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         .unwrap();
     let mut vol = Volume::open(Arc::new(store.clone()), open.clone()).unwrap();
     let mut model = Model::new();
+    let mut damaged_before = false;
     for cycle in 0..3 {
         let ops = rng.gen_range(30..200);
         run_ops(&vol, &mut model, &mut rng, ops);
@@ -595,7 +596,10 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         cov.failed_reads += failed;
         cov.own_record_hits += own;
         let rep = check::check_volume(&store, &mut |_, _| {});
-        if damage.ranges.is_empty() && repaired.is_none() {
+        // Damage stays until rewritten: a damaged checkpoint of an earlier
+        // cycle that is still the newest is rightly reported (seed 2555).
+        damaged_before |= !damage.ranges.is_empty();
+        if !damaged_before && repaired.is_none() {
             assert!(
                 rep.consistent(),
                 "seed {seed} cycle {cycle}: check: {:?}",
