@@ -346,7 +346,10 @@ fn inject(store: &SimStorage, rng: &mut StdRng, used_end: u64) -> Damage {
                 store.read_at(from, &mut b).unwrap();
                 store.write_at(to, &b).unwrap();
                 store.write_at(from, &vec![0u8; n as usize]).unwrap();
-                d.erased_segment_start |= (from - DATA_AREA).is_multiple_of(MIB);
+                // (seed 2764: a range across a segment boundary erases the
+                // next segment's start as well)
+                let next_start = DATA_AREA + (from - DATA_AREA).div_ceil(MIB) * MIB;
+                d.erased_segment_start |= next_start < from + n;
                 store.sync().unwrap();
                 d.ranges.push((from, from + n));
                 d.ranges.push((to, to + n));
