@@ -5,7 +5,7 @@
 use cvol_engine::Volume;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,13 +26,12 @@ pub fn socket_path(volume: &Path) -> Option<PathBuf> {
 }
 
 pub struct ControlGuard {
-    path: PathBuf,
+    _socket: crate::sockfile::SocketFile,
     vol: Arc<Volume>,
 }
 
 impl Drop for ControlGuard {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
         // A running scrub stops before the volume closes.
         self.vol.cancel_scrub();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -44,9 +43,8 @@ impl Drop for ControlGuard {
 
 pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
     let path = socket_path(volume).ok_or("cannot stat the volume for its control socket")?;
-    let _ = std::fs::remove_file(&path);
-    let listener =
-        UnixListener::bind(&path).map_err(|e| format!("control socket {}: {e}", path.display()))?;
+    // The volume is locked by this process: a socket there is stale.
+    let (listener, socket) = crate::sockfile::bind(&path, "control socket")?;
     let guard_vol = vol.clone();
     std::thread::Builder::new()
         .name("cvol-control".into())
@@ -57,7 +55,7 @@ pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
         })
         .map_err(|e| e.to_string())?;
     Ok(ControlGuard {
-        path,
+        _socket: socket,
         vol: guard_vol,
     })
 }
@@ -67,9 +65,7 @@ fn serve_one(conn: UnixStream, vol: &Arc<Volume>) -> std::io::Result<()> {
     let mut line = String::new();
     BufReader::new((&conn).take(256)).read_line(&mut line)?;
     let reply = match line.trim() {
-        "stat" => {
-            serde_json::to_string(&vol.stats()).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-        }
+        "stat" => crate::stat::stats_value(vol).to_string(),
         other => crate::scrub::serve_request(vol, other).unwrap_or_else(|| {
             serde_json::json!({ "error": format!("unknown request '{other}'") }).to_string()
         }),

@@ -17,8 +17,12 @@ use std::time::Duration;
 /// How often the command asks a server for progress.
 const POLL: Duration = Duration::from_millis(200);
 
+/// `--rate` on a served volume when none is given (offline: no limit, as
+/// nothing competes with the scrub).
+const SERVED_RATE_DEFAULT: &str = "64M";
+
 pub struct ScrubArgs<'a> {
-    pub rate: &'a str,
+    pub rate: Option<&'a str>,
     pub json: bool,
     pub no_wait: bool,
     pub status: bool,
@@ -71,8 +75,12 @@ pub fn serve_request(vol: &Arc<Volume>, line: &str) -> Option<String> {
 }
 
 pub fn cmd_scrub(path: &Path, args: ScrubArgs) -> Result<ExitCode, String> {
-    let rate = parse_rate(args.rate)?;
+    let rate = args.rate.map(parse_rate).transpose()?;
     if control::query(path, "scrub-status").is_some() {
+        let rate = match rate {
+            Some(r) => r,
+            None => parse_rate(SERVED_RATE_DEFAULT)?,
+        };
         return scrub_served(path, rate, &args);
     }
     if args.status || args.no_wait {
@@ -81,7 +89,7 @@ pub fn cmd_scrub(path: &Path, args: ScrubArgs) -> Result<ExitCode, String> {
             path.display()
         ));
     }
-    scrub_offline(path, rate, args.json)
+    scrub_offline(path, rate.unwrap_or(0), args.json)
 }
 
 fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, String> {
@@ -145,7 +153,7 @@ fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, St
 }
 
 fn scrub_offline(path: &Path, rate: u64, json: bool) -> Result<ExitCode, String> {
-    let vol = crate::open_read_only(path, 0)?;
+    let vol = crate::volfile::open_read_only(path, 0)?;
     let bar = progress_bar();
     let progress = |p: &ScrubProgress| {
         if let Some(pb) = &bar {
@@ -248,7 +256,7 @@ fn finish(
         let what = format!(
             "{} data blocks ({}) verified in {:.1}s, {} records read",
             r.blocks_checked,
-            bytesize::ByteSize(r.bytes_checked).to_string_as(true),
+            crate::words::human_bytes(r.bytes_checked),
             r.elapsed_secs,
             r.records_checked
         );

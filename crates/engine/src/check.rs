@@ -16,6 +16,9 @@ pub struct CheckReport {
     pub blocks_checked: u64,
     pub records_replayed: u64,
     pub last_seq: u64,
+    /// Blocks marked lost by an earlier repair (they read as EIO until
+    /// written again).
+    pub lost_lbas: Vec<u64>,
 }
 
 impl CheckReport {
@@ -45,6 +48,15 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
         }
     };
     rep.errors.extend(recovered.warnings.iter().cloned());
+    let certified = recovery::certified_in_log(storage, &sb);
+    if recovered.last_seq < certified.seq {
+        rep.errors.push(format!(
+            "flushed records are missing: recovery reaches seq {} but {} certifies seq {} as \
+             flushed (damage hides part of the log from the open); `cvol check --repair` \
+             salvages them",
+            recovered.last_seq, certified.by, certified.seq
+        ));
+    }
     rep.records_replayed = recovered.replayed_records;
     rep.last_seq = recovered.last_seq;
     // Once the cleaner has reused segments the log no longer goes back to
@@ -230,6 +242,9 @@ fn verify_records(
     let mut done = 0u64;
     let mut out = vec![0u8; BLOCK_SIZE_BYTES as usize];
     map.for_each_mapped(|lba, e| {
+        if e.state_valid() == EntryState::Lost {
+            rep.lost_lbas.push(lba);
+        }
         if let EntryState::Data { offset, len, .. } = e.state_valid() {
             if let Err(why) = verify_one(storage, sb, lba, e, offset, len, &mut out) {
                 bad.push((lba, why));
@@ -241,6 +256,14 @@ fn verify_records(
         }
     });
     rep.blocks_checked = done;
+    if !rep.lost_lbas.is_empty() {
+        rep.errors.push(format!(
+            "{} block(s) lost to damage (a repair could not salvage their newest flushed \
+             version; they read as EIO until written again): LBAs {}",
+            rep.lost_lbas.len(),
+            recovery::lba_list(&rep.lost_lbas)
+        ));
+    }
     for (lba, why) in bad.iter().take(100) {
         rep.errors.push(format!(
             "lba {lba} (byte {}): {why}",
@@ -275,6 +298,12 @@ fn verify_one(
 pub struct RepairReport {
     /// Repairs made, in order.
     pub actions: Vec<String>,
+    /// Blocks whose newest flushed version the repair found destroyed:
+    /// they read as EIO until written again.
+    pub lost_lbas: Vec<u64>,
+    /// Destroyed records whose blocks cannot be told (by seq): some blocks
+    /// may read an older version. Empty when every loss is in `lost_lbas`.
+    pub unknown_records: Vec<u64>,
     /// The check after the repair: its errors are what could not be saved
     /// (each names the LBAs affected).
     pub after: CheckReport,
@@ -309,6 +338,10 @@ pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
                     .iter()
                     .map(|w| format!("recovery: {w}")),
             );
+            if let Some(s) = vol.recovery_salvage() {
+                rep.lost_lbas = s.lost_lbas.clone();
+                rep.unknown_records = s.unknown_records.clone();
+            }
             let mut written = 0;
             for _ in 0..2 {
                 match vol.checkpoint() {

@@ -135,6 +135,9 @@ pub fn decode_block_record(
 pub struct SegmentWalk {
     pub records: Vec<(usize, RecordHeader)>,
     pub damaged: Vec<(usize, String)>,
+    /// The damaged records' headers: as written when one damaged header
+    /// byte explains the damage (`header_byte_fix`), else as read.
+    pub damaged_headers: Vec<(usize, RecordHeader)>,
 }
 
 /// Walks a segment's records: each at the end of the previous one or at the
@@ -150,7 +153,11 @@ pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
     let mut out = SegmentWalk {
         records: Vec::new(),
         damaged: Vec::new(),
+        damaged_headers: Vec::new(),
     };
+    if buf.iter().all(|&b| b == 0) {
+        return out; // a free segment (a hole on the host): nothing to search
+    }
     let mut pos = 0usize;
     loop {
         let aligned = align_up(pos as u64, SECTOR_SIZE_BYTES) as usize;
@@ -158,23 +165,27 @@ pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
             Some(r) => Some((pos, r)),
             None => record_at(buf, aligned, tag).map(|r| (aligned, r)),
         };
-        match found {
+        let resume = match found {
             Some((at, Ok(h))) => {
                 pos = at + h.total_len();
                 assert!(pos <= buf.len(), "a verified record ends inside its buffer");
                 out.records.push((at, h));
+                continue;
             }
             Some((at, Err(e))) => {
-                out.damaged.push((at, e));
-                match next_intact_record(buf, at + 1, tag) {
-                    Some(p) => pos = p,
-                    None => break,
+                let h = cvol_format::record::header_byte_fix(&buf[at..])
+                    .or_else(|| RecordHeader::decode(&buf[at..]).ok());
+                if let Some(h) = h {
+                    out.damaged_headers.push((at, h));
                 }
+                out.damaged.push((at, e));
+                at + 1
             }
-            None => match next_intact_record(buf, pos + 1, tag) {
-                Some(p) => pos = p,
-                None => break,
-            },
+            None => pos + 1,
+        };
+        match next_intact_record(buf, resume, tag) {
+            Some(p) => pos = p,
+            None => break,
         }
     }
     out

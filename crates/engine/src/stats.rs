@@ -8,6 +8,8 @@ use serde::Serialize;
 pub struct MapCounters {
     pub data_blocks: u64,
     pub zero_blocks: u64,
+    /// Blocks whose newest version repair could not salvage (read as EIO).
+    pub lost_blocks: u64,
     pub codec_blocks: [u64; 3],
     /// Payload bytes of live records (what compression produced), each
     /// record once however many blocks share it; kept by `LiveMap` as
@@ -22,6 +24,7 @@ impl MapCounters {
         match e.state_valid() {
             EntryState::Unmapped => {}
             EntryState::Zero => self.zero_blocks += 1,
+            EntryState::Lost => self.lost_blocks += 1,
             EntryState::Data { codec, .. } => {
                 self.data_blocks += 1;
                 self.codec_blocks[codec as usize] += 1;
@@ -35,6 +38,7 @@ impl MapCounters {
         match e.state_valid() {
             EntryState::Unmapped => {}
             EntryState::Zero => decrement(&mut self.zero_blocks, 1, "zero blocks"),
+            EntryState::Lost => decrement(&mut self.lost_blocks, 1, "lost blocks"),
             EntryState::Data { codec, .. } => {
                 decrement(&mut self.data_blocks, 1, "data blocks");
                 decrement(
@@ -122,6 +126,9 @@ pub struct VolumeStats {
     #[serde(flatten)]
     pub cleaner: CleanerStats,
     pub corrupt_reads: u64,
+    /// Logical bytes whose newest version `cvol check --repair` could not
+    /// salvage: they read as EIO until written again.
+    pub lost_bytes: u64,
     pub map_memory_bytes: u64,
     #[serde(flatten)]
     pub dedup: DedupStats,

@@ -23,6 +23,8 @@ mod seeds;
 use cvol_engine::{
     check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume,
 };
+use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::{CheckpointPointer, RecordHeader, RecordKind};
 use cvol_storage::{SimConfig, SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::HashSet;
@@ -42,12 +44,25 @@ fn h(b: &[u8]) -> u64 {
     s.finish()
 }
 
-/// What each block may hold: its durable version or any later write
-/// (`allowed`), and every version it ever held (`history`, with zeros).
+/// What each block may hold, exactly as cvol promises it:
+/// - `allowed`: after a crash without damage, its version at the last
+///   completed flush or any later write;
+/// - `certified`: with damage at rest, its version at the last *certified*
+///   flush or any later write. A completed flush certifies the flush
+///   before it (its SYNCED record); a checkpoint or a clean close certifies
+///   everything. Only the records of the very last flush before a power
+///   cut are uncertified: damage to them may roll those blocks back to the
+///   previous flush, never further, and never to zeros they did not hold;
+/// - `history`: every version it ever held (zeros included), for the
+///   single case where repair itself says it cannot tell (records
+///   destroyed with their headers).
 struct Model {
     cur: Vec<u8>,
     allowed: Vec<HashSet<u64>>,
+    certified: Vec<HashSet<u64>>,
     history: Vec<HashSet<u64>>,
+    /// Written since the last flush (so a flush syncs something new).
+    dirty: bool,
 }
 
 impl Model {
@@ -56,7 +71,9 @@ impl Model {
         Model {
             cur: vec![0u8; BLOCKS * BS],
             allowed: vec![HashSet::from([zero]); BLOCKS],
+            certified: vec![HashSet::from([zero]); BLOCKS],
             history: vec![HashSet::from([zero]); BLOCKS],
+            dirty: false,
         }
     }
 
@@ -65,22 +82,40 @@ impl Model {
         for b in offset / BS..(offset + data.len()).div_ceil(BS) {
             let v = h(&self.cur[b * BS..(b + 1) * BS]);
             self.allowed[b].insert(v);
+            self.certified[b].insert(v);
             self.history[b].insert(v);
         }
+        self.dirty = true;
     }
 
+    /// A completed client flush: it certifies the previous flush.
     fn durable(&mut self) {
+        if self.dirty {
+            self.certified = self.allowed.clone();
+        }
         for b in 0..BLOCKS {
             self.allowed[b] = HashSet::from([h(&self.cur[b * BS..(b + 1) * BS])]);
         }
+        self.dirty = false;
+    }
+
+    /// A checkpoint or a clean close: everything is certified.
+    fn checkpointed(&mut self) {
+        self.durable();
+        self.certified = self.allowed.clone();
     }
 
     /// After recovery: what the volume holds now is the new durable state.
+    /// It is certified only by the next flush that writes something (the
+    /// records a crash left uncertified stay so until then), so the
+    /// versions certified before stay possible too.
     fn reset_to(&mut self, image: Vec<u8>) {
         for (b, blk) in image.chunks(BS).enumerate() {
             self.allowed[b] = HashSet::from([h(blk)]);
+            self.certified[b].insert(h(blk));
         }
         self.cur = image;
+        self.dirty = false;
     }
 }
 
@@ -166,7 +201,7 @@ fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) {
                 vol.trim(off as u64, (nb * BS) as u64, false)
             }
             63..=80 => vol.flush().map(|_| model.durable()),
-            81..=84 => vol.checkpoint().map(|_| model.durable()),
+            81..=84 => vol.checkpoint().map(|_| model.checkpointed()),
             85..=87 => vol.clean(u64::MAX, false).map(|_| ()),
             88..=90 => vol.recompress_pass(u64::MAX, false).map(|_| ()),
             _ => {
@@ -193,6 +228,10 @@ fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) {
 struct Damage {
     ranges: Vec<(u64, u64)>,
     kinds: Vec<&'static str>,
+    /// A misdirected write left the first sectors of a segment zeroed:
+    /// recovery cannot find that segment when the log continues in it
+    /// (docs/FORMAT.md, "what open cannot see"); `check` and repair can.
+    erased_segment_start: bool,
 }
 
 impl Damage {
@@ -208,10 +247,85 @@ impl Damage {
     }
 }
 
+/// Every record that verifies on the store: (offset, header).
+fn verified_records(store: &SimStorage) -> Vec<(u64, RecordHeader)> {
+    let mut img = vec![0u8; store.len_bytes() as usize];
+    store.read_at(0, &mut img).unwrap();
+    let magic = cvol_format::record::RECORD_MAGIC.to_le_bytes();
+    (DATA_AREA as usize..img.len() - RECORD_HEADER_BYTES)
+        .filter(|&i| img[i..i + 4] == magic)
+        .filter_map(|i| {
+            let (h, _) = RecordHeader::decode_verified(&img[i..]).ok()?;
+            Some((i as u64, h))
+        })
+        .collect()
+}
+
+/// Issue 22's shape: one record of the newest checkpoint (a MAP_CHUNK or
+/// its CKPT_COMMIT) and one record of the log after the older checkpoint
+/// get a flipped byte, so recovery must fall back and roll forward through
+/// a damaged record.
+fn damage_checkpoint_and_record(store: &SimStorage, rng: &mut StdRng, d: &mut Damage) -> bool {
+    let mut ptrs: Vec<CheckpointPointer> = (0..2)
+        .filter_map(|slot| {
+            let mut b = vec![0u8; 512];
+            store
+                .read_at(CheckpointPointer::slot_offset(slot), &mut b)
+                .ok()?;
+            CheckpointPointer::decode(&b).ok()
+        })
+        .collect();
+    ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
+    let Some(newest) = ptrs.first().copied() else {
+        return false;
+    };
+    let older_seq = ptrs.get(1).map_or(0, |p| p.commit_seq);
+    let recs = verified_records(store);
+    let mut ck: Vec<(u64, u64)> = vec![(newest.commit_offset, u64::from(newest.commit_len))];
+    if let Some((_, h)) = recs.iter().find(|(o, _)| *o == newest.commit_offset) {
+        let n = ck.len();
+        for (o, r) in &recs {
+            if r.kind == RecordKind::MapChunk && r.seq < h.seq && r.seq + 64 >= h.seq {
+                ck.push((*o, r.total_len() as u64));
+            }
+        }
+        ck.truncate(n + 64);
+    }
+    let after: Vec<(u64, u64)> = recs
+        .iter()
+        .filter(|(_, h)| h.seq > older_seq && h.seq < newest.commit_seq)
+        .filter(|(_, h)| {
+            matches!(
+                h.kind,
+                RecordKind::Data | RecordKind::Ref | RecordKind::Zero | RecordKind::Trim
+            )
+        })
+        .map(|(o, h)| (*o, h.total_len() as u64))
+        .collect();
+    if after.is_empty() {
+        return false;
+    }
+    for (off, len) in [
+        ck[rng.gen_range(0..ck.len())],
+        after[rng.gen_range(0..after.len())],
+    ] {
+        let at = off + rng.gen_range(0..len);
+        store.flip_bit(at, rng.gen_range(0..8));
+        store.flip_bit(at, rng.gen_range(0..8));
+        d.ranges.push((at, at + 1));
+    }
+    store.sync().unwrap();
+    d.kinds.push("newest checkpoint and a log record");
+    true
+}
+
 fn inject(store: &SimStorage, rng: &mut StdRng, used_end: u64) -> Damage {
     let mut d = Damage::default();
     let mut bad_reads = Vec::new();
     let span = used_end.max(DATA_AREA + 4096) - DATA_AREA;
+    if rng.gen_ratio(1, 4) && damage_checkpoint_and_record(store, rng, &mut d) {
+        return d;
+    }
     for _ in 0..rng.gen_range(1..=3) {
         match rng.gen_range(0..3) {
             0 => {
@@ -232,6 +346,10 @@ fn inject(store: &SimStorage, rng: &mut StdRng, used_end: u64) -> Damage {
                 store.read_at(from, &mut b).unwrap();
                 store.write_at(to, &b).unwrap();
                 store.write_at(from, &vec![0u8; n as usize]).unwrap();
+                // (seed 2764: a range across a segment boundary erases the
+                // next segment's start as well)
+                let next_start = DATA_AREA + (from - DATA_AREA).div_ceil(MIB) * MIB;
+                d.erased_segment_start |= next_start < from + n;
                 store.sync().unwrap();
                 d.ranges.push((from, from + n));
                 d.ranges.push((to, to + n));
@@ -261,12 +379,12 @@ fn verify(
     vol: &Volume,
     model: &Model,
     damage: &Damage,
-    repaired: bool,
+    repaired: Option<&check::RepairReport>,
     seed: u64,
     cycle: usize,
-) -> (Vec<u8>, u64, u64) {
+) -> (Vec<u8>, u64, u64, u64) {
     let mut image = vec![0u8; BLOCKS * BS];
-    let (mut failed, mut own) = (0, 0);
+    let (mut failed, mut own, mut unseen) = (0, 0, 0);
     let ctx = |lba: usize| {
         format!(
             "seed {seed} cycle {cycle} lba {lba} (damage: {:?}; reproduce: CVOL_FAULT_SEED={seed} \
@@ -279,12 +397,30 @@ fn verify(
         match vol.read_at((lba * BS) as u64, buf) {
             Ok(()) => {
                 let v = h(buf);
-                if repaired {
+                if let Some(rep) = repaired {
                     assert!(
-                        model.history[lba].contains(&v),
-                        "garbage after repair: {}",
+                        !rep.lost_lbas.contains(&(lba as u64)),
+                        "a block repair listed as lost reads without error: {}",
                         ctx(lba)
                     );
+                    if rep.unknown_records.is_empty() {
+                        // Repair salvaged everything it did not list.
+                        assert!(
+                            model.certified[lba].contains(&v),
+                            "after repair, flushed data lost or older without being listed \
+                             (an older version: {}; zeros: {}): {}",
+                            model.history[lba].contains(&v),
+                            buf.iter().all(|&x| x == 0),
+                            ctx(lba)
+                        );
+                    } else {
+                        // It said it cannot tell: a version once written.
+                        assert!(
+                            model.history[lba].contains(&v),
+                            "garbage after repair: {}",
+                            ctx(lba)
+                        );
+                    }
                 } else if damage.ranges.is_empty() {
                     assert!(
                         model.allowed[lba].contains(&v),
@@ -294,10 +430,25 @@ fn verify(
                         buf.iter().all(|&x| x == 0),
                         ctx(lba)
                     );
-                } else {
-                    // Damage to the log may end the recovery chain early:
-                    // an older version then, but never garbage.
+                } else if damage.erased_segment_start {
+                    // The one damage open cannot see (the caller requires
+                    // `check` to report it): a version once held.
                     assert!(model.history[lba].contains(&v), "garbage: {}", ctx(lba));
+                    unseen += u64::from(!model.certified[lba].contains(&v));
+                } else {
+                    // Opened despite damage: recovery never ends below a
+                    // certified seq, so a block holds its certified version
+                    // or a later one; an older version or zeros it did not
+                    // hold then is silent loss of flushed data.
+                    assert!(
+                        model.certified[lba].contains(&v),
+                        "opened, but flushed data reads older or as zeros ({} certified versions; \
+                         an older version: {}; zeros: {}): {}",
+                        model.certified[lba].len(),
+                        model.history[lba].contains(&v),
+                        buf.iter().all(|&x| x == 0),
+                        ctx(lba)
+                    );
                 }
             }
             Err(e @ (VolError::Corrupt { .. } | VolError::Io(_))) => {
@@ -308,7 +459,7 @@ fn verify(
                 // damage, no read may fail.
                 own += u64::from(damage.explains(vol.block_record(lba as u64)));
                 assert!(
-                    repaired || !damage.ranges.is_empty(),
+                    repaired.is_some() || !damage.ranges.is_empty(),
                     "unexplained read failure ({e}; record {:?}; damaged {:?}): {}",
                     vol.block_record(lba as u64),
                     damage.ranges,
@@ -320,7 +471,7 @@ fn verify(
             Err(e) => panic!("unexpected error {e}: {}", ctx(lba)),
         }
     }
-    (image, failed, own)
+    (image, failed, own, unseen)
 }
 
 #[derive(Default)]
@@ -331,6 +482,14 @@ struct Coverage {
     refused_opens: u64,
     check_named: u64,
     own_record_hits: u64,
+    /// Blocks repair listed as lost, and repairs that could not tell.
+    lost_listed: u64,
+    unknown_losses: u64,
+    /// Cycles with the newest checkpoint and one log record damaged.
+    checkpoint_and_record: u64,
+    /// Cycles where an erased segment start hid flushed records from open
+    /// (check reported them).
+    unseen_by_open: u64,
 }
 
 fn run_seed(seed: u64, cov: &mut Coverage) {
@@ -343,6 +502,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         .unwrap();
     let mut vol = Volume::open(Arc::new(store.clone()), open.clone()).unwrap();
     let mut model = Model::new();
+    let mut damaged_before = false;
     for cycle in 0..3 {
         let ops = rng.gen_range(30..200);
         run_ops(&vol, &mut model, &mut rng, ops);
@@ -356,7 +516,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             .unwrap_or(DATA_AREA);
         if rng.gen_bool(0.5) {
             vol.close().unwrap();
-            model.durable();
+            model.checkpointed();
             drop(vol);
         } else {
             drop(vol);
@@ -364,20 +524,45 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         }
         let damage = if rng.gen_ratio(2, 3) {
             cov.faults += 1;
-            inject(&store, &mut rng, used_end.max(DATA_AREA + MIB))
+            let d = inject(&store, &mut rng, used_end.max(DATA_AREA + MIB));
+            cov.checkpoint_and_record +=
+                u64::from(d.kinds.len() == 1 && d.kinds[0].contains("checkpoint"));
+            d
         } else {
             Damage::default()
         };
         let (reopened, repaired) = match Volume::open(Arc::new(store.clone()), open.clone()) {
-            Ok(v) => (v, false),
+            Ok(v) => (v, None),
             Err(e) => {
+                if std::env::var("CVOL_FAULT_SEED").is_ok() {
+                    eprintln!(
+                        "cycle {cycle}: damage {:?} {:?}; open refused: {e}",
+                        damage.kinds, damage.ranges
+                    );
+                }
                 assert!(
                     !damage.ranges.is_empty(),
                     "seed {seed} cycle {cycle}: open failed without damage: {e}"
                 );
                 cov.refused_opens += 1;
                 store.set_config(SimConfig::default()); // repair needs to read
+                if std::env::var("CVOL_FAULT_DUMP").is_ok() {
+                    for (o, h) in verified_records(&store) {
+                        eprintln!(
+                            "  before repair {o} {:?} seq {} epoch {} lba {}",
+                            h.kind, h.seq, h.epoch, h.lba
+                        );
+                    }
+                }
                 let rep = check::repair_volume(Arc::new(store.clone()));
+                if std::env::var("CVOL_FAULT_DUMP").is_ok() {
+                    for (o, h) in verified_records(&store) {
+                        eprintln!(
+                            "  after repair {o} {:?} seq {} epoch {} lba {}",
+                            h.kind, h.seq, h.epoch, h.lba
+                        );
+                    }
+                }
                 cov.repairs += 1;
                 let v = Volume::open(Arc::new(store.clone()), open.clone()).unwrap_or_else(|e| {
                     panic!(
@@ -385,7 +570,9 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
                         rep.actions
                     )
                 });
-                (v, true)
+                cov.lost_listed += rep.lost_lbas.len() as u64;
+                cov.unknown_losses += u64::from(!rep.unknown_records.is_empty());
+                (v, Some(rep))
             }
         };
         if let Some(l) = trace_lba() {
@@ -407,16 +594,28 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
                 reopened.recovery_warnings()
             );
         }
-        let (image, failed, own) = verify(&reopened, &model, &damage, repaired, seed, cycle);
+        let (image, failed, own, unseen) =
+            verify(&reopened, &model, &damage, repaired.as_ref(), seed, cycle);
         cov.failed_reads += failed;
         cov.own_record_hits += own;
         let rep = check::check_volume(&store, &mut |_, _| {});
-        if damage.ranges.is_empty() && !repaired {
+        // Damage stays until rewritten: a damaged checkpoint of an earlier
+        // cycle that is still the newest is rightly reported (seed 2555).
+        damaged_before |= !damage.ranges.is_empty();
+        if !damaged_before && repaired.is_none() {
             assert!(
                 rep.consistent(),
                 "seed {seed} cycle {cycle}: check: {:?}",
                 rep.errors
             );
+        }
+        if unseen > 0 {
+            // Open could not see the erased segment; check must.
+            assert!(
+                !rep.consistent(),
+                "seed {seed} cycle {cycle}: {unseen} blocks lost flushed versions and check is clean"
+            );
+            cov.unseen_by_open += 1;
         }
         if failed > 0 && !damage.hits_metadata() {
             // Damaged data blocks are named by LBA (reads failed; check must see it).
@@ -460,13 +659,24 @@ fn fault_simulation_seeds() {
         return;
     };
     eprintln!(
-        "{n} seeds: {} cycles with injected faults, {} reads refused (EIO; {} where the block's own \
-         record was hit), {} opens refused then repaired, {} times check named damaged blocks",
+        "{n} seeds: {} cycles with injected faults ({} newest checkpoint + log record), {} reads \
+         refused (EIO; {} where the block's own record was hit), {} opens refused then repaired \
+         ({} blocks listed lost, {} repairs that could not tell), {} times check named damaged \
+         blocks; {} cycles where an erased segment start hid flushed records from open and \
+         check reported it",
         cov.faults,
+        cov.checkpoint_and_record,
         cov.failed_reads,
         cov.own_record_hits,
         cov.refused_opens,
-        cov.check_named
+        cov.lost_listed,
+        cov.unknown_losses,
+        cov.check_named,
+        cov.unseen_by_open
+    );
+    assert!(
+        cov.checkpoint_and_record > 0,
+        "the damaged-checkpoint-plus-record pattern never ran"
     );
 
     assert!(cov.faults > n, "faults were injected");

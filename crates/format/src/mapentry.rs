@@ -7,7 +7,8 @@
 //!   bits 60..64  state: 0 unmapped, 1 zero, 2 data/none, 3 data/lz4, 4 data/zstd,
 //!                5 ref/none, 6 ref/lz4, 7 ref/zstd,
 //!                8 unit/none, 9 unit/lz4, 10 unit/zstd,
-//!                11 unit ref/none, 12 unit ref/lz4, 13 unit ref/zstd
+//!                11 unit ref/none, 12 unit ref/lz4, 13 unit ref/zstd,
+//!                14 lost (offset, length and crc 0)
 //! crc: u32       the record's CRC (catches stale or misdirected records);
 //!                for a block k of a unit, the record's CRC xor k
 //! ```
@@ -26,6 +27,8 @@ const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
 const LEN_MASK: u64 = (1 << LEN_BITS) - 1;
 const STATE_SHIFT: u32 = OFFSET_BITS + LEN_BITS;
 pub const MAP_ENTRY_BYTES: usize = 12;
+/// State value of a lost block (see [`EntryState::Lost`]).
+const STATE_LOST: u64 = 14;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryState {
@@ -33,6 +36,10 @@ pub enum EntryState {
     Unmapped,
     /// Written as zeros: reads as zeros, costs no data space.
     Zero,
+    /// Its newest flushed version was destroyed by damage at rest and could
+    /// not be salvaged (`cvol check --repair`): reads fail (EIO) until the
+    /// block is written or trimmed again. Written only by repair.
+    Lost,
     /// Points at a DATA record.
     Data {
         codec: CodecTag,
@@ -56,6 +63,10 @@ impl MapEntry {
     pub const UNMAPPED: MapEntry = MapEntry { loc: 0, crc: 0 };
     pub const ZERO: MapEntry = MapEntry {
         loc: 1 << STATE_SHIFT,
+        crc: 0,
+    };
+    pub const LOST: MapEntry = MapEntry {
+        loc: STATE_LOST << STATE_SHIFT,
         crc: 0,
     };
 
@@ -135,11 +146,12 @@ impl MapEntry {
         let offset = self.loc & OFFSET_MASK;
         let len = ((self.loc >> OFFSET_BITS) & LEN_MASK) as u32;
         match self.loc >> STATE_SHIFT {
-            0 | 1 if offset != 0 || len != 0 || self.crc != 0 => {
+            0 | 1 | STATE_LOST if offset != 0 || len != 0 || self.crc != 0 => {
                 Err(FormatError::Invalid("map entry"))
             }
             0 => Ok(EntryState::Unmapped),
             1 => Ok(EntryState::Zero),
+            STATE_LOST => Ok(EntryState::Lost),
             s @ 2..=13 => {
                 if (len as usize) < record::RECORD_HEADER_BYTES {
                     return Err(FormatError::Invalid("map entry length"));
@@ -191,6 +203,10 @@ mod tests {
     fn states_roundtrip() {
         assert_eq!(MapEntry::UNMAPPED.state().unwrap(), EntryState::Unmapped);
         assert_eq!(MapEntry::ZERO.state().unwrap(), EntryState::Zero);
+        assert_eq!(MapEntry::LOST.state().unwrap(), EntryState::Lost);
+        let mut lb = [0u8; MAP_ENTRY_BYTES];
+        MapEntry::LOST.encode(&mut lb);
+        assert_eq!(MapEntry::decode(&lb).unwrap(), MapEntry::LOST);
         for codec in CodecTag::ALL {
             let e = MapEntry::data(codec, (1 << 43) - 1, 4140, 0x1234_5678);
             assert_eq!(
@@ -248,7 +264,13 @@ mod tests {
     #[test]
     fn invalid_states_rejected() {
         assert!(MapEntry {
-            loc: 14 << STATE_SHIFT,
+            loc: 15 << STATE_SHIFT,
+            crc: 0
+        }
+        .state()
+        .is_err());
+        assert!(MapEntry {
+            loc: (STATE_LOST << STATE_SHIFT) | 4096,
             crc: 0
         }
         .state()

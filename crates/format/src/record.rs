@@ -234,6 +234,52 @@ impl RecordHeader {
     }
 }
 
+/// For a record that fails its checksum: is the damage one byte of the
+/// header's first 40 bytes? If some single-byte change there makes the
+/// record verify, returns the header as it was written (the payload is then
+/// intact); otherwise `None`: the damage is in the payload or the stored
+/// crc (the header fields are as written), or wider than one byte. Repair
+/// uses it to know which blocks a damaged record held. `b` starts at the
+/// record and runs to the end of its segment.
+pub fn header_byte_fix(b: &[u8]) -> Option<RecordHeader> {
+    if b.len() < RECORD_HEADER_BYTES {
+        return None;
+    }
+    let stored = get_u32(b, OFF_CRC);
+    let mut h = [0u8; OFF_CRC];
+    h.copy_from_slice(&b[..OFF_CRC]);
+    let payload_crc = |len: usize| {
+        b.get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + len)
+            .map(crc32c::crc32c)
+    };
+    let own = payload_crc(get_u32(b, OFF_PAYLOAD_LEN) as usize);
+    let mut found = None;
+    for i in 0..OFF_CRC {
+        let orig = h[i];
+        for x in 1..=255u8 {
+            h[i] = orig ^ x;
+            let p = if (OFF_PAYLOAD_LEN..OFF_CRC).contains(&i) {
+                payload_crc(get_u32(&h, OFF_PAYLOAD_LEN) as usize)
+            } else {
+                own
+            };
+            if p.is_some_and(|p| crc32c::crc32c_append(p, &h) == stored) {
+                let mut full = [0u8; RECORD_HEADER_BYTES];
+                full[..OFF_CRC].copy_from_slice(&h);
+                put_u32(&mut full, OFF_CRC, stored);
+                if let Ok(fixed) = RecordHeader::decode(&full) {
+                    if found.is_some() {
+                        return None; // ambiguous: trust neither
+                    }
+                    found = Some(fixed);
+                }
+            }
+        }
+        h[i] = orig;
+    }
+    found
+}
+
 /// Builds a complete record (header + payload) in one buffer.
 pub fn encode_record(header: &mut RecordHeader, payload: &[u8]) -> Vec<u8> {
     assert_eq!(header.payload_len as usize, payload.len());
@@ -247,6 +293,37 @@ pub fn encode_record(header: &mut RecordHeader, payload: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_byte_fix_finds_a_damaged_header_byte_and_only_that() {
+        let payload: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut h = RecordHeader {
+            kind: RecordKind::Data,
+            codec: CodecTag::Lz4,
+            level: 0,
+            mask: 0,
+            volume_tag: 0xfeed,
+            epoch: 3,
+            seq: 99,
+            lba: 1234,
+            nblocks: 1,
+            payload_len: payload.len() as u32,
+            crc: 0,
+        };
+        let rec = encode_record(&mut h, &payload);
+        for at in [OFF_SEQ, OFF_LBA, OFF_LBA + 3, OFF_NBLOCKS, OFF_EPOCH + 1] {
+            let mut bad = rec.clone();
+            bad[at] ^= 0x5a;
+            assert!(RecordHeader::decode_verified(&bad).is_err());
+            assert_eq!(header_byte_fix(&bad), Some(h), "byte {at}");
+        }
+        // Damage in the payload or the stored crc: the header is as written.
+        for at in [RECORD_HEADER_BYTES + 17, OFF_CRC + 1] {
+            let mut bad = rec.clone();
+            bad[at] ^= 0x81;
+            assert_eq!(header_byte_fix(&bad), None, "byte {at}");
+        }
+    }
 
     fn hdr(payload_len: u32) -> RecordHeader {
         RecordHeader {

@@ -90,6 +90,15 @@ impl Superblock {
         self.data_offset_bytes + segment * self.segment_size_bytes
     }
 
+    /// The segment and the byte within it of a physical offset in the data
+    /// area (`None` outside it).
+    pub fn locate(&self, offset: u64) -> Option<(u64, usize)> {
+        let rel = offset.checked_sub(self.data_offset_bytes)?;
+        let segment = rel / self.segment_size_bytes;
+        (segment < self.segment_count())
+            .then_some((segment, (rel % self.segment_size_bytes) as usize))
+    }
+
     /// Checks the fields against each other; used after decode and before create.
     pub fn validate(&self) -> Result<(), FormatError> {
         if self.logical_size_bytes == 0 || !self.logical_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)

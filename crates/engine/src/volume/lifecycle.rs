@@ -129,9 +129,11 @@ impl Volume {
     pub fn open(storage: Arc<dyn Storage>, options: OpenOptions) -> Result<Volume, VolError> {
         let (sb, r) = recover(&*storage, &options)?;
         let recovery_warnings = r.warnings.clone();
+        let recovery_salvage = r.salvage.clone();
         let state = recovered_state(&*storage, &sb, r)?;
         let mut vol = Volume::assemble(storage, sb, options, state);
         vol.recovery_warnings = recovery_warnings;
+        vol.recovery_salvage = recovery_salvage;
         if !vol.options.read_only {
             match vol.begin_epoch() {
                 Err(VolError::NoSpace) => return Err(OpenError::LogFull.into()),
@@ -158,6 +160,7 @@ impl Volume {
         Volume {
             policy: policy_of(&sb),
             recovery_warnings: Vec::new(),
+            recovery_salvage: None,
             rmw: OrderedRwLock::new(Level::Rmw, ()),
             cleaner_lock: OrderedMutex::new(Level::Cleaner, ()),
             flush_lock: OrderedMutex::new(Level::Flush, ()),
@@ -220,6 +223,11 @@ impl Volume {
         &self.recovery_warnings
     }
 
+    /// What the salvage this open ran (`rebuild_from_log`) could not save.
+    pub fn recovery_salvage(&self) -> Option<&recovery::Salvage> {
+        self.recovery_salvage.as_ref()
+    }
+
     /// Where the record serving `lba` lies (offset, length), if any: for
     /// tests that attribute an unreadable block to an injected fault.
     #[doc(hidden)]
@@ -233,31 +241,74 @@ impl Volume {
 }
 
 /// Reads the superblock and recovers the map: the newest usable checkpoint
-/// and roll-forward, or (asked for, not read-only) a rebuild from the log.
+/// and roll-forward, or (repair: asked for, not read-only) a salvage of the
+/// whole log when that fails or falls short of a certified seq.
 fn recover(
     storage: &dyn Storage,
     options: &OpenOptions,
 ) -> Result<(Superblock, Recovered), VolError> {
     let (sb, warnings) = recovery::read_superblock(storage).map_err(OpenError::Superblock)?;
     warnings.iter().for_each(|w| tracing::warn!("{w}"));
+    let repair = options.rebuild_from_log && !options.read_only;
     let r = match recovery::recover(storage, &sb) {
+        // Repair reads the whole log: flushed records the chain cannot
+        // reach (a segment whose start was erased) are salvaged too.
+        Ok(r) if repair => salvage_if_short(storage, &sb, r)?,
         Ok(r) => r,
-        Err(e) if options.rebuild_from_log && !options.read_only => {
-            tracing::warn!("{e}; rebuilding the map from the log");
-            let mut r = recovery::rebuild_from_log(storage, &sb).map_err(OpenError::Recovery)?;
-            r.warnings.insert(0, e);
-            r
-        }
+        Err(e) if repair => salvage(storage, &sb, e)?,
         Err(e) => return Err(OpenError::Recovery(e).into()),
     };
     r.warnings.iter().for_each(|w| tracing::warn!("{w}"));
-    tracing::info!(
-        checkpoint = r.checkpoint_generation,
-        replayed = r.replayed_records,
-        last_seq = r.last_seq,
-        "volume recovered"
-    );
+    log_recovered(&r);
     Ok((sb, r))
+}
+
+/// The recovered map, unless the log certifies a seq its chain does not
+/// reach: then a salvage of the whole log.
+fn salvage_if_short(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    r: Recovered,
+) -> Result<Recovered, VolError> {
+    let c = recovery::certified_in_log(storage, sb);
+    if r.last_seq >= c.seq {
+        return Ok(r);
+    }
+    let e = format!(
+        "the log's chain ends at seq {} but {} certifies seq {} as flushed",
+        r.last_seq, c.by, c.seq
+    );
+    salvage(storage, sb, e)
+}
+
+/// Salvages the map from the whole log (repair), noting why first.
+fn salvage(storage: &dyn Storage, sb: &Superblock, why: String) -> Result<Recovered, VolError> {
+    tracing::warn!("{why}; salvaging the map from the log");
+    let mut r = recovery::salvage(storage, sb).map_err(OpenError::Recovery)?;
+    r.warnings.insert(0, why);
+    Ok(r)
+}
+
+/// A clean close leaves no data records after the last checkpoint (only
+/// EPOCH records of opens): says "recovered" only when records that change
+/// the map had to be replayed.
+fn log_recovered(r: &Recovered) {
+    if r.replayed_map_records > 0 {
+        tracing::info!(
+            checkpoint = r.checkpoint_generation,
+            last_seq = r.last_seq,
+            "recovered: replayed {} records written after the last checkpoint \
+             (the last run ended without a final checkpoint)",
+            r.replayed_map_records
+        );
+    } else {
+        tracing::debug!(
+            checkpoint = r.checkpoint_generation,
+            replayed = r.replayed_records,
+            last_seq = r.last_seq,
+            "volume opened: no data to replay"
+        );
+    }
 }
 
 /// The state of a recovered volume: the map with its tables rebuilt, the

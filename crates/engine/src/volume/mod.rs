@@ -125,6 +125,8 @@ pub struct Volume {
     policy: CodecPolicy,
     /// What recovery had to skip or rebuild at open (shown by repair).
     recovery_warnings: Vec<String>,
+    /// What a salvage at open (repair) could not save.
+    recovery_salvage: Option<crate::recovery::Salvage>,
     // The locks, in lock order (crate::locks). `dedup` holds the last one.
     /// Unaligned writes (read-modify-write) take it exclusively so that no
     /// other write interleaves with their read and commit.

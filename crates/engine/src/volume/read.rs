@@ -219,6 +219,14 @@ impl Volume {
     /// from the same place (a cached unit, one merged store read). Returns
     /// the next block to serve.
     fn read_from(&self, r: &mut Reading<'_>, i: usize) -> Result<usize, VolError> {
+        if r.snap.entries[i].state_valid() == EntryState::Lost {
+            return Err(r.corrupt(
+                i,
+                "lost: damage destroyed this block's newest version (repair could not \
+                 salvage it); it reads as an error until written again"
+                    .into(),
+            ));
+        }
         let Some((offset, len, unit)) = r.data(i) else {
             r.block(i).fill(0);
             return Ok(i + 1);
@@ -366,7 +374,10 @@ impl Volume {
                 Some(p) if p > lba => (true, p * BLOCK_SIZE_BYTES),
                 None => (true, end),
                 Some(_) => {
-                    let z = !matches!(map.get(lba).state_valid(), EntryState::Data { .. });
+                    let z = !matches!(
+                        map.get(lba).state_valid(),
+                        EntryState::Data { .. } | EntryState::Lost
+                    );
                     (z, (lba + 1) * BLOCK_SIZE_BYTES)
                 }
             };

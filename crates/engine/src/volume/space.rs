@@ -133,7 +133,8 @@ impl Volume {
     /// Bytes a checkpoint of the current map may take.
     pub(super) fn checkpoint_estimate_bytes(&self, st: &State) -> u64 {
         let c = st.live.counters();
-        checkpoint_estimate_bytes(c.data_blocks + c.zero_blocks, self.sb.segment_size_bytes)
+        let entries = c.data_blocks + c.zero_blocks + c.lost_blocks;
+        checkpoint_estimate_bytes(entries, self.sb.segment_size_bytes)
     }
 
     /// Log bytes kept back from client writes: room for a checkpoint of the

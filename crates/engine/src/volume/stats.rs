@@ -99,7 +99,10 @@ impl Volume {
             physical_size_bytes: self.sb.physical_size_bytes,
             mapped_bytes: mapped,
             zero_bytes: c.zero_blocks * bs,
-            unmapped_bytes: self.sb.logical_size_bytes - mapped - c.zero_blocks * bs,
+            unmapped_bytes: self.sb.logical_size_bytes
+                - mapped
+                - c.zero_blocks * bs
+                - c.lost_blocks * bs,
             stored_bytes: c.stored_payload_bytes,
             physical_used_bytes: used,
             physical_free_bytes: st.log.free_bytes(),
@@ -123,6 +126,7 @@ impl Volume {
             write_amplification: ratio(st.log.media_bytes_written, client),
             cleaner: self.cleaner_stats(),
             corrupt_reads: get(&self.counters.corrupt_reads),
+            lost_bytes: c.lost_blocks * bs,
             map_memory_bytes: st.live.map().memory_bytes(),
             dedup: self.dedup_stats(&st),
             elastic: self.elastic_stats(&st),

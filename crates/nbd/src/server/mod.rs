@@ -290,7 +290,7 @@ pub(crate) fn remaining(deadline: Instant) -> std::io::Result<Duration> {
 
 fn run_connection(inner: &Arc<Inner>, socket: &Arc<Socket>, id: u64) {
     let peer = socket.peer();
-    info!(conn = id, %peer, "client connected");
+    debug!(conn = id, %peer, "client connected");
     let deadline = Instant::now() + inner.config.handshake_timeout;
     let mut reader = BufReader::with_capacity(
         READ_BUFFER_BYTES,
@@ -314,7 +314,7 @@ fn run_connection(inner: &Arc<Inner>, socket: &Arc<Socket>, id: u64) {
         Err(e) => debug!(conn = id, error = %e, "handshake ended"),
     }
     socket.shutdown(Shutdown::Both);
-    info!(conn = id, %peer, "client disconnected");
+    debug!(conn = id, %peer, "client disconnected");
 }
 
 fn accept_loop(inner: Arc<Inner>, listener: Listener) {
@@ -419,7 +419,8 @@ impl Server {
     /// running or will start. Idempotent.
     pub fn shutdown(&self) {
         let inner = &self.inner;
-        inner.shutting_down.store(true, Ordering::Release);
+        // Also called by Drop after an explicit shutdown: report it once.
+        let first = !inner.shutting_down.swap(true, Ordering::AcqRel);
         {
             let mut reg = lock(&inner.registry);
             reg.stopped = true;
@@ -447,7 +448,9 @@ impl Server {
         for handle in workers {
             let _ = handle.join();
         }
-        info!("NBD server stopped");
+        if first {
+            info!("NBD server stopped");
+        }
     }
 
     /// Number of open client connections (handshake or transmission).

@@ -1,0 +1,281 @@
+//! `cvol create`: every limit is checked before any file is touched, and a
+//! create that fails leaves nothing behind (no file, no directory, an
+//! empty file it was given stays empty).
+use crate::volfile::{self, Kind};
+use crate::words::{describe_policy, human_bytes};
+use crate::{size, words};
+use cvol_engine::{CreateOptions, Volume};
+use cvol_format::superblock::{SEGMENT_SIZE_MAX_BYTES, SEGMENT_SIZE_MIN_BYTES};
+use cvol_format::{DATA_OFFSET_BYTES, LOGICAL_SIZE_MAX_BYTES, PHYSICAL_SIZE_MAX_BYTES};
+use cvol_storage::{FileStorage, Storage};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// Metadata area plus two 1 MiB segments.
+const MIN_PHYSICAL_BYTES: u64 = DATA_OFFSET_BYTES + 2 * SEGMENT_SIZE_MIN_BYTES;
+
+pub struct CreateArgs<'a> {
+    pub size: &'a str,
+    pub physical_size: Option<&'a str>,
+    pub codec: &'a str,
+    pub force: bool,
+    pub dedup: bool,
+    pub segment_size: Option<&'a str>,
+    /// Create the missing parent directory (only for serve's default volume).
+    pub make_parent: bool,
+}
+
+/// Where the volume goes, as found before anything is written.
+enum Target {
+    /// No such file yet: created here (and removed if the create fails).
+    NewFile,
+    /// An existing regular file: empty, or overwritten with --force.
+    File {
+        len: u64,
+    },
+    BlockDevice {
+        len: u64,
+    },
+}
+
+pub fn cmd_create(path: &Path, a: &CreateArgs) -> Result<ExitCode, String> {
+    println!("{}", create_volume(path, a)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the volume; what was created, in words.
+pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
+    let logical = size::parse_size(a.size).map_err(|e| format!("--size: {e}"))?;
+    if logical == 0 || !logical.is_multiple_of(4096) {
+        return Err(format!(
+            "--size {} must be a non-zero multiple of 4096 bytes",
+            a.size
+        ));
+    }
+    if logical > LOGICAL_SIZE_MAX_BYTES {
+        return Err(format!(
+            "--size {} is above the largest logical size, {} TiB",
+            a.size,
+            LOGICAL_SIZE_MAX_BYTES >> 40
+        ));
+    }
+    let codec = words::parse_codec(a.codec)?;
+    let segment_size = match a.segment_size {
+        Some(s) => {
+            let b = size::parse_size(s).map_err(|e| format!("--segment-size: {e}"))?;
+            if !b.is_power_of_two()
+                || !(SEGMENT_SIZE_MIN_BYTES..=SEGMENT_SIZE_MAX_BYTES).contains(&b)
+            {
+                return Err(format!(
+                    "--segment-size {s} must be a power of two from 1M to 1G"
+                ));
+            }
+            Some(b)
+        }
+        None => None,
+    };
+    let target = find_target(path, a)?;
+    let physical = match (a.physical_size, &target) {
+        (Some(p), _) => size::parse_size(p).map_err(|e| format!("--physical-size: {e}"))?,
+        (None, Target::BlockDevice { len }) => (*len).min(PHYSICAL_SIZE_MAX_BYTES),
+        // A tiny file volume still needs its metadata and two segments.
+        (None, _) => logical.max(MIN_PHYSICAL_BYTES),
+    };
+    if physical > PHYSICAL_SIZE_MAX_BYTES {
+        return Err(match a.physical_size {
+            Some(p) => format!(
+                "--physical-size {p} is above the largest physical size, {} TiB",
+                PHYSICAL_SIZE_MAX_BYTES >> 40
+            ),
+            None => format!(
+                "--size {} needs a --physical-size of at most {} TiB: without it the \
+                 physical size is --size (a volume may be larger than its backing store)",
+                a.size,
+                PHYSICAL_SIZE_MAX_BYTES >> 40
+            ),
+        });
+    }
+    let segment_size_bytes =
+        segment_size.unwrap_or_else(|| cvol_engine::volume::default_segment_size(physical));
+    let min = DATA_OFFSET_BYTES + 2 * segment_size_bytes;
+    if physical < min {
+        return Err(format!(
+            "--physical-size {} is too small: a volume needs at least {} ({min} bytes: \
+             its metadata and two {} segments)",
+            a.physical_size.unwrap_or(a.size),
+            human_bytes(min),
+            human_bytes(segment_size_bytes)
+        ));
+    }
+    if let Target::BlockDevice { len } = target {
+        if physical > len {
+            return Err(format!(
+                "{}: --physical-size {} is larger than the device ({len} bytes)",
+                path.display(),
+                human_bytes(physical)
+            ));
+        }
+    }
+    let opts = CreateOptions {
+        logical_size_bytes: logical,
+        physical_size_bytes: physical,
+        codec,
+        segment_size_bytes,
+        dedup: a.dedup,
+    };
+    // Everything is checked: from here on, undo what a failure leaves.
+    let mut undo = Undo::default();
+    let r = write_volume(path, &target, a, &opts, &mut undo);
+    if r.is_err() {
+        undo.run(path);
+    }
+    r?;
+    Ok(format!(
+        "created {}: {} logical, {} physical, codec {}, dedup {}",
+        path.display(),
+        human_bytes(logical),
+        human_bytes(physical),
+        describe_policy(codec),
+        if a.dedup { "on" } else { "off" }
+    ))
+}
+
+fn find_target(path: &Path, a: &CreateArgs) -> Result<Target, String> {
+    match std::fs::metadata(path) {
+        Ok(md) => {
+            let kind = volfile::kind_of(path, &md)?;
+            let len = match kind {
+                Kind::File => md.len(),
+                Kind::BlockDevice => FileStorage::open(path, false, false)
+                    .map_err(|e| format!("{}: {e}", path.display()))?
+                    .len_bytes(),
+            };
+            if !a.force && (looks_like_volume(path) || (kind == Kind::File && len > 0)) {
+                return Err(format!(
+                    "{} already exists; pass --force to overwrite it",
+                    path.display()
+                ));
+            }
+            Ok(match kind {
+                Kind::File => Target::File { len },
+                Kind::BlockDevice => Target::BlockDevice { len },
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(path).is_ok() {
+                return Err(format!(
+                    "{} is a symbolic link to a missing file",
+                    path.display()
+                ));
+            }
+            let dir = parent(path);
+            match std::fs::metadata(&dir) {
+                Ok(md) if md.is_dir() => {}
+                Ok(_) => return Err(format!("{} is not a directory", dir.display())),
+                Err(_) if a.make_parent => {}
+                Err(_) => {
+                    return Err(format!(
+                        "{}: directory {} does not exist",
+                        path.display(),
+                        dir.display()
+                    ))
+                }
+            }
+            Ok(Target::NewFile)
+        }
+        Err(e) => {
+            let dir = parent(path);
+            Err(match std::fs::metadata(&dir) {
+                Ok(md) if !md.is_dir() => {
+                    format!("{}: {} is not a directory", path.display(), dir.display())
+                }
+                _ => format!("{}: {e}", path.display()),
+            })
+        }
+    }
+}
+
+fn parent(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+fn looks_like_volume(path: &Path) -> bool {
+    let Ok(st) = FileStorage::open(path, false, false) else {
+        return false;
+    };
+    let mut b = [0u8; 8];
+    st.read_at(0, &mut b).is_ok() && b == cvol_format::superblock::SUPERBLOCK_MAGIC
+}
+
+/// What to take back when the create fails after it started writing.
+#[derive(Default)]
+struct Undo {
+    made_dir: Option<PathBuf>,
+    made_file: bool,
+    /// An existing empty file (not --force) grown to the volume's size.
+    emptied_file: bool,
+}
+
+impl Undo {
+    fn run(&self, path: &Path) {
+        if self.made_file {
+            let _ = std::fs::remove_file(path);
+        } else if self.emptied_file {
+            if let Ok(f) = std::fs::OpenOptions::new().write(true).open(path) {
+                let _ = f.set_len(0);
+            }
+        }
+        if let Some(d) = &self.made_dir {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+fn write_volume(
+    path: &Path,
+    target: &Target,
+    a: &CreateArgs,
+    opts: &CreateOptions,
+    undo: &mut Undo,
+) -> Result<(), String> {
+    let here = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::FileTooLarge => format!(
+            "{}: the file system cannot hold a file of {} ({e})",
+            path.display(),
+            human_bytes(opts.physical_size_bytes)
+        ),
+        _ => format!("{}: {e}", path.display()),
+    };
+    let storage = match target {
+        Target::BlockDevice { .. } => FileStorage::open(path, true, true).map_err(here)?,
+        Target::NewFile => {
+            let dir = parent(path);
+            if a.make_parent && !dir.exists() {
+                std::fs::create_dir(&dir)
+                    .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                undo.made_dir = Some(dir);
+            }
+            // create_new: a file that appeared meanwhile is not ours to remove.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(here)?;
+            undo.made_file = true;
+            FileStorage::create(path, opts.physical_size_bytes).map_err(here)?
+        }
+        Target::File { len } => {
+            // Grown only once the lock is ours (a refused lock changes nothing).
+            let st = FileStorage::create(path, opts.physical_size_bytes).map_err(here)?;
+            undo.emptied_file = *len == 0 && !a.force;
+            st
+        }
+    };
+    let vol =
+        Volume::create(Arc::new(storage), opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    vol.close().map_err(|e| format!("{}: {e}", path.display()))
+}

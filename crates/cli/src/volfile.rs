@@ -1,0 +1,253 @@
+//! What a path names, before the engine sees it: every command finds out
+//! here whether it was given a volume at all (exit 2 if not), whether the
+//! backing store is as long as the volume says, and opens it with progress
+//! on the terminal's stderr when that takes a while.
+use crate::words::human_bytes;
+use cvol_engine::{OpenOptions, Volume};
+use cvol_format::superblock::{SUPERBLOCK_BYTES, SUPERBLOCK_MAGIC};
+use cvol_format::{Superblock, SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
+use cvol_storage::{FileStorage, Storage};
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a volume may live on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    BlockDevice,
+}
+
+/// `path` must exist and be a regular file or a block device (symlinks
+/// followed). Anything else is an error naming what it is.
+pub fn existing_kind(path: &Path) -> Result<Kind, String> {
+    let md = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("{}: no such file", path.display()),
+        _ => format!("{}: {e}", path.display()),
+    })?;
+    kind_of(path, &md)
+}
+
+pub fn kind_of(path: &Path, md: &std::fs::Metadata) -> Result<Kind, String> {
+    let ft = md.file_type();
+    if ft.is_file() {
+        Ok(Kind::File)
+    } else if ft.is_block_device() {
+        Ok(Kind::BlockDevice)
+    } else if ft.is_dir() {
+        Err(format!("{} is a directory, not a volume", path.display()))
+    } else {
+        Err(format!(
+            "{} is not a regular file or a block device (a volume lives in one)",
+            path.display()
+        ))
+    }
+}
+
+/// What the first bytes of a backing store say.
+pub enum Header {
+    /// A superblock copy decodes; the store is long enough for it.
+    Volume,
+    /// The store ends before the volume does (truncated or an incomplete
+    /// copy). The message says so plainly.
+    Short(String),
+    /// A superblock magic is there but neither copy decodes: a damaged
+    /// volume (the engine and `check` say what is wrong with it).
+    Damaged,
+}
+
+/// Reads the superblock copies the way the engine does (A first, then B).
+/// Something without the cvol magic in either place is not a volume: an
+/// error (exit 2) naming the problem, before anything else is tried.
+pub fn read_header(path: &Path, storage: &FileStorage, kind: Kind) -> Result<Header, String> {
+    let len = storage.len_bytes();
+    let mut magic_seen = false;
+    for off in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
+        let mut b = vec![0u8; SUPERBLOCK_BYTES];
+        if off + SUPERBLOCK_BYTES as u64 > len || storage.read_at(off, &mut b).is_err() {
+            continue;
+        }
+        magic_seen |= b[..8] == SUPERBLOCK_MAGIC;
+        if let Ok(sb) = Superblock::decode(&b) {
+            if sb.physical_size_bytes > len {
+                return Ok(Header::Short(short_message(
+                    kind,
+                    sb.physical_size_bytes,
+                    len,
+                )));
+            }
+            return Ok(Header::Volume);
+        }
+    }
+    if magic_seen {
+        return Ok(Header::Damaged);
+    }
+    Err(if len == 0 {
+        format!("{} is empty, not a cvol volume", path.display())
+    } else {
+        format!(
+            "{} is not a cvol volume (no cvol superblock at byte {SUPERBLOCK_A_OFFSET} or {SUPERBLOCK_B_OFFSET})",
+            path.display()
+        )
+    })
+}
+
+fn short_message(kind: Kind, volume_bytes: u64, have: u64) -> String {
+    match kind {
+        Kind::File => format!(
+            "the file is {} bytes shorter than the volume ({have} of {volume_bytes} bytes); \
+             was it truncated or copied incompletely?",
+            volume_bytes - have
+        ),
+        Kind::BlockDevice => format!(
+            "the device is {} bytes smaller than the volume ({have} of {volume_bytes} bytes); \
+             is it the right device?",
+            volume_bytes - have
+        ),
+    }
+}
+
+/// Why a command wants the store: the words of the "served" refusal.
+#[derive(Clone, Copy)]
+pub enum Purpose {
+    /// stat, offline scrub: shared lock, read-only.
+    Read,
+    /// check: shared lock, read-only.
+    Check,
+    /// check --repair: exclusive lock, writable.
+    Repair,
+    /// serve: exclusive lock.
+    Serve { writable: bool },
+}
+
+/// Opens the backing store of an existing volume (taking its lock) after
+/// the path checks; the header is read by the caller.
+pub fn open_store(path: &Path, purpose: Purpose) -> Result<(FileStorage, Kind), String> {
+    let kind = existing_kind(path)?;
+    let (writable, exclusive) = match purpose {
+        Purpose::Read | Purpose::Check => (false, false),
+        Purpose::Repair => (true, true),
+        Purpose::Serve { writable } => (writable, true),
+    };
+    let st = FileStorage::open(path, writable, exclusive).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => match purpose {
+            Purpose::Read => format!(
+                "{}: in use by a cvol process whose control socket could not be reached ({e})",
+                path.display()
+            ),
+            Purpose::Check => format!(
+                "{}: the volume is being served; stop the server to check it",
+                path.display()
+            ),
+            Purpose::Repair => format!(
+                "{}: the volume is being served; stop the server to repair it",
+                path.display()
+            ),
+            Purpose::Serve { .. } => format!("{}: {e}", path.display()),
+        },
+        _ => format!("{}: {e}", path.display()),
+    })?;
+    Ok((st, kind))
+}
+
+/// Opens the store and refuses (exit 2) what is not a volume, is shorter
+/// than the volume or has no intact superblock: for the commands that open
+/// it (stat, scrub, serve).
+pub fn open_volume_store(path: &Path, purpose: Purpose) -> Result<FileStorage, String> {
+    let (st, kind) = open_store(path, purpose)?;
+    match read_header(path, &st, kind)? {
+        Header::Short(m) => Err(format!("{}: {m}", path.display())),
+        Header::Damaged => Err(format!(
+            "{}: a cvol volume whose superblock copies are both damaged; \
+             `cvol check` lists what else is wrong",
+            path.display()
+        )),
+        Header::Volume => Ok(st),
+    }
+}
+
+/// Opens a volume nobody serves, read-only (`stat`, offline `scrub`).
+pub fn open_read_only(path: &Path, read_cache_bytes: u64) -> Result<Volume, String> {
+    let storage = open_volume_store(path, Purpose::Read)?;
+    let options = OpenOptions {
+        read_only: true,
+        read_cache_bytes,
+        ..OpenOptions::default()
+    };
+    match open_with_progress(path, storage, options, None) {
+        Opened::Volume(v) => Ok(*v),
+        Opened::Failed(e) => Err(e),
+        Opened::Stopped => unreachable!("no stop flag"),
+    }
+}
+
+/// The outcome of [`open_with_progress`].
+pub enum Opened {
+    Volume(Box<Volume>),
+    Failed(String),
+    /// `stop` was raised (SIGTERM/SIGINT) before the open finished.
+    Stopped,
+}
+
+/// An open that takes longer than this is announced, then reported every
+/// [`PROGRESS_EVERY`].
+const SLOW_OPEN: Duration = Duration::from_secs(2);
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Opens the volume on a thread of its own, logging progress while it
+/// takes long (recovery reads every segment header of a large volume)
+/// and returning at once when `stop` is raised: the open is abandoned
+/// (crash-safe: it reads, and its only writes are an epoch record a
+/// crash could cut just as well).
+pub fn open_with_progress(
+    path: &Path,
+    storage: FileStorage,
+    options: OpenOptions,
+    stop: Option<&AtomicBool>,
+) -> Opened {
+    let size = storage.len_bytes();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("cvol-open".into())
+        .spawn(move || {
+            let _ = tx.send(Volume::open(Arc::new(storage), options));
+        });
+    if let Err(e) = spawned {
+        return Opened::Failed(format!("cannot start the open: {e}"));
+    }
+    let start = Instant::now();
+    let mut next_note = start + SLOW_OPEN;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(r) => {
+                let took = start.elapsed();
+                if took >= SLOW_OPEN {
+                    tracing::info!("{}: opened in {:.1} s", path.display(), took.as_secs_f64());
+                }
+                return match r {
+                    Ok(v) => Opened::Volume(Box::new(v)),
+                    Err(e) => Opened::Failed(format!("{}: {e}", path.display())),
+                };
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Opened::Failed(format!("{}: the open failed", path.display()))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+            return Opened::Stopped;
+        }
+        let now = Instant::now();
+        if now >= next_note {
+            tracing::info!(
+                "{}: still opening after {} s (recovery reads the metadata of {} of backing store)",
+                path.display(),
+                (now - start).as_secs(),
+                human_bytes(size)
+            );
+            next_note = now + PROGRESS_EVERY;
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Issue 22: damage at rest must never make cvol drop flushed data
+//! silently. A recovery never ends below a seq the volume certified as
+//! durable (a pointer slot, even one whose checkpoint is damaged; a SYNCED
+//! record; the newest complete checkpoint when a slot is damaged): open
+//! refuses and writes nothing, `check` reports it, and `check --repair`
+//! salvages every intact record and marks exactly the blocks whose newest
+//! flushed version is gone as lost (EIO), never zeros or an older version.
+use cvol_engine::{check, Codec, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume};
+use cvol_format::checkpoint::CommitPayload;
+use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::{CheckpointPointer, RecordHeader, RecordKind};
+use cvol_storage::{SimStorage, Storage};
+use std::sync::Arc;
+
+const BS: usize = 4096;
+const MIB: u64 = 1 << 20;
+const BLOCKS: u64 = 2048;
+
+fn block(lba: u64) -> Vec<u8> {
+    format!("file system block {lba} with some text that compresses ")
+        .bytes()
+        .cycle()
+        .take(BS)
+        .collect()
+}
+
+fn options() -> OpenOptions {
+    OpenOptions {
+        elastic: ElasticConfig {
+            unit_blocks: 1,
+            recompress: false,
+            ..ElasticConfig::default()
+        },
+        ..OpenOptions::default()
+    }
+}
+
+fn create(sim: &SimStorage) {
+    let opts = CreateOptions {
+        logical_size_bytes: BLOCKS * BS as u64,
+        physical_size_bytes: sim.len_bytes(),
+        codec: Codec::Lz4.into(),
+        segment_size_bytes: MIB,
+        dedup: false,
+    };
+    Volume::create(Arc::new(sim.clone()), &opts)
+        .unwrap()
+        .close()
+        .unwrap();
+}
+
+/// Writes every block as its own 4 KiB write, flushing every `flush_every`
+/// blocks (0: once at the end).
+fn write_all(vol: &Volume, flush_every: u64) {
+    for lba in 0..BLOCKS {
+        vol.write_at(lba * BS as u64, &block(lba), false).unwrap();
+        if flush_every > 0 && (lba + 1) % flush_every == 0 {
+            vol.flush().unwrap();
+        }
+    }
+    vol.flush().unwrap();
+}
+
+fn image(sim: &SimStorage) -> Vec<u8> {
+    let mut b = vec![0u8; sim.len_bytes() as usize];
+    sim.read_at(0, &mut b).unwrap();
+    b
+}
+
+/// Every verified record: (offset, header).
+fn records(sim: &SimStorage) -> Vec<(u64, RecordHeader)> {
+    let img = image(sim);
+    (0..img.len() - RECORD_HEADER_BYTES)
+        .filter_map(|i| {
+            let (h, _) = RecordHeader::decode_verified(&img[i..]).ok()?;
+            Some((i as u64, h))
+        })
+        .collect()
+}
+
+/// Flips one byte inside the payload of the record at `off`.
+fn damage_payload(sim: &SimStorage, off: u64, h: &RecordHeader) {
+    let at = off + RECORD_HEADER_BYTES as u64 + u64::from(h.payload_len) / 2;
+    for bit in [0, 3, 6] {
+        sim.flip_bit(at, bit);
+    }
+}
+
+/// The newest pointer and its checkpoint's chunk records (offset, len).
+fn newest_checkpoint(sim: &SimStorage) -> (CheckpointPointer, Vec<(u64, u32)>) {
+    let mut ptrs: Vec<CheckpointPointer> = (0..2)
+        .filter_map(|slot| {
+            let mut b = vec![0u8; 512];
+            sim.read_at(CheckpointPointer::slot_offset(slot), &mut b)
+                .unwrap();
+            CheckpointPointer::decode(&b).ok()
+        })
+        .collect();
+    ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
+    let p = ptrs[0];
+    let mut rec = vec![0u8; p.commit_len as usize];
+    sim.read_at(p.commit_offset, &mut rec).unwrap();
+    let commit = CommitPayload::decode(&rec[RECORD_HEADER_BYTES..]).unwrap();
+    (p, commit.chunks.iter().map(|c| (c.offset, c.len)).collect())
+}
+
+/// The DATA record holding `lba` with the highest seq.
+fn data_record_of(sim: &SimStorage, lba: u64) -> (u64, RecordHeader) {
+    records(sim)
+        .into_iter()
+        .filter(|(_, h)| h.kind == RecordKind::Data && h.lba == lba)
+        .max_by_key(|(_, h)| h.seq)
+        .expect("a record for the block")
+}
+
+/// Every block reads its data, but `lost`, which reads as EIO.
+fn assert_exact_or_lost(vol: &Volume, lost: &[u64]) {
+    let mut b = vec![0u8; BS];
+    for lba in 0..BLOCKS {
+        match vol.read_at(lba * BS as u64, &mut b) {
+            Ok(()) => {
+                assert!(!lost.contains(&lba), "lost block {lba} read without error");
+                assert!(b == block(lba), "block {lba} reads other data");
+            }
+            Err(VolError::Corrupt { .. }) => {
+                assert!(
+                    lost.contains(&lba),
+                    "block {lba} fails but is not listed as lost"
+                )
+            }
+            Err(e) => panic!("block {lba}: {e}"),
+        }
+    }
+}
+
+/// The issue's exact shape: a clean stop writes checkpoint generation 2;
+/// bit rot hits one of its map chunks and one data record early in the log
+/// after generation 1 (the checkpoint made at create). Recovery used to
+/// fall back to generation 1, stop the roll-forward at the damaged record
+/// and open with every later block reading zeros.
+#[test]
+fn regression_damaged_newest_checkpoint_and_early_log_record_never_drop_flushed_data() {
+    let sim = SimStorage::new(64 * MIB);
+    create(&sim);
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    write_all(&vol, 0);
+    vol.close().unwrap();
+    drop(vol);
+    let (p, chunks) = newest_checkpoint(&sim);
+    assert!(p.generation >= 2, "the clean stop wrote a checkpoint");
+    let (coff, clen) = chunks[0];
+    let chunk_hdr = RecordHeader::decode(&image(&sim)[coff as usize..]).unwrap();
+    assert_eq!(chunk_hdr.total_len(), clen as usize);
+    damage_payload(&sim, coff, &chunk_hdr);
+    let (doff, dh) = data_record_of(&sim, 37);
+    damage_payload(&sim, doff, &dh);
+
+    // Open refuses, names the repair, and writes nothing.
+    let before = image(&sim);
+    let err = match Volume::open(Arc::new(sim.clone()), options()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("opened a volume whose flushed data is damaged"),
+    };
+    assert!(err.contains("check --repair"), "{err}");
+    assert!(err.contains("certified"), "{err}");
+    assert!(image(&sim) == before, "a refused open changed the volume");
+
+    // check says so.
+    let rep = check::check_volume(&sim, &mut |_, _| {});
+    assert!(
+        !rep.consistent(),
+        "check called the damaged volume consistent"
+    );
+    assert!(image(&sim) == before, "check changed the volume");
+
+    // Repair salvages every intact record around the damage and names the
+    // one block whose newest flushed version is gone.
+    let rep = check::repair_volume(Arc::new(sim.clone()));
+    assert_eq!(rep.lost_lbas, vec![37], "{:?}", rep.actions);
+    assert!(rep.unknown_records.is_empty(), "{:?}", rep.unknown_records);
+    assert!(!rep.after.consistent(), "a lost block is a problem");
+    assert_eq!(rep.after.lost_lbas, vec![37]);
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    assert_exact_or_lost(&vol, &[37]);
+    // Rewriting the lost block heals it.
+    vol.write_at(37 * BS as u64, &block(37), false).unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let rep = check::check_volume(&sim, &mut |_, _| {});
+    assert!(rep.consistent(), "{:?}", rep.errors);
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    assert_exact_or_lost(&vol, &[]);
+}
+
+/// Only the newest checkpoint is damaged: the older one plus the log still
+/// hold everything, so the volume opens with every block intact (the
+/// damaged checkpoint's own records are stepped over), and `check` reports
+/// the damaged checkpoint until a repair rewrites it.
+#[test]
+fn a_damaged_newest_checkpoint_alone_loses_nothing_and_check_reports_it() {
+    let sim = SimStorage::new(64 * MIB);
+    create(&sim);
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    write_all(&vol, 0);
+    vol.close().unwrap();
+    drop(vol);
+    let (_, chunks) = newest_checkpoint(&sim);
+    let (coff, _) = chunks[chunks.len() - 1];
+    let h = RecordHeader::decode(&image(&sim)[coff as usize..]).unwrap();
+    damage_payload(&sim, coff, &h);
+    let rep = check::check_volume(&sim, &mut |_, _| {});
+    assert!(
+        !rep.consistent(),
+        "a damaged newest checkpoint is a problem"
+    );
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    assert!(
+        vol.recovery_warnings()
+            .iter()
+            .any(|w| w.contains("stepped over")),
+        "{:?}",
+        vol.recovery_warnings()
+    );
+    assert_exact_or_lost(&vol, &[]);
+    drop(vol);
+    let rep = check::repair_volume(Arc::new(sim.clone()));
+    assert!(rep.after.consistent(), "{:?}", rep.after.errors);
+    assert!(rep.lost_lbas.is_empty());
+}
+
+/// After a power cut nothing names the last flush, but every flush names
+/// the one before it (SYNCED records): damage to flushed records below that
+/// makes open refuse, and repair salvages the records after the damage.
+#[test]
+fn after_a_crash_a_damaged_record_certified_by_a_later_flush_makes_open_refuse() {
+    let sim = SimStorage::new(64 * MIB);
+    create(&sim);
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    write_all(&vol, 64);
+    drop(vol); // no clean close
+    let sim = sim.crash(7);
+    let (doff, dh) = data_record_of(&sim, 100);
+    damage_payload(&sim, doff, &dh);
+    let before = image(&sim);
+    let err = match Volume::open(Arc::new(sim.clone()), options()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("opened a volume whose flushed data is damaged"),
+    };
+    assert!(err.contains("check --repair"), "{err}");
+    assert!(image(&sim) == before, "a refused open changed the volume");
+    assert!(!check::check_volume(&sim, &mut |_, _| {}).consistent());
+    let rep = check::repair_volume(Arc::new(sim.clone()));
+    assert_eq!(rep.lost_lbas, vec![100], "{:?}", rep.actions);
+    assert!(rep.unknown_records.is_empty());
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    assert_exact_or_lost(&vol, &[100]);
+}
+
+/// Both pointer slots and superblock copy A damaged at once, with the
+/// newest checkpoint's chunk and a flushed record: the SYNCED records still
+/// certify the flushed data, so open refuses rather than fall back to an
+/// older checkpoint found in the log and stop at the damaged record.
+#[test]
+fn damaged_pointer_slots_and_superblock_copy_keep_the_rule() {
+    let sim = SimStorage::new(64 * MIB);
+    create(&sim);
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    write_all(&vol, 64);
+    vol.close().unwrap();
+    drop(vol);
+    let (_, chunks) = newest_checkpoint(&sim);
+    let (coff, _) = chunks[0];
+    let h = RecordHeader::decode(&image(&sim)[coff as usize..]).unwrap();
+    damage_payload(&sim, coff, &h);
+    let (doff, dh) = data_record_of(&sim, 5);
+    damage_payload(&sim, doff, &dh);
+    for slot in 0..2 {
+        sim.write_at(CheckpointPointer::slot_offset(slot) + 20, &[0xa5; 8])
+            .unwrap();
+    }
+    sim.write_at(cvol_format::SUPERBLOCK_A_OFFSET + 40, &[0x5a; 4])
+        .unwrap();
+    let before = image(&sim);
+    assert!(Volume::open(Arc::new(sim.clone()), options()).is_err());
+    assert!(image(&sim) == before, "a refused open changed the volume");
+    assert!(!check::check_volume(&sim, &mut |_, _| {}).consistent());
+    let rep = check::repair_volume(Arc::new(sim.clone()));
+    assert_eq!(rep.lost_lbas, vec![5], "{:?}", rep.actions);
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    assert_exact_or_lost(&vol, &[5]);
+}
