@@ -12,7 +12,7 @@
 #     again, every block reads exact or EIO, and every EIO block is one that
 #     repair listed as lost or check names as damaged.
 #
-#   E2E_BITROT_SEEDS  seeds (default 50)
+#   E2E_BITROT_SEEDS  seeds (default 30: about 2 minutes, within run-all's 300 s limit under load)
 #   E2E_BITROT_FLIPS  damaged bytes per seed (default 24)
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -21,7 +21,7 @@ set -euo pipefail
 need_nbd_python
 is_cvol || skip "cvol-only test (check, repair, refusal to open)"
 
-SEEDS=${E2E_BITROT_SEEDS:-50}
+SEEDS=${E2E_BITROT_SEEDS:-30}
 FLIPS=${E2E_BITROT_FLIPS:-24}
 CLIENT=$E2E_DIR/py/bitrot_client.py
 VOL=$E2E_TMP/pristine.cvol
