@@ -62,6 +62,15 @@ serve_try() {
     done
 }
 
+# eio_within LIST WHY -- every block that read as EIO ($E2E_TMP/eio) is in LIST.
+eio_within() {
+    [[ -s "$E2E_TMP/eio" ]] || return 0
+    local extra
+    extra=$(sort -u "$E2E_TMP/eio" | comm -23 - <(sort -u "$1") | head -5)
+    [[ -z "$extra" ]] || fail "seed $seed: blocks $extra read as EIO but $2"
+    eio_total=$((eio_total + $(wc -l <"$E2E_TMP/eio")))
+}
+
 opened=0 refused=0 lost_total=0 eio_total=0
 for seed in $(seq 1 "$SEEDS"); do
     cp --sparse=always "$VOL" "$WORK"
@@ -85,12 +94,7 @@ PYEOF
         "$NBD_PY" "$CLIENT" verify "$SRV_URI" "$DATA" "$E2E_TMP/eio" ||
             fail "seed $seed: opened, and flushed data reads wrong (see above)"
         stop_server
-        # Every EIO block is one check names as damaged.
-        if [[ -s "$E2E_TMP/eio" ]]; then
-            extra=$(sort -u "$E2E_TMP/eio" | comm -23 - <(sort -u "$E2E_TMP/named") | head -5)
-            [[ -z "$extra" ]] || fail "seed $seed: blocks $extra fail but check does not name them"
-            eio_total=$((eio_total + $(wc -l <"$E2E_TMP/eio")))
-        fi
+        eio_within "$E2E_TMP/named" "check does not name them"
         continue
     fi
     refused=$((refused + 1))
@@ -119,11 +123,7 @@ PYEOF
     "$NBD_PY" "$CLIENT" verify "$SRV_URI" "$DATA" "$E2E_TMP/eio" ||
         fail "seed $seed: after repair, flushed data reads wrong (see above)"
     stop_server
-    if [[ -s "$E2E_TMP/eio" ]]; then
-        extra=$(sort -u "$E2E_TMP/eio" | comm -23 - <(sort -u "$E2E_TMP/lost") | head -5)
-        [[ -z "$extra" ]] || fail "seed $seed: blocks $extra fail after repair but repair did not list them"
-        eio_total=$((eio_total + $(wc -l <"$E2E_TMP/eio")))
-    fi
+    eio_within "$E2E_TMP/lost" "repair did not list them"
 done
 log "$SEEDS seeds: $opened opened (every block exact or EIO), $refused refused then repaired ($lost_total blocks listed lost); $eio_total EIO reads in all"
 pass
