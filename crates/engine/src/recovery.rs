@@ -646,8 +646,8 @@ pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
                 .map(|_| h)
                 .map_err(|e| {
                     format!(
-                        "{e}; it claims to be {:?} seq {} for lba {}+{} (its blocks may now \
-                         read an older version or as holes)",
+                        "{e}; it claims to be {:?} seq {} for lba {}+{} (header as read; \
+                         repair marks its blocks lost unless written after it)",
                         h.kind, h.seq, h.lba, h.nblocks
                     )
                 }),
