@@ -148,6 +148,22 @@ fn table(v: &Value, served: bool) -> Vec<(&'static str, String)> {
             ),
         ),
     ];
+    if n("lost_bytes") > 0 {
+        let after_zero = rows
+            .iter()
+            .position(|(k, _)| *k == "zero")
+            .map_or(0, |i| i + 1);
+        rows.insert(
+            after_zero,
+            (
+                "lost to damage",
+                format!(
+                    "{} (read as EIO until written again; `cvol check` lists them)",
+                    b("lost_bytes")
+                ),
+            ),
+        );
+    }
     let dedup_on = v["dedup"].as_bool().unwrap_or(false);
     if !served {
         rows.push((
@@ -314,5 +330,10 @@ mod tests {
         let rec = served.iter().find(|(k, _)| *k == "recompressed").unwrap();
         assert!(rec.1.contains("1 pass:"), "{}", rec.1);
         assert!(served.iter().any(|(k, _)| *k == "scrub"));
+        assert!(!served.iter().any(|(k, _)| *k == "lost to damage"));
+        let lost = serde_json::json!({ "lost_bytes": 8192 });
+        let rows = table(&lost, false);
+        let zero = rows.iter().position(|(k, _)| *k == "zero").unwrap();
+        assert_eq!(rows[zero + 1].0, "lost to damage");
     }
 }

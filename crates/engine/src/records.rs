@@ -207,8 +207,8 @@ fn record_at(buf: &[u8], at: usize, tag: u32) -> Option<Result<RecordHeader, Str
             .map(|_| h)
             .map_err(|e| {
                 format!(
-                    "{e}; it claims to be {:?} seq {} for lba {}+{} (its blocks may now \
-                     read an older version or as holes)",
+                    "{e}; it claims to be {:?} seq {} for lba {}+{} (header as read; \
+                     repair marks its blocks lost unless written after it)",
                     h.kind, h.seq, h.lba, h.nblocks
                 )
             }),

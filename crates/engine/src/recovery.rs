@@ -630,7 +630,6 @@ pub fn rebuild_from_log(storage: &dyn Storage, sb: &Superblock) -> Result<Recove
     let (mut applied, mut dropped_refs) = (0u64, Vec::new());
     for r in &recs {
         let h = &r.header;
-        let offset = sb.segment_offset(r.segment) + r.at as u64;
         let m = needed.entry(r.segment).or_insert(0);
         *m = (*m).max(h.seq);
         if h.kind == RecordKind::Ref {
@@ -646,20 +645,7 @@ pub fn rebuild_from_log(storage: &dyn Storage, sb: &Superblock) -> Result<Recove
                 continue;
             }
         }
-        let payload = r
-            .ref_entry
-            .map(|e| {
-                let mut b = [0u8; cvol_format::mapentry::MAP_ENTRY_BYTES];
-                e.encode(&mut b);
-                b.to_vec()
-            })
-            .unwrap_or_default();
-        if apply(&mut map, sb, h, offset, &payload).is_ok() {
-            applied += u64::from(matches!(
-                h.kind,
-                RecordKind::Data | RecordKind::Zero | RecordKind::Trim | RecordKind::Ref
-            ));
-        }
+        applied += u64::from(apply_scanned(&mut map, sb, r));
     }
     let last = recs.last().expect("not empty");
     let mut warnings = vec![format!(
@@ -898,21 +884,7 @@ fn salvage_walk(
         });
         if let Some(r) = pick {
             let h = &r.header;
-            let offset = sb.segment_offset(r.segment) + r.at as u64;
-            let payload = r
-                .ref_entry
-                .map(|e| {
-                    let mut b = [0u8; cvol_format::mapentry::MAP_ENTRY_BYTES];
-                    e.encode(&mut b);
-                    b.to_vec()
-                })
-                .unwrap_or_default();
-            if apply(&mut map, sb, h, offset, &payload).is_ok() {
-                applied += u64::from(matches!(
-                    h.kind,
-                    RecordKind::Data | RecordKind::Zero | RecordKind::Trim | RecordKind::Ref
-                ));
-            }
+            applied += u64::from(apply_scanned(&mut map, sb, r));
             replayed += 1;
             let m = needed.entry(r.segment).or_insert(0);
             *m = (*m).max(h.seq);
@@ -1385,6 +1357,26 @@ pub fn apply(
             Ok(())
         }
     }
+}
+
+/// Applies a record found by `scan_log` (its REF payload kept as the
+/// decoded entry). True if it changed the map (DATA, ZERO, TRIM, REF).
+fn apply_scanned(map: &mut BlockMap, sb: &Superblock, r: &Scanned) -> bool {
+    let mut b = [0u8; cvol_format::mapentry::MAP_ENTRY_BYTES];
+    if let Some(e) = r.ref_entry {
+        e.encode(&mut b);
+    }
+    let payload = if r.ref_entry.is_some() {
+        &b[..]
+    } else {
+        &[][..]
+    };
+    let offset = sb.segment_offset(r.segment) + r.at as u64;
+    apply(map, sb, &r.header, offset, payload).is_ok()
+        && matches!(
+            r.header.kind,
+            RecordKind::Data | RecordKind::Zero | RecordKind::Trim | RecordKind::Ref
+        )
 }
 
 /// Unmaps [start, end), skipping pages that hold nothing.

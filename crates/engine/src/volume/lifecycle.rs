@@ -294,11 +294,17 @@ fn salvage(storage: &dyn Storage, sb: &Superblock, why: String) -> Result<Recove
 /// the map had to be replayed.
 fn log_recovered(r: &Recovered) {
     if r.replayed_map_records > 0 {
+        // With warnings, they (logged above) say why; without, the last run
+        // simply ended before its final checkpoint.
+        let why = if r.warnings.is_empty() {
+            " (the last run ended without a final checkpoint)"
+        } else {
+            ""
+        };
         tracing::info!(
             checkpoint = r.checkpoint_generation,
             last_seq = r.last_seq,
-            "recovered: replayed {} records written after the last checkpoint \
-             (the last run ended without a final checkpoint)",
+            "recovered: replayed {} records written after the last checkpoint{why}",
             r.replayed_map_records
         );
     } else {
