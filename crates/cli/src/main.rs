@@ -355,5 +355,6 @@ fn cleaner_config(policy: &str, start: u64, stop: u64) -> Result<CleanerConfig, 
         policy,
         low_free_percent: start,
         high_free_percent: stop,
+        ..CleanerConfig::default()
     })
 }

@@ -179,12 +179,16 @@ impl DedupIndex {
         }
     }
 
-    /// Repoints `fp` from `from` to a moved copy of the same record.
+    /// Repoints `fp` from `from` to a moved copy of the same record; learns
+    /// it (into a free slot only) when the index does not hold `fp`. A slot
+    /// naming another record of the same content is kept.
     pub fn moved(&mut self, fp: Fingerprint, from: &MapEntry, to: MapEntry, owner: u64) {
         let set = self.set(fp);
-        if let Some(s) = set.iter_mut().find(|s| s.is(fp)) {
-            if s.entry().same_record(from) {
-                *s = Slot::new(fp, to, owner);
+        match set.iter_mut().find(|s| s.is(fp)) {
+            Some(s) if s.entry().same_record(from) => *s = Slot::new(fp, to, owner),
+            Some(_) => {}
+            None => {
+                self.insert_if_room(fp, to, owner);
             }
         }
     }

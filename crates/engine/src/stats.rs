@@ -95,12 +95,17 @@ pub struct VolumeStats {
     pub unmapped_bytes: u64,
     /// Live payload bytes on media.
     pub stored_bytes: u64,
-    /// Backing bytes occupied: metadata area plus the log consumed so far.
+    /// Backing bytes occupied: metadata area plus every segment in use
+    /// (free segments are returned to the host), i.e. what `du` of the
+    /// backing file shows, give or take the open segment's unwritten tail.
     pub physical_used_bytes: u64,
     pub physical_free_bytes: u64,
-    /// mapped_bytes / physical_used_bytes.
+    /// mapped_bytes / physical_used_bytes: logical data per byte the host
+    /// holds (1.0 for a volume holding no data).
     pub reduction_ratio: f64,
-    /// mapped_bytes / stored_bytes: what the codec alone achieves.
+    /// Unique data bytes (mapped_bytes less dedup_saved_bytes) /
+    /// stored_bytes: what the codec alone achieves, dedup savings excluded
+    /// (1.0 with nothing stored).
     pub compression_ratio: f64,
     pub blocks_by_codec: CodecBlocks,
     pub codec_none_blocks: u64,
@@ -115,6 +120,12 @@ pub struct VolumeStats {
     pub live_bytes: u64,
     /// Log bytes occupied by dead records, old checkpoints, padding and segment tails.
     pub dead_bytes: u64,
+    /// The part of dead_bytes idle cleaning would return to the host now:
+    /// the dead space of sealed segments at most 90% live.
+    pub reclaimable_bytes: u64,
+    /// Bytes the host has allocated for the backing file (its `du`, from
+    /// st_blocks); null for a block device.
+    pub host_allocated_bytes: Option<u64>,
     /// More logical data that fits at the current compression ratio...
     pub estimated_free_logical_bytes: u64,
     /// ...and if nothing more compresses (the conservative figure).
@@ -151,6 +162,11 @@ pub struct CleanerStats {
     pub cleaner_records_relocated: u64,
     pub cleaner_bytes_relocated: u64,
     pub segments_reclaimed: u64,
+    /// Idle cleaning passes that moved data since open (also counted in
+    /// cleaner_segments_cleaned and cleaner_bytes_relocated)...
+    pub idle_clean_passes: u64,
+    /// ...and the live bytes they moved: their write amplification.
+    pub idle_clean_bytes_relocated: u64,
 }
 
 /// Deduplication, what each kind of reduction saved, and the read cache
@@ -162,6 +178,9 @@ pub struct DedupStats {
     /// Logical bytes served by records shared with other blocks
     /// (sum over shared records of (references - 1) * 4096).
     pub dedup_saved_bytes: u64,
+    /// mapped_bytes / unique data bytes (mapped_bytes - dedup_saved_bytes):
+    /// what dedup alone achieves (1.0 with no data).
+    pub dedup_ratio: f64,
     /// Logical bytes saved by compression: unique data blocks * 4096 - stored_bytes.
     pub compression_saved_bytes: u64,
     /// Logical bytes that cost nothing because they are zeros (= zero_bytes).

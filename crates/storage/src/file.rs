@@ -99,6 +99,15 @@ impl Storage for FileStorage {
         self.file.sync_data()
     }
 
+    fn allocated_bytes(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        if self.is_block_device {
+            return None;
+        }
+        // st_blocks counts 512-byte units whatever the file system's block size.
+        self.file.metadata().ok().map(|m| m.blocks() * 512)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(offset, 0, self.size_bytes)?;
         if self.is_block_device {

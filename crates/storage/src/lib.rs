@@ -30,6 +30,11 @@ pub trait Storage: Send + Sync {
     fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Bytes the host has allocated for the store (`du` of a backing file),
+    /// when the store can tell; None for a block device or a simulation.
+    fn allocated_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {

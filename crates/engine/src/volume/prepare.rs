@@ -68,6 +68,23 @@ pub(in crate::volume) fn is_zero(b: &[u8]) -> bool {
 }
 
 impl Volume {
+    /// The dedup fingerprint of each 4 KiB block of `data` (0 for a zero
+    /// block, or every block when the volume has no dedup).
+    pub(in crate::volume) fn fingerprints(&self, data: &[u8]) -> Vec<Fingerprint> {
+        let Some(d) = &self.dedup else {
+            return vec![0; data.len() / BS];
+        };
+        data.chunks_exact(BS)
+            .map(|b| {
+                if is_zero(b) {
+                    0
+                } else {
+                    dedup::fingerprint(d.seed, b)
+                }
+            })
+            .collect()
+    }
+
     /// Blocks per merged compression unit (the window writes are cut at).
     pub(in crate::volume) fn unit_blocks(&self) -> u64 {
         u64::from(self.options.elastic.unit_blocks.clamp(1, UNIT_BLOCKS_MAX))
@@ -139,11 +156,7 @@ impl Volume {
         let Some(d) = &self.dedup else {
             return Ok(dups);
         };
-        for (i, fp) in dups.fps.iter_mut().enumerate() {
-            if !is_zero(block(i)) {
-                *fp = dedup::fingerprint(d.seed, block(i));
-            }
-        }
+        dups.fps = self.fingerprints(data);
         let mut candidates = Vec::new();
         {
             let mut ix = self.note_poison(d.index.lock())?;

@@ -52,6 +52,15 @@ fn get(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
 }
 
+/// a / b, or 1.0 when there is nothing to reduce (a is 0).
+fn ratio_or_one(a: u64, b: u64) -> f64 {
+    if a == 0 {
+        1.0
+    } else {
+        ratio(a, b)
+    }
+}
+
 fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 {
         0.0
@@ -89,6 +98,7 @@ impl Volume {
         let c = st.live.counters();
         let bs = BLOCK_SIZE_BYTES;
         let mapped = c.data_blocks * bs;
+        let unique = (c.data_blocks - st.live.shared().extra_refs) * bs;
         let used = self.sb.data_offset_bytes + st.log.used_bytes();
         let live = st.live.usage().total_live_bytes();
         let usable = self.usable_bytes(&st);
@@ -106,8 +116,8 @@ impl Volume {
             stored_bytes: c.stored_payload_bytes,
             physical_used_bytes: used,
             physical_free_bytes: st.log.free_bytes(),
-            reduction_ratio: ratio(mapped, used),
-            compression_ratio: ratio(mapped, c.stored_payload_bytes),
+            reduction_ratio: ratio_or_one(mapped, used),
+            compression_ratio: ratio_or_one(unique, c.stored_payload_bytes),
             blocks_by_codec: CodecBlocks::from_counts(&c.codec_blocks),
             codec_none_blocks: c.codec_blocks[CodecTag::None as usize],
             codec_lz4_blocks: c.codec_blocks[CodecTag::Lz4 as usize],
@@ -119,6 +129,8 @@ impl Volume {
             segments_free: segs.free_count(),
             live_bytes: live,
             dead_bytes: st.log.used_bytes().saturating_sub(live),
+            reclaimable_bytes: self.idle_reclaimable_bytes(&st),
+            host_allocated_bytes: self.storage.allocated_bytes(),
             estimated_free_logical_bytes: (usable as f64 * ratio(mapped, live).max(1.0)) as u64,
             worst_case_free_logical_bytes: space::worst_case_free_logical_bytes(usable),
             client_bytes_written: client,
@@ -147,6 +159,8 @@ impl Volume {
             cleaner_records_relocated: get(&cs.records_relocated),
             cleaner_bytes_relocated: get(&cs.bytes_relocated),
             segments_reclaimed: get(&cs.segments_reclaimed),
+            idle_clean_passes: get(&cs.idle_passes),
+            idle_clean_bytes_relocated: get(&cs.idle_bytes_relocated),
         }
     }
 
@@ -163,6 +177,10 @@ impl Volume {
         DedupStats {
             dedup: self.sb.dedup(),
             dedup_saved_bytes: shared.extra_refs * bs,
+            dedup_ratio: ratio_or_one(
+                c.data_blocks * bs,
+                (c.data_blocks - shared.extra_refs) * bs,
+            ),
             compression_saved_bytes: ((c.data_blocks - shared.extra_refs) * bs)
                 .saturating_sub(c.stored_payload_bytes),
             zero_saved_bytes: c.zero_blocks * bs,

@@ -10,9 +10,10 @@
 //! is durable. Until then a crash recovers the old map, which still finds the
 //! old records where they were.
 use super::{Next, Worker};
+use crate::dedup::Fingerprint;
 use crate::error::VolError;
 use crate::log::Shape;
-use crate::records::{data_records, Found};
+use crate::records::{data_records, DecodedUnit, Found};
 use crate::segments::{pack_order, VictimPolicy};
 use crate::volume::space::{self, CLEAN_GAIN_USEFUL_DIVISOR};
 use crate::volume::{State, Volume};
@@ -30,6 +31,9 @@ pub struct CleanerConfig {
     pub low_free_percent: u64,
     /// ...and stops above this one.
     pub high_free_percent: u64,
+    /// Collect dead space when clients are idle (`idle_clean`), whatever
+    /// the free space.
+    pub idle: bool,
 }
 
 impl Default for CleanerConfig {
@@ -38,6 +42,7 @@ impl Default for CleanerConfig {
             policy: VictimPolicy::CostBenefit,
             low_free_percent: 10,
             high_free_percent: 25,
+            idle: true,
         }
     }
 }
@@ -49,6 +54,29 @@ pub(in crate::volume) struct CleanerStats {
     pub(in crate::volume) records_relocated: AtomicU64,
     pub(in crate::volume) bytes_relocated: AtomicU64,
     pub(in crate::volume) segments_reclaimed: AtomicU64,
+    /// Idle cleaning passes that moved something, and what they moved.
+    pub(in crate::volume) idle_passes: AtomicU64,
+    pub(in crate::volume) idle_bytes_relocated: AtomicU64,
+}
+
+/// Idle cleaning leaves at most this share (percent) of the live bytes as
+/// dead space in sealed segments...
+pub const IDLE_DEAD_PERCENT: u64 = 5;
+/// ...and never moves a segment more than this full (percent live): moving
+/// 9 bytes to free 1 is not worth the wear.
+pub const IDLE_VICTIM_LIVE_MAX_PERCENT: u64 = 90;
+
+/// What one idle cleaning pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IdleCleanReport {
+    /// Victim segments emptied.
+    pub segments: u64,
+    /// Log bytes of live records moved to empty them.
+    pub bytes_relocated: u64,
+    /// Segments returned to the host (hole-punched) by the pass.
+    pub segments_reclaimed: u64,
+    /// The pass stopped early for a client request.
+    pub yielded: bool,
 }
 
 /// Most clean-then-checkpoint rounds one `clean` call runs.
@@ -58,13 +86,27 @@ const MOVE_BATCH: usize = 64;
 /// How often the background cleaner looks at the free segments.
 const BACKGROUND_PERIOD: Duration = Duration::from_millis(100);
 
-/// A victim segment read into memory, its DATA records, and the map entries
-/// holding its shared records (by record offset).
+/// A victim segment read into memory, its DATA records, the map entries
+/// holding its shared records (by record offset), and the fingerprints of
+/// each record's blocks (empty without dedup or for a record that does not
+/// decode), so the dedup index follows every move.
 struct Victim {
     base: u64,
     buf: Vec<u8>,
     found: Vec<Found>,
     holders: HashMap<u64, Vec<u64>>,
+    fps: Vec<Vec<Fingerprint>>,
+}
+
+impl Victim {
+    /// Fingerprint of block `k` of found record `i`, 0 when unknown.
+    fn fp(&self, i: usize, k: u32) -> Fingerprint {
+        self.fps
+            .get(i)
+            .and_then(|f| f.get(k as usize))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 impl Volume {
@@ -87,15 +129,8 @@ impl Volume {
             // Victims older than the durable checkpoint are free once the
             // moves are durable; newer ones need a checkpoint first.
             self.flush()?;
-            let (free, waiting) = {
-                let st = self.lock_state()?;
-                let usage = st.live.usage();
-                (
-                    st.log.free_bytes(),
-                    st.log.segments.empty_sealed_count(usage),
-                )
-            };
-            if free < want_free_bytes && waiting > 0 {
+            let free = self.lock_state()?.log.free_bytes();
+            if free < want_free_bytes && self.checkpoint_frees_segments()? {
                 match self.checkpoint() {
                     Ok(()) => {}
                     Err(VolError::NoSpace) => break,
@@ -109,6 +144,22 @@ impl Volume {
             }
         }
         Ok(gained)
+    }
+
+    /// Are emptied segments waiting for a checkpoint to be reused?
+    fn checkpoint_frees_segments(&self) -> Result<bool, VolError> {
+        let st = self.lock_state()?;
+        Ok(st.log.segments.empty_sealed_count(st.live.usage()) > 0)
+    }
+
+    /// Makes an idle pass's moves durable and its emptied segments free:
+    /// a flush, then a checkpoint when emptied segments still wait for one.
+    fn make_cleaning_durable(&self) -> Result<(), VolError> {
+        self.flush()?;
+        if self.checkpoint_frees_segments()? {
+            self.checkpoint()?;
+        }
+        Ok(())
     }
 
     /// Empties victims until the log would have `want_free_bytes` free once
@@ -206,10 +257,10 @@ impl Volume {
                 match holders {
                     _ if f.header.nblocks > 1 => {
                         let h = holders.map_or(&[][..], Vec::as_slice);
-                        self.move_unit_record(&mut st, &v, f, h)?
+                        self.move_unit_record(&mut st, &v, i, h)?
                     }
-                    Some(h) => self.move_shared_record(&mut st, &v, f, h)?,
-                    None => self.move_record(&mut st, &v, f)?,
+                    Some(h) => self.move_shared_record(&mut st, &v, i, h)?,
+                    None => self.move_record(&mut st, &v, i)?,
                 }
             }
         }
@@ -224,6 +275,18 @@ impl Volume {
         let mut buf = vec![0u8; self.sb.segment_size_bytes as usize];
         self.storage.read_at(base, &mut buf).map_err(VolError::Io)?;
         let found = data_records(&buf, self.sb.volume_tag());
+        // Outside every lock: decompressing is the slow part.
+        let fps = match self.dedup {
+            Some(_) => found
+                .iter()
+                .map(|f| {
+                    DecodedUnit::decode(f.bytes(&buf))
+                        .map(|u| self.fingerprints(&u.data))
+                        .unwrap_or_default()
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         let st = self.lock_state()?;
         let shared = st.live.shared();
         let has_refs = |off: u64| shared.get(off).is_some_and(|s| s.refs > 0);
@@ -245,6 +308,7 @@ impl Volume {
             buf,
             found,
             holders,
+            fps,
         };
         Ok((v, space))
     }
@@ -265,9 +329,10 @@ impl Volume {
         &self,
         st: &mut State,
         v: &Victim,
-        f: &Found,
+        i: usize,
         holders: &[u64],
     ) -> Result<(), VolError> {
+        let f = &v.found[i];
         let h = &f.header;
         let (off, len) = (v.base + f.at as u64, h.total_len() as u32);
         let owners: Vec<u32> = (0..h.nblocks)
@@ -295,20 +360,32 @@ impl Volume {
             unreachable!("copy is data")
         };
         let crc = new.block_in(0);
-        for k in owners {
+        let mut moved: Vec<u32> = owners.clone();
+        for &k in &owners {
             let e = MapEntry::unit(h.codec, offset, len, crc, k);
             st.set_entry(h.lba + u64::from(k), e, 0);
         }
         for (l, k) in refs {
             let e = MapEntry::unit(h.codec, offset, len, crc, k);
             self.commit_ref(st, l, e, 0)?;
+            moved.push(k);
         }
         assert!(st.live.shared().get(off).is_none(), "every holder moved");
+        moved.sort_unstable();
+        moved.dedup();
+        for k in moved {
+            let (from, to) = (
+                MapEntry::unit(h.codec, off, h.total_len() as u32, h.crc, k),
+                MapEntry::unit(h.codec, offset, len, crc, k),
+            );
+            self.reindex_moved(v.fp(i, k), &from, to, h.lba + u64::from(k))?;
+        }
         Ok(())
     }
 
     /// Appends a copy of one record if the map still points at the original.
-    fn move_record(&self, st: &mut State, v: &Victim, f: &Found) -> Result<(), VolError> {
+    fn move_record(&self, st: &mut State, v: &Victim, i: usize) -> Result<(), VolError> {
+        let f = &v.found[i];
         let h = &f.header;
         let old = MapEntry::data(h.codec, v.base + f.at as u64, h.total_len() as u32, h.crc);
         let lbas = h.lba..h.lba + u64::from(h.nblocks);
@@ -324,7 +401,7 @@ impl Volume {
                 st.set_entry(l, new, 0);
             }
         }
-        Ok(())
+        self.reindex_moved(v.fp(i, 0), &old, new, h.lba)
     }
 
     /// Moves a record that dedup references share: the copy's owner is the
@@ -335,9 +412,10 @@ impl Volume {
         &self,
         st: &mut State,
         v: &Victim,
-        f: &Found,
+        i: usize,
         holders: &[u64],
     ) -> Result<(), VolError> {
+        let f = &v.found[i];
         let h = &f.header;
         let offset = v.base + f.at as u64;
         let old = MapEntry::data(h.codec, offset, h.total_len() as u32, h.crc);
@@ -362,10 +440,25 @@ impl Volume {
             self.commit_ref(st, l, new, fp)?;
         }
         assert!(st.live.shared().get(offset).is_none(), "all holders moved");
-        if fp != 0 {
-            if let Some(mut ix) = self.lock_index()? {
-                ix.moved(fp, &old, new, owner);
-            }
+        let fp = if fp != 0 { fp } else { v.fp(i, 0) };
+        self.reindex_moved(fp, &old, new, owner)
+    }
+
+    /// The dedup index follows a moved block: its fingerprint's slot, if it
+    /// named the original, names the copy; a fingerprint the index does
+    /// not hold is learnt when its set has room (never evicting).
+    fn reindex_moved(
+        &self,
+        fp: Fingerprint,
+        from: &MapEntry,
+        to: MapEntry,
+        owner: u64,
+    ) -> Result<(), VolError> {
+        if fp == 0 {
+            return Ok(());
+        }
+        if let Some(mut ix) = self.lock_index()? {
+            ix.moved(fp, from, to, owner);
         }
         Ok(())
     }
@@ -394,15 +487,20 @@ impl Volume {
     }
 
     /// Starts the background cleaner thread: between the configured
-    /// thresholds of free segments it cleans, yielding to clients.
+    /// thresholds of free segments it cleans, yielding to clients; when
+    /// clients are idle (and background recompression has nothing left to
+    /// do) it also collects dead space worth collecting (`idle_clean`).
     pub fn start_background_cleaner(self: &Arc<Self>) -> Worker {
-        Worker::spawn("cvol-cleaner", self, BACKGROUND_PERIOD, |v| {
-            v.background_clean();
+        let mut quiet_at = None;
+        Worker::spawn("cvol-cleaner", self, BACKGROUND_PERIOD, move |v| {
+            v.background_clean(&mut quiet_at);
             Next::After(BACKGROUND_PERIOD)
         })
     }
 
-    fn background_clean(&self) {
+    /// `quiet_at`: the log's last seq when an idle pass last finished (no
+    /// scan until something changes: an idle volume costs no CPU).
+    fn background_clean(&self, quiet_at: &mut Option<u64>) {
         if self.read_only() || self.poisoned.load(Ordering::SeqCst) {
             return;
         }
@@ -415,6 +513,124 @@ impl Volume {
             Ok(None) => {}
             Err(e) => tracing::warn!("background cleaner: {e}"),
         }
+        if !cfg.idle
+            || self.activity.idle_ms() < self.options.elastic.recompress_idle_ms
+            || self.jobs.recompress_pending.load(Ordering::SeqCst)
+        {
+            return;
+        }
+        // Every change appends a record: an unchanged seq is nothing new.
+        let Ok(work) = self.lock_state().map(|st| st.log.last_seq()) else {
+            return;
+        };
+        if *quiet_at == Some(work) {
+            return;
+        }
+        match self.idle_clean(true) {
+            Ok(r) => {
+                if r.segments > 0 {
+                    tracing::debug!(?r, "idle cleaning pass");
+                }
+                if !r.yielded {
+                    // What the pass itself wrote (moves, a checkpoint) is
+                    // not new work for the next one.
+                    *quiet_at = self.lock_state().map(|st| st.log.last_seq()).ok();
+                }
+            }
+            Err(VolError::NoSpace) => *quiet_at = Some(work),
+            Err(e) => tracing::warn!("idle cleaning: {e}"),
+        }
+    }
+
+    /// Idle cleaning (LFS §3.6: cleaning when idle is the cheap time):
+    /// empties the sealed segments the victim policy ranks first, each at
+    /// most `IDLE_VICTIM_LIVE_MAX_PERCENT` live, until the dead space left in
+    /// sealed segments is at most `IDLE_DEAD_PERCENT` of the live bytes, then
+    /// makes the moves durable so the emptied segments are returned to the
+    /// host. With `stop_at_client` it stops at the first client request.
+    pub fn idle_clean(&self, stop_at_client: bool) -> Result<IdleCleanReport, VolError> {
+        let _c = self.lock_cleaner()?;
+        self.check_writable()?;
+        let mut rep = IdleCleanReport::default();
+        let reclaimed_before = self
+            .counters
+            .cleaner
+            .segments_reclaimed
+            .load(Ordering::Relaxed);
+        let relocated_before = self.counters.cleaner.bytes_relocated.load(Ordering::Relaxed);
+        for victim in self.idle_victims()? {
+            if stop_at_client && self.activity.clients_busy() {
+                rep.yielded = true;
+                break;
+            }
+            let fits = {
+                let st = self.lock_state()?;
+                let budget = space::cleaner_budget(
+                    st.log.free_bytes(),
+                    self.checkpoint_estimate_bytes(&st),
+                );
+                st.live.usage().live_bytes(victim) <= budget
+            };
+            if !fits {
+                break; // no room to move it: the low-space cleaner's job
+            }
+            self.relocate_segment(victim)?;
+            rep.segments += 1;
+        }
+        if rep.segments > 0 {
+            self.make_cleaning_durable()?;
+        }
+        let c = &self.counters.cleaner;
+        rep.bytes_relocated = c.bytes_relocated.load(Ordering::Relaxed) - relocated_before;
+        rep.segments_reclaimed = c.segments_reclaimed.load(Ordering::Relaxed) - reclaimed_before;
+        if rep.segments > 0 {
+            c.segments_cleaned.fetch_add(rep.segments, Ordering::Relaxed);
+            c.idle_passes.fetch_add(1, Ordering::Relaxed);
+            c.idle_bytes_relocated
+                .fetch_add(rep.bytes_relocated, Ordering::Relaxed);
+        }
+        Ok(rep)
+    }
+
+    /// The victims of an idle pass, best first: enough of them to bring the
+    /// dead space in sealed segments down to the idle target.
+    fn idle_victims(&self) -> Result<Vec<u64>, VolError> {
+        let st = self.lock_state()?;
+        let (segs, usage) = (&st.log.segments, st.live.usage());
+        let size = self.sb.segment_size_bytes;
+        let target = usage.total_live_bytes() * IDLE_DEAD_PERCENT / 100;
+        let mut dead = idle_dead_bytes(segs, usage, size);
+        let candidates: Vec<_> = segs
+            .candidates(usage)
+            .into_iter()
+            .filter(|&(_, live, _)| live * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
+            .collect();
+        let order = self
+            .options
+            .cleaner
+            .policy
+            .order(candidates, size, st.log.last_seq());
+        let mut out = Vec::new();
+        for s in order {
+            if dead <= target {
+                break;
+            }
+            dead -= size - usage.live_bytes(s);
+            out.push(s);
+        }
+        Ok(out)
+    }
+
+    /// Dead bytes idle cleaning would collect now: the dead space of sealed
+    /// segments it may move (for `stat`).
+    pub(in crate::volume) fn idle_reclaimable_bytes(&self, st: &State) -> u64 {
+        let (segs, usage) = (&st.log.segments, st.live.usage());
+        let size = self.sb.segment_size_bytes;
+        segs.candidates(usage)
+            .into_iter()
+            .filter(|&(_, live, _)| live * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
+            .map(|(_, live, _)| size - live)
+            .sum()
     }
 
     /// When fewer than `percent` of the segments are free: the free log bytes
@@ -431,6 +647,20 @@ impl Volume {
         Ok((free * 100 < percent * total)
             .then(|| (high * total).div_ceil(100) * self.sb.segment_size_bytes))
     }
+}
+
+/// Dead bytes of the sealed segments (segment tails and old checkpoints
+/// included): what the host holds beyond the live records, the open
+/// segment aside.
+fn idle_dead_bytes(
+    segs: &crate::segments::SegmentTable,
+    usage: &crate::segments::SegmentUsage,
+    size: u64,
+) -> u64 {
+    segs.candidates(usage)
+        .into_iter()
+        .map(|(_, live, _)| size - live)
+        .sum()
 }
 
 /// The block of the unit at `off` (crc `crc`, `nblocks`) that ref entry

@@ -140,5 +140,8 @@ impl Activity {
 pub(in crate::volume) struct JobsState {
     /// Next window the background recompressor scans.
     pub(in crate::volume) recompress_cursor: AtomicU64,
+    /// Background recompression may still have work: idle cleaning waits
+    /// for it (cleaning first would move data about to be rewritten).
+    pub(in crate::volume) recompress_pending: AtomicBool,
     pub(in crate::volume) scrub: scrub::ScrubState,
 }

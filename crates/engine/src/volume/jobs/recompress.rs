@@ -16,7 +16,6 @@
 //! not pay) are never retried; windows holding dedup references are skipped.
 use super::{Next, Worker};
 use crate::codec::Codec;
-use crate::dedup::Fingerprint;
 use crate::error::VolError;
 use crate::policy::CodecPolicy;
 use crate::volume::prepare::Prepared;
@@ -289,7 +288,9 @@ impl Volume {
     ) -> Result<u64, VolError> {
         let n = run.before.len();
         let old_bytes = self.run_stored_bytes(run.before)?;
-        let fps = vec![0 as Fingerprint; n];
+        // The rewrite is indexed like a client write, so identical data
+        // written later still deduplicates against it (the old records die).
+        let fps = self.fingerprints(run.data);
         let items = self.compress_run_with(run.lba, run.data, &fps, strong);
         let new_bytes: u64 = items
             .iter()
@@ -332,6 +333,7 @@ impl Volume {
         }
         // After a sweep of the whole volume found nothing, wait for new writes.
         let mut quiet_at: Option<u64> = None;
+        self.jobs.recompress_pending.store(true, Ordering::SeqCst);
         Some(Worker::spawn(
             "cvol-recompress",
             self,
@@ -353,6 +355,7 @@ impl Volume {
         if *quiet_at == Some(written) {
             return;
         }
+        self.jobs.recompress_pending.store(true, Ordering::SeqCst);
         // Rewrites append before old records die: make room first (idle
         // time is the cleaner's too), up to the cleaner's stop threshold.
         match self.free_segments_below(self.options.cleaner.high_free_percent) {
@@ -371,6 +374,7 @@ impl Volume {
                 }
                 if r.wrapped && r.blocks_rewritten == 0 && !r.yielded {
                     *quiet_at = Some(written);
+                    self.jobs.recompress_pending.store(false, Ordering::SeqCst);
                 }
             }
             Err(e) => tracing::warn!("background recompression: {e}"),

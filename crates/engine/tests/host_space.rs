@@ -1,0 +1,223 @@
+//! Space the host sees (issue 15): idle cleaning returns dead space to the
+//! host, the dedup index follows every block the cleaner or the
+//! recompressor moves, an identical overwrite appends nothing, and the
+//! ratios of an empty volume are 1.0.
+mod common;
+use common::{BS, MIB};
+use cvol_engine::{check, Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
+use cvol_storage::SimStorage;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// Compressible text (about 3:1 with lz4), unique per (seed, position).
+fn text(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = StdRng::seed_from_u64(seed);
+    let words = ["volume ", "segment ", "record ", "checkpoint ", "unit "];
+    let mut v = Vec::with_capacity(len + 16);
+    while v.len() < len {
+        if r.gen_ratio(1, 5) {
+            v.extend_from_slice(format!("{} ", r.gen::<u32>()).as_bytes());
+        }
+        v.extend_from_slice(words[r.gen_range(0..words.len())].as_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Elastic settings with background recompression off (tests drive it).
+fn manual(busy: bool) -> ElasticConfig {
+    ElasticConfig {
+        busy_iops: if busy { 0 } else { u64::MAX },
+        idle_iops: if busy { 0 } else { u64::MAX - 1 },
+        busy_inflight: usize::MAX,
+        recompress: false,
+        ..ElasticConfig::default()
+    }
+}
+
+fn volume(sim: &SimStorage, logical: u64, codec: CodecPolicy) -> Volume {
+    let opts = common::options(sim, logical).with_codec(codec);
+    common::create_closed(sim, &opts);
+    common::open_with(
+        sim,
+        OpenOptions {
+            elastic: manual(true),
+            ..OpenOptions::default()
+        },
+    )
+}
+
+fn write_chunks(vol: &Volume, at: u64, data: &[u8], chunk: usize) {
+    for (i, c) in data.chunks(chunk).enumerate() {
+        vol.write_at(at + (i * chunk) as u64, c, false).unwrap();
+    }
+}
+
+fn assert_image(vol: &Volume, at: u64, image: &[u8]) {
+    let mut got = vec![0u8; image.len()];
+    vol.read_at(at, &mut got).unwrap();
+    for (b, (g, w)) in got.chunks(BS).zip(image.chunks(BS)).enumerate() {
+        assert!(g == w, "block {b} after lba {}", at / BS as u64);
+    }
+}
+
+fn close_and_check(vol: Volume, sim: &SimStorage) {
+    vol.verify_refcounts().unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let rep = check::check_volume(sim, &mut |_, _| {});
+    assert!(rep.consistent(), "check: {:?}", rep.errors);
+}
+
+/// Dead bytes in sealed segments after idle cleaning are within the
+/// target: 5% of live, plus the one segment holding the old checkpoint
+/// and tails a pass cannot avoid.
+fn assert_dead_within_target(st: &cvol_engine::VolumeStats) {
+    let allowed = st.live_bytes / 20 + 2 * st.segment_size_bytes;
+    assert!(
+        st.dead_bytes <= allowed,
+        "dead {} > allowed {} (live {})",
+        st.dead_bytes,
+        allowed,
+        st.live_bytes
+    );
+}
+
+#[test]
+fn idle_cleaning_returns_dead_space_to_the_host() {
+    let sim = SimStorage::new(96 * MIB);
+    let vol = volume(&sim, 64 * MIB, Codec::Lz4.into());
+    let a = text(1, 24 * MIB as usize);
+    write_chunks(&vol, 0, &a, 64 << 10);
+    // Overwrite every other 64 KiB: each segment of `a` becomes half dead.
+    let b = text(2, 24 * MIB as usize);
+    let mut image = a.clone();
+    for off in (0..a.len()).step_by(128 << 10) {
+        let end = off + (64 << 10);
+        vol.write_at(off as u64, &b[off..end], false).unwrap();
+        image[off..end].copy_from_slice(&b[off..end]);
+    }
+    vol.flush().unwrap();
+    let before = vol.stats();
+    assert!(
+        before.reclaimable_bytes > before.live_bytes / 4,
+        "the overwrites left dead space: {before:?}"
+    );
+    let r = vol.idle_clean(false).unwrap();
+    assert!(r.segments > 0 && !r.yielded, "{r:?}");
+    assert!(r.segments_reclaimed >= r.segments / 2, "{r:?}");
+    let after = vol.stats();
+    assert_dead_within_target(&after);
+    assert!(
+        after.physical_used_bytes + before.reclaimable_bytes / 2 < before.physical_used_bytes,
+        "physical used {} -> {} with {} reclaimable",
+        before.physical_used_bytes,
+        after.physical_used_bytes,
+        before.reclaimable_bytes
+    );
+    assert_eq!(after.cleaner.idle_clean_passes, 1);
+    assert_eq!(after.cleaner.idle_clean_bytes_relocated, r.bytes_relocated);
+    assert_eq!(after.stored_bytes, before.stored_bytes, "moves change no data");
+    // Nothing changed since: a second pass has nothing to do.
+    let again = vol.idle_clean(false).unwrap();
+    assert_eq!(again.segments, 0, "{again:?}");
+    assert_image(&vol, 0, &image);
+    close_and_check(vol, &sim);
+    // The cleaned layout recovers.
+    let vol = common::open(&sim);
+    assert_image(&vol, 0, &image);
+    close_and_check(vol, &sim);
+}
+
+#[test]
+fn dedup_and_identical_overwrites_survive_cleaner_moves() {
+    let sim = SimStorage::new(96 * MIB);
+    let vol = volume(&sim, 64 * MIB, Codec::Lz4.into());
+    let a = text(3, 8 * MIB as usize);
+    let filler = text(4, 8 * MIB as usize);
+    // `a` and filler interleaved in the log, then the filler overwritten:
+    // `a`'s segments are half dead and idle cleaning moves `a`.
+    for (i, (x, y)) in a.chunks(64 << 10).zip(filler.chunks(64 << 10)).enumerate() {
+        vol.write_at((i * (64 << 10)) as u64, x, false).unwrap();
+        vol.write_at(((i * (64 << 10)) as u64) + 16 * MIB, y, false)
+            .unwrap();
+    }
+    vol.write_zeroes(16 * MIB, 8 * MIB, false, false).unwrap();
+    vol.flush().unwrap();
+    let r = vol.idle_clean(false).unwrap();
+    assert!(r.bytes_relocated > 0, "{r:?}");
+    let moved = vol.stats();
+    // The same data at the same place: nothing appended at all.
+    write_chunks(&vol, 0, &a, 64 << 10);
+    let same = vol.stats();
+    assert_eq!(same.last_seq, moved.last_seq, "identical overwrite appended records");
+    assert_eq!(same.media_bytes_written, moved.media_bytes_written);
+    // The same data elsewhere: every block a reference to the moved copy.
+    let hits = same.dedup.dedup_hits;
+    write_chunks(&vol, 32 * MIB, &a, 64 << 10);
+    let copy = vol.stats();
+    assert_eq!(copy.dedup.dedup_hits - hits, (a.len() / BS) as u64);
+    assert_eq!(copy.stored_bytes, same.stored_bytes);
+    assert_image(&vol, 0, &a);
+    assert_image(&vol, 32 * MIB, &a);
+    close_and_check(vol, &sim);
+}
+
+#[test]
+fn dedup_survives_recompression() {
+    let sim = SimStorage::new(64 * MIB);
+    let auto = CodecPolicy::Auto {
+        strong: Codec::Zstd(9),
+    };
+    let vol = volume(&sim, 32 * MIB, auto);
+    let a = text(5, 4 * MIB as usize);
+    write_chunks(&vol, 0, &a, BS); // busy: lz4, single-block records
+    let mut rewritten = 0;
+    loop {
+        let r = vol.recompress_pass(MIB, false).unwrap();
+        rewritten += r.blocks_rewritten;
+        if r.blocks_rewritten == 0 {
+            break;
+        }
+    }
+    assert_eq!(rewritten, (a.len() / BS) as u64);
+    let before = vol.stats();
+    write_chunks(&vol, 0, &a, BS);
+    let same = vol.stats();
+    assert_eq!(same.last_seq, before.last_seq, "identical overwrite appended records");
+    write_chunks(&vol, 16 * MIB, &a, 64 << 10);
+    let after = vol.stats();
+    assert_eq!(
+        after.dedup.dedup_hits - same.dedup.dedup_hits,
+        (a.len() / BS) as u64,
+        "every block of the copy deduplicated against the recompressed records"
+    );
+    assert_eq!(after.stored_bytes, before.stored_bytes);
+    assert_image(&vol, 16 * MIB, &a);
+    close_and_check(vol, &sim);
+}
+
+#[test]
+fn ratios_of_an_empty_volume_are_one() {
+    let sim = SimStorage::new(16 * MIB);
+    let vol = volume(&sim, 8 * MIB, Codec::Lz4.into());
+    let st = vol.stats();
+    assert_eq!(
+        (
+            st.reduction_ratio,
+            st.compression_ratio,
+            st.dedup.dedup_ratio
+        ),
+        (1.0, 1.0, 1.0)
+    );
+    // Two copies of compressible data: dedup 2x, and compression alone
+    // does not count the copy.
+    let a = text(6, 2 * MIB as usize);
+    write_chunks(&vol, 0, &a, 64 << 10);
+    write_chunks(&vol, 4 * MIB, &a, 64 << 10);
+    let st = vol.stats();
+    assert!((st.dedup.dedup_ratio - 2.0).abs() < 1e-9, "{}", st.dedup.dedup_ratio);
+    let unique = (st.mapped_bytes / 2) as f64;
+    assert!((st.compression_ratio - unique / st.stored_bytes as f64).abs() < 1e-9);
+    assert!(st.compression_ratio > 1.5 && st.compression_ratio < 8.0);
+    close_and_check(vol, &sim);
+}
