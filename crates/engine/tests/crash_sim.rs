@@ -171,8 +171,21 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
         94..=95 => (vol.checkpoint().map(|_| Durable::All), None, false),
         // The cleaner checkpoints when it relocates, but that makes nothing
         // durable that the model can count on unless it actually ran.
-        96 => (
+        96 if rng.gen() => (
             vol.clean(u64::MAX, false).map(|_| Durable::None),
+            None,
+            false,
+        ),
+        // Idle cleaning: a pass that moved anything flushed, so everything
+        // acknowledged before it is durable.
+        96 => (
+            vol.idle_clean(false).map(|r| {
+                if r.segments > 0 {
+                    Durable::All
+                } else {
+                    Durable::None
+                }
+            }),
             None,
             false,
         ),
@@ -221,6 +234,7 @@ struct Coverage {
     dedup_hits: u64,
     units_written: u64,
     recompressed_blocks: u64,
+    idle_clean_passes: u64,
 }
 
 /// Elastic settings for one seed: a unit size, and load thresholds that
@@ -278,6 +292,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         cov.dedup_hits += st.dedup.dedup_hits;
         cov.units_written += st.elastic.units_written;
         cov.recompressed_blocks += st.elastic.recompressed_blocks;
+        cov.idle_clean_passes += st.cleaner.idle_clean_passes;
         vol.verify_refcounts()
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: before the crash: {e}"));
         let crashed = store.crash(rng.gen());
@@ -318,14 +333,15 @@ fn crash_simulation_seeds() {
     eprintln!(
         "{n} seeds: {} runs cut by a failing store, {} blocks rolled back to an older version, \
          {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits, \
-         {} units written, {} blocks recompressed",
+         {} units written, {} blocks recompressed, {} idle cleaning passes",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
         cov.cleaner_records_moved,
         cov.dedup_hits,
         cov.units_written,
-        cov.recompressed_blocks
+        cov.recompressed_blocks,
+        cov.idle_clean_passes
     );
     // The simulation must actually lose unflushed data sometimes, or it tests nothing.
     assert!(cov.cut_mid_run > n / 2 && cov.blocks_rolled_back > 0 && cov.blocks_kept_unflushed > 0);
@@ -336,6 +352,7 @@ fn crash_simulation_seeds() {
         cov.recompressed_blocks > 0,
         "background recompression never ran"
     );
+    assert!(cov.idle_clean_passes > 0, "idle cleaning never moved anything");
 }
 
 /// Finds the byte offset of the ZERO record for `lba` in the store.
