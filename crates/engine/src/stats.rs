@@ -246,6 +246,9 @@ pub struct ElasticStats {
     pub recompressed_bytes_before: u64,
     pub recompressed_bytes_after: u64,
     pub recompress_skipped_units: u64,
+    /// Candidate windows left alone (counted per pass) because idle
+    /// cleaning could not collect what their rewrite frees.
+    pub recompress_uncollectable_windows: u64,
 }
 
 /// Scrubs since open.

@@ -46,6 +46,7 @@ pub(in crate::volume) struct ElasticCounters {
     recompressed_bytes_before: AtomicU64,
     recompressed_bytes_after: AtomicU64,
     recompress_skipped_units: AtomicU64,
+    recompress_uncollectable: AtomicU64,
 }
 
 fn get(a: &AtomicU64) -> u64 {
@@ -87,6 +88,7 @@ impl ElasticCounters {
         add(&self.recompressed_bytes_before, rep.bytes_before);
         add(&self.recompressed_bytes_after, rep.bytes_after);
         add(&self.recompress_skipped_units, rep.skipped);
+        add(&self.recompress_uncollectable, rep.uncollectable);
     }
 }
 
@@ -227,6 +229,7 @@ impl Volume {
             recompressed_bytes_before: get(&es.recompressed_bytes_before),
             recompressed_bytes_after: get(&es.recompressed_bytes_after),
             recompress_skipped_units: get(&es.recompress_skipped_units),
+            recompress_uncollectable_windows: get(&es.recompress_uncollectable),
         }
     }
 

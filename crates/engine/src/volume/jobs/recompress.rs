@@ -18,6 +18,7 @@ use super::{Next, Worker};
 use crate::codec::Codec;
 use crate::error::VolError;
 use crate::policy::CodecPolicy;
+use crate::volume::jobs::cleaner::IDLE_VICTIM_LIVE_MAX_PERCENT;
 use crate::volume::prepare::Prepared;
 use crate::volume::{State, Volume, BS};
 use cvol_format::record::RECORD_HEADER_BYTES;
@@ -54,11 +55,18 @@ pub struct RecompressReport {
     pub yielded: bool,
     /// The scan reached the end of the volume (next pass starts over).
     pub wrapped: bool,
+    /// Candidate windows left alone because the space their rewrite would
+    /// free sits in segments idle cleaning would not collect (they would
+    /// stay more than 90% live): rewriting them would grow what the host
+    /// holds.
+    pub uncollectable: u64,
 }
 
 struct Candidate {
     first: u64,
     score: u64,
+    /// The weak records the rewrite would replace: (offset, stored bytes).
+    records: Vec<(u64, u32)>,
 }
 
 impl Volume {
@@ -118,8 +126,12 @@ impl Volume {
                         break;
                     }
                 }
-                if let Some(score) = Self::window_score(&st, first, w) {
-                    out.push(Candidate { first, score });
+                if let Some((score, records)) = Self::window_score(&st, first, w) {
+                    out.push(Candidate {
+                        first,
+                        score,
+                        records,
+                    });
                 }
             }
         }
@@ -127,25 +139,52 @@ impl Volume {
     }
 
     /// Stored bytes of the weak records in the window of `w` blocks from
-    /// `first`, each record once; None if there are none or the window
-    /// holds a dedup reference.
-    fn window_score(st: &State, first: u64, w: u64) -> Option<u64> {
+    /// `first`, each record once, and the records; None if there are none
+    /// or the window holds a dedup reference.
+    fn window_score(st: &State, first: u64, w: u64) -> Option<(u64, Vec<(u64, u32)>)> {
         let last = (first + w).min(st.live.blocks());
-        let mut score = 0u64;
-        let mut seen = Vec::new();
+        let mut seen: Vec<(u64, u32)> = Vec::new();
         for l in first..last {
             let e = st.live.get(l);
             if let EntryState::Data { shared: true, .. } = e.state_valid() {
                 return None;
             }
             if let Some((offset, len)) = Self::weak(st, e) {
-                if !seen.contains(&offset) {
-                    seen.push(offset);
-                    score += u64::from(len);
+                if !seen.iter().any(|&(o, _)| o == offset) {
+                    seen.push((offset, len));
                 }
             }
         }
-        (score > 0).then_some(score)
+        let score = seen.iter().map(|&(_, len)| u64::from(len)).sum::<u64>();
+        (score > 0).then_some((score, seen))
+    }
+
+    /// Keeps the candidates whose gain idle cleaning can collect: after all
+    /// the candidates' rewrites, every segment holding one of its records is
+    /// at most `IDLE_VICTIM_LIVE_MAX_PERCENT` live. (A rewrite appends its
+    /// new records first; the old ones' space returns to the host only when
+    /// their segment is cleaned.) Returns how many were dropped.
+    fn keep_collectable(&self, cands: &mut Vec<Candidate>) -> Result<u64, VolError> {
+        let st = self.lock_state()?;
+        let size = self.sb.segment_size_bytes;
+        let mut freed: HashMap<u64, u64> = HashMap::new();
+        for c in cands.iter() {
+            for &(offset, len) in &c.records {
+                *freed.entry(st.segment_of(offset)).or_default() += u64::from(len);
+            }
+        }
+        let usage = st.live.usage();
+        let collectable = |seg: u64| {
+            let left = usage.live_bytes(seg).saturating_sub(freed[&seg]);
+            left * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT
+        };
+        let before = cands.len();
+        cands.retain(|c| {
+            c.records
+                .iter()
+                .all(|&(offset, _)| collectable(st.segment_of(offset)))
+        });
+        Ok((before - cands.len()) as u64)
     }
 
     /// One background pass: scans windows from the cursor, rewrites the
@@ -171,6 +210,7 @@ impl Volume {
         let (mut cands, end) = self.scan_candidates(cursor, SCAN_WINDOWS_PER_PASS)?;
         rep.windows_scanned = end - cursor;
         rep.candidates = cands.len() as u64;
+        rep.uncollectable = self.keep_collectable(&mut cands)?;
         // Largest expected savings first.
         cands.sort_by(|a, b| b.score.cmp(&a.score).then(a.first.cmp(&b.first)));
         let mut budget = budget_bytes;
