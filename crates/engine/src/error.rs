@@ -1,4 +1,3 @@
-use crate::recovery::Certified;
 use cvol_format::FormatError;
 use std::fmt;
 use std::io;
@@ -181,8 +180,10 @@ pub struct ShortRollForward {
     pub last_seq: u64,
     pub segment: u64,
     pub end: usize,
-    /// The seq the volume certified as flushed, and by what.
-    pub certified: Certified,
+    /// The seq the volume certified as flushed, and what certifies it
+    /// (`recovery::Certified`).
+    pub certified_seq: u64,
+    pub certified_by: String,
 }
 
 impl fmt::Display for SuperblockCopyError {
@@ -200,7 +201,7 @@ impl fmt::Display for ShortRollForward {
             f,
             "{}: its roll-forward ends at seq {} (segment {}, byte {}), below seq {} certified \
              as flushed by {}",
-            self.what, self.last_seq, self.segment, self.end, self.certified.seq, self.certified.by
+            self.what, self.last_seq, self.segment, self.end, self.certified_seq, self.certified_by
         )
     }
 }
@@ -283,24 +284,24 @@ impl std::error::Error for RecoveryError {}
 mod tests {
     use super::*;
 
-    /// The messages are what recovery said when it returned strings: the
-    /// CLI and the e2e scripts grep them, and users follow their advice.
+    // The messages are what recovery said when it returned strings: the CLI
+    // and the e2e scripts grep them, and users follow their advice.
+
+    fn assert_messages(cases: Vec<(RecoveryError, &str)>) {
+        for (e, want) in cases {
+            assert_eq!(e.to_string(), want, "{e:?}");
+            let open = VolError::Open(OpenError::Recovery(e));
+            assert_eq!(open.to_string(), want);
+        }
+    }
+
+    fn io() -> io::Error {
+        io::Error::other("disk on fire")
+    }
+
     #[test]
-    fn recovery_messages_are_unchanged() {
-        let notes = vec!["first note".to_string(), "second note".to_string()];
-        let io = || io::Error::other("disk on fire");
-        let shortfall = ShortRollForward {
-            what: "checkpoint generation 3".into(),
-            last_seq: 40,
-            segment: 2,
-            end: 512,
-            certified: Certified {
-                seq: 45,
-                by: "a SYNCED record (seq 46) in segment 2".into(),
-            },
-        };
-        let cases: Vec<(RecoveryError, &str)> =
-            vec![
+    fn superblock_and_io_messages_are_unchanged() {
+        assert_messages(vec![
             (
                 RecoveryError::NoSuperblock {
                     copy_a: SuperblockCopyError::Read(io()),
@@ -337,10 +338,37 @@ mod tests {
                 },
                 "record seq 9 at byte 4096: ref record: bad",
             ),
-            (RecoveryError::NoLogStart, "no log start (record seq 1) found"),
+            (
+                RecoveryError::BothSuperblocksDamaged,
+                "both superblock copies are damaged: cannot repair",
+            ),
+            (RecoveryError::RepairIo(io()), "disk on fire"),
+        ]);
+    }
+
+    #[test]
+    fn refusal_messages_are_unchanged() {
+        let notes = vec!["first note".to_string(), "second note".to_string()];
+        let shortfall = ShortRollForward {
+            what: "checkpoint generation 3".into(),
+            last_seq: 40,
+            segment: 2,
+            end: 512,
+            certified_seq: 45,
+            certified_by: "a SYNCED record (seq 46) in segment 2".into(),
+        };
+        assert_messages(vec![
+            (
+                RecoveryError::NoLogStart,
+                "no log start (record seq 1) found",
+            ),
             (
                 RecoveryError::NeverInitialised,
                 "no checkpoint and no log start found: the volume was never initialised",
+            ),
+            (
+                RecoveryError::NoIntactRecord,
+                "no intact record in the log: nothing to rebuild from",
             ),
             (
                 RecoveryError::NoUsableCheckpoint {
@@ -360,42 +388,25 @@ mod tests {
                  point, so cvol refuses and writes nothing: `cvol check --repair` salvages every \
                  intact record and lists the blocks that are lost (first note; second note)",
             ),
-            (
-                RecoveryError::ChainEndsBeforeCertified {
-                    last_seq: 10,
-                    certified: 12,
-                    notes: Vec::new(),
-                },
-                "the log is damaged: its chain of records ends at seq 10, but a later record \
-                 certifies that records up to seq 12 were flushed; opening would lose them \
-                 silently, so cvol refuses: `cvol check --repair` rebuilds the map from every \
-                 intact record",
-            ),
-            (
-                RecoveryError::ChainEndsBeforeCertified {
-                    last_seq: 10,
-                    certified: 12,
-                    notes,
-                },
-                "the log is damaged: its chain of records ends at seq 10, but a later record \
-                 certifies that records up to seq 12 were flushed; opening would lose them \
-                 silently, so cvol refuses: `cvol check --repair` rebuilds the map from every \
-                 intact record (first note; second note)",
-            ),
-            (
-                RecoveryError::NoIntactRecord,
-                "no intact record in the log: nothing to rebuild from",
-            ),
-            (
-                RecoveryError::BothSuperblocksDamaged,
-                "both superblock copies are damaged: cannot repair",
-            ),
-            (RecoveryError::RepairIo(io()), "disk on fire"),
-        ];
-        for (e, want) in cases {
-            assert_eq!(e.to_string(), want, "{e:?}");
-            let open = VolError::Open(OpenError::Recovery(e));
-            assert_eq!(open.to_string(), want);
-        }
+        ]);
+    }
+
+    #[test]
+    fn damaged_chain_messages_are_unchanged() {
+        let chain = "the log is damaged: its chain of records ends at seq 10, but a later record \
+                     certifies that records up to seq 12 were flushed; opening would lose them \
+                     silently, so cvol refuses: `cvol check --repair` rebuilds the map from every \
+                     intact record";
+        let with_notes = format!("{chain} (first note; second note)");
+        let notes = vec!["first note".to_string(), "second note".to_string()];
+        let damaged = |notes| RecoveryError::ChainEndsBeforeCertified {
+            last_seq: 10,
+            certified: 12,
+            notes,
+        };
+        assert_messages(vec![
+            (damaged(Vec::new()), chain),
+            (damaged(notes), &with_notes),
+        ]);
     }
 }

@@ -515,7 +515,8 @@ impl CheckpointSearch<'_> {
                 last_seq: r.last_seq,
                 segment: r.segment,
                 end: r.end,
-                certified: self.certified.clone(),
+                certified_seq: self.certified.seq,
+                certified_by: self.certified.by.clone(),
             };
             self.warnings.push(shortfall.to_string());
             self.shortfall.get_or_insert(shortfall);
