@@ -135,6 +135,7 @@ struct MapReferences {
 }
 
 impl MapReferences {
+    /// Counts every DATA entry of `map`.
     fn count(map: &BlockMap) -> Self {
         let mut r = MapReferences {
             refs: HashMap::new(),

@@ -1005,6 +1005,7 @@ struct SalvageIndex<'a> {
 }
 
 impl<'a> SalvageIndex<'a> {
+    /// Indexes the scan's intact and damaged records by seq.
     fn new(scan: &'a LogScan, certified: &Certified) -> Self {
         let mut by_seq: HashMap<u64, Vec<&Scanned>> = HashMap::new();
         for r in &scan.records {
@@ -1071,6 +1072,7 @@ struct SalvageCursor {
 }
 
 impl SalvageCursor {
+    /// The walk at the base's start: the seq and epoch after its commit.
     fn new(start: &Start) -> Self {
         SalvageCursor {
             expected: start.expected_seq,
