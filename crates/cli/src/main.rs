@@ -6,6 +6,7 @@
 mod backend;
 mod check;
 mod control;
+mod control_server;
 mod create;
 mod scrub;
 mod serve;

@@ -4,7 +4,7 @@
 //! SIGTERM/SIGINT at any point stop it cleanly (exit 0).
 use crate::create::{self, CreateArgs};
 use crate::volfile::{self, Opened, Purpose};
-use crate::{backend, control, size, sockfile, words};
+use crate::{backend, control_server, size, sockfile, words};
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
 use cvol_nbd::{Server, ServerConfig};
@@ -317,7 +317,7 @@ fn run(
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let export = &args.export;
-    let ctl = control::start(path, vol.clone())?;
+    let ctl = control_server::start(path, vol.clone())?;
     let server = Server::new(
         Arc::new(backend::VolumeBackend {
             volume: vol.clone(),
