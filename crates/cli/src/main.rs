@@ -6,6 +6,7 @@
 mod backend;
 mod check;
 mod control;
+mod control_server;
 mod create;
 mod scrub;
 mod serve;
@@ -16,9 +17,6 @@ mod volfile;
 mod words;
 
 use clap::{Parser, Subcommand};
-use cvol_engine::segments::VictimPolicy;
-use cvol_engine::{CleanerConfig, ElasticConfig};
-use cvol_nbd::ServerConfig;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,68 +57,7 @@ enum Command {
         segment_size: Option<String>,
     },
     /// Serve a volume over NBD (default: ./cvol-data/default.cvol, created if absent).
-    Serve {
-        /// The volume (default ./cvol-data/default.cvol, a 16 GiB volume created if absent).
-        volume: Option<PathBuf>,
-        /// Listen on a Unix socket at PATH (refused if PATH exists, unless
-        /// it is the stale socket of a server that is gone).
-        #[arg(long, value_name = "PATH")]
-        socket: Option<PathBuf>,
-        /// Listen on TCP ADDR:PORT (default 127.0.0.1:10809 when no --socket is given).
-        #[arg(long, value_name = "ADDR:PORT")]
-        listen: Option<String>,
-        /// Export name (clients asking for "" get it too).
-        #[arg(long, default_value = "")]
-        export: String,
-        /// Serve read-only: clients cannot write and the volume is not written.
-        #[arg(long)]
-        read_only: bool,
-        /// Make every write durable before replying.
-        #[arg(long)]
-        sync: bool,
-        /// Worker threads running requests (default: 2 per core, at least 4).
-        #[arg(long)]
-        workers: Option<usize>,
-        /// Cleaner victim policy: cost-benefit (LFS) or greedy (fewest live bytes).
-        #[arg(long, default_value = "cost-benefit")]
-        cleaner: String,
-        /// The background cleaner starts when free segments fall below this percentage...
-        #[arg(long, default_value_t = 10)]
-        clean_start: u64,
-        /// ...and stops once they are above this one.
-        #[arg(long, default_value_t = 25)]
-        clean_stop: u64,
-        /// Memory for the dedup fingerprint index (32 bytes per block remembered).
-        #[arg(long, default_value = "128M")]
-        dedup_memory: String,
-        /// Memory for the cache of recently read, decompressed blocks (0 disables it).
-        #[arg(long, default_value = "32M")]
-        read_cache: String,
-        /// Largest merged compression unit (4K to 64K, a power of two):
-        /// contiguous blocks of one write inside an aligned window of this
-        /// size are compressed together.
-        #[arg(long, default_value = "16K")]
-        unit_size: String,
-        #[arg(long, default_value_t = ElasticConfig::default().busy_iops, help = words::busy_iops_help())]
-        busy_iops: u64,
-        #[arg(long, default_value_t = ElasticConfig::default().idle_iops, help = words::idle_iops_help())]
-        idle_iops: u64,
-        /// Codec policy auto: rewrite cold lz4 data and small units with the
-        /// strong codec (zstd:9, or the LEVEL of auto:zstd:LEVEL) while clients
-        /// are idle (on or off).
-        #[arg(long, default_value = "on")]
-        recompress: String,
-        /// Clients served at once; more are refused (closed before the greeting).
-        #[arg(long, default_value_t = ServerConfig::default().max_connections)]
-        max_connections: usize,
-        /// Request payload (READ/WRITE data) the server holds at once across
-        /// all connections; a client whose request does not fit waits.
-        #[arg(long, default_value = "256M")]
-        max_buffered: String,
-        /// Seconds a client has for the whole handshake.
-        #[arg(long, default_value_t = 30)]
-        handshake_timeout: u64,
-    },
+    Serve(serve::ServeArgs),
     /// Show space and reduction statistics (asks the server when the volume is served).
     Stat {
         /// The volume (file or block device).
@@ -189,7 +126,7 @@ fn main() -> ExitCode {
             force,
             dedup,
             segment_size,
-        } => on_off("--dedup", &dedup).and_then(|dedup| {
+        } => words::on_off("--dedup", &dedup).and_then(|dedup| {
             create::cmd_create(
                 &volume,
                 &create::CreateArgs {
@@ -203,44 +140,7 @@ fn main() -> ExitCode {
                 },
             )
         }),
-        Command::Serve {
-            volume,
-            socket,
-            listen,
-            export,
-            read_only,
-            sync,
-            workers,
-            cleaner,
-            clean_start,
-            clean_stop,
-            dedup_memory,
-            read_cache,
-            unit_size,
-            busy_iops,
-            idle_iops,
-            recompress,
-            max_connections,
-            max_buffered,
-            handshake_timeout,
-        } => cleaner_config(&cleaner, clean_start, clean_stop).and_then(|cleaner| {
-            serve::cmd_serve(serve::ServeArgs {
-                dedup_memory: size::parse_size(&dedup_memory)
-                    .map_err(|e| format!("--dedup-memory: {e}"))?,
-                read_cache: size::parse_size(&read_cache)
-                    .map_err(|e| format!("--read-cache: {e}"))?,
-                elastic: elastic_config(&unit_size, busy_iops, idle_iops, &recompress)?,
-                limits: limits(max_connections, &max_buffered, handshake_timeout)?,
-                volume,
-                socket,
-                listen,
-                export,
-                read_only,
-                sync,
-                workers,
-                cleaner,
-            })
-        }),
+        Command::Serve(args) => serve::cmd_serve(args),
         Command::Stat { volume, json } => stat::cmd_stat(&volume, json),
         Command::Check {
             volume,
@@ -277,84 +177,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Client limits of the NBD server (validated at the edge).
-pub struct Limits {
-    pub max_connections: usize,
-    pub max_buffered: u64,
-    pub handshake_timeout: std::time::Duration,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
 
-fn limits(
-    max_connections: usize,
-    max_buffered: &str,
-    handshake_secs: u64,
-) -> Result<Limits, String> {
-    let max_buffered_bytes =
-        size::parse_size(max_buffered).map_err(|e| format!("--max-buffered: {e}"))?;
-    let min = u64::from(ServerConfig::default().max_request_bytes);
-    if max_connections == 0 {
-        return Err("--max-connections must be at least 1".into());
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
     }
-    if max_buffered_bytes < min {
-        return Err(format!(
-            "--max-buffered {max_buffered} must be at least one request ({min} bytes)"
-        ));
-    }
-    if handshake_secs == 0 {
-        return Err("--handshake-timeout must be at least 1 second".into());
-    }
-    Ok(Limits {
-        max_connections,
-        max_buffered: max_buffered_bytes,
-        handshake_timeout: std::time::Duration::from_secs(handshake_secs),
-    })
-}
-
-fn elastic_config(
-    unit_size: &str,
-    busy_iops: u64,
-    idle_iops: u64,
-    recompress: &str,
-) -> Result<ElasticConfig, String> {
-    let unit = size::parse_size(unit_size).map_err(|e| format!("--unit-size: {e}"))?;
-    if !(4096..=65536).contains(&unit) || !unit.is_power_of_two() {
-        return Err(format!(
-            "--unit-size {unit_size} must be a power of two from 4K to 64K"
-        ));
-    }
-    if idle_iops >= busy_iops {
-        return Err(format!(
-            "--idle-iops {idle_iops} must be below --busy-iops {busy_iops}"
-        ));
-    }
-    Ok(ElasticConfig {
-        unit_blocks: (unit / 4096) as u32,
-        busy_iops,
-        idle_iops,
-        recompress: on_off("--recompress", recompress)?,
-        ..ElasticConfig::default()
-    })
-}
-
-fn on_off(flag: &str, v: &str) -> Result<bool, String> {
-    match v {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(format!("{flag} takes on or off, not {v:?}")),
-    }
-}
-
-fn cleaner_config(policy: &str, start: u64, stop: u64) -> Result<CleanerConfig, String> {
-    let policy = VictimPolicy::parse(policy)?;
-    if start >= stop || stop > 90 {
-        return Err(format!(
-            "--clean-start {start} must be below --clean-stop {stop}, which must be at most 90"
-        ));
-    }
-    Ok(CleanerConfig {
-        policy,
-        low_free_percent: start,
-        high_free_percent: stop,
-        ..CleanerConfig::default()
-    })
 }

@@ -4,7 +4,8 @@
 //! SIGTERM/SIGINT at any point stop it cleanly (exit 0).
 use crate::create::{self, CreateArgs};
 use crate::volfile::{self, Opened, Purpose};
-use crate::{backend, control, sockfile, Limits};
+use crate::{backend, control_server, size, sockfile, words};
+use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
 use cvol_nbd::{Server, ServerConfig};
 use std::io::Write;
@@ -19,19 +20,197 @@ pub const DEFAULT_VOLUME: &str = "cvol-data/default.cvol";
 const DEFAULT_SIZE: &str = "16G";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 
+/// `cvol serve`'s command line. Each group of flags checks itself into
+/// the configuration it feeds: `open_options` (the volume) and
+/// `server_config` (the NBD server).
+#[derive(clap::Args)]
 pub struct ServeArgs {
-    pub volume: Option<PathBuf>,
-    pub socket: Option<PathBuf>,
-    pub listen: Option<String>,
-    pub export: String,
-    pub read_only: bool,
-    pub sync: bool,
-    pub workers: Option<usize>,
-    pub cleaner: CleanerConfig,
-    pub dedup_memory: u64,
-    pub read_cache: u64,
-    pub elastic: ElasticConfig,
-    pub limits: Limits,
+    /// The volume (default ./cvol-data/default.cvol, a 16 GiB volume created if absent).
+    volume: Option<PathBuf>,
+    /// Listen on a Unix socket at PATH (refused if PATH exists, unless
+    /// it is the stale socket of a server that is gone).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Listen on TCP ADDR:PORT (default 127.0.0.1:10809 when no --socket is given).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<String>,
+    /// Export name (clients asking for "" get it too).
+    #[arg(long, default_value = "")]
+    export: String,
+    /// Serve read-only: clients cannot write and the volume is not written.
+    #[arg(long)]
+    read_only: bool,
+    /// Make every write durable before replying.
+    #[arg(long)]
+    sync: bool,
+    /// Worker threads running requests (default: 2 per core, at least 4).
+    #[arg(long)]
+    workers: Option<usize>,
+    #[command(flatten)]
+    cleaner: CleanerFlags,
+    /// Memory for the dedup fingerprint index (32 bytes per block remembered).
+    #[arg(long, default_value = "128M")]
+    dedup_memory: String,
+    /// Memory for the cache of recently read, decompressed blocks (0 disables it).
+    #[arg(long, default_value = "32M")]
+    read_cache: String,
+    #[command(flatten)]
+    elastic: ElasticFlags,
+    #[command(flatten)]
+    limits: LimitFlags,
+}
+
+/// The background cleaner: `OpenOptions::cleaner`.
+#[derive(clap::Args)]
+struct CleanerFlags {
+    /// Cleaner victim policy: cost-benefit (LFS) or greedy (fewest live bytes).
+    #[arg(long, default_value = "cost-benefit")]
+    cleaner: String,
+    /// The background cleaner starts when free segments fall below this percentage...
+    #[arg(long, default_value_t = 10)]
+    clean_start: u64,
+    /// ...and stops once they are above this one.
+    #[arg(long, default_value_t = 25)]
+    clean_stop: u64,
+    /// Idle cleaning: once clients are idle and background recompression is
+    /// done, collect dead space (segments at most 90% live) until it is at
+    /// most 5% of the live data, so the host gets it back: on or off.
+    #[arg(long, default_value = "on")]
+    idle_clean: String,
+}
+
+/// Elastic compression: `OpenOptions::elastic`.
+#[derive(clap::Args)]
+struct ElasticFlags {
+    /// Largest merged compression unit (4K to 64K, a power of two):
+    /// contiguous blocks of one write inside an aligned window of this
+    /// size are compressed together.
+    #[arg(long, default_value = "16K")]
+    unit_size: String,
+    #[arg(long, default_value_t = ElasticConfig::default().busy_iops, help = words::busy_iops_help())]
+    busy_iops: u64,
+    #[arg(long, default_value_t = ElasticConfig::default().idle_iops, help = words::idle_iops_help())]
+    idle_iops: u64,
+    /// Codec policy auto: rewrite cold lz4 data and small units with the
+    /// strong codec (zstd:9, or the LEVEL of auto:zstd:LEVEL) while clients
+    /// are idle (on or off).
+    #[arg(long, default_value = "on")]
+    recompress: String,
+}
+
+/// What clients may hold of the NBD server: part of its `ServerConfig`.
+#[derive(clap::Args)]
+struct LimitFlags {
+    /// Clients served at once; more are refused (closed before the greeting).
+    #[arg(long, default_value_t = ServerConfig::default().max_connections)]
+    max_connections: usize,
+    /// Request payload (READ/WRITE data) the server holds at once across
+    /// all connections; a client whose request does not fit waits.
+    #[arg(long, default_value = "256M")]
+    max_buffered: String,
+    /// Seconds a client has for the whole handshake.
+    #[arg(long, default_value_t = 30)]
+    handshake_timeout: u64,
+}
+
+impl ServeArgs {
+    /// How the volume is opened. Checks the flags of the cleaner, the
+    /// memory budgets and elastic compression, in that order.
+    fn open_options(&self) -> Result<OpenOptions, String> {
+        let cleaner = self.cleaner.config()?;
+        let dedup_memory_bytes =
+            size::parse_size(&self.dedup_memory).map_err(|e| format!("--dedup-memory: {e}"))?;
+        let read_cache_bytes =
+            size::parse_size(&self.read_cache).map_err(|e| format!("--read-cache: {e}"))?;
+        Ok(OpenOptions {
+            read_only: self.read_only,
+            sync_writes: self.sync,
+            cleaner,
+            dedup_memory_bytes,
+            read_cache_bytes,
+            elastic: self.elastic.config()?,
+            ..OpenOptions::default()
+        })
+    }
+
+    /// How the NBD server runs. Checks the client limits.
+    fn server_config(&self) -> Result<ServerConfig, String> {
+        let mut config = ServerConfig {
+            export_name: self.export.clone(),
+            ..ServerConfig::default()
+        };
+        self.limits.apply(&mut config)?;
+        if let Some(w) = self.workers {
+            config.workers = w.max(1);
+        }
+        Ok(config)
+    }
+}
+
+impl CleanerFlags {
+    fn config(&self) -> Result<CleanerConfig, String> {
+        let (start, stop) = (self.clean_start, self.clean_stop);
+        let policy = VictimPolicy::parse(&self.cleaner)?;
+        if start >= stop || stop > 90 {
+            return Err(format!(
+                "--clean-start {start} must be below --clean-stop {stop}, which must be at most 90"
+            ));
+        }
+        Ok(CleanerConfig {
+            policy,
+            low_free_percent: start,
+            high_free_percent: stop,
+            idle: words::on_off("--idle-clean", &self.idle_clean)?,
+        })
+    }
+}
+
+impl ElasticFlags {
+    fn config(&self) -> Result<ElasticConfig, String> {
+        let (unit_size, busy_iops, idle_iops) = (&self.unit_size, self.busy_iops, self.idle_iops);
+        let unit = size::parse_size(unit_size).map_err(|e| format!("--unit-size: {e}"))?;
+        if !(4096..=65536).contains(&unit) || !unit.is_power_of_two() {
+            return Err(format!(
+                "--unit-size {unit_size} must be a power of two from 4K to 64K"
+            ));
+        }
+        if idle_iops >= busy_iops {
+            return Err(format!(
+                "--idle-iops {idle_iops} must be below --busy-iops {busy_iops}"
+            ));
+        }
+        Ok(ElasticConfig {
+            unit_blocks: (unit / 4096) as u32,
+            busy_iops,
+            idle_iops,
+            recompress: words::on_off("--recompress", &self.recompress)?,
+            ..ElasticConfig::default()
+        })
+    }
+}
+
+impl LimitFlags {
+    fn apply(&self, config: &mut ServerConfig) -> Result<(), String> {
+        let max_buffered = &self.max_buffered;
+        let max_buffered_bytes =
+            size::parse_size(max_buffered).map_err(|e| format!("--max-buffered: {e}"))?;
+        let min = u64::from(config.max_request_bytes);
+        if self.max_connections == 0 {
+            return Err("--max-connections must be at least 1".into());
+        }
+        if max_buffered_bytes < min {
+            return Err(format!(
+                "--max-buffered {max_buffered} must be at least one request ({min} bytes)"
+            ));
+        }
+        if self.handshake_timeout == 0 {
+            return Err("--handshake-timeout must be at least 1 second".into());
+        }
+        config.max_connections = self.max_connections;
+        config.max_buffered_bytes = max_buffered_bytes;
+        config.handshake_timeout = std::time::Duration::from_secs(self.handshake_timeout);
+        Ok(())
+    }
 }
 
 /// The bound listeners (the Unix socket file goes with its listener).
@@ -66,6 +245,8 @@ fn bind_listeners(socket: Option<&Path>, listen: Option<&str>) -> Result<Listene
 }
 
 pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
+    let options = args.open_options()?;
+    let config = args.server_config()?;
     // From here on SIGTERM/SIGINT raise `stop` instead of killing.
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -110,15 +291,6 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         tracing::info!("stopped by a signal before opening {}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
-    let options = OpenOptions {
-        read_only: args.read_only,
-        sync_writes: args.sync,
-        cleaner: args.cleaner,
-        dedup_memory_bytes: args.dedup_memory,
-        read_cache_bytes: args.read_cache,
-        elastic: args.elastic,
-        ..OpenOptions::default()
-    };
     let vol = match volfile::open_with_progress(&path, store, options, Some(&stop)) {
         Opened::Volume(v) => Arc::new(*v),
         Opened::Failed(e) => return Err(e),
@@ -131,7 +303,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let served = run(&path, &vol, listeners, &args, &stop);
+    let served = run(&path, &vol, listeners, config, &args, &stop);
     let closed = vol
         .close()
         .map_err(|e| format!("final flush/checkpoint failed: {e}"));
@@ -146,21 +318,12 @@ fn run(
     path: &Path,
     vol: &Arc<Volume>,
     listeners: Listeners,
+    config: ServerConfig,
     args: &ServeArgs,
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let export = &args.export;
-    let mut config = ServerConfig {
-        export_name: export.clone(),
-        max_connections: args.limits.max_connections,
-        max_buffered_bytes: args.limits.max_buffered,
-        handshake_timeout: args.limits.handshake_timeout,
-        ..ServerConfig::default()
-    };
-    if let Some(w) = args.workers {
-        config.workers = w.max(1);
-    }
-    let ctl = control::start(path, vol.clone())?;
+    let ctl = control_server::start(path, vol.clone())?;
     let server = Server::new(
         Arc::new(backend::VolumeBackend {
             volume: vol.clone(),
@@ -205,4 +368,67 @@ fn run(
     drop(background_cleaner);
     drop(ctl);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(flags: &[&str]) -> ServeArgs {
+        Cmd::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))
+            .unwrap()
+            .serve
+    }
+
+    #[test]
+    fn defaults_are_the_engine_and_server_defaults() {
+        let a = parse(&[]);
+        let o = a.open_options().unwrap();
+        let d = OpenOptions::default();
+        assert_eq!(o.cleaner.low_free_percent, 10);
+        assert_eq!(o.cleaner.high_free_percent, 25);
+        assert_eq!(o.dedup_memory_bytes, 128 << 20);
+        assert_eq!(o.read_cache_bytes, d.read_cache_bytes);
+        assert_eq!(o.elastic.unit_blocks, 4);
+        assert_eq!(o.elastic.busy_iops, d.elastic.busy_iops);
+        assert!(o.elastic.recompress && !o.read_only && !o.sync_writes);
+        let c = a.server_config().unwrap();
+        let dc = ServerConfig::default();
+        assert_eq!(c.max_connections, dc.max_connections);
+        assert_eq!(c.max_buffered_bytes, dc.max_buffered_bytes);
+        assert_eq!(c.handshake_timeout, dc.handshake_timeout);
+        assert_eq!(c.export_name, "");
+    }
+
+    #[test]
+    fn each_group_names_its_flag() {
+        let err = |flags: &[&str]| {
+            let a = parse(flags);
+            a.open_options()
+                .and_then(|_| a.server_config().map(|_| OpenOptions::default()))
+                .err()
+                .unwrap()
+        };
+        assert!(err(&["--clean-start", "30"]).contains("--clean-start 30"));
+        assert!(err(&["--read-cache", "lots"]).starts_with("--read-cache"));
+        assert!(err(&["--unit-size", "3K"]).contains("--unit-size 3K"));
+        assert!(err(&["--idle-iops", "9", "--busy-iops", "9"]).contains("--idle-iops 9"));
+        assert!(err(&["--recompress", "yes"]).contains("--recompress takes on or off"));
+        assert!(err(&["--max-connections", "0"]).contains("--max-connections"));
+        assert!(err(&["--max-buffered", "4K"]).contains("--max-buffered 4K"));
+        assert!(err(&["--handshake-timeout", "0"]).contains("--handshake-timeout"));
+        // The cleaner is checked first, as it always was.
+        assert!(err(&["--unit-size", "3K", "--clean-stop", "95"]).contains("--clean-start"));
+        let a = parse(&["--workers", "0", "--export", "x", "--read-only"]);
+        assert_eq!(a.server_config().unwrap().workers, 1);
+        assert_eq!(a.server_config().unwrap().export_name, "x");
+        assert!(a.open_options().unwrap().read_only);
+    }
 }

@@ -1,278 +1,322 @@
 //! `cvol stat`: the statistics of a volume, from its server or offline.
+//! Both ends of the control socket request `stat`: the server answers
+//! with `VolumeStats` as JSON, `cvol stat` reads it back into the struct.
 use crate::words::{count, human_bytes};
 use crate::{control, volfile};
-use cvol_engine::Volume;
+use cvol_engine::stats::ScrubStats;
+use cvol_engine::{Volume, VolumeStats};
 use serde_json::Value;
 use std::path::Path;
 use std::process::ExitCode;
 
-/// The statistics as `stat --json` shows them (the server answers its
-/// control socket with the same).
-pub fn stats_value(vol: &Volume) -> Value {
-    let mut v = serde_json::to_value(vol.stats()).unwrap_or_else(
-        |e| serde_json::json!({ "error": format!("cannot encode the statistics: {e}") }),
-    );
-    normalize(&mut v);
-    v
+/// The control socket request.
+pub const REQUEST: &str = "stat";
+
+/// The server's answer to [`REQUEST`]: its statistics as `stat --json`
+/// shows them, on one line.
+pub fn reply(vol: &Volume) -> String {
+    let mut stats = vol.stats();
+    normalize(&mut stats);
+    serde_json::to_value(&stats)
+        .unwrap_or_else(
+            |e| serde_json::json!({ "error": format!("cannot encode the statistics: {e}") }),
+        )
+        .to_string()
+}
+
+/// Asks a running server for its statistics; `None` if none answers.
+fn query_served(path: &Path) -> Option<Result<VolumeStats, String>> {
+    let v = control::query(path, REQUEST)?;
+    Some(match v["error"].as_str() {
+        Some(e) => Err(format!(
+            "{}: the server could not report its statistics: {e}",
+            path.display()
+        )),
+        None => serde_json::from_value(v).map_err(|e| {
+            format!(
+                "{}: the server's statistics do not read as this cvol's ({e}); \
+                 a server of another cvol version? restart it with this one",
+                path.display()
+            )
+        }),
+    })
 }
 
 /// Words and bounds the engine leaves raw: the cleaner policy as its flag
 /// spells it, and no more "data that fits" than the volume has room for.
 /// Idempotent (also applied to what an older server sends).
-fn normalize(v: &mut Value) {
-    if let Some(p) = v["cleaner_policy"].as_str() {
-        let flag = match p {
-            "CostBenefit" => "cost-benefit",
-            "Greedy" => "greedy",
-            other => other,
-        };
-        v["cleaner_policy"] = Value::String(flag.to_string());
+fn normalize(s: &mut VolumeStats) {
+    let flag = match s.cleaner.cleaner_policy.as_str() {
+        "CostBenefit" => Some("cost-benefit"),
+        "Greedy" => Some("greedy"),
+        _ => None,
+    };
+    if let Some(flag) = flag {
+        s.cleaner.cleaner_policy = flag.to_string();
     }
-    let logical_free = v["logical_size_bytes"]
-        .as_u64()
-        .unwrap_or(0)
-        .saturating_sub(v["mapped_bytes"].as_u64().unwrap_or(0));
-    for k in [
-        "estimated_free_logical_bytes",
-        "worst_case_free_logical_bytes",
+    let logical_free = s.logical_size_bytes.saturating_sub(s.mapped_bytes);
+    for n in [
+        &mut s.estimated_free_logical_bytes,
+        &mut s.worst_case_free_logical_bytes,
     ] {
-        if let Some(n) = v[k].as_u64() {
-            v[k] = Value::from(n.min(logical_free));
-        }
+        *n = (*n).min(logical_free);
     }
 }
 
+/// The statistics of one volume as `stat` shows them.
+struct Report {
+    volume: String,
+    /// From the server (counters since it started), or opened here.
+    served: bool,
+    stats: VolumeStats,
+}
+
 pub fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
-    let (mut value, served) = match control::query_stat(path) {
-        Some(v) => (v, true),
+    let (mut stats, served) = match query_served(path) {
+        Some(stats) => (stats?, true),
         None => {
             let vol = volfile::open_read_only(path, cvol_engine::volume::READ_CACHE_DEFAULT_BYTES)?;
-            (stats_value(&vol), false)
+            (vol.stats(), false)
         }
     };
-    normalize(&mut value);
-    value["served"] = Value::Bool(served);
-    value["volume"] = Value::String(path.display().to_string());
+    normalize(&mut stats);
+    let r = Report {
+        volume: path.display().to_string(),
+        served,
+        stats,
+    };
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&r.json()?).map_err(|e| e.to_string())?
         );
     } else {
-        for (k, val) in table(&value, served) {
+        for (k, val) in r.table() {
             println!("{k:<24}{val}");
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn table(v: &Value, served: bool) -> Vec<(&'static str, String)> {
-    let b = |k: &str| human_bytes(v[k].as_u64().unwrap_or(0));
-    let n = |k: &str| v[k].as_u64().unwrap_or(0);
-    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
-    let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
-    let mut rows = vec![
-        ("volume", s("volume")),
-        (
-            "served",
-            if served {
-                "yes (counters since the server started)".to_string()
-            } else {
-                "no (activity counters are shown while it is served)".to_string()
-            },
-        ),
-        (
-            "codec",
-            if s("codec") == "auto" {
-                format!("auto (strong codec {})", s("codec_strong"))
-            } else {
-                s("codec")
-            },
-        ),
-        ("logical size", b("logical_size_bytes")),
-        ("physical size", b("physical_size_bytes")),
-        ("mapped (non-zero data)", b("mapped_bytes")),
-        ("zero", b("zero_bytes")),
-        ("stored payload", b("stored_bytes")),
-        ("physical used", b("physical_used_bytes")),
-        ("  live records", b("live_bytes")),
-        ("  dead (reclaimable)", b("dead_bytes")),
-        ("physical free", b("physical_free_bytes")),
-        (
-            "more data that fits",
-            format!(
-                "{} at the current ratio, {} worst case",
-                b("estimated_free_logical_bytes"),
-                b("worst_case_free_logical_bytes")
-            ),
-        ),
-        ("reduction ratio", format!("{:.2}x", f("reduction_ratio"))),
-        (
-            "savings",
-            format!(
-                "zeros {}  dedup {}  compression {}",
-                b("zero_saved_bytes"),
-                b("dedup_saved_bytes"),
-                b("compression_saved_bytes")
-            ),
-        ),
-        (
-            "compression ratio",
-            format!("{:.2}x", f("compression_ratio")),
-        ),
-        (
-            "blocks by codec",
-            format!(
-                "lz4 {}  zstd {}  none {}",
-                n("codec_lz4_blocks"),
-                n("codec_zstd_blocks"),
-                n("codec_none_blocks")
-            ),
-        ),
-        (
-            "bytes by codec",
-            format!(
-                "lz4 {}  zstd {}  none {}",
-                b("codec_lz4_bytes"),
-                b("codec_zstd_bytes"),
-                b("codec_none_bytes")
-            ),
-        ),
-        (
-            "segments used",
-            format!(
-                "{} of {} ({} each)",
-                n("segments_used"),
-                n("segments_total"),
-                b("segment_size_bytes")
-            ),
-        ),
-    ];
-    if n("lost_bytes") > 0 {
-        let after_zero = rows
-            .iter()
-            .position(|(k, _)| *k == "zero")
-            .map_or(0, |i| i + 1);
-        rows.insert(
-            after_zero,
+impl Report {
+    /// `stat --json`: every statistic, `served` and `volume`, keys sorted.
+    fn json(&self) -> Result<Value, String> {
+        let mut v = serde_json::to_value(&self.stats)
+            .map_err(|e| format!("cannot encode the statistics: {e}"))?;
+        v["served"] = Value::Bool(self.served);
+        v["volume"] = Value::String(self.volume.clone());
+        Ok(v)
+    }
+
+    /// The human table: label and value per row.
+    fn table(&self) -> Vec<(&'static str, String)> {
+        let s = &self.stats;
+        let b = human_bytes;
+        let mut rows = vec![
+            ("volume", self.volume.clone()),
             (
-                "lost to damage",
+                "served",
+                if self.served {
+                    "yes (counters since the server started)".to_string()
+                } else {
+                    "no (activity counters are shown while it is served)".to_string()
+                },
+            ),
+            ("host holds", host_holds(s)),
+            (
+                "reduction ratio",
                 format!(
-                    "{} (read as EIO until written again; `cvol check` lists them)",
-                    b("lost_bytes")
+                    "{:.2}x ({} of data in {})",
+                    s.reduction_ratio,
+                    b(s.mapped_bytes),
+                    b(s.physical_used_bytes)
                 ),
             ),
-        );
-    }
-    let dedup_on = v["dedup"].as_bool().unwrap_or(false);
-    if !served {
-        rows.push((
-            "dedup",
-            if dedup_on {
+            ("  live records", b(s.live_bytes)),
+            ("  dead", dead_words(s, self.served)),
+            (
+                "codec",
+                if s.codec == "auto" {
+                    format!("auto (strong codec {})", s.elastic.codec_strong)
+                } else {
+                    s.codec.clone()
+                },
+            ),
+            ("logical size", b(s.logical_size_bytes)),
+            ("physical size", b(s.physical_size_bytes)),
+            ("mapped (non-zero data)", b(s.mapped_bytes)),
+            ("zero", b(s.zero_bytes)),
+            ("stored payload", b(s.stored_bytes)),
+            ("physical free", b(s.physical_free_bytes)),
+            (
+                "more data that fits",
                 format!(
-                    "on: {}",
-                    count(n("dedup_shared_records"), "shared record", "shared records")
-                )
-            } else {
-                "off".to_string()
-            },
-        ));
-        return rows;
-    }
-    rows.extend([
-        (
-            "dedup",
-            if dedup_on {
+                    "{} at the current ratio, {} worst case",
+                    b(s.estimated_free_logical_bytes),
+                    b(s.worst_case_free_logical_bytes)
+                ),
+            ),
+            (
+                "savings",
                 format!(
-                    "on: {} of {} found stored, {}, index {} of {} ({})",
-                    n("dedup_hits"),
-                    count(n("dedup_lookups"), "block", "blocks"),
-                    count(n("dedup_shared_records"), "shared record", "shared records"),
-                    n("dedup_index_entries"),
-                    n("dedup_index_capacity"),
-                    b("dedup_index_memory_bytes")
-                )
-            } else {
-                "off".to_string()
-            },
-        ),
-        (
-            "write amplification",
-            format!(
-                "{:.2} ({} written by clients, {} to media)",
-                f("write_amplification"),
-                b("client_bytes_written"),
-                b("media_bytes_written")
+                    "zeros {}  dedup {}  compression {}",
+                    b(s.dedup.zero_saved_bytes),
+                    b(s.dedup.dedup_saved_bytes),
+                    b(s.dedup.compression_saved_bytes)
+                ),
             ),
-        ),
-        (
-            "read amplification",
-            format!(
-                "{:.2} (bytes decompressed / bytes read)",
-                f("read_amplification")
+            (
+                "compression ratio",
+                format!(
+                    "{:.2}x (the codec alone; dedup {:.2}x)",
+                    s.compression_ratio, s.dedup.dedup_ratio
+                ),
             ),
-        ),
-        (
-            "read cache",
-            format!(
-                "{:.1}% hits ({} of {})",
-                100.0 * f("read_cache_hit_rate"),
-                n("read_cache_hits"),
-                count(
-                    n("read_cache_hits") + n("read_cache_misses"),
-                    "lookup",
-                    "lookups"
-                )
+            (
+                "blocks by codec",
+                format!(
+                    "lz4 {}  zstd {}  none {}",
+                    s.codec_lz4_blocks, s.codec_zstd_blocks, s.codec_none_blocks
+                ),
             ),
-        ),
-        (
-            "elastic",
-            format!(
-                "units up to {} ({} written), load {} ({} IOPS), probe wrote {} raw",
-                count(n("unit_blocks"), "block", "blocks"),
-                n("units_written"),
-                s("load_level"),
-                n("load_iops"),
-                count(n("probe_raw_blocks"), "block", "blocks")
+            (
+                "bytes by codec",
+                format!(
+                    "lz4 {}  zstd {}  none {}",
+                    b(s.elastic.codec_lz4_bytes),
+                    b(s.elastic.codec_zstd_bytes),
+                    b(s.elastic.codec_none_bytes)
+                ),
             ),
-        ),
-        (
-            "recompressed",
-            format!(
-                "{} in {}: {} -> {}",
-                count(n("recompressed_blocks"), "block", "blocks"),
-                count(n("recompress_passes"), "pass", "passes"),
-                b("recompressed_bytes_before"),
-                b("recompressed_bytes_after")
+            (
+                "segments used",
+                format!(
+                    "{} of {} ({} each)",
+                    s.segments_used,
+                    s.segments_total,
+                    b(s.segment_size_bytes)
+                ),
             ),
-        ),
-        (
-            "cleaner",
-            format!(
-                "{}: {} cleaned, {} relocated, {} reclaimed",
-                s("cleaner_policy"),
-                count(n("cleaner_segments_cleaned"), "segment", "segments"),
-                b("cleaner_bytes_relocated"),
-                count(n("segments_reclaimed"), "segment", "segments")
+        ];
+        if s.lost_bytes > 0 {
+            let after_zero = rows
+                .iter()
+                .position(|(k, _)| *k == "zero")
+                .map_or(0, |i| i + 1);
+            rows.insert(
+                after_zero,
+                (
+                    "lost to damage",
+                    format!(
+                        "{} (read as EIO until written again; `cvol check` lists them)",
+                        b(s.lost_bytes)
+                    ),
+                ),
+            );
+        }
+        let d = &s.dedup;
+        let shared = count(d.dedup_shared_records, "shared record", "shared records");
+        if !self.served {
+            rows.push((
+                "dedup",
+                if d.dedup {
+                    format!("on: {shared}")
+                } else {
+                    "off".to_string()
+                },
+            ));
+            return rows;
+        }
+        let e = &s.elastic;
+        let c = &s.cleaner;
+        rows.extend([
+            (
+                "dedup",
+                if d.dedup {
+                    format!(
+                        "on: {} of {} found stored, {shared}, index {} of {} ({})",
+                        d.dedup_hits,
+                        count(d.dedup_lookups, "block", "blocks"),
+                        d.dedup_index_entries,
+                        d.dedup_index_capacity,
+                        b(d.dedup_index_memory_bytes)
+                    )
+                } else {
+                    "off".to_string()
+                },
             ),
-        ),
-        ("corrupt reads", n("corrupt_reads").to_string()),
-        ("scrub", scrub_line(v)),
-    ]);
-    rows
+            (
+                "write amplification",
+                format!(
+                    "{:.2} ({} written by clients, {} to media)",
+                    s.write_amplification,
+                    b(s.client_bytes_written),
+                    b(s.media_bytes_written)
+                ),
+            ),
+            (
+                "read amplification",
+                format!(
+                    "{:.2} (bytes decompressed / bytes read)",
+                    e.read_amplification
+                ),
+            ),
+            (
+                "read cache",
+                format!(
+                    "{:.1}% hits ({} of {})",
+                    100.0 * d.read_cache_hit_rate,
+                    d.read_cache_hits,
+                    count(d.read_cache_hits + d.read_cache_misses, "lookup", "lookups")
+                ),
+            ),
+            (
+                "elastic",
+                format!(
+                    "units up to {} ({} written), load {} ({} IOPS), probe wrote {} raw",
+                    count(u64::from(e.unit_blocks), "block", "blocks"),
+                    e.units_written,
+                    e.load_level,
+                    e.load_iops,
+                    count(e.probe_raw_blocks, "block", "blocks")
+                ),
+            ),
+            (
+                "recompressed",
+                format!(
+                    "{} in {}: {} -> {}",
+                    count(e.recompressed_blocks, "block", "blocks"),
+                    count(e.recompress_passes, "pass", "passes"),
+                    b(e.recompressed_bytes_before),
+                    b(e.recompressed_bytes_after)
+                ),
+            ),
+            (
+                "cleaner",
+                format!(
+                    "{}: {} cleaned, {} relocated, {} reclaimed",
+                    c.cleaner_policy,
+                    count(c.cleaner_segments_cleaned, "segment", "segments"),
+                    b(c.cleaner_bytes_relocated),
+                    count(c.segments_reclaimed, "segment", "segments")
+                ),
+            ),
+            ("corrupt reads", s.corrupt_reads.to_string()),
+            ("scrub", scrub_line(&s.scrub)),
+        ]);
+        rows
+    }
 }
 
-fn scrub_line(v: &Value) -> String {
-    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+fn scrub_line(s: &ScrubStats) -> String {
     let mut parts = Vec::new();
-    if v["scrub_in_progress"].as_bool().unwrap_or(false) {
+    if s.scrub_in_progress {
         parts.push(format!(
             "running, {} of {} blocks verified",
-            n("scrub_progress_blocks"),
-            n("scrub_total_blocks")
+            s.scrub_progress_blocks, s.scrub_total_blocks
         ));
     }
-    let runs = n("scrub_runs");
+    let runs = s.scrub_runs;
     if runs == 0 {
         if parts.is_empty() {
             parts.push("none since the server started (`cvol scrub`)".to_string());
@@ -284,9 +328,9 @@ fn scrub_line(v: &Value) -> String {
         parts.push(format!(
             "{} finished, the last {} ago; {} verified, {} found corrupt",
             count(runs, "run", "runs"),
-            ago(now.saturating_sub(n("scrub_last_finished_unix"))),
-            count(n("scrub_blocks_checked"), "block", "blocks"),
-            count(n("scrub_corrupt_blocks"), "block", "blocks")
+            ago(now.saturating_sub(s.scrub_last_finished_unix)),
+            count(s.scrub_blocks_checked, "block", "blocks"),
+            count(s.scrub_corrupt_blocks, "block", "blocks")
         ));
     }
     parts.join("; ")
@@ -307,33 +351,106 @@ mod tests {
 
     #[test]
     fn normalize_names_the_flag_and_caps_at_the_logical_room() {
-        let mut v = serde_json::json!({
-            "cleaner_policy": "CostBenefit",
-            "logical_size_bytes": 4u64 << 30,
-            "mapped_bytes": 1u64 << 30,
-            "estimated_free_logical_bytes": 11u64 << 30,
-            "worst_case_free_logical_bytes": 2u64 << 30,
-        });
-        normalize(&mut v);
-        normalize(&mut v);
-        assert_eq!(v["cleaner_policy"], "cost-benefit");
-        assert_eq!(v["estimated_free_logical_bytes"], 3u64 << 30);
-        assert_eq!(v["worst_case_free_logical_bytes"], 2u64 << 30);
+        let mut s = VolumeStats {
+            logical_size_bytes: 4 << 30,
+            mapped_bytes: 1 << 30,
+            estimated_free_logical_bytes: 11 << 30,
+            worst_case_free_logical_bytes: 2 << 30,
+            ..VolumeStats::default()
+        };
+        s.cleaner.cleaner_policy = "CostBenefit".into();
+        normalize(&mut s);
+        normalize(&mut s);
+        assert_eq!(s.cleaner.cleaner_policy, "cost-benefit");
+        assert_eq!(s.estimated_free_logical_bytes, 3 << 30);
+        assert_eq!(s.worst_case_free_logical_bytes, 2 << 30);
+    }
+
+    fn report(served: bool, stats: VolumeStats) -> Report {
+        Report {
+            volume: "v.cvol".into(),
+            served,
+            stats,
+        }
     }
 
     #[test]
     fn offline_tables_leave_out_server_counters() {
-        let v = serde_json::json!({ "dedup": true, "recompress_passes": 1 });
-        let offline: Vec<_> = table(&v, false).into_iter().map(|(k, _)| k).collect();
+        let mut s = VolumeStats::default();
+        s.dedup.dedup = true;
+        s.elastic.recompress_passes = 1;
+        let offline: Vec<_> = report(false, s.clone())
+            .table()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
         assert!(!offline.contains(&"write amplification") && !offline.contains(&"recompressed"));
-        let served = table(&v, true);
+        let served = report(true, s).table();
         let rec = served.iter().find(|(k, _)| *k == "recompressed").unwrap();
         assert!(rec.1.contains("1 pass:"), "{}", rec.1);
         assert!(served.iter().any(|(k, _)| *k == "scrub"));
         assert!(!served.iter().any(|(k, _)| *k == "lost to damage"));
-        let lost = serde_json::json!({ "lost_bytes": 8192 });
-        let rows = table(&lost, false);
+        let lost = VolumeStats {
+            lost_bytes: 8192,
+            ..VolumeStats::default()
+        };
+        let rows = report(false, lost).table();
         let zero = rows.iter().position(|(k, _)| *k == "zero").unwrap();
         assert_eq!(rows[zero + 1].0, "lost to damage");
+    }
+
+    /// What a server sends reads back into the same statistics, and
+    /// `--json` shows them the same whether served or not.
+    #[test]
+    fn the_reply_reads_back() {
+        let mut s = VolumeStats {
+            logical_size_bytes: 1 << 30,
+            mapped_bytes: 12345 << 12,
+            reduction_ratio: 1.0 / 3.0,
+            codec: "auto".into(),
+            ..VolumeStats::default()
+        };
+        s.cleaner.cleaner_policy = "Greedy".into();
+        s.elastic.unit_blocks = 4;
+        s.scrub.scrub_runs = 2;
+        normalize(&mut s);
+        let wire = serde_json::to_value(&s).unwrap().to_string();
+        let back: VolumeStats = serde_json::from_str(&wire).unwrap();
+        let (here, there) = (report(false, s), report(false, back));
+        assert_eq!(here.json().unwrap(), there.json().unwrap());
+        assert_eq!(here.table(), there.table());
+        assert_eq!(here.json().unwrap()["cleaner_policy"], "greedy");
+        let missing = wire.replace("\"lost_bytes\"", "\"lost\"");
+        assert!(serde_json::from_str::<VolumeStats>(&missing)
+            .unwrap_err()
+            .to_string()
+            .contains("lost_bytes"));
+    }
+}
+
+/// What the host holds for the volume: `physical_used_bytes`, and the
+/// backing file's own `du` when the store can tell.
+fn host_holds(s: &VolumeStats) -> String {
+    let used = human_bytes(s.physical_used_bytes);
+    match s.host_allocated_bytes {
+        Some(du) => format!("{used} (du of the backing file: {})", human_bytes(du)),
+        None => used,
+    }
+}
+
+/// Dead space, and what idle cleaning will return of it (offline: what a
+/// server with the default flags would).
+fn dead_words(s: &VolumeStats, served: bool) -> String {
+    let dead = human_bytes(s.dead_bytes);
+    match (s.cleaner.idle_clean || !served, s.reclaimable_bytes) {
+        (_, 0) => format!("{dead} (nothing idle cleaning would collect)"),
+        (false, r) => format!(
+            "{dead} ({} idle cleaning would collect; it is off)",
+            human_bytes(r)
+        ),
+        (true, _) => format!(
+            "{dead} ({} returned to the host when clients are idle)",
+            human_bytes(s.reclaimable_bytes)
+        ),
     }
 }

@@ -1,6 +1,6 @@
 //! Wording shared by every command: byte counts, plurals, and the one
 //! description of the codec policies (help, `create`'s message and errors;
-//! README.md quotes it).
+//! README.md quotes it), and the values of on/off flags.
 use cvol_engine::codec::ZSTD_LEVEL_MAX;
 use cvol_engine::policy::{auto_codec, Load, AUTO_STRONG_LEVEL_DEFAULT};
 use cvol_engine::{Codec, CodecPolicy};
@@ -74,6 +74,15 @@ pub fn describe_policy(p: CodecPolicy) -> String {
     match p {
         CodecPolicy::Auto { strong } => format!("auto ({})", auto_words(strong)),
         CodecPolicy::Fixed(c) => format!("{c} for every block"),
+    }
+}
+
+/// Parses an on/off flag's value.
+pub fn on_off(flag: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{flag} takes on or off, not {v:?}")),
     }
 }
 

@@ -91,29 +91,92 @@ fn check_segment_usage(
         Some((rec.segment, rec.last_seq)),
     );
     let table = live.segments;
-    let mut refs: HashMap<u64, u64> = HashMap::new();
-    let mut dedup_refs: HashMap<u64, u64> = HashMap::new();
-    let (mut unit_blocks, mut units) = (0u64, std::collections::HashSet::new());
-    rec.map.for_each_mapped(|_, e| {
-        if let EntryState::Data {
-            offset,
-            shared,
-            unit,
-            ..
-        } = e.state_valid()
-        {
-            *refs.entry(offset).or_default() += 1;
-            if shared {
-                *dedup_refs.entry(offset).or_default() += 1;
-            }
-            if unit {
-                unit_blocks += 1;
-                units.insert(offset);
-            }
-        }
-    });
-    let tag = sb.volume_tag();
+    let refs = MapReferences::count(&rec.map);
     let errors_before = rep.errors.len();
+    check_segment_records(storage, sb, &table, &refs.refs, rep);
+    let shared = refs.dedup_refs.len();
+    let holders: u64 = refs.dedup_refs.keys().map(|o| refs.refs[o]).sum();
+    if !refs.units.is_empty() {
+        rep.notes.push(format!(
+            "units: {} merged compression units serve {} blocks",
+            refs.units.len(),
+            refs.unit_blocks
+        ));
+    }
+    if shared > 0 {
+        let verdict = if rep.errors.len() == errors_before {
+            "reference counts match the records"
+        } else {
+            "see the errors above"
+        };
+        rep.notes.push(format!(
+            "dedup: {shared} records shared by {holders} blocks, {verdict}"
+        ));
+    }
+    rep.notes.push(format!(
+        "segment usage: {} live bytes in {} segments, {} free",
+        table.total_live_bytes(),
+        (0..table.count())
+            .filter(|&s| table.live_bytes(s) > 0)
+            .count(),
+        table.free_count()
+    ));
+}
+
+/// The map's DATA entries, counted by the record they point at.
+struct MapReferences {
+    /// Map entries per record offset.
+    refs: HashMap<u64, u64>,
+    /// Shared (dedup) entries per record offset.
+    dedup_refs: HashMap<u64, u64>,
+    /// Blocks served by merged compression units, and those units' offsets.
+    unit_blocks: u64,
+    units: std::collections::HashSet<u64>,
+}
+
+impl MapReferences {
+    /// Counts every DATA entry of `map`.
+    fn count(map: &BlockMap) -> Self {
+        let mut r = MapReferences {
+            refs: HashMap::new(),
+            dedup_refs: HashMap::new(),
+            unit_blocks: 0,
+            units: std::collections::HashSet::new(),
+        };
+        map.for_each_mapped(|_, e| {
+            if let EntryState::Data {
+                offset,
+                shared,
+                unit,
+                ..
+            } = e.state_valid()
+            {
+                *r.refs.entry(offset).or_default() += 1;
+                if shared {
+                    *r.dedup_refs.entry(offset).or_default() += 1;
+                }
+                if unit {
+                    r.unit_blocks += 1;
+                    r.units.insert(offset);
+                }
+            }
+        });
+        r
+    }
+}
+
+/// For every segment the usage table says holds live bytes: parses its
+/// records and reports an error unless the records the map points at
+/// (`refs`: entries per record offset) hold exactly those bytes and every
+/// map reference into the segment lands on one of them.
+fn check_segment_records(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    table: &crate::liveness::RebuiltSegments,
+    refs: &HashMap<u64, u64>,
+    rep: &mut CheckReport,
+) {
+    let tag = sb.volume_tag();
     let mut buf = vec![0u8; sb.segment_size_bytes as usize];
     for s in 0..table.count() {
         let want = table.live_bytes(s);
@@ -145,32 +208,6 @@ fn check_segment_usage(
             ));
         }
     }
-    let shared = dedup_refs.len();
-    let holders: u64 = dedup_refs.keys().map(|o| refs[o]).sum();
-    if !units.is_empty() {
-        rep.notes.push(format!(
-            "units: {} merged compression units serve {unit_blocks} blocks",
-            units.len()
-        ));
-    }
-    if shared > 0 {
-        let verdict = if rep.errors.len() == errors_before {
-            "reference counts match the records"
-        } else {
-            "see the errors above"
-        };
-        rep.notes.push(format!(
-            "dedup: {shared} records shared by {holders} blocks, {verdict}"
-        ));
-    }
-    rep.notes.push(format!(
-        "segment usage: {} live bytes in {} segments, {} free",
-        table.total_live_bytes(),
-        (0..table.count())
-            .filter(|&s| table.live_bytes(s) > 0)
-            .count(),
-        table.free_count()
-    ));
 }
 
 fn check_superblocks(storage: &dyn Storage, rep: &mut CheckReport) -> Option<Superblock> {
@@ -321,7 +358,7 @@ pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
     match recovery::repair_superblocks(&*storage) {
         Ok(notes) => rep.actions.extend(notes),
         Err(e) => {
-            rep.after.errors.push(e);
+            rep.after.errors.push(e.to_string());
             return rep;
         }
     }

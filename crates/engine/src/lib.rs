@@ -4,7 +4,7 @@
 //! Rooms, from the bottom up (each depends only on rooms above it in this
 //! list and on `cvol-format`, `cvol-storage`):
 //!
-//! - `error`: `VolError`, `OpenError`
+//! - `error`: `VolError`, `OpenError`, `RecoveryError`
 //! - `codec`: lz4 / zstd / none; `policy`: which codec a write gets (elastic)
 //! - `records`: record decoding shared by every reader of the log
 //! - `map`: the in-memory block map (12 bytes per written block)
@@ -40,7 +40,7 @@ pub mod volume;
 pub use volume::CleanerConfig;
 
 pub use codec::Codec;
-pub use error::{OpenError, VolError};
+pub use error::{OpenError, RecoveryError, VolError};
 pub use policy::{CodecPolicy, ElasticConfig};
 pub use stats::VolumeStats;
 pub use volume::{CreateOptions, Extent, IndexWarmup, OpenOptions, Volume};

@@ -1,6 +1,7 @@
 //! Opening a volume: newest valid checkpoint, then roll-forward along the
 //! chain of records (seq + 1, same epoch or a newer EPOCH record) through the
 //! segments written after it. See docs/FORMAT.md "Recovery".
+pub use crate::error::{RecoveryError, ShortRollForward, SuperblockCopyError};
 use crate::map::BlockMap;
 pub use crate::records::{walk_segment, SegmentWalk};
 use cvol_format::checkpoint::{decode_runs, CommitPayload};
@@ -68,9 +69,12 @@ struct Start {
     checkpoint_segments: HashMap<u64, u64>,
 }
 
-pub fn read_superblock(storage: &dyn Storage) -> Result<(Superblock, Vec<String>), String> {
+/// The superblock: copy A, else copy B (with a warning naming what is
+/// wrong with A). A copy that decodes is used even if it claims more bytes
+/// than the backing store has: that fails the open.
+pub fn read_superblock(storage: &dyn Storage) -> Result<(Superblock, Vec<String>), RecoveryError> {
     let mut warnings = Vec::new();
-    let mut first_err = None;
+    let mut errors = Vec::new();
     for (name, off) in [
         ("A", cvol_format::SUPERBLOCK_A_OFFSET),
         ("B", cvol_format::SUPERBLOCK_B_OFFSET),
@@ -78,29 +82,27 @@ pub fn read_superblock(storage: &dyn Storage) -> Result<(Superblock, Vec<String>
         let mut b = vec![0u8; cvol_format::superblock::SUPERBLOCK_BYTES];
         let res = storage
             .read_at(off, &mut b)
-            .map_err(|e| e.to_string())
-            .and_then(|_| Superblock::decode(&b).map_err(|e| e.to_string()));
+            .map_err(SuperblockCopyError::Read)
+            .and_then(|_| Superblock::decode(&b).map_err(SuperblockCopyError::Invalid));
         match res {
             Ok(sb) => {
                 if sb.physical_size_bytes > storage.len_bytes() {
-                    return Err(format!(
-                        "superblock says {} physical bytes but the backing store has {}",
-                        sb.physical_size_bytes,
-                        storage.len_bytes()
-                    ));
+                    return Err(RecoveryError::SuperblockBeyondBacking {
+                        physical_size_bytes: sb.physical_size_bytes,
+                        backing_bytes: storage.len_bytes(),
+                    });
                 }
                 return Ok((sb, warnings));
             }
             Err(e) => {
                 warnings.push(format!("superblock copy {name} unusable: {e}"));
-                first_err.get_or_insert(e);
+                errors.push(e);
             }
         }
     }
-    Err(format!(
-        "not a cvol volume (no valid superblock: {})",
-        first_err.unwrap_or_default()
-    ))
+    let [copy_a, copy_b]: [SuperblockCopyError; 2] =
+        errors.try_into().expect("both copies were tried");
+    Err(RecoveryError::NoSuperblock { copy_a, copy_b })
 }
 
 pub fn read_pointers(storage: &dyn Storage) -> [Option<CheckpointPointer>; 2] {
@@ -121,9 +123,9 @@ pub fn read_pointers(storage: &dyn Storage) -> [Option<CheckpointPointer>; 2] {
 
 /// Rebuilds the map from the whole log, ignoring every checkpoint. Used by
 /// `cvol check` to cross-check the checkpointed map.
-pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
+pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, RecoveryError> {
     let index = first_record_index(storage, sb)?;
-    let start = log_start(&index).ok_or("no log start (record seq 1) found")?;
+    let start = log_start(&index).ok_or(RecoveryError::NoLogStart)?;
     let mut map = BlockMap::new(sb.logical_blocks());
     let r = roll_forward(storage, sb, &mut map, start, &index, &HashMap::new())?;
     Ok(Recovered { map, ..r })
@@ -272,10 +274,60 @@ fn known_checkpoint_records(
     known
 }
 
-pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
-    let mut warnings = Vec::new();
+/// The valid pointer slots, newest generation first.
+fn pointers_newest_first(storage: &dyn Storage) -> Vec<CheckpointPointer> {
     let mut ptrs: Vec<CheckpointPointer> = read_pointers(storage).into_iter().flatten().collect();
     ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
+    ptrs
+}
+
+/// The intact CKPT_COMMIT records a scan found, newest (highest seq) first,
+/// as pointers (generation 0): the fallbacks once the pointer slots fail.
+fn scanned_commits(sb: &Superblock, scan: &LogScan) -> Vec<CheckpointPointer> {
+    let mut commits: Vec<&Scanned> = scan
+        .records
+        .iter()
+        .filter(|r| r.header.kind == RecordKind::CkptCommit)
+        .collect();
+    commits.sort_by_key(|r| std::cmp::Reverse(r.header.seq));
+    commits
+        .into_iter()
+        .map(|c| CheckpointPointer {
+            generation: 0,
+            commit_offset: sb.segment_offset(c.segment) + c.at as u64,
+            commit_len: c.header.total_len() as u32,
+            commit_epoch: c.header.epoch,
+            commit_seq: c.header.seq,
+        })
+        .collect()
+}
+
+/// Where a candidate checkpoint comes from: a pointer slot, or a commit
+/// record found by scanning the log.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Pointer,
+    Scan,
+}
+
+impl Source {
+    /// How messages name the checkpoint `p` from this source.
+    fn name(self, p: &CheckpointPointer) -> String {
+        match self {
+            Source::Pointer => format!("checkpoint generation {}", p.generation),
+            Source::Scan => format!("checkpoint found in the log (commit seq {})", p.commit_seq),
+        }
+    }
+}
+
+/// Recovers the map when opening a volume (docs/FORMAT.md "Recovery"): the
+/// newest usable checkpoint and the roll-forward from it, or a replay from
+/// seq 1 when no checkpoint was ever written. Refuses, writing nothing, when
+/// checkpoints existed but none is usable, or when the result would end
+/// below a certified seq (`cvol check --repair` salvages then).
+pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, RecoveryError> {
+    let mut warnings = Vec::new();
+    let ptrs = pointers_newest_first(storage);
     // A slot that holds bytes but does not decode was damaged (create
     // zeroes both): the log may no longer reach seq 1, so it must not be
     // replayed from there as if no checkpoint had ever been written.
@@ -287,133 +339,43 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
     }
     let had_checkpoint = !ptrs.is_empty() || damaged_slots > 0;
     let index = first_record_index(storage, sb)?;
-    let mut certified = Certified::from_pointers(&ptrs);
+    let certified = Certified::from_pointers(&ptrs);
     let known = known_checkpoint_records(storage, sb, &ptrs);
-    // Candidates, best first: the newest pointer; then (fallbacks) the older
-    // pointer and the newest intact commit records found by scanning the
-    // log. A fallback may name records in segments reused since, so its
-    // result is accepted only if every record its map names verifies, and
-    // only if its roll-forward reaches every seq the volume certified.
-    let mut tried: Vec<u64> = Vec::new();
-    let mut scan: Option<LogScan> = None;
-    let mut short: Option<String> = None;
-    let mut candidates: Vec<(CheckpointPointer, &'static str)> =
-        ptrs.iter().map(|p| (*p, "pointer")).collect();
-    let mut i = 0;
-    while had_checkpoint && i <= candidates.len() {
-        if i == candidates.len() {
-            if scan.is_some() {
-                break;
-            }
-            let sc = scan.insert(scan_log(storage, sb));
-            certified.raise_from_scan(storage, sb, sc);
-            let mut commits: Vec<&Scanned> = sc
-                .records
-                .iter()
-                .filter(|r| r.header.kind == RecordKind::CkptCommit)
-                .collect();
-            commits.sort_by_key(|r| std::cmp::Reverse(r.header.seq));
-            candidates.extend(commits.into_iter().map(|c| {
-                let p = CheckpointPointer {
-                    generation: 0,
-                    commit_offset: sb.segment_offset(c.segment) + c.at as u64,
-                    commit_len: c.header.total_len() as u32,
-                    commit_epoch: c.header.epoch,
-                    commit_seq: c.header.seq,
-                };
-                (p, "scan")
-            }));
-            continue;
-        }
-        let (p, source) = candidates[i];
-        i += 1;
-        if tried.contains(&p.commit_offset) {
-            continue;
-        }
-        tried.push(p.commit_offset);
-        let what = match source {
-            "pointer" => format!("checkpoint generation {}", p.generation),
-            _ => format!("checkpoint found in the log (commit seq {})", p.commit_seq),
-        };
-        let (mut map, start) = match load_checkpoint(storage, sb, &p) {
-            Ok(x) => x,
-            Err(e) => {
-                warnings.push(format!("{what} unusable: {e}"));
-                continue;
-            }
-        };
-        let r = match roll_forward(storage, sb, &mut map, start, &index, &known) {
-            Ok(r) => r,
-            Err(e) => {
-                warnings.push(format!("{what}: roll-forward failed: {e}"));
-                continue;
-            }
-        };
-        if let Some(c) = certified_beyond(storage, sb, &r, &index) {
-            return Err(damaged_chain(r.last_seq, c, &warnings));
-        }
-        let newest = source == "pointer" && i == 1;
-        if !newest {
-            // A fallback: everything the log certifies counts (one full
-            // scan, only on this rare path).
-            if scan.is_none() {
-                certified.raise_from_scan(storage, sb, scan.insert(scan_log(storage, sb)));
-            }
-            if r.last_seq < certified.seq {
-                let m = format!(
-                    "{what}: its roll-forward ends at seq {} (segment {}, byte {}), below seq {} \
-                     certified as flushed by {}",
-                    r.last_seq, r.segment, r.end, certified.seq, certified.by
-                );
-                warnings.push(m.clone());
-                short.get_or_insert(m);
-                continue;
-            }
-            if let Err(e) = verify_map_records(storage, sb, &map) {
-                warnings.push(format!("{what} is stale: {e}"));
-                continue;
-            }
-            warnings.push(format!("recovered from the {what}"));
-        }
-        if !r.skipped.is_empty() {
-            warnings.push(format!(
-                "damaged checkpoint records stepped over (seqs {:?}): they change no block",
-                r.skipped
-            ));
-        }
-        return Ok(Recovered {
-            map,
-            checkpoint_generation: p.generation,
-            warnings,
-            ..r
-        });
+    if !had_checkpoint {
+        return replay_without_checkpoint(storage, sb, &index, &known, warnings);
     }
-    // Segments are reused only after a durable checkpoint, so with no
-    // pointer at all the whole log is still there to replay; with pointers
-    // that all fail it may not be, and replaying it could silently return
-    // old data: only `salvage`, asked for explicitly (`cvol check
-    // --repair`), does that.
-    if let Some(m) = short {
-        return Err(format!(
-            "flushed data is damaged: {m}; opening would silently lose what was flushed after \
-             that point, so cvol refuses and writes nothing: `cvol check --repair` salvages every \
-             intact record and lists the blocks that are lost ({})",
-            warnings.join("; ")
-        ));
-    }
-    if had_checkpoint {
-        return Err(format!(
-            "no usable checkpoint ({}); refusing to guess the map: \
-             `cvol check --repair` rebuilds it from the log",
-            warnings.join("; ")
-        ));
-    }
-    let start = log_start(&index)
-        .ok_or("no checkpoint and no log start found: the volume was never initialised")?;
+    let search = CheckpointSearch {
+        storage,
+        sb,
+        index: &index,
+        known: &known,
+        certified,
+        warnings,
+        scan: None,
+        shortfall: None,
+    };
+    search.run(&ptrs)
+}
+
+/// Recovery of a volume that never published a checkpoint (both pointer
+/// slots zeros): segments are reused only after a durable checkpoint, so
+/// the whole log is still there and is replayed from seq 1.
+fn replay_without_checkpoint(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    index: &HashMap<u64, Vec<u64>>,
+    known: &HashMap<u64, (u64, u32, u32)>,
+    warnings: Vec<String>,
+) -> Result<Recovered, RecoveryError> {
+    let start = log_start(index).ok_or(RecoveryError::NeverInitialised)?;
     let mut map = BlockMap::new(sb.logical_blocks());
-    let r = roll_forward(storage, sb, &mut map, start, &index, &known)?;
-    if let Some(certified) = certified_beyond(storage, sb, &r, &index) {
-        return Err(damaged_chain(r.last_seq, certified, &warnings));
+    let r = roll_forward(storage, sb, &mut map, start, index, known)?;
+    if let Some(certified) = certified_beyond(storage, sb, &r, index) {
+        return Err(RecoveryError::ChainEndsBeforeCertified {
+            last_seq: r.last_seq,
+            certified,
+            notes: warnings,
+        });
     }
     Ok(Recovered {
         map,
@@ -423,16 +385,166 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
     })
 }
 
-fn damaged_chain(last_seq: u64, certified: u64, warnings: &[String]) -> String {
-    let mut m = format!(
-        "the log is damaged: its chain of records ends at seq {last_seq}, but a later record \
-         certifies that records up to seq {certified} were flushed; opening would lose them \
-         silently, so cvol refuses: `cvol check --repair` rebuilds the map from every intact record"
-    );
-    if !warnings.is_empty() {
-        m += &format!(" ({})", warnings.join("; "));
+/// `recover`'s search for a checkpoint to start from, when checkpoints
+/// were written. Candidates, best first: the newest pointer; then
+/// (fallbacks) the older pointer and the newest intact commit records found
+/// by scanning the log. A fallback may name records in segments reused
+/// since, so its result is accepted only if every record its map names
+/// verifies, and only if its roll-forward reaches every seq the volume
+/// certified.
+struct CheckpointSearch<'a> {
+    storage: &'a dyn Storage,
+    sb: &'a Superblock,
+    index: &'a HashMap<u64, Vec<u64>>,
+    known: &'a HashMap<u64, (u64, u32, u32)>,
+    /// The highest certified seq known so far (the pointers'; the whole
+    /// log's once it has been scanned).
+    certified: Certified,
+    /// Notes on every candidate tried.
+    warnings: Vec<String>,
+    /// The whole-log scan, once a fallback needed it.
+    scan: Option<LogScan>,
+    /// The first fallback whose roll-forward fell short of the certified seq.
+    shortfall: Option<ShortRollForward>,
+}
+
+impl CheckpointSearch<'_> {
+    /// Tries the pointers, then (once) the commits a scan of the log finds,
+    /// each checkpoint once: the first accepted is the recovery; when none
+    /// is, the refusal.
+    fn run(mut self, ptrs: &[CheckpointPointer]) -> Result<Recovered, RecoveryError> {
+        let mut candidates: Vec<(CheckpointPointer, Source)> =
+            ptrs.iter().map(|p| (*p, Source::Pointer)).collect();
+        let mut tried: Vec<u64> = Vec::new();
+        let mut i = 0;
+        while i <= candidates.len() {
+            if i == candidates.len() {
+                if self.scan.is_some() {
+                    break;
+                }
+                let commits = self.scan_for_commits();
+                candidates.extend(commits.into_iter().map(|p| (p, Source::Scan)));
+                continue;
+            }
+            let (p, source) = candidates[i];
+            i += 1;
+            if tried.contains(&p.commit_offset) {
+                continue;
+            }
+            tried.push(p.commit_offset);
+            let newest = source == Source::Pointer && i == 1;
+            if let Some(r) = self.try_candidate(&p, source, newest)? {
+                return Ok(r);
+            }
+        }
+        Err(self.refusal())
     }
-    m
+
+    /// Scans the whole log: the certified seq rises to what the log
+    /// certifies, and its intact commit records become the last fallbacks.
+    fn scan_for_commits(&mut self) -> Vec<CheckpointPointer> {
+        let scan = self.scan.insert(scan_log(self.storage, self.sb));
+        self.certified.raise_from_scan(self.storage, self.sb, scan);
+        scanned_commits(self.sb, scan)
+    }
+
+    /// Loads one candidate checkpoint and rolls forward from it. `Ok(None)`:
+    /// rejected (the warnings say why); an error: a SYNCED record beyond the
+    /// chain's end certifies more than it reached, so the log is damaged
+    /// whichever checkpoint starts it.
+    fn try_candidate(
+        &mut self,
+        p: &CheckpointPointer,
+        source: Source,
+        newest: bool,
+    ) -> Result<Option<Recovered>, RecoveryError> {
+        let (storage, sb) = (self.storage, self.sb);
+        let what = source.name(p);
+        let (mut map, start) = match load_checkpoint(storage, sb, p) {
+            Ok(x) => x,
+            Err(e) => {
+                self.warnings.push(format!("{what} unusable: {e}"));
+                return Ok(None);
+            }
+        };
+        let r = match roll_forward(storage, sb, &mut map, start, self.index, self.known) {
+            Ok(r) => r,
+            Err(e) => {
+                self.warnings
+                    .push(format!("{what}: roll-forward failed: {e}"));
+                return Ok(None);
+            }
+        };
+        if let Some(certified) = certified_beyond(storage, sb, &r, self.index) {
+            return Err(RecoveryError::ChainEndsBeforeCertified {
+                last_seq: r.last_seq,
+                certified,
+                notes: std::mem::take(&mut self.warnings),
+            });
+        }
+        if !newest && !self.accept_fallback(what, &map, &r) {
+            return Ok(None);
+        }
+        if !r.skipped.is_empty() {
+            self.warnings.push(format!(
+                "damaged checkpoint records stepped over (seqs {:?}): they change no block",
+                r.skipped
+            ));
+        }
+        Ok(Some(Recovered {
+            map,
+            checkpoint_generation: p.generation,
+            warnings: std::mem::take(&mut self.warnings),
+            ..r
+        }))
+    }
+
+    /// Whether a fallback's result can be trusted: its roll-forward reaches
+    /// every seq the whole log certifies (scanned once, only on this rare
+    /// path), and every record its map names is intact (not in a segment
+    /// reused since).
+    fn accept_fallback(&mut self, what: String, map: &BlockMap, r: &Recovered) -> bool {
+        let (storage, sb) = (self.storage, self.sb);
+        if self.scan.is_none() {
+            let scan = self.scan.insert(scan_log(storage, sb));
+            self.certified.raise_from_scan(storage, sb, scan);
+        }
+        if r.last_seq < self.certified.seq {
+            let shortfall = ShortRollForward {
+                what,
+                last_seq: r.last_seq,
+                segment: r.segment,
+                end: r.end,
+                certified_seq: self.certified.seq,
+                certified_by: self.certified.by.clone(),
+            };
+            self.warnings.push(shortfall.to_string());
+            self.shortfall.get_or_insert(shortfall);
+            return false;
+        }
+        if let Err(e) = verify_map_records(storage, sb, map) {
+            self.warnings.push(format!("{what} is stale: {e}"));
+            return false;
+        }
+        self.warnings.push(format!("recovered from the {what}"));
+        true
+    }
+
+    /// Why no candidate was accepted. With pointers that all fail, the log
+    /// may no longer reach seq 1 and replaying what is left could silently
+    /// return old data: only `salvage`, asked for explicitly (`cvol check
+    /// --repair`), does that.
+    fn refusal(self) -> RecoveryError {
+        match self.shortfall {
+            Some(shortfall) => RecoveryError::RollForwardBelowCertified {
+                shortfall,
+                notes: self.warnings,
+            },
+            None => RecoveryError::NoUsableCheckpoint {
+                notes: self.warnings,
+            },
+        }
+    }
 }
 
 /// The highest seq a SYNCED record found beyond the recovered chain's end
@@ -612,11 +724,14 @@ pub fn scan_log(storage: &dyn Storage, sb: &Superblock) -> LogScan {
 /// history (a TRIM, an overwrite) sat only in segments already reused may
 /// come back with an older version; the warnings say how many records and
 /// which damaged places were involved.
-pub fn rebuild_from_log(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
+pub fn rebuild_from_log(
+    storage: &dyn Storage,
+    sb: &Superblock,
+) -> Result<Recovered, RecoveryError> {
     let scan = scan_log(storage, sb);
     let mut recs: Vec<&Scanned> = scan.records.iter().collect();
     if recs.is_empty() {
-        return Err("no intact record in the log: nothing to rebuild from".into());
+        return Err(RecoveryError::NoIntactRecord);
     }
     recs.sort_by_key(|r| (r.header.epoch, r.header.seq));
     let data_at: HashMap<u64, &RecordHeader> = scan
@@ -648,24 +763,7 @@ pub fn rebuild_from_log(storage: &dyn Storage, sb: &Superblock) -> Result<Recove
         applied += u64::from(apply_scanned(&mut map, sb, r));
     }
     let last = recs.last().expect("not empty");
-    let mut warnings = vec![format!(
-        "map rebuilt from {} records of the log without a checkpoint ({} map changes); \
-         blocks whose newest history was only in reused segments may hold an older version",
-        recs.len(),
-        applied
-    )];
-    for (s, at, e) in &scan.damaged {
-        warnings.push(format!(
-            "segment {s} at byte {at}: damaged record ({e}); the rest of that segment was skipped"
-        ));
-    }
-    if !dropped_refs.is_empty() {
-        dropped_refs.truncate(100);
-        warnings.push(format!(
-            "dedup references whose target record is lost were dropped (LBAs {:?}): those blocks read as holes",
-            dropped_refs
-        ));
-    }
+    let warnings = rebuild_warnings(recs.len(), applied, &scan, dropped_refs);
     // The log continues after every record of the head's segment: records
     // of a crashed epoch may lie beyond the newest one, and the map may
     // name them now.
@@ -691,6 +789,35 @@ pub fn rebuild_from_log(storage: &dyn Storage, sb: &Superblock) -> Result<Recove
         salvage: None,
         rolled_segments: Vec::new(),
     })
+}
+
+/// What `rebuild_from_log` says: how many records it applied, which damaged
+/// places it skipped, and which dedup references it dropped (their target
+/// record is lost).
+fn rebuild_warnings(
+    records: usize,
+    applied: u64,
+    scan: &LogScan,
+    mut dropped_refs: Vec<u64>,
+) -> Vec<String> {
+    let mut warnings = vec![format!(
+        "map rebuilt from {} records of the log without a checkpoint ({} map changes); \
+         blocks whose newest history was only in reused segments may hold an older version",
+        records, applied
+    )];
+    for (s, at, e) in &scan.damaged {
+        warnings.push(format!(
+            "segment {s} at byte {at}: damaged record ({e}); the rest of that segment was skipped"
+        ));
+    }
+    if !dropped_refs.is_empty() {
+        dropped_refs.truncate(100);
+        warnings.push(format!(
+            "dedup references whose target record is lost were dropped (LBAs {:?}): those blocks read as holes",
+            dropped_refs
+        ));
+    }
+    warnings
 }
 
 /// A starting point for `salvage`: a checkpoint whose commit record
@@ -833,22 +960,7 @@ fn salvage_walk(
     certified: &Certified,
     known: &HashMap<u64, (u64, u32, u32)>,
 ) -> SalvageWalk {
-    let mut by_seq: HashMap<u64, Vec<&Scanned>> = HashMap::new();
-    for r in &scan.records {
-        by_seq.entry(r.header.seq).or_default().push(r);
-    }
-    let mut damaged_by_seq: HashMap<u64, Vec<&(u64, usize, RecordHeader)>> = HashMap::new();
-    for d in &scan.damaged_headers {
-        damaged_by_seq.entry(d.2.seq).or_default().push(d);
-    }
-    let max_seq = scan
-        .records
-        .iter()
-        .map(|r| r.header.seq)
-        .chain(scan.damaged_headers.iter().map(|d| d.2.seq))
-        .max()
-        .unwrap_or(0)
-        .max(certified.seq);
+    let records = SalvageIndex::new(scan, certified);
     let SalvageBase {
         mut map,
         start,
@@ -860,85 +972,248 @@ fn salvage_walk(
             map.set(l, MapEntry::LOST);
         });
     }
-    let mut needed = start.checkpoint_segments.clone();
-    let (mut expected, mut epoch) = (start.expected_seq, start.epoch);
-    let (mut gap, mut replayed, mut applied) = (false, 0u64, 0u64);
-    let mut last: Option<(u64, usize)> = Some((start.segment, start.offset));
-    let mut unknown = Vec::new();
     let mut warnings = vec![format!("salvage from the {what}")];
     if !lost_spans.is_empty() {
         warnings.push(format!(
             "damaged map chunks of that checkpoint: LBA spans {lost_spans:?} are lost unless written after it"
         ));
     }
-    while expected <= max_seq {
-        let pick = by_seq.get(&expected).and_then(|v| {
-            v.iter()
-                .filter(|r| {
-                    let h = &r.header;
-                    h.epoch == epoch
-                        || (h.kind == RecordKind::Epoch && h.epoch > epoch)
-                        || (gap && h.epoch >= epoch)
-                })
-                .max_by_key(|r| r.header.epoch)
-        });
-        if let Some(r) = pick {
-            let h = &r.header;
-            applied += u64::from(apply_scanned(&mut map, sb, r));
-            replayed += 1;
-            let m = needed.entry(r.segment).or_insert(0);
-            *m = (*m).max(h.seq);
-            last = Some((r.segment, r.at + h.total_len()));
-            epoch = h.epoch;
-            expected += 1;
-            gap = false;
-            continue;
-        }
-        if expected > certified.seq {
-            break; // an unsynced tail: recovery drops it too
-        }
-        gap = true;
-        let damaged = damaged_by_seq.get(&expected).and_then(|v| {
-            v.iter()
-                .filter(|d| d.2.epoch >= epoch)
-                .max_by_key(|d| d.2.epoch)
-        });
-        match damaged {
-            Some(&&(seg, _, h)) => {
-                let m = needed.entry(seg).or_insert(0);
-                *m = (*m).max(h.seq);
-                let end = (h.lba + u64::from(h.nblocks.min(DATA_UNIT_BLOCKS_MAX)))
-                    .min(sb.logical_blocks());
-                match h.kind {
-                    RecordKind::Data => (h.lba..end).filter(|&l| h.maps(l)).for_each(|l| {
-                        map.set(l, MapEntry::LOST);
-                    }),
-                    RecordKind::Zero | RecordKind::Trim | RecordKind::Ref => {
-                        (h.lba..end).for_each(|l| {
-                            map.set(l, MapEntry::LOST);
-                        })
-                    }
-                    RecordKind::Epoch => epoch = epoch.max(h.epoch),
-                    RecordKind::MapChunk | RecordKind::CkptCommit | RecordKind::Synced => {}
-                }
-            }
-            None if known.contains_key(&expected) => {} // a checkpoint record: no blocks
-            None => unknown.push(expected),
-        }
-        expected += 1;
-    }
+    let mut walk = SalvageCursor::new(&start);
+    walk.run(&mut map, sb, &records, certified, known);
     let mut lost_lbas = Vec::new();
     map.for_each_mapped(|l, e| {
         if e == MapEntry::LOST {
             lost_lbas.push(l);
         }
     });
+    warnings.extend(loss_warnings(&lost_lbas, &walk.unknown, certified));
+    let salvage = Salvage {
+        lost_lbas,
+        unknown_records: walk.unknown.clone(),
+        certified: certified.clone(),
+    };
+    walk.finish(map, sb, scan, start.snapshot_seq, warnings, salvage)
+}
+
+/// The records a scan found, by seq, for the salvage walk: the intact
+/// ones, and the damaged ones whose header says what they held.
+struct SalvageIndex<'a> {
+    by_seq: HashMap<u64, Vec<&'a Scanned>>,
+    damaged_by_seq: HashMap<u64, Vec<&'a (u64, usize, RecordHeader)>>,
+    /// The highest seq the log holds or certifies: where the walk stops.
+    max_seq: u64,
+}
+
+impl<'a> SalvageIndex<'a> {
+    /// Indexes the scan's intact and damaged records by seq.
+    fn new(scan: &'a LogScan, certified: &Certified) -> Self {
+        let mut by_seq: HashMap<u64, Vec<&Scanned>> = HashMap::new();
+        for r in &scan.records {
+            by_seq.entry(r.header.seq).or_default().push(r);
+        }
+        let mut damaged_by_seq: HashMap<u64, Vec<&(u64, usize, RecordHeader)>> = HashMap::new();
+        for d in &scan.damaged_headers {
+            damaged_by_seq.entry(d.2.seq).or_default().push(d);
+        }
+        let max_seq = scan
+            .records
+            .iter()
+            .map(|r| r.header.seq)
+            .chain(scan.damaged_headers.iter().map(|d| d.2.seq))
+            .max()
+            .unwrap_or(0)
+            .max(certified.seq);
+        SalvageIndex {
+            by_seq,
+            damaged_by_seq,
+            max_seq,
+        }
+    }
+
+    /// The intact record of seq `expected` that continues the walk (the
+    /// epoch rule; after a gap any epoch not older), the newest epoch's.
+    fn intact(&self, expected: u64, epoch: u32, gap: bool) -> Option<&'a Scanned> {
+        let v = self.by_seq.get(&expected)?;
+        v.iter()
+            .filter(|r| {
+                let h = &r.header;
+                h.epoch == epoch
+                    || (h.kind == RecordKind::Epoch && h.epoch > epoch)
+                    || (gap && h.epoch >= epoch)
+            })
+            .max_by_key(|r| r.header.epoch)
+            .copied()
+    }
+
+    /// The damaged record of seq `expected` (segment, byte, header) of an
+    /// epoch not older than the walk's, the newest epoch's.
+    fn damaged(&self, expected: u64, epoch: u32) -> Option<&'a (u64, usize, RecordHeader)> {
+        let v = self.damaged_by_seq.get(&expected)?;
+        v.iter()
+            .filter(|d| d.2.epoch >= epoch)
+            .max_by_key(|d| d.2.epoch)
+            .copied()
+    }
+}
+
+/// Where the salvage walk is and what it has done.
+struct SalvageCursor {
+    expected: u64,
+    epoch: u32,
+    /// The previous seq was missing (damaged or destroyed).
+    gap: bool,
+    replayed: u64,
+    applied: u64,
+    /// The last record applied: its segment and the byte after it.
+    last: (u64, usize),
+    needed: HashMap<u64, u64>,
+    /// Seqs below the certified seq destroyed with their headers.
+    unknown: Vec<u64>,
+}
+
+impl SalvageCursor {
+    /// The walk at the base's start: the seq and epoch after its commit.
+    fn new(start: &Start) -> Self {
+        SalvageCursor {
+            expected: start.expected_seq,
+            epoch: start.epoch,
+            gap: false,
+            replayed: 0,
+            applied: 0,
+            last: (start.segment, start.offset),
+            needed: start.checkpoint_segments.clone(),
+            unknown: Vec::new(),
+        }
+    }
+
+    /// Walks seq by seq up to the highest seq the log holds: an intact
+    /// record applies; below the certified seq a missing one is marked
+    /// (its blocks LOST, or nothing for a checkpoint record, or unknown)
+    /// and skipped; above it the first gap ends the walk.
+    fn run(
+        &mut self,
+        map: &mut BlockMap,
+        sb: &Superblock,
+        records: &SalvageIndex,
+        certified: &Certified,
+        known: &HashMap<u64, (u64, u32, u32)>,
+    ) {
+        while self.expected <= records.max_seq {
+            if let Some(r) = records.intact(self.expected, self.epoch, self.gap) {
+                self.apply_intact(map, sb, r);
+                continue;
+            }
+            if self.expected > certified.seq {
+                break; // an unsynced tail: recovery drops it too
+            }
+            self.gap = true;
+            match records.damaged(self.expected, self.epoch) {
+                Some(&(seg, _, h)) => self.mark_damaged(map, sb, seg, &h),
+                None if known.contains_key(&self.expected) => {} // a checkpoint record: no blocks
+                None => self.unknown.push(self.expected),
+            }
+            self.expected += 1;
+        }
+    }
+
+    /// Applies an intact record of the walk and moves past it.
+    fn apply_intact(&mut self, map: &mut BlockMap, sb: &Superblock, r: &Scanned) {
+        let h = &r.header;
+        self.applied += u64::from(apply_scanned(map, sb, r));
+        self.replayed += 1;
+        let m = self.needed.entry(r.segment).or_insert(0);
+        *m = (*m).max(h.seq);
+        self.last = (r.segment, r.at + h.total_len());
+        self.epoch = h.epoch;
+        self.expected += 1;
+        self.gap = false;
+    }
+
+    /// A damaged record of segment `seg`, by its header: the blocks it held
+    /// become LOST (a DATA unit's live blocks; every block of a ZERO, TRIM
+    /// or REF); an EPOCH record still moves the epoch on.
+    fn mark_damaged(&mut self, map: &mut BlockMap, sb: &Superblock, seg: u64, h: &RecordHeader) {
+        let m = self.needed.entry(seg).or_insert(0);
+        *m = (*m).max(h.seq);
+        let end = (h.lba + u64::from(h.nblocks.min(DATA_UNIT_BLOCKS_MAX))).min(sb.logical_blocks());
+        match h.kind {
+            RecordKind::Data => (h.lba..end).filter(|&l| h.maps(l)).for_each(|l| {
+                map.set(l, MapEntry::LOST);
+            }),
+            RecordKind::Zero | RecordKind::Trim | RecordKind::Ref => (h.lba..end).for_each(|l| {
+                map.set(l, MapEntry::LOST);
+            }),
+            RecordKind::Epoch => self.epoch = self.epoch.max(h.epoch),
+            RecordKind::MapChunk | RecordKind::CkptCommit | RecordKind::Synced => {}
+        }
+    }
+
+    /// The salvaged recovery: the log continues after every record of the
+    /// head's segment, intact or damaged (nothing the map may name is
+    /// overwritten), and after the highest seq and epoch the log holds.
+    fn finish(
+        self,
+        map: BlockMap,
+        sb: &Superblock,
+        scan: &LogScan,
+        snapshot_seq: u64,
+        warnings: Vec<String>,
+        salvage: Salvage,
+    ) -> SalvageWalk {
+        let (segment, last_end) = self.last;
+        let end = scan
+            .records
+            .iter()
+            .filter(|r| r.segment == segment)
+            .map(|r| r.at + r.header.total_len())
+            .chain(
+                scan.damaged_headers
+                    .iter()
+                    .filter(|d| d.0 == segment)
+                    .map(|d| (d.1 + d.2.total_len()).min(sb.segment_size_bytes as usize)),
+            )
+            .chain(std::iter::once(last_end))
+            .max()
+            .unwrap_or(0);
+        let all_seqs = scan.records.iter().map(|r| (r.header.seq, r.header.epoch));
+        let recovered = Recovered {
+            map,
+            segment,
+            end,
+            last_seq: all_seqs
+                .clone()
+                .map(|x| x.0)
+                .max()
+                .unwrap_or(0)
+                .max(self.expected - 1),
+            last_epoch: all_seqs.map(|x| x.1).max().unwrap_or(0).max(self.epoch),
+            checkpoint_generation: 0,
+            replayed_records: self.replayed,
+            replayed_map_records: self.applied.max(1),
+            snapshot_seq,
+            needed_segments: self.needed,
+            warnings,
+            skipped: Vec::new(),
+            rolled_segments: Vec::new(),
+            salvage: Some(salvage),
+        };
+        SalvageWalk {
+            recovered,
+            unknown: self.unknown,
+        }
+    }
+}
+
+/// What a salvage could not save, for its warnings: the LOST blocks and
+/// the destroyed records whose blocks cannot be told.
+fn loss_warnings(lost_lbas: &[u64], unknown: &[u64], certified: &Certified) -> Vec<String> {
+    let mut warnings = Vec::new();
     if !lost_lbas.is_empty() {
         warnings.push(format!(
             "{} block(s) lost (their newest flushed version was destroyed; they read as EIO until \
              written again): LBAs {}",
             lost_lbas.len(),
-            lba_list(&lost_lbas)
+            lba_list(lost_lbas)
         ));
     }
     if !unknown.is_empty() {
@@ -947,53 +1222,10 @@ fn salvage_walk(
              the blocks they held cannot be told and may read an older version",
             unknown.len(),
             certified.seq,
-            lba_list(&unknown)
+            lba_list(unknown)
         ));
     }
-    // The log continues after every record of the head's segment, intact or
-    // damaged: nothing the map may name is overwritten.
-    let (segment, _) = last.unwrap_or((start.segment, start.offset));
-    let end = scan
-        .records
-        .iter()
-        .filter(|r| r.segment == segment)
-        .map(|r| r.at + r.header.total_len())
-        .chain(
-            scan.damaged_headers
-                .iter()
-                .filter(|d| d.0 == segment)
-                .map(|d| (d.1 + d.2.total_len()).min(sb.segment_size_bytes as usize)),
-        )
-        .chain(last.map(|l| l.1))
-        .max()
-        .unwrap_or(0);
-    let all_seqs = scan.records.iter().map(|r| (r.header.seq, r.header.epoch));
-    let recovered = Recovered {
-        map,
-        segment,
-        end,
-        last_seq: all_seqs
-            .clone()
-            .map(|x| x.0)
-            .max()
-            .unwrap_or(0)
-            .max(expected - 1),
-        last_epoch: all_seqs.map(|x| x.1).max().unwrap_or(0).max(epoch),
-        checkpoint_generation: 0,
-        replayed_records: replayed,
-        replayed_map_records: applied.max(1),
-        snapshot_seq: start.snapshot_seq,
-        needed_segments: needed,
-        warnings,
-        skipped: Vec::new(),
-        rolled_segments: Vec::new(),
-        salvage: Some(Salvage {
-            lost_lbas,
-            unknown_records: unknown.clone(),
-            certified: certified.clone(),
-        }),
-    };
-    SalvageWalk { recovered, unknown }
+    warnings
 }
 
 /// A short list of numbers for messages (the first 100, then a count).
@@ -1015,7 +1247,7 @@ pub fn lba_list(v: &[u64]) -> String {
 /// otherwise the newest one, with the spans of its damaged chunks lost.
 /// Without any usable checkpoint: the walk from the log's first record, or
 /// else `rebuild_from_log`.
-pub fn salvage(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, String> {
+pub fn salvage(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, RecoveryError> {
     let scan = scan_log(storage, sb);
     let mut r = salvage_from(storage, sb, &scan)?;
     if r.salvage.as_ref().is_some_and(|s| s.unknown_records != [0]) {
@@ -1028,46 +1260,34 @@ pub fn salvage(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Stri
     Ok(r)
 }
 
+/// The salvage walk from the best base: the first checkpoint (pointers
+/// newest first, then commits found in the log) whose walk is exact, else
+/// the first whose commit record loads, else the log's first record, else
+/// `rebuild_from_log`.
 fn salvage_from(
     storage: &dyn Storage,
     sb: &Superblock,
     scan: &LogScan,
-) -> Result<Recovered, String> {
-    let mut ptrs: Vec<CheckpointPointer> = read_pointers(storage).into_iter().flatten().collect();
-    ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
+) -> Result<Recovered, RecoveryError> {
+    let ptrs = pointers_newest_first(storage);
     let mut certified = Certified::from_pointers(&ptrs);
     certified.raise_from_scan(storage, sb, scan);
     let known = known_checkpoint_records(storage, sb, &ptrs);
-    let mut commits: Vec<(CheckpointPointer, String)> = ptrs
-        .iter()
-        .map(|p| (*p, format!("checkpoint generation {}", p.generation)))
-        .collect();
-    let mut scanned: Vec<&Scanned> = scan
-        .records
-        .iter()
-        .filter(|r| r.header.kind == RecordKind::CkptCommit)
-        .collect();
-    scanned.sort_by_key(|r| std::cmp::Reverse(r.header.seq));
-    commits.extend(scanned.into_iter().map(|c| {
-        (
-            CheckpointPointer {
-                generation: 0,
-                commit_offset: sb.segment_offset(c.segment) + c.at as u64,
-                commit_len: c.header.total_len() as u32,
-                commit_epoch: c.header.epoch,
-                commit_seq: c.header.seq,
-            },
-            format!("checkpoint found in the log (commit seq {})", c.header.seq),
-        )
-    }));
+    let mut commits: Vec<(CheckpointPointer, Source)> =
+        ptrs.iter().map(|p| (*p, Source::Pointer)).collect();
+    commits.extend(
+        scanned_commits(sb, scan)
+            .into_iter()
+            .map(|p| (p, Source::Scan)),
+    );
     let mut fallback: Option<SalvageWalk> = None;
     let mut tried = Vec::new();
-    for (p, what) in commits {
+    for (p, source) in commits {
         if tried.contains(&p.commit_offset) {
             continue;
         }
         tried.push(p.commit_offset);
-        let Ok(base) = load_checkpoint_partial(storage, sb, &p, what) else {
+        let Ok(base) = load_checkpoint_partial(storage, sb, &p, source.name(&p)) else {
             continue;
         };
         let complete = base.lost_spans.is_empty();
@@ -1104,7 +1324,7 @@ fn salvage_from(
 }
 
 /// Rewrites a damaged superblock copy from the intact one. Returns what it did.
-pub fn repair_superblocks(storage: &dyn Storage) -> Result<Vec<String>, String> {
+pub fn repair_superblocks(storage: &dyn Storage) -> Result<Vec<String>, RecoveryError> {
     let offs = [
         cvol_format::SUPERBLOCK_A_OFFSET,
         cvol_format::SUPERBLOCK_B_OFFSET,
@@ -1116,14 +1336,14 @@ pub fn repair_superblocks(storage: &dyn Storage) -> Result<Vec<String>, String> 
     };
     let copies = [read(offs[0]), read(offs[1])];
     let Some(good) = copies.iter().flatten().next().cloned() else {
-        return Err("both superblock copies are damaged: cannot repair".into());
+        return Err(RecoveryError::BothSuperblocksDamaged);
     };
     let mut notes = Vec::new();
     for (i, c) in copies.iter().enumerate() {
         if c.as_ref() != Some(&good) {
             storage
                 .write_at(offs[i], &good.encode())
-                .map_err(|e| e.to_string())?;
+                .map_err(RecoveryError::RepairIo)?;
             notes.push(format!(
                 "superblock copy {} rewritten from copy {}",
                 ["A", "B"][i],
@@ -1132,7 +1352,7 @@ pub fn repair_superblocks(storage: &dyn Storage) -> Result<Vec<String>, String> 
         }
     }
     if !notes.is_empty() {
-        storage.sync().map_err(|e| e.to_string())?;
+        storage.sync().map_err(RecoveryError::RepairIo)?;
     }
     Ok(notes)
 }
@@ -1149,13 +1369,13 @@ const DAMAGED_START: u64 = u64::MAX;
 fn first_record_index(
     storage: &dyn Storage,
     sb: &Superblock,
-) -> Result<HashMap<u64, Vec<u64>>, String> {
+) -> Result<HashMap<u64, Vec<u64>>, RecoveryError> {
     let mut index: HashMap<u64, Vec<u64>> = HashMap::new();
     let mut b = [0u8; RECORD_HEADER_BYTES];
     for s in 0..sb.segment_count() {
         storage
             .read_at(sb.segment_offset(s), &mut b)
-            .map_err(|e| format!("reading the start of segment {s}: {e}"))?;
+            .map_err(|source| RecoveryError::SegmentStartUnreadable { segment: s, source })?;
         match RecordHeader::decode(&b) {
             Ok(h) if h.volume_tag == sb.volume_tag() => index.entry(h.seq).or_default().push(s),
             Ok(_) => {}
@@ -1185,14 +1405,17 @@ fn chain_record_at(
     Some(h)
 }
 
-fn read_segment(storage: &dyn Storage, sb: &Superblock, s: u64) -> Result<Vec<u8>, String> {
+fn read_segment(storage: &dyn Storage, sb: &Superblock, s: u64) -> Result<Vec<u8>, RecoveryError> {
     let mut buf = vec![0u8; sb.segment_size_bytes as usize];
     storage
         .read_at(sb.segment_offset(s), &mut buf)
-        .map_err(|e| format!("reading segment {s}: {e}"))?;
+        .map_err(|source| RecoveryError::SegmentUnreadable { segment: s, source })?;
     Ok(buf)
 }
 
+/// Rolls forward from `start` along the chain of records (docs/FORMAT.md
+/// "Recovery", step 3), applying each to `map`, until no record continues
+/// the chain. The result's map is empty: the caller keeps `map`.
 fn roll_forward(
     storage: &dyn Storage,
     sb: &Superblock,
@@ -1200,106 +1423,191 @@ fn roll_forward(
     start: Start,
     index: &HashMap<u64, Vec<u64>>,
     known: &HashMap<u64, (u64, u32, u32)>,
-) -> Result<Recovered, String> {
-    let tag = sb.volume_tag();
-    let (mut segment, mut pos, mut expected, mut epoch) =
-        (start.segment, start.offset, start.expected_seq, start.epoch);
-    let mut needed = start.checkpoint_segments.clone();
-    let mut buf = read_segment(storage, sb, segment)?;
-    let mut replayed = 0u64;
-    let mut map_records = 0u64;
-    let mut skipped = Vec::new();
-    let mut rolled_segments = vec![segment];
+) -> Result<Recovered, RecoveryError> {
+    let mut chain = Chain::new(storage, sb, &start)?;
     loop {
-        let aligned = align_up(pos as u64, SECTOR_SIZE_BYTES) as usize;
-        let found = chain_record_at(&buf, pos, tag, expected, epoch)
+        if let Some((at, h)) = chain.record_here() {
+            chain.apply(map, at, &h)?;
+        } else if chain.at_known_checkpoint_record(known) {
+            chain.step_over_known(known)?;
+        } else if !chain.switch_segment(index)? {
+            break;
+        }
+    }
+    Ok(chain.into_recovered(start.snapshot_seq))
+}
+
+/// Where the roll-forward is: the segment it reads (loaded in `buf`), the
+/// byte after the last record of the chain, the seq and epoch the next
+/// record must continue, and what it has done so far.
+struct Chain<'a> {
+    storage: &'a dyn Storage,
+    sb: &'a Superblock,
+    segment: u64,
+    buf: Vec<u8>,
+    pos: usize,
+    expected: u64,
+    epoch: u32,
+    /// Segments holding the checkpoint or the chain, with their highest seq.
+    needed: HashMap<u64, u64>,
+    replayed: u64,
+    map_records: u64,
+    /// Damaged checkpoint records stepped over, by seq.
+    skipped: Vec<u64>,
+    rolled_segments: Vec<u64>,
+}
+
+impl<'a> Chain<'a> {
+    /// The chain at a checkpoint's start (or seq 1), its segment read.
+    fn new(
+        storage: &'a dyn Storage,
+        sb: &'a Superblock,
+        start: &Start,
+    ) -> Result<Self, RecoveryError> {
+        Ok(Chain {
+            storage,
+            sb,
+            segment: start.segment,
+            buf: read_segment(storage, sb, start.segment)?,
+            pos: start.offset,
+            expected: start.expected_seq,
+            epoch: start.epoch,
+            needed: start.checkpoint_segments.clone(),
+            replayed: 0,
+            map_records: 0,
+            skipped: Vec::new(),
+            rolled_segments: vec![start.segment],
+        })
+    }
+
+    /// The next sector boundary at or after the position (where a record
+    /// follows flush padding).
+    fn aligned(&self) -> usize {
+        align_up(self.pos as u64, SECTOR_SIZE_BYTES) as usize
+    }
+
+    /// The record continuing the chain in the current segment, at the
+    /// position or else at the next sector boundary, with where it is.
+    fn record_here(&self) -> Option<(usize, RecordHeader)> {
+        let (tag, aligned) = (self.sb.volume_tag(), self.aligned());
+        let (pos, expected, epoch) = (self.pos, self.expected, self.epoch);
+        chain_record_at(&self.buf, pos, tag, expected, epoch)
             .map(|h| (pos, h))
-            .or_else(|| chain_record_at(&buf, aligned, tag, expected, epoch).map(|h| (aligned, h)));
-        let (at, h) = match found {
-            Some(x) => x,
-            // A damaged MAP_CHUNK or CKPT_COMMIT that a pointer names, just
-            // where the chain expects it: it changes no block, so the chain
-            // steps over it (a damaged newest checkpoint must not cut the
-            // roll-forward from the older one short).
-            None if known.get(&expected).is_some_and(|&(off, _, ep)| {
-                sb.locate(off).is_some_and(|(s, at)| {
-                    ep == epoch
-                        && ((s == segment && (at == pos || at == aligned))
-                            || (s != segment && at == 0))
-                })
-            }) =>
-            {
-                let (off, len, _) = known[&expected];
-                let (s, at) = sb.locate(off).expect("checked above");
-                if s != segment {
-                    buf = read_segment(storage, sb, s)?;
-                    segment = s;
-                    rolled_segments.push(s);
-                }
-                skipped.push(expected);
-                let m = needed.entry(segment).or_insert(0);
-                *m = (*m).max(expected);
-                pos = at + len as usize;
-                expected += 1;
-                continue;
-            }
-            None => {
-                // Every candidate is tried: a stale segment of a crashed epoch
-                // may share the expected first seq with the real next one.
-                let mut next = None;
-                for &s in index
-                    .get(&expected)
-                    .into_iter()
-                    .flatten()
-                    .filter(|&&s| s != segment)
-                {
-                    let b = read_segment(storage, sb, s)?;
-                    if chain_record_at(&b, 0, tag, expected, epoch).is_some() {
-                        next = Some((s, b));
-                        break;
-                    }
-                }
-                let Some((next, nbuf)) = next else { break };
-                rolled_segments.push(next);
-                segment = next;
-                buf = nbuf;
-                pos = 0;
-                continue;
-            }
-        };
+            .or_else(|| {
+                chain_record_at(&self.buf, aligned, tag, expected, epoch).map(|h| (aligned, h))
+            })
+    }
+
+    /// Applies the verified record `h` at `at` of the current segment to the
+    /// map and moves past it.
+    fn apply(
+        &mut self,
+        map: &mut BlockMap,
+        at: usize,
+        h: &RecordHeader,
+    ) -> Result<(), RecoveryError> {
         // chain_record_at verified a whole record of the expected seq.
-        assert!(at + h.total_len() <= buf.len() && h.seq == expected);
-        let offset = sb.segment_offset(segment) + at as u64;
-        let payload = &buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
-        apply(map, sb, &h, offset, payload)
-            .map_err(|e| format!("record seq {} at byte {offset}: {e}", h.seq))?;
-        replayed += 1;
-        map_records += u64::from(matches!(
+        assert!(at + h.total_len() <= self.buf.len() && h.seq == self.expected);
+        let offset = self.sb.segment_offset(self.segment) + at as u64;
+        let payload = &self.buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
+        apply(map, self.sb, h, offset, payload).map_err(|detail| RecoveryError::BadRecord {
+            seq: h.seq,
+            offset,
+            detail,
+        })?;
+        self.replayed += 1;
+        self.map_records += u64::from(matches!(
             h.kind,
             RecordKind::Data | RecordKind::Zero | RecordKind::Trim | RecordKind::Ref
         ));
-        let m = needed.entry(segment).or_insert(0);
+        let m = self.needed.entry(self.segment).or_insert(0);
         *m = (*m).max(h.seq);
-        pos = at + h.total_len();
-        expected += 1;
-        epoch = h.epoch;
+        self.pos = at + h.total_len();
+        self.expected += 1;
+        self.epoch = h.epoch;
+        Ok(())
     }
-    Ok(Recovered {
-        map: BlockMap::new(0),
-        segment,
-        end: pos,
-        last_seq: expected - 1,
-        last_epoch: epoch,
-        checkpoint_generation: 0,
-        replayed_records: replayed,
-        replayed_map_records: map_records,
-        snapshot_seq: start.snapshot_seq,
-        needed_segments: needed,
-        warnings: Vec::new(),
-        skipped,
-        salvage: None,
-        rolled_segments,
-    })
+
+    /// Whether the expected seq is a MAP_CHUNK or CKPT_COMMIT a pointer
+    /// names, of the current epoch, exactly where the chain expects it (at
+    /// the position or the next sector boundary, or at the start of another
+    /// segment): damaged, since no intact record continued the chain there.
+    fn at_known_checkpoint_record(&self, known: &HashMap<u64, (u64, u32, u32)>) -> bool {
+        let aligned = self.aligned();
+        known.get(&self.expected).is_some_and(|&(off, _, ep)| {
+            self.sb.locate(off).is_some_and(|(s, at)| {
+                ep == self.epoch
+                    && ((s == self.segment && (at == self.pos || at == aligned))
+                        || (s != self.segment && at == 0))
+            })
+        })
+    }
+
+    /// Steps over the damaged checkpoint record `at_known_checkpoint_record`
+    /// found: it changes no block, so a damaged newest checkpoint must not
+    /// cut the roll-forward from the older one short.
+    fn step_over_known(
+        &mut self,
+        known: &HashMap<u64, (u64, u32, u32)>,
+    ) -> Result<(), RecoveryError> {
+        let (off, len, _) = known[&self.expected];
+        let (s, at) = self.sb.locate(off).expect("checked above");
+        if s != self.segment {
+            self.buf = read_segment(self.storage, self.sb, s)?;
+            self.segment = s;
+            self.rolled_segments.push(s);
+        }
+        self.skipped.push(self.expected);
+        let m = self.needed.entry(self.segment).or_insert(0);
+        *m = (*m).max(self.expected);
+        self.pos = at + len as usize;
+        self.expected += 1;
+        Ok(())
+    }
+
+    /// Moves to another segment whose first record continues the chain.
+    /// False if there is none: the chain ends here.
+    fn switch_segment(&mut self, index: &HashMap<u64, Vec<u64>>) -> Result<bool, RecoveryError> {
+        let tag = self.sb.volume_tag();
+        // Every candidate is tried: a stale segment of a crashed epoch
+        // may share the expected first seq with the real next one.
+        for &s in index
+            .get(&self.expected)
+            .into_iter()
+            .flatten()
+            .filter(|&&s| s != self.segment)
+        {
+            let b = read_segment(self.storage, self.sb, s)?;
+            if chain_record_at(&b, 0, tag, self.expected, self.epoch).is_some() {
+                self.rolled_segments.push(s);
+                self.segment = s;
+                self.buf = b;
+                self.pos = 0;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Where the chain ended and what the roll-forward did.
+    fn into_recovered(self, snapshot_seq: u64) -> Recovered {
+        Recovered {
+            map: BlockMap::new(0),
+            segment: self.segment,
+            end: self.pos,
+            last_seq: self.expected - 1,
+            last_epoch: self.epoch,
+            checkpoint_generation: 0,
+            replayed_records: self.replayed,
+            replayed_map_records: self.map_records,
+            snapshot_seq,
+            needed_segments: self.needed,
+            warnings: Vec::new(),
+            skipped: self.skipped,
+            salvage: None,
+            rolled_segments: self.rolled_segments,
+        }
+    }
 }
 
 /// Applies one verified record's effect on the map.

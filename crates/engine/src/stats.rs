@@ -1,7 +1,7 @@
 //! What `stat` reports (`VolumeStats`, its JSON keys a contract), and the
 //! counters derived from the map (`MapCounters`), kept exact by `LiveMap`.
 use cvol_format::{CodecTag, EntryState, MapEntry};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Counters derived from the map; `add`/`remove` run on every map change.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -74,7 +74,7 @@ fn decrement(counter: &mut u64, by: u64, what: &str) {
 }
 
 /// Per-codec block counts as they appear in `cvol stat --json`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CodecBlocks {
     pub none: u64,
     pub lz4: u64,
@@ -83,7 +83,9 @@ pub struct CodecBlocks {
 
 /// What `cvol stat` reports. Field names are the JSON keys: a contract. The
 /// sections are flattened, so the JSON is one flat object, in field order.
-#[derive(Debug, Clone, Serialize)]
+/// A server sends it as JSON over its control socket; `cvol stat` reads it
+/// back into this struct (every key required).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct VolumeStats {
     pub logical_size_bytes: u64,
     pub physical_size_bytes: u64,
@@ -155,13 +157,15 @@ pub struct VolumeStats {
 }
 
 /// The cleaner: its policy and what it did since open.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CleanerStats {
     pub cleaner_policy: String,
     pub cleaner_segments_cleaned: u64,
     pub cleaner_records_relocated: u64,
     pub cleaner_bytes_relocated: u64,
     pub segments_reclaimed: u64,
+    /// Idle cleaning is on for this server (`serve --idle-clean`).
+    pub idle_clean: bool,
     /// Idle cleaning passes that moved data since open (also counted in
     /// cleaner_segments_cleaned and cleaner_bytes_relocated)...
     pub idle_clean_passes: u64,
@@ -171,7 +175,7 @@ pub struct CleanerStats {
 
 /// Deduplication, what each kind of reduction saved, and the read cache
 /// (which also serves dedup verification).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DedupStats {
     /// Inline deduplication is on for this volume.
     pub dedup: bool,
@@ -205,7 +209,7 @@ pub struct DedupStats {
 
 /// Elastic compression: codecs chosen, units, load, read amplification,
 /// background recompression.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ElasticStats {
     /// The strong (idle, background) codec of `auto`, or the fixed codec.
     pub codec_strong: String,
@@ -252,7 +256,7 @@ pub struct ElasticStats {
 }
 
 /// Scrubs since open.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ScrubStats {
     /// Scrubs finished since open (`cvol scrub`), data blocks they verified,
     /// and blocks they found corrupt (counted apart from `corrupt_reads`,

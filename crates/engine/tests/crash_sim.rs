@@ -12,71 +12,20 @@
 //! More seeds: `CVOL_SIM_SEEDS=5000 cargo test --release -p cvol-engine --test crash_sim`
 mod common;
 use common::seeds;
-use cvol_engine::{
-    check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume,
-};
-use cvol_storage::{SimConfig, SimStorage, Storage};
+use common::sim::{self, h, Model};
+use cvol_engine::{check, Codec, OpenOptions, VolError, Volume};
+use cvol_format::record::RecordKind;
+use cvol_storage::{SimConfig, SimStorage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use std::collections::HashSet;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use common::{BS, MIB};
 const LOGICAL_BLOCKS: usize = 384;
 
-fn h(b: &[u8]) -> u64 {
-    let mut s = std::collections::hash_map::DefaultHasher::new();
-    b.hash(&mut s);
-    s.finish()
-}
-
-/// What each block may legitimately hold after a crash.
-struct Model {
-    cur: Vec<u8>,
-    candidates: Vec<HashSet<u64>>,
-}
-
-impl Model {
-    fn new(image: Vec<u8>) -> Model {
-        let candidates = image.chunks(BS).map(|b| HashSet::from([h(b)])).collect();
-        Model {
-            cur: image,
-            candidates,
-        }
-    }
-
-    /// Records a write that may or may not persist.
-    fn written(&mut self, offset: usize, data: &[u8]) {
-        self.cur[offset..offset + data.len()].copy_from_slice(data);
-        for b in offset / BS..(offset + data.len()).div_ceil(BS) {
-            let hb = h(&self.cur[b * BS..(b + 1) * BS]);
-            self.candidates[b].insert(hb);
-        }
-    }
-
-    /// Blocks in range are durable with their current content.
-    fn durable(&mut self, blocks: std::ops::Range<usize>) {
-        for b in blocks {
-            self.candidates[b] = HashSet::from([h(&self.cur[b * BS..(b + 1) * BS])]);
-        }
-    }
-}
-
+/// Block contents: zeros, random, or text (half the time from a small
+/// pool, so dedup finds repeats).
 fn content(rng: &mut StdRng, len: usize) -> Vec<u8> {
-    match rng.gen_range(0..5) {
-        0 => vec![0u8; len],
-        1 => (0..len).map(|_| rng.gen()).collect(),
-        _ => {
-            // Half the time from a small pool, so dedup finds repeats.
-            let tag: u32 = if rng.gen_bool(0.5) {
-                rng.gen_range(0..8)
-            } else {
-                rng.gen()
-            };
-            let words: Vec<u8> = format!("block {tag:08x} text ").into_bytes();
-            words.iter().cycle().take(len).copied().collect()
-        }
-    }
+    sim::content(rng, len, 5, |tag| format!("block {tag:08x} text "))
 }
 
 fn is_io(e: &VolError) -> bool {
@@ -105,7 +54,7 @@ fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) -> usi
             }
         }
         match r {
-            Ok(Durable::All) => model.durable(0..LOGICAL_BLOCKS),
+            Ok(Durable::All) => model.flushed(),
             Ok(Durable::None) => {}
             Err(_) => return i,
         }
@@ -216,7 +165,7 @@ fn verify(vol: &Volume, model: &Model, seed: u64, cycle: usize) -> Vec<u8> {
         .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: read after recovery: {e}"));
     for (b, block) in image.chunks(BS).enumerate() {
         assert!(
-            model.candidates[b].contains(&h(block)),
+            model.allowed[b].contains(&h(block)),
             "seed {seed} cycle {cycle}: lba {b} holds content that is neither its durable version nor a later write \
              (reproduce: CVOL_SIM_SEED={seed} cargo test -p cvol-engine --test crash_sim)"
         );
@@ -237,45 +186,20 @@ struct Coverage {
     idle_clean_passes: u64,
 }
 
-/// Elastic settings for one seed: a unit size, and load thresholds that
-/// pin the auto policy to one load level (the measured load depends on
-/// timing, which a seed must not).
-fn elastic(rng: &mut StdRng) -> ElasticConfig {
-    let (busy_iops, idle_iops) =
-        [(0, 0), (u64::MAX, 0), (u64::MAX, u64::MAX - 1)][rng.gen_range(0..3)];
-    ElasticConfig {
-        unit_blocks: [1, 4, 8, 16][rng.gen_range(0..4)],
-        busy_iops,
-        idle_iops,
-        busy_inflight: usize::MAX,
-        ..ElasticConfig::default()
-    }
-}
-
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let sim = SimStorage::new(6 * MIB);
-    let codec = [
-        Codec::Lz4.into(),
-        Codec::Zstd(1).into(),
-        Codec::None.into(),
-        CodecPolicy::Auto {
-            strong: Codec::Zstd(3),
-        },
-    ][rng.gen_range(0..4)];
-    let opts = CreateOptions::new((LOGICAL_BLOCKS * BS) as u64, 6 * MIB)
-        .with_segment_size(MIB)
+    let mut store = SimStorage::new(6 * MIB);
+    let codec = sim::codec_policies()[rng.gen_range(0..4)];
+    let opts = common::options(&store, (LOGICAL_BLOCKS * BS) as u64)
         .with_codec(codec)
         .with_dedup(rng.gen_ratio(3, 4));
-    let created = common::create(&sim, &opts);
-    created.close().expect("close");
+    common::create_closed(&store, &opts);
     let options = || OpenOptions {
-        elastic: elastic(&mut StdRng::seed_from_u64(seed)),
+        elastic: sim::elastic(&mut StdRng::seed_from_u64(seed)),
         ..OpenOptions::default()
     };
-    let mut vol = common::open_with(&sim, options());
-    let mut model = Model::new(vec![0u8; LOGICAL_BLOCKS * BS]);
-    let mut store = sim;
+    let mut vol = common::open_with(&store, options());
+    let mut model = Model::new(LOGICAL_BLOCKS);
     for cycle in 0..3 {
         let ops = rng.gen_range(20..300);
         // Let a random number of I/Os through, then fail every one after.
@@ -306,7 +230,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         for (b, (got, cur)) in image.chunks(BS).zip(model.cur.chunks(BS)).enumerate() {
             if got != cur {
                 cov.blocks_rolled_back += 1;
-            } else if model.candidates[b].len() > 1 {
+            } else if model.allowed[b].len() > 1 {
                 cov.blocks_kept_unflushed += 1;
             }
         }
@@ -316,7 +240,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             "seed {seed} cycle {cycle}: check found {:?}",
             rep.errors
         );
-        model = Model::new(image);
+        model.reset_to(image);
         vol = reopened;
         store = crashed;
     }
@@ -352,26 +276,10 @@ fn crash_simulation_seeds() {
         cov.recompressed_blocks > 0,
         "background recompression never ran"
     );
-    assert!(cov.idle_clean_passes > 0, "idle cleaning never moved anything");
-}
-
-/// Finds the byte offset of the ZERO record for `lba` in the store.
-fn find_zero_record(store: &SimStorage, lba: u64) -> u64 {
-    let mut image = vec![0u8; store.len_bytes() as usize];
-    store.read_at(0, &mut image).unwrap();
-    (0..image.len() - 44)
-        .find(|&i| {
-            image[i..i + 4] == 0x524c_5643u32.to_le_bytes()
-                && image[i + 4] == 2
-                && image[i + 24..i + 32] == lba.to_le_bytes()
-        })
-        .expect("zero record present") as u64
-}
-
-fn header_at(store: &SimStorage, offset: u64) -> cvol_format::RecordHeader {
-    let mut b = [0u8; 44];
-    store.read_at(offset, &mut b).unwrap();
-    cvol_format::RecordHeader::decode(&b).unwrap()
+    assert!(
+        cov.idle_clean_passes > 0,
+        "idle cleaning never moved anything"
+    );
 }
 
 /// A crash loses the first unflushed record (B1) but keeps later ones,
@@ -382,8 +290,7 @@ fn header_at(store: &SimStorage, offset: u64) -> cvol_format::RecordHeader {
 #[test]
 fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
     let sim = SimStorage::new(6 * MIB);
-    let opts = CreateOptions::new((LOGICAL_BLOCKS * BS) as u64, 6 * MIB)
-        .with_segment_size(MIB)
+    let opts = common::options(&sim, (LOGICAL_BLOCKS * BS) as u64)
         .with_codec(Codec::None)
         .with_dedup(false);
     let block = |seed: u64| -> Vec<u8> {
@@ -409,9 +316,9 @@ fn regression_stale_records_of_crashed_epoch_never_rejoin_the_chain() {
         ..Default::default()
     });
     assert!(vol.flush().is_err());
-    let b1 = find_zero_record(&sim, 300);
-    let c1 = header_at(&sim, cvol_format::DATA_OFFSET_BYTES + MIB);
-    let b1_seq = header_at(&sim, b1).seq;
+    let b1 = common::records_of(&sim, RecordKind::Zero, 300)[0];
+    let c1 = common::record_header(&sim, cvol_format::DATA_OFFSET_BYTES + MIB);
+    let b1_seq = common::record_header(&sim, b1).seq;
     let crashed = sim.crash_dropping(|sector| sector == b1 / 512 * 512);
     drop(vol);
 
@@ -443,11 +350,9 @@ fn space_exhaustion_under_crashes_keeps_volume_consistent() {
     for seed in 1000..1010 {
         let mut rng = StdRng::seed_from_u64(seed);
         let sim = SimStorage::new(4 * MIB);
-        let opts = CreateOptions::new((LOGICAL_BLOCKS * BS) as u64, 4 * MIB)
-            .with_segment_size(MIB)
-            .with_codec(Codec::None);
+        let opts = common::options(&sim, (LOGICAL_BLOCKS * BS) as u64).with_codec(Codec::None);
         let vol = common::create(&sim, &opts);
-        let mut model = Model::new(vec![0u8; LOGICAL_BLOCKS * BS]);
+        let mut model = Model::new(LOGICAL_BLOCKS);
         let mut full = false;
         for _ in 0..400 {
             let nb = rng.gen_range(1..=16);
@@ -460,12 +365,12 @@ fn space_exhaustion_under_crashes_keeps_volume_consistent() {
             }
             if rng.gen_ratio(1, 8) {
                 vol.flush().unwrap();
-                model.durable(0..LOGICAL_BLOCKS);
+                model.flushed();
             }
         }
         assert!(full, "seed {seed}: the store never filled up");
         vol.flush().unwrap();
-        model.durable(0..LOGICAL_BLOCKS);
+        model.flushed();
         let crashed = sim.crash(seed);
         drop(vol);
         let v = Volume::open(Arc::new(crashed.clone()), OpenOptions::default()).unwrap();

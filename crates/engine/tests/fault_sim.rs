@@ -18,155 +18,40 @@
 //!
 //! One seed: `CVOL_FAULT_SEED=N cargo test --release -p cvol-engine --test fault_sim -- --nocapture`
 //! More:     `CVOL_FAULT_SEEDS=2000 cargo test --release -p cvol-engine --test fault_sim`
-#[path = "common/seeds.rs"]
-mod seeds;
-use cvol_engine::{
-    check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume,
-};
+mod common;
+use common::seeds;
+use common::sim::{self, h, Model};
+use common::{BS, MIB};
+use cvol_engine::{check, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume};
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CheckpointPointer, RecordHeader, RecordKind};
 use cvol_storage::{SimConfig, SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use std::collections::HashSet;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-const BS: usize = 4096;
-const MIB: u64 = 1 << 20;
 const BLOCKS: usize = 256;
 const PHYS: u64 = 6 * MIB;
 /// Start of the data area (superblocks and pointer slots come before).
 const DATA_AREA: u64 = cvol_format::DATA_OFFSET_BYTES;
 
-fn h(b: &[u8]) -> u64 {
-    let mut s = std::collections::hash_map::DefaultHasher::new();
-    b.hash(&mut s);
-    s.finish()
-}
-
-/// What each block may hold, exactly as cvol promises it:
-/// - `allowed`: after a crash without damage, its version at the last
-///   completed flush or any later write;
-/// - `certified`: with damage at rest, its version at the last *certified*
-///   flush or any later write. A completed flush certifies the flush
-///   before it (its SYNCED record); a checkpoint or a clean close certifies
-///   everything. Only the records of the very last flush before a power
-///   cut are uncertified: damage to them may roll those blocks back to the
-///   previous flush, never further, and never to zeros they did not hold;
-/// - `history`: every version it ever held (zeros included), for the
-///   single case where repair itself says it cannot tell (records
-///   destroyed with their headers).
-struct Model {
-    cur: Vec<u8>,
-    allowed: Vec<HashSet<u64>>,
-    certified: Vec<HashSet<u64>>,
-    history: Vec<HashSet<u64>>,
-    /// Written since the last flush (so a flush syncs something new).
-    dirty: bool,
-}
-
-impl Model {
-    fn new() -> Model {
-        let zero = h(&[0u8; BS]);
-        Model {
-            cur: vec![0u8; BLOCKS * BS],
-            allowed: vec![HashSet::from([zero]); BLOCKS],
-            certified: vec![HashSet::from([zero]); BLOCKS],
-            history: vec![HashSet::from([zero]); BLOCKS],
-            dirty: false,
-        }
-    }
-
-    fn written(&mut self, offset: usize, data: &[u8]) {
-        self.cur[offset..offset + data.len()].copy_from_slice(data);
-        for b in offset / BS..(offset + data.len()).div_ceil(BS) {
-            let v = h(&self.cur[b * BS..(b + 1) * BS]);
-            self.allowed[b].insert(v);
-            self.certified[b].insert(v);
-            self.history[b].insert(v);
-        }
-        self.dirty = true;
-    }
-
-    /// A completed client flush: it certifies the previous flush.
-    fn durable(&mut self) {
-        if self.dirty {
-            self.certified = self.allowed.clone();
-        }
-        for b in 0..BLOCKS {
-            self.allowed[b] = HashSet::from([h(&self.cur[b * BS..(b + 1) * BS])]);
-        }
-        self.dirty = false;
-    }
-
-    /// A checkpoint or a clean close: everything is certified.
-    fn checkpointed(&mut self) {
-        self.durable();
-        self.certified = self.allowed.clone();
-    }
-
-    /// After recovery: what the volume holds now is the new durable state.
-    /// It is certified only by the next flush that writes something (the
-    /// records a crash left uncertified stay so until then), so the
-    /// versions certified before stay possible too.
-    fn reset_to(&mut self, image: Vec<u8>) {
-        for (b, blk) in image.chunks(BS).enumerate() {
-            self.allowed[b] = HashSet::from([h(blk)]);
-            self.certified[b].insert(h(blk));
-        }
-        self.cur = image;
-        self.dirty = false;
-    }
-}
-
+/// Block contents: zeros, random, or text (half the time from a small
+/// pool, so dedup finds repeats).
 fn content(rng: &mut StdRng, len: usize) -> Vec<u8> {
-    match rng.gen_range(0..6) {
-        0 => vec![0u8; len],
-        1 => (0..len).map(|_| rng.gen()).collect(),
-        _ => {
-            let tag: u32 = if rng.gen_bool(0.5) {
-                rng.gen_range(0..8)
-            } else {
-                rng.gen()
-            };
-            format!("fault sim block {tag:08x} ")
-                .into_bytes()
-                .into_iter()
-                .cycle()
-                .take(len)
-                .collect()
-        }
-    }
+    sim::content(rng, len, 6, |tag| format!("fault sim block {tag:08x} "))
 }
 
-/// The seed's configuration: codec policy, dedup, unit size.
-fn setup(rng: &mut StdRng) -> (CreateOptions, OpenOptions) {
-    let codec: CodecPolicy = match rng.gen_range(0..4) {
-        0 => Codec::Lz4.into(),
-        1 => Codec::Zstd(1).into(),
-        2 => Codec::None.into(),
-        _ => CodecPolicy::Auto {
-            strong: Codec::Zstd(3),
-        },
-    };
-    let create = CreateOptions {
-        logical_size_bytes: (BLOCKS * BS) as u64,
-        physical_size_bytes: PHYS,
-        codec,
-        segment_size_bytes: MIB,
-        dedup: rng.gen_ratio(3, 4),
-    };
-    // Load pinned by the thresholds (a seed must not depend on timing).
-    let (busy_iops, idle_iops) =
-        [(0, 0), (u64::MAX, 0), (u64::MAX, u64::MAX - 1)][rng.gen_range(0..3)];
+/// The seed's configuration of a volume on `store`: codec policy, dedup,
+/// unit size, load level.
+fn setup(rng: &mut StdRng, store: &SimStorage) -> (CreateOptions, OpenOptions) {
+    // A u32 draw (crash_sim draws a usize): the seeds stay what they were.
+    let codec = sim::codec_policies()[rng.gen_range(0..4u32) as usize];
+    let create = common::options(store, (BLOCKS * BS) as u64)
+        .with_codec(codec)
+        .with_dedup(rng.gen_ratio(3, 4));
     let open = OpenOptions {
         elastic: ElasticConfig {
-            unit_blocks: [1, 4, 8, 16][rng.gen_range(0..4)],
-            busy_iops,
-            idle_iops,
-            busy_inflight: usize::MAX,
             recompress: false,
-            ..ElasticConfig::default()
+            ..sim::elastic(rng)
         },
         ..OpenOptions::default()
     };
@@ -200,7 +85,7 @@ fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) {
                 model.written(off, &vec![0u8; nb * BS]);
                 vol.trim(off as u64, (nb * BS) as u64, false)
             }
-            63..=80 => vol.flush().map(|_| model.durable()),
+            63..=80 => vol.flush().map(|_| model.flushed()),
             81..=84 => vol.checkpoint().map(|_| model.checkpointed()),
             85..=87 => vol.clean(u64::MAX, false).map(|_| ()),
             88..=90 => vol.recompress_pass(u64::MAX, false).map(|_| ()),
@@ -267,13 +152,7 @@ fn verified_records(store: &SimStorage) -> Vec<(u64, RecordHeader)> {
 /// a damaged record.
 fn damage_checkpoint_and_record(store: &SimStorage, rng: &mut StdRng, d: &mut Damage) -> bool {
     let mut ptrs: Vec<CheckpointPointer> = (0..2)
-        .filter_map(|slot| {
-            let mut b = vec![0u8; 512];
-            store
-                .read_at(CheckpointPointer::slot_offset(slot), &mut b)
-                .ok()?;
-            CheckpointPointer::decode(&b).ok()
-        })
+        .filter_map(|slot| common::pointer_slot(store, slot))
         .collect();
     ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
     let Some(newest) = ptrs.first().copied() else {
@@ -494,14 +373,11 @@ struct Coverage {
 
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let (create, open) = setup(&mut rng);
     let mut store = SimStorage::new(PHYS);
-    Volume::create(Arc::new(store.clone()), &create)
-        .unwrap()
-        .close()
-        .unwrap();
-    let mut vol = Volume::open(Arc::new(store.clone()), open.clone()).unwrap();
-    let mut model = Model::new();
+    let (create, open) = setup(&mut rng, &store);
+    common::create_closed(&store, &create);
+    let mut vol = common::open_with(&store, open.clone());
+    let mut model = Model::new(BLOCKS);
     let mut damaged_before = false;
     for cycle in 0..3 {
         let ops = rng.gen_range(30..200);
@@ -645,7 +521,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             model.written(lba * BS, &z);
         }
         reopened.flush().unwrap();
-        model.durable();
+        model.flushed();
         vol = reopened;
     }
 }

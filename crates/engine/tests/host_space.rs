@@ -116,7 +116,10 @@ fn idle_cleaning_returns_dead_space_to_the_host() {
     );
     assert_eq!(after.cleaner.idle_clean_passes, 1);
     assert_eq!(after.cleaner.idle_clean_bytes_relocated, r.bytes_relocated);
-    assert_eq!(after.stored_bytes, before.stored_bytes, "moves change no data");
+    assert_eq!(
+        after.stored_bytes, before.stored_bytes,
+        "moves change no data"
+    );
     // Nothing changed since: a second pass has nothing to do.
     let again = vol.idle_clean(false).unwrap();
     assert_eq!(again.segments, 0, "{again:?}");
@@ -149,7 +152,10 @@ fn dedup_and_identical_overwrites_survive_cleaner_moves() {
     // The same data at the same place: nothing appended at all.
     write_chunks(&vol, 0, &a, 64 << 10);
     let same = vol.stats();
-    assert_eq!(same.last_seq, moved.last_seq, "identical overwrite appended records");
+    assert_eq!(
+        same.last_seq, moved.last_seq,
+        "identical overwrite appended records"
+    );
     assert_eq!(same.media_bytes_written, moved.media_bytes_written);
     // The same data elsewhere: every block a reference to the moved copy.
     let hits = same.dedup.dedup_hits;
@@ -183,7 +189,10 @@ fn dedup_survives_recompression() {
     let before = vol.stats();
     write_chunks(&vol, 0, &a, BS);
     let same = vol.stats();
-    assert_eq!(same.last_seq, before.last_seq, "identical overwrite appended records");
+    assert_eq!(
+        same.last_seq, before.last_seq,
+        "identical overwrite appended records"
+    );
     write_chunks(&vol, 16 * MIB, &a, 64 << 10);
     let after = vol.stats();
     assert_eq!(
@@ -215,7 +224,11 @@ fn ratios_of_an_empty_volume_are_one() {
     write_chunks(&vol, 0, &a, 64 << 10);
     write_chunks(&vol, 4 * MIB, &a, 64 << 10);
     let st = vol.stats();
-    assert!((st.dedup.dedup_ratio - 2.0).abs() < 1e-9, "{}", st.dedup.dedup_ratio);
+    assert!(
+        (st.dedup.dedup_ratio - 2.0).abs() < 1e-9,
+        "{}",
+        st.dedup.dedup_ratio
+    );
     let unique = (st.mapped_bytes / 2) as f64;
     assert!((st.compression_ratio - unique / st.stored_bytes as f64).abs() < 1e-9);
     assert!(st.compression_ratio > 1.5 && st.compression_ratio < 8.0);
@@ -246,7 +259,8 @@ fn recompression_leaves_alone_what_cleaning_cannot_collect() {
     for (i, u) in units.chunks(64 << 10).enumerate() {
         vol.write_at((i * (64 << 10)) as u64, u, false).unwrap();
         let at = 16 * MIB + (i * (64 << 10)) as u64;
-        vol.write_at(at, &lone[i * BS..(i + 1) * BS], false).unwrap();
+        vol.write_at(at, &lone[i * BS..(i + 1) * BS], false)
+            .unwrap();
     }
     vol.flush().unwrap();
     let before = vol.stats();

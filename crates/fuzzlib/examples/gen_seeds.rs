@@ -22,6 +22,7 @@ use cvol_format::{CheckpointPointer, RecordHeader, RecordKind, Superblock};
 use cvol_fuzzlib::nbd::Mode;
 use cvol_fuzzlib::recovery::{self, Kind};
 use cvol_nbd::proto::{self, RequestHeader};
+use cvol_nbd::test_util::{self, go_data, meta_context_data};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -33,36 +34,8 @@ fn write(target: &str, name: &str, bytes: &[u8]) {
     fs::write(dir.join(name), bytes).expect("write seed");
 }
 
-fn option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
-    out.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    out.extend_from_slice(&option.to_be_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    out.extend_from_slice(data);
-}
-
-fn string32(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
-    let mut d = Vec::new();
-    string32(&mut d, name);
-    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
-    for i in infos {
-        d.extend_from_slice(&i.to_be_bytes());
-    }
-    d
-}
-
-fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
-    let mut d = Vec::new();
-    string32(&mut d, name);
-    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-    for q in queries {
-        string32(&mut d, q);
-    }
-    d
+fn option(out: &mut Vec<u8>, option_type: u32, data: &[u8]) {
+    out.extend(test_util::option(option_type, data));
 }
 
 fn req(out: &mut Vec<u8>, flags: u16, command: u16, offset: u64, length: u32) {
@@ -155,7 +128,7 @@ fn nbd_seeds() {
     option(
         &mut s,
         proto::NBD_OPT_SET_META_CONTEXT,
-        &meta_data("fuzz", &[proto::BASE_ALLOCATION]),
+        &meta_context_data("fuzz", &[proto::BASE_ALLOCATION]),
     );
     option(
         &mut s,
@@ -189,12 +162,12 @@ fn nbd_seeds() {
     option(
         &mut s,
         proto::NBD_OPT_LIST_META_CONTEXT,
-        &meta_data("", &["base:", "qemu:dirty-bitmap:x"]),
+        &meta_context_data("", &["base:", "qemu:dirty-bitmap:x"]),
     );
     option(
         &mut s,
         proto::NBD_OPT_LIST_META_CONTEXT,
-        &meta_data("", &[]),
+        &meta_context_data("", &[]),
     );
     option(&mut s, proto::NBD_OPT_ABORT, &[]);
     write("nbd_handshake", "list-info-meta-abort", &s);
@@ -208,11 +181,16 @@ fn nbd_seeds() {
     option(&mut s, proto::NBD_OPT_INFO, &go_data("no such export", &[]));
     option(&mut s, proto::NBD_OPT_GO, b"\0\0\0\x10short");
     option(&mut s, proto::NBD_OPT_LIST, b"data");
-    option(&mut s, proto::NBD_OPT_SET_META_CONTEXT, &meta_data("", &[])); // before structured
+    option(
+        &mut s,
+        proto::NBD_OPT_SET_META_CONTEXT,
+        &meta_context_data("", &[]),
+    ); // before structured
     option(&mut s, proto::NBD_OPT_STRUCTURED_REPLY, b"x");
-    s.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    s.extend_from_slice(&proto::NBD_OPT_INFO.to_be_bytes());
-    s.extend_from_slice(&(proto::MAX_OPTION_PAYLOAD_BYTES + 1).to_be_bytes());
+    s.extend(test_util::option_header(
+        proto::NBD_OPT_INFO,
+        proto::MAX_OPTION_PAYLOAD_BYTES + 1,
+    ));
     write("nbd_handshake", "errors-then-oversized-option", &s);
 
     // nbd_request: mode byte + transmission bytes.

@@ -10,11 +10,12 @@ use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::{OnceLock, RwLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use cvol_nbd::proto::{self, RequestHeader, TransmissionContext};
-use cvol_nbd::{Backend, BackendError, Extent, Server, ServerConfig, WriteZeroesFlags};
+use cvol_nbd::test_util::{go_data, meta_context_data, option, MemBackend};
+use cvol_nbd::{Extent, Server, ServerConfig};
 
 use crate::input::Input;
 use crate::panics;
@@ -33,104 +34,20 @@ const HANG_TIMEOUT: Duration = Duration::from_secs(20);
 /// first byte is this fails with `NoSpace` (error replies get exercised).
 const FAIL_BYTE: u8 = 0xe5;
 
-/// In-memory export; holes are blocks of zeros.
-struct MemBackend {
-    data: RwLock<Vec<u8>>,
-    read_only: bool,
-}
-
-impl MemBackend {
-    fn new(read_only: bool) -> MemBackend {
-        let mut data = vec![0u8; EXPORT_BYTES as usize];
-        // Some allocated blocks so that block status sees both kinds.
-        for (i, b) in data.iter_mut().enumerate().skip(4096).step_by(3) {
-            *b = (i / 4096) as u8 | 1;
-        }
-        data[8192..12288].fill(0);
-        MemBackend {
-            data: RwLock::new(data),
-            read_only,
-        }
-    }
-
-    fn zero(&self, offset: u64, length: u64) {
-        let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
-        d[offset as usize..(offset + length) as usize].fill(0);
-    }
-}
-
-impl Backend for MemBackend {
-    fn size_bytes(&self) -> u64 {
-        EXPORT_BYTES
-    }
-    fn read_only(&self) -> bool {
-        self.read_only
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
-        let src = &d[offset as usize..offset as usize + buf.len()];
-        if src.first() == Some(&FAIL_BYTE) {
-            return Err(BackendError::Io);
-        }
-        buf.copy_from_slice(src);
-        Ok(())
-    }
-    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), BackendError> {
-        assert!(!self.read_only, "write on a read-only export");
-        if data.first() == Some(&FAIL_BYTE) {
-            return Err(BackendError::NoSpace);
-        }
-        let mut d = self.data.write().unwrap_or_else(|e| e.into_inner());
-        d[offset as usize..offset as usize + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn flush(&self) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn trim(&self, offset: u64, length: u64, _fua: bool) -> Result<(), BackendError> {
-        assert!(!self.read_only, "trim on a read-only export");
-        self.zero(offset, length);
-        Ok(())
-    }
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        length: u64,
-        flags: WriteZeroesFlags,
-    ) -> Result<(), BackendError> {
-        assert!(!self.read_only, "write_zeroes on a read-only export");
-        if flags.fast_zero && flags.no_hole {
-            return Err(BackendError::NotSupported);
-        }
-        self.zero(offset, length);
-        Ok(())
-    }
-    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
-        let d = self.data.read().unwrap_or_else(|e| e.into_inner());
-        let end = (offset + length).min(EXPORT_BYTES);
-        let mut out: Vec<Extent> = Vec::new();
-        let mut at = offset;
-        while at < end {
-            let next = ((at / 4096 + 1) * 4096).min(end);
-            let zero = d[at as usize..next as usize].iter().all(|&b| b == 0);
-            match out.last_mut() {
-                Some(last) if last.zero == zero => last.length += next - at,
-                _ => out.push(Extent {
-                    length: next - at,
-                    hole: zero,
-                    zero,
-                }),
-            }
-            at = next;
-        }
-        // Deliberately overshoot sometimes: the server must cut it off.
-        if let Some(last) = out.last_mut() {
-            if last.zero {
-                last.length += 4096;
-            }
-        }
-        Ok(out)
-    }
+/// The in-memory export: some allocated blocks (so that block status sees
+/// both kinds), the rest holes; errors and overshooting extents on demand.
+fn backend(read_only: bool) -> MemBackend {
+    let backend = MemBackend::new(EXPORT_BYTES, read_only)
+        .with_fail_byte(FAIL_BYTE)
+        .with_overshooting_extents()
+        .without_log();
+    let data: Vec<u8> = (0..EXPORT_BYTES as usize)
+        .map(|i| if i % 3 == 1 { (i / 4096) as u8 | 1 } else { 0 })
+        .collect();
+    // Blocks 1 and 3.. allocated; 0 and 2 holes.
+    backend.fill(4096, &data[4096..8192]);
+    backend.fill(12288, &data[12288..]);
+    backend
 }
 
 struct Fixture {
@@ -159,7 +76,7 @@ fn fixture(read_only: bool) -> &'static Fixture {
                 max_connections: 64,
                 ..ServerConfig::default()
             };
-            let server = Server::new(std::sync::Arc::new(MemBackend::new(ro)), config);
+            let server = Server::new(std::sync::Arc::new(backend(ro)), config);
             server.serve_unix(listener).expect("serve");
             Fixture { server, addr }
         })
@@ -215,13 +132,6 @@ pub fn exchange(read_only: bool, bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-fn option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
-    out.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    out.extend_from_slice(&option.to_be_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    out.extend_from_slice(data);
-}
-
 /// How `request` negotiates before the fuzzed transmission bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct Mode {
@@ -260,23 +170,17 @@ impl Mode {
         }
         let mut out = flags.to_be_bytes().to_vec();
         if self.structured_replies {
-            option(&mut out, proto::NBD_OPT_STRUCTURED_REPLY, &[]);
+            out.extend(option(proto::NBD_OPT_STRUCTURED_REPLY, &[]));
         }
         if self.base_allocation {
-            let mut data = 0u32.to_be_bytes().to_vec(); // export "" (default)
-            data.extend_from_slice(&1u32.to_be_bytes());
-            data.extend_from_slice(&(proto::BASE_ALLOCATION.len() as u32).to_be_bytes());
-            data.extend_from_slice(proto::BASE_ALLOCATION.as_bytes());
-            option(&mut out, proto::NBD_OPT_SET_META_CONTEXT, &data);
+            let data = meta_context_data("", &[proto::BASE_ALLOCATION]);
+            out.extend(option(proto::NBD_OPT_SET_META_CONTEXT, &data));
         }
         if self.export_name {
-            option(&mut out, proto::NBD_OPT_EXPORT_NAME, b"fuzz");
+            out.extend(option(proto::NBD_OPT_EXPORT_NAME, b"fuzz"));
         } else {
-            let mut data = 4u32.to_be_bytes().to_vec();
-            data.extend_from_slice(b"fuzz");
-            data.extend_from_slice(&1u16.to_be_bytes());
-            data.extend_from_slice(&proto::NBD_INFO_BLOCK_SIZE.to_be_bytes());
-            option(&mut out, proto::NBD_OPT_GO, &data);
+            let data = go_data("fuzz", &[proto::NBD_INFO_BLOCK_SIZE]);
+            out.extend(option(proto::NBD_OPT_GO, &data));
         }
         out
     }

@@ -72,6 +72,8 @@ use std::sync::Arc;
 
 pub mod proto;
 pub mod server;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 pub use server::Server;
 

@@ -162,6 +162,62 @@ pub enum ProtoError {
     BadString,
 }
 
+/// Why a request header is refused. The request gets an error reply
+/// ([`RequestError::errno`], [`RequestError::message`]) and the connection
+/// goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestError {
+    /// A command type this server does not know.
+    UnknownCommand,
+    /// A write-type command (WRITE, TRIM, WRITE_ZEROES) on a read-only export.
+    ReadOnly,
+    /// A flag the command does not take, or one not advertised.
+    BadFlags,
+    /// A command whose transmission flag was not advertised (FLUSH, TRIM,
+    /// WRITE_ZEROES), or BLOCK_STATUS without structured replies and
+    /// `base:allocation`.
+    NotNegotiated,
+    /// A WRITE or WRITE_ZEROES that does not end inside the export.
+    BeyondEnd,
+    /// Another command's range that does not lie inside the export.
+    OutOfRange,
+    /// READ, WRITE or CACHE longer than `max_request_bytes`.
+    Oversize,
+    /// A BLOCK_STATUS of zero bytes.
+    Empty,
+}
+
+impl RequestError {
+    /// The NBD error of the reply: `EPERM` for a write to a read-only
+    /// export, `ENOSPC` for a write beyond the end, else `EINVAL`.
+    pub fn errno(self) -> u32 {
+        match self {
+            RequestError::ReadOnly => NBD_EPERM,
+            RequestError::BeyondEnd => NBD_ENOSPC,
+            RequestError::UnknownCommand
+            | RequestError::BadFlags
+            | RequestError::NotNegotiated
+            | RequestError::OutOfRange
+            | RequestError::Oversize
+            | RequestError::Empty => NBD_EINVAL,
+        }
+    }
+
+    /// The message of a structured error reply.
+    pub fn message(self) -> &'static str {
+        match self {
+            RequestError::ReadOnly => "export is read-only",
+            RequestError::BeyondEnd => "write beyond the end of the export",
+            RequestError::UnknownCommand
+            | RequestError::BadFlags
+            | RequestError::NotNegotiated
+            | RequestError::OutOfRange
+            | RequestError::Oversize
+            | RequestError::Empty => "invalid request",
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Big-endian helpers
 // ---------------------------------------------------------------------------
@@ -550,29 +606,35 @@ fn in_range(offset: u64, length: u32, size_bytes: u64) -> bool {
 }
 
 /// Validates a request header against the negotiated state. Returns the
-/// command or the NBD error to reply with. Pure; safe on any input.
-pub fn validate_request(h: &RequestHeader, ctx: &TransmissionContext) -> Result<Command, u32> {
+/// command or why it is refused. Pure; safe on any input.
+pub fn validate_request(
+    h: &RequestHeader,
+    ctx: &TransmissionContext,
+) -> Result<Command, RequestError> {
     if h.command > NBD_CMD_BLOCK_STATUS {
-        return Err(NBD_EINVAL);
+        return Err(RequestError::UnknownCommand);
     }
     if is_write_command(h.command) && ctx.read_only() {
-        return Err(NBD_EPERM);
+        return Err(RequestError::ReadOnly);
     }
     if h.flags & !allowed_flags(h.command, ctx) != 0 {
-        return Err(NBD_EINVAL);
+        return Err(RequestError::BadFlags);
     }
     validate_by_command(h, ctx)
 }
 
-fn validate_by_command(h: &RequestHeader, ctx: &TransmissionContext) -> Result<Command, u32> {
+fn validate_by_command(
+    h: &RequestHeader,
+    ctx: &TransmissionContext,
+) -> Result<Command, RequestError> {
     let (offset, length) = (h.offset, h.length);
     let fua = h.flags & NBD_CMD_FLAG_FUA != 0;
     let range_ok = in_range(offset, length, ctx.size_bytes);
     let small_enough = length <= ctx.max_request_bytes;
     match h.command {
         NBD_CMD_READ => {
-            check(range_ok, NBD_EINVAL)?;
-            check(small_enough, NBD_EINVAL)?;
+            check(range_ok, RequestError::OutOfRange)?;
+            check(small_enough, RequestError::Oversize)?;
             Ok(Command::Read {
                 offset,
                 length,
@@ -580,8 +642,8 @@ fn validate_by_command(h: &RequestHeader, ctx: &TransmissionContext) -> Result<C
             })
         }
         NBD_CMD_WRITE => {
-            check(range_ok, NBD_ENOSPC)?;
-            check(small_enough, NBD_EINVAL)?;
+            check(range_ok, RequestError::BeyondEnd)?;
+            check(small_enough, RequestError::Oversize)?;
             Ok(Command::Write {
                 offset,
                 length,
@@ -590,12 +652,12 @@ fn validate_by_command(h: &RequestHeader, ctx: &TransmissionContext) -> Result<C
         }
         NBD_CMD_DISC => Ok(Command::Disconnect),
         NBD_CMD_FLUSH => {
-            check(ctx.has(NBD_FLAG_SEND_FLUSH), NBD_EINVAL)?;
+            check(ctx.has(NBD_FLAG_SEND_FLUSH), RequestError::NotNegotiated)?;
             Ok(Command::Flush)
         }
         NBD_CMD_TRIM => {
-            check(ctx.has(NBD_FLAG_SEND_TRIM), NBD_EINVAL)?;
-            check(range_ok, NBD_EINVAL)?;
+            check(ctx.has(NBD_FLAG_SEND_TRIM), RequestError::NotNegotiated)?;
+            check(range_ok, RequestError::OutOfRange)?;
             Ok(Command::Trim {
                 offset,
                 length,
@@ -603,8 +665,8 @@ fn validate_by_command(h: &RequestHeader, ctx: &TransmissionContext) -> Result<C
             })
         }
         NBD_CMD_CACHE => {
-            check(range_ok, NBD_EINVAL)?;
-            check(small_enough, NBD_EINVAL)?;
+            check(range_ok, RequestError::OutOfRange)?;
+            check(small_enough, RequestError::Oversize)?;
             Ok(Command::Cache { offset, length })
         }
         NBD_CMD_WRITE_ZEROES => validate_write_zeroes(h, ctx, range_ok),
@@ -616,9 +678,12 @@ fn validate_write_zeroes(
     h: &RequestHeader,
     ctx: &TransmissionContext,
     range_ok: bool,
-) -> Result<Command, u32> {
-    check(ctx.has(NBD_FLAG_SEND_WRITE_ZEROES), NBD_EINVAL)?;
-    check(range_ok, NBD_ENOSPC)?;
+) -> Result<Command, RequestError> {
+    check(
+        ctx.has(NBD_FLAG_SEND_WRITE_ZEROES),
+        RequestError::NotNegotiated,
+    )?;
+    check(range_ok, RequestError::BeyondEnd)?;
     Ok(Command::WriteZeroes {
         offset: h.offset,
         length: h.length,
@@ -632,10 +697,14 @@ fn validate_block_status(
     h: &RequestHeader,
     ctx: &TransmissionContext,
     range_ok: bool,
-) -> Result<Command, u32> {
+) -> Result<Command, RequestError> {
     debug_assert_eq!(h.command, NBD_CMD_BLOCK_STATUS);
-    check(ctx.structured_replies && ctx.base_allocation, NBD_EINVAL)?;
-    check(range_ok && h.length > 0, NBD_EINVAL)?;
+    check(
+        ctx.structured_replies && ctx.base_allocation,
+        RequestError::NotNegotiated,
+    )?;
+    check(range_ok, RequestError::OutOfRange)?;
+    check(h.length > 0, RequestError::Empty)?;
     Ok(Command::BlockStatus {
         offset: h.offset,
         length: h.length,
@@ -643,7 +712,7 @@ fn validate_block_status(
     })
 }
 
-fn check(condition: bool, error: u32) -> Result<(), u32> {
+fn check(condition: bool, error: RequestError) -> Result<(), RequestError> {
     if condition {
         Ok(())
     } else {
@@ -1012,10 +1081,58 @@ mod tests {
         assert!(!query_syntax_valid("nocolon"));
     }
 
+    /// The NBD error a request gets (what the wire carries).
+    fn validate_errno(h: &RequestHeader, c: &TransmissionContext) -> Result<Command, u32> {
+        validate_request(h, c).map_err(RequestError::errno)
+    }
+
+    #[test]
+    fn validation_errors_say_why() {
+        use RequestError::*;
+        let c = ctx();
+        let why = |command, flags, offset, length, c: &TransmissionContext| {
+            validate_request(&req(command, flags, offset, length), c).unwrap_err()
+        };
+        assert_eq!(why(99, 0, 0, 0, &c), UnknownCommand);
+        assert_eq!(why(NBD_CMD_READ, 1 << 9, 0, 1, &c), BadFlags);
+        assert_eq!(why(NBD_CMD_READ, 0, (1 << 20) - 1, 2, &c), OutOfRange);
+        assert_eq!(why(NBD_CMD_TRIM, 0, 1 << 20, 1, &c), OutOfRange);
+        assert_eq!(why(NBD_CMD_WRITE, 0, 1 << 20, 1, &c), BeyondEnd);
+        assert_eq!(why(NBD_CMD_WRITE_ZEROES, 0, 1 << 20, 1, &c), BeyondEnd);
+        assert_eq!(why(NBD_CMD_WRITE, 0, 0, 65537, &c), Oversize);
+        assert_eq!(why(NBD_CMD_BLOCK_STATUS, 0, 0, 0, &c), Empty);
+        let simple = TransmissionContext {
+            transmission_flags: transmission_flags(true, false),
+            structured_replies: false,
+            ..c
+        };
+        assert_eq!(why(NBD_CMD_TRIM, 0, 0, 1, &simple), ReadOnly);
+        assert_eq!(why(NBD_CMD_BLOCK_STATUS, 0, 0, 1, &simple), NotNegotiated);
+        // What the reply carries, for every reason.
+        let all = [
+            UnknownCommand,
+            ReadOnly,
+            BadFlags,
+            NotNegotiated,
+            BeyondEnd,
+            OutOfRange,
+            Oversize,
+            Empty,
+        ];
+        for e in all {
+            let (errno, message) = match e {
+                ReadOnly => (NBD_EPERM, "export is read-only"),
+                BeyondEnd => (NBD_ENOSPC, "write beyond the end of the export"),
+                _ => (NBD_EINVAL, "invalid request"),
+            };
+            assert_eq!((e.errno(), e.message()), (errno, message), "{e:?}");
+        }
+    }
+
     #[test]
     fn validation_rules() {
         let c = ctx();
-        let ok = validate_request(&req(NBD_CMD_READ, 0, 0, 4096), &c);
+        let ok = validate_errno(&req(NBD_CMD_READ, 0, 0, 4096), &c);
         assert_eq!(
             ok,
             Ok(Command::Read {
@@ -1025,42 +1142,42 @@ mod tests {
             })
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_READ, 0, (1 << 20) - 1, 2), &c),
+            validate_errno(&req(NBD_CMD_READ, 0, (1 << 20) - 1, 2), &c),
             Err(NBD_EINVAL)
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_WRITE, 0, 1 << 20, 1), &c),
+            validate_errno(&req(NBD_CMD_WRITE, 0, 1 << 20, 1), &c),
             Err(NBD_ENOSPC)
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_WRITE, 0, 0, 65537), &c),
+            validate_errno(&req(NBD_CMD_WRITE, 0, 0, 65537), &c),
             Err(NBD_EINVAL)
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_READ, 0, u64::MAX, 1), &c),
+            validate_errno(&req(NBD_CMD_READ, 0, u64::MAX, 1), &c),
             Err(NBD_EINVAL)
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_TRIM, 0, 1 << 20, 1), &c),
+            validate_errno(&req(NBD_CMD_TRIM, 0, 1 << 20, 1), &c),
             Err(NBD_EINVAL)
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_WRITE_ZEROES, 0, 1 << 20, 1), &c),
+            validate_errno(&req(NBD_CMD_WRITE_ZEROES, 0, 1 << 20, 1), &c),
             Err(NBD_ENOSPC)
         );
-        assert_eq!(validate_request(&req(99, 0, 0, 0), &c), Err(NBD_EINVAL));
-        assert_eq!(validate_request(&req(8, 0, 0, 0), &c), Err(NBD_EINVAL));
+        assert_eq!(validate_errno(&req(99, 0, 0, 0), &c), Err(NBD_EINVAL));
+        assert_eq!(validate_errno(&req(8, 0, 0, 0), &c), Err(NBD_EINVAL));
         assert_eq!(
-            validate_request(&req(NBD_CMD_WRITE, NBD_CMD_FLAG_REQ_ONE, 0, 1), &c),
+            validate_errno(&req(NBD_CMD_WRITE, NBD_CMD_FLAG_REQ_ONE, 0, 1), &c),
             Err(NBD_EINVAL)
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_READ, 1 << 9, 0, 1), &c),
+            validate_errno(&req(NBD_CMD_READ, 1 << 9, 0, 1), &c),
             Err(NBD_EINVAL)
         );
-        assert!(validate_request(&req(NBD_CMD_FLUSH, NBD_CMD_FLAG_FUA, 0, 0), &c).is_ok());
-        assert!(validate_request(&req(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 1), &c).is_ok());
-        let wz = validate_request(&req(NBD_CMD_WRITE_ZEROES, 0x13, 0, 1 << 20), &c);
+        assert!(validate_errno(&req(NBD_CMD_FLUSH, NBD_CMD_FLAG_FUA, 0, 0), &c).is_ok());
+        assert!(validate_errno(&req(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 1), &c).is_ok());
+        let wz = validate_errno(&req(NBD_CMD_WRITE_ZEROES, 0x13, 0, 1 << 20), &c);
         assert_eq!(
             wz,
             Ok(Command::WriteZeroes {
@@ -1071,7 +1188,7 @@ mod tests {
                 fast_zero: true
             })
         );
-        let bs = validate_request(&req(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_REQ_ONE, 0, 512), &c);
+        let bs = validate_errno(&req(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_REQ_ONE, 0, 512), &c);
         assert_eq!(
             bs,
             Ok(Command::BlockStatus {
@@ -1081,7 +1198,7 @@ mod tests {
             })
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_BLOCK_STATUS, 0, 0, 0), &c),
+            validate_errno(&req(NBD_CMD_BLOCK_STATUS, 0, 0, 0), &c),
             Err(NBD_EINVAL)
         );
         let no_ctx = TransmissionContext {
@@ -1089,7 +1206,7 @@ mod tests {
             ..c
         };
         assert_eq!(
-            validate_request(&req(NBD_CMD_BLOCK_STATUS, 0, 0, 512), &no_ctx),
+            validate_errno(&req(NBD_CMD_BLOCK_STATUS, 0, 0, 512), &no_ctx),
             Err(NBD_EINVAL)
         );
     }
@@ -1102,21 +1219,21 @@ mod tests {
             ..ctx()
         };
         assert_eq!(
-            validate_request(&req(NBD_CMD_WRITE, 0, 0, 1), &ro),
+            validate_errno(&req(NBD_CMD_WRITE, 0, 0, 1), &ro),
             Err(NBD_EPERM)
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_TRIM, 0, 0, 1), &ro),
+            validate_errno(&req(NBD_CMD_TRIM, 0, 0, 1), &ro),
             Err(NBD_EPERM)
         );
         assert_eq!(
-            validate_request(&req(NBD_CMD_WRITE_ZEROES, 0, 0, 1), &ro),
+            validate_errno(&req(NBD_CMD_WRITE_ZEROES, 0, 0, 1), &ro),
             Err(NBD_EPERM)
         );
-        assert!(validate_request(&req(NBD_CMD_READ, 0, 0, 1), &ro).is_ok());
+        assert!(validate_errno(&req(NBD_CMD_READ, 0, 0, 1), &ro).is_ok());
         // DF is not advertised without structured replies.
         assert_eq!(
-            validate_request(&req(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 1), &ro),
+            validate_errno(&req(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 1), &ro),
             Err(NBD_EINVAL)
         );
     }
@@ -1280,7 +1397,7 @@ mod tests {
                     ..ctx()
                 },
             ] {
-                if let Ok(cmd) = validate_request(&h, &c) {
+                if let Ok(cmd) = validate_errno(&h, &c) {
                     if let Some((offset, length)) = cmd.range() {
                         assert!(offset
                             .checked_add(length)

@@ -14,8 +14,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{pattern, MemBackend, NbdWire, TestServer};
+use common::client::{Client, CLIENT_FLAGS};
+use common::{config, pattern, MemBackend, TestServer, MAX_REQUEST_BYTES};
 use cvol_nbd::proto::*;
+use cvol_nbd::test_util::{go_data, option_header};
 use cvol_nbd::ServerConfig;
 
 /// Counts live heap bytes of the whole test process (server and clients),
@@ -92,158 +94,6 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 const SIZE_BYTES: u64 = 8 * 1024 * 1024;
-const MAX_REQUEST_BYTES: u32 = 256 * 1024;
-
-fn config() -> ServerConfig {
-    ServerConfig {
-        max_request_bytes: MAX_REQUEST_BYTES,
-        workers: 4,
-        ..ServerConfig::default()
-    }
-}
-
-/// A raw NBD client that can misbehave.
-struct Client {
-    s: UnixStream,
-    structured: bool,
-}
-
-impl NbdWire for Client {
-    fn stream(&mut self) -> &mut UnixStream {
-        &mut self.s
-    }
-}
-
-impl Client {
-    fn connect(ts: &TestServer) -> Client {
-        let s = UnixStream::connect(&ts.socket_path).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
-        Client {
-            s,
-            structured: false,
-        }
-    }
-
-    fn greet(&mut self) {
-        assert_eq!(self.u64(), NBD_MAGIC);
-        assert_eq!(self.u64(), IHAVEOPT);
-        self.u16();
-        self.s
-            .write_all(&(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES).to_be_bytes())
-            .unwrap();
-    }
-
-    fn option_header(option: u32, length_bytes: u32) -> Vec<u8> {
-        let mut m = IHAVEOPT.to_be_bytes().to_vec();
-        m.extend_from_slice(&option.to_be_bytes());
-        m.extend_from_slice(&length_bytes.to_be_bytes());
-        m
-    }
-
-    fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
-        let mut d = (name.len() as u32).to_be_bytes().to_vec();
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
-        for i in infos {
-            d.extend_from_slice(&i.to_be_bytes());
-        }
-        d
-    }
-
-    /// Sends NBD_OPT_GO and reads replies up to the ACK.
-    fn go(&mut self) {
-        self.send_option(NBD_OPT_GO, &Client::go_data("", &[]));
-        loop {
-            let (option, reply_type, _) = self.option_reply();
-            assert_eq!(option, NBD_OPT_GO);
-            if reply_type == NBD_REP_ACK {
-                return;
-            }
-            assert_eq!(reply_type, NBD_REP_INFO);
-        }
-    }
-
-    /// Greeting, optional structured replies, GO.
-    fn ready(ts: &TestServer, structured: bool) -> Client {
-        let mut c = Client::connect(ts);
-        c.greet();
-        if structured {
-            c.send_option(NBD_OPT_STRUCTURED_REPLY, &[]);
-            assert_eq!(c.option_reply().1, NBD_REP_ACK);
-            c.structured = true;
-        }
-        c.go();
-        c
-    }
-
-    fn header(command: u16, flags: u16, handle: u64, offset: u64, length: u32) -> Vec<u8> {
-        encode_request_header(&RequestHeader {
-            flags,
-            command,
-            handle,
-            offset,
-            length,
-        })
-        .to_vec()
-    }
-
-    fn request(&mut self, command: u16, flags: u16, handle: u64, offset: u64, length: u32) {
-        self.s
-            .write_all(&Client::header(command, flags, handle, offset, length))
-            .unwrap();
-    }
-
-    /// Reads one reply: (handle, error, data). READ data comes back for
-    /// simple replies (pass its length) and for OFFSET_DATA chunks.
-    fn reply(&mut self, simple_read_bytes: usize) -> (u64, u32, Vec<u8>) {
-        let magic = self.u32();
-        if magic == SIMPLE_REPLY_MAGIC {
-            let error = self.u32();
-            let handle = self.u64();
-            let data = match error {
-                0 => self.read_n(simple_read_bytes),
-                _ => Vec::new(),
-            };
-            return (handle, error, data);
-        }
-        assert_eq!(magic, STRUCTURED_REPLY_MAGIC);
-        let flags = self.u16();
-        let kind = self.u16();
-        let handle = self.u64();
-        let length = self.u32() as usize;
-        let payload = self.read_n(length);
-        assert_ne!(flags & NBD_REPLY_FLAG_DONE, 0, "one chunk per reply");
-        match kind {
-            NBD_REPLY_TYPE_OFFSET_DATA => (handle, 0, payload[8..].to_vec()),
-            k if k & 0x8000 != 0 => (
-                handle,
-                u32::from_be_bytes(payload[0..4].try_into().unwrap()),
-                Vec::new(),
-            ),
-            _ => (handle, 0, Vec::new()),
-        }
-    }
-
-    fn read(&mut self, handle: u64, offset: u64, length: u32) -> Result<Vec<u8>, u32> {
-        self.request(NBD_CMD_READ, 0, handle, offset, length);
-        let (h, error, data) = self.reply(length as usize);
-        assert_eq!(h, handle);
-        match error {
-            0 => Ok(data),
-            e => Err(e),
-        }
-    }
-
-    fn write(&mut self, handle: u64, offset: u64, data: &[u8]) -> u32 {
-        let mut m = Client::header(NBD_CMD_WRITE, 0, handle, offset, data.len() as u32);
-        m.extend_from_slice(data);
-        self.s.write_all(&m).unwrap();
-        let (h, error, _) = self.reply(0);
-        assert_eq!(h, handle);
-        error
-    }
-}
 
 /// One write + read-back round trip of a well-behaved client, with data
 /// that depends on `round` so a stale or misplaced block is caught.
@@ -285,7 +135,7 @@ fn regression_client_that_never_reads_replies_does_not_stall_other_clients() {
     // And its replies are intact when it finally reads them.
     let mut handles: Vec<u64> = (0..64)
         .map(|_| {
-            let (h, error, data) = stuck.reply(0);
+            let (h, error, data) = stuck.reply_one(0);
             assert_eq!((error, data.len()), (0, MAX_REQUEST_BYTES as usize));
             h
         })
@@ -311,7 +161,7 @@ fn handshake_malformed_messages() {
     let _serial = serial();
     let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
     let mut good = Client::ready(&ts, true);
-    let opt = Client::option_header;
+    let opt = option_header;
     let with = |option: u32, data: &[u8]| {
         let mut m = opt(option, data.len() as u32);
         m.extend_from_slice(data);
@@ -320,7 +170,7 @@ fn handshake_malformed_messages() {
     let mut name_5000 = 5000u32.to_be_bytes().to_vec();
     name_5000.extend_from_slice(&[b'a'; 5000]);
     name_5000.extend_from_slice(&[0, 0]);
-    let mut info_count_lies = Client::go_data("", &[]);
+    let mut info_count_lies = go_data("", &[]);
     info_count_lies.truncate(info_count_lies.len() - 2);
     info_count_lies.extend_from_slice(&[0xff, 0xff, 0, 1]); // 65535 infos, 1 given
     let mut meta_count_huge = 0u32.to_be_bytes().to_vec();
@@ -426,7 +276,7 @@ fn handshake_malformed_messages() {
     for (structured, list) in [(false, &cases), (true, &structured_cases)] {
         for (what, bytes, expect) in list {
             let mut c = Client::connect(&ts);
-            c.greet();
+            c.greet(CLIENT_FLAGS);
             if structured {
                 c.send_option(NBD_OPT_STRUCTURED_REPLY, &[]);
                 assert_eq!(c.option_reply().1, NBD_REP_ACK);
@@ -437,7 +287,7 @@ fn handshake_malformed_messages() {
                 Expect::Reply(t) => {
                     assert_eq!(c.option_reply().1, *t, "{what}");
                     // Still in the handshake: it can go on to transmission.
-                    c.go();
+                    c.go("");
                     c.structured = structured;
                     assert_eq!(c.read(1, 0, 8).unwrap().len(), 8, "{what}");
                 }
@@ -449,9 +299,9 @@ fn handshake_malformed_messages() {
     // Truncated messages: the client vanishes mid-header and mid-payload.
     for cut in [1, 8, 15, 16 + 3] {
         let mut c = Client::connect(&ts);
-        c.greet();
+        c.greet(CLIENT_FLAGS);
         let mut m = opt(NBD_OPT_GO, 6);
-        m.extend_from_slice(&Client::go_data("", &[]));
+        m.extend_from_slice(&go_data("", &[]));
         c.s.write_all(&m[..cut]).unwrap();
         drop(c);
         round += 1;
@@ -459,7 +309,7 @@ fn handshake_malformed_messages() {
     }
     // Too many options: the 257th is never answered, the connection closes.
     let mut c = Client::connect(&ts);
-    c.greet();
+    c.greet(CLIENT_FLAGS);
     let mut burst = Vec::new();
     for _ in 0..300 {
         burst.extend(opt(4242, 0));
@@ -487,12 +337,10 @@ fn regression_handshake_that_trickles_bytes_is_cut_off_at_the_deadline() {
         },
     );
     let mut c = Client::connect(&ts);
-    c.greet();
+    c.greet(CLIENT_FLAGS);
     // 1000 options' worth of bytes, one every 20 ms (well inside any
     // per-read timeout): without a deadline this runs its 20 s course.
-    let bytes: Vec<u8> = (0..1000)
-        .flat_map(|_| Client::option_header(4242, 0))
-        .collect();
+    let bytes: Vec<u8> = (0..1000).flat_map(|_| option_header(4242, 0)).collect();
     let mut closed = false;
     for b in bytes.chunks(1) {
         if c.s.write_all(b).is_err() {
@@ -534,7 +382,7 @@ fn transmission_malformed_requests_sweep() {
             let mut m = Client::header(command, flags, handle, offset, length);
             m.extend_from_slice(payload);
             c.s.write_all(&m).unwrap();
-            let (h, e, _) = c.reply(0);
+            let (h, e, _) = c.reply_one(0);
             assert_eq!(
                 (h, e),
                 (handle, error),
@@ -627,7 +475,7 @@ fn transmission_malformed_requests_sweep() {
         // Nothing above reached the backend as a write beyond 4096..4608.
         assert!(ts.backend.contents(0, 4096).iter().all(|&b| b == 0));
         // A WRITE announcing more than the discard cap closes the connection.
-        c.request(NBD_CMD_WRITE, 0, 1, 0, u32::MAX);
+        c.request(NBD_CMD_WRITE, 0, 1, 0, u32::MAX, &[]);
         assert!(c.is_closed());
     }
     ts.wait_for_connections(0);
@@ -719,8 +567,8 @@ fn hostile_connection(path: &std::path::Path, kind: u64) {
         return; // refused at the connection limit
     }
     let flags = (NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES).to_be_bytes();
-    let mut go = Client::option_header(NBD_OPT_GO, 6);
-    go.extend_from_slice(&Client::go_data("", &[]));
+    let mut go = option_header(NBD_OPT_GO, 6);
+    go.extend_from_slice(&go_data("", &[]));
     match kind {
         1 => {} // after the greeting
         2 => {
@@ -904,7 +752,7 @@ fn buffered_payload_is_bounded_server_wide() {
                     c.s.write_all(&payload).unwrap();
                 }
                 for _ in 0..REQUESTS {
-                    let (_, error, _) = c.reply(0);
+                    let (_, error, _) = c.reply_one(0);
                     assert_eq!(error, 0);
                 }
                 c
@@ -945,7 +793,7 @@ fn buffered_payload_is_bounded_server_wide() {
             let payload = Arc::clone(&payload);
             std::thread::spawn(move || {
                 for _ in 0..REQUESTS {
-                    let (_, error, data) = c.reply(max);
+                    let (_, error, data) = c.reply_one(max);
                     assert_eq!(error, 0);
                     assert!(data == *payload, "READ returned wrong data");
                 }

@@ -8,242 +8,16 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{pattern, MemBackend, NbdWire, TestServer};
+use common::client::{Client, Reply};
+use common::{config, pattern, MemBackend, TestServer, MAX_REQUEST_BYTES};
 use cvol_nbd::proto::*;
+use cvol_nbd::test_util::{go_data, meta_context_data, option_header};
 use cvol_nbd::{BackendError, ServerConfig};
 
 const SIZE_BYTES: u64 = 4 * 1024 * 1024;
-const MAX_REQUEST_BYTES: u32 = 256 * 1024;
-
-fn config() -> ServerConfig {
-    ServerConfig {
-        max_request_bytes: MAX_REQUEST_BYTES,
-        workers: 4,
-        ..ServerConfig::default()
-    }
-}
 
 fn start() -> TestServer {
     TestServer::start(MemBackend::new(SIZE_BYTES, false), config())
-}
-
-struct Client {
-    s: UnixStream,
-    structured: bool,
-}
-
-/// A reply as read back by the raw client.
-#[derive(Debug, PartialEq)]
-enum Reply {
-    Simple {
-        error: u32,
-        handle: u64,
-    },
-    Chunk {
-        flags: u16,
-        kind: u16,
-        handle: u64,
-        payload: Vec<u8>,
-    },
-}
-
-impl Reply {
-    fn handle(&self) -> u64 {
-        match self {
-            Reply::Simple { handle, .. } | Reply::Chunk { handle, .. } => *handle,
-        }
-    }
-    /// Error code of a simple reply or an error chunk.
-    fn error(&self) -> u32 {
-        match self {
-            Reply::Simple { error, .. } => *error,
-            Reply::Chunk { kind, payload, .. } if kind & 0x8000 != 0 => {
-                u32::from_be_bytes(payload[0..4].try_into().unwrap())
-            }
-            Reply::Chunk { .. } => 0,
-        }
-    }
-}
-
-impl NbdWire for Client {
-    fn stream(&mut self) -> &mut UnixStream {
-        &mut self.s
-    }
-}
-
-impl Client {
-    fn connect(ts: &TestServer) -> Client {
-        let s = UnixStream::connect(&ts.socket_path).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Client {
-            s,
-            structured: false,
-        }
-    }
-
-    /// Reads the greeting and sends the client flags.
-    fn greet(&mut self, client_flags: u32) {
-        assert_eq!(self.u64(), NBD_MAGIC);
-        assert_eq!(self.u64(), IHAVEOPT);
-        assert_eq!(self.u16(), NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
-        self.s.write_all(&client_flags.to_be_bytes()).unwrap();
-    }
-
-    /// Reads option replies up to the final one; returns all of them.
-    fn option_replies(&mut self) -> Vec<(u32, u32, Vec<u8>)> {
-        let mut all = Vec::new();
-        loop {
-            let r = self.option_reply();
-            let done = r.1 == NBD_REP_ACK || r.1 & (1 << 31) != 0;
-            all.push(r);
-            if done {
-                return all;
-            }
-        }
-    }
-
-    fn meta_data(queries: &[&str]) -> Vec<u8> {
-        let mut d = 0u32.to_be_bytes().to_vec();
-        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-        for q in queries {
-            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            d.extend_from_slice(q.as_bytes());
-        }
-        d
-    }
-
-    fn go_data(name: &str) -> Vec<u8> {
-        let mut d = (name.len() as u32).to_be_bytes().to_vec();
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&0u16.to_be_bytes());
-        d
-    }
-
-    /// Full handshake with NBD_OPT_GO; returns (size, transmission flags).
-    fn handshake(ts: &TestServer, structured: bool, meta: bool) -> (Client, u64, u16) {
-        let mut c = Client::connect(ts);
-        c.greet(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
-        if structured {
-            c.send_option(NBD_OPT_STRUCTURED_REPLY, &[]);
-            assert_eq!(c.option_reply().1, NBD_REP_ACK);
-            c.structured = true;
-        }
-        if meta {
-            c.send_option(
-                NBD_OPT_SET_META_CONTEXT,
-                &Client::meta_data(&["base:allocation"]),
-            );
-            let replies = c.option_replies();
-            assert_eq!(replies.len(), 2, "{replies:?}");
-            assert_eq!(replies[0].1, NBD_REP_META_CONTEXT);
-        }
-        let (size, flags) = c.go("");
-        (c, size, flags)
-    }
-
-    fn go(&mut self, name: &str) -> (u64, u16) {
-        self.send_option(NBD_OPT_GO, &Client::go_data(name));
-        let mut export = None;
-        for (option, reply_type, data) in self.option_replies() {
-            assert_eq!(option, NBD_OPT_GO);
-            assert_ne!(
-                reply_type & (1 << 31),
-                1 << 31,
-                "GO failed: {reply_type:#x}"
-            );
-            if reply_type == NBD_REP_INFO && data[0..2] == [0, 0] {
-                let size = u64::from_be_bytes(data[2..10].try_into().unwrap());
-                export = Some((size, u16::from_be_bytes([data[10], data[11]])));
-            }
-        }
-        export.expect("NBD_INFO_EXPORT")
-    }
-
-    fn request(
-        &mut self,
-        command: u16,
-        flags: u16,
-        handle: u64,
-        offset: u64,
-        length: u32,
-        payload: &[u8],
-    ) {
-        let h = RequestHeader {
-            flags,
-            command,
-            handle,
-            offset,
-            length,
-        };
-        let mut m = encode_request_header(&h).to_vec();
-        m.extend_from_slice(payload);
-        self.s.write_all(&m).unwrap();
-    }
-
-    /// Reads one reply; for simple READ replies pass the expected data length.
-    fn reply(&mut self, simple_read_bytes: usize) -> (Reply, Vec<u8>) {
-        let magic = self.u32();
-        if magic == SIMPLE_REPLY_MAGIC {
-            let error = self.u32();
-            let handle = self.u64();
-            let data = if error == 0 {
-                self.read_n(simple_read_bytes)
-            } else {
-                Vec::new()
-            };
-            return (Reply::Simple { error, handle }, data);
-        }
-        assert_eq!(magic, STRUCTURED_REPLY_MAGIC);
-        let flags = self.u16();
-        let kind = self.u16();
-        let handle = self.u64();
-        let length = self.u32() as usize;
-        let payload = self.read_n(length);
-        (
-            Reply::Chunk {
-                flags,
-                kind,
-                handle,
-                payload,
-            },
-            Vec::new(),
-        )
-    }
-
-    fn read(&mut self, handle: u64, offset: u64, length: u32) -> Result<Vec<u8>, u32> {
-        self.request(NBD_CMD_READ, 0, handle, offset, length, &[]);
-        let (reply, data) = self.reply(length as usize);
-        assert_eq!(reply.handle(), handle);
-        match reply {
-            Reply::Simple { error: 0, .. } => Ok(data),
-            Reply::Chunk {
-                flags: NBD_REPLY_FLAG_DONE,
-                kind: NBD_REPLY_TYPE_NONE,
-                ..
-            } => Ok(Vec::new()),
-            Reply::Chunk {
-                flags,
-                kind: NBD_REPLY_TYPE_OFFSET_DATA,
-                payload,
-                ..
-            } => {
-                assert_eq!(flags, NBD_REPLY_FLAG_DONE);
-                assert_eq!(
-                    u64::from_be_bytes(payload[0..8].try_into().unwrap()),
-                    offset
-                );
-                Ok(payload[8..].to_vec())
-            }
-            other => Err(other.error()),
-        }
-    }
-
-    fn write(&mut self, handle: u64, offset: u64, data: &[u8]) -> u32 {
-        self.request(NBD_CMD_WRITE, 0, handle, offset, data.len() as u32, data);
-        let (reply, _) = self.reply(0);
-        assert_eq!(reply.handle(), handle);
-        reply.error()
-    }
 }
 
 #[test]
@@ -293,15 +67,18 @@ fn options_unknown_starttls_list_info_and_oversized() {
     c.send_option(NBD_OPT_LIST, b"x");
     assert_eq!(c.option_reply().1, NBD_REP_ERR_INVALID);
     // INFO for an unknown export, then a malformed INFO.
-    c.send_option(NBD_OPT_INFO, &Client::go_data("other"));
+    c.send_option(NBD_OPT_INFO, &go_data("other", &[]));
     assert_eq!(c.option_reply().1, NBD_REP_ERR_UNKNOWN);
     c.send_option(NBD_OPT_INFO, &[0, 0, 0, 50, 1]);
     assert_eq!(c.option_reply().1, NBD_REP_ERR_INVALID);
     // INFO with NAME, DESCRIPTION, BLOCK_SIZE requested.
-    let mut d = Client::go_data("cvol");
-    d.truncate(d.len() - 2);
-    d.extend_from_slice(&[0, 3, 0, 1, 0, 2, 0, 3]);
-    c.send_option(NBD_OPT_INFO, &d);
+    c.send_option(
+        NBD_OPT_INFO,
+        &go_data(
+            "cvol",
+            &[NBD_INFO_NAME, NBD_INFO_DESCRIPTION, NBD_INFO_BLOCK_SIZE],
+        ),
+    );
     let replies = c.option_replies();
     let infos: Vec<&Vec<u8>> = replies
         .iter()
@@ -315,7 +92,7 @@ fn options_unknown_starttls_list_info_and_oversized() {
     // Meta context before structured replies: invalid.
     c.send_option(
         NBD_OPT_SET_META_CONTEXT,
-        &Client::meta_data(&["base:allocation"]),
+        &meta_context_data("", &["base:allocation"]),
     );
     assert_eq!(c.option_reply().1, NBD_REP_ERR_INVALID);
     // Oversized option (100 KiB): skipped, TOO_BIG, connection usable.
@@ -326,7 +103,7 @@ fn options_unknown_starttls_list_info_and_oversized() {
     // LIST_META_CONTEXT with "base:" wildcard and an unknown namespace.
     c.send_option(
         NBD_OPT_LIST_META_CONTEXT,
-        &Client::meta_data(&["base:", "x-foo:bar"]),
+        &meta_context_data("", &["base:", "x-foo:bar"]),
     );
     let replies = c.option_replies();
     assert_eq!(replies.len(), 2);
@@ -340,10 +117,7 @@ fn options_unknown_starttls_list_info_and_oversized() {
     // An option payload beyond 1 MiB ends the connection.
     let mut c = Client::connect(&ts);
     c.greet(NBD_FLAG_C_FIXED_NEWSTYLE);
-    let mut m = IHAVEOPT.to_be_bytes().to_vec();
-    m.extend_from_slice(&99u32.to_be_bytes());
-    m.extend_from_slice(&(64u32 << 20).to_be_bytes());
-    c.s.write_all(&m).unwrap();
+    c.s.write_all(&option_header(99, 64 << 20)).unwrap();
     assert!(c.is_closed());
     // ABORT is acknowledged, then the server closes.
     let mut c = Client::connect(&ts);
@@ -788,10 +562,7 @@ fn tcp_listener_works() {
     assert_eq!(&greeting[0..8], b"NBDMAGIC");
     s.write_all(&(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES).to_be_bytes())
         .unwrap();
-    let mut m = IHAVEOPT.to_be_bytes().to_vec();
-    m.extend_from_slice(&NBD_OPT_EXPORT_NAME.to_be_bytes());
-    m.extend_from_slice(&0u32.to_be_bytes());
-    s.write_all(&m).unwrap();
+    s.write_all(&option_header(NBD_OPT_EXPORT_NAME, 0)).unwrap();
     let mut export = [0u8; 10];
     s.read_exact(&mut export).unwrap();
     assert_eq!(

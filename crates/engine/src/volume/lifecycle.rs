@@ -255,7 +255,7 @@ fn recover(
         // reach (a segment whose start was erased) are salvaged too.
         Ok(r) if repair => salvage_if_short(storage, &sb, r)?,
         Ok(r) => r,
-        Err(e) if repair => salvage(storage, &sb, e)?,
+        Err(e) if repair => salvage(storage, &sb, e.to_string())?,
         Err(e) => return Err(OpenError::Recovery(e).into()),
     };
     r.warnings.iter().for_each(|w| tracing::warn!("{w}"));

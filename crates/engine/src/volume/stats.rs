@@ -161,6 +161,7 @@ impl Volume {
             cleaner_records_relocated: get(&cs.records_relocated),
             cleaner_bytes_relocated: get(&cs.bytes_relocated),
             segments_reclaimed: get(&cs.segments_reclaimed),
+            idle_clean: self.options.cleaner.idle && !self.options.read_only,
             idle_clean_passes: get(&cs.idle_passes),
             idle_clean_bytes_relocated: get(&cs.idle_bytes_relocated),
         }
@@ -179,10 +180,7 @@ impl Volume {
         DedupStats {
             dedup: self.sb.dedup(),
             dedup_saved_bytes: shared.extra_refs * bs,
-            dedup_ratio: ratio_or_one(
-                c.data_blocks * bs,
-                (c.data_blocks - shared.extra_refs) * bs,
-            ),
+            dedup_ratio: ratio_or_one(c.data_blocks * bs, (c.data_blocks - shared.extra_refs) * bs),
             compression_saved_bytes: ((c.data_blocks - shared.extra_refs) * bs)
                 .saturating_sub(c.stored_payload_bytes),
             zero_saved_bytes: c.zero_blocks * bs,

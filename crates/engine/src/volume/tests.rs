@@ -114,3 +114,22 @@ fn stats_serialize_flat_in_field_order() {
     assert_eq!(json.as_object().unwrap().len(), 85);
     assert!(json["blocks_by_codec"]["lz4"].is_u64());
 }
+
+/// A server sends `VolumeStats` as JSON and `cvol stat` reads it back:
+/// every key comes back, and a missing one is an error, not a zero.
+#[test]
+fn stats_read_back_from_json() {
+    let sim = SimStorage::new(8 << 20);
+    let vol = volume(&sim);
+    let data: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
+    vol.write_at(0, &data, false).unwrap();
+    vol.write_at(8 * 4096, &data, false).unwrap();
+    let stats = vol.stats();
+    assert!(stats.compression_ratio > 1.0 && stats.mapped_bytes > 0);
+    let text = serde_json::to_string(&stats).unwrap();
+    let back: crate::VolumeStats = serde_json::from_str(&text).unwrap();
+    assert_eq!(serde_json::to_string(&back).unwrap(), text);
+    let without = text.replace("\"segments_used\":", "\"segments_in_use\":");
+    let err = serde_json::from_str::<crate::VolumeStats>(&without).unwrap_err();
+    assert!(err.to_string().contains("segments_used"), "{err}");
+}

@@ -1,7 +1,10 @@
 //! Helpers shared by the engine's integration tests: the usual volume
-//! options, create and open, and reading record headers off the store.
+//! options, create and open, and reading record headers off the store;
+//! `sim` is what the seeded simulations share (their oracle), `seeds` how
+//! they pick seeds.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 pub mod seeds;
+pub mod sim;
 
 use cvol_engine::{CreateOptions, OpenOptions, Volume};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
@@ -47,14 +50,17 @@ pub fn record_header(sim: &SimStorage, at: u64) -> RecordHeader {
 /// Byte offsets of the DATA records on the store whose header names `lba`
 /// first.
 pub fn data_records_of(sim: &SimStorage, lba: u64) -> Vec<u64> {
+    records_of(sim, RecordKind::Data, lba)
+}
+
+/// Byte offsets of the records of `kind` on the store whose header names
+/// `lba` first.
+pub fn records_of(sim: &SimStorage, kind: RecordKind, lba: u64) -> Vec<u64> {
     let mut img = vec![0u8; sim.len_bytes() as usize];
     sim.read_at(0, &mut img).expect("read the store");
     (0..img.len() - RECORD_HEADER_BYTES)
         .filter(|&i| img[i..i + 4] == RECORD_MAGIC.to_le_bytes())
-        .filter(|&i| {
-            RecordHeader::decode(&img[i..])
-                .is_ok_and(|h| h.kind == RecordKind::Data && h.lba == lba)
-        })
+        .filter(|&i| RecordHeader::decode(&img[i..]).is_ok_and(|h| h.kind == kind && h.lba == lba))
         .map(|i| i as u64)
         .collect()
 }

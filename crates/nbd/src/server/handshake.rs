@@ -36,11 +36,63 @@ struct Haggle<'a> {
     base_allocation: bool,
 }
 
-/// Outcome of one option.
+/// Outcome of one option: the handshake goes on, or transmission begins.
 enum Step {
     Continue,
     Transmission(Negotiated),
-    Close,
+}
+
+/// Why a handshake ends without entering transmission (the connection
+/// closes).
+#[derive(Debug)]
+pub(crate) enum HandshakeError {
+    /// The client sent `NBD_OPT_ABORT` (acknowledged).
+    Aborted,
+    /// Client flags this server does not know.
+    UnknownClientFlags(u32),
+    /// An option header without `IHAVEOPT`.
+    BadOptionMagic,
+    /// A client without fixed newstyle sent an option other than
+    /// `NBD_OPT_EXPORT_NAME`.
+    NotFixedNewstyle,
+    /// An option payload too large to skip, or an oversized
+    /// `NBD_OPT_EXPORT_NAME` (logged where found, as every oversized option).
+    OversizedOption,
+    /// `NBD_OPT_EXPORT_NAME` for an export this server does not serve.
+    UnknownExport,
+    /// More than `MAX_OPTIONS_PER_CONNECTION` options.
+    TooManyOptions,
+    /// The socket failed, the client went away or the deadline passed.
+    Io(io::Error),
+}
+
+impl From<io::Error> for HandshakeError {
+    fn from(e: io::Error) -> Self {
+        HandshakeError::Io(e)
+    }
+}
+
+impl HandshakeError {
+    /// Logs why: protocol violations as warnings, I/O at debug (an abort
+    /// and an oversized option not here).
+    pub(crate) fn log(&self, conn: u64) {
+        match self {
+            HandshakeError::Aborted | HandshakeError::OversizedOption => {}
+            HandshakeError::UnknownClientFlags(client_flags) => {
+                warn!(conn, client_flags, "unknown client flags, closing")
+            }
+            HandshakeError::BadOptionMagic => warn!(conn, "bad option magic, closing"),
+            HandshakeError::NotFixedNewstyle => warn!(
+                conn,
+                "non-fixed-newstyle client sent an option other than EXPORT_NAME"
+            ),
+            HandshakeError::UnknownExport => {
+                warn!(conn, "NBD_OPT_EXPORT_NAME for an unknown export, closing")
+            }
+            HandshakeError::TooManyOptions => warn!(conn, "too many options, closing"),
+            HandshakeError::Io(e) => debug!(conn, error = %e, "handshake ended"),
+        }
+    }
 }
 
 /// Sends during the handshake, waiting at most until `deadline`.
@@ -50,15 +102,15 @@ fn send_by(socket: &Socket, deadline: Instant, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// Runs the handshake; it must be over by `deadline` (the reader enforces it
-/// for reads, `send_by` for sends). `Ok(None)` means the session ended
-/// (abort, EOF, protocol violation, unknown export with `NBD_OPT_EXPORT_NAME`).
+/// for reads, `send_by` for sends). An error says why the session ended
+/// without entering transmission.
 pub(crate) fn negotiate(
     inner: &Inner,
     socket: &Socket,
     reader: &mut impl Read,
     conn: u64,
     deadline: Instant,
-) -> io::Result<Option<Negotiated>> {
+) -> Result<Negotiated, HandshakeError> {
     send_by(
         socket,
         deadline,
@@ -68,8 +120,7 @@ pub(crate) fn negotiate(
     reader.read_exact(&mut flag_bytes)?;
     let client_flags = u32::from_be_bytes(flag_bytes);
     if !proto::client_flags_valid(client_flags) {
-        warn!(conn, client_flags, "unknown client flags, closing");
-        return Ok(None);
+        return Err(HandshakeError::UnknownClientFlags(client_flags));
     }
     let mut haggle = Haggle {
         inner,
@@ -90,25 +141,18 @@ pub(crate) fn negotiate(
     for _ in 0..MAX_OPTIONS_PER_CONNECTION {
         match haggle.next_option(reader)? {
             Step::Continue => {}
-            Step::Transmission(n) => return Ok(Some(n)),
-            Step::Close => return Ok(None),
+            Step::Transmission(n) => return Ok(n),
         }
     }
-    warn!(conn, "too many options, closing");
-    Ok(None)
+    Err(HandshakeError::TooManyOptions)
 }
 
 impl Haggle<'_> {
-    fn next_option(&mut self, reader: &mut impl Read) -> io::Result<Step> {
+    fn next_option(&mut self, reader: &mut impl Read) -> Result<Step, HandshakeError> {
         let mut header_bytes = [0u8; proto::OPTION_HEADER_BYTES];
         reader.read_exact(&mut header_bytes)?;
-        let header = match proto::parse_option_header(&header_bytes) {
-            Ok(h) => h,
-            Err(_) => {
-                warn!(conn = self.conn, "bad option magic, closing");
-                return Ok(Step::Close);
-            }
-        };
+        let header = proto::parse_option_header(&header_bytes)
+            .map_err(|_| HandshakeError::BadOptionMagic)?;
         debug!(
             conn = self.conn,
             option = header.option,
@@ -116,11 +160,7 @@ impl Haggle<'_> {
             "option"
         );
         if !self.fixed_newstyle && header.option != proto::NBD_OPT_EXPORT_NAME {
-            warn!(
-                conn = self.conn,
-                "non-fixed-newstyle client sent an option other than EXPORT_NAME"
-            );
-            return Ok(Step::Close);
+            return Err(HandshakeError::NotFixedNewstyle);
         }
         if header.length_bytes > proto::MAX_OPTION_PAYLOAD_BYTES {
             return self.oversized_option(reader, header);
@@ -134,7 +174,7 @@ impl Haggle<'_> {
         &mut self,
         reader: &mut impl Read,
         header: proto::OptionHeader,
-    ) -> io::Result<Step> {
+    ) -> Result<Step, HandshakeError> {
         warn!(
             conn = self.conn,
             option = header.option,
@@ -144,14 +184,14 @@ impl Haggle<'_> {
         if header.option == proto::NBD_OPT_EXPORT_NAME
             || header.length_bytes > MAX_DISCARDED_OPTION_BYTES
         {
-            return Ok(Step::Close);
+            return Err(HandshakeError::OversizedOption);
         }
         let skipped = io::copy(
             &mut reader.take(u64::from(header.length_bytes)),
             &mut io::sink(),
         )?;
         if skipped != u64::from(header.length_bytes) {
-            return Err(io::ErrorKind::UnexpectedEof.into());
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
         }
         self.reply_error(
             header.option,
@@ -161,13 +201,13 @@ impl Haggle<'_> {
         Ok(Step::Continue)
     }
 
-    fn handle_option(&mut self, option: u32, data: &[u8]) -> io::Result<Step> {
+    fn handle_option(&mut self, option: u32, data: &[u8]) -> Result<Step, HandshakeError> {
         match option {
             proto::NBD_OPT_EXPORT_NAME => self.export_name(data),
             proto::NBD_OPT_ABORT => {
                 // The client may already be gone; ignore send errors.
                 let _ = self.reply(option, proto::NBD_REP_ACK, &[]);
-                Ok(Step::Close)
+                Err(HandshakeError::Aborted)
             }
             proto::NBD_OPT_LIST => self.list(data),
             proto::NBD_OPT_STARTTLS => {
@@ -223,16 +263,10 @@ impl Haggle<'_> {
         }
     }
 
-    fn export_name(&mut self, data: &[u8]) -> io::Result<Step> {
+    fn export_name(&mut self, data: &[u8]) -> Result<Step, HandshakeError> {
         let name = match proto::parse_string(data) {
             Ok(name) if self.export_matches(&name) => name,
-            _ => {
-                warn!(
-                    conn = self.conn,
-                    "NBD_OPT_EXPORT_NAME for an unknown export, closing"
-                );
-                return Ok(Step::Close);
-            }
+            _ => return Err(HandshakeError::UnknownExport),
         };
         let negotiated = self.negotiated();
         let reply = proto::encode_export_name_reply(
@@ -245,7 +279,7 @@ impl Haggle<'_> {
         Ok(Step::Transmission(negotiated))
     }
 
-    fn list(&mut self, data: &[u8]) -> io::Result<Step> {
+    fn list(&mut self, data: &[u8]) -> Result<Step, HandshakeError> {
         if !data.is_empty() {
             self.reply_error(
                 proto::NBD_OPT_LIST,
@@ -261,7 +295,7 @@ impl Haggle<'_> {
         Ok(Step::Continue)
     }
 
-    fn structured_reply(&mut self, data: &[u8]) -> io::Result<Step> {
+    fn structured_reply(&mut self, data: &[u8]) -> Result<Step, HandshakeError> {
         if !data.is_empty() {
             let msg = "STRUCTURED_REPLY takes no data";
             self.reply_error(
@@ -276,7 +310,7 @@ impl Haggle<'_> {
         Ok(Step::Continue)
     }
 
-    fn info_or_go(&mut self, option: u32, data: &[u8]) -> io::Result<Step> {
+    fn info_or_go(&mut self, option: u32, data: &[u8]) -> Result<Step, HandshakeError> {
         let request = match proto::parse_info_request(data) {
             Ok(r) => r,
             Err(e) => {
@@ -330,7 +364,7 @@ impl Haggle<'_> {
         Ok(())
     }
 
-    fn meta_context(&mut self, option: u32, data: &[u8]) -> io::Result<Step> {
+    fn meta_context(&mut self, option: u32, data: &[u8]) -> Result<Step, HandshakeError> {
         let set = option == proto::NBD_OPT_SET_META_CONTEXT;
         if set {
             // SET replaces the previous selection, even when it fails.

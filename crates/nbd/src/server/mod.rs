@@ -300,7 +300,7 @@ fn run_connection(inner: &Arc<Inner>, socket: &Arc<Socket>, id: u64) {
         },
     );
     match handshake::negotiate(inner, socket, &mut reader, id, deadline) {
-        Ok(Some(negotiated)) => {
+        Ok(negotiated) => {
             reader.get_mut().deadline = None;
             let restored = socket
                 .set_read_timeout(None)
@@ -310,8 +310,7 @@ fn run_connection(inner: &Arc<Inner>, socket: &Arc<Socket>, id: u64) {
                 Err(e) => debug!(conn = id, error = %e, "cannot reset socket timeouts"),
             }
         }
-        Ok(None) => {}
-        Err(e) => debug!(conn = id, error = %e, "handshake ended"),
+        Err(e) => e.log(id),
     }
     socket.shutdown(Shutdown::Both);
     debug!(conn = id, %peer, "client disconnected");

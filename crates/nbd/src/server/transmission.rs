@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 use super::handshake::Negotiated;
 use super::socket::Socket;
 use super::{lock, Inner, Lane, PayloadBudget};
-use crate::proto::{self, Command, RequestHeader, TransmissionContext};
+use crate::proto::{self, Command, ProtoError, RequestError, RequestHeader, TransmissionContext};
 use crate::{Backend, BackendError, WriteZeroesFlags};
 
 /// WRITE payloads above `max_request_bytes` but at most this size are read
@@ -283,10 +283,44 @@ impl Drop for Release {
     }
 }
 
-/// Whether the reader goes on after a request.
-enum Next {
-    Continue,
-    Stop,
+/// Why a connection's reader stops reading requests (the requests in
+/// flight still complete and reply).
+#[derive(Debug)]
+enum Stop {
+    /// End of stream between two requests.
+    Eof,
+    /// `NBD_CMD_DISC`.
+    Disconnect,
+    /// The server is shutting down (the request read got `ESHUTDOWN`).
+    ShuttingDown,
+    /// A request header without the request magic.
+    BadMagic(ProtoError),
+    /// An invalid WRITE whose payload is too large to read and discard.
+    PayloadTooLarge { length_bytes: u64 },
+    /// Reading a request header failed.
+    Io(io::Error),
+    /// Reading a request's payload failed.
+    IoMidRequest(io::Error),
+}
+
+impl Stop {
+    /// Logs why: protocol violations as warnings, the rest at debug (a
+    /// clean end of stream and shutdown not at all).
+    fn log(&self, conn: u64) {
+        match self {
+            Stop::Eof | Stop::ShuttingDown => {}
+            Stop::Disconnect => debug!(conn, "client sent NBD_CMD_DISC"),
+            Stop::BadMagic(e) => warn!(error = ?e, "bad request magic, closing connection"),
+            Stop::PayloadTooLarge { length_bytes } => warn!(
+                conn,
+                length_bytes, "WRITE payload too large, closing connection"
+            ),
+            Stop::Io(e) => debug!(conn, error = %e, "connection read ended"),
+            Stop::IoMidRequest(e) => {
+                debug!(conn, error = %e, "connection read ended mid-request")
+            }
+        }
+    }
 }
 
 /// Runs the transmission phase until DISC, EOF, a protocol violation or
@@ -344,51 +378,42 @@ pub(crate) fn connection_payload_budget_bytes(config: &crate::ServerConfig) -> u
 
 /// The reader loop: until DISC, EOF, a protocol violation or shutdown.
 fn read_requests(inner: &Inner, conn: &Arc<Conn>, reader: &mut impl Read) {
-    let id = conn.id;
     let discard_cap_bytes = MIN_DISCARD_CAP_BYTES.max(u64::from(conn.ctx.max_request_bytes));
-    loop {
-        let header = match read_request_header(reader) {
-            Ok(Some(h)) => h,
-            Ok(None) => break,
-            Err(e) => {
-                debug!(conn = id, error = %e, "connection read ended");
-                break;
-            }
-        };
-        if inner.is_shutting_down() {
-            conn.send_error(
-                header.handle,
-                proto::NBD_ESHUTDOWN,
-                "server is shutting down",
-            );
-            break;
+    let stop = loop {
+        if let Err(stop) = next_request(inner, conn, reader, discard_cap_bytes) {
+            break stop;
         }
-        match handle_request(inner, conn, reader, header, discard_cap_bytes) {
-            Ok(Next::Continue) => {}
-            Ok(Next::Stop) => break,
-            Err(e) => {
-                debug!(conn = id, error = %e, "connection read ended mid-request");
-                break;
-            }
-        }
-    }
+    };
+    stop.log(conn.id);
 }
 
-/// Reads and decodes a request header. `Ok(None)` on clean EOF or bad magic.
-fn read_request_header(reader: &mut impl Read) -> io::Result<Option<RequestHeader>> {
+/// Reads one request and answers or dispatches it.
+fn next_request(
+    inner: &Inner,
+    conn: &Arc<Conn>,
+    reader: &mut impl Read,
+    discard_cap_bytes: u64,
+) -> Result<(), Stop> {
+    let header = read_request_header(reader)?;
+    if inner.is_shutting_down() {
+        conn.send_error(
+            header.handle,
+            proto::NBD_ESHUTDOWN,
+            "server is shutting down",
+        );
+        return Err(Stop::ShuttingDown);
+    }
+    handle_request(inner, conn, reader, header, discard_cap_bytes)
+}
+
+/// Reads and decodes a request header.
+fn read_request_header(reader: &mut impl Read) -> Result<RequestHeader, Stop> {
     let mut bytes = [0u8; proto::REQUEST_HEADER_BYTES];
-    match reader.read_exact(&mut bytes) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    match proto::parse_request_header(&bytes) {
-        Ok(h) => Ok(Some(h)),
-        Err(e) => {
-            warn!(error = ?e, "bad request magic, closing connection");
-            Ok(None)
-        }
-    }
+    reader.read_exact(&mut bytes).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => Stop::Eof,
+        _ => Stop::Io(e),
+    })?;
+    proto::parse_request_header(&bytes).map_err(Stop::BadMagic)
 }
 
 fn handle_request(
@@ -397,7 +422,7 @@ fn handle_request(
     reader: &mut impl Read,
     header: RequestHeader,
     discard_cap_bytes: u64,
-) -> io::Result<Next> {
+) -> Result<(), Stop> {
     debug!(
         conn = conn.id,
         handle = header.handle,
@@ -408,10 +433,7 @@ fn handle_request(
         "request"
     );
     match proto::validate_request(&header, &conn.ctx) {
-        Ok(Command::Disconnect) => {
-            debug!(conn = conn.id, "client sent NBD_CMD_DISC");
-            Ok(Next::Stop)
-        }
+        Ok(Command::Disconnect) => Err(Stop::Disconnect),
         Ok(cmd) => dispatch(inner, conn, reader, header.handle, cmd),
         Err(error) => reject(conn, reader, &header, error, discard_cap_bytes),
     }
@@ -422,36 +444,25 @@ fn reject(
     conn: &Arc<Conn>,
     reader: &mut impl Read,
     header: &RequestHeader,
-    error: u32,
+    error: RequestError,
     discard_cap_bytes: u64,
-) -> io::Result<Next> {
+) -> Result<(), Stop> {
     if header.command == proto::NBD_CMD_WRITE {
         let length_bytes = u64::from(header.length);
         if length_bytes > discard_cap_bytes {
-            warn!(
-                conn = conn.id,
-                length_bytes, "WRITE payload too large, closing connection"
-            );
-            return Ok(Next::Stop);
+            return Err(Stop::PayloadTooLarge { length_bytes });
         }
-        discard(reader, length_bytes)?;
+        discard(reader, length_bytes).map_err(Stop::IoMidRequest)?;
     }
     debug!(
         conn = conn.id,
         handle = header.handle,
-        error,
+        error = error.errno(),
+        reason = ?error,
         "request rejected"
     );
-    conn.send_error(header.handle, error, reject_message(error));
-    Ok(Next::Continue)
-}
-
-fn reject_message(error: u32) -> &'static str {
-    match error {
-        proto::NBD_EPERM => "export is read-only",
-        proto::NBD_ENOSPC => "write beyond the end of the export",
-        _ => "invalid request",
-    }
+    conn.send_error(header.handle, error.errno(), error.message());
+    Ok(())
 }
 
 fn discard(reader: &mut impl Read, length_bytes: u64) -> io::Result<()> {
@@ -472,7 +483,7 @@ fn dispatch(
     reader: &mut impl Read,
     handle: u64,
     cmd: Command,
-) -> io::Result<Next> {
+) -> Result<(), Stop> {
     let payload_bytes = match cmd {
         Command::Read { length, .. } | Command::Write { length, .. } => u64::from(length),
         _ => 0,
@@ -482,7 +493,8 @@ fn dispatch(
         Command::Write { length, .. } => {
             debug_assert!(length <= conn.ctx.max_request_bytes);
             let mut data = vec![0u8; length as usize];
-            reader.read_exact(&mut data)?; // on error `release` frees the slot
+            // On error `release` frees the slot.
+            reader.read_exact(&mut data).map_err(Stop::IoMidRequest)?;
             data
         }
         _ => Vec::new(),
@@ -499,7 +511,7 @@ fn dispatch(
             job_conn.send(reply, release);
         }),
     );
-    Ok(Next::Continue)
+    Ok(())
 }
 
 /// Maps a backend error to the NBD error the spec allows for `cmd`.

@@ -557,7 +557,11 @@ impl Volume {
             .cleaner
             .segments_reclaimed
             .load(Ordering::Relaxed);
-        let relocated_before = self.counters.cleaner.bytes_relocated.load(Ordering::Relaxed);
+        let relocated_before = self
+            .counters
+            .cleaner
+            .bytes_relocated
+            .load(Ordering::Relaxed);
         for victim in self.idle_victims()? {
             if stop_at_client && self.activity.clients_busy() {
                 rep.yielded = true;
@@ -565,10 +569,8 @@ impl Volume {
             }
             let fits = {
                 let st = self.lock_state()?;
-                let budget = space::cleaner_budget(
-                    st.log.free_bytes(),
-                    self.checkpoint_estimate_bytes(&st),
-                );
+                let budget =
+                    space::cleaner_budget(st.log.free_bytes(), self.checkpoint_estimate_bytes(&st));
                 st.live.usage().live_bytes(victim) <= budget
             };
             if !fits {
@@ -584,7 +586,8 @@ impl Volume {
         rep.bytes_relocated = c.bytes_relocated.load(Ordering::Relaxed) - relocated_before;
         rep.segments_reclaimed = c.segments_reclaimed.load(Ordering::Relaxed) - reclaimed_before;
         if rep.segments > 0 {
-            c.segments_cleaned.fetch_add(rep.segments, Ordering::Relaxed);
+            c.segments_cleaned
+                .fetch_add(rep.segments, Ordering::Relaxed);
             c.idle_passes.fetch_add(1, Ordering::Relaxed);
             c.idle_bytes_relocated
                 .fetch_add(rep.bytes_relocated, Ordering::Relaxed);

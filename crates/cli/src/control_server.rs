@@ -1,0 +1,62 @@
+//! The server side of the control socket (crate::control): a thread that
+//! answers each request with the command that owns it.
+use crate::{control, scrub, sockfile, stat};
+use cvol_engine::Volume;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The control socket while the server runs: dropped, it removes the
+/// socket file and stops a running scrub.
+pub struct ControlGuard {
+    _socket: sockfile::SocketFile,
+    vol: Arc<Volume>,
+}
+
+impl Drop for ControlGuard {
+    fn drop(&mut self) {
+        // A running scrub stops before the volume closes.
+        self.vol.cancel_scrub();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.vol.scrub_status().running && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Binds the control socket of `volume` and answers it on a thread of its own.
+pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
+    let path =
+        control::socket_path(volume).ok_or("cannot stat the volume for its control socket")?;
+    // The volume is locked by this process: a socket there is stale.
+    let (listener, socket) = sockfile::bind(&path, "control socket")?;
+    let guard_vol = vol.clone();
+    std::thread::Builder::new()
+        .name("cvol-control".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let _ = serve_one(conn, &vol);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(ControlGuard {
+        _socket: socket,
+        vol: guard_vol,
+    })
+}
+
+fn serve_one(conn: UnixStream, vol: &Arc<Volume>) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut line = String::new();
+    BufReader::new((&conn).take(256)).read_line(&mut line)?;
+    let reply = match line.trim() {
+        stat::REQUEST => stat::reply(vol),
+        other => scrub::serve_request(vol, other).unwrap_or_else(|| {
+            serde_json::json!({ "error": format!("unknown request '{other}'") }).to_string()
+        }),
+    };
+    (&conn).write_all(reply.as_bytes())?;
+    (&conn).write_all(b"\n")
+}
