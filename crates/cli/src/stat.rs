@@ -345,6 +345,33 @@ fn ago(secs: u64) -> String {
     }
 }
 
+/// What the host holds for the volume: `physical_used_bytes`, and the
+/// backing file's own `du` when the store can tell.
+fn host_holds(s: &VolumeStats) -> String {
+    let used = human_bytes(s.physical_used_bytes);
+    match s.host_allocated_bytes {
+        Some(du) => format!("{used} (du of the backing file: {})", human_bytes(du)),
+        None => used,
+    }
+}
+
+/// Dead space, and what idle cleaning will return of it (offline: what a
+/// server with the default flags would).
+fn dead_words(s: &VolumeStats, served: bool) -> String {
+    let dead = human_bytes(s.dead_bytes);
+    match (s.cleaner.idle_clean || !served, s.reclaimable_bytes) {
+        (_, 0) => format!("{dead} (nothing idle cleaning would collect)"),
+        (false, r) => format!(
+            "{dead} ({} idle cleaning would collect; it is off)",
+            human_bytes(r)
+        ),
+        (true, _) => format!(
+            "{dead} ({} returned to the host when clients are idle)",
+            human_bytes(s.reclaimable_bytes)
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,32 +452,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("lost_bytes"));
-    }
-}
-
-/// What the host holds for the volume: `physical_used_bytes`, and the
-/// backing file's own `du` when the store can tell.
-fn host_holds(s: &VolumeStats) -> String {
-    let used = human_bytes(s.physical_used_bytes);
-    match s.host_allocated_bytes {
-        Some(du) => format!("{used} (du of the backing file: {})", human_bytes(du)),
-        None => used,
-    }
-}
-
-/// Dead space, and what idle cleaning will return of it (offline: what a
-/// server with the default flags would).
-fn dead_words(s: &VolumeStats, served: bool) -> String {
-    let dead = human_bytes(s.dead_bytes);
-    match (s.cleaner.idle_clean || !served, s.reclaimable_bytes) {
-        (_, 0) => format!("{dead} (nothing idle cleaning would collect)"),
-        (false, r) => format!(
-            "{dead} ({} idle cleaning would collect; it is off)",
-            human_bytes(r)
-        ),
-        (true, _) => format!(
-            "{dead} ({} returned to the host when clients are idle)",
-            human_bytes(s.reclaimable_bytes)
-        ),
     }
 }
