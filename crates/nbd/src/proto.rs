@@ -191,29 +191,22 @@ impl RequestError {
     /// The NBD error of the reply: `EPERM` for a write to a read-only
     /// export, `ENOSPC` for a write beyond the end, else `EINVAL`.
     pub fn errno(self) -> u32 {
-        match self {
-            RequestError::ReadOnly => NBD_EPERM,
-            RequestError::BeyondEnd => NBD_ENOSPC,
-            RequestError::UnknownCommand
-            | RequestError::BadFlags
-            | RequestError::NotNegotiated
-            | RequestError::OutOfRange
-            | RequestError::Oversize
-            | RequestError::Empty => NBD_EINVAL,
-        }
+        self.reply().0
     }
 
     /// The message of a structured error reply.
     pub fn message(self) -> &'static str {
+        self.reply().1
+    }
+
+    fn reply(self) -> (u32, &'static str) {
+        use RequestError::*;
         match self {
-            RequestError::ReadOnly => "export is read-only",
-            RequestError::BeyondEnd => "write beyond the end of the export",
-            RequestError::UnknownCommand
-            | RequestError::BadFlags
-            | RequestError::NotNegotiated
-            | RequestError::OutOfRange
-            | RequestError::Oversize
-            | RequestError::Empty => "invalid request",
+            ReadOnly => (NBD_EPERM, "export is read-only"),
+            BeyondEnd => (NBD_ENOSPC, "write beyond the end of the export"),
+            UnknownCommand | BadFlags | NotNegotiated | OutOfRange | Oversize | Empty => {
+                (NBD_EINVAL, "invalid request")
+            }
         }
     }
 }
@@ -1090,42 +1083,34 @@ mod tests {
     fn validation_errors_say_why() {
         use RequestError::*;
         let c = ctx();
-        let why = |command, flags, offset, length, c: &TransmissionContext| {
-            validate_request(&req(command, flags, offset, length), c).unwrap_err()
-        };
-        assert_eq!(why(99, 0, 0, 0, &c), UnknownCommand);
-        assert_eq!(why(NBD_CMD_READ, 1 << 9, 0, 1, &c), BadFlags);
-        assert_eq!(why(NBD_CMD_READ, 0, (1 << 20) - 1, 2, &c), OutOfRange);
-        assert_eq!(why(NBD_CMD_TRIM, 0, 1 << 20, 1, &c), OutOfRange);
-        assert_eq!(why(NBD_CMD_WRITE, 0, 1 << 20, 1, &c), BeyondEnd);
-        assert_eq!(why(NBD_CMD_WRITE_ZEROES, 0, 1 << 20, 1, &c), BeyondEnd);
-        assert_eq!(why(NBD_CMD_WRITE, 0, 0, 65537, &c), Oversize);
-        assert_eq!(why(NBD_CMD_BLOCK_STATUS, 0, 0, 0, &c), Empty);
         let simple = TransmissionContext {
             transmission_flags: transmission_flags(true, false),
             structured_replies: false,
             ..c
         };
-        assert_eq!(why(NBD_CMD_TRIM, 0, 0, 1, &simple), ReadOnly);
-        assert_eq!(why(NBD_CMD_BLOCK_STATUS, 0, 0, 1, &simple), NotNegotiated);
-        // What the reply carries, for every reason.
-        let all = [
-            UnknownCommand,
-            ReadOnly,
-            BadFlags,
-            NotNegotiated,
-            BeyondEnd,
-            OutOfRange,
-            Oversize,
-            Empty,
-        ];
-        for e in all {
-            let (errno, message) = match e {
+        let why = |command, flags, offset, length, c: &TransmissionContext| {
+            validate_request(&req(command, flags, offset, length), c).unwrap_err()
+        };
+        for (got, want) in [
+            (why(99, 0, 0, 0, &c), UnknownCommand),
+            (why(NBD_CMD_READ, 1 << 9, 0, 1, &c), BadFlags),
+            (why(NBD_CMD_READ, 0, (1 << 20) - 1, 2, &c), OutOfRange),
+            (why(NBD_CMD_TRIM, 0, 1 << 20, 1, &c), OutOfRange),
+            (why(NBD_CMD_WRITE, 0, 1 << 20, 1, &c), BeyondEnd),
+            (why(NBD_CMD_WRITE_ZEROES, 0, 1 << 20, 1, &c), BeyondEnd),
+            (why(NBD_CMD_WRITE, 0, 0, 65537, &c), Oversize),
+            (why(NBD_CMD_BLOCK_STATUS, 0, 0, 0, &c), Empty),
+            (why(NBD_CMD_TRIM, 0, 0, 1, &simple), ReadOnly),
+            (why(NBD_CMD_BLOCK_STATUS, 0, 0, 1, &simple), NotNegotiated),
+        ] {
+            assert_eq!(got, want);
+            // What the reply carries (the errors and messages of before).
+            let reply = match want {
                 ReadOnly => (NBD_EPERM, "export is read-only"),
                 BeyondEnd => (NBD_ENOSPC, "write beyond the end of the export"),
                 _ => (NBD_EINVAL, "invalid request"),
             };
-            assert_eq!((e.errno(), e.message()), (errno, message), "{e:?}");
+            assert_eq!((got.errno(), got.message()), reply, "{got:?}");
         }
     }
 
