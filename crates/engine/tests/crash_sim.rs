@@ -186,6 +186,29 @@ struct Coverage {
     idle_clean_passes: u64,
 }
 
+impl Coverage {
+    fn add(&mut self, o: Coverage) {
+        let Coverage {
+            cleaner_records_moved,
+            cut_mid_run,
+            blocks_rolled_back,
+            blocks_kept_unflushed,
+            dedup_hits,
+            units_written,
+            recompressed_blocks,
+            idle_clean_passes,
+        } = o;
+        self.cleaner_records_moved += cleaner_records_moved;
+        self.cut_mid_run += cut_mid_run;
+        self.blocks_rolled_back += blocks_rolled_back;
+        self.blocks_kept_unflushed += blocks_kept_unflushed;
+        self.dedup_hits += dedup_hits;
+        self.units_written += units_written;
+        self.recompressed_blocks += recompressed_blocks;
+        self.idle_clean_passes += idle_clean_passes;
+    }
+}
+
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut store = SimStorage::new(6 * MIB);
@@ -248,10 +271,13 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
 
 #[test]
 fn crash_simulation_seeds() {
-    let mut cov = Coverage::default();
-    let Some(n) = seeds::run_seeds("CVOL_SIM_SEED", "CVOL_SIM_SEEDS", 300, |seed| {
-        run_seed(seed, &mut cov)
-    }) else {
+    let Some((n, cov)) = seeds::run_seeds(
+        "CVOL_SIM_SEED",
+        "CVOL_SIM_SEEDS",
+        300,
+        run_seed,
+        Coverage::add,
+    ) else {
         return;
     };
     eprintln!(

@@ -371,6 +371,33 @@ struct Coverage {
     unseen_by_open: u64,
 }
 
+impl Coverage {
+    fn add(&mut self, o: Coverage) {
+        let Coverage {
+            faults,
+            failed_reads,
+            repairs,
+            refused_opens,
+            check_named,
+            own_record_hits,
+            lost_listed,
+            unknown_losses,
+            checkpoint_and_record,
+            unseen_by_open,
+        } = o;
+        self.faults += faults;
+        self.failed_reads += failed_reads;
+        self.repairs += repairs;
+        self.refused_opens += refused_opens;
+        self.check_named += check_named;
+        self.own_record_hits += own_record_hits;
+        self.lost_listed += lost_listed;
+        self.unknown_losses += unknown_losses;
+        self.checkpoint_and_record += checkpoint_and_record;
+        self.unseen_by_open += unseen_by_open;
+    }
+}
+
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut store = SimStorage::new(PHYS);
@@ -528,10 +555,13 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
 
 #[test]
 fn fault_simulation_seeds() {
-    let mut cov = Coverage::default();
-    let Some(n) = seeds::run_seeds("CVOL_FAULT_SEED", "CVOL_FAULT_SEEDS", 150, |seed| {
-        run_seed(seed, &mut cov)
-    }) else {
+    let Some((n, cov)) = seeds::run_seeds(
+        "CVOL_FAULT_SEED",
+        "CVOL_FAULT_SEEDS",
+        150,
+        run_seed,
+        Coverage::add,
+    ) else {
         return;
     };
     eprintln!(
