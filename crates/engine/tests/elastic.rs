@@ -4,35 +4,12 @@
 //! background recompression shrinks fast-codec data without changing it,
 //! also while a client writes.
 mod common;
-use common::{BS, MIB};
+use common::{text, BS, MIB};
 use cvol_engine::{check, Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
 use cvol_storage::SimStorage;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::Arc;
 
-/// Compressible text (about 3:1 with lz4), unique per (seed, position).
-fn text(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = StdRng::seed_from_u64(seed);
-    let words = [
-        "volume ",
-        "segment ",
-        "record ",
-        "checkpoint ",
-        "unit ",
-        "codec ",
-        "block ",
-        "map ",
-    ];
-    let mut v = Vec::with_capacity(len + 16);
-    while v.len() < len {
-        if r.gen_ratio(1, 6) {
-            v.extend_from_slice(format!("{} ", r.gen::<u16>()).as_bytes());
-        }
-        v.extend_from_slice(words[r.gen_range(0..words.len())].as_bytes());
-    }
-    v.truncate(len);
-    v
-}
 
 fn random(seed: u64, len: usize) -> Vec<u8> {
     let mut r = StdRng::seed_from_u64(seed);

@@ -3,25 +3,9 @@
 //! recompressor moves, an identical overwrite appends nothing, and the
 //! ratios of an empty volume are 1.0.
 mod common;
-use common::{BS, MIB};
+use common::{text, BS, MIB};
 use cvol_engine::{check, Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
 use cvol_storage::SimStorage;
-use rand::{rngs::StdRng, Rng, SeedableRng};
-
-/// Compressible text (about 3:1 with lz4), unique per (seed, position).
-fn text(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = StdRng::seed_from_u64(seed);
-    let words = ["volume ", "segment ", "record ", "checkpoint ", "unit "];
-    let mut v = Vec::with_capacity(len + 16);
-    while v.len() < len {
-        if r.gen_ratio(1, 5) {
-            v.extend_from_slice(format!("{} ", r.gen::<u32>()).as_bytes());
-        }
-        v.extend_from_slice(words[r.gen_range(0..words.len())].as_bytes());
-    }
-    v.truncate(len);
-    v
-}
 
 /// Elastic settings with background recompression off (tests drive it).
 fn manual(busy: bool) -> ElasticConfig {
