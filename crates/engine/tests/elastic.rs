@@ -10,7 +10,6 @@ use cvol_storage::SimStorage;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::Arc;
 
-
 fn random(seed: u64, len: usize) -> Vec<u8> {
     let mut r = StdRng::seed_from_u64(seed);
     (0..len).map(|_| r.gen()).collect()

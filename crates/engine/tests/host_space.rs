@@ -221,16 +221,16 @@ fn ratios_of_an_empty_volume_are_one() {
 
 #[test]
 fn recompression_leaves_alone_what_cleaning_cannot_collect() {
-    let sim = SimStorage::new(64 * MIB);
-    let opts = common::options(&sim, 32 * MIB).with_codec(CodecPolicy::Auto {
+    let sim = SimStorage::new(96 * MIB);
+    let opts = common::options(&sim, 64 * MIB).with_codec(CodecPolicy::Auto {
         strong: Codec::Zstd(9),
     });
     common::create_closed(&sim, &opts);
-    // Idle load: zstd:3. 64 KiB units (strong enough), each followed in the
-    // log by one lone 4 KiB block (a single-block record: a recompression
-    // candidate) at the far end of the volume: every segment is about 95%
-    // units, so rewriting the lone blocks would free space no cleaning
-    // collects.
+    // Idle load: zstd:3. 64 KiB of units (strong enough), every third
+    // followed in the log by one lone 4 KiB block (a single-block record: a
+    // recompression candidate) at the far end of the volume: every segment
+    // is about 97% units, so rewriting the lone blocks would free space no
+    // cleaning collects.
     let vol = common::open_with(
         &sim,
         OpenOptions {
@@ -238,18 +238,20 @@ fn recompression_leaves_alone_what_cleaning_cannot_collect() {
             ..OpenOptions::default()
         },
     );
-    let units = text(7, 8 * MIB as usize);
-    let lone = text(8, 128 * BS);
+    let units = text(7, 32 * MIB as usize);
+    let lone = text(8, 512 * BS);
     for (i, u) in units.chunks(64 << 10).enumerate() {
         vol.write_at((i * (64 << 10)) as u64, u, false).unwrap();
-        let at = 16 * MIB + (i * (64 << 10)) as u64;
-        vol.write_at(at, &lone[i * BS..(i + 1) * BS], false)
-            .unwrap();
+        if i % 3 == 0 {
+            let at = 32 * MIB + (i * (64 << 10)) as u64;
+            vol.write_at(at, &lone[i * BS..(i + 1) * BS], false)
+                .unwrap();
+        }
     }
     vol.flush().unwrap();
     let before = vol.stats();
     let r = vol.recompress_pass(u64::MAX, false).unwrap();
-    assert!(r.candidates >= 128, "{r:?}");
+    assert!(r.candidates >= 160, "{r:?}");
     // All but those in the open segment (little live yet) are left alone.
     assert!(r.uncollectable * 10 >= r.candidates * 9, "{r:?}");
     assert_eq!(r.blocks_rewritten, r.candidates - r.uncollectable, "{r:?}");
