@@ -353,6 +353,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Reco
         warnings,
         scan: None,
         shortfall: None,
+        chain_gap: None,
     };
     search.run(&ptrs)
 }
@@ -406,6 +407,9 @@ struct CheckpointSearch<'a> {
     scan: Option<LogScan>,
     /// The first fallback whose roll-forward fell short of the certified seq.
     shortfall: Option<ShortRollForward>,
+    /// The first candidate whose chain ended before a SYNCED record further
+    /// on: (where the chain ended, the seq that record certifies).
+    chain_gap: Option<(u64, u64)>,
 }
 
 impl CheckpointSearch<'_> {
@@ -416,12 +420,16 @@ impl CheckpointSearch<'_> {
         let mut candidates: Vec<(CheckpointPointer, Source)> =
             ptrs.iter().map(|p| (*p, Source::Pointer)).collect();
         let mut tried: Vec<u64> = Vec::new();
+        let mut commits_added = false;
         let mut i = 0;
         while i <= candidates.len() {
             if i == candidates.len() {
-                if self.scan.is_some() {
+                // The commits the whole log holds are the last fallbacks,
+                // also when an earlier candidate's check already scanned it.
+                if commits_added {
                     break;
                 }
+                commits_added = true;
                 let commits = self.scan_for_commits();
                 candidates.extend(commits.into_iter().map(|p| (p, Source::Scan)));
                 continue;
@@ -440,18 +448,23 @@ impl CheckpointSearch<'_> {
         Err(self.refusal())
     }
 
-    /// Scans the whole log: the certified seq rises to what the log
-    /// certifies, and its intact commit records become the last fallbacks.
+    /// Scans the whole log (once: `accept_fallback` may have already): the
+    /// certified seq rises to what the log certifies, and its intact commit
+    /// records become the last fallbacks.
     fn scan_for_commits(&mut self) -> Vec<CheckpointPointer> {
-        let scan = self.scan.insert(scan_log(self.storage, self.sb));
-        self.certified.raise_from_scan(self.storage, self.sb, scan);
+        if self.scan.is_none() {
+            let scan = self.scan.insert(scan_log(self.storage, self.sb));
+            self.certified.raise_from_scan(self.storage, self.sb, scan);
+        }
+        let scan = self.scan.as_ref().expect("scanned above");
         scanned_commits(self.sb, scan)
     }
 
     /// Loads one candidate checkpoint and rolls forward from it. `Ok(None)`:
-    /// rejected (the warnings say why); an error: a SYNCED record beyond the
-    /// chain's end certifies more than it reached, so the log is damaged
-    /// whichever checkpoint starts it.
+    /// rejected (the warnings say why). A SYNCED record beyond the chain's
+    /// end that certifies more than it reached rejects the candidate and
+    /// raises the certified seq: only a later checkpoint whose chain starts
+    /// past the damage can still be accepted (as a fallback, reaching it).
     fn try_candidate(
         &mut self,
         p: &CheckpointPointer,
@@ -476,11 +489,16 @@ impl CheckpointSearch<'_> {
             }
         };
         if let Some(certified) = certified_beyond(storage, sb, &r, self.index) {
-            return Err(RecoveryError::ChainEndsBeforeCertified {
-                last_seq: r.last_seq,
-                certified,
-                notes: std::mem::take(&mut self.warnings),
+            self.warnings.push(format!(
+                "{what}: its chain of records ends at seq {}, below seq {certified} that a \
+                 later SYNCED record certifies",
+                r.last_seq
+            ));
+            self.certified.raise(certified, || {
+                format!("a SYNCED record beyond the damage (certifies seq {certified})")
             });
+            self.chain_gap.get_or_insert((r.last_seq, certified));
+            return Ok(None);
         }
         if !newest && !self.accept_fallback(what, &map, &r) {
             return Ok(None);
@@ -535,6 +553,13 @@ impl CheckpointSearch<'_> {
     /// return old data: only `salvage`, asked for explicitly (`cvol check
     /// --repair`), does that.
     fn refusal(self) -> RecoveryError {
+        if let Some((last_seq, certified)) = self.chain_gap {
+            return RecoveryError::ChainEndsBeforeCertified {
+                last_seq,
+                certified,
+                notes: self.warnings,
+            };
+        }
         match self.shortfall {
             Some(shortfall) => RecoveryError::RollForwardBelowCertified {
                 shortfall,
