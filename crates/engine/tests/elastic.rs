@@ -4,8 +4,8 @@
 //! background recompression shrinks fast-codec data without changing it,
 //! also while a client writes.
 mod common;
-use common::{text, BS, MIB};
-use cvol_engine::{check, Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
+use common::{close_and_check, text, BS, MIB};
+use cvol_engine::{Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
 use cvol_storage::SimStorage;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::Arc;
@@ -67,14 +67,6 @@ fn read(vol: &Volume, offset: u64, len: usize) -> Vec<u8> {
     let mut b = vec![0u8; len];
     vol.read_at(offset, &mut b).unwrap();
     b
-}
-
-fn close_and_check(vol: Volume, sim: &SimStorage) {
-    vol.verify_refcounts().unwrap();
-    vol.close().unwrap();
-    drop(vol);
-    let rep = check::check_volume(sim, &mut |_, _| {});
-    assert!(rep.consistent(), "check: {:?}", rep.errors);
 }
 
 /// Every 4 KiB block alone, and byte ranges that straddle unit edges.

@@ -3,8 +3,8 @@
 //! recompressor moves, an identical overwrite appends nothing, and the
 //! ratios of an empty volume are 1.0.
 mod common;
-use common::{text, BS, MIB};
-use cvol_engine::{check, Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
+use common::{close_and_check, text, BS, MIB};
+use cvol_engine::{Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
 use cvol_storage::SimStorage;
 
 /// Elastic settings with background recompression off (tests drive it).
@@ -42,14 +42,6 @@ fn assert_image(vol: &Volume, at: u64, image: &[u8]) {
     for (b, (g, w)) in got.chunks(BS).zip(image.chunks(BS)).enumerate() {
         assert!(g == w, "block {b} after lba {}", at / BS as u64);
     }
-}
-
-fn close_and_check(vol: Volume, sim: &SimStorage) {
-    vol.verify_refcounts().unwrap();
-    vol.close().unwrap();
-    drop(vol);
-    let rep = check::check_volume(sim, &mut |_, _| {});
-    assert!(rep.consistent(), "check: {:?}", rep.errors);
 }
 
 /// Dead bytes in sealed segments after idle cleaning are within the

@@ -97,3 +97,13 @@ pub fn text(seed: u64, len: usize) -> Vec<u8> {
     v.truncate(len);
     v
 }
+
+/// Checks the reference counts, closes the volume, and runs `check` on the
+/// store: it must be consistent.
+pub fn close_and_check(vol: Volume, sim: &SimStorage) {
+    vol.verify_refcounts().unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let rep = cvol_engine::check::check_volume(sim, &mut |_, _| {});
+    assert!(rep.consistent(), "check: {:?}", rep.errors);
+}
