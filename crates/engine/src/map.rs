@@ -13,6 +13,10 @@ struct Page {
 
 pub struct BlockMap {
     pages: Vec<Option<Box<Page>>>,
+    /// One bit per page, set while it is allocated: finding the next
+    /// allocated page reads 64 slots a word, so scans of a large sparse
+    /// volume cost what is mapped, not the logical size.
+    allocated: Vec<u64>,
     blocks: u64,
 }
 
@@ -21,6 +25,7 @@ impl BlockMap {
         let npages = (blocks as usize).div_ceil(PAGE_BLOCKS);
         BlockMap {
             pages: (0..npages).map(|_| None).collect(),
+            allocated: vec![0; npages.div_ceil(64)],
             blocks,
         }
     }
@@ -54,6 +59,7 @@ impl BlockMap {
                 crc: [0; PAGE_BLOCKS],
                 used: 0,
             }));
+            self.allocated[p / 64] |= 1 << (p % 64);
         }
         let page = self.pages[p].as_mut().expect("page allocated above");
         let old = MapEntry {
@@ -68,14 +74,19 @@ impl BlockMap {
         debug_assert!(page.used as usize <= PAGE_BLOCKS);
         if page.used == 0 {
             self.pages[p] = None;
+            self.allocated[p / 64] &= !(1 << (p % 64));
         }
         old
     }
 
     /// Calls `f(lba, entry)` for every entry that is not unmapped, in LBA order.
     pub fn for_each_mapped(&self, mut f: impl FnMut(u64, MapEntry)) {
-        for (p, page) in self.pages.iter().enumerate() {
-            let Some(page) = page else { continue };
+        let mut next = self.next_allocated_page(0);
+        while let Some(p) = next {
+            next = self.next_allocated_page(p + 1);
+            let page = self.pages[p]
+                .as_ref()
+                .expect("an allocated page's bit is set");
             for i in 0..PAGE_BLOCKS {
                 if page.loc[i] != 0 {
                     f(
@@ -92,10 +103,23 @@ impl BlockMap {
 
     /// Next LBA >= `lba` whose page is allocated (a fast skip over holes).
     pub fn next_allocated_page_lba(&self, lba: u64) -> Option<u64> {
-        let start = (lba as usize) / PAGE_BLOCKS;
-        (start..self.pages.len())
-            .find(|&p| self.pages[p].is_some())
+        let start = usize::try_from(lba).ok()? / PAGE_BLOCKS;
+        self.next_allocated_page(start)
             .map(|p| ((p * PAGE_BLOCKS) as u64).max(lba))
+            .filter(|&l| l < self.blocks)
+    }
+
+    /// The first allocated page at or after page `start`.
+    fn next_allocated_page(&self, start: usize) -> Option<usize> {
+        let mut word = start / 64;
+        let mut bits = *self.allocated.get(word)? & (u64::MAX << (start % 64));
+        while bits == 0 {
+            word += 1;
+            bits = *self.allocated.get(word)?;
+        }
+        let p = word * 64 + bits.trailing_zeros() as usize;
+        debug_assert!(self.pages[p].is_some(), "page {p}'s bit without a page");
+        Some(p)
     }
 
     /// The mapped (not unmapped) LBAs in [lba, end) of the first allocated
@@ -127,6 +151,7 @@ impl BlockMap {
     pub fn memory_bytes(&self) -> u64 {
         let pages = self.pages.iter().filter(|p| p.is_some()).count();
         (self.pages.capacity() * std::mem::size_of::<Option<Box<Page>>>()
+            + self.allocated.capacity() * std::mem::size_of::<u64>()
             + pages * std::mem::size_of::<Page>()) as u64
     }
 }
@@ -165,5 +190,30 @@ mod tests {
         assert_eq!(m.set(701, MapEntry::UNMAPPED), MapEntry::ZERO);
         assert_eq!(m.next_allocated_page_lba(0), None);
         assert!(m.memory_bytes() < 100);
+    }
+
+    #[test]
+    fn next_allocated_page_crosses_words_and_the_end() {
+        let blocks = 200 * PAGE_BLOCKS as u64 + 7;
+        let mut m = BlockMap::new(blocks);
+        let e = MapEntry::ZERO;
+        for lba in [0, 63 * 512 + 3, 64 * 512, 130 * 512 + 9, blocks - 1] {
+            m.set(lba, e);
+        }
+        let mut pages = vec![];
+        let mut lba = 0;
+        while let Some(p) = m.next_allocated_page_lba(lba) {
+            pages.push(p / PAGE_BLOCKS as u64);
+            lba = page_end(p);
+        }
+        assert_eq!(pages, vec![0, 63, 64, 130, 200]);
+        assert_eq!(m.next_allocated_page_lba(64 * 512 + 1), Some(64 * 512 + 1));
+        assert_eq!(m.next_allocated_page_lba(blocks), None);
+        assert_eq!(m.next_allocated_page_lba(u64::MAX), None);
+        m.set(64 * 512, MapEntry::UNMAPPED);
+        assert_eq!(m.next_allocated_page_lba(64 * 512), Some(130 * 512));
+        let mut n = 0;
+        m.for_each_mapped(|_, _| n += 1);
+        assert_eq!(n, 4);
     }
 }

@@ -699,7 +699,7 @@ pub fn scan_log(storage: &dyn Storage, sb: &Superblock) -> LogScan {
         damaged: Vec::new(),
         damaged_headers: Vec::new(),
     };
-    for s in 0..sb.segment_count() {
+    for s in segments_with_data(storage, sb) {
         let Ok(buf) = read_segment(storage, sb, s) else {
             out.damaged.push((s, 0, "unreadable".into()));
             continue;
@@ -1397,7 +1397,7 @@ fn first_record_index(
 ) -> Result<HashMap<u64, Vec<u64>>, RecoveryError> {
     let mut index: HashMap<u64, Vec<u64>> = HashMap::new();
     let mut b = [0u8; RECORD_HEADER_BYTES];
-    for s in 0..sb.segment_count() {
+    for s in segments_with_data(storage, sb) {
         storage
             .read_at(sb.segment_offset(s), &mut b)
             .map_err(|source| RecoveryError::SegmentStartUnreadable { segment: s, source })?;
@@ -1409,6 +1409,36 @@ fn first_record_index(
         }
     }
     Ok(index)
+}
+
+/// The segments whose bytes may not all be zeros, in order: a segment
+/// that reads as zeros holds no record, so scans skip it without reading
+/// (`Storage::next_data`: one call over the holes of a sparse file, so an
+/// empty 8 TiB volume opens without 2 Mi reads). Where the store cannot
+/// tell, or answers with an error, every segment is listed and read.
+fn segments_with_data<'a>(
+    storage: &'a dyn Storage,
+    sb: &'a Superblock,
+) -> impl Iterator<Item = u64> + 'a {
+    let mut next = 0u64;
+    std::iter::from_fn(move || {
+        let s = next_segment_with_data(storage, sb, next)?;
+        next = s + 1;
+        Some(s)
+    })
+}
+
+fn next_segment_with_data(storage: &dyn Storage, sb: &Superblock, from: u64) -> Option<u64> {
+    if from >= sb.segment_count() {
+        return None;
+    }
+    let start = sb.segment_offset(from);
+    let s = match storage.next_data(start) {
+        Ok(Some(at)) => from + at.saturating_sub(start) / sb.segment_size_bytes,
+        Ok(None) => return None,
+        Err(_) => from,
+    };
+    (s < sb.segment_count()).then_some(s)
 }
 
 /// A verified record at `at` in `seg` that continues the chain, if any.

@@ -108,6 +108,21 @@ impl Storage for FileStorage {
         self.file.metadata().ok().map(|m| m.blocks() * 512)
     }
 
+    fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        check_range(offset, 0, self.size_bytes)?;
+        if self.is_block_device || offset == self.size_bytes {
+            return Ok((offset < self.size_bytes).then_some(offset));
+        }
+        // Positional I/O ignores the file offset this moves.
+        match rustix::fs::seek(&self.file, rustix::fs::SeekFrom::Data(offset)) {
+            Ok(at) => Ok(Some(at.min(self.size_bytes))),
+            // ENXIO: no data at or after `offset`.
+            Err(rustix::io::Errno::NXIO) => Ok(None),
+            // A file system without SEEK_DATA: data may be anywhere.
+            Err(_) => Ok(Some(offset)),
+        }
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(offset, 0, self.size_bytes)?;
         if self.is_block_device {
@@ -142,6 +157,23 @@ fn blk_discard(file: &File, offset: u64, len: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn next_data_skips_holes() {
+        let dir = std::env::temp_dir().join(format!("cvol-storage-holes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = FileStorage::create(&dir.join("vol"), 64 << 20).unwrap();
+        assert_eq!(s.next_data(0).unwrap(), None, "a new file is one hole");
+        s.write_at(40 << 20, &[1u8; 4096]).unwrap();
+        let at = s.next_data(0).unwrap().expect("data after the write");
+        // File systems report data at their block granularity.
+        assert!(at <= 40 << 20 && at > 30 << 20, "data found at {at}");
+        assert_eq!(s.next_data(41 << 20).unwrap(), None);
+        assert_eq!(s.next_data(64 << 20).unwrap(), None);
+        assert!(s.next_data((64 << 20) + 1).is_err());
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn create_write_read_lock() {

@@ -35,6 +35,16 @@ pub trait Storage: Send + Sync {
     fn allocated_bytes(&self) -> Option<u64> {
         None
     }
+    /// Where the next bytes that may be non-zero start, at or after
+    /// `offset` (a backing file's `SEEK_DATA`): every byte of
+    /// `[offset, returned)` reads as zeros, and None means nothing but zeros
+    /// from `offset` to the end. Lets scans skip the holes of a sparse
+    /// store (an empty 8 TiB volume) in one call. A store that cannot tell
+    /// answers `offset` itself (the default): data may be anywhere.
+    fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        check_range(offset, 0, self.len_bytes())?;
+        Ok((offset < self.len_bytes()).then_some(offset))
+    }
 }
 
 pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {

@@ -178,6 +178,29 @@ impl Storage for SimStorage {
         Ok(())
     }
 
+    /// Exact, so scans that skip zeros run in the simulations too: the first
+    /// non-zero byte at or after `offset`, or the first byte of a range
+    /// whose reads fail (an unreadable region is never skipped).
+    fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
+        check_range(offset, 0, self.size_bytes)?;
+        let g = self.lock();
+        let nonzero = g.live[offset as usize..]
+            .iter()
+            .position(|&b| b != 0)
+            .map(|i| offset + i as u64);
+        let bad = g
+            .config
+            .bad_read_ranges
+            .iter()
+            .filter(|&&(_, e)| e > offset)
+            .map(|&(s, _)| s.max(offset))
+            .min();
+        Ok(match (nonzero, bad) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+
     /// Like a hole punch: the range reads as zeros; unsynced, so a crash may undo it.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.write_at(offset, &vec![0u8; len as usize])
@@ -223,6 +246,25 @@ mod tests {
             saw_kept |= b[1024..].contains(&2);
         }
         assert!(saw_lost && saw_kept);
+    }
+
+    #[test]
+    fn next_data_finds_non_zero_bytes_and_unreadable_ranges() {
+        let s = SimStorage::new(1 << 16);
+        assert_eq!(s.next_data(0).unwrap(), None);
+        assert_eq!(s.next_data(1 << 16).unwrap(), None);
+        assert!(s.next_data((1 << 16) + 1).is_err());
+        s.write_at(5000, &[0, 7]).unwrap();
+        assert_eq!(s.next_data(0).unwrap(), Some(5001));
+        assert_eq!(s.next_data(5001).unwrap(), Some(5001));
+        assert_eq!(s.next_data(5002).unwrap(), None);
+        s.set_config(SimConfig {
+            bad_read_ranges: vec![(100, 200)],
+            ..SimConfig::default()
+        });
+        assert_eq!(s.next_data(0).unwrap(), Some(100));
+        assert_eq!(s.next_data(150).unwrap(), Some(150));
+        assert_eq!(s.next_data(200).unwrap(), Some(5001));
     }
 
     #[test]

@@ -30,7 +30,8 @@ use std::time::Duration;
 
 /// Windows (of unit size) scanned per hold of the state lock.
 const SCAN_WINDOWS_PER_LOCK: u64 = 4096;
-/// Windows scanned per pass (then the cursor moves on).
+/// Windows holding mapped pages scored per pass (then the cursor moves on;
+/// windows of unmapped pages are skipped without counting).
 const SCAN_WINDOWS_PER_PASS: u64 = 1 << 18;
 /// A rewrite must save at least 1/16 of the bytes it replaces.
 const MIN_GAIN_DIVISOR: u64 = 16;
@@ -96,8 +97,12 @@ impl Volume {
         }
     }
 
-    /// Scores the windows from `cursor`: stored bytes of weak records in
-    /// each window with no dedup references in it.
+    /// Scores up to `windows` windows that hold mapped pages, from
+    /// `cursor`; returns them and the window to resume at. Windows of
+    /// unallocated pages are skipped without counting (the map finds the
+    /// next allocated page a word of 64 pages at a time), so a pass over
+    /// a large, mostly empty volume costs what is mapped, not the logical
+    /// size.
     fn scan_candidates(
         &self,
         cursor: u64,
@@ -105,27 +110,28 @@ impl Volume {
     ) -> Result<(Vec<Candidate>, u64), VolError> {
         let w = self.window_blocks();
         let total = self.sb.logical_blocks().div_ceil(w);
-        let end = (cursor + windows).min(total);
         let mut out = Vec::new();
-        let mut at = cursor;
-        while at < end {
-            let stop = (at + SCAN_WINDOWS_PER_LOCK).min(end);
+        let mut at = cursor.min(total);
+        let mut scored = 0u64;
+        while at < total && scored < windows {
             let st = self.lock_state()?;
-            while at < stop {
+            let mut this_lock = 0u64;
+            while at < total && scored < windows && this_lock < SCAN_WINDOWS_PER_LOCK {
                 let first = at * w;
-                at += 1;
-                // Skip unwritten pages quickly.
                 match st.live.map().next_allocated_page_lba(first) {
                     Some(p) if p < first + w => {}
                     Some(p) => {
-                        at = at.max(p / w);
+                        at = p / w;
                         continue;
                     }
                     None => {
-                        at = stop.max(at);
+                        at = total;
                         break;
                     }
                 }
+                at += 1;
+                scored += 1;
+                this_lock += 1;
                 if let Some((score, records)) = Self::window_score(&st, first, w) {
                     out.push(Candidate {
                         first,
@@ -135,7 +141,7 @@ impl Volume {
                 }
             }
         }
-        Ok((out, end))
+        Ok((out, at))
     }
 
     /// Stored bytes of the weak records in the window of `w` blocks from
