@@ -103,8 +103,8 @@ pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
     if rep.after.consistent() {
         let options = OpenOptions {
             read_only: true,
-            dedup_memory_bytes: 1 << 20,
-            read_cache_bytes: 0,
+            dedup_memory_bytes: Some(1 << 20),
+            read_cache_bytes: Some(0),
             ..OpenOptions::default()
         };
         if let Err(e) = Volume::open(storage, options) {

@@ -153,7 +153,7 @@ fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, St
 }
 
 fn scrub_offline(path: &Path, rate: u64, json: bool) -> Result<ExitCode, String> {
-    let vol = crate::volfile::open_read_only(path, 0)?;
+    let vol = crate::volfile::open_read_only(path, Some(0))?;
     let bar = progress_bar();
     let progress = |p: &ScrubProgress| {
         if let Some(pb) = &bar {

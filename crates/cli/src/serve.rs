@@ -48,12 +48,14 @@ pub struct ServeArgs {
     workers: Option<usize>,
     #[command(flatten)]
     cleaner: CleanerFlags,
-    /// Memory for the dedup fingerprint index (32 bytes per block remembered).
-    #[arg(long, default_value = "128M")]
-    dedup_memory: String,
-    /// Memory for the cache of recently read, decompressed blocks (0 disables it).
-    #[arg(long, default_value = "32M")]
-    read_cache: String,
+    /// Memory for the dedup fingerprint index (32 bytes per block
+    /// remembered) [default: 1/64 of the physical size, 1M to 128M]
+    #[arg(long)]
+    dedup_memory: Option<String>,
+    /// Memory for the cache of recently read, decompressed blocks (0
+    /// disables it) [default: 1/128 of the physical size, 1M to 32M]
+    #[arg(long)]
+    read_cache: Option<String>,
     #[command(flatten)]
     elastic: ElasticFlags,
     #[command(flatten)]
@@ -118,10 +120,18 @@ impl ServeArgs {
     /// memory budgets and elastic compression, in that order.
     fn open_options(&self) -> Result<OpenOptions, String> {
         let cleaner = self.cleaner.config()?;
-        let dedup_memory_bytes =
-            size::parse_size(&self.dedup_memory).map_err(|e| format!("--dedup-memory: {e}"))?;
-        let read_cache_bytes =
-            size::parse_size(&self.read_cache).map_err(|e| format!("--read-cache: {e}"))?;
+        let dedup_memory_bytes = self
+            .dedup_memory
+            .as_deref()
+            .map(size::parse_size)
+            .transpose()
+            .map_err(|e| format!("--dedup-memory: {e}"))?;
+        let read_cache_bytes = self
+            .read_cache
+            .as_deref()
+            .map(size::parse_size)
+            .transpose()
+            .map_err(|e| format!("--read-cache: {e}"))?;
         Ok(OpenOptions {
             read_only: self.read_only,
             sync_writes: self.sync,
@@ -394,7 +404,7 @@ mod tests {
         let d = OpenOptions::default();
         assert_eq!(o.cleaner.low_free_percent, 10);
         assert_eq!(o.cleaner.high_free_percent, 25);
-        assert_eq!(o.dedup_memory_bytes, 128 << 20);
+        assert_eq!(o.dedup_memory_bytes, None, "scaled to the volume");
         assert_eq!(o.read_cache_bytes, d.read_cache_bytes);
         assert_eq!(o.elastic.unit_blocks, 4);
         assert_eq!(o.elastic.busy_iops, d.elastic.busy_iops);

@@ -75,7 +75,7 @@ pub fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
     let (mut stats, served) = match query_served(path) {
         Some(stats) => (stats?, true),
         None => {
-            let vol = volfile::open_read_only(path, cvol_engine::volume::READ_CACHE_DEFAULT_BYTES)?;
+            let vol = volfile::open_read_only(path, None)?;
             (vol.stats(), false)
         }
     };

@@ -169,7 +169,7 @@ pub fn open_volume_store(path: &Path, purpose: Purpose) -> Result<FileStorage, S
 }
 
 /// Opens a volume nobody serves, read-only (`stat`, offline `scrub`).
-pub fn open_read_only(path: &Path, read_cache_bytes: u64) -> Result<Volume, String> {
+pub fn open_read_only(path: &Path, read_cache_bytes: Option<u64>) -> Result<Volume, String> {
     let storage = open_volume_store(path, Purpose::Read)?;
     let options = OpenOptions {
         read_only: true,

@@ -121,7 +121,7 @@ fn unit_sizes(dir: &Path, img: &[u8]) {
                 .close()
                 .unwrap();
             let options = OpenOptions {
-                read_cache_bytes: 0,
+                read_cache_bytes: Some(0),
                 elastic: ElasticConfig {
                     unit_blocks,
                     ..ElasticConfig::default()

@@ -364,8 +364,8 @@ pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
     }
     let options = crate::OpenOptions {
         rebuild_from_log: true,
-        dedup_memory_bytes: 1 << 20,
-        read_cache_bytes: 0,
+        dedup_memory_bytes: Some(1 << 20),
+        read_cache_bytes: Some(0),
         ..crate::OpenOptions::default()
     };
     match crate::Volume::open(storage.clone(), options) {

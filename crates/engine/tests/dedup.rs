@@ -332,7 +332,7 @@ fn a_small_index_stays_within_budget_and_still_finds_recent_duplicates() {
     let vol = Volume::open(
         Arc::new(sim.clone()),
         OpenOptions {
-            dedup_memory_bytes: budget,
+            dedup_memory_bytes: Some(budget),
             ..OpenOptions::default()
         },
     )

@@ -91,8 +91,8 @@ fn noise(i: u64) -> Vec<u8> {
 fn options(read_only: bool) -> OpenOptions {
     OpenOptions {
         read_only,
-        dedup_memory_bytes: MIB,
-        read_cache_bytes: 256 * 1024,
+        dedup_memory_bytes: Some(MIB),
+        read_cache_bytes: Some(256 * 1024),
         ..OpenOptions::default()
     }
 }

@@ -5,6 +5,7 @@
 use super::jobs::{Activity, JobsState};
 use super::read::Caches;
 use super::stats::Counters;
+use super::{dedup_memory_default_bytes, read_cache_default_bytes};
 use super::{CreateOptions, Dedup, OpenOptions, State, Volume};
 use crate::codec::Codec;
 use crate::dedup::{self, DedupIndex};
@@ -154,7 +155,12 @@ impl Volume {
             seed: dedup::volume_seed(&sb.uuid),
             index: OrderedMutex::new(
                 Level::Index,
-                DedupIndex::new(options.dedup_memory_bytes, max_useful),
+                DedupIndex::new(
+                    options
+                        .dedup_memory_bytes
+                        .unwrap_or_else(|| dedup_memory_default_bytes(sb.physical_size_bytes)),
+                    max_useful,
+                ),
             ),
         });
         Volume {
@@ -168,7 +174,11 @@ impl Volume {
             dedup,
             poisoned: AtomicBool::new(false),
             activity: Activity::new(),
-            caches: Caches::new(options.read_cache_bytes),
+            caches: Caches::new(
+                options
+                    .read_cache_bytes
+                    .unwrap_or_else(|| read_cache_default_bytes(sb.physical_size_bytes)),
+            ),
             counters: Counters::default(),
             jobs: JobsState::default(),
             storage,

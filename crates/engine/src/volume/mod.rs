@@ -57,7 +57,8 @@ pub use jobs::scrub::{
 pub use jobs::Worker;
 pub use lifecycle::default_segment_size;
 pub use options::{
-    CreateOptions, OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
+    dedup_memory_default_bytes, read_cache_default_bytes, CreateOptions, OpenOptions,
+    DEDUP_MEMORY_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
 };
 pub use read::Extent;
 // Record decoding lives in crate::records; these paths stay for the tools

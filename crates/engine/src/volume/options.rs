@@ -3,8 +3,27 @@ use super::jobs::cleaner::CleanerConfig;
 use crate::codec::Codec;
 use crate::policy::{CodecPolicy, ElasticConfig};
 
+/// The largest default dedup index; `dedup_memory_default_bytes` scales it
+/// down for smaller volumes.
 pub const DEDUP_MEMORY_DEFAULT_BYTES: u64 = 128 << 20;
+/// The largest default read cache; `read_cache_default_bytes` scales it down.
 pub const READ_CACHE_DEFAULT_BYTES: u64 = 32 << 20;
+/// The smallest default of either budget.
+const MEMORY_DEFAULT_MIN_BYTES: u64 = 1 << 20;
+
+/// The dedup index a volume gets unless told (`--dedup-memory`): room for
+/// a 32-byte entry per 4 KiB block the physical store holds at 2:1
+/// (physical / 64), from 1 MiB up to 128 MiB, so a small volume does not
+/// take (and pre-fault) the index of a large one.
+pub fn dedup_memory_default_bytes(physical_size_bytes: u64) -> u64 {
+    (physical_size_bytes / 64).clamp(MEMORY_DEFAULT_MIN_BYTES, DEDUP_MEMORY_DEFAULT_BYTES)
+}
+
+/// The read cache a volume gets unless told (`--read-cache`): 1/128 of
+/// the physical size, from 1 MiB up to 32 MiB.
+pub fn read_cache_default_bytes(physical_size_bytes: u64) -> u64 {
+    (physical_size_bytes / 128).clamp(MEMORY_DEFAULT_MIN_BYTES, READ_CACHE_DEFAULT_BYTES)
+}
 /// A flush also checkpoints once this many log bytes were written since the last one.
 pub const CHECKPOINT_INTERVAL_DEFAULT_BYTES: u64 = 256 << 20;
 
@@ -63,10 +82,12 @@ pub struct OpenOptions {
     /// A flush also checkpoints once this many log bytes were written since the last one.
     pub checkpoint_interval_bytes: u64,
     pub cleaner: CleanerConfig,
-    /// Memory for the dedup fingerprint index (volumes with dedup on).
-    pub dedup_memory_bytes: u64,
-    /// Memory for the cache of decompressed blocks (0: none).
-    pub read_cache_bytes: u64,
+    /// Memory for the dedup fingerprint index (volumes with dedup on);
+    /// None: `dedup_memory_default_bytes` of the volume's physical size.
+    pub dedup_memory_bytes: Option<u64>,
+    /// Memory for the cache of decompressed blocks (0: none); None:
+    /// `read_cache_default_bytes` of the volume's physical size.
+    pub read_cache_bytes: Option<u64>,
     /// Merged compression units, load thresholds, background recompression.
     pub elastic: ElasticConfig,
     /// When no checkpoint is usable, rebuild the map from every record the
@@ -81,10 +102,26 @@ impl Default for OpenOptions {
             sync_writes: false,
             checkpoint_interval_bytes: CHECKPOINT_INTERVAL_DEFAULT_BYTES,
             cleaner: CleanerConfig::default(),
-            dedup_memory_bytes: DEDUP_MEMORY_DEFAULT_BYTES,
-            read_cache_bytes: READ_CACHE_DEFAULT_BYTES,
+            dedup_memory_bytes: None,
+            read_cache_bytes: None,
             elastic: ElasticConfig::default(),
             rebuild_from_log: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_defaults_scale_with_the_physical_size() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(dedup_memory_default_bytes(3 * MIB), MIB);
+        assert_eq!(dedup_memory_default_bytes(4 << 30), 64 * MIB);
+        assert_eq!(dedup_memory_default_bytes(1 << 40), 128 * MIB);
+        assert_eq!(read_cache_default_bytes(3 * MIB), MIB);
+        assert_eq!(read_cache_default_bytes(1 << 30), 8 * MIB);
+        assert_eq!(read_cache_default_bytes(1 << 40), 32 * MIB);
     }
 }
