@@ -1,9 +1,14 @@
 //! In-memory block map: LBA -> MapEntry, allocated in pages of 512 entries
 //! (12 bytes each), so memory follows written space, not logical size.
+//! Pages are shared copy-on-write with snapshots (`BlockMap::snapshot`), so
+//! a checkpoint encodes a consistent map outside the volume lock while
+//! writers go on: a page changed after the snapshot is copied once.
 use cvol_format::MapEntry;
+use std::sync::Arc;
 
 pub const PAGE_BLOCKS: usize = 512;
 
+#[derive(Clone)]
 struct Page {
     loc: [u64; PAGE_BLOCKS],
     crc: [u32; PAGE_BLOCKS],
@@ -12,7 +17,7 @@ struct Page {
 }
 
 pub struct BlockMap {
-    pages: Vec<Option<Box<Page>>>,
+    pages: Vec<Option<Arc<Page>>>,
     /// One bit per page, set while it is allocated: finding the next
     /// allocated page reads 64 slots a word, so scans of a large sparse
     /// volume cost what is mapped, not the logical size.
@@ -54,14 +59,14 @@ impl BlockMap {
             if e.is_unmapped() {
                 return MapEntry::UNMAPPED;
             }
-            self.pages[p] = Some(Box::new(Page {
+            self.pages[p] = Some(Arc::new(Page {
                 loc: [0; PAGE_BLOCKS],
                 crc: [0; PAGE_BLOCKS],
                 used: 0,
             }));
             self.allocated[p / 64] |= 1 << (p % 64);
         }
-        let page = self.pages[p].as_mut().expect("page allocated above");
+        let page = Arc::make_mut(self.pages[p].as_mut().expect("page allocated above"));
         let old = MapEntry {
             loc: page.loc[i],
             crc: page.crc[i],
@@ -87,18 +92,23 @@ impl BlockMap {
             let page = self.pages[p]
                 .as_ref()
                 .expect("an allocated page's bit is set");
-            for i in 0..PAGE_BLOCKS {
-                if page.loc[i] != 0 {
-                    f(
-                        (p * PAGE_BLOCKS + i) as u64,
-                        MapEntry {
-                            loc: page.loc[i],
-                            crc: page.crc[i],
-                        },
-                    );
-                }
-            }
+            page.for_each_mapped(p, &mut f);
         }
+    }
+
+    /// The map as it is now, sharing its pages: O(allocated pages), and
+    /// later changes to this map copy the pages they touch.
+    pub fn snapshot(&self) -> MapSnapshot {
+        let mut pages = Vec::new();
+        let mut next = self.next_allocated_page(0);
+        while let Some(p) = next {
+            next = self.next_allocated_page(p + 1);
+            let page = self.pages[p]
+                .as_ref()
+                .expect("an allocated page's bit is set");
+            pages.push((p, Arc::clone(page)));
+        }
+        MapSnapshot { pages }
     }
 
     /// Next LBA >= `lba` whose page is allocated (a fast skip over holes).
@@ -150,9 +160,40 @@ impl BlockMap {
     /// Bytes of heap this map uses.
     pub fn memory_bytes(&self) -> u64 {
         let pages = self.pages.iter().filter(|p| p.is_some()).count();
-        (self.pages.capacity() * std::mem::size_of::<Option<Box<Page>>>()
+        (self.pages.capacity() * std::mem::size_of::<Option<Arc<Page>>>()
             + self.allocated.capacity() * std::mem::size_of::<u64>()
             + pages * std::mem::size_of::<Page>()) as u64
+    }
+}
+
+impl Page {
+    /// Calls `f(lba, entry)` for every entry of page `p` that is not unmapped.
+    fn for_each_mapped(&self, p: usize, f: &mut impl FnMut(u64, MapEntry)) {
+        for i in 0..PAGE_BLOCKS {
+            if self.loc[i] != 0 {
+                f(
+                    (p * PAGE_BLOCKS + i) as u64,
+                    MapEntry {
+                        loc: self.loc[i],
+                        crc: self.crc[i],
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// A frozen copy of a map (`BlockMap::snapshot`).
+pub struct MapSnapshot {
+    pages: Vec<(usize, Arc<Page>)>,
+}
+
+impl MapSnapshot {
+    /// Calls `f(lba, entry)` for every entry that is not unmapped, in LBA order.
+    pub fn for_each_mapped(&self, mut f: impl FnMut(u64, MapEntry)) {
+        for (p, page) in &self.pages {
+            page.for_each_mapped(*p, &mut f);
+        }
     }
 }
 
@@ -215,5 +256,24 @@ mod tests {
         let mut n = 0;
         m.for_each_mapped(|_, _| n += 1);
         assert_eq!(n, 4);
+    }
+
+    #[test]
+    fn a_snapshot_keeps_the_map_as_it_was() {
+        let mut m = BlockMap::new(4096);
+        let a = MapEntry::data(CodecTag::Lz4, 1 << 20, 100, 1);
+        let b = MapEntry::data(CodecTag::Lz4, 2 << 20, 100, 2);
+        m.set(1, a);
+        m.set(600, a);
+        let snap = m.snapshot();
+        m.set(1, b);
+        m.set(600, MapEntry::UNMAPPED);
+        m.set(2000, b);
+        let mut seen = vec![];
+        snap.for_each_mapped(|l, e| seen.push((l, e)));
+        assert_eq!(seen, vec![(1, a), (600, a)]);
+        let mut now = vec![];
+        m.for_each_mapped(|l, e| now.push((l, e)));
+        assert_eq!(now, vec![(1, b), (2000, b)]);
     }
 }

@@ -915,21 +915,52 @@ fn load_checkpoint_partial(
     if let Some((seg, _)) = sb.locate(p.commit_offset) {
         checkpoint_segments.insert(seg, p.commit_seq);
     }
-    let (segment, at) = sb
-        .locate(p.commit_offset)
-        .ok_or("commit outside the data area")?;
     Ok(SalvageBase {
         map,
-        start: Start {
-            segment,
-            offset: at + p.commit_len as usize,
-            expected_seq: p.commit_seq + 1,
-            epoch: p.commit_epoch,
-            snapshot_seq: commit.snapshot_seq,
-            checkpoint_segments,
-        },
+        start: checkpoint_start(sb, p, &commit, checkpoint_segments)?,
         lost_spans,
         what,
+    })
+}
+
+/// Where roll-forward from the checkpoint of `p` starts: at the log head
+/// of its snapshot when the commit names it (the checkpoint was written
+/// outside the volume lock: client records may lie between the snapshot
+/// and the commit, and the checkpoint's own records are passed over),
+/// else right after the commit record.
+fn checkpoint_start(
+    sb: &Superblock,
+    p: &CheckpointPointer,
+    commit: &CommitPayload,
+    checkpoint_segments: HashMap<u64, u64>,
+) -> Result<Start, String> {
+    let (segment, offset, expected_seq) = match commit.resume {
+        Some(r) => {
+            if r.segment >= sb.segment_count() || r.offset > sb.segment_size_bytes {
+                return Err(format!(
+                    "resume position {}+{} outside the log",
+                    r.segment, r.offset
+                ));
+            }
+            if commit.snapshot_seq >= p.commit_seq {
+                return Err("snapshot seq not before its commit".into());
+            }
+            (r.segment, r.offset as usize, commit.snapshot_seq + 1)
+        }
+        None => {
+            let (segment, at) = sb
+                .locate(p.commit_offset)
+                .ok_or("commit outside the data area")?;
+            (segment, at + p.commit_len as usize, p.commit_seq + 1)
+        }
+    };
+    Ok(Start {
+        segment,
+        offset,
+        expected_seq,
+        epoch: p.commit_epoch,
+        snapshot_seq: commit.snapshot_seq,
+        checkpoint_segments,
     })
 }
 
@@ -1481,11 +1512,17 @@ fn roll_forward(
 ) -> Result<Recovered, RecoveryError> {
     let mut chain = Chain::new(storage, sb, &start)?;
     loop {
+        // An intact record continuing the chain is taken here or at the
+        // start of another segment (a checkpoint record that did not fit
+        // the open segment's tail starts the next one) before a record a
+        // pointer names is taken for damaged and stepped over.
         if let Some((at, h)) = chain.record_here() {
             chain.apply(map, at, &h)?;
+        } else if chain.switch_segment(index)? {
+            continue;
         } else if chain.at_known_checkpoint_record(known) {
             chain.step_over_known(known)?;
-        } else if !chain.switch_segment(index)? {
+        } else {
             break;
         }
     }
@@ -1843,15 +1880,7 @@ fn load_checkpoint(
         checkpoint_segments.insert(seg_of(c.offset), p.commit_seq);
     }
     checkpoint_segments.insert(seg_of(p.commit_offset), p.commit_seq);
-    let seg_rel = p.commit_offset - sb.data_offset_bytes;
-    let start = Start {
-        segment: seg_rel / sb.segment_size_bytes,
-        offset: (seg_rel % sb.segment_size_bytes) as usize + p.commit_len as usize,
-        expected_seq: p.commit_seq + 1,
-        epoch: p.commit_epoch,
-        snapshot_seq: commit.snapshot_seq,
-        checkpoint_segments,
-    };
+    let start = checkpoint_start(sb, p, &commit, checkpoint_segments)?;
     Ok((map, start))
 }
 

@@ -248,7 +248,8 @@ fn regression_checkpoint_spanning_segments_is_not_reclaimed_by_itself() {
             i * 3
         );
     }
-    assert!(check::check_volume(&crashed, &mut |_, _| {}).consistent());
+    let rep = check::check_volume(&crashed, &mut |_, _| {});
+    assert!(rep.consistent(), "{rep:?}");
 }
 
 #[test]

@@ -117,7 +117,29 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
             )
         }
         76..=93 => (vol.flush().map(|_| Durable::All), None, false),
-        94..=95 => (vol.checkpoint().map(|_| Durable::All), None, false),
+        94 => (vol.checkpoint().map(|_| Durable::All), None, false),
+        // A checkpoint written outside the volume lock with a client write
+        // landing between its records (as a concurrent one would): made
+        // durable by it, and replayed from the snapshot's log position.
+        95 => {
+            let nb = rng.gen_range(1..=16);
+            let off = rng.gen_range(0..=LOGICAL_BLOCKS - nb) * BS;
+            let data = content(rng, nb * BS);
+            let mut written = None;
+            // Only a write that fits without the cleaner (it would wait
+            // for the checkpoint's flush lock).
+            let fits = vol.stats().worst_case_free_logical_bytes >= 2 * (nb * BS) as u64;
+            let r = vol.checkpoint_interleaved(|| {
+                if fits {
+                    written = Some(vol.write_at(off as u64, &data, false));
+                }
+            });
+            match written {
+                // Refused for space: it changed nothing.
+                Some(Err(VolError::NoSpace)) | None => (r.map(|_| Durable::All), None, false),
+                Some(w) => (w.and(r).map(|_| Durable::All), Some((off, data)), false),
+            }
+        }
         // The cleaner checkpoints when it relocates, but that makes nothing
         // durable that the model can count on unless it actually ran.
         96 if rng.gen() => (

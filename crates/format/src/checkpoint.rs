@@ -13,7 +13,17 @@
 //! 8  logical_blocks (sanity check against the superblock)
 //! 4  chunk count (c)
 //! c * (8 offset, 4 total record length, 4 record crc) locating each MAP_CHUNK record
+//! optional, 16 bytes (volumes with FLAG_RESUME_AT_SNAPSHOT):
+//! 8  resume segment (the log head's segment when the snapshot was taken)
+//! 8  resume offset  (its fill then: record snapshot_seq + 1 is there, at the
+//!                    next sector boundary, or first in another segment)
 //! ```
+//! Without the resume position, no record lies between the snapshot and the
+//! commit and roll-forward starts after the commit; with it, records of
+//! clients may lie between the snapshot and the MAP_CHUNKs and between the
+//! chunks (the checkpoint was written outside the volume lock), and
+//! roll-forward starts at the resume position, passing over the
+//! checkpoint's own records.
 use crate::*;
 
 // Run header of a MAP_CHUNK payload.
@@ -26,6 +36,9 @@ const COMMIT_OFF_SNAPSHOT_SEQ: usize = 0;
 const COMMIT_OFF_LOGICAL_BLOCKS: usize = COMMIT_OFF_SNAPSHOT_SEQ + 8;
 const COMMIT_OFF_CHUNK_COUNT: usize = COMMIT_OFF_LOGICAL_BLOCKS + 8;
 pub const COMMIT_HEADER_BYTES: usize = COMMIT_OFF_CHUNK_COUNT + 4;
+const RESUME_OFF_SEGMENT: usize = 0;
+const RESUME_OFF_OFFSET: usize = RESUME_OFF_SEGMENT + 8;
+pub const RESUME_BYTES: usize = RESUME_OFF_OFFSET + 8;
 const CHUNK_OFF_OFFSET: usize = 0;
 const CHUNK_OFF_LEN: usize = CHUNK_OFF_OFFSET + 8;
 const CHUNK_OFF_CRC: usize = CHUNK_OFF_LEN + 4;
@@ -48,16 +61,32 @@ pub struct ChunkRef {
     pub crc: u32,
 }
 
+/// Where roll-forward resumes: the log head when the snapshot was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    pub segment: u64,
+    /// Bytes into the segment (at most the segment size).
+    pub offset: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitPayload {
     pub snapshot_seq: u64,
     pub logical_blocks: u64,
     pub chunks: Vec<ChunkRef>,
+    /// None: roll-forward starts right after the commit record.
+    pub resume: Option<Resume>,
 }
 
 impl CommitPayload {
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = vec![0u8; commit_payload_bytes(self.chunks.len())];
+        let refs = commit_payload_bytes(self.chunks.len());
+        let resume = if self.resume.is_some() {
+            RESUME_BYTES
+        } else {
+            0
+        };
+        let mut v = vec![0u8; refs + resume];
         put_u64(&mut v, COMMIT_OFF_SNAPSHOT_SEQ, self.snapshot_seq);
         put_u64(&mut v, COMMIT_OFF_LOGICAL_BLOCKS, self.logical_blocks);
         put_u32(&mut v, COMMIT_OFF_CHUNK_COUNT, self.chunks.len() as u32);
@@ -67,15 +96,27 @@ impl CommitPayload {
             put_u32(&mut v, at + CHUNK_OFF_LEN, c.len);
             put_u32(&mut v, at + CHUNK_OFF_CRC, c.crc);
         }
+        if let Some(r) = self.resume {
+            put_u64(&mut v, refs + RESUME_OFF_SEGMENT, r.segment);
+            put_u64(&mut v, refs + RESUME_OFF_OFFSET, r.offset);
+        }
         v
     }
 
     pub fn decode(b: &[u8]) -> Result<CommitPayload, FormatError> {
         need(b, COMMIT_HEADER_BYTES)?;
         let count = get_u32(b, COMMIT_OFF_CHUNK_COUNT) as usize;
-        if b.len() != commit_payload_bytes(count) {
+        let refs = commit_payload_bytes(count);
+        let resume = if b.len() == refs {
+            None
+        } else if b.len() == refs + RESUME_BYTES {
+            Some(Resume {
+                segment: get_u64(b, refs + RESUME_OFF_SEGMENT),
+                offset: get_u64(b, refs + RESUME_OFF_OFFSET),
+            })
+        } else {
             return Err(FormatError::Invalid("commit payload length"));
-        }
+        };
         let chunks = (0..count)
             .map(|i| {
                 let at = commit_payload_bytes(i);
@@ -90,6 +131,7 @@ impl CommitPayload {
             snapshot_seq: get_u64(b, COMMIT_OFF_SNAPSHOT_SEQ),
             logical_blocks: get_u64(b, COMMIT_OFF_LOGICAL_BLOCKS),
             chunks,
+            resume,
         })
     }
 }
@@ -156,9 +198,22 @@ mod tests {
                     crc: 2,
                 },
             ],
+            resume: None,
         };
         assert_eq!(CommitPayload::decode(&c.encode()).unwrap(), c);
         assert!(CommitPayload::decode(&c.encode()[..30]).is_err());
+        let r = CommitPayload {
+            resume: Some(Resume {
+                segment: 7,
+                offset: 4096,
+            }),
+            ..c.clone()
+        };
+        assert_eq!(r.encode().len(), c.encode().len() + RESUME_BYTES);
+        assert_eq!(CommitPayload::decode(&r.encode()).unwrap(), r);
+        let long = [r.encode(), vec![0]].concat();
+        assert!(CommitPayload::decode(&long).is_err());
+        assert!(CommitPayload::decode(&r.encode()[..r.encode().len() - 1]).is_err());
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //! 0      8    magic "CVOLSUPR"
 //! 8      4    version (1)
 //! 12     4    flags: bit 0 = inline deduplication on; bit 1 = codec policy
-//!             auto (the codec below is then the strong, idle-time codec); other bits 0
+//!             auto (the codec below is then the strong, idle-time codec);
+//!             bit 2 = checkpoint commits may carry a resume position
+//!             (written outside the volume lock; set at create, and at
+//!             the first open for writing of an older volume); other bits 0
 //! 16     16   volume uuid (random)
 //! 32     8    logical_size_bytes   (multiple of 4096)
 //! 40     8    physical_size_bytes  (backing bytes the volume may use)
@@ -43,7 +46,10 @@ const END: usize = OFF_CRC + 4;
 pub const FLAG_DEDUP: u32 = 1;
 /// Elastic codec choice (policy `auto`).
 pub const FLAG_AUTO_CODEC: u32 = 2;
-const FLAGS_KNOWN: u32 = FLAG_DEDUP | FLAG_AUTO_CODEC;
+/// Checkpoint commits may name a resume position (`checkpoint::Resume`):
+/// binaries that predate it refuse the volume instead of misreading them.
+pub const FLAG_RESUME_AT_SNAPSHOT: u32 = 4;
+const FLAGS_KNOWN: u32 = FLAG_DEDUP | FLAG_AUTO_CODEC | FLAG_RESUME_AT_SNAPSHOT;
 
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;

@@ -6,8 +6,8 @@
 use super::{space, State, Volume};
 use crate::error::VolError;
 use crate::log::Shape;
-use crate::map::BlockMap;
-use cvol_format::checkpoint::{push_run, ChunkRef, CommitPayload};
+use crate::map::MapSnapshot;
+use cvol_format::checkpoint::{push_run, ChunkRef, CommitPayload, Resume};
 use cvol_format::mapentry::MAP_ENTRY_BYTES;
 use cvol_format::record::RecordKind;
 use cvol_format::{CheckpointPointer, CodecTag, MapEntry};
@@ -51,7 +51,7 @@ impl Volume {
             self.checkpoint_due(&st)
         };
         if due {
-            match self.checkpoint_locked() {
+            match self.checkpoint_locked(|| {}) {
                 Ok(()) | Err(VolError::NoSpace) => {}
                 Err(e) => return Err(e),
             }
@@ -115,23 +115,40 @@ impl Volume {
     /// Writes a checkpoint of the map and makes it the recovery start.
     pub fn checkpoint(&self) -> Result<(), VolError> {
         let _f = self.lock_flush()?;
-        self.checkpoint_locked()
+        self.checkpoint_locked(|| {})
     }
 
-    fn checkpoint_locked(&self) -> Result<(), VolError> {
+    /// `checkpoint`, running `between` on another thread after the
+    /// snapshot was taken and the first map chunk appended, and waiting for
+    /// it before appending the rest: the tests put client writes there,
+    /// which then lie between the checkpoint's records as a concurrent
+    /// client's would, deterministically. Since the checkpoint holds the
+    /// flush lock meanwhile, `between` must not need it: no flush, no
+    /// checkpoint, no write that has to wait for the cleaner.
+    #[doc(hidden)]
+    pub fn checkpoint_interleaved(&self, between: impl FnOnce() + Send) -> Result<(), VolError> {
+        let _f = self.lock_flush()?;
+        self.checkpoint_locked(|| {
+            std::thread::scope(|s| {
+                if s.spawn(between).join().is_err() {
+                    panic!("the interleaved client panicked");
+                }
+            })
+        })
+    }
+
+    /// The checkpoint proper, with the flush lock held. The state lock is
+    /// held only to snapshot the map (its pages shared copy-on-write) with
+    /// the log head, and then for each record appended: the map is encoded
+    /// and compressed outside it, and client writes go on between the
+    /// chunks. The commit names the head at the snapshot, where
+    /// roll-forward resumes (docs/FORMAT.md, "Checkpoints").
+    fn checkpoint_locked(&self, between: impl FnOnce()) -> Result<(), VolError> {
         self.check_writable()?;
-        let (ptr, snapshot_seq, candidates) = {
-            let mut st = self.lock_state()?;
-            let snapshot_seq = st.log.last_seq();
-            let candidates = st.log.segments.reclaimable(st.live.usage(), snapshot_seq);
-            let ptr = self.append_checkpoint(&mut st)?;
-            self.guard(st.log.pad_and_write(&*self.storage))?;
-            assert!(
-                ptr.commit_seq > snapshot_seq,
-                "the commit follows its snapshot"
-            );
-            (ptr, snapshot_seq, candidates)
-        };
+        let snap = self.checkpoint_snapshot()?;
+        let raw_max = space::chunk_raw_max_bytes(self.sb.segment_size_bytes);
+        let chunks = encode_map_chunks(&snap.map, raw_max);
+        let ptr = self.append_checkpoint(&snap, &chunks, between)?;
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         self.publish(&ptr)?;
         {
@@ -140,12 +157,13 @@ impl Volume {
             st.checkpoint_generation = ptr.generation;
             st.synced_seq = st.synced_seq.max(ptr.commit_seq);
             st.appended_at_checkpoint = st.log.appended_bytes;
-            st.durable_snapshot_seq = snapshot_seq;
+            st.durable_snapshot_seq = snap.seq;
         }
-        self.reclaim(&candidates)?;
+        self.reclaim(&snap.candidates)?;
         tracing::debug!(
             generation = ptr.generation,
             seq = ptr.commit_seq,
+            snapshot_seq = snap.seq,
             "checkpoint written"
         );
         Ok(())
@@ -160,34 +178,72 @@ impl Volume {
         self.guard(self.storage.sync().map_err(VolError::Io))
     }
 
-    /// Appends MAP_CHUNK records and the CKPT_COMMIT record; returns the pointer to publish.
-    fn append_checkpoint(&self, st: &mut State) -> Result<CheckpointPointer, VolError> {
-        let snapshot_seq = st.log.last_seq();
-        let raw_max = space::chunk_raw_max_bytes(self.sb.segment_size_bytes);
-        let chunks = encode_map_chunks(st.live.map(), raw_max);
-        // Refuse before appending anything: a half-written checkpoint only wastes space.
+    /// The map, the seq it reflects and the log head, taken at once under
+    /// the state lock; and the segments the checkpoint will let be reused.
+    fn checkpoint_snapshot(&self) -> Result<CheckpointSnapshot, VolError> {
+        let mut st = self.lock_state()?;
+        let seq = st.log.last_seq();
+        st.changes_at_checkpoint = st.live.changes();
+        Ok(CheckpointSnapshot {
+            map: st.live.map().snapshot(),
+            seq,
+            resume: Resume {
+                segment: st.log.segment,
+                offset: st.log.fill as u64,
+            },
+            candidates: st.log.segments.reclaimable(st.live.usage(), seq),
+        })
+    }
+
+    /// Appends the MAP_CHUNK records, one per hold of the state lock, then
+    /// the CKPT_COMMIT record, and hands them to the store; returns the
+    /// pointer to publish once synced.
+    fn append_checkpoint(
+        &self,
+        snap: &CheckpointSnapshot,
+        chunks: &[Vec<u8>],
+        between: impl FnOnce(),
+    ) -> Result<CheckpointPointer, VolError> {
+        // Refuse before appending anything: a half-written checkpoint only
+        // wastes space. (Client writes appended meanwhile leave the reserve,
+        // room for a whole checkpoint, free.)
         let lens: Vec<usize> = chunks.iter().map(Vec::len).collect();
-        if st.log.free_bytes() < space::checkpoint_append_bytes(&lens, self.sb.segment_size_bytes) {
+        let need = space::checkpoint_append_bytes(&lens, self.sb.segment_size_bytes);
+        if self.lock_state()?.log.free_bytes() < need {
             return Err(VolError::NoSpace);
         }
-        st.changes_at_checkpoint = st.live.changes();
+        let mut between = Some(between);
         let mut refs = Vec::with_capacity(chunks.len());
-        for c in &chunks {
-            let p = self.append(st, Shape::meta(RecordKind::MapChunk, CodecTag::Lz4), c)?;
+        for c in chunks {
+            let mut st = self.lock_state()?;
+            self.check_writable()?;
+            let p = self.append(&mut st, Shape::meta(RecordKind::MapChunk, CodecTag::Lz4), c)?;
+            drop(st);
             refs.push(ChunkRef {
                 offset: p.offset,
                 len: p.len,
                 crc: p.crc,
             });
+            if let Some(f) = between.take() {
+                f();
+            }
+        }
+        if let Some(f) = between.take() {
+            f();
         }
         let commit = CommitPayload {
-            snapshot_seq,
+            snapshot_seq: snap.seq,
             logical_blocks: self.sb.logical_blocks(),
             chunks: refs,
+            resume: Some(snap.resume),
         }
         .encode();
+        let mut st = self.lock_state()?;
+        self.check_writable()?;
         let shape = Shape::meta(RecordKind::CkptCommit, CodecTag::None);
-        let p = self.append(st, shape, &commit)?;
+        let p = self.append(&mut st, shape, &commit)?;
+        self.guard(st.log.pad_and_write(&*self.storage))?;
+        assert!(p.seq > snap.seq, "the commit follows its snapshot");
         Ok(CheckpointPointer {
             generation: st.checkpoint_generation + 1,
             commit_offset: p.offset,
@@ -234,9 +290,20 @@ impl Volume {
     }
 }
 
+/// What a checkpoint writes, taken under the state lock.
+struct CheckpointSnapshot {
+    map: MapSnapshot,
+    /// The last seq the map reflects.
+    seq: u64,
+    /// The log head then: record `seq + 1` is there or later.
+    resume: Resume,
+    /// Segments reusable once this checkpoint is durable.
+    candidates: Vec<u64>,
+}
+
 /// Encodes the map's non-unmapped entries as lz4-compressed chunk payloads
 /// of runs, each at most about `raw_max` bytes before compression.
-fn encode_map_chunks(map: &BlockMap, raw_max: usize) -> Vec<Vec<u8>> {
+fn encode_map_chunks(map: &MapSnapshot, raw_max: usize) -> Vec<Vec<u8>> {
     let mut chunks = Vec::new();
     let mut raw = Vec::new();
     let mut run: Vec<MapEntry> = Vec::new();

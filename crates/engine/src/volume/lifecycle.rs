@@ -17,7 +17,7 @@ use crate::policy::CodecPolicy;
 use crate::recovery::{self, Recovered};
 use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
-use cvol_format::superblock::{FLAG_AUTO_CODEC, FLAG_DEDUP};
+use cvol_format::superblock::{FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_RESUME_AT_SNAPSHOT};
 use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};
 use cvol_format::{BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES, SECTOR_SIZE_BYTES};
 use cvol_format::{SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
@@ -75,7 +75,9 @@ fn new_superblock(c: &CreateOptions) -> Superblock {
         created_unix_secs: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        flags: flag(c.dedup, FLAG_DEDUP) | flag(c.codec.is_auto(), FLAG_AUTO_CODEC),
+        flags: flag(c.dedup, FLAG_DEDUP)
+            | flag(c.codec.is_auto(), FLAG_AUTO_CODEC)
+            | FLAG_RESUME_AT_SNAPSHOT,
     }
 }
 
@@ -136,12 +138,37 @@ impl Volume {
         vol.recovery_warnings = recovery_warnings;
         vol.recovery_salvage = recovery_salvage;
         if !vol.options.read_only {
+            vol.upgrade_superblock()?;
             match vol.begin_epoch() {
                 Err(VolError::NoSpace) => return Err(OpenError::LogFull.into()),
                 r => r?,
             }
         }
         Ok(vol)
+    }
+
+    /// Marks a volume made before checkpoints resumed at their snapshot
+    /// (`FLAG_RESUME_AT_SNAPSHOT`) before this open writes one, so that
+    /// older binaries refuse it rather than misread its commits. Each
+    /// superblock copy is rewritten whole (a sector-atomic write each);
+    /// either copy, old or new, opens the volume here.
+    fn upgrade_superblock(&mut self) -> Result<(), VolError> {
+        if self.sb.flags & FLAG_RESUME_AT_SNAPSHOT != 0 {
+            return Ok(());
+        }
+        let mut sb = self.sb.clone();
+        sb.flags |= FLAG_RESUME_AT_SNAPSHOT;
+        let enc = sb.encode();
+        for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
+            let r = self
+                .storage
+                .write_at(at, &enc)
+                .and_then(|()| self.storage.sync());
+            self.guard(r.map_err(VolError::Io))?;
+        }
+        tracing::info!("superblock marked: checkpoints resume at their snapshot (format flag 4)");
+        self.sb = sb;
+        Ok(())
     }
 
     fn assemble(
