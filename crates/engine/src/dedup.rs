@@ -20,7 +20,6 @@
 //! at it and leaves at 0, when its bytes become dead. So a record is live
 //! iff it is in the table, or its owner's map entry points at it.
 use cvol_format::MapEntry;
-use std::collections::HashMap;
 
 pub type Fingerprint = u128;
 
@@ -233,10 +232,14 @@ pub struct UnitLive {
 
 /// Records with ref entries (single-block records) and live units (a
 /// compact table of their own), by physical offset of their header.
+/// A map keyed by record offset, with a fast hasher (the keys are
+/// positions in the store, not attacker-chosen).
+pub type OffsetMap<V> = rustc_hash::FxHashMap<u64, V>;
+
 #[derive(Debug, Default, Clone)]
 pub struct SharedTable {
-    pub records: HashMap<u64, Shared>,
-    pub units: HashMap<u64, UnitLive>,
+    pub records: OffsetMap<Shared>,
+    pub units: OffsetMap<UnitLive>,
     /// Sum over the records of `Shared::extra`: blocks served without a
     /// record of their own.
     pub extra_refs: u64,

@@ -13,7 +13,7 @@
 //! entries, and every live unit, is in the shared table; a record is live
 //! while any entry points at it, and then its bytes count once in its
 //! segment's live bytes and in the stored bytes.
-use crate::dedup::{Fingerprint, Shared, SharedTable, UnitLive};
+use crate::dedup::{Fingerprint, OffsetMap, Shared, SharedTable, UnitLive};
 use crate::map::BlockMap;
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
@@ -305,15 +305,18 @@ pub(crate) struct Rebuilt {
 /// entries, and the entries of every unit.
 #[derive(Default)]
 struct Census {
-    lens: HashMap<u64, (u32, CodecTag)>,
-    shared: HashMap<u64, Shared>,
-    units: HashMap<u64, UnitLive>,
+    lens: OffsetMap<(u32, CodecTag)>,
+    shared: OffsetMap<Shared>,
+    units: OffsetMap<UnitLive>,
 }
 
 impl Census {
-    fn of(map: &BlockMap) -> Census {
+    /// The census of `map`, counting every entry into `counters` on the
+    /// way (one pass over the map).
+    fn of(map: &BlockMap, counters: &mut MapCounters) -> Census {
         let mut c = Census::default();
         map.for_each_mapped(|_, e| {
+            counters.add(e);
             if let EntryState::Data {
                 offset,
                 len,
@@ -323,11 +326,12 @@ impl Census {
             } = e.state_valid()
             {
                 if unit {
-                    c.lens.insert(offset, (len, codec));
-                    let u = c
-                        .units
-                        .entry(offset)
-                        .or_insert(UnitLive { refs: 0, owners: 0 });
+                    // Blocks of a unit follow each other: one lookup when
+                    // the unit is already known, one insert more when not.
+                    let u = c.units.entry(offset).or_insert_with(|| {
+                        c.lens.insert(offset, (len, codec));
+                        UnitLive { refs: 0, owners: 0 }
+                    });
                     if is_ref {
                         u.refs += 1;
                     } else {
@@ -359,13 +363,13 @@ pub(crate) fn rebuild(
     needed: &HashMap<u64, u64>,
     open: Option<(u64, u64)>,
 ) -> Rebuilt {
-    let census = Census::of(map);
+    let mut counters = MapCounters::default();
+    let census = Census::of(map, &mut counters);
     let geometry = Geometry::of(sb);
     let mut segments = RebuiltSegments {
         table: SegmentTable::new(sb.segment_count(), sb.segment_size_bytes),
         usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
     };
-    let mut counters = MapCounters::default();
     let mut live = |offset: u64, len: u32, codec: CodecTag| {
         let s = geometry.segment_of(offset);
         if segments.table.state(s) == SegState::Free {
@@ -407,7 +411,6 @@ pub(crate) fn rebuild(
     if let Some((s, seq)) = open {
         segments.table.mark(s, SegState::Open, seq);
     }
-    map.for_each_mapped(|_, e| counters.add(e));
     Rebuilt {
         segments,
         shared: SharedTable {
