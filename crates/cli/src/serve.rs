@@ -355,6 +355,8 @@ fn run(
         uris.push(format!("nbd://{local}/{export}"));
     }
     let background_cleaner = (!args.read_only).then(|| vol.start_background_cleaner());
+    // Checkpoints a FLUSH finds due are written here: no request waits for one.
+    let checkpointer = vol.start_background_checkpointer();
     // Policy auto: rewrite cold fast-codec data with the strong codec when idle.
     let recompressor = vol.start_background_recompressor();
     // The dedup index is not persisted: refill it from the volume's data
@@ -376,6 +378,7 @@ fn run(
     drop(index_warmup);
     drop(recompressor);
     drop(background_cleaner);
+    drop(checkpointer);
     drop(ctl);
     Ok(())
 }

@@ -8,13 +8,16 @@
 //! |---|---|---|
 //! | 1 `Rmw` | `rmw` (RwLock) | unaligned writes (read-modify-write, exclusive) against every other write (shared) |
 //! | 2 `Cleaner` | `cleaner_lock` | cleaning passes (background and foreground) and recompression passes |
-//! | 3 `Flush` | `flush_lock` | flushes, checkpoints, the EPOCH record at open |
-//! | 4 `State` | `state` | the map and its books (`LiveMap`), the log head, sync and checkpoint bookkeeping |
-//! | 5 `Index` | `Dedup::index` | the dedup fingerprint index (hints; never held across I/O) |
+//! | 3 `Checkpoint` | `checkpoint_lock` | checkpoints, one at a time, for their whole length |
+//! | 4 `Flush` | `flush_lock` | flushes, a checkpoint's commit (append, sync, publish), the EPOCH record at open |
+//! | 5 `State` | `state` | the map and its books (`LiveMap`), the log head, sync and checkpoint bookkeeping |
+//! | 6 `Index` | `Dedup::index` | the dedup fingerprint index (hints; never held across I/O) |
 //!
 //! Why this order: a write holds `rmw` while it may clean for space
-//! (cleaner), a clean flushes and checkpoints (flush), a flush takes the
-//! state for its short steps, and commits update the index under the state.
+//! (cleaner), a clean checkpoints and flushes, a checkpoint takes the
+//! flush lock only for its commit (flushes go on while it encodes and
+//! appends its map), a flush takes the state for its short steps, and
+//! commits update the index under the state.
 //! Nothing does I/O on the store under `index`.
 //!
 //! With `debug_assertions` (tests, the `checked` profile) every acquisition
@@ -34,9 +37,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockW
 pub(crate) enum Level {
     Rmw = 0,
     Cleaner = 1,
-    Flush = 2,
-    State = 3,
-    Index = 4,
+    Checkpoint = 2,
+    Flush = 3,
+    State = 4,
+    Index = 5,
 }
 
 #[cfg(debug_assertions)]

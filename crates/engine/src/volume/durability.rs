@@ -34,29 +34,46 @@ impl Volume {
         Ok(())
     }
 
-    /// Makes every write that completed before this call durable.
+    /// Makes every write that completed before this call durable. When a
+    /// checkpoint is due it is handed to the background checkpointer if
+    /// one runs (this flush does not wait for it), else written here after
+    /// the flush itself is done.
     pub fn flush(&self) -> Result<(), VolError> {
-        let _f = self.lock_flush()?;
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(VolError::Poisoned);
-        }
-        let Some((target, candidates)) = self.write_for_sync()? else {
-            return Ok(());
-        };
-        self.guard(self.storage.sync().map_err(VolError::Io))?;
-        self.reclaim(&candidates)?;
         let due = {
+            let _f = self.lock_flush()?;
+            if self.poisoned.load(Ordering::SeqCst) {
+                return Err(VolError::Poisoned);
+            }
+            let Some((target, candidates)) = self.write_for_sync()? else {
+                return Ok(());
+            };
+            self.guard(self.storage.sync().map_err(VolError::Io))?;
+            self.reclaim(&candidates)?;
             let mut st = self.lock_state()?;
             st.synced_seq = st.synced_seq.max(target);
             self.checkpoint_due(&st)
         };
         if due {
-            match self.checkpoint_locked(|| {}) {
-                Ok(()) | Err(VolError::NoSpace) => {}
-                Err(e) => return Err(e),
+            if self.jobs.checkpointer.load(Ordering::SeqCst) {
+                self.jobs.checkpoint_wanted.store(true, Ordering::SeqCst);
+            } else {
+                self.checkpoint_if_due()?;
             }
         }
         Ok(())
+    }
+
+    /// Writes a checkpoint if one is (still) due: another thread may have
+    /// written one meanwhile. A log too full for one is no error here.
+    pub(in crate::volume) fn checkpoint_if_due(&self) -> Result<(), VolError> {
+        let _c = self.lock_checkpoint()?;
+        if !self.checkpoint_due(&*self.lock_state()?) {
+            return Ok(());
+        }
+        match self.checkpoint_serialized(|| {}) {
+            Ok(()) | Err(VolError::NoSpace) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Hands everything appended to the store (padded to a sector) for the
@@ -114,8 +131,8 @@ impl Volume {
 
     /// Writes a checkpoint of the map and makes it the recovery start.
     pub fn checkpoint(&self) -> Result<(), VolError> {
-        let _f = self.lock_flush()?;
-        self.checkpoint_locked(|| {})
+        let _c = self.lock_checkpoint()?;
+        self.checkpoint_serialized(|| {})
     }
 
     /// `checkpoint`, running `between` on another thread after the
@@ -123,12 +140,12 @@ impl Volume {
     /// it before appending the rest: the tests put client writes there,
     /// which then lie between the checkpoint's records as a concurrent
     /// client's would, deterministically. Since the checkpoint holds the
-    /// flush lock meanwhile, `between` must not need it: no flush, no
+    /// checkpoint lock meanwhile, `between` must not need it: no
     /// checkpoint, no write that has to wait for the cleaner.
     #[doc(hidden)]
     pub fn checkpoint_interleaved(&self, between: impl FnOnce() + Send) -> Result<(), VolError> {
-        let _f = self.lock_flush()?;
-        self.checkpoint_locked(|| {
+        let _c = self.lock_checkpoint()?;
+        self.checkpoint_serialized(|| {
             std::thread::scope(|s| {
                 if s.spawn(between).join().is_err() {
                     panic!("the interleaved client panicked");
@@ -137,18 +154,21 @@ impl Volume {
         })
     }
 
-    /// The checkpoint proper, with the flush lock held. The state lock is
-    /// held only to snapshot the map (its pages shared copy-on-write) with
-    /// the log head, and then for each record appended: the map is encoded
-    /// and compressed outside it, and client writes go on between the
-    /// chunks. The commit names the head at the snapshot, where
-    /// roll-forward resumes (docs/FORMAT.md, "Checkpoints").
-    fn checkpoint_locked(&self, between: impl FnOnce()) -> Result<(), VolError> {
+    /// The checkpoint proper, with the checkpoint lock held. The state
+    /// lock is held only to snapshot the map (its pages shared
+    /// copy-on-write) with the log head, and then for each record appended:
+    /// the map is encoded and compressed outside it, and client writes and
+    /// flushes go on between the chunks. The flush lock is taken for the
+    /// commit only (append, sync, publish). The commit names the head at
+    /// the snapshot, where roll-forward resumes (docs/FORMAT.md).
+    fn checkpoint_serialized(&self, between: impl FnOnce()) -> Result<(), VolError> {
         self.check_writable()?;
         let snap = self.checkpoint_snapshot()?;
         let raw_max = space::chunk_raw_max_bytes(self.sb.segment_size_bytes);
         let chunks = encode_map_chunks(&snap.map, raw_max);
-        let ptr = self.append_checkpoint(&snap, &chunks, between)?;
+        let refs = self.append_chunks(&chunks, between)?;
+        let _f = self.lock_flush()?;
+        let ptr = self.append_commit(&snap, refs)?;
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         self.publish(&ptr)?;
         {
@@ -195,15 +215,13 @@ impl Volume {
         })
     }
 
-    /// Appends the MAP_CHUNK records, one per hold of the state lock, then
-    /// the CKPT_COMMIT record, and hands them to the store; returns the
-    /// pointer to publish once synced.
-    fn append_checkpoint(
+    /// Appends the MAP_CHUNK records, one per hold of the state lock, and
+    /// returns where they are.
+    fn append_chunks(
         &self,
-        snap: &CheckpointSnapshot,
         chunks: &[Vec<u8>],
         between: impl FnOnce(),
-    ) -> Result<CheckpointPointer, VolError> {
+    ) -> Result<Vec<ChunkRef>, VolError> {
         // Refuse before appending anything: a half-written checkpoint only
         // wastes space. (Client writes appended meanwhile leave the reserve,
         // room for a whole checkpoint, free.)
@@ -231,6 +249,16 @@ impl Volume {
         if let Some(f) = between.take() {
             f();
         }
+        Ok(refs)
+    }
+
+    /// Appends the CKPT_COMMIT record and hands the log to the store (the
+    /// flush lock held); returns the pointer to publish once synced.
+    fn append_commit(
+        &self,
+        snap: &CheckpointSnapshot,
+        refs: Vec<ChunkRef>,
+    ) -> Result<CheckpointPointer, VolError> {
         let commit = CommitPayload {
             snapshot_seq: snap.seq,
             logical_blocks: self.sb.logical_blocks(),

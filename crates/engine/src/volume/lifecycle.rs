@@ -196,6 +196,7 @@ impl Volume {
             recovery_salvage: None,
             rmw: OrderedRwLock::new(Level::Rmw, ()),
             cleaner_lock: OrderedMutex::new(Level::Cleaner, ()),
+            checkpoint_lock: OrderedMutex::new(Level::Checkpoint, ()),
             flush_lock: OrderedMutex::new(Level::Flush, ()),
             state: OrderedMutex::new(Level::State, state),
             dedup,

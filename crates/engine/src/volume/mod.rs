@@ -49,6 +49,7 @@ mod stats;
 mod tests;
 
 use crate::dedup::Fingerprint;
+pub use jobs::checkpointer::Checkpointer;
 pub use jobs::cleaner::CleanerConfig;
 pub use jobs::recompress::RecompressReport;
 pub use jobs::scrub::{
@@ -134,7 +135,9 @@ pub struct Volume {
     rmw: OrderedRwLock<()>,
     /// Serialises cleaning (background and foreground) and recompression.
     cleaner_lock: OrderedMutex<()>,
-    /// Serialises flushes and checkpoints; concurrent flushes batch.
+    /// Serialises checkpoints (held for a checkpoint's whole length).
+    checkpoint_lock: OrderedMutex<()>,
+    /// Serialises flushes and checkpoint commits; concurrent flushes batch.
     flush_lock: OrderedMutex<()>,
     state: OrderedMutex<State>,
     dedup: Option<Dedup>,
@@ -155,6 +158,10 @@ impl Volume {
     /// The state lock. A lock poisoned by a panic poisons the volume.
     fn lock_state(&self) -> Result<StateGuard<'_>, VolError> {
         self.note_poison(self.state.lock())
+    }
+
+    fn lock_checkpoint(&self) -> Result<Held<MutexGuard<'_, ()>>, VolError> {
+        self.note_poison(self.checkpoint_lock.lock())
     }
 
     fn lock_flush(&self) -> Result<Held<MutexGuard<'_, ()>>, VolError> {

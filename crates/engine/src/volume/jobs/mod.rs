@@ -1,7 +1,8 @@
 //! Background work on a volume: the cleaner, background recompression, the
-//! dedup index warm-up (each a thread behind one `Worker` handle type), and
-//! scrub. They share the view of client activity (`Activity`): each yields
+//! dedup index warm-up, the checkpointer (each a thread behind one `Worker`
+//! handle type), and scrub. They share the view of client activity (`Activity`): each yields
 //! while clients are busy.
+pub(in crate::volume) mod checkpointer;
 pub(in crate::volume) mod cleaner;
 pub(in crate::volume) mod recompress;
 pub(in crate::volume) mod scrub;
@@ -144,4 +145,8 @@ pub(in crate::volume) struct JobsState {
     /// for it (cleaning first would move data about to be rewritten).
     pub(in crate::volume) recompress_pending: AtomicBool,
     pub(in crate::volume) scrub: scrub::ScrubState,
+    /// A background checkpointer runs: flushes hand due checkpoints to it.
+    pub(in crate::volume) checkpointer: AtomicBool,
+    /// A flush found a checkpoint due for the checkpointer.
+    pub(in crate::volume) checkpoint_wanted: AtomicBool,
 }
