@@ -1000,6 +1000,64 @@ fn read_chunk(
 struct SalvageWalk {
     recovered: Recovered,
     unknown: Vec<u64>,
+    /// The base's damaged map chunks: LBA spans set LOST before the walk.
+    lost_spans: Vec<(u64, u64)>,
+    /// Which records the walk applied to the tracked spans, if asked.
+    touches: Option<Touches>,
+}
+
+/// The last seq that changed each block of some LBA spans, as a salvage
+/// walk applies records: a block whose last change is newer than every
+/// record the walk could not tell is known exactly.
+struct Touches {
+    spans: Vec<(u64, u64)>,
+    /// DATA records, block by block (a unit changes the blocks of its mask).
+    blocks: HashMap<u64, u64>,
+    /// ZERO, TRIM and REF records: (first, end, seq).
+    ranges: Vec<(u64, u64, u64)>,
+}
+
+impl Touches {
+    fn new(spans: Vec<(u64, u64)>) -> Touches {
+        Touches {
+            spans,
+            blocks: HashMap::new(),
+            ranges: Vec::new(),
+        }
+    }
+
+    /// Notes a record the walk applied (or marked lost).
+    fn note(&mut self, h: &RecordHeader, logical_blocks: u64) {
+        let end = (h.lba + u64::from(h.nblocks)).min(logical_blocks);
+        match h.kind {
+            RecordKind::Data => {
+                for &(a, b) in &self.spans {
+                    for l in h.lba.max(a)..end.min(b) {
+                        if h.maps(l) {
+                            self.blocks.insert(l, h.seq);
+                        }
+                    }
+                }
+            }
+            RecordKind::Zero | RecordKind::Trim | RecordKind::Ref
+                if self.spans.iter().any(|&(a, b)| h.lba < b && a < end) =>
+            {
+                self.ranges.push((h.lba, end, h.seq));
+            }
+            _ => {}
+        }
+    }
+
+    /// The last seq that changed block `l`, if the walk changed it.
+    fn last(&self, l: u64) -> Option<u64> {
+        let ranges = self.ranges.iter().filter(|r| r.0 <= l && l < r.1);
+        self.blocks
+            .get(&l)
+            .copied()
+            .into_iter()
+            .chain(ranges.map(|r| r.2))
+            .max()
+    }
 }
 
 /// Rolls forward from `base` like recovery, but below the certified seq a
@@ -1015,6 +1073,7 @@ fn salvage_walk(
     base: SalvageBase,
     certified: &Certified,
     known: &HashMap<u64, (u64, u32, u32)>,
+    track: Option<Vec<(u64, u64)>>,
 ) -> SalvageWalk {
     let records = SalvageIndex::new(scan, certified);
     let SalvageBase {
@@ -1035,6 +1094,7 @@ fn salvage_walk(
         ));
     }
     let mut walk = SalvageCursor::new(&start);
+    walk.touches = track.map(Touches::new);
     walk.run(&mut map, sb, &records, certified, known);
     let mut lost_lbas = Vec::new();
     map.for_each_mapped(|l, e| {
@@ -1048,7 +1108,9 @@ fn salvage_walk(
         unknown_records: walk.unknown.clone(),
         certified: certified.clone(),
     };
-    walk.finish(map, sb, scan, start.snapshot_seq, warnings, salvage)
+    let mut w = walk.finish(map, sb, scan, start.snapshot_seq, warnings, salvage);
+    w.lost_spans = lost_spans;
+    w
 }
 
 /// The records a scan found, by seq, for the salvage walk: the intact
@@ -1125,6 +1187,7 @@ struct SalvageCursor {
     needed: HashMap<u64, u64>,
     /// Seqs below the certified seq destroyed with their headers.
     unknown: Vec<u64>,
+    touches: Option<Touches>,
 }
 
 impl SalvageCursor {
@@ -1139,6 +1202,7 @@ impl SalvageCursor {
             last: (start.segment, start.offset),
             needed: start.checkpoint_segments.clone(),
             unknown: Vec::new(),
+            touches: None,
         }
     }
 
@@ -1175,7 +1239,11 @@ impl SalvageCursor {
     /// Applies an intact record of the walk and moves past it.
     fn apply_intact(&mut self, map: &mut BlockMap, sb: &Superblock, r: &Scanned) {
         let h = &r.header;
-        self.applied += u64::from(apply_scanned(map, sb, r));
+        let changed = apply_scanned(map, sb, r);
+        if let Some(t) = self.touches.as_mut().filter(|_| changed) {
+            t.note(h, sb.logical_blocks());
+        }
+        self.applied += u64::from(changed);
         self.replayed += 1;
         let m = self.needed.entry(r.segment).or_insert(0);
         *m = (*m).max(h.seq);
@@ -1256,18 +1324,22 @@ impl SalvageCursor {
         SalvageWalk {
             recovered,
             unknown: self.unknown,
+            lost_spans: Vec::new(),
+            touches: self.touches,
         }
     }
 }
 
 /// What a salvage could not save, for its warnings: the LOST blocks and
 /// the destroyed records whose blocks cannot be told.
+/// How the note listing lost blocks reads, after their count.
+const LOST_NOTE: &str = "block(s) lost (their newest flushed version was destroyed";
+
 fn loss_warnings(lost_lbas: &[u64], unknown: &[u64], certified: &Certified) -> Vec<String> {
     let mut warnings = Vec::new();
     if !lost_lbas.is_empty() {
         warnings.push(format!(
-            "{} block(s) lost (their newest flushed version was destroyed; they read as EIO until \
-             written again): LBAs {}",
+            "{} {LOST_NOTE}; they read as EIO until written again): LBAs {}",
             lost_lbas.len(),
             lba_list(lost_lbas)
         ));
@@ -1338,16 +1410,16 @@ fn salvage_from(
     );
     let mut fallback: Option<SalvageWalk> = None;
     let mut tried = Vec::new();
-    for (p, source) in commits {
+    for (p, source) in &commits {
         if tried.contains(&p.commit_offset) {
             continue;
         }
         tried.push(p.commit_offset);
-        let Ok(base) = load_checkpoint_partial(storage, sb, &p, source.name(&p)) else {
+        let Ok(base) = load_checkpoint_partial(storage, sb, p, source.name(p)) else {
             continue;
         };
         let complete = base.lost_spans.is_empty();
-        let walk = salvage_walk(sb, scan, base, &certified, &known);
+        let walk = salvage_walk(sb, scan, base, &certified, &known, None);
         // Every seq from the base on was found (intact, or damaged with
         // its blocks named): nothing between was reused, so the map names
         // no place reused since, and it is exact but for the LOST blocks.
@@ -1356,19 +1428,36 @@ fn salvage_from(
         }
         fallback.get_or_insert(walk);
     }
-    if let Some(w) = fallback {
-        return Ok(w.recovered);
-    }
-    // No checkpoint at all: from the log's first record, if it is still there.
-    let index = first_record_index(storage, sb)?;
-    if let Some(start) = log_start(&index) {
-        let base = SalvageBase {
+    let log_base = || -> Result<Option<SalvageBase>, RecoveryError> {
+        let index = first_record_index(storage, sb)?;
+        Ok(log_start(&index).map(|start| SalvageBase {
             map: BlockMap::new(sb.logical_blocks()),
             start,
             lost_spans: Vec::new(),
             what: "start of the log (seq 1)".into(),
-        };
-        return Ok(salvage_walk(sb, scan, base, &certified, &known).recovered);
+        }))
+    };
+    if let Some(mut w) = fallback {
+        if !w.lost_spans.is_empty() {
+            let mut alternates: Vec<SalvageBase> = commits
+                .iter()
+                .filter_map(|(p, s)| load_checkpoint_partial(storage, sb, p, s.name(p)).ok())
+                .filter(|b| b.lost_spans.is_empty())
+                .collect();
+            alternates.extend(log_base()?);
+            for base in alternates {
+                let spans = Some(w.lost_spans.clone());
+                fill_lost_spans(
+                    &mut w,
+                    &salvage_walk(sb, scan, base, &certified, &known, spans),
+                );
+            }
+        }
+        return Ok(w.recovered);
+    }
+    // No checkpoint at all: from the log's first record, if it is still there.
+    if let Some(base) = log_base()? {
+        return Ok(salvage_walk(sb, scan, base, &certified, &known, None).recovered);
     }
     let mut r = rebuild_from_log(storage, sb)?;
     r.salvage = Some(Salvage {
@@ -1377,6 +1466,50 @@ fn salvage_from(
         certified,
     });
     Ok(r)
+}
+
+/// Gives blocks of `w`'s damaged-chunk spans that are still LOST the value
+/// `alt` (a walk from an older, intact base over the same log) ends with,
+/// where that value is certain: the last record that changed the block is
+/// newer than every record `alt` could not tell (a destroyed header may
+/// have held any block), or `alt` could tell every record. The blocks so
+/// recovered leave the lost list; the rest stay LOST.
+fn fill_lost_spans(w: &mut SalvageWalk, alt: &SalvageWalk) {
+    let Some(touches) = &alt.touches else { return };
+    let unknown_max = alt.unknown.iter().max().copied();
+    let mut filled = 0u64;
+    let map = &mut w.recovered.map;
+    for &(a, b) in &w.lost_spans {
+        for l in a..b {
+            let (mine, theirs) = (map.get(l), alt.recovered.map.get(l));
+            if mine != MapEntry::LOST || theirs == MapEntry::LOST {
+                continue;
+            }
+            let certain = match touches.last(l) {
+                Some(seq) => unknown_max.is_none_or(|u| seq > u),
+                None => unknown_max.is_none(),
+            };
+            if certain {
+                map.set(l, theirs);
+                filled += 1;
+            }
+        }
+    }
+    if filled == 0 {
+        return;
+    }
+    let Some(s) = w.recovered.salvage.as_mut() else {
+        return;
+    };
+    s.lost_lbas.retain(|&l| map.get(l) == MapEntry::LOST);
+    // The loss note the walk wrote counted the blocks recovered here.
+    w.recovered.warnings.retain(|m| !m.contains(LOST_NOTE));
+    w.recovered.warnings.push(format!(
+        "{filled} block(s) of the damaged map chunks recovered exactly from the log's older records"
+    ));
+    w.recovered
+        .warnings
+        .extend(loss_warnings(&s.lost_lbas, &[], &s.certified));
 }
 
 /// Rewrites a damaged superblock copy from the intact one. Returns what it did.
