@@ -120,18 +120,14 @@ impl ServeArgs {
     /// memory budgets and elastic compression, in that order.
     fn open_options(&self) -> Result<OpenOptions, String> {
         let cleaner = self.cleaner.config()?;
-        let dedup_memory_bytes = self
-            .dedup_memory
-            .as_deref()
-            .map(size::parse_size)
-            .transpose()
-            .map_err(|e| format!("--dedup-memory: {e}"))?;
-        let read_cache_bytes = self
-            .read_cache
-            .as_deref()
-            .map(size::parse_size)
-            .transpose()
-            .map_err(|e| format!("--read-cache: {e}"))?;
+        let optional_size = |flag: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(size::parse_size)
+                .transpose()
+                .map_err(|e| format!("{flag}: {e}"))
+        };
+        let dedup_memory_bytes = optional_size("--dedup-memory", &self.dedup_memory)?;
+        let read_cache_bytes = optional_size("--read-cache", &self.read_cache)?;
         Ok(OpenOptions {
             read_only: self.read_only,
             sync_writes: self.sync,

@@ -86,12 +86,7 @@ impl BlockMap {
 
     /// Calls `f(lba, entry)` for every entry that is not unmapped, in LBA order.
     pub fn for_each_mapped(&self, mut f: impl FnMut(u64, MapEntry)) {
-        let mut next = self.next_allocated_page(0);
-        while let Some(p) = next {
-            next = self.next_allocated_page(p + 1);
-            let page = self.pages[p]
-                .as_ref()
-                .expect("an allocated page's bit is set");
+        for (p, page) in self.allocated_pages() {
             page.for_each_mapped(p, &mut f);
         }
     }
@@ -99,16 +94,24 @@ impl BlockMap {
     /// The map as it is now, sharing its pages: O(allocated pages), and
     /// later changes to this map copy the pages they touch.
     pub fn snapshot(&self) -> MapSnapshot {
-        let mut pages = Vec::new();
+        let pages = self
+            .allocated_pages()
+            .map(|(p, page)| (p, Arc::clone(page)))
+            .collect();
+        MapSnapshot { pages }
+    }
+
+    /// The allocated pages and their indexes, in order.
+    fn allocated_pages(&self) -> impl Iterator<Item = (usize, &Arc<Page>)> + '_ {
         let mut next = self.next_allocated_page(0);
-        while let Some(p) = next {
+        std::iter::from_fn(move || {
+            let p = next?;
             next = self.next_allocated_page(p + 1);
             let page = self.pages[p]
                 .as_ref()
                 .expect("an allocated page's bit is set");
-            pages.push((p, Arc::clone(page)));
-        }
-        MapSnapshot { pages }
+            Some((p, page))
+        })
     }
 
     /// Next LBA >= `lba` whose page is allocated (a fast skip over holes).

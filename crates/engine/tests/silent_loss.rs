@@ -104,6 +104,27 @@ fn newest_checkpoint(sim: &SimStorage) -> (CheckpointPointer, Vec<(u64, u32)>) {
     (p, commit.chunks.iter().map(|c| (c.offset, c.len)).collect())
 }
 
+/// A volume with every block written (a flush every `flush_every` blocks)
+/// and stopped cleanly.
+fn written_volume(flush_every: u64) -> SimStorage {
+    let sim = SimStorage::new(64 * MIB);
+    create(&sim);
+    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    write_all(&vol, flush_every);
+    vol.close().unwrap();
+    sim
+}
+
+/// Damages the payload of the newest checkpoint's first map chunk;
+/// returns how many chunks that checkpoint has.
+fn damage_newest_chunk(sim: &SimStorage) -> usize {
+    let (_, chunks) = newest_checkpoint(sim);
+    let (coff, _) = chunks[0];
+    let h = RecordHeader::decode(&image(sim)[coff as usize..]).unwrap();
+    damage_payload(sim, coff, &h);
+    chunks.len()
+}
+
 /// The DATA record holding `lba` with the highest seq.
 fn data_record_of(sim: &SimStorage, lba: u64) -> (u64, RecordHeader) {
     records(sim)
@@ -262,16 +283,8 @@ fn after_a_crash_a_damaged_record_certified_by_a_later_flush_makes_open_refuse()
 /// older checkpoint found in the log and stop at the damaged record.
 #[test]
 fn damaged_pointer_slots_and_superblock_copy_keep_the_rule() {
-    let sim = SimStorage::new(64 * MIB);
-    create(&sim);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
-    write_all(&vol, 64);
-    vol.close().unwrap();
-    drop(vol);
-    let (_, chunks) = newest_checkpoint(&sim);
-    let (coff, _) = chunks[0];
-    let h = RecordHeader::decode(&image(&sim)[coff as usize..]).unwrap();
-    damage_payload(&sim, coff, &h);
+    let sim = written_volume(64);
+    damage_newest_chunk(&sim);
     let (doff, dh) = data_record_of(&sim, 5);
     damage_payload(&sim, doff, &dh);
     for slot in 0..2 {
@@ -360,17 +373,8 @@ fn regression_a_commit_found_by_the_scan_is_tried_after_an_older_pointer_fails()
 /// destroyed record may have held stay LOST.
 #[test]
 fn regression_repair_recovers_a_damaged_chunks_span_from_the_older_log() {
-    let sim = SimStorage::new(64 * MIB);
-    create(&sim);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
-    write_all(&vol, 0);
-    vol.close().unwrap();
-    drop(vol);
-    let (_, chunks) = newest_checkpoint(&sim);
-    assert_eq!(chunks.len(), 1, "one chunk maps every block");
-    let (coff, _) = chunks[0];
-    let chunk_hdr = RecordHeader::decode(&image(&sim)[coff as usize..]).unwrap();
-    damage_payload(&sim, coff, &chunk_hdr);
+    let sim = written_volume(0);
+    assert_eq!(damage_newest_chunk(&sim), 1, "one chunk maps every block");
     let (doff, dh) = data_record_of(&sim, 100);
     for at in [doff, doff + 8, doff + 20] {
         sim.flip_bit(at, 1);
