@@ -301,6 +301,16 @@ impl Report {
                     count(c.segments_reclaimed, "segment", "segments")
                 ),
             ),
+            (
+                "checkpoints",
+                format!(
+                    "{} written, the last {} in {:.2} s (generation {})",
+                    s.checkpoints_written,
+                    b(s.checkpoint_last_bytes),
+                    s.checkpoint_last_seconds,
+                    s.checkpoint_generation
+                ),
+            ),
             ("corrupt reads", s.corrupt_reads.to_string()),
             ("scrub", scrub_line(&s.scrub)),
         ]);

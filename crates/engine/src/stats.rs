@@ -148,6 +148,11 @@ pub struct VolumeStats {
     #[serde(flatten)]
     pub elastic: ElasticStats,
     pub checkpoint_generation: u64,
+    /// Checkpoints written since open, and the last one's log bytes (map
+    /// chunks and commit) and duration from snapshot to published pointer.
+    pub checkpoints_written: u64,
+    pub checkpoint_last_bytes: u64,
+    pub checkpoint_last_seconds: f64,
     pub last_seq: u64,
     pub epoch: u32,
     pub read_only: bool,

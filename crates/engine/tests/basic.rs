@@ -242,6 +242,9 @@ fn the_background_checkpointer_writes_the_checkpoints_flushes_find_due() {
         std::thread::sleep(std::time::Duration::from_millis(10));
         waited += 1;
     }
+    let st = vol.stats();
+    assert!(st.checkpoints_written >= 2, "{}", st.checkpoints_written);
+    assert!(st.checkpoint_last_bytes > 0 && st.checkpoint_last_seconds > 0.0);
     drop(checkpointer);
     let crashed = sim.crash(1);
     let v = Volume::open(Arc::new(crashed), options).unwrap();

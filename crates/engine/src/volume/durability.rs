@@ -168,12 +168,14 @@ impl Volume {
     /// the snapshot, where roll-forward resumes (docs/FORMAT.md).
     fn checkpoint_serialized(&self, between: impl FnOnce()) -> Result<(), VolError> {
         self.check_writable()?;
+        let started = std::time::Instant::now();
         let snap = self.checkpoint_snapshot()?;
         let raw_max = space::chunk_raw_max_bytes(self.sb.segment_size_bytes);
         let chunks = encode_map_chunks(&snap.map, raw_max);
         let refs = self.append_chunks(&chunks, between)?;
         let _f = self.lock_flush()?;
-        let ptr = self.append_commit(&snap, refs)?;
+        let ptr = self.append_commit(&snap, refs.clone())?;
+        let bytes = refs.iter().map(|r| u64::from(r.len)).sum::<u64>() + u64::from(ptr.commit_len);
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         self.publish(&ptr)?;
         {
@@ -185,6 +187,11 @@ impl Volume {
             st.durable_snapshot_seq = snap.seq;
         }
         self.reclaim(&snap.candidates)?;
+        let c = &self.counters;
+        c.checkpoints.fetch_add(1, Ordering::Relaxed);
+        c.checkpoint_last_bytes.store(bytes, Ordering::Relaxed);
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        c.checkpoint_last_micros.store(micros, Ordering::Relaxed);
         tracing::debug!(
             generation = ptr.generation,
             seq = ptr.commit_seq,

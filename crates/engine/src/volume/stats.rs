@@ -21,6 +21,9 @@ pub(in crate::volume) struct Counters {
     pub(in crate::volume) read_cache_misses: AtomicU64,
     pub(in crate::volume) elastic: ElasticCounters,
     pub(in crate::volume) cleaner: CleanerCounters,
+    pub(in crate::volume) checkpoints: AtomicU64,
+    pub(in crate::volume) checkpoint_last_bytes: AtomicU64,
+    pub(in crate::volume) checkpoint_last_micros: AtomicU64,
 }
 
 /// Counters of elastic compression, for `stat`.
@@ -145,6 +148,9 @@ impl Volume {
             dedup: self.dedup_stats(&st),
             elastic: self.elastic_stats(&st),
             checkpoint_generation: st.checkpoint_generation,
+            checkpoints_written: get(&self.counters.checkpoints),
+            checkpoint_last_bytes: get(&self.counters.checkpoint_last_bytes),
+            checkpoint_last_seconds: get(&self.counters.checkpoint_last_micros) as f64 / 1e6,
             last_seq: st.log.last_seq(),
             epoch: st.log.epoch,
             read_only: self.options.read_only,
