@@ -254,3 +254,43 @@ fn the_background_checkpointer_writes_the_checkpoints_flushes_find_due() {
         assert!(b == *d, "flushed data at {off}");
     }
 }
+
+/// The checkpoint interval grows with the map: a checkpoint writes the
+/// whole map, so the next one waits for four times its size of log even
+/// when the configured interval is shorter (at most a quarter of the log
+/// goes to checkpoints on a large volume).
+#[test]
+fn the_checkpoint_interval_is_at_least_four_times_the_last_checkpoint() {
+    use rand::{Rng, SeedableRng};
+    let sim = SimStorage::new(64 * MIB);
+    create(&sim, 64 * MIB, Codec::Lz4).close().unwrap();
+    let options = OpenOptions {
+        checkpoint_interval_bytes: 1,
+        ..OpenOptions::default()
+    };
+    let vol = Volume::open(Arc::new(sim.clone()), options).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut random_blocks = |vol: &Volume, first: u64, n: u64| {
+        for lba in first..first + n {
+            let b: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+            vol.write_at(lba * 4096, &b, false).unwrap();
+        }
+    };
+    random_blocks(&vol, 0, 3000);
+    vol.flush().unwrap();
+    let st = vol.stats();
+    let (n, last) = (st.checkpoints_written, st.checkpoint_last_bytes);
+    assert!(
+        n >= 1 && last > 2 * 4096,
+        "{n} checkpoints, the last {last} bytes"
+    );
+    // Less than 4x its size of log: no checkpoint.
+    let few = last / 4096;
+    random_blocks(&vol, 4000, few);
+    vol.flush().unwrap();
+    assert_eq!(vol.stats().checkpoints_written, n);
+    // More: one.
+    random_blocks(&vol, 5000, 6 * few);
+    vol.flush().unwrap();
+    assert_eq!(vol.stats().checkpoints_written, n + 1);
+}

@@ -17,6 +17,12 @@ use std::sync::atomic::Ordering;
 /// `CHECKPOINT_EMPTY_SEGMENTS_MIN`) only waits for one to be reused.
 const CHECKPOINT_EMPTY_SEGMENTS_DIVISOR: u64 = 8;
 const CHECKPOINT_EMPTY_SEGMENTS_MIN: u64 = 4;
+/// Log written between checkpoints, at least, per byte the last checkpoint
+/// took: the whole map is written each time, so on a large volume the
+/// interval grows with it and checkpoints cost at most a quarter of the
+/// log (at 128 GiB mapped a checkpoint is ~200 MiB: every 800 MiB rather
+/// than every 256 MiB). Recovery after a crash replays at most that much.
+const CHECKPOINT_LOG_PER_CHECKPOINT_BYTE: u64 = 4;
 /// A checkpoint syncs its own records after this many bytes, outside the
 /// flush lock: a client FLUSH's sync (of the whole file) then never has a
 /// checkpoint's worth of dirty pages to write back (at 128 GiB mapped a
@@ -123,15 +129,20 @@ impl Volume {
         Ok(())
     }
 
-    /// A checkpoint is due after `checkpoint_interval_bytes` of log, or when
-    /// enough segments only wait for one to be reused (after a large TRIM,
-    /// say), so the host gets its space back.
+    /// A checkpoint is due after `checkpoint_interval_bytes` of log, or
+    /// `CHECKPOINT_LOG_PER_CHECKPOINT_BYTE` times the last checkpoint's
+    /// size if that is more, or when enough segments only wait for one to
+    /// be reused (after a large TRIM, say), so the host gets its space back.
     fn checkpoint_due(&self, st: &State) -> bool {
         let empty = st.log.segments.empty_sealed_count(st.live.usage());
         let enough = (st.log.segments.count() / CHECKPOINT_EMPTY_SEGMENTS_DIVISOR)
             .max(CHECKPOINT_EMPTY_SEGMENTS_MIN);
-        st.log.appended_bytes - st.appended_at_checkpoint >= self.options.checkpoint_interval_bytes
-            || empty >= enough
+        let last = self.counters.checkpoint_last_bytes.load(Ordering::Relaxed);
+        let interval = self
+            .options
+            .checkpoint_interval_bytes
+            .max(last.saturating_mul(CHECKPOINT_LOG_PER_CHECKPOINT_BYTE));
+        st.log.appended_bytes - st.appended_at_checkpoint >= interval || empty >= enough
     }
 
     /// Writes a checkpoint of the map and makes it the recovery start.
