@@ -64,12 +64,8 @@ impl Volume {
             st.synced_seq = st.synced_seq.max(target);
             self.checkpoint_due(&st)
         };
-        if due {
-            if self.jobs.checkpointer.load(Ordering::SeqCst) {
-                self.jobs.checkpoint_wanted.store(true, Ordering::SeqCst);
-            } else {
-                self.checkpoint_if_due()?;
-            }
+        if due && !self.jobs.checkpointer.hand_over() {
+            self.checkpoint_if_due()?;
         }
         Ok(())
     }
@@ -184,9 +180,10 @@ impl Volume {
         let raw_max = space::chunk_raw_max_bytes(self.sb.segment_size_bytes);
         let chunks = encode_map_chunks(&snap.map, raw_max);
         let refs = self.append_chunks(&chunks, between)?;
+        let chunk_bytes = refs.iter().map(|r| u64::from(r.len)).sum::<u64>();
         let _f = self.lock_flush()?;
-        let ptr = self.append_commit(&snap, refs.clone())?;
-        let bytes = refs.iter().map(|r| u64::from(r.len)).sum::<u64>() + u64::from(ptr.commit_len);
+        let ptr = self.append_commit(&snap, refs)?;
+        let bytes = chunk_bytes + u64::from(ptr.commit_len);
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         self.publish(&ptr)?;
         {

@@ -1,7 +1,8 @@
-//! Background work on a volume: the cleaner, background recompression, the
-//! dedup index warm-up, the checkpointer (each a thread behind one `Worker`
-//! handle type), and scrub. They share the view of client activity (`Activity`): each yields
-//! while clients are busy.
+//! Background work on a volume: the cleaner, background recompression and
+//! the dedup index warm-up (each a thread behind one `Worker` handle type),
+//! the checkpointer (a thread woken by flushes), and scrub. The first three
+//! share the view of client activity (`Activity`): each yields while
+//! clients are busy.
 pub(in crate::volume) mod checkpointer;
 pub(in crate::volume) mod cleaner;
 pub(in crate::volume) mod recompress;
@@ -145,8 +146,6 @@ pub(in crate::volume) struct JobsState {
     /// for it (cleaning first would move data about to be rewritten).
     pub(in crate::volume) recompress_pending: AtomicBool,
     pub(in crate::volume) scrub: scrub::ScrubState,
-    /// A background checkpointer runs: flushes hand due checkpoints to it.
-    pub(in crate::volume) checkpointer: AtomicBool,
-    /// A flush found a checkpoint due for the checkpointer.
-    pub(in crate::volume) checkpoint_wanted: AtomicBool,
+    /// Where flushes hand due checkpoints to the background checkpointer.
+    pub(in crate::volume) checkpointer: checkpointer::CheckpointerSlot,
 }
