@@ -151,7 +151,13 @@ fn with_dedup_off_every_clone_is_stored() {
     create(&sim, 64 * MIB, false);
     let vol = open(&sim);
     let (one, all) = write_clones(&vol, &img, 5);
-    assert!(all >= 5 * one - BS as u64, "5 clones {all}, one {one}");
+    // Each clone starts 7 blocks further from a unit boundary, so its
+    // blocks are grouped into different compression units and it stores a
+    // little more or less than the first (the image holds this test's own
+    // binary, so the sizes change with every build: a one-block margin
+    // failed on a clean clone, 0.26% short). Dedup, had it run, would have
+    // stored about one clone.
+    assert!(all >= 5 * one - 5 * one / 50, "5 clones {all}, one {one}");
     let s = vol.stats();
     assert!(!s.dedup.dedup);
     assert_eq!((s.dedup.dedup_hits, s.dedup.dedup_saved_bytes), (0, 0));
