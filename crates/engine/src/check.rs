@@ -5,7 +5,7 @@ use crate::map::BlockMap;
 use crate::recovery::{self, Recovered};
 use crate::volume::decode_block_record;
 use cvol_format::superblock::SUPERBLOCK_BYTES;
-use cvol_format::{EntryState, MapEntry, Superblock, BLOCK_SIZE_BYTES};
+use cvol_format::{EntryState, MapEntry, RecordKind, Superblock, BLOCK_SIZE_BYTES};
 use cvol_storage::Storage;
 use std::collections::HashMap;
 
@@ -87,13 +87,19 @@ fn check_segment_usage(
     let live = crate::volume::rebuild_liveness(
         sb,
         &rec.map,
+        None,
         &rec.needed_segments,
         Some((rec.segment, rec.last_seq)),
-    );
+    )
+    .expect("a recovered map is whole in memory");
     let table = live.segments;
     let refs = MapReferences::count(&rec.map);
     let errors_before = rep.errors.len();
-    check_segment_records(storage, sb, &table, &refs.refs, rep);
+    let mut map_records = HashMap::new();
+    rec.map.for_each_record(|off, len| {
+        map_records.insert(off, len);
+    });
+    check_segment_records(storage, sb, &table, &refs.refs, &map_records, rep);
     let shared = refs.dedup_refs.len();
     let holders: u64 = refs.dedup_refs.keys().map(|o| refs.refs[o]).sum();
     if !refs.units.is_empty() {
@@ -174,6 +180,7 @@ fn check_segment_records(
     sb: &Superblock,
     table: &crate::liveness::RebuiltSegments,
     refs: &HashMap<u64, u64>,
+    map_records: &HashMap<u64, u32>,
     rep: &mut CheckReport,
 ) {
     let tag = sb.volume_tag();
@@ -194,6 +201,13 @@ fn check_segment_records(
             if let Some(&n) = refs.get(&(base + f.at as u64)) {
                 found += f.header.total_len() as u64; // once, however many blocks share it
                 referenced += n;
+            }
+        }
+        // The map's own records (pages, directory blocks) live there too.
+        for (at, h) in crate::recovery::walk_segment(&buf, tag).records {
+            let is_map = matches!(h.kind, RecordKind::MapChunk | RecordKind::MapDir);
+            if is_map && map_records.get(&(base + at as u64)) == Some(&(h.total_len() as u32)) {
+                found += h.total_len() as u64;
             }
         }
         let expected: u64 = refs

@@ -14,12 +14,14 @@
 //! while any entry points at it, and then its bytes count once in its
 //! segment's live bytes and in the stored bytes.
 use crate::dedup::{Fingerprint, OffsetMap, Shared, SharedTable, UnitLive};
-use crate::map::BlockMap;
+use crate::map::{BlockMap, Page, PageSource};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
+use cvol_format::checkpoint::PageRef;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Where segments lie, to find a record's segment.
 #[derive(Debug, Clone, Copy)]
@@ -184,6 +186,70 @@ impl LiveMap {
             .record_died(codec, u64::from(len) - RECORD_HEADER_BYTES as u64);
     }
 
+    /// Makes sure the map pages of [first, end) are in memory (see
+    /// `BlockMap::fault_in`).
+    pub(crate) fn fault_in(
+        &mut self,
+        first: u64,
+        end: u64,
+        src: &dyn PageSource,
+    ) -> Result<(), String> {
+        self.map.fault_in(first, end, src)
+    }
+
+    /// Drops clean map pages beyond `max_pages`.
+    pub(crate) fn evict(&mut self, max_pages: usize) -> usize {
+        self.map.evict(max_pages)
+    }
+
+    /// The dirty map pages, for a checkpoint (`BlockMap::take_dirty`).
+    pub(crate) fn dirty_pages(&self) -> Vec<(usize, Arc<Page>)> {
+        self.map.take_dirty()
+    }
+
+    /// A map record just appended (a page or a directory block) is live.
+    fn map_record_born(&mut self, r: &PageRef) {
+        let s = self.geometry.segment_of(r.offset);
+        self.usage.add_live(s, u64::from(r.len));
+    }
+
+    /// Names `r` as page `p`'s record (`BlockMap::page_written`).
+    pub(crate) fn page_written(&mut self, p: usize, snap: &Arc<Page>, r: PageRef) {
+        self.map_record_born(&r);
+        self.map.page_written(p, snap, r);
+    }
+
+    /// The dirty directory blocks (`BlockMap::take_dirty_dirs`).
+    pub(crate) fn dirty_dirs(&mut self) -> Vec<(usize, Vec<(u64, PageRef)>)> {
+        self.map.take_dirty_dirs()
+    }
+
+    /// Names `r` as directory block `b`'s record.
+    pub(crate) fn dir_written(&mut self, b: usize, r: PageRef) {
+        self.map_record_born(&r);
+        self.map.dir_written(b, r);
+    }
+
+    /// Map records superseded so far (the first of them a checkpoint's
+    /// commit no longer names: `release`).
+    pub(crate) fn retired_count(&self) -> usize {
+        self.map.retired().len()
+    }
+
+    /// The first `n` superseded map records, which a durable checkpoint no
+    /// longer names: their bytes are dead.
+    pub(crate) fn release(&mut self, n: usize) {
+        for r in self.map.take_retired(n) {
+            let s = self.geometry.segment_of(r.offset);
+            self.usage.sub_live(s, u64::from(r.len));
+        }
+    }
+
+    /// The map, to change its pages' state (dirty marks) directly.
+    pub(crate) fn map_mut(&mut self) -> &mut BlockMap {
+        &mut self.map
+    }
+
     /// Is the record `e` (indexed with LBA `owner`) still live, and still
     /// holding that block? For a unit block, exactly when its owner still
     /// points at it (conservative: a unit block whose owner moved on is
@@ -202,8 +268,15 @@ impl LiveMap {
 
     /// Recomputes every derived table from the map and compares it with the
     /// running one.
-    pub(crate) fn verify(&self, sb: &Superblock) -> Result<(), String> {
-        let fresh = rebuild(sb, &self.map, &HashMap::new(), None);
+    pub(crate) fn verify(&self, sb: &Superblock, src: &dyn PageSource) -> Result<(), String> {
+        let mut fresh = rebuild(sb, &self.map, Some(src), &HashMap::new(), None)?;
+        for r in self.map.retired() {
+            // Superseded map records stay live until a checkpoint is durable.
+            fresh
+                .segments
+                .usage
+                .add_live(self.geometry.segment_of(r.offset), r.len.into());
+        }
         let mut errors = shared_differences(&self.shared, &fresh.shared);
         if fresh.counters != self.counters {
             errors.push(format!(
@@ -212,7 +285,7 @@ impl LiveMap {
             ));
         }
         for s in 0..self.usage.count() {
-            let (a, b) = (self.usage.live_bytes(s), fresh.segments.live_bytes(s));
+            let (a, b) = (self.usage.live_bytes(s), fresh.segments.usage.live_bytes(s));
             if a != b {
                 errors.push(format!(
                     "segment {s}: live bytes running {a}, from the map {b}"
@@ -313,9 +386,13 @@ struct Census {
 impl Census {
     /// The census of `map`, counting every entry into `counters` on the
     /// way (one pass over the map).
-    fn of(map: &BlockMap, counters: &mut MapCounters) -> Census {
+    fn of(
+        map: &BlockMap,
+        src: Option<&dyn PageSource>,
+        counters: &mut MapCounters,
+    ) -> Result<Census, String> {
         let mut c = Census::default();
-        map.for_each_mapped(|_, e| {
+        map.scan(src, |_, e| {
             counters.add(e);
             if let EntryState::Data {
                 offset,
@@ -348,8 +425,8 @@ impl Census {
                     c.shared.entry(offset).or_insert(fresh).refs += 1;
                 }
             }
-        });
-        c
+        })?;
+        Ok(c)
     }
 }
 
@@ -360,11 +437,12 @@ impl Census {
 pub(crate) fn rebuild(
     sb: &Superblock,
     map: &BlockMap,
+    src: Option<&dyn PageSource>,
     needed: &HashMap<u64, u64>,
     open: Option<(u64, u64)>,
-) -> Rebuilt {
+) -> Result<Rebuilt, String> {
     let mut counters = MapCounters::default();
-    let census = Census::of(map, &mut counters);
+    let census = Census::of(map, src, &mut counters)?;
     let geometry = Geometry::of(sb);
     let mut segments = RebuiltSegments {
         table: SegmentTable::new(sb.segment_count(), sb.segment_size_bytes),
@@ -379,7 +457,7 @@ pub(crate) fn rebuild(
         counters.record_born(codec, u64::from(len) - RECORD_HEADER_BYTES as u64);
     };
     let mut shared = census.shared;
-    map.for_each_mapped(|_, e| {
+    map.scan(src, |_, e| {
         if let EntryState::Data {
             offset,
             len,
@@ -393,7 +471,7 @@ pub(crate) fn rebuild(
                 None => live(offset, len, codec),
             }
         }
-    });
+    })?;
     let mut extra = 0u64;
     for (&offset, s) in &shared {
         let (len, codec) = census.lens[&offset];
@@ -405,13 +483,20 @@ pub(crate) fn rebuild(
         live(offset, len, codec);
         extra += u64::from(u.refs);
     }
+    map.for_each_record(|offset, len| {
+        let s = geometry.segment_of(offset);
+        if segments.table.state(s) == SegState::Free {
+            segments.table.mark(s, SegState::Sealed, 0);
+        }
+        segments.usage.add_live(s, u64::from(len));
+    });
     for (&s, &max_seq) in needed {
         segments.table.mark(s, SegState::Sealed, max_seq);
     }
     if let Some((s, seq)) = open {
         segments.table.mark(s, SegState::Open, seq);
     }
-    Rebuilt {
+    Ok(Rebuilt {
         segments,
         shared: SharedTable {
             records: shared,
@@ -419,5 +504,5 @@ pub(crate) fn rebuild(
             extra_refs: extra,
         },
         counters,
-    }
+    })
 }

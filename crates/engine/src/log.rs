@@ -58,6 +58,14 @@ impl Shape {
         }
     }
 
+    /// A MAP_CHUNK of the paged map's page starting at `lba`, or a MAP_DIR
+    /// of the directory block starting at `lba` (lz4 payloads; they map no
+    /// block: the lba only names the page or block, for scans).
+    pub fn map_meta(kind: RecordKind, lba: u64) -> Shape {
+        assert!(matches!(kind, RecordKind::MapChunk | RecordKind::MapDir));
+        Shape::meta(kind, CodecTag::Lz4).at(lba, 0)
+    }
+
     fn at(self, lba: u64, nblocks: u32) -> Shape {
         Shape {
             lba,
@@ -87,6 +95,7 @@ impl Shape {
             RecordKind::Synced => assert!(payload_len == SYNCED_PAYLOAD_BYTES),
             RecordKind::Epoch => assert!(payload_len == 0),
             RecordKind::MapChunk | RecordKind::CkptCommit => assert!(payload_len > 0),
+            RecordKind::MapDir => {}
         }
         if self.kind != RecordKind::Data {
             assert!(
@@ -97,13 +106,19 @@ impl Shape {
         }
         if matches!(
             self.kind,
-            RecordKind::Epoch | RecordKind::Synced | RecordKind::MapChunk | RecordKind::CkptCommit
+            RecordKind::Epoch | RecordKind::Synced | RecordKind::CkptCommit
         ) {
-            assert!(
-                self.lba == 0 && self.nblocks == 0,
-                "{:?} covers no blocks",
-                self.kind
-            );
+            assert!(self.lba == 0, "{:?} names no block", self.kind);
+        }
+        if matches!(
+            self.kind,
+            RecordKind::Epoch
+                | RecordKind::Synced
+                | RecordKind::MapChunk
+                | RecordKind::MapDir
+                | RecordKind::CkptCommit
+        ) {
+            assert!(self.nblocks == 0, "{:?} covers no blocks", self.kind);
         }
     }
 }

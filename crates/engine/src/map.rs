@@ -1,36 +1,147 @@
-//! In-memory block map: LBA -> MapEntry, allocated in pages of 512 entries
-//! (12 bytes each), so memory follows written space, not logical size.
-//! Pages are shared copy-on-write with snapshots (`BlockMap::snapshot`), so
-//! a checkpoint encodes a consistent map outside the volume lock while
-//! writers go on: a page changed after the snapshot is copied once.
+//! The block map: LBA -> MapEntry, in pages of `PAGE_BLOCKS` entries (12
+//! bytes each), paged: every page with entries has a MAP_CHUNK record in
+//! the log once a checkpoint (or an eviction) wrote it, named by the map's
+//! *directory* (`DirBlock`s of `DIR_PAGES` pages, each a MAP_DIR record);
+//! a page not changed since its record may be dropped from memory
+//! (`evict`) and read back on demand (`fault_in`, through a `PageSource`).
+//!
+//! Callers fault in the pages they touch before `get` or `set`, and within
+//! one hold of the volume's state lock; eviction happens only when the lock
+//! is taken (`Volume::lock_state`), so a page faulted in stays until the
+//! lock is released. `get` or `set` on a page that is not in memory is a
+//! bug, and panics.
+//!
+//! Pages in memory are shared copy-on-write with a checkpoint's snapshot
+//! (`take_dirty`): a page changed while the checkpoint encodes it is
+//! copied once, and stays dirty for the next one.
+use cvol_format::checkpoint::{PageRef, DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::MapEntry;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-pub const PAGE_BLOCKS: usize = 512;
+pub const PAGE_BLOCKS: usize = MAP_PAGE_BLOCKS as usize;
+const DIR_SLOTS: usize = DIR_PAGES as usize;
 
 #[derive(Clone)]
-struct Page {
+pub struct Page {
     loc: [u64; PAGE_BLOCKS],
     crc: [u32; PAGE_BLOCKS],
     /// Entries that are not unmapped.
     used: u32,
 }
 
+/// Bytes one page in memory takes.
+pub const PAGE_MEMORY_BYTES: u64 = std::mem::size_of::<Page>() as u64 + 16;
+
+impl Page {
+    fn empty() -> Page {
+        Page {
+            loc: [0; PAGE_BLOCKS],
+            crc: [0; PAGE_BLOCKS],
+            used: 0,
+        }
+    }
+
+    /// A page from the entries of its record (`PageSource::load`); None if
+    /// an entry lies outside page `p`.
+    pub fn from_entries(p: u64, entries: &[(u64, MapEntry)]) -> Option<Page> {
+        let mut page = Page::empty();
+        for &(lba, e) in entries {
+            if lba / MAP_PAGE_BLOCKS != p || e.is_unmapped() {
+                return None;
+            }
+            let i = (lba % MAP_PAGE_BLOCKS) as usize;
+            page.used += u32::from(page.loc[i] == 0);
+            page.loc[i] = e.loc;
+            page.crc[i] = e.crc;
+        }
+        Some(page)
+    }
+
+    fn entry(&self, i: usize) -> MapEntry {
+        MapEntry {
+            loc: self.loc[i],
+            crc: self.crc[i],
+        }
+    }
+
+    /// Calls `f(lba, entry)` for every entry of page `p` that is not unmapped.
+    pub fn for_each_mapped(&self, p: usize, f: &mut impl FnMut(u64, MapEntry)) {
+        for i in 0..PAGE_BLOCKS {
+            if self.loc[i] != 0 {
+                f((p * PAGE_BLOCKS + i) as u64, self.entry(i));
+            }
+        }
+    }
+}
+
+/// Reads a page's record: what `fault_in` calls on a miss.
+pub trait PageSource {
+    /// The entries of page `page`, from the record `r` names (verified).
+    fn load(&self, page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String>;
+}
+
+/// One directory block: where the record of each of its pages is.
+struct DirBlock {
+    refs: Vec<Option<PageRef>>,
+    count: usize,
+    /// Its MAP_DIR record, once written.
+    record: Option<PageRef>,
+    /// Changed since `record` was written.
+    dirty: bool,
+}
+
+/// Counters of the page cache.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CacheCounts {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
 pub struct BlockMap {
+    /// Pages in memory.
     pages: Vec<Option<Arc<Page>>>,
-    /// One bit per page, set while it is allocated: finding the next
-    /// allocated page reads 64 slots a word, so scans of a large sparse
-    /// volume cost what is mapped, not the logical size.
+    /// One bit per page, set while it has entries (in memory or not):
+    /// finding the next allocated page reads 64 slots a word, so scans of
+    /// a large sparse volume cost what is mapped, not the logical size.
     allocated: Vec<u64>,
+    /// One bit per page changed since its record was written (or that has
+    /// none): it stays in memory until a checkpoint writes it.
+    dirty: Vec<u64>,
+    dirty_count: usize,
+    dirs: Vec<Option<Box<DirBlock>>>,
+    /// Records no longer named (superseded pages and directory blocks):
+    /// live until a checkpoint that no longer names them is durable.
+    retired: Vec<PageRef>,
+    /// Pages in memory, oldest first (second-chance order); may hold
+    /// stale indexes of pages dropped since.
+    clock: VecDeque<usize>,
+    /// One bit per page used since the clock last passed it.
+    touched: Vec<u64>,
+    resident: usize,
+    /// Pages with entries.
+    allocated_count: usize,
+    counts: CacheCounts,
     blocks: u64,
 }
 
 impl BlockMap {
     pub fn new(blocks: u64) -> BlockMap {
         let npages = (blocks as usize).div_ceil(PAGE_BLOCKS);
+        let words = npages.div_ceil(64);
         BlockMap {
             pages: (0..npages).map(|_| None).collect(),
-            allocated: vec![0; npages.div_ceil(64)],
+            allocated: vec![0; words],
+            dirty: vec![0; words],
+            dirty_count: 0,
+            dirs: (0..npages.div_ceil(DIR_SLOTS)).map(|_| None).collect(),
+            retired: Vec::new(),
+            clock: VecDeque::new(),
+            touched: vec![0; words],
+            resident: 0,
+            allocated_count: 0,
+            counts: CacheCounts::default(),
             blocks,
         }
     }
@@ -43,34 +154,30 @@ impl BlockMap {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
         match &self.pages[p] {
-            Some(page) => MapEntry {
-                loc: page.loc[i],
-                crc: page.crc[i],
-            },
-            None => MapEntry::UNMAPPED,
+            Some(page) => page.entry(i),
+            None => {
+                assert!(!bit(&self.allocated, p), "map page {p} not faulted in");
+                MapEntry::UNMAPPED
+            }
         }
     }
 
-    /// Sets an entry, returning the previous one.
+    /// Sets an entry, returning the previous one. Its page must be in
+    /// memory (or have no entries).
     pub fn set(&mut self, lba: u64, e: MapEntry) -> MapEntry {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
         if self.pages[p].is_none() {
+            assert!(!bit(&self.allocated, p), "map page {p} not faulted in");
             if e.is_unmapped() {
                 return MapEntry::UNMAPPED;
             }
-            self.pages[p] = Some(Arc::new(Page {
-                loc: [0; PAGE_BLOCKS],
-                crc: [0; PAGE_BLOCKS],
-                used: 0,
-            }));
-            self.allocated[p / 64] |= 1 << (p % 64);
+            self.insert(p, Arc::new(Page::empty()));
+            self.allocate(p);
         }
-        let page = Arc::make_mut(self.pages[p].as_mut().expect("page allocated above"));
-        let old = MapEntry {
-            loc: page.loc[i],
-            crc: page.crc[i],
-        };
+        self.mark_dirty(p);
+        let page = Arc::make_mut(self.pages[p].as_mut().expect("page in memory above"));
+        let old = page.entry(i);
         page.loc[i] = e.loc;
         page.crc[i] = e.crc;
         page.used = (page.used + u32::from(!e.is_unmapped()))
@@ -78,40 +185,327 @@ impl BlockMap {
             .expect("a page's count of used entries matches its entries");
         debug_assert!(page.used as usize <= PAGE_BLOCKS);
         if page.used == 0 {
-            self.pages[p] = None;
-            self.allocated[p / 64] &= !(1 << (p % 64));
+            self.drop_page(p);
         }
         old
     }
 
-    /// Calls `f(lba, entry)` for every entry that is not unmapped, in LBA order.
-    pub fn for_each_mapped(&self, mut f: impl FnMut(u64, MapEntry)) {
-        for (p, page) in self.allocated_pages() {
-            page.for_each_mapped(p, &mut f);
+    /// A page that lost its last entry: no memory, no record.
+    fn drop_page(&mut self, p: usize) {
+        self.pages[p] = None;
+        self.resident -= 1;
+        set_bit(&mut self.allocated, p, false);
+        self.allocated_count -= 1;
+        if bit(&self.dirty, p) {
+            set_bit(&mut self.dirty, p, false);
+            self.dirty_count -= 1;
+        }
+        self.set_ref(p, None);
+    }
+
+    fn allocate(&mut self, p: usize) {
+        assert!(!bit(&self.allocated, p), "page {p} allocated twice");
+        set_bit(&mut self.allocated, p, true);
+        self.allocated_count += 1;
+    }
+
+    /// Pages with entries (in memory or not).
+    pub fn allocated_pages(&self) -> usize {
+        self.allocated_count
+    }
+
+    fn insert(&mut self, p: usize, page: Arc<Page>) {
+        debug_assert!(self.pages[p].is_none());
+        self.pages[p] = Some(page);
+        self.resident += 1;
+        self.clock.push_back(p);
+        set_bit(&mut self.touched, p, true);
+    }
+
+    /// Marks page `p` (in memory) changed since its record.
+    pub fn mark_dirty(&mut self, p: usize) {
+        debug_assert!(self.pages[p].is_some());
+        if !bit(&self.dirty, p) {
+            set_bit(&mut self.dirty, p, true);
+            self.dirty_count += 1;
         }
     }
 
-    /// The map as it is now, sharing its pages: O(allocated pages), and
-    /// later changes to this map copy the pages they touch.
-    pub fn snapshot(&self) -> MapSnapshot {
-        let pages = self
-            .allocated_pages()
-            .map(|(p, page)| (p, Arc::clone(page)))
-            .collect();
-        MapSnapshot { pages }
+    /// Names `r` as page `p`'s record (None: it has none), retiring the
+    /// record named before.
+    fn set_ref(&mut self, p: usize, r: Option<PageRef>) {
+        let (b, k) = (p / DIR_SLOTS, p % DIR_SLOTS);
+        if self.dirs[b].is_none() {
+            if r.is_none() {
+                return;
+            }
+            self.dirs[b] = Some(Box::new(DirBlock {
+                refs: vec![None; DIR_SLOTS],
+                count: 0,
+                record: None,
+                dirty: true,
+            }));
+        }
+        let d = self.dirs[b].as_mut().expect("made above");
+        let old = std::mem::replace(&mut d.refs[k], r);
+        d.count = d.count + usize::from(r.is_some()) - usize::from(old.is_some());
+        d.dirty = true;
+        self.retired.extend(old);
     }
 
-    /// The allocated pages and their indexes, in order.
-    fn allocated_pages(&self) -> impl Iterator<Item = (usize, &Arc<Page>)> + '_ {
+    /// Page `p`'s record, if it has one.
+    pub fn page_ref(&self, p: usize) -> Option<PageRef> {
+        self.dirs[p / DIR_SLOTS].as_ref()?.refs[p % DIR_SLOTS]
+    }
+
+    /// Makes sure every page holding an LBA of [first, end) is in memory,
+    /// reading those that are not from `src`.
+    pub fn fault_in(&mut self, first: u64, end: u64, src: &dyn PageSource) -> Result<(), String> {
+        let end = end.min(self.blocks);
+        let mut lba = first;
+        while let Some(l) = self.next_allocated_page_lba(lba).filter(|&l| l < end) {
+            self.fault_page(l as usize / PAGE_BLOCKS, src)?;
+            lba = page_end(l);
+        }
+        Ok(())
+    }
+
+    /// `fault_in` for one page (allocated or not).
+    pub fn fault_page(&mut self, p: usize, src: &dyn PageSource) -> Result<(), String> {
+        if self.pages[p].is_some() {
+            self.counts.hits += 1;
+            set_bit(&mut self.touched, p, true);
+            return Ok(());
+        }
+        if !bit(&self.allocated, p) {
+            return Ok(());
+        }
+        self.counts.misses += 1;
+        let page = self.read_page(p, src)?;
+        self.insert(p, Arc::new(page));
+        Ok(())
+    }
+
+    fn read_page(&self, p: usize, src: &dyn PageSource) -> Result<Page, String> {
+        let r = self
+            .page_ref(p)
+            .expect("an allocated page not in memory has a record");
+        let entries = src.load(p as u64, &r)?;
+        match Page::from_entries(p as u64, &entries) {
+            Some(page) if page.used > 0 => Ok(page),
+            _ => Err(format!(
+                "map page {p}'s record holds entries of another page"
+            )),
+        }
+    }
+
+    /// Installs page `p` as read from record `r` at open (clean).
+    pub fn install_loaded(&mut self, p: usize, page: Page, r: PageRef) {
+        assert!(page.used > 0 && self.pages[p].is_none());
+        self.insert(p, Arc::new(page));
+        self.allocate(p);
+        self.set_ref(p, Some(r));
+    }
+
+    /// Names page `p`'s record at open without reading it (the page stays
+    /// on disk until faulted in).
+    pub fn install_unread(&mut self, p: usize, r: PageRef) {
+        assert!(self.pages[p].is_none());
+        self.allocate(p);
+        self.set_ref(p, Some(r));
+    }
+
+    /// Names the MAP_DIR record of directory block `b` at open (clean).
+    pub fn install_dir_record(&mut self, b: usize, r: PageRef) {
+        if let Some(d) = self.dirs[b].as_mut() {
+            d.record = Some(r);
+            d.dirty = false;
+        }
+    }
+
+    /// Drops clean pages, least recently used first, until at most
+    /// `max_pages` are in memory (dirty pages stay: a checkpoint must write
+    /// them first). Returns how many it dropped.
+    pub fn evict(&mut self, max_pages: usize) -> usize {
+        let mut dropped = 0;
+        let mut passes = self.clock.len() * 2;
+        while self.resident > max_pages && passes > 0 {
+            passes -= 1;
+            let Some(p) = self.clock.pop_front() else {
+                break;
+            };
+            if self.pages[p].is_none() {
+                continue; // a stale index: dropped since
+            }
+            if bit(&self.touched, p) || bit(&self.dirty, p) {
+                set_bit(&mut self.touched, p, false);
+                self.clock.push_back(p);
+                continue;
+            }
+            self.pages[p] = None;
+            self.resident -= 1;
+            dropped += 1;
+        }
+        if self.clock.len() > 2 * self.resident + 64 {
+            let pages = &self.pages;
+            self.clock.retain(|&p| pages[p].is_some());
+        }
+        self.counts.evictions += dropped as u64;
+        dropped
+    }
+
+    pub fn resident_pages(&self) -> usize {
+        self.resident
+    }
+
+    pub fn dirty_pages(&self) -> usize {
+        self.dirty_count
+    }
+
+    pub fn cache_counts(&self) -> CacheCounts {
+        self.counts
+    }
+
+    /// The dirty pages, shared, for a checkpoint to write. They stay dirty
+    /// (in memory) until `page_written` names their record.
+    pub fn take_dirty(&self) -> Vec<(usize, Arc<Page>)> {
+        let mut out = Vec::with_capacity(self.dirty_count);
+        for (w, &word) in self.dirty.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let p = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let page = self.pages[p].as_ref().expect("a dirty page is in memory");
+                out.push((p, Arc::clone(page)));
+            }
+        }
+        out
+    }
+
+    /// Names record `r`, just written from `snap` (page `p` as
+    /// `take_dirty` handed it out), as the page's record; the page is
+    /// clean if it has not changed since. A page that has lost its entries
+    /// since keeps none (the record is retired at once).
+    pub fn page_written(&mut self, p: usize, snap: &Arc<Page>, r: PageRef) {
+        if !bit(&self.allocated, p) {
+            self.retired.push(r);
+            return;
+        }
+        self.set_ref(p, Some(r));
+        let same = self.pages[p].as_ref().is_some_and(|c| Arc::ptr_eq(c, snap));
+        if same && bit(&self.dirty, p) {
+            set_bit(&mut self.dirty, p, false);
+            self.dirty_count -= 1;
+        }
+    }
+
+    /// The directory blocks changed since their record, as payload
+    /// entries; they count as clean from here on. Blocks without pages
+    /// are dropped (their record retired).
+    pub fn take_dirty_dirs(&mut self) -> Vec<(usize, Vec<(u64, PageRef)>)> {
+        let mut out = Vec::new();
+        for b in 0..self.dirs.len() {
+            let Some(d) = self.dirs[b].as_mut().filter(|d| d.dirty) else {
+                continue;
+            };
+            d.dirty = false;
+            if d.count == 0 {
+                let record = d.record.take();
+                self.retired.extend(record);
+                self.dirs[b] = None;
+                continue;
+            }
+            let base = (b * DIR_SLOTS) as u64;
+            let pages = (d.refs.iter().enumerate())
+                .filter_map(|(k, r)| r.map(|r| (base + k as u64, r)))
+                .collect();
+            out.push((b, pages));
+        }
+        out
+    }
+
+    /// Names record `r` as directory block `b`'s.
+    pub fn dir_written(&mut self, b: usize, r: PageRef) {
+        match self.dirs[b].as_mut() {
+            Some(d) => {
+                let old = d.record.replace(r);
+                self.retired.extend(old);
+            }
+            None => self.retired.push(r),
+        }
+    }
+
+    /// Marks directory block `b` changed (its record must be rewritten).
+    pub fn mark_dir_dirty(&mut self, b: usize) {
+        if let Some(d) = self.dirs[b].as_mut() {
+            d.dirty = true;
+        }
+    }
+
+    /// Is `offset` the record of directory block `b`?
+    pub fn dir_record_is(&self, b: usize, offset: u64) -> bool {
+        self.dirs
+            .get(b)
+            .and_then(|d| d.as_ref()?.record)
+            .is_some_and(|r| r.offset == offset)
+    }
+
+    /// The MAP_DIR records of every directory block, in block order; None
+    /// if a block with pages has no record yet (changed since the last
+    /// `take_dirty_dirs`).
+    pub fn dir_records(&self) -> Option<Vec<PageRef>> {
+        self.dirs.iter().flatten().map(|d| d.record).collect()
+    }
+
+    /// Directory blocks holding pages.
+    pub fn dir_blocks(&self) -> usize {
+        self.dirs.iter().flatten().count()
+    }
+
+    /// The first `n` records retired (the oldest).
+    pub fn take_retired(&mut self, n: usize) -> Vec<PageRef> {
+        self.retired.drain(..n).collect()
+    }
+
+    /// Records retired and not yet taken.
+    pub fn retired(&self) -> &[PageRef] {
+        &self.retired
+    }
+
+    /// Calls `f(offset, len)` for every record the map names (pages and
+    /// directory blocks): live data of their segments.
+    pub fn for_each_record(&self, mut f: impl FnMut(u64, u32)) {
+        for d in self.dirs.iter().flatten() {
+            if let Some(r) = d.record {
+                f(r.offset, r.len);
+            }
+            d.refs.iter().flatten().for_each(|r| f(r.offset, r.len));
+        }
+    }
+
+    /// Calls `f(lba, entry)` for every entry that is not unmapped, in LBA
+    /// order; pages not in memory are read from `src` (and not kept).
+    pub fn scan(
+        &self,
+        src: Option<&dyn PageSource>,
+        mut f: impl FnMut(u64, MapEntry),
+    ) -> Result<(), String> {
         let mut next = self.next_allocated_page(0);
-        std::iter::from_fn(move || {
-            let p = next?;
+        while let Some(p) = next {
+            match (&self.pages[p], src) {
+                (Some(page), _) => page.for_each_mapped(p, &mut f),
+                (None, Some(src)) => self.read_page(p, src)?.for_each_mapped(p, &mut f),
+                (None, None) => panic!("map page {p} not faulted in"),
+            }
             next = self.next_allocated_page(p + 1);
-            let page = self.pages[p]
-                .as_ref()
-                .expect("an allocated page's bit is set");
-            Some((p, page))
-        })
+        }
+        Ok(())
+    }
+
+    /// Calls `f(lba, entry)` for every entry that is not unmapped, in LBA
+    /// order. Every allocated page must be in memory (recovery's maps).
+    pub fn for_each_mapped(&self, f: impl FnMut(u64, MapEntry)) {
+        self.scan(None, f).expect("no page is read");
     }
 
     /// Next LBA >= `lba` whose page is allocated (a fast skip over holes).
@@ -130,15 +524,13 @@ impl BlockMap {
             word += 1;
             bits = *self.allocated.get(word)?;
         }
-        let p = word * 64 + bits.trailing_zeros() as usize;
-        debug_assert!(self.pages[p].is_some(), "page {p}'s bit without a page");
-        Some(p)
+        Some(word * 64 + bits.trailing_zeros() as usize)
     }
 
     /// The mapped (not unmapped) LBAs in [lba, end) of the first allocated
-    /// page at or after `lba`, and where the next page starts; None when no
-    /// allocated page starts before `end`. Callers may change entries of the
-    /// batch before asking for the next one.
+    /// page at or after `lba` (which must be in memory), and where the next
+    /// page starts; None when no allocated page starts before `end`.
+    /// Callers may change entries of the batch before asking for the next.
     pub fn next_mapped_batch(&self, lba: u64, end: u64) -> Option<(Vec<u64>, u64)> {
         let first = self.next_allocated_page_lba(lba).filter(|&p| p < end)?;
         let next = page_end(first);
@@ -148,55 +540,47 @@ impl BlockMap {
         Some((lbas, next))
     }
 
-    /// Is any entry in [first, end) mapped?
+    /// Is any entry in [first, end) mapped? The pages holding `first` and
+    /// `end - 1` must be in memory; a page wholly inside the range is
+    /// mapped if it has entries.
     pub fn any_mapped(&self, first: u64, end: u64) -> bool {
-        let mut lba = first;
-        while let Some((lbas, next)) = self.next_mapped_batch(lba, end) {
-            if !lbas.is_empty() {
-                return true;
-            }
-            lba = next;
+        let Some(l) = self.next_allocated_page_lba(first).filter(|&l| l < end) else {
+            return false;
+        };
+        let (p_start, p_end) = (l - l % MAP_PAGE_BLOCKS, page_end(l));
+        if first <= p_start && p_end <= end {
+            return true;
         }
-        false
+        (l..p_end.min(end)).any(|x| !self.get(x).is_unmapped()) || self.any_mapped(p_end, end)
     }
 
     /// Bytes of heap this map uses.
     pub fn memory_bytes(&self) -> u64 {
-        let pages = self.pages.iter().filter(|p| p.is_some()).count();
+        let dirs = self.dirs.iter().flatten().count();
+        let words = self.allocated.len() * 3;
         (self.pages.capacity() * std::mem::size_of::<Option<Arc<Page>>>()
-            + self.allocated.capacity() * std::mem::size_of::<u64>()
-            + pages * std::mem::size_of::<Page>()) as u64
+            + words * std::mem::size_of::<u64>()
+            + self.dirs.capacity() * 8
+            + dirs * (DIR_SLOTS * std::mem::size_of::<Option<PageRef>>() + 64)
+            + self.clock.capacity() * 8) as u64
+            + self.resident as u64 * PAGE_MEMORY_BYTES
+    }
+
+    /// Bytes of the pages in memory.
+    pub fn cache_bytes(&self) -> u64 {
+        self.resident as u64 * PAGE_MEMORY_BYTES
     }
 }
 
-impl Page {
-    /// Calls `f(lba, entry)` for every entry of page `p` that is not unmapped.
-    fn for_each_mapped(&self, p: usize, f: &mut impl FnMut(u64, MapEntry)) {
-        for i in 0..PAGE_BLOCKS {
-            if self.loc[i] != 0 {
-                f(
-                    (p * PAGE_BLOCKS + i) as u64,
-                    MapEntry {
-                        loc: self.loc[i],
-                        crc: self.crc[i],
-                    },
-                );
-            }
-        }
-    }
+fn bit(words: &[u64], i: usize) -> bool {
+    words[i / 64] & (1 << (i % 64)) != 0
 }
 
-/// A frozen copy of a map (`BlockMap::snapshot`).
-pub struct MapSnapshot {
-    pages: Vec<(usize, Arc<Page>)>,
-}
-
-impl MapSnapshot {
-    /// Calls `f(lba, entry)` for every entry that is not unmapped, in LBA order.
-    pub fn for_each_mapped(&self, mut f: impl FnMut(u64, MapEntry)) {
-        for (p, page) in &self.pages {
-            page.for_each_mapped(*p, &mut f);
-        }
+fn set_bit(words: &mut [u64], i: usize, on: bool) {
+    if on {
+        words[i / 64] |= 1 << (i % 64);
+    } else {
+        words[i / 64] &= !(1 << (i % 64));
     }
 }
 
@@ -210,73 +594,4 @@ fn split(lba: u64) -> (usize, usize) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use cvol_format::CodecTag;
-
-    #[test]
-    fn set_get_and_page_release() {
-        let mut m = BlockMap::new(2000);
-        assert_eq!(m.get(1999), MapEntry::UNMAPPED);
-        let e = MapEntry::data(CodecTag::Lz4, 1 << 20, 100, 9);
-        assert_eq!(m.set(700, e), MapEntry::UNMAPPED);
-        assert_eq!(m.set(701, MapEntry::ZERO), MapEntry::UNMAPPED);
-        assert_eq!(m.get(700), e);
-        let mut seen = vec![];
-        m.for_each_mapped(|l, e| seen.push((l, e)));
-        assert_eq!(seen, vec![(700, e), (701, MapEntry::ZERO)]);
-        assert_eq!(m.next_allocated_page_lba(0), Some(512));
-        assert_eq!(m.next_mapped_batch(0, 2000), Some((vec![700, 701], 1024)));
-        assert_eq!(m.next_mapped_batch(701, 2000), Some((vec![701], 1024)));
-        assert_eq!(m.next_mapped_batch(1024, 2000), None);
-        assert!(m.any_mapped(0, 701) && !m.any_mapped(0, 700) && !m.any_mapped(702, 2000));
-        assert_eq!(m.set(700, MapEntry::UNMAPPED), e);
-        assert_eq!(m.set(701, MapEntry::UNMAPPED), MapEntry::ZERO);
-        assert_eq!(m.next_allocated_page_lba(0), None);
-        assert!(m.memory_bytes() < 100);
-    }
-
-    #[test]
-    fn next_allocated_page_crosses_words_and_the_end() {
-        let blocks = 200 * PAGE_BLOCKS as u64 + 7;
-        let mut m = BlockMap::new(blocks);
-        let e = MapEntry::ZERO;
-        for lba in [0, 63 * 512 + 3, 64 * 512, 130 * 512 + 9, blocks - 1] {
-            m.set(lba, e);
-        }
-        let mut pages = vec![];
-        let mut lba = 0;
-        while let Some(p) = m.next_allocated_page_lba(lba) {
-            pages.push(p / PAGE_BLOCKS as u64);
-            lba = page_end(p);
-        }
-        assert_eq!(pages, vec![0, 63, 64, 130, 200]);
-        assert_eq!(m.next_allocated_page_lba(64 * 512 + 1), Some(64 * 512 + 1));
-        assert_eq!(m.next_allocated_page_lba(blocks), None);
-        assert_eq!(m.next_allocated_page_lba(u64::MAX), None);
-        m.set(64 * 512, MapEntry::UNMAPPED);
-        assert_eq!(m.next_allocated_page_lba(64 * 512), Some(130 * 512));
-        let mut n = 0;
-        m.for_each_mapped(|_, _| n += 1);
-        assert_eq!(n, 4);
-    }
-
-    #[test]
-    fn a_snapshot_keeps_the_map_as_it_was() {
-        let mut m = BlockMap::new(4096);
-        let a = MapEntry::data(CodecTag::Lz4, 1 << 20, 100, 1);
-        let b = MapEntry::data(CodecTag::Lz4, 2 << 20, 100, 2);
-        m.set(1, a);
-        m.set(600, a);
-        let snap = m.snapshot();
-        m.set(1, b);
-        m.set(600, MapEntry::UNMAPPED);
-        m.set(2000, b);
-        let mut seen = vec![];
-        snap.for_each_mapped(|l, e| seen.push((l, e)));
-        assert_eq!(seen, vec![(1, a), (600, a)]);
-        let mut now = vec![];
-        m.for_each_mapped(|l, e| now.push((l, e)));
-        assert_eq!(now, vec![(1, b), (2000, b)]);
-    }
-}
+mod tests;

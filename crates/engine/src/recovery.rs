@@ -2,9 +2,10 @@
 //! chain of records (seq + 1, same epoch or a newer EPOCH record) through the
 //! segments written after it. See docs/FORMAT.md "Recovery".
 pub use crate::error::{RecoveryError, ShortRollForward, SuperblockCopyError};
-use crate::map::BlockMap;
+use crate::map::{BlockMap, Page, PageSource};
 pub use crate::records::{walk_segment, SegmentWalk};
-use cvol_format::checkpoint::{decode_runs, CommitPayload};
+use cvol_format::checkpoint::{decode_runs, ChunkRef, CommitPayload, DirPayload, PageRef};
+use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::pointer::POINTER_BYTES;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::{
@@ -869,51 +870,18 @@ fn load_checkpoint_partial(
     if commit.logical_blocks != sb.logical_blocks() {
         return Err("checkpoint is for another logical size".into());
     }
-    let mut map = BlockMap::new(sb.logical_blocks());
-    // Chunks hold runs in LBA order: a damaged chunk's span lies between
-    // the intact chunks around it.
-    // Per chunk: Some(span, if it holds entries) when intact, None when damaged.
-    let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
+    let loaded = load_commit_map(storage, sb, &commit, true)?;
     let mut checkpoint_segments = HashMap::new();
-    for c in &commit.chunks {
-        if let Some((seg, _)) = sb.locate(c.offset) {
-            checkpoint_segments.insert(seg, p.commit_seq);
-        }
-        let entries = read_chunk(storage, sb, c.offset, c.len, c.crc);
-        match entries {
-            Ok(v) => {
-                spans.push(Some(v.first().map(|f| (f.0, v[v.len() - 1].0 + 1))));
-                v.into_iter().for_each(|(lba, e)| {
-                    map.set(lba, e);
-                });
-            }
-            Err(_) => spans.push(None),
+    for &(off, seq) in &loaded.records {
+        if let Some((seg, _)) = sb.locate(off) {
+            let m = checkpoint_segments.entry(seg).or_insert(0);
+            *m = seq.max(*m);
         }
     }
-    let mut lost_spans = Vec::new();
-    for (i, sp) in spans.iter().enumerate() {
-        if sp.is_some() {
-            continue;
-        }
-        let from = spans[..i]
-            .iter()
-            .rev()
-            .flatten()
-            .flatten()
-            .next()
-            .map_or(0, |s| s.1);
-        let to = spans[i + 1..]
-            .iter()
-            .flatten()
-            .flatten()
-            .next()
-            .map_or(sb.logical_blocks(), |s| s.0);
-        if lost_spans.last().is_none_or(|&(_, e)| e < from) {
-            lost_spans.push((from, to));
-        }
-    }
+    let (map, lost_spans) = (loaded.map, loaded.lost_spans);
     if let Some((seg, _)) = sb.locate(p.commit_offset) {
-        checkpoint_segments.insert(seg, p.commit_seq);
+        let m = checkpoint_segments.entry(seg).or_insert(0);
+        *m = p.commit_seq.max(*m);
     }
     Ok(SalvageBase {
         map,
@@ -962,6 +930,208 @@ fn checkpoint_start(
         snapshot_seq: commit.snapshot_seq,
         checkpoint_segments,
     })
+}
+
+/// A checkpoint's map, read from the records its commit names.
+struct LoadedMap {
+    map: BlockMap,
+    /// LBA spans whose entries were in damaged records (partial loads).
+    lost_spans: Vec<(u64, u64)>,
+    /// (offset, seq) of the records read: segments recovery needs.
+    records: Vec<(u64, u64)>,
+}
+
+/// Reads the map a commit names: MAP_CHUNKs of runs (the whole map), or
+/// MAP_DIRs and the page records they name (a paged map), told apart by
+/// the kind of the first record that reads. `partial`: a damaged record
+/// loses the LBAs it held (`lost_spans`) instead of failing the load.
+fn load_commit_map(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    commit: &CommitPayload,
+    partial: bool,
+) -> Result<LoadedMap, String> {
+    let kind = commit
+        .chunks
+        .iter()
+        .find_map(|c| read_record(storage, sb, c.offset, c.len).ok())
+        .map(|(h, _)| h.kind);
+    let mut loaded = LoadedMap {
+        map: BlockMap::new(sb.logical_blocks()),
+        lost_spans: Vec::new(),
+        records: Vec::new(),
+    };
+    match kind {
+        None if commit.chunks.is_empty() => {}
+        None if partial => loaded.lost_spans.push((0, sb.logical_blocks())),
+        None => return Err("no map record of the checkpoint reads".into()),
+        Some(RecordKind::MapDir) => load_paged(storage, sb, commit, partial, &mut loaded)?,
+        Some(_) => load_flat(storage, sb, commit, partial, &mut loaded)?,
+    }
+    Ok(loaded)
+}
+
+/// The spans of the damaged items of a sequence in LBA order, each from the
+/// end of the intact item before it to the start of the one after it;
+/// `spans[i]`: Some(span of item i, if it holds entries) when intact.
+fn damaged_spans(spans: &[Option<Option<(u64, u64)>>], logical_blocks: u64) -> Vec<(u64, u64)> {
+    let mut lost: Vec<(u64, u64)> = Vec::new();
+    for (i, sp) in spans.iter().enumerate() {
+        if sp.is_some() {
+            continue;
+        }
+        let from = spans[..i]
+            .iter()
+            .rev()
+            .flatten()
+            .flatten()
+            .next()
+            .map_or(0, |s| s.1);
+        let to = spans[i + 1..]
+            .iter()
+            .flatten()
+            .flatten()
+            .next()
+            .map_or(logical_blocks, |s| s.0);
+        if lost.last().is_none_or(|&(_, e)| e < from) {
+            lost.push((from, to));
+        }
+    }
+    lost
+}
+
+/// `load_commit_map` for MAP_CHUNKs holding the whole map in runs.
+fn load_flat(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    commit: &CommitPayload,
+    partial: bool,
+    loaded: &mut LoadedMap,
+) -> Result<(), String> {
+    // Chunks hold runs in LBA order: a damaged chunk's span lies between
+    // the intact chunks around it.
+    let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
+    for c in &commit.chunks {
+        loaded.records.push((c.offset, 0));
+        match read_chunk(storage, sb, c.offset, c.len, c.crc) {
+            Ok(v) => {
+                spans.push(Some(v.first().map(|f| (f.0, v[v.len() - 1].0 + 1))));
+                v.into_iter().for_each(|(lba, e)| {
+                    loaded.map.set(lba, e);
+                });
+            }
+            Err(e) if !partial => return Err(e),
+            Err(_) => spans.push(None),
+        }
+    }
+    loaded.lost_spans = damaged_spans(&spans, sb.logical_blocks());
+    Ok(())
+}
+
+/// `load_commit_map` for MAP_DIRs and the pages they name: every page is
+/// read (the map is whole in memory after open; the volume drops clean
+/// pages down to its cache size afterwards).
+fn load_paged(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    commit: &CommitPayload,
+    partial: bool,
+    loaded: &mut LoadedMap,
+) -> Result<(), String> {
+    let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
+    let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
+    let mut dirs = Vec::new();
+    for c in &commit.chunks {
+        let (b, r, pages) = match read_dir(storage, sb, c) {
+            Ok(d) if dirs.last().is_none_or(|&(last, _)| last < d.0) => d,
+            Ok(_) => return Err("map directory blocks out of order".into()),
+            Err(e) if !partial => return Err(e),
+            Err(_) => {
+                spans.push(None);
+                continue;
+            }
+        };
+        loaded.records.push((r.offset, r.seq));
+        dirs.push((b, r));
+        let first = b as u64 * block_blocks;
+        spans.push(Some(Some((
+            first,
+            (first + block_blocks).min(sb.logical_blocks()),
+        ))));
+        for (p, r) in pages {
+            loaded.records.push((r.offset, r.seq));
+            let page = LogPages { storage, sb }.load(p, &r).and_then(|v| {
+                Page::from_entries(p, &v).ok_or("a page record of another page".into())
+            });
+            match page {
+                Ok(page) => loaded.map.install_loaded(p as usize, page, r),
+                Err(e) if !partial => return Err(format!("map page {p}: {e}")),
+                Err(_) => {
+                    let first = p * MAP_PAGE_BLOCKS;
+                    let end = (first + MAP_PAGE_BLOCKS).min(sb.logical_blocks());
+                    loaded.lost_spans.push((first, end));
+                }
+            }
+        }
+    }
+    for (b, r) in dirs {
+        loaded.map.install_dir_record(b, r);
+    }
+    loaded
+        .lost_spans
+        .extend(damaged_spans(&spans, sb.logical_blocks()));
+    loaded.lost_spans.sort_unstable();
+    Ok(())
+}
+
+/// A directory block read: its index, its record, the pages it lists.
+type DirRead = (usize, PageRef, Vec<(u64, PageRef)>);
+
+/// One MAP_DIR record a commit names, verified: its directory block, its
+/// reference, and the pages it lists.
+fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirRead, String> {
+    let (h, rec) = read_record(storage, sb, c.offset, c.len)?;
+    let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
+    if h.kind != RecordKind::MapDir || h.crc != c.crc || h.lba % block_blocks != 0 {
+        return Err(format!(
+            "map directory at {} is not the one the checkpoint names",
+            c.offset
+        ));
+    }
+    if h.lba >= sb.logical_blocks() {
+        return Err(format!("map directory at {} beyond the volume", c.offset));
+    }
+    let raw = match h.codec {
+        CodecTag::Lz4 => lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
+            .map_err(|e| format!("map directory: {e}"))?,
+        CodecTag::None => rec[RECORD_HEADER_BYTES..].to_vec(),
+        CodecTag::Zstd => return Err("map directory with zstd codec".into()),
+    };
+    let block = h.lba / block_blocks;
+    let d = DirPayload::decode(&raw, block).map_err(|e| e.to_string())?;
+    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+    if d.pages.last().is_some_and(|&(p, _)| p >= npages) {
+        return Err("map directory names a page beyond the volume".into());
+    }
+    let r = PageRef {
+        offset: c.offset,
+        len: c.len,
+        crc: c.crc,
+        seq: h.seq,
+    };
+    Ok((block as usize, r, d.pages))
+}
+
+/// The page records of a volume's log, read on a map cache miss.
+pub struct LogPages<'a> {
+    pub storage: &'a dyn Storage,
+    pub sb: &'a Superblock,
+}
+
+impl PageSource for LogPages<'_> {
+    fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String> {
+        read_chunk(self.storage, self.sb, r.offset, r.len, r.crc)
+    }
 }
 
 /// The entries of one MAP_CHUNK record, verified.
@@ -1268,7 +1438,10 @@ impl SalvageCursor {
                 map.set(l, MapEntry::LOST);
             }),
             RecordKind::Epoch => self.epoch = self.epoch.max(h.epoch),
-            RecordKind::MapChunk | RecordKind::CkptCommit | RecordKind::Synced => {}
+            RecordKind::MapChunk
+            | RecordKind::MapDir
+            | RecordKind::CkptCommit
+            | RecordKind::Synced => {}
         }
     }
 
@@ -1886,9 +2059,11 @@ pub fn apply(
             map.set(h.lba, e);
             Ok(())
         }
-        RecordKind::Epoch | RecordKind::MapChunk | RecordKind::CkptCommit | RecordKind::Synced => {
-            Ok(())
-        }
+        RecordKind::Epoch
+        | RecordKind::MapChunk
+        | RecordKind::MapDir
+        | RecordKind::CkptCommit
+        | RecordKind::Synced => Ok(()),
     }
 }
 
@@ -1978,41 +2153,16 @@ fn load_checkpoint(
     if commit.logical_blocks != sb.logical_blocks() {
         return Err("checkpoint is for another logical size".into());
     }
-    let mut map = BlockMap::new(sb.logical_blocks());
-    for c in &commit.chunks {
-        let (ch, rec) = read_record(storage, sb, c.offset, c.len)?;
-        if ch.kind != RecordKind::MapChunk || ch.crc != c.crc {
-            return Err(format!(
-                "map chunk at {} is not the one the checkpoint names",
-                c.offset
-            ));
-        }
-        let raw = match ch.codec {
-            CodecTag::Lz4 => {
-                lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
-                    .map_err(|e| format!("map chunk: {e}"))?
-            }
-            CodecTag::None => rec[RECORD_HEADER_BYTES..].to_vec(),
-            CodecTag::Zstd => return Err("map chunk with zstd codec".into()),
-        };
-        let mut bad = None;
-        decode_runs(&raw, sb.logical_blocks(), |lba, e| {
-            if let Err(why) = check_entry_location(sb, e) {
-                bad.get_or_insert(format!("lba {lba}: {why}"));
-            }
-            map.set(lba, e);
-        })
-        .map_err(|e| e.to_string())?;
-        if let Some(b) = bad {
-            return Err(b);
-        }
-    }
-    let seg_of = |off: u64| (off - sb.data_offset_bytes) / sb.segment_size_bytes;
+    let loaded = load_commit_map(storage, sb, &commit, false)?;
     let mut checkpoint_segments = HashMap::new();
-    for c in &commit.chunks {
-        checkpoint_segments.insert(seg_of(c.offset), p.commit_seq);
+    let records = loaded.records.iter().copied();
+    for (off, seq) in records.chain([(p.commit_offset, p.commit_seq)]) {
+        if let Some((seg, _)) = sb.locate(off) {
+            let m = checkpoint_segments.entry(seg).or_insert(0);
+            *m = seq.max(*m);
+        }
     }
-    checkpoint_segments.insert(seg_of(p.commit_offset), p.commit_seq);
+    let map = loaded.map;
     let start = checkpoint_start(sb, p, &commit, checkpoint_segments)?;
     Ok((map, start))
 }

@@ -24,7 +24,37 @@
 //! chunks (the checkpoint was written outside the volume lock), and
 //! roll-forward starts at the resume position, passing over the
 //! checkpoint's own records.
+//!
+//! Paged map (volumes with FLAG_PAGED_MAP): the commit's chunk references
+//! may name MAP_DIR records instead, one per *directory block* holding at
+//! least one map page, in block order. The map is split into pages of
+//! `MAP_PAGE_BLOCKS` LBAs; each page with entries is one MAP_CHUNK record
+//! (the runs above, all inside the page; header lba = the page's first
+//! LBA), written when the page changed and named by every later checkpoint
+//! until it changes again. A MAP_DIR record (header lba = the first LBA of
+//! its block) lists, for the `DIR_PAGES` pages of its block that have
+//! entries, in page order, 32 bytes each:
+//! ```text
+//! 8  page index (lba / MAP_PAGE_BLOCKS)
+//! 8  offset of the page's MAP_CHUNK record
+//! 4  its total length
+//! 4  its crc
+//! 8  its seq
+//! ```
+//! A commit names MAP_DIR records only or MAP_CHUNK records only; recovery
+//! tells which from the kind of the records.
 use crate::*;
+
+/// LBAs per page of the paged map.
+pub const MAP_PAGE_BLOCKS: u64 = 512;
+/// Map pages per directory block (one MAP_DIR record).
+pub const DIR_PAGES: u64 = 2048;
+const DIR_OFF_PAGE: usize = 0;
+const DIR_OFF_OFFSET: usize = DIR_OFF_PAGE + 8;
+const DIR_OFF_LEN: usize = DIR_OFF_OFFSET + 8;
+const DIR_OFF_CRC: usize = DIR_OFF_LEN + 4;
+const DIR_OFF_SEQ: usize = DIR_OFF_CRC + 4;
+pub const DIR_ENTRY_BYTES: usize = DIR_OFF_SEQ + 8;
 
 // Run header of a MAP_CHUNK payload.
 const RUN_OFF_LBA: usize = 0;
@@ -136,6 +166,60 @@ impl CommitPayload {
     }
 }
 
+/// Where a map page's MAP_CHUNK record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageRef {
+    pub offset: u64,
+    pub len: u32,
+    pub crc: u32,
+    pub seq: u64,
+}
+
+/// A MAP_DIR payload: the pages of one directory block that have entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirPayload {
+    pub pages: Vec<(u64, PageRef)>,
+}
+
+impl DirPayload {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.pages.len() * DIR_ENTRY_BYTES];
+        for (i, (page, r)) in self.pages.iter().enumerate() {
+            let at = i * DIR_ENTRY_BYTES;
+            put_u64(&mut v, at + DIR_OFF_PAGE, *page);
+            put_u64(&mut v, at + DIR_OFF_OFFSET, r.offset);
+            put_u32(&mut v, at + DIR_OFF_LEN, r.len);
+            put_u32(&mut v, at + DIR_OFF_CRC, r.crc);
+            put_u64(&mut v, at + DIR_OFF_SEQ, r.seq);
+        }
+        v
+    }
+
+    /// Decodes the directory block `block`: every page must lie in it, in
+    /// strictly increasing order.
+    pub fn decode(b: &[u8], block: u64) -> Result<DirPayload, FormatError> {
+        if !b.len().is_multiple_of(DIR_ENTRY_BYTES) {
+            return Err(FormatError::Invalid("map directory length"));
+        }
+        let range = block * DIR_PAGES..(block + 1) * DIR_PAGES;
+        let mut pages: Vec<(u64, PageRef)> = Vec::with_capacity(b.len() / DIR_ENTRY_BYTES);
+        for e in b.chunks_exact(DIR_ENTRY_BYTES) {
+            let page = get_u64(e, DIR_OFF_PAGE);
+            if !range.contains(&page) || pages.last().is_some_and(|l| l.0 >= page) {
+                return Err(FormatError::Invalid("map directory page out of order"));
+            }
+            let r = PageRef {
+                offset: get_u64(e, DIR_OFF_OFFSET),
+                len: get_u32(e, DIR_OFF_LEN),
+                crc: get_u32(e, DIR_OFF_CRC),
+                seq: get_u64(e, DIR_OFF_SEQ),
+            };
+            pages.push((page, r));
+        }
+        Ok(DirPayload { pages })
+    }
+}
+
 /// Appends one run to a chunk payload being built.
 pub fn push_run(out: &mut Vec<u8>, first_lba: u64, entries: &[MapEntry]) {
     assert!(!entries.is_empty());
@@ -214,6 +298,29 @@ mod tests {
         let long = [r.encode(), vec![0]].concat();
         assert!(CommitPayload::decode(&long).is_err());
         assert!(CommitPayload::decode(&r.encode()[..r.encode().len() - 1]).is_err());
+    }
+
+    #[test]
+    fn dir_roundtrip_and_bounds() {
+        let r = |o: u64| PageRef {
+            offset: o,
+            len: 300,
+            crc: 7,
+            seq: o + 1,
+        };
+        let d = DirPayload {
+            pages: vec![(DIR_PAGES, r(1 << 20)), (DIR_PAGES + 5, r(2 << 20))],
+        };
+        let b = d.encode();
+        assert_eq!(b.len(), 2 * DIR_ENTRY_BYTES);
+        assert_eq!(DirPayload::decode(&b, 1).unwrap(), d);
+        assert!(DirPayload::decode(&b, 0).is_err(), "pages of another block");
+        assert!(DirPayload::decode(&b[1..], 1).is_err());
+        let swapped = DirPayload {
+            pages: vec![d.pages[1], d.pages[0]],
+        };
+        assert!(DirPayload::decode(&swapped.encode(), 1).is_err());
+        assert_eq!(DirPayload::decode(&[], 3).unwrap().pages, vec![]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! offset size field
 //! 0      4    magic 0x524c5643 ("CVLR" little-endian)
 //! 4      1    kind   (1 DATA, 2 ZERO, 3 TRIM, 4 EPOCH, 5 MAP_CHUNK, 6 CKPT_COMMIT,
-//!                     7 REF, 8 SYNCED)
+//!                     7 REF, 8 SYNCED, 9 MAP_DIR)
 //! 5      1    codec: bits 0..3 tag of the payload (0 none, 1 lz4, 2 zstd),
 //!             bits 3..8 the codec level it was made with (zstd 1..=19; 0 otherwise
 //!             or unknown)
@@ -78,6 +78,9 @@ pub enum RecordKind {
     /// was made durable by an earlier, completed sync. Lets recovery tell a
     /// log damaged after the fact from a crash's unsynced tail.
     Synced = 8,
+    /// A block of the paged map's directory: where the MAP_CHUNK record of
+    /// each map page in its range is (`checkpoint::DirPayload`).
+    MapDir = 9,
 }
 
 impl RecordKind {
@@ -91,6 +94,7 @@ impl RecordKind {
             6 => RecordKind::CkptCommit,
             7 => RecordKind::Ref,
             8 => RecordKind::Synced,
+            9 => RecordKind::MapDir,
             _ => return Err(FormatError::UnknownKind(v)),
         })
     }

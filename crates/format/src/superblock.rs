@@ -49,7 +49,11 @@ pub const FLAG_AUTO_CODEC: u32 = 2;
 /// Checkpoint commits may name a resume position (`checkpoint::Resume`):
 /// binaries that predate it refuse the volume instead of misreading them.
 pub const FLAG_RESUME_AT_SNAPSHOT: u32 = 4;
-const FLAGS_KNOWN: u32 = FLAG_DEDUP | FLAG_AUTO_CODEC | FLAG_RESUME_AT_SNAPSHOT;
+/// Checkpoint commits may name MAP_DIR records (a paged map: one MAP_CHUNK
+/// per map page, shared by every checkpoint until the page changes):
+/// binaries that predate it refuse the volume instead of misreading it.
+pub const FLAG_PAGED_MAP: u32 = 8;
+const FLAGS_KNOWN: u32 = FLAG_DEDUP | FLAG_AUTO_CODEC | FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP;
 
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;

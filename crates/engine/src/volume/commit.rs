@@ -108,6 +108,13 @@ impl Volume {
         item: Prepared<'a>,
         done: &mut Committed,
     ) -> Result<Option<Orphan<'a>>, VolError> {
+        let (first, n) = match &item {
+            Prepared::Data { lba, nblocks, .. } | Prepared::Zero { lba, nblocks } => {
+                (*lba, *nblocks)
+            }
+            Prepared::Dup { lba, .. } => (*lba, 1),
+        };
+        self.fault(st, first, first + u64::from(n))?;
         match item {
             Prepared::Data { .. } => self.commit_data(st, item, done)?,
             Prepared::Zero { lba, nblocks } => {
@@ -176,14 +183,14 @@ impl Volume {
     /// forgets it), or an earlier block of this very commit.
     fn dup_target(
         &self,
-        st: &State,
+        st: &mut State,
         target: DupTarget,
         fp: Fingerprint,
         done: &Committed,
     ) -> Result<Option<MapEntry>, VolError> {
         match target {
             DupTarget::Record(e, owner) => {
-                if self.referable(st, e, owner) {
+                if self.referable(st, e, owner)? {
                     return Ok(Some(e));
                 }
                 if let Some(mut ix) = self.lock_index()? {
@@ -198,11 +205,17 @@ impl Volume {
 
     /// May a new reference point at record `e` (indexed with header LBA
     /// `owner`) now: is it live, and not in a segment being cleaned?
-    fn referable(&self, st: &State, e: MapEntry, owner: u64) -> bool {
+    fn referable(&self, st: &mut State, e: MapEntry, owner: u64) -> Result<bool, VolError> {
         let EntryState::Data { offset, .. } = e.state_valid() else {
-            return false;
+            return Ok(false);
         };
-        !st.cleaning.contains(&st.segment_of(offset)) && st.live.record_live(e, owner)
+        if st.cleaning.contains(&st.segment_of(offset)) {
+            return Ok(false);
+        }
+        if owner < st.live.blocks() {
+            self.fault(st, owner, owner + 1)?;
+        }
+        Ok(st.live.record_live(e, owner))
     }
 
     /// Points `lba` at the live record `target` (same content): a REF record
@@ -214,6 +227,7 @@ impl Volume {
         target: MapEntry,
         fp: Fingerprint,
     ) -> Result<(), VolError> {
+        self.fault(st, lba, lba + 1)?;
         if st.live.get(lba).same_record(&target) {
             return Ok(()); // the block holds this very record already
         }

@@ -26,6 +26,10 @@ impl Volume {
     fn unmap_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
         let mut st = self.lock_state()?;
         self.check_writable()?;
+        // The pages at the range's edges tell whether it holds anything;
+        // a page wholly inside it holds something if it has entries.
+        self.fault(&mut st, first, first + 1)?;
+        self.fault(&mut st, end - 1, end)?;
         if !st.live.map().any_mapped(first, end) {
             return Ok(()); // already holes: no record, no space
         }
@@ -34,7 +38,15 @@ impl Volume {
         }
         self.append_ranges(&mut st, RecordKind::Trim, first, end)?;
         let mut lba = first;
-        while let Some((mapped, next)) = st.live.map().next_mapped_batch(lba, end) {
+        while let Some(page) = st
+            .live
+            .map()
+            .next_allocated_page_lba(lba)
+            .filter(|&l| l < end)
+        {
+            self.fault(&mut st, page, page + 1)?;
+            let (mapped, next) = (st.live.map().next_mapped_batch(page, end))
+                .expect("an allocated page in the range");
             for l in mapped {
                 st.set_entry(l, MapEntry::UNMAPPED, 0);
             }
@@ -102,6 +114,7 @@ impl Volume {
 
     fn zero_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
         let mut st = self.lock_with_space(space::zero_blocks_bytes(end - first))?;
+        self.fault(&mut st, first, end)?;
         self.append_ranges(&mut st, RecordKind::Zero, first, end)?;
         for l in first..end {
             st.set_entry(l, MapEntry::ZERO, 0);

@@ -5,13 +5,14 @@
 //! once that is safe. The argument is in docs/FORMAT.md.
 use super::{space, State, Volume};
 use crate::error::VolError;
-use crate::log::Shape;
-use crate::map::MapSnapshot;
-use cvol_format::checkpoint::{push_run, ChunkRef, CommitPayload, Resume};
-use cvol_format::mapentry::MAP_ENTRY_BYTES;
+use crate::log::{Placed, Shape};
+use crate::map::Page;
+use cvol_format::checkpoint::{push_run, ChunkRef, CommitPayload, DirPayload, PageRef, Resume};
+use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::record::RecordKind;
 use cvol_format::{CheckpointPointer, CodecTag, MapEntry};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// A flush also checkpoints when this share of the segments (at least
 /// `CHECKPOINT_EMPTY_SEGMENTS_MIN`) only waits for one to be reused.
@@ -28,6 +29,8 @@ const CHECKPOINT_LOG_PER_CHECKPOINT_BYTE: u64 = 4;
 /// checkpoint's worth of dirty pages to write back (at 128 GiB mapped a
 /// checkpoint is 100+ MiB, a second of writeback), nor does its commit.
 const CHECKPOINT_SYNC_BYTES: u64 = 8 << 20;
+/// Page records a checkpoint appends per hold of the state lock.
+const PAGES_PER_HOLD: usize = 64;
 
 impl Volume {
     /// Starts a new epoch: an EPOCH record, made durable before any other
@@ -166,24 +169,30 @@ impl Volume {
         })
     }
 
-    /// The checkpoint proper, with the checkpoint lock held. The state
-    /// lock is held only to snapshot the map (its pages shared
-    /// copy-on-write) with the log head, and then for each record appended:
-    /// the map is encoded and compressed outside it, and client writes and
-    /// flushes go on between the chunks. The flush lock is taken for the
-    /// commit only (append, sync, publish). The commit names the head at
-    /// the snapshot, where roll-forward resumes (docs/FORMAT.md).
+    /// The checkpoint proper, with the checkpoint lock held: the map pages
+    /// changed since the last one (a MAP_CHUNK each), the directory blocks
+    /// that changed with them (a MAP_DIR each), the commit naming every
+    /// directory block, then the pointer. The state lock is held only to
+    /// take the dirty pages (shared copy-on-write) with the log head, for
+    /// each batch of page records appended, and for the directory and the
+    /// commit (appended together: their seqs follow one another); pages
+    /// are encoded and compressed outside it, and client writes and
+    /// flushes go on between the batches. The flush lock is taken for the
+    /// directory and commit. The commit names the head at the snapshot,
+    /// where roll-forward resumes (docs/FORMAT.md).
     fn checkpoint_serialized(&self, between: impl FnOnce()) -> Result<(), VolError> {
         self.check_writable()?;
         let started = std::time::Instant::now();
         let snap = self.checkpoint_snapshot()?;
-        let raw_max = space::chunk_raw_max_bytes(self.sb.segment_size_bytes);
-        let chunks = encode_map_chunks(&snap.map, raw_max);
-        let refs = self.append_chunks(&chunks, between)?;
-        let chunk_bytes = refs.iter().map(|r| u64::from(r.len)).sum::<u64>();
+        let encoded: Vec<(usize, Vec<u8>)> = snap
+            .pages
+            .iter()
+            .map(|(p, page)| (*p, encode_page(*p, page)))
+            .collect();
+        let page_bytes = self.append_pages(&snap, &encoded, between)?;
         let _f = self.lock_flush()?;
-        let ptr = self.append_commit(&snap, refs)?;
-        let bytes = chunk_bytes + u64::from(ptr.commit_len);
+        let (ptr, retired) = self.append_commit(&snap)?;
+        let bytes = page_bytes + u64::from(ptr.commit_len);
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         self.publish(&ptr)?;
         {
@@ -193,6 +202,7 @@ impl Volume {
             st.synced_seq = st.synced_seq.max(ptr.commit_seq);
             st.appended_at_checkpoint = st.log.appended_bytes;
             st.durable_snapshot_seq = snap.seq;
+            st.live.release(retired);
         }
         self.reclaim(&snap.candidates)?;
         let c = &self.counters;
@@ -204,6 +214,7 @@ impl Volume {
             generation = ptr.generation,
             seq = ptr.commit_seq,
             snapshot_seq = snap.seq,
+            pages = snap.pages.len(),
             "checkpoint written"
         );
         Ok(())
@@ -218,14 +229,16 @@ impl Volume {
         self.guard(self.storage.sync().map_err(VolError::Io))
     }
 
-    /// The map, the seq it reflects and the log head, taken at once under
-    /// the state lock; and the segments the checkpoint will let be reused.
+    /// The dirty map pages, the seq they reflect and the log head, taken at
+    /// once under the state lock; and the segments the checkpoint will let
+    /// be reused.
     fn checkpoint_snapshot(&self) -> Result<CheckpointSnapshot, VolError> {
         let mut st = self.lock_state()?;
         let seq = st.log.last_seq();
         st.changes_at_checkpoint = st.live.changes();
+        st.map_records_moved = false;
         Ok(CheckpointSnapshot {
-            map: st.live.map().snapshot(),
+            pages: st.live.dirty_pages(),
             seq,
             resume: Resume {
                 segment: st.log.segment,
@@ -235,38 +248,41 @@ impl Volume {
         })
     }
 
-    /// Appends the MAP_CHUNK records, one per hold of the state lock, and
-    /// returns where they are.
-    fn append_chunks(
+    /// Appends the page records, a batch per hold of the state lock, each
+    /// named as its page's record at once; returns the bytes appended.
+    fn append_pages(
         &self,
-        chunks: &[Vec<u8>],
+        snap: &CheckpointSnapshot,
+        encoded: &[(usize, Vec<u8>)],
         between: impl FnOnce(),
-    ) -> Result<Vec<ChunkRef>, VolError> {
+    ) -> Result<u64, VolError> {
         // Refuse before appending anything: a half-written checkpoint only
         // wastes space. (Client writes appended meanwhile leave the reserve,
         // room for a whole checkpoint, free.)
-        let lens: Vec<usize> = chunks.iter().map(Vec::len).collect();
-        let need = space::checkpoint_append_bytes(&lens, self.sb.segment_size_bytes);
+        let lens: Vec<usize> = encoded.iter().map(|(_, v)| v.len()).collect();
+        let pages = self.lock_state()?.live.map().allocated_pages() as u64;
+        let need = space::checkpoint_append_bytes(&lens, pages, self.sb.segment_size_bytes);
         if self.lock_state()?.log.free_bytes() < need {
             return Err(VolError::NoSpace);
         }
         let mut between = Some(between);
-        let mut refs = Vec::with_capacity(chunks.len());
-        let mut unsynced = 0u64;
-        for c in chunks {
+        let (mut total, mut unsynced) = (0u64, 0u64);
+        for batch in encoded.chunks(PAGES_PER_HOLD) {
             let mut st = self.lock_state()?;
             self.check_writable()?;
-            let p = self.append(&mut st, Shape::meta(RecordKind::MapChunk, CodecTag::Lz4), c)?;
+            for (p, payload) in batch {
+                let lba = *p as u64 * MAP_PAGE_BLOCKS;
+                let shape = Shape::map_meta(RecordKind::MapChunk, lba);
+                let placed = self.append(&mut st, shape, payload)?;
+                let snap_page = &snap.pages[snap.index_of(*p)].1;
+                st.live.page_written(*p, snap_page, page_ref(&placed));
+                total += u64::from(placed.len);
+                unsynced += u64::from(placed.len);
+            }
             drop(st);
-            refs.push(ChunkRef {
-                offset: p.offset,
-                len: p.len,
-                crc: p.crc,
-            });
             if let Some(f) = between.take() {
                 f();
             }
-            unsynced += u64::from(p.len);
             if unsynced >= CHECKPOINT_SYNC_BYTES {
                 self.guard(self.storage.sync().map_err(VolError::Io))?;
                 unsynced = 0;
@@ -278,36 +294,55 @@ impl Volume {
         if unsynced > 0 {
             self.guard(self.storage.sync().map_err(VolError::Io))?;
         }
-        Ok(refs)
+        Ok(total)
     }
 
-    /// Appends the CKPT_COMMIT record and hands the log to the store (the
-    /// flush lock held); returns the pointer to publish once synced.
+    /// Appends the changed directory blocks and the CKPT_COMMIT record and
+    /// hands the log to the store (the flush lock held); returns the
+    /// pointer to publish once synced, and how many of the superseded map
+    /// records its commit no longer names (the first ones).
     fn append_commit(
         &self,
         snap: &CheckpointSnapshot,
-        refs: Vec<ChunkRef>,
-    ) -> Result<CheckpointPointer, VolError> {
+    ) -> Result<(CheckpointPointer, usize), VolError> {
+        let mut st = self.lock_state()?;
+        self.check_writable()?;
+        for (b, pages) in st.live.dirty_dirs() {
+            let raw = DirPayload { pages }.encode();
+            let payload = lz4_flex::block::compress_prepend_size(&raw);
+            let lba = b as u64 * DIR_PAGES * MAP_PAGE_BLOCKS;
+            let placed =
+                self.append(&mut st, Shape::map_meta(RecordKind::MapDir, lba), &payload)?;
+            st.live.dir_written(b, page_ref(&placed));
+        }
+        let dirs = (st.live.map().dir_records()).expect("every directory block was just written");
+        let chunks = dirs
+            .iter()
+            .map(|r| ChunkRef {
+                offset: r.offset,
+                len: r.len,
+                crc: r.crc,
+            })
+            .collect();
         let commit = CommitPayload {
             snapshot_seq: snap.seq,
             logical_blocks: self.sb.logical_blocks(),
-            chunks: refs,
+            chunks,
             resume: Some(snap.resume),
         }
         .encode();
-        let mut st = self.lock_state()?;
-        self.check_writable()?;
         let shape = Shape::meta(RecordKind::CkptCommit, CodecTag::None);
         let p = self.append(&mut st, shape, &commit)?;
         self.guard(st.log.pad_and_write(&*self.storage))?;
         assert!(p.seq > snap.seq, "the commit follows its snapshot");
-        Ok(CheckpointPointer {
+        let ptr = CheckpointPointer {
             generation: st.checkpoint_generation + 1,
             commit_offset: p.offset,
             commit_len: p.len,
             commit_epoch: st.log.epoch,
             commit_seq: p.seq,
-        })
+        };
+        Ok((ptr, st.live.retired_count()))
     }
 
     /// Frees the candidates that are still empty and returns their space to
@@ -349,7 +384,8 @@ impl Volume {
 
 /// What a checkpoint writes, taken under the state lock.
 struct CheckpointSnapshot {
-    map: MapSnapshot,
+    /// The dirty map pages, by page index.
+    pages: Vec<(usize, Arc<Page>)>,
     /// The last seq the map reflects.
     seq: u64,
     /// The log head then: record `seq + 1` is there or later.
@@ -358,14 +394,29 @@ struct CheckpointSnapshot {
     candidates: Vec<u64>,
 }
 
-/// Encodes the map's non-unmapped entries as lz4-compressed chunk payloads
-/// of runs, each at most about `raw_max` bytes before compression.
-fn encode_map_chunks(map: &MapSnapshot, raw_max: usize) -> Vec<Vec<u8>> {
-    let mut chunks = Vec::new();
+impl CheckpointSnapshot {
+    fn index_of(&self, p: usize) -> usize {
+        self.pages
+            .binary_search_by_key(&p, |(q, _)| *q)
+            .expect("a page of the snapshot")
+    }
+}
+
+fn page_ref(p: &Placed) -> PageRef {
+    PageRef {
+        offset: p.offset,
+        len: p.len,
+        crc: p.crc,
+        seq: p.seq,
+    }
+}
+
+/// A page's MAP_CHUNK payload: its entries as runs, lz4-compressed.
+fn encode_page(p: usize, page: &Page) -> Vec<u8> {
     let mut raw = Vec::new();
     let mut run: Vec<MapEntry> = Vec::new();
     let mut run_start = 0u64;
-    map.for_each_mapped(|lba, e| {
+    page.for_each_mapped(p, &mut |lba, e| {
         if !run.is_empty() && lba != run_start + run.len() as u64 {
             push_run(&mut raw, run_start, &run);
             run.clear();
@@ -374,18 +425,8 @@ fn encode_map_chunks(map: &MapSnapshot, raw_max: usize) -> Vec<Vec<u8>> {
             run_start = lba;
         }
         run.push(e);
-        if raw.len() + run.len() * MAP_ENTRY_BYTES >= raw_max {
-            push_run(&mut raw, run_start, &run);
-            run.clear();
-            chunks.push(lz4_flex::block::compress_prepend_size(&raw));
-            raw.clear();
-        }
     });
-    if !run.is_empty() {
-        push_run(&mut raw, run_start, &run);
-    }
-    if !raw.is_empty() {
-        chunks.push(lz4_flex::block::compress_prepend_size(&raw));
-    }
-    chunks
+    assert!(!run.is_empty(), "a dirty page with entries");
+    push_run(&mut raw, run_start, &run);
+    lz4_flex::block::compress_prepend_size(&raw)
 }

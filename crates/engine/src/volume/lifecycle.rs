@@ -17,7 +17,9 @@ use crate::policy::CodecPolicy;
 use crate::recovery::{self, Recovered};
 use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
-use cvol_format::superblock::{FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_RESUME_AT_SNAPSHOT};
+use cvol_format::superblock::{
+    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT,
+};
 use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};
 use cvol_format::{BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES, SECTOR_SIZE_BYTES};
 use cvol_format::{SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
@@ -53,6 +55,7 @@ impl State {
             durable_snapshot_seq: snapshot_seq,
             changes_at_checkpoint: 0,
             cleaning: HashSet::new(),
+            map_records_moved: false,
         }
     }
 }
@@ -77,7 +80,8 @@ fn new_superblock(c: &CreateOptions) -> Superblock {
             .map_or(0, |d| d.as_secs()),
         flags: flag(c.dedup, FLAG_DEDUP)
             | flag(c.codec.is_auto(), FLAG_AUTO_CODEC)
-            | FLAG_RESUME_AT_SNAPSHOT,
+            | FLAG_RESUME_AT_SNAPSHOT
+            | FLAG_PAGED_MAP,
     }
 }
 
@@ -148,16 +152,18 @@ impl Volume {
     }
 
     /// Marks a volume made before checkpoints resumed at their snapshot
-    /// (`FLAG_RESUME_AT_SNAPSHOT`) before this open writes one, so that
-    /// older binaries refuse it rather than misread its commits. Each
-    /// superblock copy is rewritten whole (a sector-atomic write each);
-    /// either copy, old or new, opens the volume here.
+    /// (`FLAG_RESUME_AT_SNAPSHOT`) or wrote a paged map (`FLAG_PAGED_MAP`)
+    /// before this open writes one, so that older binaries refuse it
+    /// rather than misread its commits. Each superblock copy is rewritten
+    /// whole (a sector-atomic write each); either copy, old or new, opens
+    /// the volume here.
     fn upgrade_superblock(&mut self) -> Result<(), VolError> {
-        if self.sb.flags & FLAG_RESUME_AT_SNAPSHOT != 0 {
+        const NEW: u32 = FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP;
+        if self.sb.flags & NEW == NEW {
             return Ok(());
         }
         let mut sb = self.sb.clone();
-        sb.flags |= FLAG_RESUME_AT_SNAPSHOT;
+        sb.flags |= NEW;
         let enc = sb.encode();
         for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
             let r = self
@@ -166,7 +172,7 @@ impl Volume {
                 .and_then(|()| self.storage.sync());
             self.guard(r.map_err(VolError::Io))?;
         }
-        tracing::info!("superblock marked: checkpoints resume at their snapshot (format flag 4)");
+        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot (format flags 4, 8)");
         self.sb = sb;
         Ok(())
     }
@@ -191,6 +197,7 @@ impl Volume {
             ),
         });
         Volume {
+            map_cache_pages: super::options::map_cache_pages(options.map_cache_bytes),
             policy: policy_of(&sb),
             recovery_warnings: Vec::new(),
             recovery_salvage: None,
@@ -270,7 +277,10 @@ impl Volume {
     /// tests that attribute an unreadable block to an injected fault.
     #[doc(hidden)]
     pub fn block_record(&self, lba: u64) -> Option<(u64, u32)> {
-        let st = self.lock_state().ok()?;
+        let mut st = self.lock_state().ok()?;
+        if lba < st.live.blocks() {
+            self.fault(&mut st, lba, lba + 1).ok()?;
+        }
         match (lba < st.live.blocks()).then(|| st.live.get(lba).state_valid()) {
             Some(EntryState::Data { offset, len, .. }) => Some((offset, len)),
             _ => None,
@@ -369,7 +379,8 @@ fn recovered_state(
         "the chain ends inside a segment"
     );
     let head = Some((r.segment, r.last_seq));
-    let tables = liveness::rebuild(sb, &r.map, &r.needed_segments, head);
+    let tables = liveness::rebuild(sb, &r.map, None, &r.needed_segments, head)
+        .expect("a recovered map is whole in memory");
     let (live, segs) = LiveMap::recovered(sb, r.map, tables, r.replayed_map_records);
     let mut log = Log::new(sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
     storage

@@ -58,8 +58,8 @@ pub use jobs::scrub::{
 pub use jobs::Worker;
 pub use lifecycle::default_segment_size;
 pub use options::{
-    dedup_memory_default_bytes, read_cache_default_bytes, CreateOptions, OpenOptions,
-    DEDUP_MEMORY_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
+    dedup_memory_default_bytes, map_cache_pages, read_cache_default_bytes, CreateOptions,
+    OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, MAP_CACHE_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
 };
 pub use read::Extent;
 // Record decoding lives in crate::records; these paths stay for the tools
@@ -97,6 +97,9 @@ struct State {
     changes_at_checkpoint: u64,
     /// Segments the cleaner is emptying: no new references into them.
     cleaning: HashSet<u64>,
+    /// The cleaner marked map records of a victim to be written again: a
+    /// checkpoint empties the victim (cleared when one takes its snapshot).
+    map_records_moved: bool,
 }
 
 impl State {
@@ -124,6 +127,8 @@ pub struct Volume {
     storage: Arc<dyn Storage>,
     sb: Superblock,
     options: OpenOptions,
+    /// Map pages kept in memory (`OpenOptions::map_cache_bytes`).
+    map_cache_pages: usize,
     policy: CodecPolicy,
     /// What recovery had to skip or rebuild at open (shown by repair).
     recovery_warnings: Vec<String>,
@@ -156,8 +161,28 @@ type StateGuard<'a> = Held<MutexGuard<'a, State>>;
 
 impl Volume {
     /// The state lock. A lock poisoned by a panic poisons the volume.
+    /// Taking it is when map pages beyond the cache are dropped: no caller
+    /// relies on a page it faulted in under an earlier hold.
     fn lock_state(&self) -> Result<StateGuard<'_>, VolError> {
-        self.note_poison(self.state.lock())
+        let mut st = self.note_poison(self.state.lock())?;
+        if st.live.map().resident_pages() > self.map_cache_pages {
+            // Down to 15/16 of the cache, so that eviction runs in batches.
+            st.live
+                .evict(self.map_cache_pages - self.map_cache_pages / 16);
+        }
+        Ok(st)
+    }
+
+    /// Brings the map pages of LBAs [first, end) into memory, for this
+    /// hold of the state lock (a miss reads the page's record).
+    fn fault(&self, st: &mut State, first: u64, end: u64) -> Result<(), VolError> {
+        let src = crate::recovery::LogPages {
+            storage: &*self.storage,
+            sb: &self.sb,
+        };
+        st.live
+            .fault_in(first, end, &src)
+            .map_err(|detail| VolError::Corrupt { lba: first, detail })
     }
 
     fn lock_checkpoint(&self) -> Result<Held<MutexGuard<'_, ()>>, VolError> {
@@ -253,7 +278,11 @@ impl Volume {
     /// tables.
     pub fn verify_refcounts(&self) -> Result<(), String> {
         let st = self.lock_state().map_err(|e| e.to_string())?;
-        st.live.verify(&self.sb)
+        let src = crate::recovery::LogPages {
+            storage: &*self.storage,
+            sb: &self.sb,
+        };
+        st.live.verify(&self.sb, &src)
     }
 
     /// The fixed codec, or the strong (idle-time) codec of the auto policy.

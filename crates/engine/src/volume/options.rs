@@ -74,6 +74,21 @@ impl CreateOptions {
     }
 }
 
+/// Default memory for block map pages: the whole map of a volume with up
+/// to ~170 GiB mapped (3 MiB of map per GiB); beyond that, the pages used
+/// least recently are read back from the log on demand.
+pub const MAP_CACHE_DEFAULT_BYTES: u64 = 512 << 20;
+/// Least memory for block map pages (a smaller `--map-cache` is raised).
+pub const MAP_CACHE_MIN_BYTES: u64 = 64 << 10;
+
+/// Map pages `map_cache_bytes` holds.
+pub fn map_cache_pages(map_cache_bytes: Option<u64>) -> usize {
+    let bytes = map_cache_bytes
+        .unwrap_or(MAP_CACHE_DEFAULT_BYTES)
+        .max(MAP_CACHE_MIN_BYTES);
+    usize::try_from(bytes / crate::map::PAGE_MEMORY_BYTES).unwrap_or(usize::MAX)
+}
+
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
     pub read_only: bool,
@@ -88,6 +103,9 @@ pub struct OpenOptions {
     /// Memory for the cache of decompressed blocks (0: none); None:
     /// `read_cache_default_bytes` of the volume's physical size.
     pub read_cache_bytes: Option<u64>,
+    /// Memory for block map pages (clean pages beyond it are dropped and
+    /// read back on demand); None: `MAP_CACHE_DEFAULT_BYTES`.
+    pub map_cache_bytes: Option<u64>,
     /// Merged compression units, load thresholds, background recompression.
     pub elastic: ElasticConfig,
     /// When no checkpoint is usable, rebuild the map from every record the
@@ -104,6 +122,7 @@ impl Default for OpenOptions {
             cleaner: CleanerConfig::default(),
             dedup_memory_bytes: None,
             read_cache_bytes: None,
+            map_cache_bytes: None,
             elastic: ElasticConfig::default(),
             rebuild_from_log: false,
         }

@@ -190,7 +190,8 @@ impl Volume {
     /// The map entries of `n` blocks from `lba`, and copies of the records
     /// still only in the open segment's buffer (one short hold of the lock).
     fn read_snapshot(&self, lba: u64, n: usize) -> Result<Snapshot, VolError> {
-        let st = self.lock_state()?;
+        let mut st = self.lock_state()?;
+        self.fault(&mut st, lba, lba + n as u64)?;
         let mut snap = Snapshot {
             entries: Vec::with_capacity(n),
             buffered: Vec::with_capacity(n),
@@ -364,18 +365,20 @@ impl Volume {
     pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolError> {
         self.check_range(offset, len)?;
         let end = offset + len;
-        let st = self.lock_state()?;
-        let map = st.live.map();
+        let mut st = self.lock_state()?;
         let mut out: Vec<Extent> = Vec::new();
         let mut pos = offset;
         while pos < end && out.len() < EXTENTS_MAX {
             let lba = pos / BLOCK_SIZE_BYTES;
-            let (zero, next) = match map.next_allocated_page_lba(lba) {
+            let (zero, next) = match st.live.map().next_allocated_page_lba(lba) {
                 Some(p) if p > lba => (true, p * BLOCK_SIZE_BYTES),
                 None => (true, end),
                 Some(_) => {
+                    if lba.is_multiple_of(crate::map::PAGE_BLOCKS as u64) || pos == offset {
+                        self.fault(&mut st, lba, lba + 1)?;
+                    }
                     let z = !matches!(
-                        map.get(lba).state_valid(),
+                        st.live.get(lba).state_valid(),
                         EntryState::Data { .. } | EntryState::Lost
                     );
                     (z, (lba + 1) * BLOCK_SIZE_BYTES)

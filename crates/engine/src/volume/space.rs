@@ -9,7 +9,7 @@
 //! cleaner always find room, whatever the clients wrote.
 use super::{State, StateGuard, Volume};
 use crate::error::VolError;
-use cvol_format::checkpoint::{commit_payload_bytes, run_bytes};
+use cvol_format::checkpoint::{commit_payload_bytes, run_bytes, DIR_ENTRY_BYTES, DIR_PAGES};
 use cvol_format::mapentry::MAP_ENTRY_BYTES;
 use cvol_format::record::{
     EMPTY_RECORD_BYTES, RECORD_HEADER_BYTES, RECORD_MAX_BYTES, UNIT_RECORD_MAX_BYTES,
@@ -17,11 +17,6 @@ use cvol_format::record::{
 use cvol_format::BLOCK_SIZE_BYTES;
 use std::sync::atomic::Ordering;
 
-/// Raw bytes of map entries per checkpoint chunk record, at most.
-const CHUNK_RAW_MAX_BYTES: usize = 256 << 10;
-/// Chunks are also at most 1/16 of a segment, so the tail one leaves unused
-/// at a segment switch stays small.
-const CHUNK_SEGMENT_DIVISOR: usize = 16;
 /// Checkpoint bytes one map entry may cost: the entry and a run header of
 /// its own (no two entries adjacent), plus a byte for lz4, which is not
 /// counted on to shrink anything (its expansion of incompressible input is
@@ -52,29 +47,50 @@ pub(super) const CLEAN_GAIN_USEFUL_DIVISOR: u64 = 16;
 /// Blocks of a ZERO or TRIM record, at most (its block count is a u32).
 pub(super) const RANGE_RECORD_BLOCKS_MAX: u64 = u32::MAX as u64;
 
-/// Raw map bytes per MAP_CHUNK record for segments of `segment_size_bytes`.
-pub(super) fn chunk_raw_max_bytes(segment_size_bytes: u64) -> usize {
-    (segment_size_bytes as usize / CHUNK_SEGMENT_DIVISOR).min(CHUNK_RAW_MAX_BYTES)
-}
+/// Log bytes one map page's record may take besides its entries: header,
+/// lz4's length prefix and its worst expansion of a page.
+const PAGE_RECORD_OVERHEAD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + 4 + 48;
+/// The largest map page record (every entry a run of its own) or directory
+/// block record, rounded up: what a segment switch can leave unused.
+const MAP_RECORD_MAX_BYTES: u64 = 80 << 10;
+/// Directory bytes per page with entries, lz4's expansion included.
+const DIR_BYTES_PER_PAGE: u64 = DIR_ENTRY_BYTES as u64 + 1;
 
 /// Upper bound on the log bytes a checkpoint of a map of `entries` mapped
-/// or zero entries takes: the entries, up to two chunk records lost to
-/// segment tails per segment it spans, the commit record.
-pub(super) fn checkpoint_estimate_bytes(entries: u64, segment_size_bytes: u64) -> u64 {
-    let chunk = (chunk_raw_max_bytes(segment_size_bytes) + 2 * RECORD_HEADER_BYTES) as u64;
-    let raw = entries * CHECKPOINT_ENTRY_MAX_BYTES;
-    raw + (raw / segment_size_bytes + CHECKPOINT_TAILS_EXTRA) * chunk
+/// or zero entries in `pages` pages takes, every page dirty: the page
+/// records, the directory, up to two map records lost to segment tails
+/// per segment it spans, the commit record.
+pub(super) fn checkpoint_estimate_bytes(entries: u64, pages: u64, segment_size_bytes: u64) -> u64 {
+    let raw = entries * CHECKPOINT_ENTRY_MAX_BYTES
+        + pages * (PAGE_RECORD_OVERHEAD_BYTES + DIR_BYTES_PER_PAGE)
+        + dir_blocks_max(pages) * PAGE_RECORD_OVERHEAD_BYTES;
+    raw + (raw / segment_size_bytes + CHECKPOINT_TAILS_EXTRA) * MAP_RECORD_MAX_BYTES
         + CHECKPOINT_COMMIT_ALLOWANCE_BYTES
 }
 
-/// Log bytes appending a checkpoint of these encoded chunk payloads needs,
-/// segment tails included: what is checked before the first chunk record.
-pub(super) fn checkpoint_append_bytes(chunk_lens: &[usize], segment_size_bytes: u64) -> u64 {
+/// Directory blocks `pages` pages can need.
+fn dir_blocks_max(pages: u64) -> u64 {
+    pages.min(pages / DIR_PAGES + 1)
+}
+
+/// Log bytes appending a checkpoint of these encoded page payloads needs,
+/// with a map of `pages` pages with records: the page records, the
+/// directory (all of it, at most), segment tails, the commit. What is
+/// checked before the first page record.
+pub(super) fn checkpoint_append_bytes(
+    page_lens: &[usize],
+    pages: u64,
+    segment_size_bytes: u64,
+) -> u64 {
     let record = |len: usize| (RECORD_HEADER_BYTES + len) as u64;
-    let total: u64 = chunk_lens.iter().map(|&l| record(l)).sum();
-    let largest = chunk_lens.iter().map(|&l| record(l)).max().unwrap_or(0);
-    let commit = record(commit_payload_bytes(chunk_lens.len()));
-    let tails = (total / segment_size_bytes + CHECKPOINT_TAILS_EXTRA) * largest.max(commit);
+    let total_pages = pages + page_lens.len() as u64;
+    let blocks = dir_blocks_max(total_pages);
+    let total: u64 = page_lens.iter().map(|&l| record(l)).sum::<u64>()
+        + total_pages * DIR_BYTES_PER_PAGE
+        + blocks * PAGE_RECORD_OVERHEAD_BYTES;
+    let commit = record(commit_payload_bytes(blocks as usize));
+    let tails =
+        (total / segment_size_bytes + CHECKPOINT_TAILS_EXTRA) * MAP_RECORD_MAX_BYTES.max(commit);
     total + commit + tails
 }
 
@@ -134,7 +150,8 @@ impl Volume {
     pub(super) fn checkpoint_estimate_bytes(&self, st: &State) -> u64 {
         let c = st.live.counters();
         let entries = c.data_blocks + c.zero_blocks + c.lost_blocks;
-        checkpoint_estimate_bytes(entries, self.sb.segment_size_bytes)
+        let pages = st.live.map().allocated_pages() as u64;
+        checkpoint_estimate_bytes(entries, pages, self.sb.segment_size_bytes)
     }
 
     /// Log bytes kept back from client writes: room for a checkpoint of the
@@ -201,12 +218,18 @@ mod tests {
     fn the_named_costs_are_the_numbers_the_volume_always_used() {
         assert_eq!(CHECKPOINT_ENTRY_MAX_BYTES, 25);
         assert_eq!(ZERO_ENTRY_CHECKPOINT_BYTES, 13);
-        assert_eq!(chunk_raw_max_bytes(MIB), 64 << 10);
-        assert_eq!(chunk_raw_max_bytes(1 << 30), 256 << 10);
         assert_eq!(UNIT_RECORD_MAX_BYTES, 16 * 4096 + 44);
-        // An empty map: two chunk records' worth and the commit allowance.
-        let chunk = (64 << 10) + 2 * 44;
-        assert_eq!(checkpoint_estimate_bytes(0, MIB), 2 * chunk + (64 << 10));
+        // An empty map: two map records' worth and the commit allowance.
+        assert_eq!(
+            checkpoint_estimate_bytes(0, 0, MIB),
+            2 * (80 << 10) + (64 << 10)
+        );
+        // A page record holds its entries with room for lz4 (the page's
+        // directory entry and block count too).
+        let one = checkpoint_estimate_bytes(1, 1, MIB) - checkpoint_estimate_bytes(0, 0, MIB);
+        assert_eq!(one, 25 + (44 + 4 + 48) + 33 + (44 + 4 + 48));
+        const { assert!(512 * 25 + 2 * PAGE_RECORD_OVERHEAD_BYTES < MAP_RECORD_MAX_BYTES) };
+        const { assert!(DIR_PAGES * DIR_BYTES_PER_PAGE + 96 < MAP_RECORD_MAX_BYTES) };
         assert_eq!(trim_bytes(1), 44 + 2 * ((1 << 17) - 1));
         assert_eq!(
             trim_bytes(u64::from(u32::MAX) + 1),
@@ -222,11 +245,12 @@ mod tests {
 
     #[test]
     fn a_checkpoint_append_counts_its_tails() {
-        // Three chunks of 1000 bytes in 1 MiB segments: the records, the
-        // commit record, and two of the larger of a chunk and the commit.
-        let need = checkpoint_append_bytes(&[1000, 1000, 1000], MIB);
-        let commit = (44 + 20 + 3 * 16) as u64;
-        assert_eq!(need, 3 * 1044 + commit + 2 * 1044);
-        assert_eq!(checkpoint_append_bytes(&[], MIB), 64 + 2 * 64);
+        // Three pages of 1000 bytes in 1 MiB segments, no other page: the
+        // records, their directory block, the commit record, and two of
+        // the largest map record.
+        let need = checkpoint_append_bytes(&[1000, 1000, 1000], 0, MIB);
+        let commit = (44 + 20 + 16) as u64;
+        assert_eq!(need, 3 * 1044 + 3 * 33 + 96 + commit + 2 * (80 << 10));
+        assert_eq!(checkpoint_append_bytes(&[], 0, MIB), 64 + 2 * (80 << 10));
     }
 }

@@ -13,10 +13,13 @@ use super::{Next, Worker};
 use crate::dedup::Fingerprint;
 use crate::error::VolError;
 use crate::log::Shape;
-use crate::records::{data_records, DecodedUnit, Found};
+use crate::records::{data_records, walk_segment, DecodedUnit, Found};
+use crate::recovery::LogPages;
 use crate::segments::{pack_order, VictimPolicy};
 use crate::volume::space::{self, CLEAN_GAIN_USEFUL_DIVISOR};
 use crate::volume::{State, Volume};
+use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
+use cvol_format::record::{RecordHeader, RecordKind};
 use cvol_format::{EntryState, MapEntry};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,6 +97,8 @@ struct Victim {
     base: u64,
     buf: Vec<u8>,
     found: Vec<Found>,
+    /// Its page and directory records (position, header).
+    map_records: Vec<(usize, RecordHeader)>,
     holders: HashMap<u64, Vec<u64>>,
     fps: Vec<Vec<Fingerprint>>,
 }
@@ -136,6 +141,9 @@ impl Volume {
                     Err(VolError::NoSpace) => break,
                     Err(e) => return Err(e),
                 }
+                // Victims that held map records are empty once the
+                // checkpoint that rewrote them is durable: reuse them now.
+                self.flush()?;
             }
             let after = self.lock_state()?.log.free_bytes();
             gained += after.saturating_sub(before);
@@ -146,18 +154,21 @@ impl Volume {
         Ok(gained)
     }
 
-    /// Are emptied segments waiting for a checkpoint to be reused?
+    /// Are emptied segments waiting for a checkpoint to be reused, or
+    /// victims for one to rewrite the map records they hold?
     fn checkpoint_frees_segments(&self) -> Result<bool, VolError> {
         let st = self.lock_state()?;
-        Ok(st.log.segments.empty_sealed_count(st.live.usage()) > 0)
+        Ok(st.log.segments.empty_sealed_count(st.live.usage()) > 0 || st.map_records_moved)
     }
 
     /// Makes an idle pass's moves durable and its emptied segments free:
-    /// a flush, then a checkpoint when emptied segments still wait for one.
+    /// a flush, then a checkpoint when emptied segments still wait for one
+    /// (and a flush, which reuses what the checkpoint emptied).
     fn make_cleaning_durable(&self) -> Result<(), VolError> {
         self.flush()?;
         if self.checkpoint_frees_segments()? {
             self.checkpoint()?;
+            self.flush()?;
         }
         Ok(())
     }
@@ -180,15 +191,16 @@ impl Volume {
                 break;
             };
             done.insert(victim);
+            let mut map_bytes = 0;
             if live > 0 {
-                self.relocate_segment(victim)?;
+                map_bytes = self.relocate_segment(victim)?;
                 self.counters
                     .cleaner
                     .segments_cleaned
                     .fetch_add(1, Ordering::Relaxed);
             }
             let left = self.lock_state()?.live.usage().live_bytes(victim);
-            if left > 0 {
+            if left > map_bytes {
                 tracing::warn!(
                     segment = victim,
                     live_bytes = left,
@@ -231,7 +243,7 @@ impl Volume {
     }
 
     /// Moves every live record of `victim` to the log head.
-    fn relocate_segment(&self, victim: u64) -> Result<(), VolError> {
+    fn relocate_segment(&self, victim: u64) -> Result<u64, VolError> {
         // No new dedup reference may point into the victim from here on, so
         // the holders of its shared records found below stay complete.
         self.lock_state()?.cleaning.insert(victim);
@@ -240,8 +252,9 @@ impl Volume {
         r
     }
 
-    fn relocate_segment_marked(&self, victim: u64) -> Result<(), VolError> {
+    fn relocate_segment_marked(&self, victim: u64) -> Result<u64, VolError> {
         let (v, space) = self.read_victim(victim)?;
+        let map_bytes = self.rewrite_map_records(&v)?;
         let sizes: Vec<(u64, u64)> = v
             .found
             .iter()
@@ -254,6 +267,7 @@ impl Volume {
             for &i in batch {
                 let f = &v.found[i];
                 let holders = v.holders.get(&(v.base + f.at as u64));
+                self.fault_record(&mut st, f, holders.map_or(&[][..], Vec::as_slice))?;
                 match holders {
                     _ if f.header.nblocks > 1 => {
                         let h = holders.map_or(&[][..], Vec::as_slice);
@@ -264,7 +278,61 @@ impl Volume {
                 }
             }
         }
+        Ok(map_bytes)
+    }
+
+    /// Brings into memory the map pages a move of `f` reads and changes:
+    /// those of its blocks and of its dedup holders.
+    fn fault_record(&self, st: &mut State, f: &Found, holders: &[u64]) -> Result<(), VolError> {
+        let h = &f.header;
+        let end = (h.lba + u64::from(h.nblocks)).min(st.live.blocks());
+        if h.lba < end {
+            self.fault(st, h.lba, end)?;
+        }
+        for &l in holders {
+            self.fault(st, l, l + 1)?;
+        }
         Ok(())
+    }
+
+    /// The map records (page and directory records) of the victim that the
+    /// map still names are marked to be written again by the next
+    /// checkpoint, which leaves the victim empty. Returns their bytes.
+    fn rewrite_map_records(&self, v: &Victim) -> Result<u64, VolError> {
+        let mut st = self.lock_state()?;
+        let mut bytes = 0;
+        for &(at, ref h) in &v.map_records {
+            let offset = v.base + at as u64;
+            let live = match h.kind {
+                RecordKind::MapChunk => {
+                    let p = (h.lba / MAP_PAGE_BLOCKS) as usize;
+                    let named = h.lba < st.live.blocks()
+                        && st
+                            .live
+                            .map()
+                            .page_ref(p)
+                            .is_some_and(|r| r.offset == offset);
+                    if named {
+                        self.fault(&mut st, h.lba, h.lba + 1)?;
+                        st.live.map_mut().mark_dirty(p);
+                    }
+                    named
+                }
+                _ => {
+                    let b = (h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS)) as usize;
+                    let named = st.live.map().dir_record_is(b, offset);
+                    if named {
+                        st.live.map_mut().mark_dir_dirty(b);
+                    }
+                    named
+                }
+            };
+            if live {
+                bytes += h.total_len() as u64;
+                st.map_records_moved = true;
+            }
+        }
+        Ok(bytes)
     }
 
     /// Reads the victim and finds the holders of its shared records (one map
@@ -274,6 +342,11 @@ impl Volume {
         let end = base + self.sb.segment_size_bytes;
         let mut buf = vec![0u8; self.sb.segment_size_bytes as usize];
         self.storage.read_at(base, &mut buf).map_err(VolError::Io)?;
+        let walk = walk_segment(&buf, self.sb.volume_tag());
+        let map_records = (walk.records.iter())
+            .filter(|(_, h)| matches!(h.kind, RecordKind::MapChunk | RecordKind::MapDir))
+            .copied()
+            .collect();
         let found = data_records(&buf, self.sb.volume_tag());
         // Outside every lock: decompressing is the slow part.
         let fps = match self.dedup {
@@ -294,19 +367,25 @@ impl Volume {
         // references. (A unit's owners are in its range.)
         let mut holders: HashMap<u64, Vec<u64>> = HashMap::new();
         if found.iter().any(|f| has_refs(base + f.at as u64)) {
-            st.live.map().for_each_mapped(|lba, e| {
+            let src = LogPages {
+                storage: &*self.storage,
+                sb: &self.sb,
+            };
+            let scanned = st.live.map().scan(Some(&src), |lba, e| {
                 if let EntryState::Data { offset, .. } = e.state_valid() {
                     if offset >= base && offset < end && has_refs(offset) {
                         holders.entry(offset).or_default().push(lba);
                     }
                 }
             });
+            scanned.map_err(|detail| VolError::Corrupt { lba: 0, detail })?;
         }
         let space = st.log.segment_size - st.log.fill as u64;
         let v = Victim {
             base,
             buf,
             found,
+            map_records,
             holders,
             fps,
         };

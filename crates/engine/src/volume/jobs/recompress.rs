@@ -114,7 +114,7 @@ impl Volume {
         let mut at = cursor.min(total);
         let mut scored = 0u64;
         while at < total && scored < windows {
-            let st = self.lock_state()?;
+            let mut st = self.lock_state()?;
             let mut this_lock = 0u64;
             while at < total && scored < windows && this_lock < SCAN_WINDOWS_PER_LOCK {
                 let first = at * w;
@@ -132,6 +132,7 @@ impl Volume {
                 at += 1;
                 scored += 1;
                 this_lock += 1;
+                self.fault(&mut st, first, first + w)?;
                 if let Some((score, records)) = Self::window_score(&st, first, w) {
                     out.push(Candidate {
                         first,
@@ -265,7 +266,8 @@ impl Volume {
         let w = self.window_blocks();
         let last = (first + w).min(self.sb.logical_blocks());
         let before: Vec<MapEntry> = {
-            let st = self.lock_state()?;
+            let mut st = self.lock_state()?;
+            self.fault(&mut st, first, last)?;
             (first..last).map(|l| st.live.get(l)).collect()
         };
         let mut data = vec![0u8; before.len() * BS];
@@ -351,6 +353,7 @@ impl Volume {
         }
         let mut st = self.lock_state()?;
         self.check_writable()?;
+        self.fault(&mut st, run.lba, run.lba + run.before.len() as u64)?;
         let changed = run
             .before
             .iter()

@@ -19,7 +19,7 @@ use crate::error::VolError;
 use crate::records::{block_index, DecodedUnit};
 use crate::volume::read::READ_MERGE_MAX_BYTES;
 use crate::volume::Volume;
-use cvol_format::checkpoint::CommitPayload;
+use cvol_format::checkpoint::{CommitPayload, DirPayload, DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::record::{RecordHeader, RecordKind};
 use cvol_format::{CheckpointPointer, EntryState, MapEntry, Superblock, BLOCK_SIZE_BYTES};
 use serde::Serialize;
@@ -422,7 +422,8 @@ impl Volume {
     /// The data entries of `n` blocks from `first`, with copies of records
     /// still in the open segment's buffer (one short hold of the lock).
     fn scrub_snapshot(&self, first: u64, n: u64) -> Result<Vec<Item>, VolError> {
-        let st = self.lock_state()?;
+        let mut st = self.lock_state()?;
+        self.fault(&mut st, first, first + n)?;
         let mut copies: HashMap<u64, Arc<Vec<u8>>> = HashMap::new();
         let mut items = Vec::new();
         for lba in first..first + n {
@@ -682,15 +683,40 @@ impl Volume {
         let mut errors = Vec::new();
         for (i, c) in commit.chunks.iter().enumerate() {
             let r = read(c.offset, c.len).and_then(|b| {
-                let (h, _) = RecordHeader::decode_verified(&b).map_err(|e| e.to_string())?;
-                if h.kind != RecordKind::MapChunk || h.crc != c.crc {
+                let (h, payload) = RecordHeader::decode_verified(&b).map_err(|e| e.to_string())?;
+                if !matches!(h.kind, RecordKind::MapChunk | RecordKind::MapDir) || h.crc != c.crc {
                     return Err(format!("{:?} record with crc {:#010x}", h.kind, h.crc));
+                }
+                if h.kind == RecordKind::MapDir {
+                    let raw = lz4_flex::block::decompress_size_prepended(payload)
+                        .map_err(|e| format!("directory: {e}"))?;
+                    let block = h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS);
+                    let dir = DirPayload::decode(&raw, block).map_err(|e| e.to_string())?;
+                    for (p, r) in dir.pages {
+                        let page = read(r.offset, r.len).and_then(|b| {
+                            let (h, _) =
+                                RecordHeader::decode_verified(&b).map_err(|e| e.to_string())?;
+                            if h.kind != RecordKind::MapChunk || h.crc != r.crc {
+                                return Err(format!(
+                                    "{:?} record with crc {:#010x}",
+                                    h.kind, h.crc
+                                ));
+                            }
+                            Ok(())
+                        });
+                        if let Err(e) = page {
+                            errors.push(format!(
+                                "checkpoint {gen}: map page {p} at byte {}: {e}",
+                                r.offset
+                            ));
+                        }
+                    }
                 }
                 Ok(())
             });
             if let Err(e) = r {
                 errors.push(format!(
-                    "checkpoint {gen}: map chunk {i} at byte {}: {e}",
+                    "checkpoint {gen}: map record {i} at byte {}: {e}",
                     c.offset
                 ));
             }

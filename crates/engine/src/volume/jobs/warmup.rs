@@ -57,7 +57,8 @@ impl Volume {
 
     /// The map entries of `n` blocks from `first`.
     fn entries_at(&self, first: u64, n: u64) -> Option<Vec<MapEntry>> {
-        let st = self.lock_state().ok()?;
+        let mut st = self.lock_state().ok()?;
+        self.fault(&mut st, first, first + n).ok()?;
         Some((first..first + n).map(|l| st.live.get(l)).collect())
     }
 

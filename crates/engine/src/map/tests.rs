@@ -1,0 +1,190 @@
+use super::*;
+use cvol_format::CodecTag;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// Page records kept in memory, keyed by offset.
+#[derive(Default)]
+struct Records {
+    by_offset: RefCell<HashMap<u64, Vec<(u64, MapEntry)>>>,
+    next: RefCell<u64>,
+    reads: RefCell<u64>,
+}
+
+impl Records {
+    /// "Writes" every dirty page of `m` and its directory, as a checkpoint does.
+    fn checkpoint(&self, m: &mut BlockMap) -> Vec<PageRef> {
+        for (p, snap) in m.take_dirty() {
+            let mut entries = Vec::new();
+            snap.for_each_mapped(p, &mut |l, e| entries.push((l, e)));
+            let r = self.put(entries);
+            m.page_written(p, &snap, r);
+        }
+        for (b, _) in m.take_dirty_dirs() {
+            let r = self.put(Vec::new());
+            m.dir_written(b, r);
+        }
+        m.take_retired(m.retired().len())
+    }
+
+    fn put(&self, entries: Vec<(u64, MapEntry)>) -> PageRef {
+        let mut n = self.next.borrow_mut();
+        *n += 1;
+        self.by_offset.borrow_mut().insert(*n, entries);
+        PageRef {
+            offset: *n,
+            len: 100,
+            crc: 0,
+            seq: *n,
+        }
+    }
+}
+
+impl PageSource for Records {
+    fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String> {
+        *self.reads.borrow_mut() += 1;
+        self.by_offset
+            .borrow()
+            .get(&r.offset)
+            .cloned()
+            .ok_or_else(|| "no such record".into())
+    }
+}
+
+fn entry(n: u64) -> MapEntry {
+    MapEntry::data(CodecTag::Lz4, n << 20, 100, n as u32)
+}
+
+#[test]
+fn set_get_and_page_release() {
+    let mut m = BlockMap::new(2000);
+    assert_eq!(m.get(1999), MapEntry::UNMAPPED);
+    let e = MapEntry::data(CodecTag::Lz4, 1 << 20, 100, 9);
+    assert_eq!(m.set(700, e), MapEntry::UNMAPPED);
+    assert_eq!(m.set(701, MapEntry::ZERO), MapEntry::UNMAPPED);
+    assert_eq!(m.get(700), e);
+    let mut seen = vec![];
+    m.for_each_mapped(|l, e| seen.push((l, e)));
+    assert_eq!(seen, vec![(700, e), (701, MapEntry::ZERO)]);
+    assert_eq!(m.next_allocated_page_lba(0), Some(512));
+    assert_eq!(m.next_mapped_batch(0, 2000), Some((vec![700, 701], 1024)));
+    assert_eq!(m.next_mapped_batch(701, 2000), Some((vec![701], 1024)));
+    assert_eq!(m.next_mapped_batch(1024, 2000), None);
+    assert_eq!(m.dirty_pages(), 1);
+    assert_eq!(m.set(700, MapEntry::UNMAPPED), e);
+    assert_eq!(m.set(701, MapEntry::UNMAPPED), MapEntry::ZERO);
+    assert_eq!(m.next_allocated_page_lba(0), None);
+    assert_eq!((m.dirty_pages(), m.resident_pages()), (0, 0));
+}
+
+#[test]
+fn next_allocated_page_crosses_words_and_the_end() {
+    let blocks = 200 * PAGE_BLOCKS as u64 + 7;
+    let mut m = BlockMap::new(blocks);
+    let e = MapEntry::ZERO;
+    for lba in [0, 63 * 512 + 3, 64 * 512, 130 * 512 + 9, blocks - 1] {
+        m.set(lba, e);
+    }
+    let mut pages = vec![];
+    let mut lba = 0;
+    while let Some(p) = m.next_allocated_page_lba(lba) {
+        pages.push(p / PAGE_BLOCKS as u64);
+        lba = page_end(p);
+    }
+    assert_eq!(pages, vec![0, 63, 64, 130, 200]);
+    assert_eq!(m.next_allocated_page_lba(64 * 512 + 1), Some(64 * 512 + 1));
+    assert_eq!(m.next_allocated_page_lba(blocks), None);
+    assert_eq!(m.next_allocated_page_lba(u64::MAX), None);
+    m.set(64 * 512, MapEntry::UNMAPPED);
+    assert_eq!(m.next_allocated_page_lba(64 * 512), Some(130 * 512));
+    let mut n = 0;
+    m.for_each_mapped(|_, _| n += 1);
+    assert_eq!(n, 4);
+}
+
+#[test]
+fn a_checkpoint_writes_only_what_changed_and_clean_pages_can_be_dropped() {
+    let src = Records::default();
+    let mut m = BlockMap::new(DIR_PAGES * 3 * MAP_PAGE_BLOCKS);
+    for p in 0..10u64 {
+        m.set(p * MAP_PAGE_BLOCKS + 3, entry(p + 1));
+    }
+    m.set(2 * DIR_PAGES * MAP_PAGE_BLOCKS, entry(99));
+    assert!(src.checkpoint(&mut m).is_empty(), "nothing superseded yet");
+    let dirs = m.dir_records().expect("every block written");
+    assert_eq!(dirs.len(), 2, "two directory blocks hold pages");
+    assert_eq!(m.dirty_pages(), 0);
+    // Clean pages go; a change after that needs the page faulted in.
+    assert_eq!(m.evict(0), 11);
+    assert_eq!(m.resident_pages(), 0);
+    m.fault_in(5 * MAP_PAGE_BLOCKS, 6 * MAP_PAGE_BLOCKS, &src)
+        .unwrap();
+    assert_eq!(m.get(5 * MAP_PAGE_BLOCKS + 3), entry(6));
+    m.set(5 * MAP_PAGE_BLOCKS + 4, entry(7));
+    let before = m.page_ref(5).unwrap();
+    let retired = src.checkpoint(&mut m);
+    // The page and its directory block were rewritten: the old ones retire.
+    assert_eq!(retired.len(), 2);
+    assert_eq!(retired[0], before);
+    assert_eq!(m.dir_records().unwrap().len(), 2);
+    assert_eq!(*src.reads.borrow(), 1);
+    // A scan reads what is not in memory without keeping it.
+    let mut n = 0;
+    m.scan(Some(&src), |_, _| n += 1).unwrap();
+    assert_eq!(n, 12);
+    assert_eq!(m.resident_pages(), 1);
+    let counts = m.cache_counts();
+    assert_eq!((counts.misses, counts.evictions), (1, 11));
+}
+
+#[test]
+fn a_page_changed_while_its_checkpoint_writes_it_stays_dirty() {
+    let src = Records::default();
+    let mut m = BlockMap::new(4 * MAP_PAGE_BLOCKS);
+    m.set(1, entry(1));
+    m.set(MAP_PAGE_BLOCKS, entry(2));
+    let taken = m.take_dirty();
+    m.set(2, entry(3)); // after the snapshot: copied on write
+    for (p, snap) in &taken {
+        let mut entries = Vec::new();
+        snap.for_each_mapped(*p, &mut |l, e| entries.push((l, e)));
+        let r = src.put(entries);
+        m.page_written(*p, snap, r);
+    }
+    assert_eq!(m.dirty_pages(), 1, "page 0 changed after the snapshot");
+    assert_eq!(m.evict(0), 1, "only the clean page goes");
+    assert_eq!(m.get(2), entry(3));
+    // A page emptied before its record is named keeps none.
+    let taken = m.take_dirty();
+    m.set(1, MapEntry::UNMAPPED);
+    m.set(2, MapEntry::UNMAPPED);
+    let (p, snap) = &taken[0];
+    m.page_written(*p, snap, src.put(vec![(1, entry(1))]));
+    assert_eq!(m.page_ref(0), None);
+    assert_eq!(
+        m.retired().len(),
+        2,
+        "the old record and the unneeded new one"
+    );
+}
+
+#[test]
+#[should_panic(expected = "not faulted in")]
+fn touching_a_page_not_in_memory_is_a_bug() {
+    let src = Records::default();
+    let mut m = BlockMap::new(4 * MAP_PAGE_BLOCKS);
+    m.set(1, entry(1));
+    src.checkpoint(&mut m);
+    m.evict(0);
+    m.get(2);
+}
+
+#[test]
+fn a_record_of_another_page_is_refused() {
+    let src = Records::default();
+    let mut m = BlockMap::new(4 * MAP_PAGE_BLOCKS);
+    let r = src.put(vec![(MAP_PAGE_BLOCKS + 1, entry(1))]);
+    m.install_unread(0, r);
+    let err = m.fault_in(0, 1, &src).unwrap_err();
+    assert!(err.contains("another page"), "{err}");
+}
