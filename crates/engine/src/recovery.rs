@@ -1060,7 +1060,12 @@ fn load_paged(
         ))));
         for (p, r) in pages {
             loaded.records.push((r.offset, r.seq));
-            let page = LogPages { storage, sb }.load(p, &r).and_then(|v| {
+            let src = LogPages {
+                storage,
+                sb,
+                buffered: None,
+            };
+            let page = src.load(p, &r).and_then(|v| {
                 Page::from_entries(p, &v).ok_or("a page record of another page".into())
             });
             match page {
@@ -1122,15 +1127,26 @@ fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirR
     Ok((block as usize, r, d.pages))
 }
 
-/// The page records of a volume's log, read on a map cache miss.
+/// The page records of a volume's log, read on a map cache miss: from the
+/// open segment's buffer while they are still there (`buffered`), else
+/// from the store.
 pub struct LogPages<'a> {
     pub storage: &'a dyn Storage,
     pub sb: &'a Superblock,
+    pub buffered: Option<&'a dyn Fn(u64, usize) -> Option<Vec<u8>>>,
 }
 
 impl PageSource for LogPages<'_> {
     fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String> {
-        read_chunk(self.storage, self.sb, r.offset, r.len, r.crc)
+        let copy = self.buffered.and_then(|f| f(r.offset, r.len as usize));
+        let Some(rec) = copy else {
+            return read_chunk(self.storage, self.sb, r.offset, r.len, r.crc);
+        };
+        let (h, _) = RecordHeader::decode_verified(&rec).map_err(|e| e.to_string())?;
+        if h.volume_tag != self.sb.volume_tag() || h.total_len() != r.len as usize {
+            return Err("record belongs to another volume or has another length".into());
+        }
+        chunk_entries(self.sb, &h, &rec, r.offset, r.crc)
     }
 }
 
@@ -1143,6 +1159,17 @@ fn read_chunk(
     crc: u32,
 ) -> Result<Vec<(u64, MapEntry)>, String> {
     let (ch, rec) = read_record(storage, sb, offset, len)?;
+    chunk_entries(sb, &ch, &rec, offset, crc)
+}
+
+/// The entries of a MAP_CHUNK record read whole (`rec`, its header `ch`).
+fn chunk_entries(
+    sb: &Superblock,
+    ch: &RecordHeader,
+    rec: &[u8],
+    offset: u64,
+    crc: u32,
+) -> Result<Vec<(u64, MapEntry)>, String> {
     if ch.kind != RecordKind::MapChunk || ch.crc != crc {
         return Err(format!(
             "map chunk at {offset} is not the one the checkpoint names"

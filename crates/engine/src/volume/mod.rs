@@ -176,12 +176,14 @@ impl Volume {
     /// Brings the map pages of LBAs [first, end) into memory, for this
     /// hold of the state lock (a miss reads the page's record).
     fn fault(&self, st: &mut State, first: u64, end: u64) -> Result<(), VolError> {
+        let State { live, log, .. } = st;
+        let buffered = |offset: u64, len: usize| log.buffered(offset, len).map(<[u8]>::to_vec);
         let src = crate::recovery::LogPages {
             storage: &*self.storage,
             sb: &self.sb,
+            buffered: Some(&buffered),
         };
-        st.live
-            .fault_in(first, end, &src)
+        live.fault_in(first, end, &src)
             .map_err(|detail| VolError::Corrupt { lba: first, detail })
     }
 
@@ -278,9 +280,11 @@ impl Volume {
     /// tables.
     pub fn verify_refcounts(&self) -> Result<(), String> {
         let st = self.lock_state().map_err(|e| e.to_string())?;
+        let buffered = |offset: u64, len: usize| st.log.buffered(offset, len).map(<[u8]>::to_vec);
         let src = crate::recovery::LogPages {
             storage: &*self.storage,
             sb: &self.sb,
+            buffered: Some(&buffered),
         };
         st.live.verify(&self.sb, &src)
     }

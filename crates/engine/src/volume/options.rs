@@ -78,14 +78,10 @@ impl CreateOptions {
 /// to ~170 GiB mapped (3 MiB of map per GiB); beyond that, the pages used
 /// least recently are read back from the log on demand.
 pub const MAP_CACHE_DEFAULT_BYTES: u64 = 512 << 20;
-/// Least memory for block map pages (a smaller `--map-cache` is raised).
-pub const MAP_CACHE_MIN_BYTES: u64 = 64 << 10;
-
-/// Map pages `map_cache_bytes` holds.
+/// Map pages `map_cache_bytes` holds. None may be: every clean page is
+/// dropped whenever the state lock is taken (the simulations run so).
 pub fn map_cache_pages(map_cache_bytes: Option<u64>) -> usize {
-    let bytes = map_cache_bytes
-        .unwrap_or(MAP_CACHE_DEFAULT_BYTES)
-        .max(MAP_CACHE_MIN_BYTES);
+    let bytes = map_cache_bytes.unwrap_or(MAP_CACHE_DEFAULT_BYTES);
     usize::try_from(bytes / crate::map::PAGE_MEMORY_BYTES).unwrap_or(usize::MAX)
 }
 

@@ -367,9 +367,12 @@ impl Volume {
         // references. (A unit's owners are in its range.)
         let mut holders: HashMap<u64, Vec<u64>> = HashMap::new();
         if found.iter().any(|f| has_refs(base + f.at as u64)) {
+            let buffered =
+                |offset: u64, len: usize| st.log.buffered(offset, len).map(<[u8]>::to_vec);
             let src = LogPages {
                 storage: &*self.storage,
                 sb: &self.sb,
+                buffered: Some(&buffered),
             };
             let scanned = st.live.map().scan(Some(&src), |lba, e| {
                 if let EntryState::Data { offset, .. } = e.state_valid() {
