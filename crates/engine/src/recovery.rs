@@ -199,7 +199,7 @@ impl Certified {
         let chunks: std::collections::HashSet<(u64, u32)> = scan
             .records
             .iter()
-            .filter(|r| r.header.kind == RecordKind::MapChunk)
+            .filter(|r| matches!(r.header.kind, RecordKind::MapChunk | RecordKind::MapDir))
             .map(|r| (sb.segment_offset(r.segment) + r.at as u64, r.header.crc))
             .collect();
         for c in scan
@@ -265,10 +265,26 @@ fn known_checkpoint_records(
         let Ok(cp) = CommitPayload::decode(&rec[RECORD_HEADER_BYTES..]) else {
             continue;
         };
-        let n = cp.chunks.len() as u64;
-        for (i, c) in cp.chunks.iter().enumerate() {
-            if let Some(seq) = (p.commit_seq + i as u64).checked_sub(n) {
-                known.insert(seq, (c.offset, c.len, p.commit_epoch));
+        let dirs: Vec<Result<DirRead, String>> =
+            cp.chunks.iter().map(|c| read_dir(storage, sb, c)).collect();
+        if !dirs.iter().any(Result::is_ok) {
+            // MAP_CHUNKs of the whole map, appended just before the commit.
+            let n = cp.chunks.len() as u64;
+            for (i, c) in cp.chunks.iter().enumerate() {
+                if let Some(seq) = (p.commit_seq + i as u64).checked_sub(n) {
+                    known.insert(seq, (c.offset, c.len, p.commit_epoch));
+                }
+            }
+            continue;
+        }
+        // A paged map: the directory blocks and pages this checkpoint wrote
+        // (after its snapshot) lie among the records roll-forward passes
+        // over; their seqs are in the directory.
+        for (_, d, pages) in dirs.into_iter().flatten() {
+            for r in std::iter::once(d).chain(pages.into_iter().map(|(_, r)| r)) {
+                if r.seq > cp.snapshot_seq && r.seq < p.commit_seq {
+                    known.insert(r.seq, (r.offset, r.len, p.commit_epoch));
+                }
             }
         }
     }
