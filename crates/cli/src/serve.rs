@@ -7,6 +7,9 @@ use crate::volfile::{self, Opened, Purpose};
 use crate::{backend, control_server, size, sockfile, words};
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
+
+/// Least `--map-cache`: a few hundred map pages.
+const MAP_CACHE_MIN_BYTES: u64 = 1 << 20;
 use cvol_nbd::{Server, ServerConfig};
 use std::io::Write;
 use std::net::{TcpListener, ToSocketAddrs};
@@ -56,6 +59,11 @@ pub struct ServeArgs {
     /// disables it) [default: 1/128 of the physical size, 1M to 32M]
     #[arg(long)]
     read_cache: Option<String>,
+    /// Memory for block map pages (12 bytes per mapped block, 3 MiB per
+    /// GiB written); pages beyond it are dropped when clean and read back
+    /// from the volume on demand [default: 512M; at least 1M]
+    #[arg(long)]
+    map_cache: Option<String>,
     #[command(flatten)]
     elastic: ElasticFlags,
     #[command(flatten)]
@@ -128,12 +136,19 @@ impl ServeArgs {
         };
         let dedup_memory_bytes = optional_size("--dedup-memory", &self.dedup_memory)?;
         let read_cache_bytes = optional_size("--read-cache", &self.read_cache)?;
+        let map_cache_bytes = optional_size("--map-cache", &self.map_cache)?;
+        if let Some(b) = map_cache_bytes.filter(|&b| b < MAP_CACHE_MIN_BYTES) {
+            return Err(format!(
+                "--map-cache: {b} bytes is too little for the block map (at least 1M)"
+            ));
+        }
         Ok(OpenOptions {
             read_only: self.read_only,
             sync_writes: self.sync,
             cleaner,
             dedup_memory_bytes,
             read_cache_bytes,
+            map_cache_bytes,
             elastic: self.elastic.config()?,
             ..OpenOptions::default()
         })
@@ -427,6 +442,8 @@ mod tests {
         };
         assert!(err(&["--clean-start", "30"]).contains("--clean-start 30"));
         assert!(err(&["--read-cache", "lots"]).starts_with("--read-cache"));
+        assert!(err(&["--map-cache", "4k"]).starts_with("--map-cache"));
+        assert!(err(&["--map-cache", "lots"]).starts_with("--map-cache"));
         assert!(err(&["--unit-size", "3K"]).contains("--unit-size 3K"));
         assert!(err(&["--idle-iops", "9", "--busy-iops", "9"]).contains("--idle-iops 9"));
         assert!(err(&["--recompress", "yes"]).contains("--recompress takes on or off"));

@@ -302,6 +302,17 @@ impl Report {
                 ),
             ),
             (
+                "map cache",
+                format!(
+                    "{} of pages in memory, {:.1}% hits ({} read back), {} dirty",
+                    b(s.map_cache_bytes),
+                    100.0 * s.map_cache_hits as f64
+                        / (s.map_cache_hits + s.map_cache_misses).max(1) as f64,
+                    count(s.map_cache_misses, "page", "pages"),
+                    count(s.map_dirty_pages, "page", "pages")
+                ),
+            ),
+            (
                 "checkpoints",
                 format!(
                     "{} written, the last {} in {:.2} s (generation {})",

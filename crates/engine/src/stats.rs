@@ -143,6 +143,14 @@ pub struct VolumeStats {
     /// salvage: they read as EIO until written again.
     pub lost_bytes: u64,
     pub map_memory_bytes: u64,
+    /// Map page lookups served from memory and read from the log, the
+    /// bytes of the pages in memory, pages dropped from memory, and pages
+    /// changed since the last checkpoint (`--map-cache`).
+    pub map_cache_hits: u64,
+    pub map_cache_misses: u64,
+    pub map_cache_bytes: u64,
+    pub map_cache_evictions: u64,
+    pub map_dirty_pages: u64,
     #[serde(flatten)]
     pub dedup: DedupStats,
     #[serde(flatten)]
