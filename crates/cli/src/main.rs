@@ -57,7 +57,7 @@ enum Command {
         segment_size: Option<String>,
     },
     /// Serve a volume over NBD (default: ./cvol-data/default.cvol, created if absent).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Show space and reduction statistics (asks the server when the volume is served).
     Stat {
         /// The volume (file or block device).
@@ -140,7 +140,7 @@ fn main() -> ExitCode {
                 },
             )
         }),
-        Command::Serve(args) => serve::cmd_serve(args),
+        Command::Serve(args) => serve::cmd_serve(*args),
         Command::Stat { volume, json } => stat::cmd_stat(&volume, json),
         Command::Check {
             volume,
