@@ -99,6 +99,9 @@ fn check_segment_usage(
     rec.map.for_each_record(|off, len| {
         map_records.insert(off, len);
     });
+    for r in rec.map.retired() {
+        map_records.insert(r.offset, r.len);
+    }
     check_segment_records(storage, sb, &table, &refs.refs, &map_records, rep);
     let shared = refs.dedup_refs.len();
     let holders: u64 = refs.dedup_refs.keys().map(|o| refs.refs[o]).sum();

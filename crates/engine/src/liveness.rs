@@ -269,14 +269,7 @@ impl LiveMap {
     /// Recomputes every derived table from the map and compares it with the
     /// running one.
     pub(crate) fn verify(&self, sb: &Superblock, src: &dyn PageSource) -> Result<(), String> {
-        let mut fresh = rebuild(sb, &self.map, Some(src), &HashMap::new(), None)?;
-        for r in self.map.retired() {
-            // Superseded map records stay live until a checkpoint is durable.
-            fresh
-                .segments
-                .usage
-                .add_live(self.geometry.segment_of(r.offset), r.len.into());
-        }
+        let fresh = rebuild(sb, &self.map, Some(src), &HashMap::new(), None)?;
         let mut errors = shared_differences(&self.shared, &fresh.shared);
         if fresh.counters != self.counters {
             errors.push(format!(
@@ -483,13 +476,19 @@ pub(crate) fn rebuild(
         live(offset, len, codec);
         extra += u64::from(u.refs);
     }
-    map.for_each_record(|offset, len| {
+    // The map's own records: those it names, and those it superseded
+    // (while replaying the log: a page emptied, say) that the durable
+    // checkpoint still names, until the next one is durable.
+    let retired = map.retired().iter().map(|r| (r.offset, r.len));
+    let mut records: Vec<(u64, u32)> = retired.collect();
+    map.for_each_record(|offset, len| records.push((offset, len)));
+    for (offset, len) in records {
         let s = geometry.segment_of(offset);
         if segments.table.state(s) == SegState::Free {
             segments.table.mark(s, SegState::Sealed, 0);
         }
         segments.usage.add_live(s, u64::from(len));
-    });
+    }
     for (&s, &max_seq) in needed {
         segments.table.mark(s, SegState::Sealed, max_seq);
     }

@@ -151,6 +151,9 @@ pub struct VolumeStats {
     pub map_cache_bytes: u64,
     pub map_cache_evictions: u64,
     pub map_dirty_pages: u64,
+    /// Map records (pages, directory blocks) the cleaner found live in its
+    /// victims and had the next checkpoint write again.
+    pub map_records_moved: u64,
     #[serde(flatten)]
     pub dedup: DedupStats,
     #[serde(flatten)]

@@ -22,6 +22,28 @@ use std::sync::Arc;
 use common::{BS, MIB};
 const LOGICAL_BLOCKS: usize = 384;
 
+thread_local! {
+    /// Where the model's blocks lie in the volume (bytes): a seed's blocks
+    /// may straddle two map pages, or two map directory blocks.
+    static BASE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The volume offset of model offset `off`.
+fn at(off: usize) -> u64 {
+    BASE.with(|b| b.get()) + off as u64
+}
+
+/// The seed's base: at 0 (one map page), straddling pages 0 and 1, or
+/// straddling the first two directory blocks (2048 pages each).
+fn base_of(seed: u64) -> u64 {
+    let blocks = match (seed / 2) % 3 {
+        0 => 0,
+        1 => 512 - 192,
+        _ => 2048 * 512 - 192,
+    };
+    blocks * BS as u64
+}
+
 /// Block contents: zeros, random, or text (half the time from a small
 /// pool, so dedup finds repeats).
 fn content(rng: &mut StdRng, len: usize) -> Vec<u8> {
@@ -84,7 +106,7 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
             let data = content(rng, nb * BS);
             let fua = rng.gen_ratio(1, 10 * sync_rarity);
             (
-                none(vol.write_at(off as u64, &data, fua)),
+                none(vol.write_at(at(off), &data, fua)),
                 Some((off, data)),
                 fua,
             )
@@ -94,7 +116,7 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
             let off = rng.gen_range(0..size - len);
             let data = content(rng, len);
             (
-                none(vol.write_at(off as u64, &data, false)),
+                none(vol.write_at(at(off), &data, false)),
                 Some((off, data)),
                 false,
             )
@@ -105,13 +127,13 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
             // TRIM only affects whole blocks inside the range.
             let (first, end) = (off.div_ceil(BS), (off + len) / BS);
             let effect = (first < end).then(|| (first * BS, vec![0u8; (end - first) * BS]));
-            (none(vol.trim(off as u64, len as u64, false)), effect, false)
+            (none(vol.trim(at(off), len as u64, false)), effect, false)
         }
         68..=75 => {
             let len = rng.gen_range(1..32 * BS);
             let off = rng.gen_range(0..size - len);
             (
-                none(vol.write_zeroes(off as u64, len as u64, rng.gen(), false)),
+                none(vol.write_zeroes(at(off), len as u64, rng.gen(), false)),
                 Some((off, vec![0u8; len])),
                 false,
             )
@@ -129,9 +151,11 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
             // Only a write that fits without the cleaner (it would wait
             // for the checkpoint's flush lock).
             let fits = vol.stats().worst_case_free_logical_bytes >= 2 * (nb * BS) as u64;
+            // (`at` before the closure: it runs on another thread.)
+            let target = at(off);
             let r = vol.checkpoint_interleaved(|| {
                 if fits {
-                    written = Some(vol.write_at(off as u64, &data, false));
+                    written = Some(vol.write_at(target, &data, false));
                 }
             });
             match written {
@@ -169,7 +193,7 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
         _ => {
             let mut b = vec![0u8; BS];
             let lba = rng.gen_range(0..LOGICAL_BLOCKS);
-            let r = vol.read_at((lba * BS) as u64, &mut b);
+            let r = vol.read_at(at(lba * BS), &mut b);
             if r.is_ok() {
                 assert!(
                     b == model.cur[lba * BS..(lba + 1) * BS],
@@ -183,7 +207,7 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
 
 fn verify(vol: &Volume, model: &Model, seed: u64, cycle: usize) -> Vec<u8> {
     let mut image = vec![0u8; LOGICAL_BLOCKS * BS];
-    vol.read_at(0, &mut image)
+    vol.read_at(at(0), &mut image)
         .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: read after recovery: {e}"));
     for (b, block) in image.chunks(BS).enumerate() {
         assert!(
@@ -235,12 +259,14 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut store = SimStorage::new(6 * MIB);
     let codec = sim::codec_policies()[rng.gen_range(0..4)];
-    let opts = common::options(&store, (LOGICAL_BLOCKS * BS) as u64)
+    BASE.with(|b| b.set(base_of(seed)));
+    let opts = common::options(&store, base_of(seed) + (LOGICAL_BLOCKS * BS) as u64)
         .with_codec(codec)
         .with_dedup(rng.gen_ratio(3, 4));
     common::create_closed(&store, &opts);
     // Odd seeds keep no clean map page in memory: nearly every operation
-    // reads back the pages it touches.
+    // reads back the pages it touches (`base_of` spreads the blocks over
+    // pages and directory blocks).
     let options = || OpenOptions {
         elastic: sim::elastic(&mut StdRng::seed_from_u64(seed)),
         map_cache_bytes: (seed % 2 == 1).then_some(0),

@@ -24,6 +24,7 @@ pub(in crate::volume) struct Counters {
     pub(in crate::volume) checkpoints: AtomicU64,
     pub(in crate::volume) checkpoint_last_bytes: AtomicU64,
     pub(in crate::volume) checkpoint_last_micros: AtomicU64,
+    pub(in crate::volume) map_records_moved: AtomicU64,
 }
 
 /// Counters of elastic compression, for `stat`.
@@ -150,6 +151,7 @@ impl Volume {
             map_cache_bytes: st.live.map().cache_bytes(),
             map_cache_evictions: st.live.map().cache_counts().evictions,
             map_dirty_pages: st.live.map().dirty_pages() as u64,
+            map_records_moved: get(&self.counters.map_records_moved),
             dedup: self.dedup_stats(&st),
             elastic: self.elastic_stats(&st),
             checkpoint_generation: st.checkpoint_generation,

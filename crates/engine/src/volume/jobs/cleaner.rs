@@ -330,6 +330,9 @@ impl Volume {
             if live {
                 bytes += h.total_len() as u64;
                 st.map_records_moved = true;
+                self.counters
+                    .map_records_moved
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
         Ok(bytes)
