@@ -58,6 +58,11 @@ impl Page {
         Some(page)
     }
 
+    /// Entries that are not unmapped.
+    pub fn used(&self) -> u32 {
+        self.used
+    }
+
     fn entry(&self, i: usize) -> MapEntry {
         MapEntry {
             loc: self.loc[i],
@@ -327,9 +332,15 @@ impl BlockMap {
     /// `max_pages` are in memory (dirty pages stay: a checkpoint must write
     /// them first). Returns how many it dropped.
     pub fn evict(&mut self, max_pages: usize) -> usize {
+        // Only clean pages go: with more dirty pages than the cache holds
+        // there is nothing to look for until a checkpoint cleans them, and
+        // the clock is passed at most a few times per page to drop, so a
+        // cache full of dirty pages costs nothing per call.
+        let clean = self.resident - self.dirty_count;
+        let want = self.resident.saturating_sub(max_pages).min(clean);
+        let mut passes = (want * 4 + 64).min(self.clock.len() * 2);
         let mut dropped = 0;
-        let mut passes = self.clock.len() * 2;
-        while self.resident > max_pages && passes > 0 {
+        while dropped < want && passes > 0 {
             passes -= 1;
             let Some(p) = self.clock.pop_front() else {
                 break;

@@ -88,6 +88,14 @@ impl Volume {
                 }
             }
             if orphans.is_empty() {
+                // Without any FLUSH, the log and the dirty map pages grow
+                // too: the background checkpointer (if one runs) bounds
+                // them, and with them the memory and the recovery time.
+                let due = self.checkpoint_due_by_writes(&st);
+                drop(st);
+                if due {
+                    self.jobs.checkpointer.hand_over();
+                }
                 return Ok(());
             }
             // Candidates whose record died (or is being cleaned) since they

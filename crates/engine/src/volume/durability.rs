@@ -7,7 +7,9 @@ use super::{space, State, Volume};
 use crate::error::VolError;
 use crate::log::{Placed, Shape};
 use crate::map::Page;
-use cvol_format::checkpoint::{push_run, ChunkRef, CommitPayload, DirPayload, PageRef, Resume};
+use cvol_format::checkpoint::{
+    push_run, run_bytes, ChunkRef, CommitPayload, DirPayload, PageRef, Resume,
+};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::record::RecordKind;
 use cvol_format::{CheckpointPointer, CodecTag, MapEntry};
@@ -29,6 +31,9 @@ const CHECKPOINT_LOG_PER_CHECKPOINT_BYTE: u64 = 4;
 /// checkpoint's worth of dirty pages to write back (at 128 GiB mapped a
 /// checkpoint is 100+ MiB, a second of writeback), nor does its commit.
 const CHECKPOINT_SYNC_BYTES: u64 = 8 << 20;
+/// Dirty map pages that make a checkpoint due, at least (half the map
+/// cache otherwise): a small cache does not checkpoint every few writes.
+const DIRTY_PAGES_MIN: usize = 256;
 /// Page records a checkpoint appends per hold of the state lock.
 const PAGES_PER_HOLD: usize = 64;
 
@@ -130,18 +135,28 @@ impl Volume {
 
     /// A checkpoint is due after `checkpoint_interval_bytes` of log, or
     /// `CHECKPOINT_LOG_PER_CHECKPOINT_BYTE` times the last checkpoint's
-    /// size if that is more, or when enough segments only wait for one to
-    /// be reused (after a large TRIM, say), so the host gets its space back.
+    /// size if that is more, or when the dirty map pages fill half the map
+    /// cache (only a checkpoint makes them clean, so droppable), or when
+    /// enough segments only wait for one to be reused (after a large TRIM,
+    /// say), so the host gets its space back.
     fn checkpoint_due(&self, st: &State) -> bool {
         let empty = st.log.segments.empty_sealed_count(st.live.usage());
         let enough = (st.log.segments.count() / CHECKPOINT_EMPTY_SEGMENTS_DIVISOR)
             .max(CHECKPOINT_EMPTY_SEGMENTS_MIN);
+        self.checkpoint_due_by_writes(st) || empty >= enough
+    }
+
+    /// The part of `checkpoint_due` that writes change, cheap enough to
+    /// ask after every write: the log written, the dirty map pages.
+    pub(in crate::volume) fn checkpoint_due_by_writes(&self, st: &State) -> bool {
         let last = self.counters.checkpoint_last_bytes.load(Ordering::Relaxed);
         let interval = self
             .options
             .checkpoint_interval_bytes
             .max(last.saturating_mul(CHECKPOINT_LOG_PER_CHECKPOINT_BYTE));
-        st.log.appended_bytes - st.appended_at_checkpoint >= interval || empty >= enough
+        let dirty_max = (self.map_cache_pages / 2).max(DIRTY_PAGES_MIN);
+        st.log.appended_bytes - st.appended_at_checkpoint >= interval
+            || st.live.map().dirty_pages() > dirty_max
     }
 
     /// Writes a checkpoint of the map and makes it the recovery start.
@@ -183,13 +198,10 @@ impl Volume {
     fn checkpoint_serialized(&self, between: impl FnOnce()) -> Result<(), VolError> {
         self.check_writable()?;
         let started = std::time::Instant::now();
-        let snap = self.checkpoint_snapshot()?;
-        let encoded: Vec<(usize, Vec<u8>)> = snap
-            .pages
-            .iter()
-            .map(|(p, page)| (*p, encode_page(*p, page)))
-            .collect();
-        let page_bytes = self.append_pages(&snap, &encoded, between)?;
+        let mut snap = self.checkpoint_snapshot()?;
+        let pages = std::mem::take(&mut snap.pages);
+        let npages = pages.len();
+        let page_bytes = self.append_pages(pages, between)?;
         let _f = self.lock_flush()?;
         let (ptr, retired) = self.append_commit(&snap)?;
         let bytes = page_bytes + u64::from(ptr.commit_len);
@@ -214,7 +226,7 @@ impl Volume {
             generation = ptr.generation,
             seq = ptr.commit_seq,
             snapshot_seq = snap.seq,
-            pages = snap.pages.len(),
+            pages = npages,
             "checkpoint written"
         );
         Ok(())
@@ -250,32 +262,43 @@ impl Volume {
 
     /// Appends the page records, a batch per hold of the state lock, each
     /// named as its page's record at once; returns the bytes appended.
+    /// Pages are encoded a batch at a time outside the lock, and each
+    /// batch's snapshot dropped once written: a checkpoint holds a batch
+    /// of encoded pages, and a page changed after it was written is not
+    /// copied.
     fn append_pages(
         &self,
-        snap: &CheckpointSnapshot,
-        encoded: &[(usize, Vec<u8>)],
+        pages: Vec<(usize, Arc<Page>)>,
         between: impl FnOnce(),
     ) -> Result<u64, VolError> {
         // Refuse before appending anything: a half-written checkpoint only
         // wastes space. (Client writes appended meanwhile leave the reserve,
         // room for a whole checkpoint, free.)
-        let lens: Vec<usize> = encoded.iter().map(|(_, v)| v.len()).collect();
-        let pages = self.lock_state()?.live.map().allocated_pages() as u64;
-        let need = space::checkpoint_append_bytes(&lens, pages, self.sb.segment_size_bytes);
+        let bounds: Vec<usize> = pages.iter().map(|(_, p)| page_payload_bound(p)).collect();
+        let named = self.lock_state()?.live.map().allocated_pages() as u64;
+        let need = space::checkpoint_append_bytes(&bounds, named, self.sb.segment_size_bytes);
         if self.lock_state()?.log.free_bytes() < need {
             return Err(VolError::NoSpace);
         }
         let mut between = Some(between);
         let (mut total, mut unsynced) = (0u64, 0u64);
-        for batch in encoded.chunks(PAGES_PER_HOLD) {
+        let mut rest = pages.into_iter();
+        loop {
+            let batch: Vec<(usize, Arc<Page>)> = rest.by_ref().take(PAGES_PER_HOLD).collect();
+            if batch.is_empty() {
+                break;
+            }
+            let encoded: Vec<Vec<u8>> = batch
+                .iter()
+                .map(|(p, page)| encode_page(*p, page))
+                .collect();
             let mut st = self.lock_state()?;
             self.check_writable()?;
-            for (p, payload) in batch {
+            for ((p, page), payload) in batch.iter().zip(&encoded) {
                 let lba = *p as u64 * MAP_PAGE_BLOCKS;
                 let shape = Shape::map_meta(RecordKind::MapChunk, lba);
                 let placed = self.append(&mut st, shape, payload)?;
-                let snap_page = &snap.pages[snap.index_of(*p)].1;
-                st.live.page_written(*p, snap_page, page_ref(&placed));
+                st.live.page_written(*p, page, page_ref(&placed));
                 total += u64::from(placed.len);
                 unsynced += u64::from(placed.len);
             }
@@ -394,14 +417,6 @@ struct CheckpointSnapshot {
     candidates: Vec<u64>,
 }
 
-impl CheckpointSnapshot {
-    fn index_of(&self, p: usize) -> usize {
-        self.pages
-            .binary_search_by_key(&p, |(q, _)| *q)
-            .expect("a page of the snapshot")
-    }
-}
-
 fn page_ref(p: &Placed) -> PageRef {
     PageRef {
         offset: p.offset,
@@ -409,6 +424,13 @@ fn page_ref(p: &Placed) -> PageRef {
         crc: p.crc,
         seq: p.seq,
     }
+}
+
+/// The most bytes `encode_page` can make of `page`: every entry a run of
+/// its own, lz4's worst expansion and length prefix.
+fn page_payload_bound(page: &Page) -> usize {
+    let raw = page.used() as usize * run_bytes(1);
+    4 + raw + raw / 255 + 16
 }
 
 /// A page's MAP_CHUNK payload: its entries as runs, lz4-compressed.

@@ -73,10 +73,10 @@ fn dir_blocks_max(pages: u64) -> u64 {
     pages.min(pages / DIR_PAGES + 1)
 }
 
-/// Log bytes appending a checkpoint of these encoded page payloads needs,
-/// with a map of `pages` pages with records: the page records, the
-/// directory (all of it, at most), segment tails, the commit. What is
-/// checked before the first page record.
+/// Log bytes appending a checkpoint of page payloads of these lengths (or
+/// bounds on them) needs, with a map of `pages` pages with records: the
+/// page records, the directory (all of it, at most), segment tails, the
+/// commit. What is checked before the first page record.
 pub(super) fn checkpoint_append_bytes(
     page_lens: &[usize],
     pages: u64,
