@@ -275,6 +275,37 @@ impl BlockMap {
         Ok(())
     }
 
+    /// The pages of [first, end) with entries that are not in memory, and
+    /// their records: what `fault_in` would read.
+    pub fn missing_pages(&self, first: u64, end: u64) -> Vec<(usize, PageRef)> {
+        let end = end.min(self.blocks);
+        let mut out = Vec::new();
+        let mut lba = first;
+        while let Some(l) = self.next_allocated_page_lba(lba).filter(|&l| l < end) {
+            let p = l as usize / PAGE_BLOCKS;
+            if self.pages[p].is_none() {
+                out.push((
+                    p,
+                    self.page_ref(p).expect("a page not in memory has a record"),
+                ));
+            }
+            lba = page_end(l);
+        }
+        out
+    }
+
+    /// Puts page `p`, read from record `r` without the volume's lock, in
+    /// memory, if it is still missing and `r` still its record (it may
+    /// have been read, rewritten or emptied meanwhile). True if it was.
+    pub fn install_read(&mut self, p: usize, page: Page, r: &PageRef) -> bool {
+        let current = self.pages[p].is_none() && self.page_ref(p).as_ref() == Some(r);
+        if current {
+            self.counts.misses += 1;
+            self.insert(p, Arc::new(page));
+        }
+        current
+    }
+
     /// `fault_in` for one page (allocated or not).
     pub fn fault_page(&mut self, p: usize, src: &dyn PageSource) -> Result<(), String> {
         if self.pages[p].is_some() {

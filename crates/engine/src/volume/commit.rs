@@ -77,6 +77,7 @@ impl Volume {
     fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), VolError> {
         assert!(data.len().is_multiple_of(BS));
         let mut items = self.prepare(lba, data)?;
+        self.prefault(lba, lba + (data.len() / BS) as u64)?;
         loop {
             let need: u64 = items.iter().map(record_bytes).sum();
             let mut st = self.lock_with_space(space::commit_bytes(need))?;

@@ -31,8 +31,8 @@ const CHECKPOINT_LOG_PER_CHECKPOINT_BYTE: u64 = 4;
 /// checkpoint's worth of dirty pages to write back (at 128 GiB mapped a
 /// checkpoint is 100+ MiB, a second of writeback), nor does its commit.
 const CHECKPOINT_SYNC_BYTES: u64 = 8 << 20;
-/// Dirty map pages that make a checkpoint due, at least (half the map
-/// cache otherwise): a small cache does not checkpoint every few writes.
+/// Dirty map pages that make a checkpoint due, at least (the map cache's
+/// pages otherwise): a small cache does not checkpoint every few writes.
 const DIRTY_PAGES_MIN: usize = 256;
 /// Page records a checkpoint appends per hold of the state lock.
 const PAGES_PER_HOLD: usize = 64;
@@ -135,8 +135,8 @@ impl Volume {
 
     /// A checkpoint is due after `checkpoint_interval_bytes` of log, or
     /// `CHECKPOINT_LOG_PER_CHECKPOINT_BYTE` times the last checkpoint's
-    /// size if that is more, or when the dirty map pages fill half the map
-    /// cache (only a checkpoint makes them clean, so droppable), or when
+    /// size if that is more, or when the dirty map pages fill the map cache
+    /// (only a checkpoint makes them clean, so droppable), or when
     /// enough segments only wait for one to be reused (after a large TRIM,
     /// say), so the host gets its space back.
     fn checkpoint_due(&self, st: &State) -> bool {
@@ -154,7 +154,7 @@ impl Volume {
             .options
             .checkpoint_interval_bytes
             .max(last.saturating_mul(CHECKPOINT_LOG_PER_CHECKPOINT_BYTE));
-        let dirty_max = (self.map_cache_pages / 2).max(DIRTY_PAGES_MIN);
+        let dirty_max = self.map_cache_pages.max(DIRTY_PAGES_MIN);
         st.log.appended_bytes - st.appended_at_checkpoint >= interval
             || st.live.map().dirty_pages() > dirty_max
     }

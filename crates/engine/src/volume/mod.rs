@@ -173,6 +173,36 @@ impl Volume {
         Ok(st)
     }
 
+    /// Reads the map pages of LBAs [first, end) that are not in memory
+    /// without holding the state lock, so that a miss (a read and a
+    /// decode) does not stop other requests; the `fault` under the lock
+    /// that follows then finds them (or reads what it still misses, e.g. a
+    /// record still only in the open segment's buffer).
+    fn prefault(&self, first: u64, end: u64) -> Result<(), VolError> {
+        let missing = self.lock_state()?.live.map().missing_pages(first, end);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let src = crate::recovery::LogPages {
+            storage: &*self.storage,
+            sb: &self.sb,
+            buffered: None,
+        };
+        let read: Vec<_> = missing
+            .into_iter()
+            .filter_map(|(p, r)| {
+                let entries = crate::map::PageSource::load(&src, p as u64, &r).ok()?;
+                let page = crate::map::Page::from_entries(p as u64, &entries)?;
+                (page.used() > 0).then_some((p, page, r))
+            })
+            .collect();
+        let mut st = self.lock_state()?;
+        for (p, page, r) in read {
+            st.live.map_mut().install_read(p, page, &r);
+        }
+        Ok(())
+    }
+
     /// Brings the map pages of LBAs [first, end) into memory, for this
     /// hold of the state lock (a miss reads the page's record).
     fn fault(&self, st: &mut State, first: u64, end: u64) -> Result<(), VolError> {

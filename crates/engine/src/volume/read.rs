@@ -190,6 +190,7 @@ impl Volume {
     /// The map entries of `n` blocks from `lba`, and copies of the records
     /// still only in the open segment's buffer (one short hold of the lock).
     fn read_snapshot(&self, lba: u64, n: usize) -> Result<Snapshot, VolError> {
+        self.prefault(lba, lba + n as u64)?;
         let mut st = self.lock_state()?;
         self.fault(&mut st, lba, lba + n as u64)?;
         let mut snap = Snapshot {
