@@ -276,18 +276,20 @@ impl BlockMap {
     }
 
     /// The pages of [first, end) with entries that are not in memory, and
-    /// their records: what `fault_in` would read.
-    pub fn missing_pages(&self, first: u64, end: u64) -> Vec<(usize, PageRef)> {
+    /// their records: what `fault_in` would read. The lookup of a client
+    /// request: its pages in memory count as hits (a miss counts when the
+    /// page is read).
+    pub fn missing_pages(&mut self, first: u64, end: u64) -> Vec<(usize, PageRef)> {
         let end = end.min(self.blocks);
         let mut out = Vec::new();
         let mut lba = first;
         while let Some(l) = self.next_allocated_page_lba(lba).filter(|&l| l < end) {
             let p = l as usize / PAGE_BLOCKS;
             if self.pages[p].is_none() {
-                out.push((
-                    p,
-                    self.page_ref(p).expect("a page not in memory has a record"),
-                ));
+                let r = self.page_ref(p).expect("a page not in memory has a record");
+                out.push((p, r));
+            } else {
+                self.counts.hits += 1;
             }
             lba = page_end(l);
         }
@@ -309,7 +311,6 @@ impl BlockMap {
     /// `fault_in` for one page (allocated or not).
     pub fn fault_page(&mut self, p: usize, src: &dyn PageSource) -> Result<(), String> {
         if self.pages[p].is_some() {
-            self.counts.hits += 1;
             set_bit(&mut self.touched, p, true);
             return Ok(());
         }

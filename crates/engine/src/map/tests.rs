@@ -135,6 +135,12 @@ fn a_checkpoint_writes_only_what_changed_and_clean_pages_can_be_dropped() {
     assert_eq!(m.resident_pages(), 1);
     let counts = m.cache_counts();
     assert_eq!((counts.misses, counts.evictions), (1, 11));
+    // A client request's lookup counts a page in memory as a hit.
+    assert!(m
+        .missing_pages(5 * MAP_PAGE_BLOCKS, 6 * MAP_PAGE_BLOCKS)
+        .is_empty());
+    assert_eq!(m.missing_pages(0, 2 * MAP_PAGE_BLOCKS).len(), 2);
+    assert_eq!(m.cache_counts().hits, 1);
 }
 
 #[test]

@@ -179,7 +179,7 @@ impl Volume {
     /// that follows then finds them (or reads what it still misses, e.g. a
     /// record still only in the open segment's buffer).
     fn prefault(&self, first: u64, end: u64) -> Result<(), VolError> {
-        let missing = self.lock_state()?.live.map().missing_pages(first, end);
+        let missing = self.lock_state()?.live.map_mut().missing_pages(first, end);
         if missing.is_empty() {
             return Ok(());
         }
