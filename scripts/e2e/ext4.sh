@@ -117,6 +117,12 @@ diff -r --no-dereference "$SRC" "$FS_DIR/tree" >"$E2E_TMP/diff.txt" 2>&1 || {
     fail "diff -r $SRC vs filesystem copy after restart: differences found"
 }
 log "tree identical after restart"
+if [[ -n ${E2E_EXPECT_MAP_MISSES:-} ]] && is_cvol; then
+    cvol_stat_json "$VOL" "$E2E_TMP/stat.json"
+    misses=$(json_get "$E2E_TMP/stat.json" map_cache_misses)
+    ((misses > 0)) || fail "no map page was read back (map_cache_misses 0): paging was not tested"
+    log "map pages read back from the volume since the restart: $misses"
+fi
 umount "$FS_DIR" || fail "umount $FS_DIR failed"
 unreg_mount "$FS_DIR"
 detach

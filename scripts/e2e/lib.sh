@@ -15,6 +15,8 @@
 #   E2E_READY_TIMEOUT seconds to wait for a server to become ready (default 30)
 #   E2E_STOP_TIMEOUT  seconds to wait for a server to exit on SIGTERM (default 60)
 #   E2E_PYTHON        a python3 that can `import nbd` (auto-detected)
+#   E2E_SERVE_ARGS    extra arguments for every `cvol serve` (word-split),
+#                     e.g. "--map-cache 64K" (ext4-paged.sh sets it)
 
 set -Eeuo pipefail
 
@@ -383,7 +385,9 @@ start_server() {
     SRV_ERR=$E2E_TMP/srv$n.err
     SRV_KIND=$E2E_SERVER
     if is_cvol; then
-        "$CVOL" serve "$vol" --socket "$SRV_SOCK" "$@" >"$SRV_OUT" 2>"$SRV_ERR" &
+        local extra=()
+        read -ra extra <<<"${E2E_SERVE_ARGS:-}"
+        "$CVOL" serve "$vol" --socket "$SRV_SOCK" "${extra[@]}" "$@" >"$SRV_OUT" 2>"$SRV_ERR" &
         SRV_PID=$!
         reg_pid "$SRV_PID"
         _wait_uri "cvol serve $vol --socket $SRV_SOCK $*"

@@ -8,8 +8,8 @@ use crate::{backend, control_server, size, sockfile, words};
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
 
-/// Least `--map-cache`: a few hundred map pages.
-const MAP_CACHE_MIN_BYTES: u64 = 1 << 20;
+/// Least `--map-cache`: ten map pages (the tests use it to page all the time).
+const MAP_CACHE_MIN_BYTES: u64 = 64 << 10;
 use cvol_nbd::{Server, ServerConfig};
 use std::io::Write;
 use std::net::{TcpListener, ToSocketAddrs};
@@ -61,7 +61,7 @@ pub struct ServeArgs {
     read_cache: Option<String>,
     /// Memory for block map pages (12 bytes per mapped block, 3 MiB per
     /// GiB written); pages beyond it are dropped when clean and read back
-    /// from the volume on demand [default: 512M; at least 1M]
+    /// from the volume on demand [default: 512M; at least 64K]
     #[arg(long)]
     map_cache: Option<String>,
     #[command(flatten)]
@@ -139,7 +139,7 @@ impl ServeArgs {
         let map_cache_bytes = optional_size("--map-cache", &self.map_cache)?;
         if let Some(b) = map_cache_bytes.filter(|&b| b < MAP_CACHE_MIN_BYTES) {
             return Err(format!(
-                "--map-cache: {b} bytes is too little for the block map (at least 1M)"
+                "--map-cache: {b} bytes is too little for the block map (at least 64K)"
             ));
         }
         Ok(OpenOptions {
@@ -443,6 +443,7 @@ mod tests {
         assert!(err(&["--clean-start", "30"]).contains("--clean-start 30"));
         assert!(err(&["--read-cache", "lots"]).starts_with("--read-cache"));
         assert!(err(&["--map-cache", "4k"]).starts_with("--map-cache"));
+        assert!(parse(&["--map-cache", "64k"]).open_options().is_ok());
         assert!(err(&["--map-cache", "lots"]).starts_with("--map-cache"));
         assert!(err(&["--unit-size", "3K"]).contains("--unit-size 3K"));
         assert!(err(&["--idle-iops", "9", "--busy-iops", "9"]).contains("--idle-iops 9"));
