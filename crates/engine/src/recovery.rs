@@ -886,7 +886,7 @@ fn load_checkpoint_partial(
     if commit.logical_blocks != sb.logical_blocks() {
         return Err("checkpoint is for another logical size".into());
     }
-    let loaded = load_commit_map(storage, sb, &commit, true)?;
+    let loaded = load_commit_map(storage, sb, p, &commit, true)?;
     let mut checkpoint_segments = HashMap::new();
     for &(off, seq) in &loaded.records {
         if let Some((seg, _)) = sb.locate(off) {
@@ -964,6 +964,7 @@ struct LoadedMap {
 fn load_commit_map(
     storage: &dyn Storage,
     sb: &Superblock,
+    p: &CheckpointPointer,
     commit: &CommitPayload,
     partial: bool,
 ) -> Result<LoadedMap, String> {
@@ -982,7 +983,7 @@ fn load_commit_map(
         None if partial => loaded.lost_spans.push((0, sb.logical_blocks())),
         None => return Err("no map record of the checkpoint reads".into()),
         Some(RecordKind::MapDir) => load_paged(storage, sb, commit, partial, &mut loaded)?,
-        Some(_) => load_flat(storage, sb, commit, partial, &mut loaded)?,
+        Some(_) => load_flat(storage, sb, p.commit_seq, commit, partial, &mut loaded)?,
     }
     Ok(loaded)
 }
@@ -1016,10 +1017,15 @@ fn damaged_spans(spans: &[Option<Option<(u64, u64)>>], logical_blocks: u64) -> V
     lost
 }
 
-/// `load_commit_map` for MAP_CHUNKs holding the whole map in runs.
+/// `load_commit_map` for MAP_CHUNKs holding the whole map in runs. Their
+/// segments are needed up to the commit's seq: the map names none of
+/// these records (its pages have none until the first paged checkpoint),
+/// so nothing else keeps a segment holding only chunks from being reused
+/// while this checkpoint is the durable one.
 fn load_flat(
     storage: &dyn Storage,
     sb: &Superblock,
+    commit_seq: u64,
     commit: &CommitPayload,
     partial: bool,
     loaded: &mut LoadedMap,
@@ -1028,7 +1034,7 @@ fn load_flat(
     // the intact chunks around it.
     let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
     for c in &commit.chunks {
-        loaded.records.push((c.offset, 0));
+        loaded.records.push((c.offset, commit_seq));
         match read_chunk(storage, sb, c.offset, c.len, c.crc) {
             Ok(v) => {
                 spans.push(Some(v.first().map(|f| (f.0, v[v.len() - 1].0 + 1))));
@@ -2196,7 +2202,7 @@ fn load_checkpoint(
     if commit.logical_blocks != sb.logical_blocks() {
         return Err("checkpoint is for another logical size".into());
     }
-    let loaded = load_commit_map(storage, sb, &commit, false)?;
+    let loaded = load_commit_map(storage, sb, p, &commit, false)?;
     let mut checkpoint_segments = HashMap::new();
     let records = loaded.records.iter().copied();
     for (off, seq) in records.chain([(p.commit_offset, p.commit_seq)]) {

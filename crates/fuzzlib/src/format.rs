@@ -9,7 +9,7 @@
 //! validation behind the checksum. Oracles: decoders return `Err`, never
 //! panic; whatever decodes re-encodes to something that decodes to the same
 //! value.
-use cvol_format::checkpoint::{decode_runs, push_run, CommitPayload};
+use cvol_format::checkpoint::{decode_runs, push_run, CommitPayload, DirPayload, DIR_PAGES};
 use cvol_format::pointer::{POINTER_BYTES, POINTER_MAGIC};
 use cvol_format::record::{encode_record, RECORD_HEADER_BYTES, RECORD_MAGIC};
 use cvol_format::superblock::{FORMAT_VERSION, SUPERBLOCK_BYTES, SUPERBLOCK_MAGIC};
@@ -72,6 +72,7 @@ pub fn decoders(data: &[u8]) {
     record(body, selector);
     map_entries(body);
     commit(body);
+    dir(body, logical_blocks);
     runs(body, logical_blocks);
     codecs(body, selector);
 }
@@ -211,6 +212,22 @@ fn commit(body: &[u8]) {
         let c = CommitPayload::decode(&b).expect("well-sized commit payload decodes");
         assert_eq!(c.chunks.len(), count as usize);
         assert_eq!(c.encode(), b);
+    }
+}
+
+/// A MAP_DIR payload of directory block `selector`: decodes to pages of
+/// that block, strictly increasing, and re-encodes byte for byte.
+fn dir(body: &[u8], selector: u64) {
+    let block = selector % (1 << 20);
+    if let Ok(d) = DirPayload::decode(body, block) {
+        let range = block * DIR_PAGES..(block + 1) * DIR_PAGES;
+        assert!(d.pages.iter().all(|(p, _)| range.contains(p)));
+        assert!(d.pages.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(
+            d.encode(),
+            body,
+            "a directory payload re-encodes byte for byte"
+        );
     }
 }
 
