@@ -613,9 +613,11 @@ fn certified_beyond(
     segs.dedup();
     let mut best: Option<u64> = None;
     for s in segs {
-        let Ok(buf) = read_segment(storage, sb, s) else {
-            continue;
-        };
+        // A segment with unreadable parts is read around them: a SYNCED
+        // record in the rest still certifies (skipping the segment hid
+        // flushed records lost to damage before the unreadable part).
+        let buf =
+            read_segment(storage, sb, s).unwrap_or_else(|_| read_segment_around(storage, sb, s));
         for (at, h) in walk_segment(&buf, sb.volume_tag()).records {
             if h.kind != RecordKind::Synced || h.seq <= r.last_seq {
                 continue;
@@ -1844,6 +1846,21 @@ fn chain_record_at(
     }
     h.verify(b, &b[RECORD_HEADER_BYTES..h.total_len()]).ok()?;
     Some(h)
+}
+
+/// Segment `s` read sector by sector, unreadable sectors left zero.
+fn read_segment_around(storage: &dyn Storage, sb: &Superblock, s: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; sb.segment_size_bytes as usize];
+    let base = sb.segment_offset(s);
+    for (k, sector) in buf.chunks_mut(SECTOR_SIZE_BYTES as usize).enumerate() {
+        if storage
+            .read_at(base + k as u64 * SECTOR_SIZE_BYTES, sector)
+            .is_err()
+        {
+            sector.fill(0);
+        }
+    }
+    buf
 }
 
 fn read_segment(storage: &dyn Storage, sb: &Superblock, s: u64) -> Result<Vec<u8>, RecoveryError> {
