@@ -208,7 +208,10 @@ fn check_segment_records(
         }
         // The map's own records (pages, directory blocks) live there too.
         for (at, h) in crate::recovery::walk_segment(&buf, tag).records {
-            let is_map = matches!(h.kind, RecordKind::MapChunk | RecordKind::MapDir);
+            let is_map = matches!(
+                h.kind,
+                RecordKind::MapChunk | RecordKind::MapDir | RecordKind::MapTable
+            );
             if is_map && map_records.get(&(base + at as u64)) == Some(&(h.total_len() as u32)) {
                 found += h.total_len() as u64;
             }

@@ -230,16 +230,20 @@ pub struct UnitLive {
     pub owners: u16,
 }
 
-/// Records with ref entries (single-block records) and live units (a
-/// compact table of their own), by physical offset of their header.
 /// A map keyed by record offset, with a fast hasher (the keys are
 /// positions in the store, not attacker-chosen).
 pub type OffsetMap<V> = rustc_hash::FxHashMap<u64, V>;
+/// A map keyed by record offset, in offset order: the records of a range
+/// of segments are one range of it (what a checkpoint's group tables
+/// read, `liveness::tables`).
+pub type OrderedMap<V> = std::collections::BTreeMap<u64, V>;
 
+/// Records with ref entries (single-block records) and live units (a
+/// compact table of their own), by physical offset of their header.
 #[derive(Debug, Default, Clone)]
 pub struct SharedTable {
-    pub records: OffsetMap<Shared>,
-    pub units: OffsetMap<UnitLive>,
+    pub records: OrderedMap<Shared>,
+    pub units: OrderedMap<UnitLive>,
     /// Sum over the records of `Shared::extra`: blocks served without a
     /// record of their own.
     pub extra_refs: u64,
@@ -353,9 +357,11 @@ impl SharedTable {
     }
 
     pub fn memory_bytes(&self) -> u64 {
-        // hashbrown: key + value + 1 control byte per bucket.
-        (self.records.capacity() as u64) * (8 + std::mem::size_of::<Shared>() as u64 + 1)
-            + (self.units.capacity() as u64) * (8 + std::mem::size_of::<UnitLive>() as u64 + 1)
+        // A B-tree node holds up to 11 keys and values (about 2/3 full on
+        // average) and a few words more.
+        let cost = |n: usize, value: usize| (n as u64) * (8 + value as u64) * 3 / 2;
+        cost(self.records.len(), std::mem::size_of::<Shared>())
+            + cost(self.units.len(), std::mem::size_of::<UnitLive>())
     }
 }
 

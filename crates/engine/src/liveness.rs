@@ -13,7 +13,7 @@
 //! entries, and every live unit, is in the shared table; a record is live
 //! while any entry points at it, and then its bytes count once in its
 //! segment's live bytes and in the stored bytes.
-use crate::dedup::{Fingerprint, OffsetMap, Shared, SharedTable, UnitLive};
+use crate::dedup::{Fingerprint, OffsetMap, OrderedMap, Shared, SharedTable, UnitLive};
 use crate::map::{BlockMap, Page, PageSource};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
@@ -22,6 +22,10 @@ use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use std::collections::HashMap;
 use std::sync::Arc;
+use tables::TableBooks;
+pub(crate) use tables::{LoadedTables, TableSnapshot};
+
+mod tables;
 
 /// Where segments lie, to find a record's segment.
 #[derive(Debug, Clone, Copy)]
@@ -55,36 +59,46 @@ pub(crate) struct LiveMap {
     geometry: Geometry,
     /// Map changes since open (starting from those recovery replayed).
     changes: u64,
+    books: TableBooks,
+    /// The tables came from a checkpoint's records (`from_tables`).
+    loaded_tables: bool,
 }
 
 impl LiveMap {
     /// The empty map of a new volume (one change: it needs a checkpoint).
     pub(crate) fn empty(sb: &Superblock) -> LiveMap {
         LiveMap {
-            map: BlockMap::new(sb.logical_blocks()),
+            map: crate::recovery::volume_map(sb),
             counters: MapCounters::default(),
             shared: SharedTable::default(),
             usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
             geometry: Geometry::of(sb),
             changes: 1,
+            books: TableBooks::new(sb.segment_count(), true),
+            loaded_tables: false,
         }
     }
 
     /// A recovered map and the tables `rebuild` derived from it, with
-    /// `changes` map records replayed since the checkpoint.
+    /// `changes` map records replayed since the checkpoint (at least one
+    /// when the volume persists tables of a map with entries: the rebuilt
+    /// ones are to be written).
     pub(crate) fn recovered(
         sb: &Superblock,
         map: BlockMap,
         tables: Rebuilt,
         changes: u64,
     ) -> (LiveMap, SegmentTable) {
+        let map_tables = map.tables() > 0 && map.allocated_pages() > 0;
         let live = LiveMap {
             map,
             counters: tables.counters,
             shared: tables.shared,
             usage: tables.segments.usage,
             geometry: Geometry::of(sb),
-            changes,
+            changes: changes.max(u64::from(map_tables)),
+            books: tables.books,
+            loaded_tables: false,
         };
         (live, tables.segments.table)
     }
@@ -113,6 +127,10 @@ impl LiveMap {
         &self.usage
     }
 
+    pub(crate) fn loaded_tables(&self) -> bool {
+        self.loaded_tables
+    }
+
     pub(crate) fn changes(&self) -> u64 {
         self.changes
     }
@@ -137,6 +155,7 @@ impl LiveMap {
             codec,
         } = e.state_valid()
         {
+            self.books.touch(self.geometry.segment_of(offset));
             if shared || unit {
                 if self.shared.acquire(offset, e.crc, fp, unit, shared) {
                     self.record_born(segs, offset, len, codec);
@@ -157,6 +176,7 @@ impl LiveMap {
             ..
         } = old.state_valid()
         {
+            self.books.touch(self.geometry.segment_of(offset));
             let dead = self.shared.release(offset, shared).unwrap_or_else(|| {
                 assert!(!shared, "ref entry of an unshared record at {offset}");
                 true
@@ -211,6 +231,7 @@ impl LiveMap {
     fn map_record_born(&mut self, r: &PageRef) {
         let s = self.geometry.segment_of(r.offset);
         self.usage.add_live(s, u64::from(r.len));
+        self.books.meta_born(s, r.len);
     }
 
     /// Names `r` as page `p`'s record (`BlockMap::page_written`).
@@ -242,6 +263,7 @@ impl LiveMap {
         for r in self.map.take_retired(n) {
             let s = self.geometry.segment_of(r.offset);
             self.usage.sub_live(s, u64::from(r.len));
+            self.books.meta_died(s, r.len);
         }
     }
 
@@ -364,6 +386,8 @@ pub(crate) struct Rebuilt {
     pub(crate) segments: RebuiltSegments,
     pub(crate) shared: SharedTable,
     pub(crate) counters: MapCounters,
+    /// Every table to be written (they were not read).
+    books: TableBooks,
 }
 
 /// Entries of the map per record that liveness needs: the length and codec
@@ -372,8 +396,8 @@ pub(crate) struct Rebuilt {
 #[derive(Default)]
 struct Census {
     lens: OffsetMap<(u32, CodecTag)>,
-    shared: OffsetMap<Shared>,
-    units: OffsetMap<UnitLive>,
+    shared: OrderedMap<Shared>,
+    units: OrderedMap<UnitLive>,
 }
 
 impl Census {
@@ -479,22 +503,9 @@ pub(crate) fn rebuild(
     // The map's own records: those it names, and those it superseded
     // (while replaying the log: a page emptied, say) that the durable
     // checkpoint still names, until the next one is durable.
-    let retired = map.retired().iter().map(|r| (r.offset, r.len));
-    let mut records: Vec<(u64, u32)> = retired.collect();
-    map.for_each_record(|offset, len| records.push((offset, len)));
-    for (offset, len) in records {
-        let s = geometry.segment_of(offset);
-        if segments.table.state(s) == SegState::Free {
-            segments.table.mark(s, SegState::Sealed, 0);
-        }
-        segments.usage.add_live(s, u64::from(len));
-    }
-    for (&s, &max_seq) in needed {
-        segments.table.mark(s, SegState::Sealed, max_seq);
-    }
-    if let Some((s, seq)) = open {
-        segments.table.mark(s, SegState::Open, seq);
-    }
+    let mut books = TableBooks::new(sb.segment_count(), true);
+    tables::count_map_records(map, geometry, &mut segments, &mut books)?;
+    tables::mark_segments(&mut segments.table, needed, open);
     Ok(Rebuilt {
         segments,
         shared: SharedTable {
@@ -503,5 +514,6 @@ pub(crate) fn rebuild(
             extra_refs: extra,
         },
         counters,
+        books,
     })
 }

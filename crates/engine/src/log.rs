@@ -58,11 +58,15 @@ impl Shape {
         }
     }
 
-    /// A MAP_CHUNK of the paged map's page starting at `lba`, or a MAP_DIR
-    /// of the directory block starting at `lba` (lz4 payloads; they map no
-    /// block: the lba only names the page or block, for scans).
+    /// A MAP_CHUNK of the paged map's page starting at `lba`, a MAP_DIR of
+    /// the directory block starting at `lba`, or a MAP_TABLE of the
+    /// directory slot `lba / MAP_PAGE_BLOCKS` (lz4 payloads; they map no
+    /// block: the lba only names the page, block or table, for scans).
     pub fn map_meta(kind: RecordKind, lba: u64) -> Shape {
-        assert!(matches!(kind, RecordKind::MapChunk | RecordKind::MapDir));
+        assert!(matches!(
+            kind,
+            RecordKind::MapChunk | RecordKind::MapDir | RecordKind::MapTable
+        ));
         Shape::meta(kind, CodecTag::Lz4).at(lba, 0)
     }
 
@@ -95,7 +99,7 @@ impl Shape {
             RecordKind::Synced => assert!(payload_len == SYNCED_PAYLOAD_BYTES),
             RecordKind::Epoch => assert!(payload_len == 0),
             RecordKind::MapChunk | RecordKind::CkptCommit => assert!(payload_len > 0),
-            RecordKind::MapDir => {}
+            RecordKind::MapDir | RecordKind::MapTable => {}
         }
         if self.kind != RecordKind::Data {
             assert!(
@@ -116,6 +120,7 @@ impl Shape {
                 | RecordKind::Synced
                 | RecordKind::MapChunk
                 | RecordKind::MapDir
+                | RecordKind::MapTable
                 | RecordKind::CkptCommit
         ) {
             assert!(self.nblocks == 0, "{:?} covers no blocks", self.kind);

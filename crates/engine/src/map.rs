@@ -129,10 +129,19 @@ pub struct BlockMap {
     allocated_count: usize,
     counts: CacheCounts,
     blocks: u64,
+    /// Directory slots after the pages' that name the persisted liveness
+    /// tables (`liveness::tables`), none in maps of scans and tests.
+    tables: usize,
 }
 
 impl BlockMap {
     pub fn new(blocks: u64) -> BlockMap {
+        BlockMap::with_tables(blocks, 0)
+    }
+
+    /// The map of a volume: its `blocks` and `tables` directory slots for
+    /// liveness tables after its pages'.
+    pub fn with_tables(blocks: u64, tables: usize) -> BlockMap {
         let npages = (blocks as usize).div_ceil(PAGE_BLOCKS);
         let words = npages.div_ceil(64);
         BlockMap {
@@ -140,7 +149,9 @@ impl BlockMap {
             allocated: vec![0; words],
             dirty: vec![0; words],
             dirty_count: 0,
-            dirs: (0..npages.div_ceil(DIR_SLOTS)).map(|_| None).collect(),
+            dirs: (0..(npages + tables).div_ceil(DIR_SLOTS))
+                .map(|_| None)
+                .collect(),
             retired: Vec::new(),
             clock: VecDeque::new(),
             touched: vec![0; words],
@@ -148,7 +159,36 @@ impl BlockMap {
             allocated_count: 0,
             counts: CacheCounts::default(),
             blocks,
+            tables,
         }
+    }
+
+    /// Directory slots for liveness tables.
+    pub fn tables(&self) -> usize {
+        self.tables
+    }
+
+    /// The directory slot of table `t`.
+    fn table_slot(&self, t: usize) -> usize {
+        assert!(t < self.tables, "table {t} of {}", self.tables);
+        self.pages.len() + t
+    }
+
+    /// Table `t`'s record, if it has one.
+    pub fn table_ref(&self, t: usize) -> Option<PageRef> {
+        self.page_ref(self.table_slot(t))
+    }
+
+    /// Names `r` as table `t`'s record (None: it has none), retiring the
+    /// one named before.
+    pub fn set_table_ref(&mut self, t: usize, r: Option<PageRef>) {
+        self.set_ref(self.table_slot(t), r);
+    }
+
+    /// The table whose directory slot is `slot`, if it is one.
+    pub fn table_of_slot(&self, slot: u64) -> Option<usize> {
+        let t = usize::try_from(slot).ok()?.checked_sub(self.pages.len())?;
+        (t < self.tables).then_some(t)
     }
 
     pub fn blocks(&self) -> u64 {
@@ -498,11 +538,6 @@ impl BlockMap {
     /// `take_dirty_dirs`).
     pub fn dir_records(&self) -> Option<Vec<PageRef>> {
         self.dirs.iter().flatten().map(|d| d.record).collect()
-    }
-
-    /// Directory blocks holding pages.
-    pub fn dir_blocks(&self) -> usize {
-        self.dirs.iter().flatten().count()
     }
 
     /// The first `n` records retired (the oldest).

@@ -2,17 +2,27 @@
 //! chain of records (seq + 1, same epoch or a newer EPOCH record) through the
 //! segments written after it. See docs/FORMAT.md "Recovery".
 pub use crate::error::{RecoveryError, ShortRollForward, SuperblockCopyError};
+use crate::liveness::LoadedTables;
 use crate::map::{BlockMap, Page, PageSource};
 pub use crate::records::{walk_segment, SegmentWalk};
 use cvol_format::checkpoint::{decode_runs, ChunkRef, CommitPayload, DirPayload, PageRef};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::pointer::POINTER_BYTES;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::tables::{table_count, TableGroup, TableRoot};
 use cvol_format::{
     align_up, CheckpointPointer, CodecTag, EntryState, MapEntry, Superblock, SECTOR_SIZE_BYTES,
 };
 use cvol_storage::Storage;
 use std::collections::HashMap;
+
+/// An empty map of the volume, with directory slots for its tables.
+pub fn volume_map(sb: &Superblock) -> BlockMap {
+    BlockMap::with_tables(
+        sb.logical_blocks(),
+        table_count(sb.segment_count()) as usize,
+    )
+}
 
 /// Most blocks one DATA record may hold (a 64 KiB compression unit).
 pub const DATA_UNIT_BLOCKS_MAX: u32 = cvol_format::record::UNIT_BLOCKS_MAX;
@@ -43,6 +53,8 @@ pub struct Recovered {
     pub rolled_segments: Vec<u64>,
     /// What a salvage (`cvol check --repair`) could not save.
     pub salvage: Option<Salvage>,
+    /// The liveness tables the checkpoint persisted, if it named them all.
+    pub(crate) tables: Option<LoadedTables>,
 }
 
 /// What `salvage` could not save.
@@ -127,7 +139,7 @@ pub fn read_pointers(storage: &dyn Storage) -> [Option<CheckpointPointer>; 2] {
 pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, RecoveryError> {
     let index = first_record_index(storage, sb)?;
     let start = log_start(&index).ok_or(RecoveryError::NoLogStart)?;
-    let mut map = BlockMap::new(sb.logical_blocks());
+    let mut map = volume_map(sb);
     let r = roll_forward(storage, sb, &mut map, start, &index, &HashMap::new())?;
     Ok(Recovered { map, ..r })
 }
@@ -343,6 +355,21 @@ impl Source {
 /// checkpoints existed but none is usable, or when the result would end
 /// below a certified seq (`cvol check --repair` salvages then).
 pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, RecoveryError> {
+    recover_with(storage, sb, false)
+}
+
+/// `recover`, leaving the checkpoint's map pages on disk (each read once
+/// to verify it, then dropped): the volume faults them in as it needs
+/// them. Roll-forward faults in the pages it changes.
+pub fn recover_lazy(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, RecoveryError> {
+    recover_with(storage, sb, true)
+}
+
+fn recover_with(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    lazy: bool,
+) -> Result<Recovered, RecoveryError> {
     let mut warnings = Vec::new();
     let ptrs = pointers_newest_first(storage);
     // A slot that holds bytes but does not decode was damaged (create
@@ -366,6 +393,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Reco
         sb,
         index: &index,
         known: &known,
+        lazy,
         certified,
         warnings,
         scan: None,
@@ -386,7 +414,7 @@ fn replay_without_checkpoint(
     warnings: Vec<String>,
 ) -> Result<Recovered, RecoveryError> {
     let start = log_start(index).ok_or(RecoveryError::NeverInitialised)?;
-    let mut map = BlockMap::new(sb.logical_blocks());
+    let mut map = volume_map(sb);
     let r = roll_forward(storage, sb, &mut map, start, index, known)?;
     if let Some(certified) = certified_beyond(storage, sb, &r, index) {
         return Err(RecoveryError::ChainEndsBeforeCertified {
@@ -415,6 +443,8 @@ struct CheckpointSearch<'a> {
     sb: &'a Superblock,
     index: &'a HashMap<u64, Vec<u64>>,
     known: &'a HashMap<u64, (u64, u32, u32)>,
+    /// Leave map pages on disk (`recover_lazy`).
+    lazy: bool,
     /// The highest certified seq known so far (the pointers'; the whole
     /// log's once it has been scanned).
     certified: Certified,
@@ -490,7 +520,7 @@ impl CheckpointSearch<'_> {
     ) -> Result<Option<Recovered>, RecoveryError> {
         let (storage, sb) = (self.storage, self.sb);
         let what = source.name(p);
-        let (mut map, start) = match load_checkpoint(storage, sb, p) {
+        let (mut map, start, tables) = match load_checkpoint(storage, sb, p, self.lazy) {
             Ok(x) => x,
             Err(e) => {
                 self.warnings.push(format!("{what} unusable: {e}"));
@@ -530,6 +560,7 @@ impl CheckpointSearch<'_> {
             map,
             checkpoint_generation: p.generation,
             warnings: std::mem::take(&mut self.warnings),
+            tables,
             ..r
         }))
     }
@@ -649,7 +680,12 @@ fn verify_map_records(
 ) -> Result<(), String> {
     let mut seen: HashMap<u64, Option<RecordHeader>> = HashMap::new();
     let mut bad = None;
-    map.for_each_mapped(|lba, e| {
+    let src = LogPages {
+        storage,
+        sb,
+        buffered: None,
+    };
+    map.scan(Some(&src), |lba, e| {
         if bad.is_some() {
             return;
         }
@@ -664,7 +700,7 @@ fn verify_map_records(
                 bad = Some(format!("lba {lba} names no intact record at byte {offset}"));
             }
         }
-    });
+    })?;
     bad.map_or(Ok(()), Err)
 }
 
@@ -784,7 +820,7 @@ pub fn rebuild_from_log(
         .filter(|r| r.header.kind == RecordKind::Data)
         .map(|r| (sb.segment_offset(r.segment) + r.at as u64, &r.header))
         .collect();
-    let mut map = BlockMap::new(sb.logical_blocks());
+    let mut map = volume_map(sb);
     let mut needed: HashMap<u64, u64> = HashMap::new();
     let (mut applied, mut dropped_refs) = (0u64, Vec::new());
     for r in &recs {
@@ -832,6 +868,7 @@ pub fn rebuild_from_log(
         skipped: Vec::new(),
         salvage: None,
         rolled_segments: Vec::new(),
+        tables: None,
     })
 }
 
@@ -888,7 +925,7 @@ fn load_checkpoint_partial(
     if commit.logical_blocks != sb.logical_blocks() {
         return Err("checkpoint is for another logical size".into());
     }
-    let loaded = load_commit_map(storage, sb, p, &commit, true)?;
+    let loaded = load_commit_map(storage, sb, p, &commit, Load::Partial)?;
     let mut checkpoint_segments = HashMap::new();
     for &(off, seq) in &loaded.records {
         if let Some((seg, _)) = sb.locate(off) {
@@ -950,9 +987,21 @@ fn checkpoint_start(
     })
 }
 
+/// How to read a checkpoint's map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Load {
+    /// Every record must read; `lazy`: pages are verified, not kept.
+    Whole { lazy: bool },
+    /// A damaged record loses the LBAs it held (`lost_spans`) instead of
+    /// failing the load.
+    Partial,
+}
+
 /// A checkpoint's map, read from the records its commit names.
 struct LoadedMap {
     map: BlockMap,
+    /// Its liveness tables, if it names a root and every table reads.
+    tables: Option<LoadedTables>,
     /// LBA spans whose entries were in damaged records (partial loads).
     lost_spans: Vec<(u64, u64)>,
     /// (offset, seq) of the records read: segments recovery needs.
@@ -961,22 +1010,23 @@ struct LoadedMap {
 
 /// Reads the map a commit names: MAP_CHUNKs of runs (the whole map), or
 /// MAP_DIRs and the page records they name (a paged map), told apart by
-/// the kind of the first record that reads. `partial`: a damaged record
-/// loses the LBAs it held (`lost_spans`) instead of failing the load.
+/// the kind of the first record that reads.
 fn load_commit_map(
     storage: &dyn Storage,
     sb: &Superblock,
     p: &CheckpointPointer,
     commit: &CommitPayload,
-    partial: bool,
+    load: Load,
 ) -> Result<LoadedMap, String> {
+    let partial = load == Load::Partial;
     let kind = commit
         .chunks
         .iter()
         .find_map(|c| read_record(storage, sb, c.offset, c.len).ok())
         .map(|(h, _)| h.kind);
     let mut loaded = LoadedMap {
-        map: BlockMap::new(sb.logical_blocks()),
+        map: volume_map(sb),
+        tables: None,
         lost_spans: Vec::new(),
         records: Vec::new(),
     };
@@ -984,7 +1034,7 @@ fn load_commit_map(
         None if commit.chunks.is_empty() => {}
         None if partial => loaded.lost_spans.push((0, sb.logical_blocks())),
         None => return Err("no map record of the checkpoint reads".into()),
-        Some(RecordKind::MapDir) => load_paged(storage, sb, commit, partial, &mut loaded)?,
+        Some(RecordKind::MapDir) => load_paged(storage, sb, commit, load, &mut loaded)?,
         Some(_) => load_flat(storage, sb, p.commit_seq, commit, partial, &mut loaded)?,
     }
     Ok(loaded)
@@ -1059,12 +1109,15 @@ fn load_paged(
     storage: &dyn Storage,
     sb: &Superblock,
     commit: &CommitPayload,
-    partial: bool,
+    load: Load,
     loaded: &mut LoadedMap,
 ) -> Result<(), String> {
+    let partial = load == Load::Partial;
     let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
+    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
     let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
     let mut dirs = Vec::new();
+    let mut tables: Vec<(usize, PageRef)> = Vec::new();
     for c in &commit.chunks {
         let (b, r, pages) = match read_dir(storage, sb, c) {
             Ok(d) if dirs.last().is_none_or(|&(last, _)| last < d.0) => d,
@@ -1077,40 +1130,105 @@ fn load_paged(
         };
         loaded.records.push((r.offset, r.seq));
         dirs.push((b, r));
-        let first = b as u64 * block_blocks;
-        spans.push(Some(Some((
-            first,
-            (first + block_blocks).min(sb.logical_blocks()),
-        ))));
+        let first = (b as u64 * block_blocks).min(sb.logical_blocks());
+        let end = (first + block_blocks).min(sb.logical_blocks());
+        spans.push(Some(Some((first, end))));
         for (p, r) in pages {
             loaded.records.push((r.offset, r.seq));
-            let src = LogPages {
-                storage,
-                sb,
-                buffered: None,
-            };
-            let page = src.load(p, &r).and_then(|v| {
-                Page::from_entries(p, &v).ok_or("a page record of another page".into())
-            });
-            match page {
-                Ok(page) => loaded.map.install_loaded(p as usize, page, r),
-                Err(e) if !partial => return Err(format!("map page {p}: {e}")),
-                Err(_) => {
-                    let first = p * MAP_PAGE_BLOCKS;
-                    let end = (first + MAP_PAGE_BLOCKS).min(sb.logical_blocks());
-                    loaded.lost_spans.push((first, end));
+            if p >= npages {
+                tables.push(((p - npages) as usize, r));
+                continue;
+            }
+            if let Err(e) = load_page(storage, sb, p, r, load, &mut loaded.map) {
+                if !partial {
+                    return Err(format!("map page {p}: {e}"));
                 }
+                let first = p * MAP_PAGE_BLOCKS;
+                let end = (first + MAP_PAGE_BLOCKS).min(sb.logical_blocks());
+                loaded.lost_spans.push((first, end));
             }
         }
     }
+    for &(t, r) in &tables {
+        loaded.map.set_table_ref(t, Some(r));
+    }
     for (b, r) in dirs {
         loaded.map.install_dir_record(b, r);
+    }
+    if !partial {
+        loaded.tables = read_tables(storage, sb, &tables)
+            .map_err(|e| tracing::warn!("liveness tables unusable ({e}): rebuilt from the map"))
+            .ok()
+            .flatten();
     }
     loaded
         .lost_spans
         .extend(damaged_spans(&spans, sb.logical_blocks()));
     loaded.lost_spans.sort_unstable();
     Ok(())
+}
+
+/// Reads page `p`'s record `r` into `map`: whole, or (lazy) verified and
+/// left on disk.
+fn load_page(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    p: u64,
+    r: PageRef,
+    load: Load,
+    map: &mut BlockMap,
+) -> Result<(), String> {
+    if load == (Load::Whole { lazy: true }) {
+        let (h, _) = read_record(storage, sb, r.offset, r.len)?;
+        if h.kind != RecordKind::MapChunk || h.crc != r.crc || h.lba != p * MAP_PAGE_BLOCKS {
+            return Err("not the record the directory names".into());
+        }
+        map.install_unread(p as usize, r);
+        return Ok(());
+    }
+    let src = LogPages {
+        storage,
+        sb,
+        buffered: None,
+    };
+    let page = src.load(p, &r).and_then(|v| {
+        Page::from_entries(p, &v).ok_or_else(|| "a page record of another page".to_string())
+    })?;
+    map.install_loaded(p as usize, page, r);
+    Ok(())
+}
+
+/// The liveness tables a directory names (by table index), if it names a
+/// root: None without one (a checkpoint whose tables were incomplete, or
+/// of an older cvol).
+fn read_tables(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    tables: &[(usize, PageRef)],
+) -> Result<Option<LoadedTables>, String> {
+    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+    let mut root = None;
+    let mut groups = Vec::new();
+    for &(t, r) in tables {
+        let (h, rec) = read_record(storage, sb, r.offset, r.len)?;
+        let slot = npages + t as u64;
+        if h.kind != RecordKind::MapTable || h.crc != r.crc || h.lba != slot * MAP_PAGE_BLOCKS {
+            return Err(format!("table {t}: not the record the directory names"));
+        }
+        if h.codec != CodecTag::Lz4 {
+            return Err(format!("table {t}: codec {:?}", h.codec));
+        }
+        let raw = lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
+            .map_err(|e| format!("table {t}: {e}"))?;
+        let segments = sb.segment_count();
+        if t == 0 {
+            root = Some(TableRoot::decode(&raw, segments).map_err(|e| e.to_string())?);
+        } else {
+            let g = TableGroup::decode(&raw, t as u64 - 1, segments);
+            groups.push(g.map_err(|e| format!("table {t}: {e}"))?);
+        }
+    }
+    Ok(root.map(|root| LoadedTables { root, groups }))
 }
 
 /// A directory block read: its index, its record, the pages it lists.
@@ -1127,7 +1245,9 @@ fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirR
             c.offset
         ));
     }
-    if h.lba >= sb.logical_blocks() {
+    // Directory slots: the map's pages, then its tables.
+    let slots = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS) + table_count(sb.segment_count());
+    if h.lba / MAP_PAGE_BLOCKS >= slots {
         return Err(format!("map directory at {} beyond the volume", c.offset));
     }
     let raw = match h.codec {
@@ -1138,8 +1258,7 @@ fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirR
     };
     let block = h.lba / block_blocks;
     let d = DirPayload::decode(&raw, block).map_err(|e| e.to_string())?;
-    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
-    if d.pages.last().is_some_and(|&(p, _)| p >= npages) {
+    if d.pages.last().is_some_and(|&(p, _)| p >= slots) {
         return Err("map directory names a page beyond the volume".into());
     }
     let r = PageRef {
@@ -1491,6 +1610,7 @@ impl SalvageCursor {
             RecordKind::Epoch => self.epoch = self.epoch.max(h.epoch),
             RecordKind::MapChunk
             | RecordKind::MapDir
+            | RecordKind::MapTable
             | RecordKind::CkptCommit
             | RecordKind::Synced => {}
         }
@@ -1544,6 +1664,7 @@ impl SalvageCursor {
             skipped: Vec::new(),
             rolled_segments: Vec::new(),
             salvage: Some(salvage),
+            tables: None,
         };
         SalvageWalk {
             recovered,
@@ -1655,7 +1776,7 @@ fn salvage_from(
     let log_base = || -> Result<Option<SalvageBase>, RecoveryError> {
         let index = first_record_index(storage, sb)?;
         Ok(log_start(&index).map(|start| SalvageBase {
-            map: BlockMap::new(sb.logical_blocks()),
+            map: volume_map(sb),
             start,
             lost_spans: Vec::new(),
             what: "start of the log (seq 1)".into(),
@@ -1974,16 +2095,24 @@ impl<'a> Chain<'a> {
         assert!(at + h.total_len() <= self.buf.len() && h.seq == self.expected);
         let offset = self.sb.segment_offset(self.segment) + at as u64;
         let payload = &self.buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
-        apply(map, self.sb, h, offset, payload).map_err(|detail| RecoveryError::BadRecord {
+        let bad = |detail| RecoveryError::BadRecord {
             seq: h.seq,
             offset,
             detail,
-        })?;
+        };
+        if changes_map(h.kind) {
+            // A lazily loaded map: the pages it changes come into memory.
+            let src = LogPages {
+                storage: self.storage,
+                sb: self.sb,
+                buffered: None,
+            };
+            let end = h.lba.saturating_add(u64::from(h.nblocks));
+            map.fault_in(h.lba, end, &src).map_err(bad)?;
+        }
+        apply(map, self.sb, h, offset, payload).map_err(bad)?;
         self.replayed += 1;
-        self.map_records += u64::from(matches!(
-            h.kind,
-            RecordKind::Data | RecordKind::Zero | RecordKind::Trim | RecordKind::Ref
-        ));
+        self.map_records += u64::from(changes_map(h.kind));
         let m = self.needed.entry(self.segment).or_insert(0);
         *m = (*m).max(h.seq);
         self.pos = at + h.total_len();
@@ -2070,8 +2199,17 @@ impl<'a> Chain<'a> {
             skipped: self.skipped,
             salvage: None,
             rolled_segments: self.rolled_segments,
+            tables: None,
         }
     }
+}
+
+/// Does replaying a record of this kind change the map?
+fn changes_map(kind: RecordKind) -> bool {
+    matches!(
+        kind,
+        RecordKind::Data | RecordKind::Zero | RecordKind::Trim | RecordKind::Ref
+    )
 }
 
 /// Applies one verified record's effect on the map.
@@ -2128,6 +2266,7 @@ pub fn apply(
         RecordKind::Epoch
         | RecordKind::MapChunk
         | RecordKind::MapDir
+        | RecordKind::MapTable
         | RecordKind::CkptCommit
         | RecordKind::Synced => Ok(()),
     }
@@ -2210,7 +2349,8 @@ fn load_checkpoint(
     storage: &dyn Storage,
     sb: &Superblock,
     p: &CheckpointPointer,
-) -> Result<(BlockMap, Start), String> {
+    lazy: bool,
+) -> Result<(BlockMap, Start, Option<LoadedTables>), String> {
     let (h, rec) = read_record(storage, sb, p.commit_offset, p.commit_len)?;
     if h.kind != RecordKind::CkptCommit || h.seq != p.commit_seq || h.epoch != p.commit_epoch {
         return Err("pointer does not name its commit record".into());
@@ -2219,7 +2359,7 @@ fn load_checkpoint(
     if commit.logical_blocks != sb.logical_blocks() {
         return Err("checkpoint is for another logical size".into());
     }
-    let loaded = load_commit_map(storage, sb, p, &commit, false)?;
+    let loaded = load_commit_map(storage, sb, p, &commit, Load::Whole { lazy })?;
     let mut checkpoint_segments = HashMap::new();
     let records = loaded.records.iter().copied();
     for (off, seq) in records.chain([(p.commit_offset, p.commit_seq)]) {
@@ -2228,9 +2368,8 @@ fn load_checkpoint(
             *m = seq.max(*m);
         }
     }
-    let map = loaded.map;
     let start = checkpoint_start(sb, p, &commit, checkpoint_segments)?;
-    Ok((map, start))
+    Ok((loaded.map, start, loaded.tables))
 }
 
 /// A data entry must point inside one segment of the data area.

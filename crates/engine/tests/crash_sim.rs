@@ -230,6 +230,8 @@ struct Coverage {
     units_written: u64,
     recompressed_blocks: u64,
     idle_clean_passes: u64,
+    /// Opens that took the tables a checkpoint persisted.
+    tables_loaded: u64,
 }
 
 impl Coverage {
@@ -243,6 +245,7 @@ impl Coverage {
             units_written,
             recompressed_blocks,
             idle_clean_passes,
+            tables_loaded,
         } = o;
         self.cleaner_records_moved += cleaner_records_moved;
         self.cut_mid_run += cut_mid_run;
@@ -252,6 +255,7 @@ impl Coverage {
         self.units_written += units_written;
         self.recompressed_blocks += recompressed_blocks;
         self.idle_clean_passes += idle_clean_passes;
+        self.tables_loaded += tables_loaded;
     }
 }
 
@@ -314,10 +318,23 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             "seed {seed} cycle {cycle}: check found {:?}",
             rep.errors
         );
+        cov.tables_loaded += u64::from(reopened.opened_from_tables());
         model.reset_to(image);
         vol = reopened;
         store = crashed;
     }
+    // A clean close and reopen: open takes the liveness tables the close's
+    // checkpoint persisted, which must equal what the map gives.
+    vol.close()
+        .unwrap_or_else(|e| panic!("seed {seed}: close failed: {e}"));
+    drop(vol);
+    let reopened = Volume::open(Arc::new(store.clone()), options())
+        .unwrap_or_else(|e| panic!("seed {seed}: clean reopen failed: {e}"));
+    cov.tables_loaded += u64::from(reopened.opened_from_tables());
+    reopened
+        .verify_refcounts()
+        .unwrap_or_else(|e| panic!("seed {seed}: after a clean reopen: {e}"));
+    verify(&reopened, &model, seed, 3);
 }
 
 #[test]
@@ -334,7 +351,8 @@ fn crash_simulation_seeds() {
     eprintln!(
         "{n} seeds: {} runs cut by a failing store, {} blocks rolled back to an older version, \
          {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits, \
-         {} units written, {} blocks recompressed, {} idle cleaning passes",
+         {} units written, {} blocks recompressed, {} idle cleaning passes, \
+         {} opens from persisted tables",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
@@ -342,7 +360,8 @@ fn crash_simulation_seeds() {
         cov.dedup_hits,
         cov.units_written,
         cov.recompressed_blocks,
-        cov.idle_clean_passes
+        cov.idle_clean_passes,
+        cov.tables_loaded
     );
     // The simulation must actually lose unflushed data sometimes, or it tests nothing.
     assert!(cov.cut_mid_run > n / 2 && cov.blocks_rolled_back > 0 && cov.blocks_kept_unflushed > 0);
@@ -356,6 +375,11 @@ fn crash_simulation_seeds() {
     assert!(
         cov.idle_clean_passes > 0,
         "idle cleaning never moved anything"
+    );
+    assert!(
+        cov.tables_loaded > n / 2,
+        "opens rarely took persisted tables: {}",
+        cov.tables_loaded
     );
 }
 

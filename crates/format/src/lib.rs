@@ -18,6 +18,7 @@ pub mod mapentry;
 pub mod pointer;
 pub mod record;
 pub mod superblock;
+pub mod tables;
 
 pub use mapentry::{EntryState, MapEntry};
 pub use pointer::CheckpointPointer;

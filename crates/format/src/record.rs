@@ -81,6 +81,9 @@ pub enum RecordKind {
     /// A block of the paged map's directory: where the MAP_CHUNK record of
     /// each map page in its range is (`checkpoint::DirPayload`).
     MapDir = 9,
+    /// A persisted liveness table (`tables`): the root or a group of
+    /// segments, named in the map directory after the map's pages.
+    MapTable = 10,
 }
 
 impl RecordKind {
@@ -95,6 +98,7 @@ impl RecordKind {
             7 => RecordKind::Ref,
             8 => RecordKind::Synced,
             9 => RecordKind::MapDir,
+            10 => RecordKind::MapTable,
             _ => return Err(FormatError::UnknownKind(v)),
         })
     }

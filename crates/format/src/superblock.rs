@@ -53,7 +53,12 @@ pub const FLAG_RESUME_AT_SNAPSHOT: u32 = 4;
 /// per map page, shared by every checkpoint until the page changes):
 /// binaries that predate it refuse the volume instead of misreading it.
 pub const FLAG_PAGED_MAP: u32 = 8;
-const FLAGS_KNOWN: u32 = FLAG_DEDUP | FLAG_AUTO_CODEC | FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP;
+/// The map directory may name MAP_TABLE records (persisted liveness tables,
+/// `tables`) in slots after the map's pages: binaries that predate them
+/// refuse the volume instead of misreading its directory.
+pub const FLAG_SEG_TABLES: u32 = 16;
+const FLAGS_KNOWN: u32 =
+    FLAG_DEDUP | FLAG_AUTO_CODEC | FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP | FLAG_SEG_TABLES;
 
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;

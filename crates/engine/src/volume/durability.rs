@@ -5,6 +5,7 @@
 //! once that is safe. The argument is in docs/FORMAT.md.
 use super::{space, State, Volume};
 use crate::error::VolError;
+use crate::liveness::TableSnapshot;
 use crate::log::{Placed, Shape};
 use crate::map::Page;
 use cvol_format::checkpoint::{
@@ -201,10 +202,12 @@ impl Volume {
         let mut snap = self.checkpoint_snapshot()?;
         let pages = std::mem::take(&mut snap.pages);
         let npages = pages.len();
-        let page_bytes = self.append_pages(pages, between)?;
+        let tables = encode_tables(std::mem::take(&mut snap.tables));
+        let page_bytes = self.append_pages(pages, &tables, between)?;
+        let table_bytes = self.append_tables(tables)?;
         let _f = self.lock_flush()?;
         let (ptr, retired) = self.append_commit(&snap)?;
-        let bytes = page_bytes + u64::from(ptr.commit_len);
+        let bytes = page_bytes + table_bytes + u64::from(ptr.commit_len);
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         self.publish(&ptr)?;
         {
@@ -251,6 +254,7 @@ impl Volume {
         st.map_records_moved = false;
         Ok(CheckpointSnapshot {
             pages: st.live.dirty_pages(),
+            tables: st.live.table_snapshot(),
             seq,
             resume: Resume {
                 segment: st.log.segment,
@@ -269,13 +273,18 @@ impl Volume {
     fn append_pages(
         &self,
         pages: Vec<(usize, Arc<Page>)>,
+        tables: &[(usize, u64, Vec<u8>)],
         between: impl FnOnce(),
     ) -> Result<u64, VolError> {
         // Refuse before appending anything: a half-written checkpoint only
         // wastes space. (Client writes appended meanwhile leave the reserve,
         // room for a whole checkpoint, free.)
-        let bounds: Vec<usize> = pages.iter().map(|(_, p)| page_payload_bound(p)).collect();
-        let named = self.lock_state()?.live.map().allocated_pages() as u64;
+        let mut bounds: Vec<usize> = pages.iter().map(|(_, p)| page_payload_bound(p)).collect();
+        bounds.extend(tables.iter().map(|(_, _, payload)| payload.len()));
+        let named = {
+            let st = self.lock_state()?;
+            (st.live.map().allocated_pages() + st.live.map().tables()) as u64
+        };
         let need = space::checkpoint_append_bytes(&bounds, named, self.sb.segment_size_bytes);
         if self.lock_state()?.log.free_bytes() < need {
             return Err(VolError::NoSpace);
@@ -316,6 +325,25 @@ impl Volume {
         }
         if unsynced > 0 {
             self.guard(self.storage.sync().map_err(VolError::Io))?;
+        }
+        Ok(total)
+    }
+
+    /// Appends the table records (`encode_tables`), each named as its
+    /// table's record at once; returns the bytes appended.
+    fn append_tables(&self, tables: Vec<(usize, u64, Vec<u8>)>) -> Result<u64, VolError> {
+        let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+        let mut total = 0u64;
+        for batch in tables.chunks(PAGES_PER_HOLD) {
+            let mut st = self.lock_state()?;
+            self.check_writable()?;
+            for (t, stamp, payload) in batch {
+                let lba = (npages + *t as u64) * MAP_PAGE_BLOCKS;
+                let shape = Shape::map_meta(RecordKind::MapTable, lba);
+                let placed = self.append(&mut st, shape, payload)?;
+                st.live.table_written(*t, *stamp, page_ref(&placed));
+                total += u64::from(placed.len);
+            }
         }
         Ok(total)
     }
@@ -409,12 +437,24 @@ impl Volume {
 struct CheckpointSnapshot {
     /// The dirty map pages, by page index.
     pages: Vec<(usize, Arc<Page>)>,
+    /// The changed liveness tables.
+    tables: TableSnapshot,
     /// The last seq the map reflects.
     seq: u64,
     /// The log head then: record `seq + 1` is there or later.
     resume: Resume,
     /// Segments reusable once this checkpoint is durable.
     candidates: Vec<u64>,
+}
+
+/// The table records a checkpoint appends, lz4-compressed (outside the
+/// state lock): (table, stamp, payload), the root first (stamp 0).
+fn encode_tables(t: TableSnapshot) -> Vec<(usize, u64, Vec<u8>)> {
+    let root = t.root.map(|raw| (0, 0, raw));
+    root.into_iter()
+        .chain(t.groups)
+        .map(|(t, stamp, raw)| (t, stamp, lz4_flex::block::compress_prepend_size(&raw)))
+        .collect()
 }
 
 fn page_ref(p: &Placed) -> PageRef {

@@ -18,7 +18,7 @@ use crate::recovery::{self, Recovered};
 use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::superblock::{
-    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT,
+    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES,
 };
 use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};
 use cvol_format::{BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES, SECTOR_SIZE_BYTES};
@@ -81,7 +81,8 @@ fn new_superblock(c: &CreateOptions) -> Superblock {
         flags: flag(c.dedup, FLAG_DEDUP)
             | flag(c.codec.is_auto(), FLAG_AUTO_CODEC)
             | FLAG_RESUME_AT_SNAPSHOT
-            | FLAG_PAGED_MAP,
+            | FLAG_PAGED_MAP
+            | FLAG_SEG_TABLES,
     }
 }
 
@@ -153,12 +154,13 @@ impl Volume {
 
     /// Marks a volume made before checkpoints resumed at their snapshot
     /// (`FLAG_RESUME_AT_SNAPSHOT`) or wrote a paged map (`FLAG_PAGED_MAP`)
-    /// before this open writes one, so that older binaries refuse it
-    /// rather than misread its commits. Each superblock copy is rewritten
+    /// with liveness tables (`FLAG_SEG_TABLES`) before this open writes
+    /// one, so that older binaries refuse it rather than misread its
+    /// commits. Each superblock copy is rewritten
     /// whole (a sector-atomic write each); either copy, old or new, opens
     /// the volume here.
     fn upgrade_superblock(&mut self) -> Result<(), VolError> {
-        const NEW: u32 = FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP;
+        const NEW: u32 = FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP | FLAG_SEG_TABLES;
         if self.sb.flags & NEW == NEW {
             return Ok(());
         }
@@ -172,7 +174,7 @@ impl Volume {
                 .and_then(|()| self.storage.sync());
             self.guard(r.map_err(VolError::Io))?;
         }
-        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot (format flags 4, 8)");
+        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness tables (format flags 4, 8, 16)");
         self.sb = sb;
         Ok(())
     }
@@ -220,6 +222,13 @@ impl Volume {
             sb,
             options,
         }
+    }
+
+    /// Whether open took the liveness tables the checkpoint persisted
+    /// (no map change to replay) instead of rebuilding them from the map.
+    #[doc(hidden)]
+    pub fn opened_from_tables(&self) -> bool {
+        self.lock_state().is_ok_and(|st| st.live.loaded_tables())
     }
 
     /// Flushes and checkpoints (a clean close). Safe to call more than once.
@@ -298,7 +307,7 @@ fn recover(
     let (sb, warnings) = recovery::read_superblock(storage).map_err(OpenError::Superblock)?;
     warnings.iter().for_each(|w| tracing::warn!("{w}"));
     let repair = options.rebuild_from_log && !options.read_only;
-    let r = match recovery::recover(storage, &sb) {
+    let r = match recovery::recover_lazy(storage, &sb) {
         // Repair reads the whole log: flushed records the chain cannot
         // reach (a segment whose start was erased) are salvaged too.
         Ok(r) if repair => salvage_if_short(storage, &sb, r)?,
@@ -365,6 +374,39 @@ fn log_recovered(r: &Recovered) {
     }
 }
 
+/// The recovered map with its liveness tables: those the checkpoint
+/// persisted when no map change was replayed since, else rebuilt from the
+/// whole map (its pages read from the log one at a time, not kept).
+fn recovered_tables(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    map: crate::map::BlockMap,
+    tables: Option<liveness::LoadedTables>,
+    needed: &std::collections::HashMap<u64, u64>,
+    head: Option<(u64, u64)>,
+    replayed: u64,
+) -> Result<(LiveMap, crate::segments::SegmentTable), VolError> {
+    let mut map = map;
+    if let Some(t) = tables.filter(|_| replayed == 0) {
+        match LiveMap::from_tables(sb, map, t, needed, head) {
+            Ok(x) => return Ok(x),
+            Err(back) => {
+                let (m, e) = *back;
+                tracing::warn!("liveness tables unusable ({e}): rebuilt from the map");
+                map = m;
+            }
+        }
+    }
+    let src = recovery::LogPages {
+        storage,
+        sb,
+        buffered: None,
+    };
+    let tables = liveness::rebuild(sb, &map, Some(&src), needed, head)
+        .map_err(|detail| VolError::Corrupt { lba: 0, detail })?;
+    Ok(LiveMap::recovered(sb, map, tables, replayed))
+}
+
 /// The state of a recovered volume: the map with its tables rebuilt, the
 /// log head after the chain's last record (its segment read back into the
 /// buffer).
@@ -379,9 +421,15 @@ fn recovered_state(
         "the chain ends inside a segment"
     );
     let head = Some((r.segment, r.last_seq));
-    let tables = liveness::rebuild(sb, &r.map, None, &r.needed_segments, head)
-        .expect("a recovered map is whole in memory");
-    let (live, segs) = LiveMap::recovered(sb, r.map, tables, r.replayed_map_records);
+    let (live, segs) = recovered_tables(
+        storage,
+        sb,
+        r.map,
+        r.tables,
+        &r.needed_segments,
+        head,
+        r.replayed_map_records,
+    )?;
     let mut log = Log::new(sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
     storage
         .read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end])

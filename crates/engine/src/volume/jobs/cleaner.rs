@@ -318,6 +318,15 @@ impl Volume {
                     }
                     named
                 }
+                RecordKind::MapTable => {
+                    let map = st.live.map();
+                    let t = map.table_of_slot(h.lba / MAP_PAGE_BLOCKS);
+                    let named = t.filter(|&t| map.table_ref(t).is_some_and(|r| r.offset == offset));
+                    if let Some(t) = named {
+                        st.live.table_moved(t);
+                    }
+                    named.is_some()
+                }
                 _ => {
                     let b = (h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS)) as usize;
                     let named = st.live.map().dir_record_is(b, offset);
@@ -347,7 +356,12 @@ impl Volume {
         self.storage.read_at(base, &mut buf).map_err(VolError::Io)?;
         let walk = walk_segment(&buf, self.sb.volume_tag());
         let map_records = (walk.records.iter())
-            .filter(|(_, h)| matches!(h.kind, RecordKind::MapChunk | RecordKind::MapDir))
+            .filter(|(_, h)| {
+                matches!(
+                    h.kind,
+                    RecordKind::MapChunk | RecordKind::MapDir | RecordKind::MapTable
+                )
+            })
             .copied()
             .collect();
         let found = data_records(&buf, self.sb.volume_tag());

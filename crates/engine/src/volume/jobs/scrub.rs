@@ -692,11 +692,18 @@ impl Volume {
                         .map_err(|e| format!("directory: {e}"))?;
                     let block = h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS);
                     let dir = DirPayload::decode(&raw, block).map_err(|e| e.to_string())?;
+                    let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
                     for (p, r) in dir.pages {
+                        // Slots after the pages' name liveness tables.
+                        let kind = if p < npages {
+                            RecordKind::MapChunk
+                        } else {
+                            RecordKind::MapTable
+                        };
                         let page = read(r.offset, r.len).and_then(|b| {
                             let (h, _) =
                                 RecordHeader::decode_verified(&b).map_err(|e| e.to_string())?;
-                            if h.kind != RecordKind::MapChunk || h.crc != r.crc {
+                            if h.kind != kind || h.crc != r.crc {
                                 return Err(format!(
                                     "{:?} record with crc {:#010x}",
                                     h.kind, h.crc

@@ -1,0 +1,167 @@
+//! Persisted liveness tables (issue 16): a checkpoint saves the counters,
+//! the live bytes per segment and the shared table; an open with nothing
+//! to replay takes them instead of reading every map page, and they must
+//! equal what a rebuild from the whole map gives (`verify_refcounts`).
+mod common;
+use common::{BS, MIB};
+use cvol_engine::{OpenOptions, Volume, VolumeStats};
+use cvol_storage::SimStorage;
+use rand::{Rng, SeedableRng};
+
+/// Writes units (multi-block writes), dedup references (blocks written
+/// twice), single blocks, overwrites part of the units and trims some.
+fn mixed_workload(vol: &Volume, seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    // Units of 4 blocks: 64 of them.
+    for u in 0..64u64 {
+        let data = common::text(seed * 100_000 + u, 4 * BS);
+        vol.write_at(u * 4 * BS as u64, &data, false).unwrap();
+    }
+    // Dedup: blocks 1000.. repeat blocks 2000.. (each content twice or
+    // three times), single-block writes.
+    for i in 0..200u64 {
+        let data = common::text(seed * 100_000 + 50_000 + i % 70, BS);
+        vol.write_at((1000 + i) * BS as u64, &data, false).unwrap();
+    }
+    // Overwrite blocks inside units, trim others.
+    for _ in 0..40 {
+        let lba = rng.gen_range(0..256u64);
+        let data = common::text(rng.gen(), BS);
+        vol.write_at(lba * BS as u64, &data, false).unwrap();
+    }
+    vol.trim(300 * BS as u64, 40 * BS as u64, false).unwrap();
+    vol.trim(1050 * BS as u64, 20 * BS as u64, false).unwrap();
+    vol.flush().unwrap();
+}
+
+/// What `stat` reports about space and sharing, which the tables feed
+/// (not `physical_used_bytes`: an open appends its EPOCH record).
+fn space(s: &VolumeStats) -> (u64, u64, u64, u64, u64) {
+    (
+        s.mapped_bytes,
+        s.stored_bytes,
+        s.live_bytes,
+        s.dedup.dedup_shared_records,
+        s.dedup.dedup_saved_bytes,
+    )
+}
+
+fn image(vol: &Volume, blocks: u64) -> Vec<u8> {
+    let mut b = vec![0u8; blocks as usize * BS];
+    vol.read_at(0, &mut b).unwrap();
+    b
+}
+
+#[test]
+fn a_clean_reopen_takes_the_persisted_tables_and_they_match_the_map() {
+    let sim = SimStorage::new(48 * MIB);
+    let vol = common::create(&sim, &common::options(&sim, 16 * MIB));
+    mixed_workload(&vol, 1);
+    let img = image(&vol, 1400);
+    vol.close().unwrap();
+    let before = space(&vol.stats());
+    drop(vol);
+    let vol = common::open(&sim);
+    assert!(vol.opened_from_tables(), "nothing to replay: tables used");
+    vol.verify_refcounts().unwrap();
+    assert_eq!(space(&vol.stats()), before);
+    assert!(image(&vol, 1400) == img);
+    // And they go on being kept exact: more work, a second reopen.
+    mixed_workload(&vol, 2);
+    vol.close().unwrap();
+    let before = space(&vol.stats());
+    common::close_and_check(vol, &sim);
+    let vol = common::open(&sim);
+    assert!(vol.opened_from_tables());
+    vol.verify_refcounts().unwrap();
+    assert_eq!(space(&vol.stats()), before);
+}
+
+#[test]
+fn a_reopen_that_replays_the_log_rebuilds_the_tables() {
+    let sim = SimStorage::new(48 * MIB);
+    let vol = common::create(&sim, &common::options(&sim, 16 * MIB));
+    mixed_workload(&vol, 3);
+    vol.checkpoint().unwrap();
+    // Flushed after the checkpoint: roll-forward changes the map.
+    vol.write_at(7 * BS as u64, &common::text(77, BS), false)
+        .unwrap();
+    vol.flush().unwrap();
+    let img = image(&vol, 1400);
+    drop(vol);
+    let vol = common::open(&sim);
+    assert!(!vol.opened_from_tables(), "the log changed the map since");
+    vol.verify_refcounts().unwrap();
+    assert!(image(&vol, 1400) == img);
+    // The rebuilt tables are written at close; the next open takes them.
+    vol.close().unwrap();
+    drop(vol);
+    let vol = common::open(&sim);
+    assert!(vol.opened_from_tables());
+    vol.verify_refcounts().unwrap();
+}
+
+#[test]
+fn tables_follow_the_cleaner_and_a_tiny_map_cache() {
+    let sim = SimStorage::new(24 * MIB);
+    let vol = common::create(&sim, &common::options(&sim, 16 * MIB));
+    let tiny = || OpenOptions {
+        map_cache_bytes: Some(0),
+        ..OpenOptions::default()
+    };
+    vol.close().unwrap();
+    drop(vol);
+    let vol = common::open_with(&sim, tiny());
+    for round in 0..6 {
+        mixed_workload(&vol, 10 + round);
+        vol.checkpoint().unwrap();
+    }
+    // Cleaning moves data records (their segments' tables change) and
+    // the map's own records, tables included.
+    vol.clean(u64::MAX, false).unwrap();
+    vol.checkpoint().unwrap();
+    vol.verify_refcounts().unwrap();
+    let img = image(&vol, 1400);
+    vol.close().unwrap();
+    let before = space(&vol.stats());
+    common::close_and_check(vol, &sim);
+    let vol = common::open_with(&sim, tiny());
+    assert!(vol.opened_from_tables());
+    vol.verify_refcounts().unwrap();
+    assert_eq!(space(&vol.stats()), before);
+    assert!(image(&vol, 1400) == img);
+}
+
+/// A segment's table larger than a table record may be (thousands of tiny
+/// shared records) is not written, and neither is the root: open rebuilds,
+/// until the segment's table fits again.
+#[test]
+fn a_group_too_large_for_its_record_leaves_no_root() {
+    let sim = SimStorage::new(48 * MIB);
+    let vol = common::create(&sim, &common::options(&sim, 64 * MIB));
+    // 3000 tiny records (a block of one repeated byte pair compresses to
+    // a few dozen bytes), each written twice: 3000 shared records.
+    let tiny = |i: u64| {
+        let mut b = vec![(i % 251) as u8; BS];
+        b[..8].copy_from_slice(&i.to_le_bytes());
+        b
+    };
+    for i in 0..3000u64 {
+        vol.write_at(i * BS as u64, &tiny(i), false).unwrap();
+        vol.write_at((8000 + i) * BS as u64, &tiny(i), false)
+            .unwrap();
+    }
+    vol.flush().unwrap();
+    let shared = vol.stats().dedup.dedup_shared_records;
+    assert!(shared >= 2990, "{shared}");
+    common::close_and_check(vol, &sim);
+    let vol = common::open(&sim);
+    assert!(!vol.opened_from_tables(), "no root: tables rebuilt");
+    vol.verify_refcounts().unwrap();
+    // Unshare most of them: the segment's table fits again.
+    vol.trim(8000 * BS as u64, 3000 * BS as u64, false).unwrap();
+    common::close_and_check(vol, &sim);
+    let vol = common::open(&sim);
+    assert!(vol.opened_from_tables(), "the table fits: root written");
+    vol.verify_refcounts().unwrap();
+}
