@@ -70,6 +70,22 @@ impl Page {
         }
     }
 
+    /// Calls `f(before, after)` for every entry that differs between
+    /// `before` and `after` (None: a page without entries).
+    pub fn for_each_change(
+        before: Option<&Page>,
+        after: Option<&Page>,
+        f: &mut impl FnMut(MapEntry, MapEntry),
+    ) {
+        let at = |page: Option<&Page>, i: usize| page.map_or(MapEntry::UNMAPPED, |p| p.entry(i));
+        for i in 0..PAGE_BLOCKS {
+            let (b, a) = (at(before, i), at(after, i));
+            if b != a {
+                f(b, a);
+            }
+        }
+    }
+
     /// Calls `f(lba, entry)` for every entry of page `p` that is not unmapped.
     pub fn for_each_mapped(&self, p: usize, f: &mut impl FnMut(u64, MapEntry)) {
         for i in 0..PAGE_BLOCKS {
@@ -132,6 +148,9 @@ pub struct BlockMap {
     /// Directory slots after the pages' that name the persisted liveness
     /// tables (`liveness::tables`), none in maps of scans and tests.
     tables: usize,
+    /// While recording (recovery's roll-forward): every page read from its
+    /// record, as read (`record_originals`).
+    originals: Option<Vec<(usize, Arc<Page>)>>,
 }
 
 impl BlockMap {
@@ -160,7 +179,43 @@ impl BlockMap {
             counts: CacheCounts::default(),
             blocks,
             tables,
+            originals: None,
         }
+    }
+
+    /// From here on, keeps every page read from its record as it was read
+    /// (recovery: the pages roll-forward changes, before it changed them).
+    pub fn record_originals(&mut self) {
+        self.originals.get_or_insert_with(Vec::new);
+    }
+
+    /// The pages kept since `record_originals` (None if not recording), and
+    /// stops recording.
+    pub fn take_originals(&mut self) -> Option<Vec<(usize, Arc<Page>)>> {
+        self.originals.take()
+    }
+
+    /// Page `p` if it is in memory.
+    pub fn resident(&self, p: usize) -> Option<&Arc<Page>> {
+        self.pages[p].as_ref()
+    }
+
+    /// Whether page `p` has entries (in memory or not).
+    pub fn is_allocated(&self, p: usize) -> bool {
+        bit(&self.allocated, p)
+    }
+
+    /// The pages changed since their records were written.
+    pub fn dirty_indexes(&self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.dirty_count);
+        for (w, &word) in self.dirty.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                out.push(w * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
+        out
     }
 
     /// Directory slots for liveness tables.
@@ -358,8 +413,11 @@ impl BlockMap {
             return Ok(());
         }
         self.counts.misses += 1;
-        let page = self.read_page(p, src)?;
-        self.insert(p, Arc::new(page));
+        let page = Arc::new(self.read_page(p, src)?);
+        if let Some(o) = self.originals.as_mut() {
+            o.push((p, Arc::clone(&page)));
+        }
+        self.insert(p, page);
         Ok(())
     }
 
@@ -452,17 +510,10 @@ impl BlockMap {
     /// The dirty pages, shared, for a checkpoint to write. They stay dirty
     /// (in memory) until `page_written` names their record.
     pub fn take_dirty(&self) -> Vec<(usize, Arc<Page>)> {
-        let mut out = Vec::with_capacity(self.dirty_count);
-        for (w, &word) in self.dirty.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let p = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let page = self.pages[p].as_ref().expect("a dirty page is in memory");
-                out.push((p, Arc::clone(page)));
-            }
-        }
-        out
+        let page = |p: usize| self.pages[p].as_ref().expect("a dirty page is in memory");
+        (self.dirty_indexes().into_iter())
+            .map(|p| (p, Arc::clone(page(p))))
+            .collect()
     }
 
     /// Names record `r`, just written from `snap` (page `p` as

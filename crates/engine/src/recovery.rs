@@ -55,6 +55,8 @@ pub struct Recovered {
     pub salvage: Option<Salvage>,
     /// The liveness tables the checkpoint persisted, if it named them all.
     pub(crate) tables: Option<LoadedTables>,
+    /// Offsets of the DATA records roll-forward replayed.
+    pub(crate) new_records: Vec<u64>,
 }
 
 /// What `salvage` could not save.
@@ -869,6 +871,7 @@ pub fn rebuild_from_log(
         salvage: None,
         rolled_segments: Vec::new(),
         tables: None,
+        new_records: Vec::new(),
     })
 }
 
@@ -1154,6 +1157,9 @@ fn load_paged(
     }
     for (b, r) in dirs {
         loaded.map.install_dir_record(b, r);
+    }
+    if load == (Load::Whole { lazy: true }) {
+        loaded.map.record_originals();
     }
     if !partial {
         loaded.tables = read_tables(storage, sb, &tables)
@@ -1665,6 +1671,7 @@ impl SalvageCursor {
             rolled_segments: Vec::new(),
             salvage: Some(salvage),
             tables: None,
+            new_records: Vec::new(),
         };
         SalvageWalk {
             recovered,
@@ -2037,6 +2044,8 @@ struct Chain<'a> {
     needed: HashMap<u64, u64>,
     replayed: u64,
     map_records: u64,
+    /// Offsets of the DATA records applied.
+    new_records: Vec<u64>,
     /// Damaged checkpoint records stepped over, by seq.
     skipped: Vec<u64>,
     rolled_segments: Vec<u64>,
@@ -2060,6 +2069,7 @@ impl<'a> Chain<'a> {
             needed: start.checkpoint_segments.clone(),
             replayed: 0,
             map_records: 0,
+            new_records: Vec::new(),
             skipped: Vec::new(),
             rolled_segments: vec![start.segment],
         })
@@ -2111,6 +2121,9 @@ impl<'a> Chain<'a> {
             map.fault_in(h.lba, end, &src).map_err(bad)?;
         }
         apply(map, self.sb, h, offset, payload).map_err(bad)?;
+        if h.kind == RecordKind::Data {
+            self.new_records.push(offset);
+        }
         self.replayed += 1;
         self.map_records += u64::from(changes_map(h.kind));
         let m = self.needed.entry(self.segment).or_insert(0);
@@ -2200,6 +2213,7 @@ impl<'a> Chain<'a> {
             salvage: None,
             rolled_segments: self.rolled_segments,
             tables: None,
+            new_records: self.new_records,
         }
     }
 }

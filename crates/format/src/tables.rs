@@ -163,7 +163,7 @@ impl TableGroup {
         if b.len() < GROUP_HEADER_BYTES || get_u64(b, GROUP_OFF_INDEX) != group {
             return Err(FormatError::Invalid("group table of another group"));
         }
-        let first = group * TABLE_SEGMENTS;
+        let first = group.saturating_mul(TABLE_SEGMENTS);
         let expect = segments.saturating_sub(first).min(TABLE_SEGMENTS) as usize;
         let n = get_u32(b, GROUP_OFF_SEGMENTS) as usize;
         let r = get_u32(b, GROUP_OFF_ROWS) as usize;

@@ -1,6 +1,7 @@
 //! Target `format_decoders`: every decoder of `cvol_format` (superblock,
 //! checkpoint pointer, record header + verify, map entry, checkpoint commit
-//! payload, map chunk runs) and the engine's record-to-block decoder on
+//! payload, map chunk runs, map directory and table payloads) and the
+//! engine's record-to-block decoder on
 //! arbitrary bytes.
 //!
 //! Checksums would stop almost every mutation at the first check, so each
@@ -13,6 +14,7 @@ use cvol_format::checkpoint::{decode_runs, push_run, CommitPayload, DirPayload, 
 use cvol_format::pointer::{POINTER_BYTES, POINTER_MAGIC};
 use cvol_format::record::{encode_record, RECORD_HEADER_BYTES, RECORD_MAGIC};
 use cvol_format::superblock::{FORMAT_VERSION, SUPERBLOCK_BYTES, SUPERBLOCK_MAGIC};
+use cvol_format::tables::{TableGroup, TableRoot};
 use cvol_format::{
     mapentry::MAP_ENTRY_BYTES, CheckpointPointer, CodecTag, EntryState, MapEntry, RecordHeader,
     RecordKind, Superblock,
@@ -73,6 +75,7 @@ pub fn decoders(data: &[u8]) {
     map_entries(body);
     commit(body);
     dir(body, logical_blocks);
+    tables(body, logical_blocks);
     runs(body, logical_blocks);
     codecs(body, selector);
 }
@@ -228,6 +231,21 @@ fn dir(body: &[u8], selector: u64) {
             body,
             "a directory payload re-encodes byte for byte"
         );
+    }
+}
+
+/// MAP_TABLE payloads (the root of a volume of `selector` segments, group
+/// `selector`): what decodes re-encodes byte for byte, rows in order.
+fn tables(body: &[u8], selector: u64) {
+    let segments = selector % (1 << 24);
+    if let Ok(r) = TableRoot::decode(body, segments) {
+        assert_eq!(r.encode(), body, "a table root re-encodes byte for byte");
+    }
+    for segments in [segments, selector.saturating_add(1)] {
+        if let Ok(g) = TableGroup::decode(body, selector, segments) {
+            assert!(g.rows.windows(2).all(|w| w[0].offset < w[1].offset));
+            assert_eq!(g.encode(), body, "a group table re-encodes byte for byte");
+        }
     }
 }
 

@@ -9,17 +9,20 @@
 //! keeps it dirty); the root with every checkpoint whose changed groups
 //! could all be written.
 use super::{Geometry, LiveMap, RebuiltSegments};
-use crate::dedup::{Shared, SharedTable, UnitLive};
+use crate::dedup::{OffsetMap, Shared, SharedTable, UnitLive};
 use crate::map::BlockMap;
+use crate::map::Page;
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
+use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::tables::{
     table_count, TableGroup, TableRoot, TableRow, COUNTER_WORDS, TABLE_PAYLOAD_MAX_BYTES,
     TABLE_SEGMENTS,
 };
-use cvol_format::Superblock;
-use std::collections::HashMap;
+use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 /// Which tables changed since their records, and the live bytes of the
 /// map's own records (part of `SegmentUsage`, not of the tables).
@@ -210,17 +213,20 @@ impl LiveMap {
         }
     }
 
-    /// The map and its tables as a checkpoint persisted them, with the
-    /// records the map names counted live: what open takes when no map
-    /// change was replayed since. Err (with the map back) if the tables do
-    /// not fit the volume: open then rebuilds them.
+    /// The map and the tables its checkpoint persisted, brought up to date
+    /// with what roll-forward replayed (`replayed` map records, among them
+    /// the DATA records at `new_records`): the pages it changed are
+    /// counted out as the checkpoint had them and in as they are now
+    /// (`apply_replay`), and the records the map names are counted live.
+    /// Err (with the map back) if the tables do not fit the volume or the
+    /// map: open then rebuilds them from the whole map.
     pub(crate) fn from_tables(
         sb: &Superblock,
-        map: BlockMap,
+        mut map: BlockMap,
         t: LoadedTables,
-        needed: &HashMap<u64, u64>,
-        open: Option<(u64, u64)>,
+        replay: Replay<'_>,
     ) -> Result<(LiveMap, SegmentTable), Box<(BlockMap, String)>> {
+        let originals = map.take_originals();
         let geometry = Geometry::of(sb);
         let segments = sb.segment_count();
         let mut segs = RebuiltSegments {
@@ -229,6 +235,8 @@ impl LiveMap {
         };
         let mut rows = Rows::default();
         let mut books = TableBooks::new(segments, false);
+        let mut counters = counters_of(&t.root.counters);
+        let mut shared = SharedTable::default();
         let loaded = (map.tables() as u64 == table_count(segments))
             .then_some(())
             .ok_or_else(|| "the map has no table slots".to_string())
@@ -236,30 +244,38 @@ impl LiveMap {
                 for g in &t.groups {
                     load_group(sb, geometry, g, &mut segs, &mut rows)?;
                 }
+                shared.records = rows.records.into_iter().collect();
+                shared.units = rows.units.into_iter().collect();
+                if replay.records > 0 {
+                    let originals = originals.ok_or("the pages replayed were not kept")?;
+                    let mut tables = Tables {
+                        counters: &mut counters,
+                        shared: &mut shared,
+                        segs: &mut segs,
+                        books: &mut books,
+                        geometry,
+                    };
+                    apply_replay(&map, originals, replay.new_records, &mut tables)?;
+                }
                 count_map_records(&map, geometry, &mut segs, &mut books)
             });
         if let Err(e) = loaded {
             return Err(Box::new((map, e)));
         }
-        let mut shared = SharedTable {
-            records: rows.records.into_iter().collect(),
-            units: rows.units.into_iter().collect(),
-            extra_refs: 0,
-        };
         shared.extra_refs = shared.records.values().map(Shared::extra).sum::<u64>()
             + shared
                 .units
                 .values()
                 .map(|u| u64::from(u.refs))
                 .sum::<u64>();
-        mark_segments(&mut segs.table, needed, open);
+        mark_segments(&mut segs.table, replay.needed, replay.open);
         let live = LiveMap {
             map,
-            counters: counters_of(&t.root.counters),
+            counters,
             shared,
             usage: segs.usage,
             geometry,
-            changes: 0,
+            changes: replay.records,
             books,
             loaded_tables: true,
         };
@@ -375,4 +391,177 @@ pub(super) fn mark_segments(
     if let Some((s, seq)) = open {
         table.mark(s, SegState::Open, seq);
     }
+}
+
+/// What recovery's roll-forward did after the tables' snapshot.
+pub(crate) struct Replay<'a> {
+    /// Map records (DATA, ZERO, TRIM, REF) replayed.
+    pub(crate) records: u64,
+    /// Offsets of the DATA records replayed (records born since).
+    pub(crate) new_records: &'a [u64],
+    /// Segments recovery needs, with their newest seq.
+    pub(crate) needed: &'a HashMap<u64, u64>,
+    /// The log head (segment, seq).
+    pub(crate) open: Option<(u64, u64)>,
+}
+
+/// The tables being brought up to date.
+struct Tables<'a> {
+    counters: &'a mut MapCounters,
+    shared: &'a mut SharedTable,
+    segs: &'a mut RebuiltSegments,
+    books: &'a mut TableBooks,
+    geometry: Geometry,
+}
+
+/// The entries pointing at one record in the pages roll-forward changed:
+/// as the checkpoint had them (`_a`) and as they are now (`_b`).
+#[derive(Default)]
+struct Touched {
+    refs_a: u32,
+    owners_a: u32,
+    refs_b: u32,
+    owners_b: u32,
+    len: u32,
+    codec: Option<CodecTag>,
+    crc: u32,
+    unit: bool,
+    mixed: bool,
+}
+
+/// Brings tables of the snapshot up to date with the map: the entries of
+/// the pages roll-forward changed are counted out as they were and in as
+/// they are; a record's entries elsewhere (pages it did not change) are
+/// what the snapshot's tables say minus those counted out. A record in no
+/// table had one owner entry if it was live at the snapshot, that is, if
+/// roll-forward did not append it (`new_records`).
+fn apply_replay(
+    map: &BlockMap,
+    originals: Vec<(usize, Arc<Page>)>,
+    new_records: &[u64],
+    t: &mut Tables<'_>,
+) -> Result<(), String> {
+    let mut pages: BTreeSet<usize> = originals.iter().map(|(p, _)| *p).collect();
+    pages.extend(map.dirty_indexes());
+    let before: HashMap<usize, Arc<Page>> = originals.into_iter().collect();
+    let mut recs: OffsetMap<Touched> = OffsetMap::default();
+    let mut note = |e: MapEntry, now: bool| {
+        let EntryState::Data {
+            offset,
+            len,
+            shared: is_ref,
+            unit,
+            codec,
+        } = e.state_valid()
+        else {
+            return;
+        };
+        let d = recs.entry(offset).or_default();
+        if d.codec.is_none() {
+            (d.len, d.codec, d.crc, d.unit) = (len, Some(codec), e.crc, unit);
+        }
+        d.mixed |= d.unit != unit || d.len != len;
+        let n = match (now, is_ref) {
+            (false, true) => &mut d.refs_a,
+            (false, false) => &mut d.owners_a,
+            (true, true) => &mut d.refs_b,
+            (true, false) => &mut d.owners_b,
+        };
+        *n += 1;
+    };
+    for p in pages {
+        let now = map.is_allocated(p).then(|| map.resident(p));
+        let Some(now) = now.map_or(Some(None), |r| r.map(Some)) else {
+            return Err("a page roll-forward changed is not in memory".into());
+        };
+        let was = before.get(&p).map(|a| &**a);
+        if was.zip(now).is_some_and(|(a, b)| std::ptr::eq(a, &**b)) {
+            continue;
+        }
+        Page::for_each_change(was, now.map(|b| &**b), &mut |a, b| {
+            t.counters.remove(a);
+            t.counters.add(b);
+            note(a, false);
+            note(b, true);
+        });
+    }
+    let new_records: HashSet<u64> = new_records.iter().copied().collect();
+    for (offset, d) in recs {
+        apply_record(offset, &d, new_records.contains(&offset), t)?;
+    }
+    Ok(())
+}
+
+/// `apply_replay` for one record.
+fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Result<(), String> {
+    let bad = |what: &str| {
+        Err(format!(
+            "tables and map disagree on the record at {offset}: {what}"
+        ))
+    };
+    if d.mixed {
+        return bad("entries of another shape");
+    }
+    let (refs_s, owners_s) = if d.unit {
+        (t.shared.units.get(&offset)).map_or((0, 0), |u| (u.refs, u32::from(u.owners)))
+    } else if let Some(s) = t.shared.records.get(&offset) {
+        (s.refs, s.owners)
+    } else if d.owners_a > 0 || !new {
+        (0, 1)
+    } else {
+        (0, 0)
+    };
+    let (Some(refs_u), Some(owners_u)) = (
+        refs_s.checked_sub(d.refs_a),
+        owners_s.checked_sub(d.owners_a),
+    ) else {
+        return bad("more entries counted out than it had");
+    };
+    let (refs, owners) = (refs_u + d.refs_b, owners_u + d.owners_b);
+    if !d.unit && owners > 1 {
+        return bad("two owners");
+    }
+    if d.unit {
+        match u16::try_from(owners) {
+            Ok(owners) if refs + u32::from(owners) > 0 => {
+                t.shared.units.insert(offset, UnitLive { refs, owners });
+            }
+            Ok(_) => {
+                t.shared.units.remove(&offset);
+            }
+            Err(_) => return bad("unit owners"),
+        }
+    } else if refs > 0 {
+        let s = Shared {
+            refs,
+            owners,
+            crc: d.crc,
+            fp: 0,
+        };
+        t.shared.records.insert(offset, s);
+    } else {
+        t.shared.records.remove(&offset);
+    }
+    let (was, is) = (refs_s + owners_s > 0, refs + owners > 0);
+    let s = t.geometry.segment_of(offset);
+    let codec = d.codec.expect("set with the first entry");
+    let payload = u64::from(d.len) - RECORD_HEADER_BYTES as u64;
+    t.books.touch(s);
+    if was && !is {
+        if t.segs.usage.live_bytes(s) < u64::from(d.len) {
+            return bad("its segment holds fewer live bytes");
+        }
+        t.segs.usage.sub_live(s, u64::from(d.len));
+        t.counters.record_died(codec, payload);
+    } else if is && !was {
+        if t.segs.usage.live_bytes(s) + u64::from(d.len) > t.geometry.segment_size_bytes {
+            return bad("its segment would hold more live bytes than it has");
+        }
+        t.segs.usage.add_live(s, u64::from(d.len));
+        t.counters.record_born(codec, payload);
+        if t.segs.table.state(s) == SegState::Free {
+            t.segs.table.mark(s, SegState::Sealed, 0);
+        }
+    }
+    Ok(())
 }

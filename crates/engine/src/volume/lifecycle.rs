@@ -375,20 +375,26 @@ fn log_recovered(r: &Recovered) {
 }
 
 /// The recovered map with its liveness tables: those the checkpoint
-/// persisted when no map change was replayed since, else rebuilt from the
-/// whole map (its pages read from the log one at a time, not kept).
+/// persisted, brought up to date with what roll-forward replayed (unless
+/// recovery had to fall back or step over damage: then rebuilt), else
+/// rebuilt from the whole map (its pages read from the log one at a time,
+/// not kept).
 fn recovered_tables(
     storage: &dyn Storage,
     sb: &Superblock,
-    map: crate::map::BlockMap,
-    tables: Option<liveness::LoadedTables>,
-    needed: &std::collections::HashMap<u64, u64>,
+    r: &mut Recovered,
     head: Option<(u64, u64)>,
-    replayed: u64,
 ) -> Result<(LiveMap, crate::segments::SegmentTable), VolError> {
-    let mut map = map;
-    if let Some(t) = tables.filter(|_| replayed == 0) {
-        match LiveMap::from_tables(sb, map, t, needed, head) {
+    let mut map = std::mem::replace(&mut r.map, crate::map::BlockMap::new(0));
+    let clean = r.replayed_map_records == 0 || r.warnings.is_empty();
+    if let Some(t) = r.tables.take().filter(|_| clean) {
+        let replay = liveness::Replay {
+            records: r.replayed_map_records,
+            new_records: &r.new_records,
+            needed: &r.needed_segments,
+            open: head,
+        };
+        match LiveMap::from_tables(sb, map, t, replay) {
             Ok(x) => return Ok(x),
             Err(back) => {
                 let (m, e) = *back;
@@ -397,14 +403,15 @@ fn recovered_tables(
             }
         }
     }
+    map.take_originals();
     let src = recovery::LogPages {
         storage,
         sb,
         buffered: None,
     };
-    let tables = liveness::rebuild(sb, &map, Some(&src), needed, head)
+    let tables = liveness::rebuild(sb, &map, Some(&src), &r.needed_segments, head)
         .map_err(|detail| VolError::Corrupt { lba: 0, detail })?;
-    Ok(LiveMap::recovered(sb, map, tables, replayed))
+    Ok(LiveMap::recovered(sb, map, tables, r.replayed_map_records))
 }
 
 /// The state of a recovered volume: the map with its tables rebuilt, the
@@ -421,15 +428,8 @@ fn recovered_state(
         "the chain ends inside a segment"
     );
     let head = Some((r.segment, r.last_seq));
-    let (live, segs) = recovered_tables(
-        storage,
-        sb,
-        r.map,
-        r.tables,
-        &r.needed_segments,
-        head,
-        r.replayed_map_records,
-    )?;
+    let mut r = r;
+    let (live, segs) = recovered_tables(storage, sb, &mut r, head)?;
     let mut log = Log::new(sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
     storage
         .read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end])
