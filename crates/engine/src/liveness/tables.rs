@@ -8,7 +8,7 @@
 //! (a stamp per group, so that a change during the checkpoint's append
 //! keeps it dirty); the root with every checkpoint whose changed groups
 //! could all be written.
-use super::{Geometry, LiveMap, RebuiltSegments};
+use super::{rebuild, Geometry, LiveMap, Rebuilt, RebuiltSegments};
 use crate::dedup::{OffsetMap, Shared, SharedTable, UnitLive};
 use crate::map::BlockMap;
 use crate::map::Page;
@@ -214,12 +214,9 @@ impl LiveMap {
     }
 
     /// The map and the tables its checkpoint persisted, brought up to date
-    /// with what roll-forward replayed (`replayed` map records, among them
-    /// the DATA records at `new_records`): the pages it changed are
-    /// counted out as the checkpoint had them and in as they are now
-    /// (`apply_replay`), and the records the map names are counted live.
-    /// Err (with the map back) if the tables do not fit the volume or the
-    /// map: open then rebuilds them from the whole map.
+    /// with what roll-forward replayed (`tables_of`). Err (with the map
+    /// back) if the tables do not fit the volume or the map: open then
+    /// rebuilds them from the whole map.
     pub(crate) fn from_tables(
         sb: &Superblock,
         mut map: BlockMap,
@@ -227,59 +224,117 @@ impl LiveMap {
         replay: Replay<'_>,
     ) -> Result<(LiveMap, SegmentTable), Box<(BlockMap, String)>> {
         let originals = map.take_originals();
-        let geometry = Geometry::of(sb);
-        let segments = sb.segment_count();
-        let mut segs = RebuiltSegments {
-            table: SegmentTable::new(segments, sb.segment_size_bytes),
-            usage: SegmentUsage::new(segments, sb.segment_size_bytes),
+        let tables = match tables_of(sb, &map, &t, originals, &replay) {
+            Ok(x) => x,
+            Err(e) => return Err(Box::new((map, e))),
         };
-        let mut rows = Rows::default();
-        let mut books = TableBooks::new(segments, false);
-        let mut counters = counters_of(&t.root.counters);
-        let mut shared = SharedTable::default();
-        let loaded = (map.tables() as u64 == table_count(segments))
-            .then_some(())
-            .ok_or_else(|| "the map has no table slots".to_string())
-            .and_then(|()| {
-                for g in &t.groups {
-                    load_group(sb, geometry, g, &mut segs, &mut rows)?;
-                }
-                shared.records = rows.records.into_iter().collect();
-                shared.units = rows.units.into_iter().collect();
-                if replay.records > 0 {
-                    let originals = originals.ok_or("the pages replayed were not kept")?;
-                    let mut tables = Tables {
-                        counters: &mut counters,
-                        shared: &mut shared,
-                        segs: &mut segs,
-                        books: &mut books,
-                        geometry,
-                    };
-                    apply_replay(&map, originals, replay.new_records, &mut tables)?;
-                }
-                count_map_records(&map, geometry, &mut segs, &mut books)
-            });
-        if let Err(e) = loaded {
-            return Err(Box::new((map, e)));
-        }
-        shared.extra_refs = shared.records.values().map(Shared::extra).sum::<u64>()
-            + shared
-                .units
-                .values()
-                .map(|u| u64::from(u.refs))
-                .sum::<u64>();
-        mark_segments(&mut segs.table, replay.needed, replay.open);
         let live = LiveMap {
             map,
-            counters,
-            shared,
-            usage: segs.usage,
-            geometry,
+            counters: tables.counters,
+            shared: tables.shared,
+            usage: tables.segments.usage,
+            geometry: Geometry::of(sb),
             changes: replay.records,
-            books,
+            books: tables.books,
             loaded_tables: true,
         };
-        Ok((live, segs.table))
+        Ok((live, tables.segments.table))
+    }
+}
+
+/// The tables a checkpoint persisted, brought up to date with what
+/// roll-forward replayed (`replay.records` map records, among them the
+/// DATA records at `replay.new_records`): the pages it changed are counted
+/// out as the checkpoint had them (`originals`) and in as they are now
+/// (`apply_replay`), and the records the map names are counted live.
+fn tables_of(
+    sb: &Superblock,
+    map: &BlockMap,
+    t: &LoadedTables,
+    originals: Option<Vec<(usize, Arc<Page>)>>,
+    replay: &Replay<'_>,
+) -> Result<Rebuilt, String> {
+    let geometry = Geometry::of(sb);
+    let segments = sb.segment_count();
+    if map.tables() as u64 != table_count(segments) {
+        return Err("the map has no table slots".into());
+    }
+    let mut segs = RebuiltSegments {
+        table: SegmentTable::new(segments, sb.segment_size_bytes),
+        usage: SegmentUsage::new(segments, sb.segment_size_bytes),
+    };
+    let mut rows = Rows::default();
+    for g in &t.groups {
+        load_group(sb, geometry, g, &mut segs, &mut rows)?;
+    }
+    let mut books = TableBooks::new(segments, false);
+    let mut counters = counters_of(&t.root.counters);
+    let mut shared = SharedTable {
+        records: rows.records.into_iter().collect(),
+        units: rows.units.into_iter().collect(),
+        extra_refs: 0,
+    };
+    if replay.records > 0 {
+        let originals = originals.ok_or("the pages replayed were not kept")?;
+        let mut tables = Tables {
+            counters: &mut counters,
+            shared: &mut shared,
+            segs: &mut segs,
+            books: &mut books,
+            geometry,
+        };
+        apply_replay(map, originals, replay.new_records, &mut tables)?;
+    }
+    count_map_records(map, geometry, &mut segs, &mut books)?;
+    shared.extra_refs = shared.records.values().map(Shared::extra).sum::<u64>()
+        + (shared.units.values())
+            .map(|u| u64::from(u.refs))
+            .sum::<u64>();
+    mark_segments(&mut segs.table, replay.needed, replay.open);
+    Ok(Rebuilt {
+        segments: segs,
+        shared,
+        counters,
+        books,
+    })
+}
+
+/// `cvol check`: the tables the checkpoint persisted against those a
+/// rebuild from `map` (whole in memory, nothing replayed since) gives.
+pub(crate) fn check_tables(
+    sb: &Superblock,
+    map: &BlockMap,
+    t: &LoadedTables,
+) -> Result<(), String> {
+    let none = HashMap::new();
+    let replay = Replay {
+        records: 0,
+        new_records: &[],
+        needed: &none,
+        open: None,
+    };
+    let got = tables_of(sb, map, t, None, &replay)?;
+    let fresh = rebuild(sb, map, None, &none, None)?;
+    let mut errors = super::shared_differences(&got.shared, &fresh.shared);
+    if got.counters != fresh.counters {
+        errors.push(format!(
+            "map counters: persisted {:?}, from the map {:?}",
+            got.counters, fresh.counters
+        ));
+    }
+    for s in 0..sb.segment_count() {
+        let (a, b) = (got.segments.live_bytes(s), fresh.segments.live_bytes(s));
+        if a != b {
+            errors.push(format!(
+                "segment {s}: live bytes persisted {a}, from the map {b}"
+            ));
+        }
+    }
+    errors.truncate(20);
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
     }
 }
 
