@@ -20,6 +20,7 @@
 //! at it and leaves at 0, when its bytes become dead. So a record is live
 //! iff it is in the table, or its owner's map entry points at it.
 use cvol_format::MapEntry;
+use std::sync::Arc;
 
 pub type Fingerprint = u128;
 
@@ -238,21 +239,145 @@ pub type OffsetMap<V> = rustc_hash::FxHashMap<u64, V>;
 /// read, `liveness::tables`).
 pub type OrderedMap<V> = std::collections::BTreeMap<u64, V>;
 
-/// Records with ref entries (single-block records) and live units (a
-/// compact table of their own), by physical offset of their header.
-#[derive(Debug, Default, Clone)]
-pub struct SharedTable {
+/// The shared records and live units of one segment.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SegShared {
     pub records: OrderedMap<Shared>,
     pub units: OrderedMap<UnitLive>,
+}
+
+/// Records with ref entries (single-block records) and live units (a
+/// compact table of their own), by physical offset of their header,
+/// grouped by segment: a checkpoint takes a segment's share copy-on-write
+/// (`segment`), as it takes map pages.
+#[derive(Debug, Clone)]
+pub struct SharedTable {
+    base: u64,
+    segment_size: u64,
+    segs: Vec<Option<Arc<SegShared>>>,
+    records_len: usize,
+    units_len: usize,
     /// Sum over the records of `Shared::extra`: blocks served without a
     /// record of their own.
     pub extra_refs: u64,
 }
 
+impl Default for SharedTable {
+    fn default() -> Self {
+        SharedTable::new(0, 1 << 20)
+    }
+}
+
 impl SharedTable {
+    /// An empty table of records in segments of `segment_size` bytes from
+    /// byte `base` on.
+    pub fn new(base: u64, segment_size: u64) -> SharedTable {
+        SharedTable {
+            base,
+            segment_size,
+            segs: Vec::new(),
+            records_len: 0,
+            units_len: 0,
+            extra_refs: 0,
+        }
+    }
+
+    fn index(&self, offset: u64) -> usize {
+        let rel = offset
+            .checked_sub(self.base)
+            .expect("a record in the data area");
+        usize::try_from(rel / self.segment_size).expect("a segment index")
+    }
+
+    fn seg(&self, offset: u64) -> Option<&SegShared> {
+        self.segs.get(self.index(offset))?.as_deref()
+    }
+
+    fn seg_mut(&mut self, offset: u64) -> &mut SegShared {
+        let i = self.index(offset);
+        if i >= self.segs.len() {
+            self.segs.resize(i + 1, None);
+        }
+        Arc::make_mut(self.segs[i].get_or_insert_with(Arc::default))
+    }
+
+    /// Drops the segment of `offset` from the table once it holds nothing.
+    fn tidy(&mut self, offset: u64) {
+        let i = self.index(offset);
+        if (self.segs.get(i).and_then(Option::as_deref))
+            .is_some_and(|s| s.records.is_empty() && s.units.is_empty())
+        {
+            self.segs[i] = None;
+        }
+    }
+
+    /// Segment `s`'s share, shared (a checkpoint's snapshot: changed
+    /// afterwards, the table copies it first).
+    pub fn segment(&self, s: u64) -> Option<Arc<SegShared>> {
+        self.segs.get(usize::try_from(s).ok()?)?.clone()
+    }
+
+    pub fn record(&self, offset: u64) -> Option<&Shared> {
+        self.seg(offset)?.records.get(&offset)
+    }
+
+    pub fn unit(&self, offset: u64) -> Option<&UnitLive> {
+        self.seg(offset)?.units.get(&offset)
+    }
+
+    pub fn insert_record(&mut self, offset: u64, s: Shared) {
+        let new = self.seg_mut(offset).records.insert(offset, s).is_none();
+        self.records_len += usize::from(new);
+    }
+
+    pub fn remove_record(&mut self, offset: u64) {
+        if self.record(offset).is_some() {
+            self.seg_mut(offset).records.remove(&offset);
+            self.records_len -= 1;
+            self.tidy(offset);
+        }
+    }
+
+    pub fn insert_unit(&mut self, offset: u64, u: UnitLive) {
+        let new = self.seg_mut(offset).units.insert(offset, u).is_none();
+        self.units_len += usize::from(new);
+    }
+
+    pub fn remove_unit(&mut self, offset: u64) {
+        if self.unit(offset).is_some() {
+            self.seg_mut(offset).units.remove(&offset);
+            self.units_len -= 1;
+            self.tidy(offset);
+        }
+    }
+
+    /// Every shared record, in offset order.
+    pub fn records(&self) -> impl Iterator<Item = (u64, &Shared)> {
+        (self.segs.iter().flatten()).flat_map(|s| s.records.iter().map(|(&o, r)| (o, r)))
+    }
+
+    /// Every live unit, in offset order.
+    pub fn units(&self) -> impl Iterator<Item = (u64, &UnitLive)> {
+        (self.segs.iter().flatten()).flat_map(|s| s.units.iter().map(|(&o, u)| (o, u)))
+    }
+
+    pub fn record_count(&self) -> usize {
+        self.records_len
+    }
+
+    pub fn unit_count(&self) -> usize {
+        self.units_len
+    }
+
+    /// `extra_refs` recomputed from the rows.
+    pub fn recount_extra(&mut self) {
+        self.extra_refs = self.records().map(|(_, s)| s.extra()).sum::<u64>()
+            + self.units().map(|(_, u)| u64::from(u.refs)).sum::<u64>();
+    }
+
     pub fn get(&self, offset: u64) -> Option<Shared> {
-        self.records.get(&offset).copied().or_else(|| {
-            self.units.get(&offset).map(|u| Shared {
+        self.record(offset).copied().or_else(|| {
+            self.unit(offset).map(|u| Shared {
                 refs: u.refs,
                 owners: u32::from(u.owners),
                 crc: 0,
@@ -263,7 +388,7 @@ impl SharedTable {
 
     /// Records with dedup references (units without refs not counted).
     pub fn shared_count(&self) -> u64 {
-        (self.records.len() + self.units.values().filter(|u| u.refs > 0).count()) as u64
+        (self.records_len + self.units().filter(|(_, u)| u.refs > 0).count()) as u64
     }
 
     /// One more entry points at the live record at `offset`: a ref entry
@@ -281,7 +406,7 @@ impl SharedTable {
         debug_assert!(unit || is_ref, "single-block owners are not tracked");
         if unit {
             let mut born = false;
-            let u = self.units.entry(offset).or_insert_with(|| {
+            let u = self.seg_mut(offset).units.entry(offset).or_insert_with(|| {
                 born = true;
                 UnitLive { refs: 0, owners: 0 }
             });
@@ -291,21 +416,32 @@ impl SharedTable {
             } else {
                 u.owners += 1;
             }
+            self.units_len += usize::from(born);
             return born;
         }
-        let s = self.records.entry(offset).or_insert(Shared {
-            refs: 0,
-            owners: 1,
-            crc,
-            fp: 0,
-        });
+        let mut new = false;
+        let s = self
+            .seg_mut(offset)
+            .records
+            .entry(offset)
+            .or_insert_with(|| {
+                new = true;
+                Shared {
+                    refs: 0,
+                    owners: 1,
+                    crc,
+                    fp: 0,
+                }
+            });
         assert_eq!(s.crc, crc, "shared record at {offset} changed identity");
         let before = s.extra();
         s.refs += 1;
         if s.fp == 0 {
             s.fp = fp;
         }
-        self.extra_refs += s.extra() - before;
+        let gained = s.extra() - before;
+        self.extra_refs += gained;
+        self.records_len += usize::from(new);
         false
     }
 
@@ -314,22 +450,32 @@ impl SharedTable {
     /// (a single-block record whose owner was its only entry); else whether
     /// the record is now dead.
     pub fn release(&mut self, offset: u64, was_ref: bool) -> Option<bool> {
-        if let Some(u) = self.units.get_mut(&offset) {
+        if self.unit(offset).is_some() {
+            let u = self
+                .seg_mut(offset)
+                .units
+                .get_mut(&offset)
+                .expect("found above");
             if was_ref {
                 assert!(u.refs > 0, "ref count of the unit at {offset} underflows");
                 u.refs -= 1;
-                self.extra_refs -= 1;
             } else {
                 assert!(u.owners > 0, "owners of the unit at {offset} underflow");
                 u.owners -= 1;
             }
-            if u.refs == 0 && u.owners == 0 {
-                self.units.remove(&offset);
-                return Some(true);
+            let dead = u.refs == 0 && u.owners == 0;
+            self.extra_refs -= u64::from(was_ref);
+            if dead {
+                self.remove_unit(offset);
             }
-            return Some(false);
+            return Some(dead);
         }
-        let s = self.records.get_mut(&offset)?;
+        self.record(offset)?;
+        let s = self
+            .seg_mut(offset)
+            .records
+            .get_mut(&offset)
+            .expect("found above");
         let before = s.extra();
         if was_ref {
             assert!(s.refs > 0, "ref count of the record at {offset} underflows");
@@ -341,27 +487,29 @@ impl SharedTable {
             );
             s.owners -= 1;
         }
-        self.extra_refs -= before - s.extra();
-        if s.refs == 0 {
+        let lost = before - s.extra();
+        let (refs, owners) = (s.refs, s.owners);
+        self.extra_refs -= lost;
+        if refs == 0 {
             // Only the owner left (unshared again), or nothing (dead).
-            let dead = s.owners == 0;
-            self.records.remove(&offset);
-            return Some(dead);
+            self.remove_record(offset);
+            return Some(owners == 0);
         }
         Some(false)
     }
 
     /// The fingerprint of a shared record, 0 if not known.
     pub fn fingerprint_of(&self, offset: u64) -> Fingerprint {
-        self.records.get(&offset).map_or(0, |s| s.fp)
+        self.record(offset).map_or(0, |s| s.fp)
     }
 
     pub fn memory_bytes(&self) -> u64 {
         // A B-tree node holds up to 11 keys and values (about 2/3 full on
-        // average) and a few words more.
+        // average) and a few words more; a slot per segment.
         let cost = |n: usize, value: usize| (n as u64) * (8 + value as u64) * 3 / 2;
-        cost(self.records.len(), std::mem::size_of::<Shared>())
-            + cost(self.units.len(), std::mem::size_of::<UnitLive>())
+        cost(self.records_len, std::mem::size_of::<Shared>())
+            + cost(self.units_len, std::mem::size_of::<UnitLive>())
+            + (self.segs.capacity() * 8) as u64
     }
 }
 

@@ -70,7 +70,7 @@ impl LiveMap {
         LiveMap {
             map: crate::recovery::volume_map(sb),
             counters: MapCounters::default(),
-            shared: SharedTable::default(),
+            shared: SharedTable::new(sb.data_offset_bytes, sb.segment_size_bytes),
             usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
             geometry: Geometry::of(sb),
             changes: 1,
@@ -320,31 +320,29 @@ impl LiveMap {
 /// rebuilt one knows no fingerprints).
 fn shared_differences(running: &SharedTable, fresh: &SharedTable) -> Vec<String> {
     let mut errors = Vec::new();
-    for (off, s) in &running.records {
-        match fresh.records.get(off) {
+    for (off, s) in running.records() {
+        match fresh.record(off) {
             Some(f) if f == s || (f.fp == 0 && Shared { fp: 0, ..*s } == *f) => {}
             other => errors.push(format!(
                 "record at {off}: running {s:?}, from the map {other:?}"
             )),
         }
     }
-    for (off, f) in &fresh.records {
-        if !running.records.contains_key(off) {
+    for (off, f) in fresh.records() {
+        if running.record(off).is_none() {
             errors.push(format!(
                 "record at {off}: shared per the map ({f:?}), not in the table"
             ));
         }
     }
-    if fresh.units != running.units {
-        let differ = running
-            .units
-            .iter()
-            .filter(|(o, u)| fresh.units.get(o) != Some(u))
-            .count();
+    let differ = (running.units())
+        .filter(|&(o, u)| fresh.unit(o) != Some(u))
+        .count();
+    if differ > 0 || running.unit_count() != fresh.unit_count() {
         errors.push(format!(
             "units: {} running, {} from the map, {differ} differ",
-            running.units.len(),
-            fresh.units.len()
+            running.unit_count(),
+            fresh.unit_count()
         ));
     }
     if fresh.extra_refs != running.extra_refs {
@@ -508,10 +506,15 @@ pub(crate) fn rebuild(
     tables::mark_segments(&mut segments.table, needed, open);
     Ok(Rebuilt {
         segments,
-        shared: SharedTable {
-            records: shared,
-            units: census.units,
-            extra_refs: extra,
+        shared: {
+            let mut t = SharedTable::new(sb.data_offset_bytes, sb.segment_size_bytes);
+            shared.into_iter().for_each(|(o, r)| t.insert_record(o, r));
+            census
+                .units
+                .into_iter()
+                .for_each(|(o, u)| t.insert_unit(o, u));
+            t.extra_refs = extra;
+            t
         },
         counters,
         books,

@@ -9,7 +9,7 @@
 //! keeps it dirty); the root with every checkpoint whose changed groups
 //! could all be written.
 use super::{rebuild, Geometry, LiveMap, Rebuilt, RebuiltSegments};
-use crate::dedup::{OffsetMap, Shared, SharedTable, UnitLive};
+use crate::dedup::{OffsetMap, SegShared, Shared, SharedTable, UnitLive};
 use crate::map::BlockMap;
 use crate::map::Page;
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
@@ -20,6 +20,9 @@ use cvol_format::tables::{
     table_count, TableGroup, TableRoot, TableRow, COUNTER_WORDS, TABLE_PAYLOAD_MAX_BYTES,
     TABLE_SEGMENTS,
 };
+
+// A table per segment: the shared table's share of a segment is its rows.
+const _: () = assert!(TABLE_SEGMENTS == 1);
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -64,14 +67,93 @@ impl TableBooks {
     }
 }
 
-/// The tables a checkpoint writes, taken with its snapshot.
+/// The tables a checkpoint writes, taken with its snapshot (under the
+/// state lock; encoded outside it, `encode`).
 #[derive(Default)]
 pub(crate) struct TableSnapshot {
-    /// The root's payload; None when a changed group was too large to
-    /// write (the checkpoint then names no root: open rebuilds).
-    pub(crate) root: Option<Vec<u8>>,
-    /// (table, stamp, payload) of every changed group with records.
-    pub(crate) groups: Vec<(usize, u64, Vec<u8>)>,
+    /// The root's payload, unless the map is empty.
+    root: Option<Vec<u8>>,
+    /// Every changed segment with live data.
+    groups: Vec<SegmentSnapshot>,
+}
+
+/// A changed segment's table at the snapshot.
+struct SegmentSnapshot {
+    table: usize,
+    stamp: u64,
+    segment: u64,
+    /// Live bytes of its data records.
+    live: u64,
+    /// Its share of the shared table.
+    share: Option<Arc<SegShared>>,
+}
+
+impl TableSnapshot {
+    /// Upper bounds on the payloads of the table records (lz4's worst).
+    pub(crate) fn payload_bounds(&self) -> Vec<usize> {
+        let bound = |raw: usize| 4 + raw + raw / 255 + 16;
+        let rows = |g: &SegmentSnapshot| {
+            (g.share.as_deref()).map_or(0, |s| s.records.len() + s.units.len())
+        };
+        let groups = (self.groups.iter()).map(|g| bound(TableGroup::bytes(1, rows(g))));
+        groups
+            .chain(self.root.as_ref().map(|r| bound(r.len())))
+            .collect()
+    }
+
+    /// The root's payload, compressed, unless the map is empty.
+    pub(crate) fn root_payload(&self) -> Option<Vec<u8>> {
+        (self.root.as_deref()).map(lz4_flex::block::compress_prepend_size)
+    }
+
+    /// The changed segments' tables, `n` at a time, encoded and compressed
+    /// (outside the state lock) as (table, stamp, payload): None for one
+    /// too large to write.
+    pub(crate) fn encoded_batches(
+        &mut self,
+        n: usize,
+    ) -> impl Iterator<Item = Vec<(usize, u64, Option<Vec<u8>>)>> + '_ {
+        let mut rest = std::mem::take(&mut self.groups).into_iter();
+        std::iter::from_fn(move || {
+            let batch: Vec<(usize, u64, Option<Vec<u8>>)> = (rest.by_ref().take(n))
+                .map(|g| {
+                    let raw = group_table(g.segment, g.live, g.share.as_deref()).encode();
+                    let fits = raw.len() <= TABLE_PAYLOAD_MAX_BYTES;
+                    let payload = fits.then(|| lz4_flex::block::compress_prepend_size(&raw));
+                    (g.table, g.stamp, payload)
+                })
+                .collect();
+            (!batch.is_empty()).then_some(batch)
+        })
+    }
+}
+
+/// Segment `segment`'s table: its data live bytes and its share's rows.
+fn group_table(segment: u64, live: u64, share: Option<&SegShared>) -> TableGroup {
+    let mut rows: Vec<TableRow> = Vec::new();
+    if let Some(share) = share {
+        let records = share.records.iter().map(|(&offset, s)| TableRow {
+            offset,
+            refs: s.refs,
+            owners: s.owners,
+            crc: s.crc,
+            unit: false,
+        });
+        let units = share.units.iter().map(|(&offset, u)| TableRow {
+            offset,
+            refs: u.refs,
+            owners: u32::from(u.owners),
+            crc: 0,
+            unit: true,
+        });
+        rows = records.chain(units).collect();
+        rows.sort_unstable_by_key(|r| r.offset);
+    }
+    TableGroup {
+        group: segment,
+        live: vec![live],
+        rows,
+    }
 }
 
 /// The tables a checkpoint names, read at open.
@@ -110,87 +192,53 @@ fn counters_of(w: &[u64; COUNTER_WORDS]) -> MapCounters {
 }
 
 impl LiveMap {
-    /// The table of group `g` as it is now.
-    fn group_table(&self, g: u64) -> TableGroup {
-        let first = g * TABLE_SEGMENTS;
-        let end = (first + TABLE_SEGMENTS).min(self.usage.count());
-        let live = (first..end)
-            .map(|s| self.usage.live_bytes(s) - self.books.meta_live[s as usize])
-            .collect();
-        let lo = self.geometry.data_offset_bytes + first * self.geometry.segment_size_bytes;
-        let hi = self.geometry.data_offset_bytes + end * self.geometry.segment_size_bytes;
-        let records = self
-            .shared
-            .records
-            .range(lo..hi)
-            .map(|(&offset, s)| TableRow {
-                offset,
-                refs: s.refs,
-                owners: s.owners,
-                crc: s.crc,
-                unit: false,
-            });
-        let units = self
-            .shared
-            .units
-            .range(lo..hi)
-            .map(|(&offset, u)| TableRow {
-                offset,
-                refs: u.refs,
-                owners: u32::from(u.owners),
-                crc: 0,
-                unit: true,
-            });
-        let mut rows: Vec<TableRow> = records.chain(units).collect();
-        rows.sort_unstable_by_key(|r| r.offset);
-        TableGroup {
-            group: g,
-            live,
-            rows,
-        }
-    }
-
     /// The tables that changed, for a checkpoint, taken with its snapshot
-    /// (under the state lock): empty groups lose their record at once.
+    /// (under the state lock: live bytes copied, each segment's share of
+    /// the shared table shared copy-on-write): segments without live data
+    /// lose their record at once.
     pub(crate) fn table_snapshot(&mut self) -> TableSnapshot {
         let mut snap = TableSnapshot::default();
         if self.map.tables() == 0 {
             return snap;
         }
-        let mut complete = true;
         for g in 0..self.books.dirty.len() {
             let stamp = self.books.dirty[g];
             if stamp == 0 {
                 continue;
             }
-            let table = self.group_table(g as u64);
-            if table.rows.is_empty() && table.live.iter().all(|&l| l == 0) {
+            let s = g as u64;
+            let live = self.usage.live_bytes(s) - self.books.meta_live[g];
+            let share = self.shared.segment(s);
+            if live == 0 && share.is_none() {
                 self.map.set_table_ref(1 + g, None);
                 self.books.dirty[g] = 0;
                 continue;
             }
-            let raw = table.encode();
-            if raw.len() > TABLE_PAYLOAD_MAX_BYTES {
-                // Not written (its old record, stale, is named no more)
-                // and no root either: open rebuilds until it fits again.
-                self.map.set_table_ref(1 + g, None);
-                complete = false;
-                continue;
-            }
-            snap.groups.push((1 + g, stamp, raw));
+            snap.groups.push(SegmentSnapshot {
+                table: 1 + g,
+                stamp,
+                segment: s,
+                live,
+                share,
+            });
         }
         // An empty map needs no tables (open rebuilds them for nothing):
         // a new volume's first records are not held live by a root.
-        if complete && self.map.allocated_pages() > 0 {
+        if self.map.allocated_pages() > 0 {
             let root = TableRoot {
                 segments: self.usage.count(),
                 counters: counter_words(&self.counters),
             };
             snap.root = Some(root.encode());
-        } else {
-            self.map.set_table_ref(0, None);
         }
         snap
+    }
+
+    /// Table `t` could not be written (too large; for the root: a table
+    /// could not be, or the map is empty): its old record, stale, is named
+    /// no more, and it stays changed.
+    pub(crate) fn table_unwritten(&mut self, t: usize) {
+        self.map.set_table_ref(t, None);
     }
 
     /// Names `r` as table `t`'s record, written from the snapshot of
@@ -269,11 +317,13 @@ fn tables_of(
     }
     let mut books = TableBooks::new(segments, false);
     let mut counters = counters_of(&t.root.counters);
-    let mut shared = SharedTable {
-        records: rows.records.into_iter().collect(),
-        units: rows.units.into_iter().collect(),
-        extra_refs: 0,
-    };
+    let mut shared = SharedTable::new(geometry.data_offset_bytes, geometry.segment_size_bytes);
+    for (offset, r) in rows.records {
+        shared.insert_record(offset, r);
+    }
+    for (offset, u) in rows.units {
+        shared.insert_unit(offset, u);
+    }
     if replay.records > 0 {
         let originals = originals.ok_or("the pages replayed were not kept")?;
         let mut tables = Tables {
@@ -286,10 +336,7 @@ fn tables_of(
         apply_replay(map, originals, replay.new_records, &mut tables)?;
     }
     count_map_records(map, geometry, &mut segs, &mut books)?;
-    shared.extra_refs = shared.records.values().map(Shared::extra).sum::<u64>()
-        + (shared.units.values())
-            .map(|u| u64::from(u.refs))
-            .sum::<u64>();
+    shared.recount_extra();
     mark_segments(&mut segs.table, replay.needed, replay.open);
     Ok(Rebuilt {
         segments: segs,
@@ -558,8 +605,8 @@ fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Resu
         return bad("entries of another shape");
     }
     let (refs_s, owners_s) = if d.unit {
-        (t.shared.units.get(&offset)).map_or((0, 0), |u| (u.refs, u32::from(u.owners)))
-    } else if let Some(s) = t.shared.records.get(&offset) {
+        (t.shared.unit(offset)).map_or((0, 0), |u| (u.refs, u32::from(u.owners)))
+    } else if let Some(s) = t.shared.record(offset) {
         (s.refs, s.owners)
     } else if d.owners_a > 0 || !new {
         (0, 1)
@@ -579,10 +626,10 @@ fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Resu
     if d.unit {
         match u16::try_from(owners) {
             Ok(owners) if refs + u32::from(owners) > 0 => {
-                t.shared.units.insert(offset, UnitLive { refs, owners });
+                t.shared.insert_unit(offset, UnitLive { refs, owners });
             }
             Ok(_) => {
-                t.shared.units.remove(&offset);
+                t.shared.remove_unit(offset);
             }
             Err(_) => return bad("unit owners"),
         }
@@ -593,9 +640,9 @@ fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Resu
             crc: d.crc,
             fp: 0,
         };
-        t.shared.records.insert(offset, s);
+        t.shared.insert_record(offset, s);
     } else {
-        t.shared.records.remove(&offset);
+        t.shared.remove_record(offset);
     }
     let (was, is) = (refs_s + owners_s > 0, refs + owners > 0);
     let s = t.geometry.segment_of(offset);

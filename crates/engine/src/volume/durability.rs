@@ -202,7 +202,7 @@ impl Volume {
         let mut snap = self.checkpoint_snapshot()?;
         let pages = std::mem::take(&mut snap.pages);
         let npages = pages.len();
-        let tables = encode_tables(std::mem::take(&mut snap.tables));
+        let tables = std::mem::take(&mut snap.tables);
         let page_bytes = self.append_pages(pages, &tables, between)?;
         let table_bytes = self.append_tables(tables)?;
         let _f = self.lock_flush()?;
@@ -273,14 +273,14 @@ impl Volume {
     fn append_pages(
         &self,
         pages: Vec<(usize, Arc<Page>)>,
-        tables: &[(usize, u64, Vec<u8>)],
+        tables: &TableSnapshot,
         between: impl FnOnce(),
     ) -> Result<u64, VolError> {
         // Refuse before appending anything: a half-written checkpoint only
         // wastes space. (Client writes appended meanwhile leave the reserve,
         // room for a whole checkpoint, free.)
         let mut bounds: Vec<usize> = pages.iter().map(|(_, p)| page_payload_bound(p)).collect();
-        bounds.extend(tables.iter().map(|(_, _, payload)| payload.len()));
+        bounds.extend(tables.payload_bounds());
         let named = {
             let st = self.lock_state()?;
             (st.live.map().allocated_pages() + st.live.map().tables()) as u64
@@ -329,19 +329,31 @@ impl Volume {
         Ok(total)
     }
 
-    /// Appends the table records (`encode_tables`), each named as its
-    /// table's record at once; returns the bytes appended.
-    fn append_tables(&self, tables: Vec<(usize, u64, Vec<u8>)>) -> Result<u64, VolError> {
+    /// Appends the table records, encoded a batch at a time outside the
+    /// state lock, each named as its table's record at once; the root
+    /// last, if every changed table could be written (one too large names
+    /// no record, and then neither does the root). Returns the bytes
+    /// appended.
+    fn append_tables(&self, mut tables: TableSnapshot) -> Result<u64, VolError> {
         let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
-        let mut total = 0u64;
-        for batch in tables.chunks(PAGES_PER_HOLD) {
+        let (mut total, mut complete) = (0u64, true);
+        let root = tables.root_payload();
+        let batches = tables.encoded_batches(PAGES_PER_HOLD);
+        let root = std::iter::once(vec![(0, 0, root)]);
+        for batch in batches.chain(root) {
             let mut st = self.lock_state()?;
             self.check_writable()?;
             for (t, stamp, payload) in batch {
-                let lba = (npages + *t as u64) * MAP_PAGE_BLOCKS;
+                let payload = payload.filter(|_| t > 0 || complete);
+                let Some(payload) = payload else {
+                    complete = false;
+                    st.live.table_unwritten(t);
+                    continue;
+                };
+                let lba = (npages + t as u64) * MAP_PAGE_BLOCKS;
                 let shape = Shape::map_meta(RecordKind::MapTable, lba);
-                let placed = self.append(&mut st, shape, payload)?;
-                st.live.table_written(*t, *stamp, page_ref(&placed));
+                let placed = self.append(&mut st, shape, &payload)?;
+                st.live.table_written(t, stamp, page_ref(&placed));
                 total += u64::from(placed.len);
             }
         }
@@ -445,16 +457,6 @@ struct CheckpointSnapshot {
     resume: Resume,
     /// Segments reusable once this checkpoint is durable.
     candidates: Vec<u64>,
-}
-
-/// The table records a checkpoint appends, lz4-compressed (outside the
-/// state lock): (table, stamp, payload), the root first (stamp 0).
-fn encode_tables(t: TableSnapshot) -> Vec<(usize, u64, Vec<u8>)> {
-    let root = t.root.map(|raw| (0, 0, raw));
-    root.into_iter()
-        .chain(t.groups)
-        .map(|(t, stamp, raw)| (t, stamp, lz4_flex::block::compress_prepend_size(&raw)))
-        .collect()
 }
 
 fn page_ref(p: &Placed) -> PageRef {
