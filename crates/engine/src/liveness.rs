@@ -23,7 +23,7 @@ use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tables::TableBooks;
-pub(crate) use tables::{check_tables, LoadedTables, Replay, TableSnapshot};
+pub(crate) use tables::{check_tables, EncodedTables, LoadedTables, Replay, TableSnapshot};
 
 mod tables;
 

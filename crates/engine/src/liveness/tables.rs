@@ -15,10 +15,11 @@ use crate::map::Page;
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
+use cvol_format::checkpoint::DIR_ENTRY_BYTES;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::tables::{
-    table_count, TableGroup, TableRoot, TableRow, COUNTER_WORDS, TABLE_PAYLOAD_MAX_BYTES,
-    TABLE_SEGMENTS,
+    table_count, TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_HEADER_BYTES, ROOT_BYTES,
+    ROW_BYTES, TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
 };
 
 // A table per segment: the shared table's share of a segment is its rows.
@@ -88,43 +89,39 @@ struct SegmentSnapshot {
     share: Option<Arc<SegShared>>,
 }
 
+/// The table records a checkpoint appends, lz4-compressed: (table, stamp,
+/// payload), None for one too large to write; the root's payload.
+#[derive(Default)]
+pub(crate) struct EncodedTables {
+    pub(crate) groups: Vec<(usize, u64, Option<Vec<u8>>)>,
+    pub(crate) root: Option<Vec<u8>>,
+}
+
+impl EncodedTables {
+    /// Lengths of the payloads to append.
+    pub(crate) fn payload_lens(&self) -> Vec<usize> {
+        let groups = self.groups.iter().filter_map(|(_, _, p)| p.as_ref());
+        groups.chain(&self.root).map(Vec::len).collect()
+    }
+}
+
 impl TableSnapshot {
-    /// Upper bounds on the payloads of the table records (lz4's worst).
-    pub(crate) fn payload_bounds(&self) -> Vec<usize> {
-        let bound = |raw: usize| 4 + raw + raw / 255 + 16;
-        let rows = |g: &SegmentSnapshot| {
-            (g.share.as_deref()).map_or(0, |s| s.records.len() + s.units.len())
-        };
-        let groups = (self.groups.iter()).map(|g| bound(TableGroup::bytes(1, rows(g))));
-        groups
-            .chain(self.root.as_ref().map(|r| bound(r.len())))
-            .collect()
-    }
-
-    /// The root's payload, compressed, unless the map is empty.
-    pub(crate) fn root_payload(&self) -> Option<Vec<u8>> {
-        (self.root.as_deref()).map(lz4_flex::block::compress_prepend_size)
-    }
-
-    /// The changed segments' tables, `n` at a time, encoded and compressed
-    /// (outside the state lock) as (table, stamp, payload): None for one
-    /// too large to write.
-    pub(crate) fn encoded_batches(
-        &mut self,
-        n: usize,
-    ) -> impl Iterator<Item = Vec<(usize, u64, Option<Vec<u8>>)>> + '_ {
-        let mut rest = std::mem::take(&mut self.groups).into_iter();
-        std::iter::from_fn(move || {
-            let batch: Vec<(usize, u64, Option<Vec<u8>>)> = (rest.by_ref().take(n))
-                .map(|g| {
-                    let raw = group_table(g.segment, g.live, g.share.as_deref()).encode();
-                    let fits = raw.len() <= TABLE_PAYLOAD_MAX_BYTES;
-                    let payload = fits.then(|| lz4_flex::block::compress_prepend_size(&raw));
-                    (g.table, g.stamp, payload)
-                })
-                .collect();
-            (!batch.is_empty()).then_some(batch)
-        })
+    /// Encodes and compresses the tables, outside the state lock and right
+    /// after the snapshot: the shares it holds are released before client
+    /// writes would copy them.
+    pub(crate) fn encode(self) -> EncodedTables {
+        let lz4 = |raw: &[u8]| lz4_flex::block::compress_prepend_size(raw);
+        let groups = (self.groups.into_iter())
+            .map(|g| {
+                let raw = group_table(g.segment, g.live, g.share.as_deref()).encode();
+                let fits = raw.len() <= TABLE_PAYLOAD_MAX_BYTES;
+                (g.table, g.stamp, fits.then(|| lz4(&raw)))
+            })
+            .collect();
+        EncodedTables {
+            groups,
+            root: self.root.as_deref().map(lz4),
+        }
     }
 }
 
@@ -232,6 +229,22 @@ impl LiveMap {
             snap.root = Some(root.encode());
         }
         snap
+    }
+
+    /// Upper bound on the log bytes of every table record (a checkpoint's
+    /// reserve): per segment a record header, lz4's overhead, the group
+    /// header, its live bytes and a directory entry; a row per shared
+    /// record and unit; the root.
+    pub(crate) fn table_bytes_bound(&self) -> u64 {
+        if self.map.tables() == 0 {
+            return 0;
+        }
+        let per_table =
+            (RECORD_HEADER_BYTES + 20 + GROUP_HEADER_BYTES + 8 + DIR_ENTRY_BYTES + 1) as u64;
+        let rows = (self.shared.record_count() + self.shared.unit_count()) as u64;
+        self.usage.count() * per_table
+            + rows * (ROW_BYTES as u64 + 1)
+            + (ROOT_BYTES + RECORD_HEADER_BYTES + 64) as u64
     }
 
     /// Table `t` could not be written (too large; for the root: a table

@@ -5,7 +5,7 @@
 //! once that is safe. The argument is in docs/FORMAT.md.
 use super::{space, State, Volume};
 use crate::error::VolError;
-use crate::liveness::TableSnapshot;
+use crate::liveness::{EncodedTables, TableSnapshot};
 use crate::log::{Placed, Shape};
 use crate::map::Page;
 use cvol_format::checkpoint::{
@@ -202,7 +202,7 @@ impl Volume {
         let mut snap = self.checkpoint_snapshot()?;
         let pages = std::mem::take(&mut snap.pages);
         let npages = pages.len();
-        let tables = std::mem::take(&mut snap.tables);
+        let tables = std::mem::take(&mut snap.tables).encode();
         let page_bytes = self.append_pages(pages, &tables, between)?;
         let table_bytes = self.append_tables(tables)?;
         let _f = self.lock_flush()?;
@@ -273,14 +273,14 @@ impl Volume {
     fn append_pages(
         &self,
         pages: Vec<(usize, Arc<Page>)>,
-        tables: &TableSnapshot,
+        tables: &EncodedTables,
         between: impl FnOnce(),
     ) -> Result<u64, VolError> {
         // Refuse before appending anything: a half-written checkpoint only
         // wastes space. (Client writes appended meanwhile leave the reserve,
         // room for a whole checkpoint, free.)
         let mut bounds: Vec<usize> = pages.iter().map(|(_, p)| page_payload_bound(p)).collect();
-        bounds.extend(tables.payload_bounds());
+        bounds.extend(tables.payload_lens());
         let named = {
             let st = self.lock_state()?;
             (st.live.map().allocated_pages() + st.live.map().tables()) as u64
@@ -329,31 +329,30 @@ impl Volume {
         Ok(total)
     }
 
-    /// Appends the table records, encoded a batch at a time outside the
-    /// state lock, each named as its table's record at once; the root
-    /// last, if every changed table could be written (one too large names
-    /// no record, and then neither does the root). Returns the bytes
-    /// appended.
-    fn append_tables(&self, mut tables: TableSnapshot) -> Result<u64, VolError> {
+    /// Appends the table records, a batch per hold of the state lock, each
+    /// named as its table's record at once; the root last, if every
+    /// changed table could be written (one too large names no record, and
+    /// then neither does the root). Returns the bytes appended.
+    fn append_tables(&self, tables: EncodedTables) -> Result<u64, VolError> {
         let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
         let (mut total, mut complete) = (0u64, true);
-        let root = tables.root_payload();
-        let batches = tables.encoded_batches(PAGES_PER_HOLD);
-        let root = std::iter::once(vec![(0, 0, root)]);
-        for batch in batches.chain(root) {
+        let root = std::iter::once((0, 0, tables.root));
+        let all: Vec<(usize, u64, Option<Vec<u8>>)> =
+            tables.groups.into_iter().chain(root).collect();
+        for batch in all.chunks(PAGES_PER_HOLD) {
             let mut st = self.lock_state()?;
             self.check_writable()?;
             for (t, stamp, payload) in batch {
-                let payload = payload.filter(|_| t > 0 || complete);
+                let payload = payload.as_ref().filter(|_| *t > 0 || complete);
                 let Some(payload) = payload else {
                     complete = false;
-                    st.live.table_unwritten(t);
+                    st.live.table_unwritten(*t);
                     continue;
                 };
-                let lba = (npages + t as u64) * MAP_PAGE_BLOCKS;
+                let lba = (npages + *t as u64) * MAP_PAGE_BLOCKS;
                 let shape = Shape::map_meta(RecordKind::MapTable, lba);
-                let placed = self.append(&mut st, shape, &payload)?;
-                st.live.table_written(t, stamp, page_ref(&placed));
+                let placed = self.append(&mut st, shape, payload)?;
+                st.live.table_written(*t, *stamp, page_ref(&placed));
                 total += u64::from(placed.len);
             }
         }

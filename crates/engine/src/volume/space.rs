@@ -57,13 +57,20 @@ const MAP_RECORD_MAX_BYTES: u64 = 80 << 10;
 const DIR_BYTES_PER_PAGE: u64 = DIR_ENTRY_BYTES as u64 + 1;
 
 /// Upper bound on the log bytes a checkpoint of a map of `entries` mapped
-/// or zero entries in `pages` pages takes, every page dirty: the page
-/// records, the directory, up to two map records lost to segment tails
-/// per segment it spans, the commit record.
-pub(super) fn checkpoint_estimate_bytes(entries: u64, pages: u64, segment_size_bytes: u64) -> u64 {
+/// or zero entries in `pages` pages takes, every page dirty, with liveness
+/// tables of `table_bytes` (`LiveMap::table_bytes_bound`): the page and
+/// table records, the directory, up to two map records lost to segment
+/// tails per segment it spans, the commit record.
+pub(super) fn checkpoint_estimate_bytes(
+    entries: u64,
+    pages: u64,
+    table_bytes: u64,
+    segment_size_bytes: u64,
+) -> u64 {
     let raw = entries * CHECKPOINT_ENTRY_MAX_BYTES
         + pages * (PAGE_RECORD_OVERHEAD_BYTES + DIR_BYTES_PER_PAGE)
-        + dir_blocks_max(pages) * PAGE_RECORD_OVERHEAD_BYTES;
+        + dir_blocks_max(pages) * PAGE_RECORD_OVERHEAD_BYTES
+        + table_bytes;
     raw + (raw / segment_size_bytes + CHECKPOINT_TAILS_EXTRA) * MAP_RECORD_MAX_BYTES
         + CHECKPOINT_COMMIT_ALLOWANCE_BYTES
 }
@@ -151,7 +158,8 @@ impl Volume {
         let c = st.live.counters();
         let entries = c.data_blocks + c.zero_blocks + c.lost_blocks;
         let pages = st.live.map().allocated_pages() as u64;
-        checkpoint_estimate_bytes(entries, pages, self.sb.segment_size_bytes)
+        let tables = st.live.table_bytes_bound();
+        checkpoint_estimate_bytes(entries, pages, tables, self.sb.segment_size_bytes)
     }
 
     /// Log bytes kept back from client writes: room for a checkpoint of the
@@ -221,12 +229,12 @@ mod tests {
         assert_eq!(UNIT_RECORD_MAX_BYTES, 16 * 4096 + 44);
         // An empty map: two map records' worth and the commit allowance.
         assert_eq!(
-            checkpoint_estimate_bytes(0, 0, MIB),
+            checkpoint_estimate_bytes(0, 0, 0, MIB),
             2 * (80 << 10) + (64 << 10)
         );
         // A page record holds its entries with room for lz4 (the page's
         // directory entry and block count too).
-        let one = checkpoint_estimate_bytes(1, 1, MIB) - checkpoint_estimate_bytes(0, 0, MIB);
+        let one = checkpoint_estimate_bytes(1, 1, 0, MIB) - checkpoint_estimate_bytes(0, 0, 0, MIB);
         assert_eq!(one, 25 + (44 + 4 + 48) + 33 + (44 + 4 + 48));
         const { assert!(512 * 25 + 2 * PAGE_RECORD_OVERHEAD_BYTES < MAP_RECORD_MAX_BYTES) };
         const { assert!(DIR_PAGES * DIR_BYTES_PER_PAGE + 96 < MAP_RECORD_MAX_BYTES) };
