@@ -138,29 +138,34 @@ fn tables_follow_the_cleaner_and_a_tiny_map_cache() {
 /// until the segment's table fits again.
 #[test]
 fn a_group_too_large_for_its_record_leaves_no_root() {
+    const N: u64 = 12_000;
     let sim = SimStorage::new(48 * MIB);
-    let vol = common::create(&sim, &common::options(&sim, 64 * MIB));
-    // 3000 tiny records (a block of one repeated byte pair compresses to
-    // a few dozen bytes), each written twice: 3000 shared records.
+    let vol = common::create(&sim, &common::options(&sim, 256 * MIB));
+    // Tiny records (a block of one repeated byte compresses to a few dozen
+    // bytes): over 10000 in one 1 MiB segment. Each written again later
+    // (REF records elsewhere): over 10000 shared records in that segment,
+    // a table of more than 64 KiB.
     let tiny = |i: u64| {
         let mut b = vec![(i % 251) as u8; BS];
         b[..8].copy_from_slice(&i.to_le_bytes());
         b
     };
-    for i in 0..3000u64 {
+    for i in 0..N {
         vol.write_at(i * BS as u64, &tiny(i), false).unwrap();
-        vol.write_at((8000 + i) * BS as u64, &tiny(i), false)
+    }
+    for i in 0..N {
+        vol.write_at((30_000 + i) * BS as u64, &tiny(i), false)
             .unwrap();
     }
     vol.flush().unwrap();
     let shared = vol.stats().dedup.dedup_shared_records;
-    assert!(shared >= 2990, "{shared}");
+    assert!(shared >= N * 9 / 10, "{shared}");
     common::close_and_check(vol, &sim);
     let vol = common::open(&sim);
     assert!(!vol.opened_from_tables(), "no root: tables rebuilt");
     vol.verify_refcounts().unwrap();
-    // Unshare most of them: the segment's table fits again.
-    vol.trim(8000 * BS as u64, 3000 * BS as u64, false).unwrap();
+    // Unshare them: the segment's table fits again.
+    vol.trim(30_000 * BS as u64, N * BS as u64, false).unwrap();
     common::close_and_check(vol, &sim);
     let vol = common::open(&sim);
     assert!(vol.opened_from_tables(), "the table fits: root written");

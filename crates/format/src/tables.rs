@@ -21,14 +21,18 @@
 //! 4  row count r
 //! 8 * n  live bytes of the *data* records of each segment (map records
 //!        are counted from the directory)
-//! r * 24 rows: the records of the group's segments that the shared table
-//!        holds (records with dedup references, and live units), by offset:
-//!   8  record offset
-//!   4  refs (ref entries)
-//!   4  owners (owner entries)
-//!   4  crc (0 for a unit)
-//!   4  flags (bit 0: a unit)
+//! r rows: the records of the group's segments that the shared table
+//!        holds (records with dedup references, and live units), in
+//!        increasing offset order, each:
+//!   varint  offset: the first row's itself, later ones the (non-zero)
+//!           difference from the row before
+//!   varint  owners (owner entries) * 2 + 1 for a unit
+//!   varint  refs (ref entries)
+//!   4       crc (not for a unit)
 //! ```
+//! A varint is LEB128: 7 bits a byte, least significant first, the high
+//! bit set on every byte but the last, at most 10 bytes, no superfluous
+//! zero bytes. A unit without references takes about 5 bytes.
 //! A group without live data records has no record, and no group payload
 //! is larger than `TABLE_PAYLOAD_MAX_BYTES`: a group that would be (tiny
 //! shared records by the thousand) is not written, and neither is the
@@ -54,13 +58,11 @@ const GROUP_OFF_INDEX: usize = 0;
 const GROUP_OFF_SEGMENTS: usize = GROUP_OFF_INDEX + 8;
 const GROUP_OFF_ROWS: usize = GROUP_OFF_SEGMENTS + 4;
 pub const GROUP_HEADER_BYTES: usize = GROUP_OFF_ROWS + 4;
-const ROW_OFF_OFFSET: usize = 0;
-const ROW_OFF_REFS: usize = ROW_OFF_OFFSET + 8;
-const ROW_OFF_OWNERS: usize = ROW_OFF_REFS + 4;
-const ROW_OFF_CRC: usize = ROW_OFF_OWNERS + 4;
-const ROW_OFF_FLAGS: usize = ROW_OFF_CRC + 4;
-pub const ROW_BYTES: usize = ROW_OFF_FLAGS + 4;
-const ROW_FLAG_UNIT: u32 = 1;
+/// The most bytes a row takes in a volume (segments of at most 1 GiB):
+/// an offset difference below 2^35 (5 bytes; the first row's offset, below
+/// 2^43, 2 more per table), owners (1 byte), refs (5), a crc (4).
+pub const ROW_MAX_BYTES: usize = 15;
+const VARINT_MAX_BYTES: usize = 10;
 
 /// Tables of a volume of `segments` segments: the root and one per group.
 pub const fn table_count(segments: u64) -> u64 {
@@ -126,76 +128,143 @@ pub struct TableGroup {
 }
 
 impl TableGroup {
-    /// Payload bytes of a group of `segments` segments and `rows` rows.
-    pub const fn bytes(segments: usize, rows: usize) -> usize {
-        GROUP_HEADER_BYTES + 8 * segments + ROW_BYTES * rows
+    pub fn encode(&self) -> Vec<u8> {
+        TableGroup::encode_rows(self.group, &self.live, self.rows.iter().copied())
     }
 
-    pub fn encode(&self) -> Vec<u8> {
-        let mut v = vec![0u8; TableGroup::bytes(self.live.len(), self.rows.len())];
-        put_u64(&mut v, GROUP_OFF_INDEX, self.group);
-        put_u32(&mut v, GROUP_OFF_SEGMENTS, self.live.len() as u32);
-        put_u32(&mut v, GROUP_OFF_ROWS, self.rows.len() as u32);
-        for (i, l) in self.live.iter().enumerate() {
+    /// The payload of group `group` with these live bytes and rows (in
+    /// increasing offset order), without collecting the rows first.
+    pub fn encode_rows(group: u64, live: &[u64], rows: impl Iterator<Item = TableRow>) -> Vec<u8> {
+        let mut v = vec![0u8; GROUP_HEADER_BYTES + 8 * live.len()];
+        put_u64(&mut v, GROUP_OFF_INDEX, group);
+        put_u32(&mut v, GROUP_OFF_SEGMENTS, live.len() as u32);
+        for (i, l) in live.iter().enumerate() {
             put_u64(&mut v, GROUP_HEADER_BYTES + 8 * i, *l);
         }
-        let rows_at = GROUP_HEADER_BYTES + 8 * self.live.len();
-        for (i, r) in self.rows.iter().enumerate() {
-            let at = rows_at + i * ROW_BYTES;
-            put_u64(&mut v, at + ROW_OFF_OFFSET, r.offset);
-            put_u32(&mut v, at + ROW_OFF_REFS, r.refs);
-            put_u32(&mut v, at + ROW_OFF_OWNERS, r.owners);
-            put_u32(&mut v, at + ROW_OFF_CRC, r.crc);
-            put_u32(
-                &mut v,
-                at + ROW_OFF_FLAGS,
-                u32::from(r.unit) * ROW_FLAG_UNIT,
+        let (mut count, mut prev) = (0u32, 0u64);
+        for r in rows {
+            assert!(
+                count == 0 || r.offset > prev,
+                "rows in increasing offset order"
             );
+            put_varint(&mut v, r.offset - prev);
+            put_varint(&mut v, u64::from(r.owners) << 1 | u64::from(r.unit));
+            put_varint(&mut v, u64::from(r.refs));
+            if !r.unit {
+                v.extend_from_slice(&r.crc.to_le_bytes());
+            }
+            (count, prev) = (count + 1, r.offset);
         }
+        put_u32(&mut v, GROUP_OFF_ROWS, count);
         v
     }
 
     /// Decodes group `group` of a volume of `segments` segments: its
     /// segment count must be the group's, its rows in increasing offset
-    /// order (their segments are checked by the caller, who knows where
-    /// segments lie).
+    /// order, every byte used (their segments are checked by the caller,
+    /// who knows where segments lie).
     pub fn decode(b: &[u8], group: u64, segments: u64) -> Result<TableGroup, FormatError> {
+        let bad = |what| Err(FormatError::Invalid(what));
         if b.len() < GROUP_HEADER_BYTES || get_u64(b, GROUP_OFF_INDEX) != group {
-            return Err(FormatError::Invalid("group table of another group"));
+            return bad("group table of another group");
         }
         let first = group.saturating_mul(TABLE_SEGMENTS);
         let expect = segments.saturating_sub(first).min(TABLE_SEGMENTS) as usize;
         let n = get_u32(b, GROUP_OFF_SEGMENTS) as usize;
-        let r = get_u32(b, GROUP_OFF_ROWS) as usize;
-        if n != expect || expect == 0 || b.len() != TableGroup::bytes(n, r) {
-            return Err(FormatError::Invalid("group table length"));
+        let count = get_u32(b, GROUP_OFF_ROWS) as usize;
+        let rows_at = GROUP_HEADER_BYTES + 8 * n;
+        if n != expect || expect == 0 || b.len() < rows_at {
+            return bad("group table length");
         }
         let live = (0..n)
             .map(|i| get_u64(b, GROUP_HEADER_BYTES + 8 * i))
             .collect();
-        let rows_at = GROUP_HEADER_BYTES + 8 * n;
-        let mut rows: Vec<TableRow> = Vec::with_capacity(r);
-        for e in b[rows_at..].chunks_exact(ROW_BYTES) {
-            let flags = get_u32(e, ROW_OFF_FLAGS);
-            let row = TableRow {
-                offset: get_u64(e, ROW_OFF_OFFSET),
-                refs: get_u32(e, ROW_OFF_REFS),
-                owners: get_u32(e, ROW_OFF_OWNERS),
-                crc: get_u32(e, ROW_OFF_CRC),
-                unit: flags & ROW_FLAG_UNIT != 0,
+        let mut at = rows_at;
+        let mut rows: Vec<TableRow> = Vec::with_capacity(count.min(b.len()));
+        for i in 0..count {
+            let delta = get_varint(b, &mut at)?;
+            let kind = get_varint(b, &mut at)?;
+            let refs = u32::try_from(get_varint(b, &mut at)?);
+            let owners = u32::try_from(kind >> 1);
+            let prev = rows.last().map_or(0, |r: &TableRow| r.offset);
+            let offset = prev.checked_add(delta).filter(|_| i == 0 || delta > 0);
+            let (Some(offset), Ok(refs), Ok(owners)) = (offset, refs, owners) else {
+                return bad("group table row");
             };
-            if flags & !ROW_FLAG_UNIT != 0 || rows.last().is_some_and(|l| l.offset >= row.offset) {
-                return Err(FormatError::Invalid("group table row"));
-            }
-            rows.push(row);
+            let unit = kind & 1 == 1;
+            let crc = if unit {
+                0
+            } else {
+                let crc = b
+                    .get(at..at + 4)
+                    .ok_or(FormatError::Invalid("group table row"))?;
+                at += 4;
+                u32::from_le_bytes(crc.try_into().expect("4 bytes"))
+            };
+            rows.push(TableRow {
+                offset,
+                refs,
+                owners,
+                crc,
+                unit,
+            });
+        }
+        if at != b.len() {
+            return bad("group table length");
         }
         Ok(TableGroup { group, live, rows })
     }
 }
 
+/// Appends `v` as a LEB128 varint.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The LEB128 varint at `*at`, moving past it: at most 10 bytes, the last
+/// not zero unless it is the only one, no bits beyond 64.
+fn get_varint(b: &[u8], at: &mut usize) -> Result<u64, FormatError> {
+    let mut v = 0u64;
+    for i in 0..VARINT_MAX_BYTES {
+        let byte = *b.get(*at + i).ok_or(FormatError::Invalid("varint"))?;
+        let bits = u64::from(byte & 0x7f);
+        if (i == 9 && byte > 1) || (i > 0 && byte == 0) {
+            return Err(FormatError::Invalid("varint"));
+        }
+        v |= bits << (7 * i);
+        if byte & 0x80 == 0 {
+            *at += i + 1;
+            return Ok(v);
+        }
+    }
+    Err(FormatError::Invalid("varint"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn varints_round_trip_and_refuse_overlong_forms() {
+        for v in [0, 1, 127, 128, 300, u64::from(u32::MAX), u64::MAX] {
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            let mut at = 0;
+            assert_eq!(get_varint(&b, &mut at).unwrap(), v);
+            assert_eq!(at, b.len());
+        }
+        let mut at = 0;
+        assert!(
+            get_varint(&[0x80, 0x00], &mut at).is_err(),
+            "superfluous zero"
+        );
+        assert!(get_varint(&[0xff; 10], &mut at).is_err(), "beyond 64 bits");
+        assert!(get_varint(&[0x80], &mut at).is_err(), "cut short");
+    }
 
     #[test]
     fn root_round_trips_and_refuses_another_layout() {
@@ -218,7 +287,7 @@ mod tests {
             offset,
             refs: 3,
             owners: 1,
-            crc: 7,
+            crc: if unit { 0 } else { 7 },
             unit,
         };
         let g = TableGroup {
@@ -231,13 +300,37 @@ mod tests {
         assert!(TableGroup::decode(&b, 0, 300).is_err(), "another group");
         assert!(TableGroup::decode(&b, 1, 1).is_err(), "beyond the volume");
         assert!(TableGroup::decode(&b[..b.len() - 1], 1, 300).is_err());
-        let swapped = TableGroup {
-            rows: vec![row(20, false), row(10, true)],
+        let mut longer = b.clone();
+        longer.push(0);
+        assert!(
+            TableGroup::decode(&longer, 1, 300).is_err(),
+            "a byte too many"
+        );
+        // A unit without references: offset, owners and refs in 5 bytes.
+        let unit = TableRow {
+            offset: 1 << 20,
+            refs: 0,
+            owners: 4,
+            crc: 0,
+            unit: true,
+        };
+        let one = TableGroup {
+            rows: vec![
+                unit,
+                TableRow {
+                    offset: (1 << 20) + 9000,
+                    ..unit
+                },
+            ],
             ..g.clone()
         };
-        assert!(TableGroup::decode(&swapped.encode(), 1, 300).is_err());
-        let mut flags = b.clone();
-        flags[GROUP_HEADER_BYTES + 8 + ROW_OFF_FLAGS] = 2;
-        assert!(TableGroup::decode(&flags, 1, 300).is_err());
+        let e = one.encode();
+        assert_eq!(e.len(), GROUP_HEADER_BYTES + 8 + 5 + 4);
+        assert_eq!(TableGroup::decode(&e, 1, 300).unwrap(), one);
+        // Two rows at one offset (a zero difference) are refused.
+        let second = GROUP_HEADER_BYTES + 8 + 5;
+        let mut dup = e[..second].to_vec();
+        dup.extend_from_slice(&[0, 9, 0]);
+        assert!(TableGroup::decode(&dup, 1, 300).is_err());
     }
 }

@@ -19,7 +19,7 @@ use cvol_format::checkpoint::DIR_ENTRY_BYTES;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::tables::{
     table_count, TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_HEADER_BYTES, ROOT_BYTES,
-    ROW_BYTES, TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
+    ROW_MAX_BYTES, TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
 };
 
 // A table per segment: the shared table's share of a segment is its rows.
@@ -113,7 +113,7 @@ impl TableSnapshot {
         let lz4 = |raw: &[u8]| lz4_flex::block::compress_prepend_size(raw);
         let groups = (self.groups.into_iter())
             .map(|g| {
-                let raw = group_table(g.segment, g.live, g.share.as_deref()).encode();
+                let raw = group_payload(g.segment, g.live, g.share.as_deref());
                 let fits = raw.len() <= TABLE_PAYLOAD_MAX_BYTES;
                 (g.table, g.stamp, fits.then(|| lz4(&raw)))
             })
@@ -125,32 +125,35 @@ impl TableSnapshot {
     }
 }
 
-/// Segment `segment`'s table: its data live bytes and its share's rows.
-fn group_table(segment: u64, live: u64, share: Option<&SegShared>) -> TableGroup {
-    let mut rows: Vec<TableRow> = Vec::new();
-    if let Some(share) = share {
-        let records = share.records.iter().map(|(&offset, s)| TableRow {
+/// Segment `segment`'s table payload: its data live bytes and its share's
+/// rows (records and units merged in offset order, not collected).
+fn group_payload(segment: u64, live: u64, share: Option<&SegShared>) -> Vec<u8> {
+    let empty = SegShared::default();
+    let share = share.unwrap_or(&empty);
+    let mut records = (share.records.iter())
+        .map(|(&offset, s)| TableRow {
             offset,
             refs: s.refs,
             owners: s.owners,
             crc: s.crc,
             unit: false,
-        });
-        let units = share.units.iter().map(|(&offset, u)| TableRow {
+        })
+        .peekable();
+    let mut units = (share.units.iter())
+        .map(|(&offset, u)| TableRow {
             offset,
             refs: u.refs,
             owners: u32::from(u.owners),
             crc: 0,
             unit: true,
-        });
-        rows = records.chain(units).collect();
-        rows.sort_unstable_by_key(|r| r.offset);
-    }
-    TableGroup {
-        group: segment,
-        live: vec![live],
-        rows,
-    }
+        })
+        .peekable();
+    let merged = std::iter::from_fn(|| match (records.peek(), units.peek()) {
+        (Some(r), Some(u)) if r.offset < u.offset => records.next(),
+        (_, Some(_)) => units.next(),
+        _ => records.next(),
+    });
+    TableGroup::encode_rows(segment, &[live], merged)
 }
 
 /// The tables a checkpoint names, read at open.
@@ -233,17 +236,17 @@ impl LiveMap {
 
     /// Upper bound on the log bytes of every table record (a checkpoint's
     /// reserve): per segment a record header, lz4's overhead, the group
-    /// header, its live bytes and a directory entry; a row per shared
-    /// record and unit; the root.
+    /// header, its live bytes, its first row's longer offset and a
+    /// directory entry; a row per shared record and unit; the root.
     pub(crate) fn table_bytes_bound(&self) -> u64 {
         if self.map.tables() == 0 {
             return 0;
         }
         let per_table =
-            (RECORD_HEADER_BYTES + 20 + GROUP_HEADER_BYTES + 8 + DIR_ENTRY_BYTES + 1) as u64;
+            (RECORD_HEADER_BYTES + 20 + GROUP_HEADER_BYTES + 8 + 2 + DIR_ENTRY_BYTES + 1) as u64;
         let rows = (self.shared.record_count() + self.shared.unit_count()) as u64;
         self.usage.count() * per_table
-            + rows * (ROW_BYTES as u64 + 1)
+            + rows * (ROW_MAX_BYTES as u64 + 1)
             + (ROOT_BYTES + RECORD_HEADER_BYTES + 64) as u64
     }
 
