@@ -317,6 +317,20 @@ impl SharedTable {
         self.segs.get(usize::try_from(s).ok()?)?.clone()
     }
 
+    /// Sets segment `s`'s share (empty before: loading tables at open).
+    pub fn insert_segment(&mut self, s: u64, share: SegShared) {
+        let i = usize::try_from(s).expect("a segment index");
+        if i >= self.segs.len() {
+            self.segs.resize(i + 1, None);
+        }
+        assert!(self.segs[i].is_none(), "segment {s}'s share set twice");
+        self.records_len += share.records.len();
+        self.units_len += share.units.len();
+        self.extra_refs += share.records.values().map(Shared::extra).sum::<u64>()
+            + share.units.values().map(|u| u64::from(u.refs)).sum::<u64>();
+        self.segs[i] = Some(Arc::new(share));
+    }
+
     pub fn record(&self, offset: u64) -> Option<&Shared> {
         self.seg(offset)?.records.get(&offset)
     }

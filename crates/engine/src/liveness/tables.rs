@@ -327,19 +327,12 @@ fn tables_of(
         table: SegmentTable::new(segments, sb.segment_size_bytes),
         usage: SegmentUsage::new(segments, sb.segment_size_bytes),
     };
-    let mut rows = Rows::default();
+    let mut shared = SharedTable::new(geometry.data_offset_bytes, geometry.segment_size_bytes);
     for g in &t.groups {
-        load_group(sb, geometry, g, &mut segs, &mut rows)?;
+        load_group(sb, geometry, g, &mut segs, &mut shared)?;
     }
     let mut books = TableBooks::new(segments, false);
     let mut counters = counters_of(&t.root.counters);
-    let mut shared = SharedTable::new(geometry.data_offset_bytes, geometry.segment_size_bytes);
-    for (offset, r) in rows.records {
-        shared.insert_record(offset, r);
-    }
-    for (offset, u) in rows.units {
-        shared.insert_unit(offset, u);
-    }
     if replay.records > 0 {
         let originals = originals.ok_or("the pages replayed were not kept")?;
         let mut tables = Tables {
@@ -350,9 +343,9 @@ fn tables_of(
             geometry,
         };
         apply_replay(map, originals, replay.new_records, &mut tables)?;
+        shared.recount_extra();
     }
     count_map_records(map, geometry, &mut segs, &mut books)?;
-    shared.recount_extra();
     mark_segments(&mut segs.table, replay.needed, replay.open);
     Ok(Rebuilt {
         segments: segs,
@@ -401,22 +394,16 @@ pub(crate) fn check_tables(
     }
 }
 
-/// The shared table's rows as read, in offset order (groups are read in
-/// order, rows within one sorted): a B-tree is built from them in bulk.
-#[derive(Default)]
-struct Rows {
-    records: Vec<(u64, Shared)>,
-    units: Vec<(u64, UnitLive)>,
-}
-
-/// Adds group `g`'s live bytes and rows, checked against the volume.
+/// Adds group `g`'s live bytes and rows, checked against the volume (its
+/// segment's share of the shared table built in bulk from the sorted rows).
 fn load_group(
     sb: &Superblock,
     geometry: Geometry,
     g: &TableGroup,
     segs: &mut RebuiltSegments,
-    shared: &mut Rows,
+    shared: &mut SharedTable,
 ) -> Result<(), String> {
+    let (mut records, mut units) = (Vec::new(), Vec::new());
     let first = g.group * TABLE_SEGMENTS;
     for (i, &live) in g.live.iter().enumerate() {
         let s = first + i as u64;
@@ -447,7 +434,7 @@ fn load_group(
             if r.refs == 0 && owners == 0 {
                 return Err("table: a unit without entries".into());
             }
-            shared.units.push((
+            units.push((
                 r.offset,
                 UnitLive {
                     refs: r.refs,
@@ -464,8 +451,15 @@ fn load_group(
                 crc: r.crc,
                 fp: 0,
             };
-            shared.records.push((r.offset, row));
+            records.push((r.offset, row));
         }
+    }
+    if !(records.is_empty() && units.is_empty()) {
+        let share = SegShared {
+            records: records.into_iter().collect(),
+            units: units.into_iter().collect(),
+        };
+        shared.insert_segment(first, share);
     }
     Ok(())
 }
