@@ -90,15 +90,28 @@ impl LiveMap {
         changes: u64,
     ) -> (LiveMap, SegmentTable) {
         let map_tables = map.tables() > 0 && map.allocated_pages() > 0;
+        let changes = changes.max(u64::from(map_tables));
+        LiveMap::from_parts(sb, map, tables, changes, false)
+    }
+
+    /// The map and its tables, `changes` map changes since the checkpoint;
+    /// `loaded_tables`: the tables came from the checkpoint.
+    fn from_parts(
+        sb: &Superblock,
+        map: BlockMap,
+        tables: Rebuilt,
+        changes: u64,
+        loaded_tables: bool,
+    ) -> (LiveMap, SegmentTable) {
         let live = LiveMap {
             map,
             counters: tables.counters,
             shared: tables.shared,
             usage: tables.segments.usage,
             geometry: Geometry::of(sb),
-            changes: changes.max(u64::from(map_tables)),
+            changes,
             books: tables.books,
-            loaded_tables: false,
+            loaded_tables,
         };
         (live, tables.segments.table)
     }

@@ -292,17 +292,7 @@ impl LiveMap {
             Ok(x) => x,
             Err(e) => return Err(Box::new((map, e))),
         };
-        let live = LiveMap {
-            map,
-            counters: tables.counters,
-            shared: tables.shared,
-            usage: tables.segments.usage,
-            geometry: Geometry::of(sb),
-            changes: replay.records,
-            books: tables.books,
-            loaded_tables: true,
-        };
-        Ok((live, tables.segments.table))
+        Ok(LiveMap::from_parts(sb, map, tables, replay.records, true))
     }
 }
 
