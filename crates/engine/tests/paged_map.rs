@@ -122,6 +122,72 @@ fn the_cleaner_moves_map_records_out_of_its_victims() {
     common::close_and_check(vol, &sim);
 }
 
+/// The cleaner moving records that dedup references share, with every
+/// holder in a page not in memory (no map cache, pages clean): the holders
+/// are found in pages read outside the volume lock and all repointed, and
+/// the victims emptied.
+#[test]
+fn the_cleaner_finds_holders_in_pages_not_in_memory() {
+    let sim = SimStorage::new(8 * MIB);
+    common::create_closed(&sim, &common::options(&sim, 400 * PAGE_BYTES));
+    let vol = common::open_with(&sim, tiny_cache());
+    // 100 blocks, each written in page p and again (a REF record) in page
+    // p + 200; then the segments around them filled with data overwritten
+    // at once, so they become the cleaner's victims.
+    for p in 0..100u64 {
+        vol.write_at(p * PAGE_BYTES, &block(p, 1), false).unwrap();
+        let filler = p * PAGE_BYTES + 100 * BS as u64;
+        for v in 0..8 {
+            vol.write_at(filler, &block(p * 1000 + 100, v), false)
+                .unwrap();
+        }
+    }
+    for p in 0..100u64 {
+        vol.write_at((p + 200) * PAGE_BYTES, &block(p, 1), false)
+            .unwrap();
+    }
+    vol.flush().unwrap();
+    assert!(vol.stats().dedup.dedup_shared_records >= 90);
+    vol.checkpoint().unwrap();
+    let at = |vol: &Volume| -> Vec<u64> {
+        (0..100u64)
+            .map(|p| vol.block_record(p * MAP_PAGE_BLOCKS).unwrap().0)
+            .collect()
+    };
+    let before = at(&vol);
+    let dead = vol.stats().dead_bytes;
+    vol.clean(u64::MAX, false).unwrap();
+    let moved = before
+        .iter()
+        .zip(at(&vol))
+        .filter(|(a, b)| **a != *b)
+        .count();
+    let s = vol.stats();
+    // Records whose holders were missed would stay where they are, and
+    // their segments with them (mutation: skipping the pages not in
+    // memory leaves more dead bytes than before the clean).
+    assert!(moved >= 50, "{moved} shared records moved");
+    assert!(
+        s.dead_bytes * 2 < dead,
+        "dead bytes {dead} -> {}",
+        s.dead_bytes
+    );
+    assert!(
+        s.cleaner.cleaner_records_relocated > 0,
+        "the cleaner moved records"
+    );
+    assert!(s.map_cache_misses > 0, "pages were read back");
+    vol.verify_refcounts().unwrap();
+    let mut b = vec![0u8; BS];
+    for p in 0..100u64 {
+        for lba in [p * MAP_PAGE_BLOCKS, (p + 200) * MAP_PAGE_BLOCKS] {
+            vol.read_at(lba * BS as u64, &mut b).unwrap();
+            assert!(b == block(p, 1), "lba {lba}");
+        }
+    }
+    common::close_and_check(vol, &sim);
+}
+
 /// A page emptied by TRIM records that roll-forward replays (the page's
 /// record is no longer named by the map, but the durable checkpoint still
 /// names it): its bytes stay live until the next checkpoint is durable,

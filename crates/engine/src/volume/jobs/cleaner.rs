@@ -14,7 +14,6 @@ use crate::dedup::Fingerprint;
 use crate::error::VolError;
 use crate::log::Shape;
 use crate::records::{data_records, walk_segment, DecodedUnit, Found};
-use crate::recovery::LogPages;
 use crate::segments::{pack_order, VictimPolicy};
 use crate::volume::space::{self, CLEAN_GAIN_USEFUL_DIVISOR};
 use crate::volume::{State, Volume};
@@ -348,7 +347,7 @@ impl Volume {
     }
 
     /// Reads the victim and finds the holders of its shared records (one map
-    /// scan); also returns the room left in the open segment.
+    /// scan, `find_holders`); also returns the room left in the open segment.
     fn read_victim(&self, victim: u64) -> Result<(Victim, u64), VolError> {
         let base = self.sb.segment_offset(victim);
         let end = base + self.sb.segment_size_bytes;
@@ -377,30 +376,21 @@ impl Volume {
                 .collect(),
             None => Vec::new(),
         };
-        let st = self.lock_state()?;
-        let shared = st.live.shared();
-        let has_refs = |off: u64| shared.get(off).is_some_and(|s| s.refs > 0);
+        let any_shared = {
+            let st = self.lock_state()?;
+            let shared = st.live.shared();
+            (found.iter()).any(|f| shared.get(base + f.at as u64).is_some_and(|s| s.refs > 0))
+        };
         // Every LBA pointing at a record of the victim with dedup
-        // references. (A unit's owners are in its range.)
-        let mut holders: HashMap<u64, Vec<u64>> = HashMap::new();
-        if found.iter().any(|f| has_refs(base + f.at as u64)) {
-            let buffered =
-                |offset: u64, len: usize| st.log.buffered(offset, len).map(<[u8]>::to_vec);
-            let src = LogPages {
-                storage: &*self.storage,
-                sb: &self.sb,
-                buffered: Some(&buffered),
-            };
-            let scanned = st.live.map().scan(Some(&src), |lba, e| {
-                if let EntryState::Data { offset, .. } = e.state_valid() {
-                    if offset >= base && offset < end && has_refs(offset) {
-                        holders.entry(offset).or_default().push(lba);
-                    }
-                }
-            });
-            scanned.map_err(|detail| VolError::Corrupt { lba: 0, detail })?;
-        }
-        let space = st.log.segment_size - st.log.fill as u64;
+        // references (a unit's owners are in its range).
+        let holders = match any_shared {
+            true => self.find_holders(base, end)?,
+            false => HashMap::new(),
+        };
+        let space = {
+            let st = self.lock_state()?;
+            st.log.segment_size - st.log.fill as u64
+        };
         let v = Victim {
             base,
             buf,

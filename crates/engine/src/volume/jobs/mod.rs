@@ -5,6 +5,7 @@
 //! clients are busy.
 pub(in crate::volume) mod checkpointer;
 pub(in crate::volume) mod cleaner;
+mod holders;
 pub(in crate::volume) mod recompress;
 pub(in crate::volume) mod scrub;
 pub(in crate::volume) mod warmup;
