@@ -13,7 +13,7 @@
 //! entries, and every live unit, is in the shared table; a record is live
 //! while any entry points at it, and then its bytes count once in its
 //! segment's live bytes and in the stored bytes.
-use crate::dedup::{Fingerprint, OffsetMap, OrderedMap, Shared, SharedTable, UnitLive};
+use crate::dedup::{Fingerprint, OffsetMap, Shared, SharedTable, UnitLive};
 use crate::map::{BlockMap, Page, PageSource};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
@@ -407,8 +407,8 @@ pub(crate) struct Rebuilt {
 #[derive(Default)]
 struct Census {
     lens: OffsetMap<(u32, CodecTag)>,
-    shared: OrderedMap<Shared>,
-    units: OrderedMap<UnitLive>,
+    shared: OffsetMap<Shared>,
+    units: OffsetMap<UnitLive>,
 }
 
 impl Census {

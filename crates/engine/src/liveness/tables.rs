@@ -272,8 +272,7 @@ impl LiveMap {
     /// Table `t`'s record must be written again (the cleaner moves it).
     pub(crate) fn table_moved(&mut self, t: usize) {
         if let Some(g) = t.checked_sub(1) {
-            self.books.stamp += 1;
-            self.books.dirty[g] = self.books.stamp;
+            self.books.touch(g as u64 * TABLE_SEGMENTS);
         }
     }
 
