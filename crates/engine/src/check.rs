@@ -70,6 +70,7 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
         Err(e) => rep.notes.push(format!("full-log cross-check skipped: {e}")),
     }
     check_tables(&sb, &recovered, &mut rep);
+    check_fp_tables(storage, &sb, &recovered, &mut rep);
     check_segment_usage(storage, &sb, &recovered, &mut rep);
     verify_records(storage, &sb, &recovered.map, &mut rep, progress);
     rep
@@ -98,6 +99,38 @@ fn check_tables(sb: &Superblock, recovered: &Recovered, rep: &mut CheckReport) {
             )
         }
         None => {}
+    }
+}
+
+/// Reads every fingerprint table the directory names. They are hints (a
+/// lost one costs dedup hits after the next open, never data), so damage
+/// is a note, with what it costs.
+fn check_fp_tables(storage: &dyn Storage, sb: &Superblock, r: &Recovered, rep: &mut CheckReport) {
+    let first = cvol_format::tables::table_count(sb.segment_count()) as usize;
+    let (mut good, mut rows, mut bad) = (0u64, 0u64, Vec::new());
+    for t in first..r.map.tables() {
+        let Some(pr) = r.map.table_ref(t) else {
+            continue;
+        };
+        match crate::liveness::read_fp_table(storage, sb, t, &pr) {
+            Ok(v) => {
+                good += 1;
+                rows += v.len() as u64;
+            }
+            Err(e) => bad.push(format!("table {t}: {e}")),
+        }
+    }
+    if good > 0 {
+        rep.notes.push(format!(
+            "{good} fingerprint tables read ({rows} dedup hints)"
+        ));
+    }
+    if !bad.is_empty() {
+        bad.truncate(5);
+        rep.notes.push(format!(
+            "fingerprint tables unreadable (their dedup hints are lost; data is not): {}",
+            bad.join("; ")
+        ));
     }
 }
 

@@ -20,11 +20,14 @@ use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
+use fprints::FpBooks;
+pub(crate) use fprints::{read_fp_table, FpSnapshot};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tables::TableBooks;
 pub(crate) use tables::{check_tables, EncodedTables, LoadedTables, Replay, TableSnapshot};
 
+mod fprints;
 mod tables;
 
 /// Where segments lie, to find a record's segment.
@@ -60,6 +63,8 @@ pub(crate) struct LiveMap {
     /// Map changes since open (starting from those recovery replayed).
     changes: u64,
     books: TableBooks,
+    /// Block fingerprints not yet in a fingerprint table.
+    fps: FpBooks,
     /// The tables came from a checkpoint's records (`from_tables`).
     loaded_tables: bool,
 }
@@ -75,6 +80,7 @@ impl LiveMap {
             geometry: Geometry::of(sb),
             changes: 1,
             books: TableBooks::new(sb.segment_count(), true),
+            fps: FpBooks::new(sb),
             loaded_tables: false,
         }
     }
@@ -111,6 +117,7 @@ impl LiveMap {
             geometry: Geometry::of(sb),
             changes,
             books: tables.books,
+            fps: FpBooks::new(sb),
             loaded_tables,
         };
         (live, tables.segments.table)

@@ -7,6 +7,7 @@ use crate::map::{BlockMap, Page, PageSource};
 pub use crate::records::{walk_segment, SegmentWalk};
 use cvol_format::checkpoint::{decode_runs, ChunkRef, CommitPayload, DirPayload, PageRef};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
+use cvol_format::fprints::directory_tables;
 use cvol_format::pointer::POINTER_BYTES;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::tables::{table_count, TableGroup, TableRoot};
@@ -18,10 +19,8 @@ use std::collections::HashMap;
 
 /// An empty map of the volume, with directory slots for its tables.
 pub fn volume_map(sb: &Superblock) -> BlockMap {
-    BlockMap::with_tables(
-        sb.logical_blocks(),
-        table_count(sb.segment_count()) as usize,
-    )
+    let tables = directory_tables(sb.segment_count(), sb.segment_size_bytes);
+    BlockMap::with_tables(sb.logical_blocks(), tables as usize)
 }
 
 /// Most blocks one DATA record may hold (a 64 KiB compression unit).
@@ -1215,7 +1214,9 @@ fn read_tables(
     let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
     let mut root = None;
     let mut groups = Vec::new();
-    for &(t, r) in tables {
+    // Fingerprint tables are read by the index warm-up, not at open.
+    let liveness = table_count(sb.segment_count()) as usize;
+    for &(t, r) in tables.iter().filter(|(t, _)| *t < liveness) {
         let (h, rec) = read_record(storage, sb, r.offset, r.len)?;
         let slot = npages + t as u64;
         if h.kind != RecordKind::MapTable || h.crc != r.crc || h.lba != slot * MAP_PAGE_BLOCKS {
@@ -1252,7 +1253,8 @@ fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirR
         ));
     }
     // Directory slots: the map's pages, then its tables.
-    let slots = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS) + table_count(sb.segment_count());
+    let slots = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS)
+        + directory_tables(sb.segment_count(), sb.segment_size_bytes);
     if h.lba / MAP_PAGE_BLOCKS >= slots {
         return Err(format!("map directory at {} beyond the volume", c.offset));
     }

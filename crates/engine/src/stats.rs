@@ -217,6 +217,12 @@ pub struct DedupStats {
     pub dedup_index_memory_bytes: u64,
     /// RAM of the table of shared records (grows with shared data).
     pub dedup_shared_table_bytes: u64,
+    /// Fingerprints the index warm-up took from the persisted fingerprint
+    /// tables since open (no data read).
+    pub dedup_warm_table_fingerprints: u64,
+    /// Blocks the index warm-up read and hashed since open (volumes, or
+    /// segments, without fingerprint tables).
+    pub dedup_warm_data_blocks: u64,
     pub read_cache_hits: u64,
     pub read_cache_misses: u64,
     /// hits / (hits + misses), 0 when nothing was read.

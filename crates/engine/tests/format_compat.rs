@@ -92,3 +92,17 @@ fn a_volume_of_the_previous_format_opens_and_is_marked() {
     vol.read_at(6 << 20, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 0x65));
 }
+
+#[test]
+fn an_older_volume_without_fingerprint_tables_is_warmed_from_its_data() {
+    let sim = v1_volume();
+    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    // Four distinct contents (0x61..0x64 blocks), none in a table: read
+    // from the data.
+    assert_eq!(vol.warm_index(), 4);
+    assert!(vol.stats().dedup.dedup_warm_data_blocks > 4);
+    let hits = vol.stats().dedup.dedup_hits;
+    vol.write_at(5 << 20, &[0x62u8; 4096], false).unwrap();
+    assert_eq!(vol.stats().dedup.dedup_hits, hits + 1);
+    vol.close().unwrap();
+}

@@ -14,6 +14,7 @@
 //! ```
 
 pub mod checkpoint;
+pub mod fprints;
 pub mod mapentry;
 pub mod pointer;
 pub mod record;

@@ -57,8 +57,16 @@ pub const FLAG_PAGED_MAP: u32 = 8;
 /// `tables`) in slots after the map's pages: binaries that predate them
 /// refuse the volume instead of misreading its directory.
 pub const FLAG_SEG_TABLES: u32 = 16;
-const FLAGS_KNOWN: u32 =
-    FLAG_DEDUP | FLAG_AUTO_CODEC | FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP | FLAG_SEG_TABLES;
+/// The map directory may name fingerprint tables (`fprints`) in slots
+/// after the liveness tables': binaries that predate them refuse the
+/// volume instead of failing on its directory.
+pub const FLAG_FP_TABLES: u32 = 32;
+const FLAGS_KNOWN: u32 = FLAG_DEDUP
+    | FLAG_AUTO_CODEC
+    | FLAG_RESUME_AT_SNAPSHOT
+    | FLAG_PAGED_MAP
+    | FLAG_SEG_TABLES
+    | FLAG_FP_TABLES;
 
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;

@@ -8,7 +8,7 @@
 //! (a stamp per group, so that a change during the checkpoint's append
 //! keeps it dirty); the root with every checkpoint whose changed groups
 //! could all be written.
-use super::{rebuild, Geometry, LiveMap, Rebuilt, RebuiltSegments};
+use super::{rebuild, FpSnapshot, Geometry, LiveMap, Rebuilt, RebuiltSegments};
 use crate::dedup::{OffsetMap, SegShared, Shared, SharedTable, UnitLive};
 use crate::map::BlockMap;
 use crate::map::Page;
@@ -16,10 +16,11 @@ use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
 use cvol_format::checkpoint::DIR_ENTRY_BYTES;
+use cvol_format::fprints::directory_tables;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::tables::{
-    table_count, TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_HEADER_BYTES, ROOT_BYTES,
-    ROW_MAX_BYTES, TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
+    TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_HEADER_BYTES, ROOT_BYTES, ROW_MAX_BYTES,
+    TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
 };
 
 // A table per segment: the shared table's share of a segment is its rows.
@@ -76,6 +77,8 @@ pub(crate) struct TableSnapshot {
     root: Option<Vec<u8>>,
     /// Every changed segment with live data.
     groups: Vec<SegmentSnapshot>,
+    /// Every changed fingerprint table.
+    fps: Vec<FpSnapshot>,
 }
 
 /// A changed segment's table at the snapshot.
@@ -95,13 +98,16 @@ struct SegmentSnapshot {
 pub(crate) struct EncodedTables {
     pub(crate) groups: Vec<(usize, u64, Option<Vec<u8>>)>,
     pub(crate) root: Option<Vec<u8>>,
+    /// Fingerprint tables: (table, stamp, payload).
+    pub(crate) fps: Vec<(usize, u64, Vec<u8>)>,
 }
 
 impl EncodedTables {
     /// Lengths of the payloads to append.
     pub(crate) fn payload_lens(&self) -> Vec<usize> {
         let groups = self.groups.iter().filter_map(|(_, _, p)| p.as_ref());
-        groups.chain(&self.root).map(Vec::len).collect()
+        let fps = self.fps.iter().map(|(_, _, p)| p);
+        groups.chain(fps).chain(&self.root).map(Vec::len).collect()
     }
 }
 
@@ -121,6 +127,9 @@ impl TableSnapshot {
         EncodedTables {
             groups,
             root: self.root.as_deref().map(lz4),
+            fps: (self.fps.iter())
+                .map(|f| (f.table, f.stamp, f.encode()))
+                .collect(),
         }
     }
 }
@@ -196,11 +205,13 @@ impl LiveMap {
     /// (under the state lock: live bytes copied, each segment's share of
     /// the shared table shared copy-on-write): segments without live data
     /// lose their record at once.
-    pub(crate) fn table_snapshot(&mut self) -> TableSnapshot {
+    /// `head`: the log head's offset (its fingerprint part stays in memory).
+    pub(crate) fn table_snapshot(&mut self, head: u64) -> TableSnapshot {
         let mut snap = TableSnapshot::default();
         if self.map.tables() == 0 {
             return snap;
         }
+        snap.fps = self.fp_snapshot(head);
         for g in 0..self.books.dirty.len() {
             let stamp = self.books.dirty[g];
             if stamp == 0 {
@@ -248,6 +259,7 @@ impl LiveMap {
         self.usage.count() * per_table
             + rows * (ROW_MAX_BYTES as u64 + 1)
             + (ROOT_BYTES + RECORD_HEADER_BYTES + 64) as u64
+            + self.fp_bytes_bound()
     }
 
     /// Table `t` could not be written (too large; for the root: a table
@@ -309,7 +321,7 @@ fn tables_of(
 ) -> Result<Rebuilt, String> {
     let geometry = Geometry::of(sb);
     let segments = sb.segment_count();
-    if map.tables() as u64 != table_count(segments) {
+    if map.tables() as u64 != directory_tables(segments, sb.segment_size_bytes) {
         return Err("the map has no table slots".into());
     }
     let mut segs = RebuiltSegments {

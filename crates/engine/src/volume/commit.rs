@@ -10,6 +10,7 @@ use crate::dedup::Fingerprint;
 use crate::error::VolError;
 use crate::log::Shape;
 use crate::records::{full_mask, unit_entry};
+use cvol_format::fprints::FpRow;
 use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES, REF_PAYLOAD_BYTES, REF_RECORD_BYTES};
 use cvol_format::{EntryState, MapEntry, BLOCK_SIZE_BYTES};
 use std::collections::HashMap;
@@ -181,6 +182,7 @@ impl Volume {
                 if let Some(mut ix) = self.lock_index()? {
                     ix.insert(fp, e, l);
                     done.insert(l, e);
+                    st.live.fp_note(fp_row(fp, e, l));
                 }
             }
         }
@@ -256,5 +258,14 @@ fn record_bytes(p: &Prepared<'_>) -> u64 {
         Prepared::Data { payload, .. } => (RECORD_HEADER_BYTES + payload.len()) as u64,
         Prepared::Zero { .. } => RECORD_HEADER_BYTES as u64,
         Prepared::Dup { .. } => REF_RECORD_BYTES as u64,
+    }
+}
+
+/// A fingerprint table row: block `owner`'s fingerprint and entry.
+pub(in crate::volume) fn fp_row(fp: Fingerprint, entry: MapEntry, owner: u64) -> FpRow {
+    FpRow {
+        fp,
+        entry,
+        owner: u32::try_from(owner).expect("LBA below 2^32"),
     }
 }

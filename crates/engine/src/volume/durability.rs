@@ -250,11 +250,12 @@ impl Volume {
     fn checkpoint_snapshot(&self) -> Result<CheckpointSnapshot, VolError> {
         let mut st = self.lock_state()?;
         let seq = st.log.last_seq();
+        let head = st.log.segment_base() + st.log.fill as u64;
         st.changes_at_checkpoint = st.live.changes();
         st.map_records_moved = false;
         Ok(CheckpointSnapshot {
             pages: st.live.dirty_pages(),
-            tables: st.live.table_snapshot(),
+            tables: st.live.table_snapshot(head),
             seq,
             resume: Resume {
                 segment: st.log.segment,
@@ -335,7 +336,8 @@ impl Volume {
     /// then neither does the root). Returns the bytes appended.
     fn append_tables(&self, tables: EncodedTables) -> Result<u64, VolError> {
         let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
-        let (mut total, mut complete) = (0u64, true);
+        let mut total = self.append_fp_tables(tables.fps)?;
+        let mut complete = true;
         let root = std::iter::once((0, 0, tables.root));
         let all: Vec<(usize, u64, Option<Vec<u8>>)> =
             tables.groups.into_iter().chain(root).collect();
@@ -353,6 +355,26 @@ impl Volume {
                 let shape = Shape::map_meta(RecordKind::MapTable, lba);
                 let placed = self.append(&mut st, shape, payload)?;
                 st.live.table_written(*t, *stamp, page_ref(&placed));
+                total += u64::from(placed.len);
+            }
+        }
+        Ok(total)
+    }
+
+    /// Appends the fingerprint table records, a batch per hold of the
+    /// state lock, each named as its table's record at once. Returns the
+    /// bytes appended.
+    fn append_fp_tables(&self, fps: Vec<(usize, u64, Vec<u8>)>) -> Result<u64, VolError> {
+        let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+        let mut total = 0;
+        for batch in fps.chunks(PAGES_PER_HOLD) {
+            let mut st = self.lock_state()?;
+            self.check_writable()?;
+            for (t, stamp, payload) in batch {
+                let lba = (npages + *t as u64) * MAP_PAGE_BLOCKS;
+                let shape = Shape::map_meta(RecordKind::MapTable, lba);
+                let placed = self.append(&mut st, shape, payload)?;
+                st.live.fp_written(*t, *stamp, page_ref(&placed));
                 total += u64::from(placed.len);
             }
         }
@@ -417,7 +439,9 @@ impl Volume {
         let freed = {
             let mut st = self.lock_state()?;
             let State { log, live, .. } = &mut *st;
-            log.segments.free_empty(live.usage(), candidates)
+            let freed = log.segments.free_empty(live.usage(), candidates);
+            live.fp_segments_freed(&freed);
+            freed
         };
         self.counters
             .cleaner

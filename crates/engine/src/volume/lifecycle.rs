@@ -18,7 +18,8 @@ use crate::recovery::{self, Recovered};
 use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::superblock::{
-    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES,
+    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_FP_TABLES, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT,
+    FLAG_SEG_TABLES,
 };
 use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};
 use cvol_format::{BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES, SECTOR_SIZE_BYTES};
@@ -82,7 +83,8 @@ fn new_superblock(c: &CreateOptions) -> Superblock {
             | flag(c.codec.is_auto(), FLAG_AUTO_CODEC)
             | FLAG_RESUME_AT_SNAPSHOT
             | FLAG_PAGED_MAP
-            | FLAG_SEG_TABLES,
+            | FLAG_SEG_TABLES
+            | FLAG_FP_TABLES,
     }
 }
 
@@ -154,13 +156,15 @@ impl Volume {
 
     /// Marks a volume made before checkpoints resumed at their snapshot
     /// (`FLAG_RESUME_AT_SNAPSHOT`) or wrote a paged map (`FLAG_PAGED_MAP`)
-    /// with liveness tables (`FLAG_SEG_TABLES`) before this open writes
+    /// with liveness tables (`FLAG_SEG_TABLES`) and fingerprint tables
+    /// (`FLAG_FP_TABLES`) before this open writes
     /// one, so that older binaries refuse it rather than misread its
     /// commits. Each superblock copy is rewritten
     /// whole (a sector-atomic write each); either copy, old or new, opens
     /// the volume here.
     fn upgrade_superblock(&mut self) -> Result<(), VolError> {
-        const NEW: u32 = FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP | FLAG_SEG_TABLES;
+        const NEW: u32 =
+            FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP | FLAG_SEG_TABLES | FLAG_FP_TABLES;
         if self.sb.flags & NEW == NEW {
             return Ok(());
         }
@@ -174,7 +178,7 @@ impl Volume {
                 .and_then(|()| self.storage.sync());
             self.guard(r.map_err(VolError::Io))?;
         }
-        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness tables (format flags 4, 8, 16)");
+        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables (format flags 4, 8, 16, 32)");
         self.sb = sb;
         Ok(())
     }
@@ -429,7 +433,15 @@ fn recovered_state(
     );
     let head = Some((r.segment, r.last_seq));
     let mut r = r;
-    let (live, segs) = recovered_tables(storage, sb, &mut r, head)?;
+    let (mut live, segs) = recovered_tables(storage, sb, &mut r, head)?;
+    if (fill as u64) < sb.segment_size_bytes {
+        resume_fp_part(
+            storage,
+            sb,
+            &mut live,
+            sb.segment_offset(r.segment) + fill as u64,
+        );
+    }
     let mut log = Log::new(sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
     storage
         .read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end])
@@ -441,4 +453,22 @@ fn recovered_state(
         r.checkpoint_generation,
         r.snapshot_seq,
     ))
+}
+
+/// Takes back the rows of the fingerprint table of the part holding the
+/// log head (at `head`), which the next records add to: its next record
+/// must keep them. One that cannot be read is left (its hints are lost
+/// when the part is written again).
+fn resume_fp_part(storage: &dyn Storage, sb: &Superblock, live: &mut LiveMap, head: u64) {
+    let t = live.fp_table_of(head);
+    let Some(r) = (t < live.map().tables())
+        .then(|| live.map().table_ref(t))
+        .flatten()
+    else {
+        return;
+    };
+    match liveness::read_fp_table(storage, sb, t, &r) {
+        Ok(rows) => live.fp_resume(t, rows),
+        Err(e) => tracing::warn!("fingerprint table {t} unreadable ({e}): its hints are dropped"),
+    }
 }

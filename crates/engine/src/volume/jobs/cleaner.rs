@@ -15,10 +15,11 @@ use crate::error::VolError;
 use crate::log::Shape;
 use crate::records::{data_records, walk_segment, DecodedUnit, Found};
 use crate::segments::{pack_order, VictimPolicy};
+use crate::volume::commit::fp_row;
 use crate::volume::space::{self, CLEAN_GAIN_USEFUL_DIVISOR};
 use crate::volume::{State, Volume};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
-use cvol_format::record::{RecordHeader, RecordKind};
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::{EntryState, MapEntry};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -321,8 +322,13 @@ impl Volume {
                     let map = st.live.map();
                     let t = map.table_of_slot(h.lba / MAP_PAGE_BLOCKS);
                     let named = t.filter(|&t| map.table_ref(t).is_some_and(|r| r.offset == offset));
-                    if let Some(t) = named {
-                        st.live.table_moved(t);
+                    match named {
+                        Some(t) if st.live.is_fp_table(t) => {
+                            let payload = &v.buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
+                            self.fp_table_moved(&mut st, t, payload);
+                        }
+                        Some(t) => st.live.table_moved(t),
+                        None => {}
                     }
                     named.is_some()
                 }
@@ -344,6 +350,19 @@ impl Volume {
             }
         }
         Ok(bytes)
+    }
+
+    /// Fingerprint table `t`'s record (`payload`) is in the victim: its rows
+    /// are written again by the next checkpoint; a record that does not
+    /// decode (it did when written) is dropped with its hints.
+    fn fp_table_moved(&self, st: &mut State, t: usize, payload: &[u8]) {
+        match st.live.fp_decode(t, payload) {
+            Ok(rows) => st.live.fp_reload(t, rows),
+            Err(e) => {
+                tracing::warn!("fingerprint table {t} does not decode ({e}): dropped");
+                st.live.map_mut().set_table_ref(t, None);
+            }
+        }
     }
 
     /// Reads the victim and finds the holders of its shared records (one map
@@ -467,7 +486,7 @@ impl Volume {
                 MapEntry::unit(h.codec, off, h.total_len() as u32, h.crc, k),
                 MapEntry::unit(h.codec, offset, len, crc, k),
             );
-            self.reindex_moved(v.fp(i, k), &from, to, h.lba + u64::from(k))?;
+            self.reindex_moved(st, v.fp(i, k), &from, to, h.lba + u64::from(k))?;
         }
         Ok(())
     }
@@ -490,7 +509,7 @@ impl Volume {
                 st.set_entry(l, new, 0);
             }
         }
-        self.reindex_moved(v.fp(i, 0), &old, new, h.lba)
+        self.reindex_moved(st, v.fp(i, 0), &old, new, h.lba)
     }
 
     /// Moves a record that dedup references share: the copy's owner is the
@@ -530,7 +549,7 @@ impl Volume {
         }
         assert!(st.live.shared().get(offset).is_none(), "all holders moved");
         let fp = if fp != 0 { fp } else { v.fp(i, 0) };
-        self.reindex_moved(fp, &old, new, owner)
+        self.reindex_moved(st, fp, &old, new, owner)
     }
 
     /// The dedup index follows a moved block: its fingerprint's slot, if it
@@ -538,6 +557,7 @@ impl Volume {
     /// not hold is learnt when its set has room (never evicting).
     fn reindex_moved(
         &self,
+        st: &mut State,
         fp: Fingerprint,
         from: &MapEntry,
         to: MapEntry,
@@ -548,6 +568,7 @@ impl Volume {
         }
         if let Some(mut ix) = self.lock_index()? {
             ix.moved(fp, from, to, owner);
+            st.live.fp_note(fp_row(fp, to, owner));
         }
         Ok(())
     }

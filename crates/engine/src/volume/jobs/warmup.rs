@@ -1,13 +1,21 @@
-//! Dedup index warm-up after open. The index is not persisted: at open it
-//! is empty, and this pass refills it from the data already on the volume,
-//! walking the map in LBA order, reading and fingerprinting blocks in
-//! batches, and filling only free slots (what live writes taught the index
-//! wins). It pauses while clients are busy, like the background cleaner,
-//! and stops when the index is nearly full or the map is done.
+//! Dedup index warm-up after open. The index is memory only: at open it
+//! is empty, and this pass refills it, filling only free slots (what live
+//! writes taught the index wins), pausing while clients are busy like the
+//! background cleaner, and stopping when the index is nearly full:
+//! - first from the fingerprint tables the checkpoints persisted
+//!   (`cvol_format::fprints`), newest first: one read per table of up to
+//!   3968 fingerprints, no data read, nothing hashed;
+//! - then, only when segments without any fingerprint table hold more than
+//!   an eighth of the live bytes (a volume written by an older cvol, or a
+//!   long roll-forward after a crash), from the data: walking the map in
+//!   LBA order, reading and fingerprinting blocks in batches.
 use super::{Next, Worker};
 use crate::dedup;
+use crate::liveness::read_fp_table;
 use crate::volume::{Volume, BS};
+use cvol_format::checkpoint::PageRef;
 use cvol_format::{EntryState, MapEntry};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +25,17 @@ const WARM_BATCH_BLOCKS: u64 = 256;
 const WARM_FULL_TENTHS: u64 = 9;
 /// Pause while clients are busy.
 const BUSY_PAUSE: Duration = Duration::from_millis(20);
+/// The data is read when segments without fingerprint tables hold more
+/// than this fraction of the live bytes (1/n).
+const UNCOVERED_DIVISOR: u64 = 8;
+
+/// What is left to warm from.
+struct Warmup {
+    /// Fingerprint tables, the newest last (taken from the end).
+    tables: Vec<(usize, PageRef)>,
+    /// The LBA the data pass goes on from, if it is needed.
+    data: Option<u64>,
+}
 
 impl Volume {
     /// Starts refilling the dedup index in the background (volumes with
@@ -25,30 +44,95 @@ impl Volume {
         if self.dedup.is_none() {
             return Worker::none();
         }
-        let mut lba = 0;
+        let mut plan: Option<Warmup> = None;
         Worker::spawn("cvol-index-warmup", self, Duration::ZERO, move |v| {
             if v.activity.clients_busy() {
                 return Next::After(BUSY_PAUSE);
             }
-            match v.warm_index_batch(lba) {
-                Some(next) => {
-                    lba = next;
-                    Next::After(Duration::ZERO)
-                }
-                None => Next::Stop,
+            let w = match &mut plan {
+                Some(w) => w,
+                None => match v.warm_plan() {
+                    Some(w) => plan.insert(w),
+                    None => return Next::Stop,
+                },
+            };
+            match v.warm_step(w) {
+                true => Next::After(Duration::ZERO),
+                false => Next::Stop,
             }
         })
     }
 
-    /// Refills the dedup index from the whole volume now (tests, tools).
-    /// Returns the blocks indexed.
+    /// Refills the dedup index now, as the background warm-up would
+    /// (tests, tools). Returns the fingerprints indexed.
     pub fn warm_index(&self) -> u64 {
         let before = self.index_entries();
-        let mut lba = 0;
-        while let Some(next) = self.warm_index_batch(lba) {
-            lba = next;
+        if let Some(mut w) = self.warm_plan() {
+            while self.warm_step(&mut w) {}
         }
         self.index_entries() - before
+    }
+
+    /// The fingerprint tables to read and whether the data must be read
+    /// too; None without dedup or once poisoned.
+    fn warm_plan(&self) -> Option<Warmup> {
+        self.dedup.as_ref()?;
+        let st = self.lock_state().ok()?;
+        let mut tables = st.live.fp_tables();
+        tables.reverse();
+        let (uncovered, live) = st.live.fp_uncovered_live();
+        let data = (uncovered * UNCOVERED_DIVISOR > live).then_some(0);
+        tracing::debug!(
+            tables = tables.len(),
+            uncovered_bytes = uncovered,
+            live_bytes = live,
+            "dedup index warm-up"
+        );
+        Some(Warmup { tables, data })
+    }
+
+    /// One table or one batch of data; false when done (nothing left, the
+    /// index nearly full, or the volume poisoned).
+    fn warm_step(&self, w: &mut Warmup) -> bool {
+        if let Some((t, r)) = w.tables.pop() {
+            return self.warm_from_table(t, &r).is_some();
+        }
+        match w.data.map(|lba| self.warm_index_batch(lba)) {
+            Some(Some(next)) => {
+                w.data = Some(next);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Indexes the rows of fingerprint table `t` (record `r`) into free
+    /// slots; None when the index is nearly full (or poisoned). A table
+    /// that cannot be read is skipped: its rows are hints.
+    fn warm_from_table(&self, t: usize, r: &PageRef) -> Option<()> {
+        self.index_room()?;
+        let rows = match read_fp_table(&*self.storage, &self.sb, t, r) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::debug!("fingerprint table {t} skipped: {e}");
+                return Some(());
+            }
+        };
+        let mut ix = self.lock_index().ok()??;
+        let before = ix.entries;
+        let full = rows.iter().any(|row| {
+            let owner = u64::from(row.owner);
+            !ix.insert_if_room(row.fp, row.entry, owner) && ix.entries >= ix.capacity()
+        });
+        let c = &self.counters.warm_table_fingerprints;
+        c.fetch_add(ix.entries - before, Ordering::Relaxed);
+        (!full).then_some(())
+    }
+
+    /// Some while the index is below the warm-up's fill mark.
+    fn index_room(&self) -> Option<()> {
+        let ix = self.lock_index().ok()??;
+        (ix.entries * 10 < ix.capacity() * WARM_FULL_TENTHS).then_some(())
     }
 
     fn index_entries(&self) -> u64 {
@@ -67,12 +151,7 @@ impl Volume {
     /// no dedup, or the volume poisoned).
     fn warm_index_batch(&self, lba: u64) -> Option<u64> {
         let seed = self.dedup.as_ref()?.seed;
-        {
-            let ix = self.lock_index().ok()??;
-            if ix.entries * 10 >= ix.capacity() * WARM_FULL_TENTHS {
-                return None;
-            }
-        }
+        self.index_room()?;
         let blocks = self.sb.logical_blocks();
         let first = self
             .lock_state()
@@ -93,6 +172,11 @@ impl Volume {
         // Index a block only if the map named the same record before and
         // after the read (a record's crc includes its seq: no ABA).
         let after = self.entries_at(first, n)?;
+        let c = &self.counters.warm_data_blocks;
+        c.fetch_add(
+            before.iter().filter(|e| !e.is_unmapped()).count() as u64,
+            Ordering::Relaxed,
+        );
         let mut ix = self.lock_index().ok()??;
         for (i, b) in data.chunks_exact(BS).enumerate() {
             let e = before[i];

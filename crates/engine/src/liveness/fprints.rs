@@ -1,0 +1,350 @@
+//! The fingerprint tables a checkpoint persists (`cvol_format::fprints`):
+//! the fingerprint of every block appended with dedup on, kept per part of
+//! its record's segment until a checkpoint wrote the part, so that an open
+//! refills the dedup index from them (`Volume::start_index_warmup`)
+//! instead of reading and hashing the stored data.
+//!
+//! Only the part holding the log head takes new rows (records are appended
+//! there, the cleaner's copies too); it stays in memory until the head
+//! leaves it, every other part only until its table is written. A table is
+//! a hint: rows of records that died since stay until the segment is freed.
+use super::LiveMap;
+use cvol_format::checkpoint::MAP_PAGE_BLOCKS;
+use cvol_format::checkpoint::{PageRef, DIR_ENTRY_BYTES};
+use cvol_format::fprints::{
+    fp_parts, fp_table_index, FpRow, FpTable, FP_HEADER_BYTES, FP_PART_BYTES, FP_ROW_BYTES,
+    FP_TABLE_MAX_ROWS,
+};
+use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::tables::table_count;
+use cvol_format::Superblock;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Per part: its rows, and 0 while its record holds them, else the stamp
+/// of its last change.
+struct Part {
+    rows: Arc<Vec<FpRow>>,
+    dirty: u64,
+}
+
+pub(crate) struct FpBooks {
+    data_offset: u64,
+    segment_size: u64,
+    segments: u64,
+    parts: HashMap<usize, Part>,
+    stamp: u64,
+    /// Rows of changed parts (kept rows only), for the checkpoint reserve.
+    dirty_rows: u64,
+    dirty_parts: u64,
+}
+
+/// A changed part's rows, taken with a checkpoint's snapshot.
+pub(crate) struct FpSnapshot {
+    pub(crate) table: usize,
+    pub(crate) stamp: u64,
+    segment: u64,
+    part: u32,
+    rows: Arc<Vec<FpRow>>,
+}
+
+impl FpSnapshot {
+    /// The table's payload, lz4-compressed as every table record.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let raw = FpTable::encode_rows(self.segment, self.part, &self.rows);
+        lz4_flex::block::compress_prepend_size(&raw)
+    }
+}
+
+impl FpBooks {
+    pub(crate) fn new(sb: &Superblock) -> FpBooks {
+        FpBooks {
+            data_offset: sb.data_offset_bytes,
+            segment_size: sb.segment_size_bytes,
+            segments: sb.segment_count(),
+            parts: HashMap::new(),
+            stamp: 1,
+            dirty_rows: 0,
+            dirty_parts: 0,
+        }
+    }
+
+    /// The fingerprint table index of the part holding `offset`.
+    pub(crate) fn table_of(&self, offset: u64) -> usize {
+        let rel = offset - self.data_offset;
+        let (s, k) = (
+            rel / self.segment_size,
+            rel % self.segment_size / FP_PART_BYTES,
+        );
+        fp_table_index(self.segments, self.segment_size, s, k) as usize
+    }
+
+    /// Segment and part of fingerprint table `t`, if it is one.
+    pub(crate) fn part_of(&self, t: usize) -> Option<(u64, u32)> {
+        let i = (t as u64).checked_sub(table_count(self.segments))?;
+        let per = fp_parts(self.segment_size);
+        (i < self.segments * per).then(|| (i / per, (i % per) as u32))
+    }
+
+    /// Part `t` changed, `added` of its rows new (all of them count once
+    /// it was clean).
+    fn mark(&mut self, t: usize, added: usize) {
+        self.stamp += 1;
+        let part = self.parts.get_mut(&t).expect("a part in memory");
+        if part.dirty == 0 {
+            self.dirty_parts += 1;
+            self.dirty_rows += part.rows.len() as u64;
+        } else {
+            self.dirty_rows += added as u64;
+        }
+        part.dirty = self.stamp;
+    }
+
+    /// Block fingerprint `row` was appended (at `row.entry`'s offset).
+    pub(crate) fn note(&mut self, offset: u64, row: FpRow) {
+        let t = self.table_of(offset);
+        let part = self.parts.entry(t).or_insert_with(|| Part {
+            rows: Arc::new(Vec::new()),
+            dirty: 0,
+        });
+        if part.rows.len() >= FP_TABLE_MAX_ROWS {
+            return; // the first rows are kept: hints
+        }
+        Arc::make_mut(&mut part.rows).push(row);
+        self.mark(t, 1);
+    }
+
+    /// Part `t`'s rows as its record has them (open: the head's part,
+    /// which takes the next rows).
+    fn resume(&mut self, t: usize, rows: Vec<FpRow>) {
+        let part = Part {
+            rows: Arc::new(rows),
+            dirty: 0,
+        };
+        if let Some(old) = self.parts.insert(t, part) {
+            self.forget_dirty(&old);
+        }
+    }
+
+    /// Part `t`'s rows as its record has them, to be written again (the
+    /// cleaner moves the record).
+    pub(crate) fn reload(&mut self, t: usize, rows: Vec<FpRow>) {
+        let n = rows.len();
+        if let Some(old) = self.parts.insert(
+            t,
+            Part {
+                rows: Arc::new(rows),
+                dirty: 0,
+            },
+        ) {
+            self.forget_dirty(&old);
+        }
+        self.mark(t, n);
+    }
+
+    fn forget_dirty(&mut self, p: &Part) {
+        if p.dirty != 0 {
+            self.dirty_parts -= 1;
+            self.dirty_rows -= p.rows.len() as u64;
+        }
+    }
+
+    /// The changed parts, shared copy-on-write; parts neither changed nor
+    /// holding `head` (the log head's offset) leave memory.
+    fn snapshot(&mut self, head: u64) -> Vec<FpSnapshot> {
+        let head_t = self.table_of(head);
+        self.parts.retain(|&t, p| p.dirty != 0 || t == head_t);
+        let mut out: Vec<FpSnapshot> = (self.parts.iter())
+            .filter(|(_, p)| p.dirty != 0)
+            .map(|(&t, p)| {
+                let rel = t as u64 - table_count(self.segments);
+                let per = fp_parts(self.segment_size);
+                FpSnapshot {
+                    table: t,
+                    stamp: p.dirty,
+                    segment: rel / per,
+                    part: (rel % per) as u32,
+                    rows: Arc::clone(&p.rows),
+                }
+            })
+            .collect();
+        out.sort_unstable_by_key(|s| s.table);
+        out
+    }
+
+    /// Part `t`'s table was written from the snapshot of `stamp`.
+    fn written(&mut self, t: usize, stamp: u64) {
+        let Some(p) = self.parts.get_mut(&t) else {
+            return;
+        };
+        if p.dirty == stamp {
+            p.dirty = 0;
+            self.dirty_parts -= 1;
+            self.dirty_rows -= p.rows.len() as u64;
+        }
+    }
+
+    /// Segment `s` was freed: its parts' rows are gone.
+    fn freed(&mut self, s: u64) -> Vec<usize> {
+        let per = fp_parts(self.segment_size);
+        let first = fp_table_index(self.segments, self.segment_size, s, 0) as usize;
+        let tables: Vec<usize> = (first..first + per as usize).collect();
+        for t in &tables {
+            if let Some(p) = self.parts.remove(t) {
+                self.forget_dirty(&p);
+            }
+        }
+        tables
+    }
+
+    /// Upper bound on the log bytes of the changed parts' records.
+    fn bytes_bound(&self) -> u64 {
+        let per_table = (RECORD_HEADER_BYTES + FP_HEADER_BYTES + 32 + DIR_ENTRY_BYTES) as u64;
+        self.dirty_parts * per_table + self.dirty_rows * (FP_ROW_BYTES as u64 + 1)
+    }
+}
+
+impl LiveMap {
+    /// A block fingerprint to persist: `row.entry` was just appended.
+    pub(crate) fn fp_note(&mut self, row: FpRow) {
+        if let Some(offset) = data_offset(&row.entry) {
+            self.fps.note(offset, row);
+        }
+    }
+
+    /// Fingerprint table `t` (the cleaner moves its record) holds `rows`:
+    /// they are written again.
+    pub(crate) fn fp_reload(&mut self, t: usize, rows: Vec<FpRow>) {
+        self.fps.reload(t, rows);
+    }
+
+    /// Fingerprint table `t` (the head's part, at open) holds `rows`.
+    pub(crate) fn fp_resume(&mut self, t: usize, rows: Vec<FpRow>) {
+        self.fps.resume(t, rows);
+    }
+
+    /// Decodes fingerprint table `t`'s record payload (`FpBooks::decode`).
+    pub(crate) fn fp_decode(&self, t: usize, payload: &[u8]) -> Result<Vec<FpRow>, String> {
+        self.fps.decode(t, payload)
+    }
+
+    /// Whether table `t` is a fingerprint table.
+    pub(crate) fn is_fp_table(&self, t: usize) -> bool {
+        self.fps.part_of(t).is_some()
+    }
+
+    /// The fingerprint table index of the part holding `offset`.
+    pub(crate) fn fp_table_of(&self, offset: u64) -> usize {
+        self.fps.table_of(offset)
+    }
+
+    /// The changed fingerprint tables, for a checkpoint (none for a map
+    /// without their directory slots).
+    pub(crate) fn fp_snapshot(&mut self, head: u64) -> Vec<FpSnapshot> {
+        if self.map.tables() as u64 <= table_count(self.fps.segments) {
+            return Vec::new();
+        }
+        self.fps.snapshot(head)
+    }
+
+    /// Names `r` as fingerprint table `t`'s record, written from the
+    /// snapshot of `stamp`.
+    pub(crate) fn fp_written(&mut self, t: usize, stamp: u64, r: PageRef) {
+        self.map_record_born(&r);
+        self.map.set_table_ref(t, Some(r));
+        self.fps.written(t, stamp);
+    }
+
+    /// Segments just freed: their fingerprint tables are named no more.
+    pub(crate) fn fp_segments_freed(&mut self, freed: &[u64]) {
+        if self.map.tables() as u64 <= table_count(self.fps.segments) {
+            return;
+        }
+        for &s in freed {
+            for t in self.fps.freed(s) {
+                self.map.set_table_ref(t, None);
+            }
+        }
+    }
+
+    /// Upper bound on the log bytes of the changed fingerprint tables.
+    pub(crate) fn fp_bytes_bound(&self) -> u64 {
+        self.fps.bytes_bound()
+    }
+
+    /// Live bytes of the segments with no fingerprint table (named or in
+    /// memory), and of all segments.
+    pub(crate) fn fp_uncovered_live(&self) -> (u64, u64) {
+        let per = fp_parts(self.fps.segment_size) as usize;
+        let first = table_count(self.fps.segments) as usize;
+        let (mut uncovered, mut all) = (0, 0);
+        for s in 0..self.fps.segments {
+            let live = self.usage.live_bytes(s);
+            all += live;
+            let t0 = first + s as usize * per;
+            let covered = (t0..t0 + per).any(|t| {
+                self.fps.parts.contains_key(&t)
+                    || (t < self.map.tables() && self.map.table_ref(t).is_some())
+            });
+            if !covered {
+                uncovered += live;
+            }
+        }
+        (uncovered, all)
+    }
+
+    /// The named fingerprint tables: (table, record), newest record first.
+    pub(crate) fn fp_tables(&self) -> Vec<(usize, PageRef)> {
+        let first = table_count(self.fps.segments) as usize;
+        let mut v: Vec<(usize, PageRef)> = (first..self.map.tables())
+            .filter_map(|t| Some((t, self.map.table_ref(t)?)))
+            .collect();
+        v.sort_unstable_by_key(|(_, r)| std::cmp::Reverse(r.seq));
+        v
+    }
+}
+
+/// The offset of a data entry's record.
+fn data_offset(e: &cvol_format::MapEntry) -> Option<u64> {
+    match e.state() {
+        Ok(cvol_format::EntryState::Data { offset, .. }) => Some(offset),
+        _ => None,
+    }
+}
+
+impl FpBooks {
+    /// Decodes fingerprint table `t`'s record payload (lz4): the part it
+    /// must be, every row's record in that part.
+    pub(crate) fn decode(&self, t: usize, payload: &[u8]) -> Result<Vec<FpRow>, String> {
+        let (s, k) = self.part_of(t).ok_or("not a fingerprint table")?;
+        let raw = lz4_flex::block::decompress_size_prepended(payload).map_err(|e| e.to_string())?;
+        let table = FpTable::decode(&raw, s, k).map_err(|e| e.to_string())?;
+        let first = self.data_offset + s * self.segment_size + u64::from(k) * FP_PART_BYTES;
+        let end = (first + FP_PART_BYTES).min(self.data_offset + (s + 1) * self.segment_size);
+        for r in &table.rows {
+            if !data_offset(&r.entry).is_some_and(|o| (first..end).contains(&o)) {
+                return Err(format!("a row outside part {k} of segment {s}"));
+            }
+        }
+        Ok(table.rows)
+    }
+}
+
+/// Reads fingerprint table `t`'s record `r` from `storage` and decodes it.
+pub(crate) fn read_fp_table(
+    storage: &dyn cvol_storage::Storage,
+    sb: &Superblock,
+    t: usize,
+    r: &PageRef,
+) -> Result<Vec<FpRow>, String> {
+    let (h, rec) = crate::recovery::read_record(storage, sb, r.offset, r.len)?;
+    let books = FpBooks::new(sb);
+    let (s, k) = books.part_of(t).ok_or("not a fingerprint table")?;
+    let slot = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS) + t as u64;
+    if h.kind != RecordKind::MapTable || h.crc != r.crc || h.lba != slot * MAP_PAGE_BLOCKS {
+        return Err(format!(
+            "fingerprint table of part {k} of segment {s}: not the record the directory names"
+        ));
+    }
+    books.decode(t, &rec[RECORD_HEADER_BYTES..])
+}
