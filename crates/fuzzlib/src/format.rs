@@ -11,6 +11,7 @@
 //! panic; whatever decodes re-encodes to something that decodes to the same
 //! value.
 use cvol_format::checkpoint::{decode_runs, push_run, CommitPayload, DirPayload, DIR_PAGES};
+use cvol_format::fprints::FpTable;
 use cvol_format::pointer::{POINTER_BYTES, POINTER_MAGIC};
 use cvol_format::record::{encode_record, RECORD_HEADER_BYTES, RECORD_MAGIC};
 use cvol_format::superblock::{FORMAT_VERSION, SUPERBLOCK_BYTES, SUPERBLOCK_MAGIC};
@@ -246,6 +247,21 @@ fn tables(body: &[u8], selector: u64) {
             assert!(g.rows.windows(2).all(|w| w[0].offset < w[1].offset));
             assert_eq!(g.encode(), body, "a group table re-encodes byte for byte");
         }
+    }
+    // A fingerprint table of the part it names (other parts are refused
+    // before any row is read).
+    let Some(head) = body.get(..12) else {
+        return;
+    };
+    let segment = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let part = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
+    if let Ok(t) = FpTable::decode(body, segment, part) {
+        assert!(t.rows.iter().all(|r| r.fp != 0 && r.entry.state().is_ok()));
+        assert_eq!(
+            t.encode(),
+            body,
+            "a fingerprint table re-encodes byte for byte"
+        );
     }
 }
 
