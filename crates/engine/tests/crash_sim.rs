@@ -232,6 +232,9 @@ struct Coverage {
     idle_clean_passes: u64,
     /// Opens that took the tables a checkpoint persisted.
     tables_loaded: u64,
+    /// Fingerprints the warm-up after a reopen took from the persisted
+    /// fingerprint tables (the next cycle's writes dedup against them).
+    warm_table_fingerprints: u64,
 }
 
 impl Coverage {
@@ -246,6 +249,7 @@ impl Coverage {
             recompressed_blocks,
             idle_clean_passes,
             tables_loaded,
+            warm_table_fingerprints,
         } = o;
         self.cleaner_records_moved += cleaner_records_moved;
         self.cut_mid_run += cut_mid_run;
@@ -256,6 +260,7 @@ impl Coverage {
         self.recompressed_blocks += recompressed_blocks;
         self.idle_clean_passes += idle_clean_passes;
         self.tables_loaded += tables_loaded;
+        self.warm_table_fingerprints += warm_table_fingerprints;
     }
 }
 
@@ -319,6 +324,13 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             rep.errors
         );
         cov.tables_loaded += u64::from(reopened.opened_from_tables());
+        // Half the reopens refill the dedup index from the fingerprint
+        // tables, as a served volume does: hints the writes after must
+        // never turn into wrong data.
+        if rng.gen_bool(0.5) {
+            reopened.warm_index();
+            cov.warm_table_fingerprints += reopened.stats().dedup.dedup_warm_table_fingerprints;
+        }
         model.reset_to(image);
         vol = reopened;
         store = crashed;
@@ -352,7 +364,7 @@ fn crash_simulation_seeds() {
         "{n} seeds: {} runs cut by a failing store, {} blocks rolled back to an older version, \
          {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits, \
          {} units written, {} blocks recompressed, {} idle cleaning passes, \
-         {} opens from persisted tables",
+         {} opens from persisted tables, {} fingerprints warmed from tables",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
@@ -361,7 +373,8 @@ fn crash_simulation_seeds() {
         cov.units_written,
         cov.recompressed_blocks,
         cov.idle_clean_passes,
-        cov.tables_loaded
+        cov.tables_loaded,
+        cov.warm_table_fingerprints
     );
     // The simulation must actually lose unflushed data sometimes, or it tests nothing.
     assert!(cov.cut_mid_run > n / 2 && cov.blocks_rolled_back > 0 && cov.blocks_kept_unflushed > 0);
@@ -375,6 +388,10 @@ fn crash_simulation_seeds() {
     assert!(
         cov.idle_clean_passes > 0,
         "idle cleaning never moved anything"
+    );
+    assert!(
+        cov.warm_table_fingerprints > 0,
+        "no reopen warmed the index from fingerprint tables"
     );
     assert!(
         cov.tables_loaded > n / 2,

@@ -347,6 +347,7 @@ fn tables_of(
         shared.recount_extra();
     }
     count_map_records(map, geometry, &mut segs, &mut books)?;
+    free_emptied(&mut segs);
     mark_segments(&mut segs.table, replay.needed, replay.open);
     Ok(Rebuilt {
         segments: segs,
@@ -489,6 +490,20 @@ pub(super) fn count_map_records(
         books.meta_born(s, len);
     }
     Ok(())
+}
+
+/// Segments the tables had live but roll-forward emptied, and no map
+/// record holds, are free, as a rebuild from the map would have them (and
+/// as the run that emptied them may have had them: a flush frees a segment
+/// whose records are all older than the durable checkpoint once the
+/// records that emptied it are durable). Those holding records roll-forward
+/// replayed are marked needed right after.
+fn free_emptied(segs: &mut RebuiltSegments) {
+    for s in 0..segs.table.count() {
+        if segs.table.state(s) == SegState::Sealed && segs.usage.live_bytes(s) == 0 {
+            segs.table.mark(s, SegState::Free, 0);
+        }
+    }
 }
 
 /// Marks the segments recovery needs (sealed with their newest seq) and
