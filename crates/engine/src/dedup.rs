@@ -166,6 +166,19 @@ impl DedupIndex {
         true
     }
 
+    /// Learns `fp` from a persisted hint (the warm-up, oldest hint first):
+    /// a slot already holding `fp` takes the newer hint in place (a record
+    /// moved or rewritten since the older one), else a free slot of its set
+    /// takes it. Returns false when the set is full.
+    pub fn learn(&mut self, fp: Fingerprint, entry: MapEntry, owner: u64) -> bool {
+        let set = self.set(fp);
+        if let Some(s) = set.iter_mut().find(|s| s.is(fp)) {
+            *s = Slot::new(fp, entry, owner);
+            return true;
+        }
+        self.insert_if_room(fp, entry, owner)
+    }
+
     /// Forgets `fp` if it still names `entry`'s record (which is gone).
     pub fn forget(&mut self, fp: Fingerprint, entry: &MapEntry) {
         let set = self.set(fp);

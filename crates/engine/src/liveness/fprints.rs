@@ -293,13 +293,13 @@ impl LiveMap {
         (uncovered, all)
     }
 
-    /// The named fingerprint tables: (table, record), newest record first.
+    /// The named fingerprint tables: (table, record), oldest record first.
     pub(crate) fn fp_tables(&self) -> Vec<(usize, PageRef)> {
         let first = table_count(self.fps.segments) as usize;
         let mut v: Vec<(usize, PageRef)> = (first..self.map.tables())
             .filter_map(|t| Some((t, self.map.table_ref(t)?)))
             .collect();
-        v.sort_unstable_by_key(|(_, r)| std::cmp::Reverse(r.seq));
+        v.sort_unstable_by_key(|(_, r)| r.seq);
         v
     }
 }
