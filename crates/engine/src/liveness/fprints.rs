@@ -149,13 +149,15 @@ impl FpBooks {
         }
     }
 
-    /// The changed parts, shared copy-on-write; parts neither changed nor
-    /// holding `head` (the log head's offset) leave memory.
-    fn snapshot(&mut self, head: u64) -> Vec<FpSnapshot> {
+    /// The changed parts, shared copy-on-write (the one holding `head`, the
+    /// log head's offset, only `with_head`: it takes more rows, and a
+    /// checkpoint that falls due often need not rewrite it each time);
+    /// parts neither changed nor holding the head leave memory.
+    fn snapshot(&mut self, head: u64, with_head: bool) -> Vec<FpSnapshot> {
         let head_t = self.table_of(head);
         self.parts.retain(|&t, p| p.dirty != 0 || t == head_t);
         let mut out: Vec<FpSnapshot> = (self.parts.iter())
-            .filter(|(_, p)| p.dirty != 0)
+            .filter(|(&t, p)| p.dirty != 0 && (with_head || t != head_t))
             .map(|(&t, p)| {
                 let rel = t as u64 - table_count(self.segments);
                 let per = fp_parts(self.segment_size);
@@ -239,12 +241,12 @@ impl LiveMap {
     }
 
     /// The changed fingerprint tables, for a checkpoint (none for a map
-    /// without their directory slots).
-    pub(crate) fn fp_snapshot(&mut self, head: u64) -> Vec<FpSnapshot> {
+    /// without their directory slots; see `FpBooks::snapshot`).
+    pub(crate) fn fp_snapshot(&mut self, head: u64, with_head: bool) -> Vec<FpSnapshot> {
         if self.map.tables() as u64 <= table_count(self.fps.segments) {
             return Vec::new();
         }
-        self.fps.snapshot(head)
+        self.fps.snapshot(head, with_head)
     }
 
     /// Names `r` as fingerprint table `t`'s record, written from the

@@ -211,7 +211,7 @@ impl LiveMap {
         if self.map.tables() == 0 {
             return snap;
         }
-        snap.fps = self.fp_snapshot(head);
+        snap.fps = self.fp_snapshot(head, true);
         for g in 0..self.books.dirty.len() {
             let stamp = self.books.dirty[g];
             if stamp == 0 {
@@ -243,6 +243,21 @@ impl LiveMap {
             snap.root = Some(root.encode());
         }
         snap
+    }
+
+    /// The tables of a checkpoint that does not write the liveness tables
+    /// (`Tables::WhenDue`): the root is named no more (the groups it would
+    /// vouch for are stale), changed groups stay changed; of the
+    /// fingerprint tables only the parts the log head has left.
+    pub(crate) fn light_table_snapshot(&mut self, head: u64) -> TableSnapshot {
+        if self.map.tables() == 0 {
+            return TableSnapshot::default();
+        }
+        self.map.set_table_ref(0, None);
+        TableSnapshot {
+            fps: self.fp_snapshot(head, false),
+            ..TableSnapshot::default()
+        }
     }
 
     /// Upper bound on the log bytes of every table record (a checkpoint's

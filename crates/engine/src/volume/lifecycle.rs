@@ -53,6 +53,7 @@ impl State {
             synced_marked: 0,
             checkpoint_generation: generation,
             appended_at_checkpoint: 0,
+            appended_at_tables: 0,
             durable_snapshot_seq: snapshot_seq,
             changes_at_checkpoint: 0,
             cleaning: HashSet::new(),

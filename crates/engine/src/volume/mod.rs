@@ -89,6 +89,10 @@ struct State {
     checkpoint_generation: u64,
     /// `log.appended_bytes` at the last checkpoint (for the checkpoint interval).
     appended_at_checkpoint: u64,
+    /// `log.appended_bytes` at the snapshot of the last checkpoint that
+    /// wrote the liveness tables (one that does not, `Checkpoint::Light`,
+    /// leaves the open without them: a crash then rebuilds them).
+    appended_at_tables: u64,
     /// Snapshot seq of the newest durable checkpoint: segments whose records
     /// are all at or below it, and hold no live data, may be reused.
     durable_snapshot_seq: u64,
