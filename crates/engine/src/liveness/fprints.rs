@@ -269,6 +269,11 @@ impl LiveMap {
         }
     }
 
+    /// Bytes of the fingerprint rows not yet in a table.
+    pub(crate) fn fp_pending_bytes(&self) -> u64 {
+        self.fps.dirty_rows * FP_ROW_BYTES as u64
+    }
+
     /// Upper bound on the log bytes of the changed fingerprint tables.
     pub(crate) fn fp_bytes_bound(&self) -> u64 {
         self.fps.bytes_bound()
