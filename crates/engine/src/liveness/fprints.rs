@@ -33,6 +33,9 @@ pub(crate) struct FpBooks {
     segment_size: u64,
     segments: u64,
     parts: HashMap<usize, Part>,
+    /// The part of the last row noted: the log head's (it takes the next
+    /// rows, so it stays in memory when written).
+    last: Option<usize>,
     stamp: u64,
     /// Rows of changed parts (kept rows only), for the checkpoint reserve.
     dirty_rows: u64,
@@ -63,6 +66,7 @@ impl FpBooks {
             segment_size: sb.segment_size_bytes,
             segments: sb.segment_count(),
             parts: HashMap::new(),
+            last: None,
             stamp: 1,
             dirty_rows: 0,
             dirty_parts: 0,
@@ -103,6 +107,7 @@ impl FpBooks {
     /// Block fingerprint `row` was appended (at `row.entry`'s offset).
     pub(crate) fn note(&mut self, offset: u64, row: FpRow) {
         let t = self.table_of(offset);
+        self.last = Some(t);
         let part = self.parts.entry(t).or_insert_with(|| Part {
             rows: Arc::new(Vec::new()),
             dirty: 0,
@@ -124,22 +129,19 @@ impl FpBooks {
         if let Some(old) = self.parts.insert(t, part) {
             self.forget_dirty(&old);
         }
+        self.last = Some(t);
     }
 
     /// Part `t`'s rows as its record has them, to be written again (the
-    /// cleaner moves the record).
+    /// cleaner moves the record). A part in memory (the head's, or one
+    /// not written since) holds those rows and any noted since: it is only
+    /// marked changed.
     pub(crate) fn reload(&mut self, t: usize, rows: Vec<FpRow>) {
-        let n = rows.len();
-        if let Some(old) = self.parts.insert(
-            t,
-            Part {
-                rows: Arc::new(rows),
-                dirty: 0,
-            },
-        ) {
-            self.forget_dirty(&old);
-        }
-        self.mark(t, n);
+        self.parts.entry(t).or_insert_with(|| Part {
+            rows: Arc::new(rows),
+            dirty: 0,
+        });
+        self.mark(t, 0);
     }
 
     fn forget_dirty(&mut self, p: &Part) {
@@ -155,7 +157,9 @@ impl FpBooks {
     /// parts neither changed nor holding the head leave memory.
     fn snapshot(&mut self, head: u64, with_head: bool) -> Vec<FpSnapshot> {
         let head_t = self.table_of(head);
-        self.parts.retain(|&t, p| p.dirty != 0 || t == head_t);
+        let last = self.last;
+        self.parts
+            .retain(|&t, p| p.dirty != 0 || t == head_t || Some(t) == last);
         let mut out: Vec<FpSnapshot> = (self.parts.iter())
             .filter(|(&t, p)| p.dirty != 0 && (with_head || t != head_t))
             .map(|(&t, p)| {
@@ -174,7 +178,8 @@ impl FpBooks {
         out
     }
 
-    /// Part `t`'s table was written from the snapshot of `stamp`.
+    /// Part `t`'s table was written from the snapshot of `stamp`: unless it
+    /// changed since or takes the next rows, it leaves memory.
     fn written(&mut self, t: usize, stamp: u64) {
         let Some(p) = self.parts.get_mut(&t) else {
             return;
@@ -183,6 +188,9 @@ impl FpBooks {
             p.dirty = 0;
             self.dirty_parts -= 1;
             self.dirty_rows -= p.rows.len() as u64;
+            if self.last != Some(t) {
+                self.parts.remove(&t);
+            }
         }
     }
 
@@ -354,4 +362,64 @@ pub(crate) fn read_fp_table(
         ));
     }
     books.decode(t, &rec[RECORD_HEADER_BYTES..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cvol_format::{CodecTag, MapEntry, DATA_OFFSET_BYTES};
+
+    fn books() -> FpBooks {
+        FpBooks::new(&Superblock {
+            uuid: [7; 16],
+            logical_size_bytes: 1 << 30,
+            physical_size_bytes: 1 << 29,
+            segment_size_bytes: 4 << 20,
+            data_offset_bytes: DATA_OFFSET_BYTES,
+            codec: CodecTag::Lz4,
+            codec_level: 0,
+            created_unix_secs: 0,
+            flags: 0,
+        })
+    }
+
+    fn row(offset: u64) -> FpRow {
+        FpRow {
+            fp: u128::from(offset) << 3 | 1,
+            entry: MapEntry::data(CodecTag::Lz4, offset, 100, offset as u32),
+            owner: 0,
+        }
+    }
+
+    #[test]
+    fn written_parts_leave_memory_but_the_heads_keeps_its_rows() {
+        let mut b = books();
+        let base = DATA_OFFSET_BYTES;
+        for i in 0..3 {
+            b.note(base + i * 1000, row(base + i * 1000)); // part 0
+        }
+        let next = base + FP_PART_BYTES;
+        b.note(next, row(next)); // part 1: the head's now
+        let head = next + 100;
+        let snap = b.snapshot(head, true);
+        assert_eq!(snap.len(), 2);
+        assert_eq!(b.dirty_rows, 4);
+        for s in &snap {
+            b.written(s.table, s.stamp);
+        }
+        assert_eq!((b.dirty_rows, b.dirty_parts), (0, 0));
+        let (t0, t1) = (snap[0].table, snap[1].table);
+        assert!(!b.parts.contains_key(&t0), "a written part stays in memory");
+        assert!(b.parts.contains_key(&t1), "the head's part left memory");
+        // The cleaner moves the head part's record (one row) while memory
+        // holds two: none is lost, and the part is written again.
+        b.note(next + 200, row(next + 200));
+        b.written(t1, b.parts[&t1].dirty);
+        b.reload(t1, vec![row(next)]);
+        assert_eq!(b.parts[&t1].rows.len(), 2);
+        assert_eq!((b.dirty_rows, b.dirty_parts), (2, 1));
+        // A light checkpoint leaves the head's part out.
+        assert!(b.snapshot(head, false).is_empty());
+        assert_eq!(b.snapshot(head, true).len(), 1);
+    }
 }
