@@ -383,7 +383,6 @@ impl Volume {
     /// changed table could be written (one too large names no record, and
     /// then neither does the root). Returns the bytes appended.
     fn append_tables(&self, tables: EncodedTables) -> Result<u64, VolError> {
-        let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
         let mut total = self.append_fp_tables(tables.fps)?;
         let mut complete = true;
         let root = std::iter::once((0, 0, tables.root));
@@ -399,9 +398,7 @@ impl Volume {
                     st.live.table_unwritten(*t);
                     continue;
                 };
-                let lba = (npages + *t as u64) * MAP_PAGE_BLOCKS;
-                let shape = Shape::map_meta(RecordKind::MapTable, lba);
-                let placed = self.append(&mut st, shape, payload)?;
+                let placed = self.append_table(&mut st, *t, payload)?;
                 st.live.table_written(*t, *stamp, page_ref(&placed));
                 total += u64::from(placed.len);
             }
@@ -409,19 +406,24 @@ impl Volume {
         Ok(total)
     }
 
+    /// Appends table `t`'s MAP_TABLE record (header lba: its directory
+    /// slot's, after the map's pages).
+    fn append_table(&self, st: &mut State, t: usize, payload: &[u8]) -> Result<Placed, VolError> {
+        let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+        let lba = (npages + t as u64) * MAP_PAGE_BLOCKS;
+        self.append(st, Shape::map_meta(RecordKind::MapTable, lba), payload)
+    }
+
     /// Appends the fingerprint table records, a batch per hold of the
     /// state lock, each named as its table's record at once. Returns the
     /// bytes appended.
     fn append_fp_tables(&self, fps: Vec<(usize, u64, Vec<u8>)>) -> Result<u64, VolError> {
-        let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
         let mut total = 0;
         for batch in hold_batches(&fps, Vec::len) {
             let mut st = self.lock_state()?;
             self.check_writable()?;
             for (t, stamp, payload) in batch {
-                let lba = (npages + *t as u64) * MAP_PAGE_BLOCKS;
-                let shape = Shape::map_meta(RecordKind::MapTable, lba);
-                let placed = self.append(&mut st, shape, payload)?;
+                let placed = self.append_table(&mut st, *t, payload)?;
                 st.live.fp_written(*t, *stamp, page_ref(&placed));
                 total += u64::from(placed.len);
             }
