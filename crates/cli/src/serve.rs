@@ -51,7 +51,7 @@ pub struct ServeArgs {
     workers: Option<usize>,
     #[command(flatten)]
     cleaner: CleanerFlags,
-    /// Memory for the dedup fingerprint index (32 bytes per block
+    /// Memory for the dedup fingerprint index (24 bytes per block
     /// remembered) [default: 1/64 of the physical size, 1M to 128M]
     #[arg(long)]
     dedup_memory: Option<String>,

@@ -13,7 +13,9 @@
 //! 4  part k
 //! 4  row count r (at most FP_TABLE_MAX_ROWS)
 //! r rows of FP_ROW_BYTES, in the order their records were appended:
-//!   16  xxh3-128 fingerprint of the 4 KiB block (never 0)
+//!    8  the upper 64 bits of the block's xxh3-128 fingerprint (never 0;
+//!       the dedup index keys on them: every match is verified byte for
+//!       byte, so 64 bits only bound the wasted verifications)
 //!    8  the block's map entry `loc` when it was written (a DATA, unit or
 //!       owner-form entry of a record whose header starts in part k)
 //!    4  the entry's crc
@@ -30,10 +32,10 @@ pub const FP_PART_BYTES: u64 = 512 << 10;
 /// Header of a fingerprint table payload.
 pub const FP_HEADER_BYTES: usize = 16;
 /// Bytes of one row.
-pub const FP_ROW_BYTES: usize = 32;
+pub const FP_ROW_BYTES: usize = 24;
 /// Most rows one table holds: its lz4 record stays below `RECORD_MAX_BYTES`
 /// (124 KiB raw).
-pub const FP_TABLE_MAX_ROWS: usize = 3968;
+pub const FP_TABLE_MAX_ROWS: usize = 5290;
 const _: () = assert!(
     FP_HEADER_BYTES + FP_TABLE_MAX_ROWS * FP_ROW_BYTES + 1024
         < record::RECORD_MAX_BYTES - record::RECORD_HEADER_BYTES
@@ -59,12 +61,24 @@ pub const fn directory_tables(segments: u64, segment_size: u64) -> u64 {
     tables::table_count(segments) + segments * fp_parts(segment_size)
 }
 
-/// One row: a block's fingerprint and where it was written.
+/// One row: a block's fingerprint (its upper 64 bits) and where it was
+/// written (24 bytes in memory too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FpRow {
-    pub fp: u128,
-    pub entry: MapEntry,
+    pub fp: u64,
+    pub loc: u64,
+    pub crc: u32,
     pub owner: u32,
+}
+
+impl FpRow {
+    /// The map entry the block got.
+    pub fn entry(&self) -> MapEntry {
+        MapEntry {
+            loc: self.loc,
+            crc: self.crc,
+        }
+    }
 }
 
 /// A fingerprint table.
@@ -86,10 +100,10 @@ impl FpTable {
         put_u32(&mut v, 12, rows.len() as u32);
         for (i, r) in rows.iter().enumerate() {
             let at = FP_HEADER_BYTES + i * FP_ROW_BYTES;
-            v[at..at + 16].copy_from_slice(&r.fp.to_le_bytes());
-            put_u64(&mut v, at + 16, r.entry.loc);
-            put_u32(&mut v, at + 24, r.entry.crc);
-            put_u32(&mut v, at + 28, r.owner);
+            put_u64(&mut v, at, r.fp);
+            put_u64(&mut v, at + 8, r.loc);
+            put_u32(&mut v, at + 16, r.crc);
+            put_u32(&mut v, at + 20, r.owner);
         }
         v
     }
@@ -115,19 +129,16 @@ impl FpTable {
         let mut rows = Vec::with_capacity(n);
         for i in 0..n {
             let at = FP_HEADER_BYTES + i * FP_ROW_BYTES;
-            let fp = u128::from_le_bytes(b[at..at + 16].try_into().expect("16 bytes"));
-            let entry = MapEntry {
-                loc: get_u64(b, at + 16),
-                crc: get_u32(b, at + 24),
+            let row = FpRow {
+                fp: get_u64(b, at),
+                loc: get_u64(b, at + 8),
+                crc: get_u32(b, at + 16),
+                owner: get_u32(b, at + 20),
             };
-            if fp == 0 || !matches!(entry.state(), Ok(EntryState::Data { .. })) {
+            if row.fp == 0 || !matches!(row.entry().state(), Ok(EntryState::Data { .. })) {
                 return Err(FormatError::Invalid("fingerprint table row"));
             }
-            rows.push(FpRow {
-                fp,
-                entry,
-                owner: get_u32(b, at + 28),
-            });
+            rows.push(row);
         }
         Ok(FpTable {
             segment,
@@ -142,9 +153,11 @@ mod tests {
     use super::*;
 
     fn row(i: u64) -> FpRow {
+        let e = MapEntry::data(CodecTag::Lz4, (1 << 20) + i * 100, 90, i as u32);
         FpRow {
-            fp: u128::from(i + 1) << 70 | 5,
-            entry: MapEntry::data(CodecTag::Lz4, (1 << 20) + i * 100, 90, i as u32),
+            fp: (i + 1) << 7 | 5,
+            loc: e.loc,
+            crc: e.crc,
             owner: i as u32 * 3,
         }
     }
@@ -171,7 +184,7 @@ mod tests {
         bad.fp = 0;
         assert!(FpTable::decode(&FpTable::encode_rows(0, 0, &[bad]), 0, 0).is_err());
         let mut bad = row(1);
-        bad.entry = MapEntry::ZERO;
+        bad.loc = MapEntry::ZERO.loc;
         assert!(FpTable::decode(&FpTable::encode_rows(0, 0, &[bad]), 0, 0).is_err());
         let mut b = FpTable::encode_rows(0, 0, &[row(1)]);
         b.pop();

@@ -256,7 +256,10 @@ fn tables(body: &[u8], selector: u64) {
     let segment = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
     let part = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
     if let Ok(t) = FpTable::decode(body, segment, part) {
-        assert!(t.rows.iter().all(|r| r.fp != 0 && r.entry.state().is_ok()));
+        assert!(t
+            .rows
+            .iter()
+            .all(|r| r.fp != 0 && r.entry().state().is_ok()));
         assert_eq!(
             t.encode(),
             body,

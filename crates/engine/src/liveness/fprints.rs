@@ -217,7 +217,7 @@ impl FpBooks {
 impl LiveMap {
     /// A block fingerprint to persist: `row.entry` was just appended.
     pub(crate) fn fp_note(&mut self, row: FpRow) {
-        if let Some(offset) = data_offset(&row.entry) {
+        if let Some(offset) = data_offset(&row.entry()) {
             self.fps.note(offset, row);
         }
     }
@@ -337,7 +337,7 @@ impl FpBooks {
         let first = self.data_offset + s * self.segment_size + u64::from(k) * FP_PART_BYTES;
         let end = (first + FP_PART_BYTES).min(self.data_offset + (s + 1) * self.segment_size);
         for r in &table.rows {
-            if !data_offset(&r.entry).is_some_and(|o| (first..end).contains(&o)) {
+            if !data_offset(&r.entry()).is_some_and(|o| (first..end).contains(&o)) {
                 return Err(format!("a row outside part {k} of segment {s}"));
             }
         }
@@ -384,9 +384,11 @@ mod tests {
     }
 
     fn row(offset: u64) -> FpRow {
+        let e = MapEntry::data(CodecTag::Lz4, offset, 100, offset as u32);
         FpRow {
-            fp: u128::from(offset) << 3 | 1,
-            entry: MapEntry::data(CodecTag::Lz4, offset, 100, offset as u32),
+            fp: offset << 3 | 1,
+            loc: e.loc,
+            crc: e.crc,
             owner: 0,
         }
     }

@@ -264,8 +264,9 @@ fn record_bytes(p: &Prepared<'_>) -> u64 {
 /// A fingerprint table row: block `owner`'s fingerprint and entry.
 pub(in crate::volume) fn fp_row(fp: Fingerprint, entry: MapEntry, owner: u64) -> FpRow {
     FpRow {
-        fp,
-        entry,
+        fp: crate::dedup::key(fp),
+        loc: entry.loc,
+        crc: entry.crc,
         owner: u32::try_from(owner).expect("LBA below 2^32"),
     }
 }

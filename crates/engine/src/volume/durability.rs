@@ -35,9 +35,9 @@ const CHECKPOINT_SYNC_BYTES: u64 = 8 << 20;
 /// Dirty map pages that make a checkpoint due, at least (the map cache's
 /// pages otherwise): a small cache does not checkpoint every few writes.
 const DIRTY_PAGES_MIN: usize = 256;
-/// Fingerprint rows waiting in memory for a checkpoint (32 bytes a block
+/// Fingerprint rows waiting in memory for a checkpoint (24 bytes a block
 /// appended) that make one due: a fill of 10:1 data appends 650 thousand
-/// blocks (20 MiB of rows) in a checkpoint interval of log, and highly
+/// blocks (15 MiB of rows) in a checkpoint interval of log, and highly
 /// compressible data could append far more. Not lower: a checkpoint due
 /// for the rows also rewrites every dirty map page (8 MiB here made a
 /// 24 GiB volume under random writes checkpoint 35 times in 90 s instead

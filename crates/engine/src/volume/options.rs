@@ -12,7 +12,8 @@ pub const READ_CACHE_DEFAULT_BYTES: u64 = 32 << 20;
 const MEMORY_DEFAULT_MIN_BYTES: u64 = 1 << 20;
 
 /// The dedup index a volume gets unless told (`--dedup-memory`): room for
-/// a 32-byte entry per 4 KiB block the physical store holds at 2:1
+/// an entry (24 bytes, in power-of-two sets: up to 32) per 4 KiB block the
+/// physical store holds at 2:1
 /// (physical / 64), from 1 MiB up to 128 MiB, so a small volume does not
 /// take (and pre-fault) the index of a large one.
 pub fn dedup_memory_default_bytes(physical_size_bytes: u64) -> u64 {

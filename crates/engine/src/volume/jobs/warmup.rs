@@ -5,7 +5,7 @@
 //! - first from the fingerprint tables the checkpoints persisted
 //!   (`cvol_format::fprints`), oldest first, a newer row of a fingerprint
 //!   replacing an older one (`DedupIndex::learn`): one read per table of
-//!   up to 3968 fingerprints, no data read, nothing hashed. Oldest first
+//!   up to 5290 fingerprints, no data read, nothing hashed. Oldest first
 //!   also gives a sequentially written volume's blocks their set slots in
 //!   LBA order, as the data pass does: a sequential rewrite then evicts
 //!   blocks it has passed, not the ones it needs next (newest first cost
@@ -129,7 +129,8 @@ impl Volume {
         let before = ix.entries;
         let full = rows.iter().any(|row| {
             let owner = u64::from(row.owner);
-            !ix.learn(row.fp, row.entry, owner) && ix.entries >= ix.capacity()
+            let fp = u128::from(row.fp) << 64;
+            !ix.learn(fp, row.entry(), owner) && ix.entries >= ix.capacity()
         });
         let c = &self.counters.warm_table_fingerprints;
         c.fetch_add(ix.entries - before, Ordering::Relaxed);
