@@ -234,12 +234,19 @@ impl Report {
                 "dedup",
                 if d.dedup {
                     format!(
-                        "on: {} of {} found stored, {shared}, index {} of {} ({})",
+                        "on: {} of {} found stored, {shared}, index {} of {} ({}; \
+                         warmed from {} saved, {} read back)",
                         d.dedup_hits,
                         count(d.dedup_lookups, "block", "blocks"),
                         d.dedup_index_entries,
                         d.dedup_index_capacity,
-                        b(d.dedup_index_memory_bytes)
+                        b(d.dedup_index_memory_bytes),
+                        count(
+                            d.dedup_warm_table_fingerprints,
+                            "fingerprint",
+                            "fingerprints"
+                        ),
+                        count(d.dedup_warm_data_blocks, "block", "blocks"),
                     )
                 } else {
                     "off".to_string()
