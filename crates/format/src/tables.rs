@@ -217,7 +217,7 @@ impl TableGroup {
 }
 
 /// Appends `v` as a LEB128 varint.
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
         v >>= 7;
@@ -227,7 +227,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 
 /// The LEB128 varint at `*at`, moving past it: at most 10 bytes, the last
 /// not zero unless it is the only one, no bits beyond 64.
-fn get_varint(b: &[u8], at: &mut usize) -> Result<u64, FormatError> {
+pub(crate) fn get_varint(b: &[u8], at: &mut usize) -> Result<u64, FormatError> {
     let mut v = 0u64;
     for i in 0..VARINT_MAX_BYTES {
         let byte = *b.get(*at + i).ok_or(FormatError::Invalid("varint"))?;

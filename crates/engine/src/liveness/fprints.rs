@@ -13,7 +13,7 @@ use cvol_format::checkpoint::MAP_PAGE_BLOCKS;
 use cvol_format::checkpoint::{PageRef, DIR_ENTRY_BYTES};
 use cvol_format::fprints::{
     fp_parts, fp_table_index, FpRow, FpTable, FP_HEADER_BYTES, FP_PART_BYTES, FP_ROW_BYTES,
-    FP_TABLE_MAX_ROWS,
+    FP_ROW_MAX_BYTES, FP_TABLE_MAX_ROWS,
 };
 use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::tables::table_count;
@@ -210,7 +210,7 @@ impl FpBooks {
     /// Upper bound on the log bytes of the changed parts' records.
     fn bytes_bound(&self) -> u64 {
         let per_table = (RECORD_HEADER_BYTES + FP_HEADER_BYTES + 32 + DIR_ENTRY_BYTES) as u64;
-        self.dirty_parts * per_table + self.dirty_rows * (FP_ROW_BYTES as u64 + 1)
+        self.dirty_parts * per_table + self.dirty_rows * (FP_ROW_MAX_BYTES as u64 + 1)
     }
 }
 

@@ -5,7 +5,7 @@
 //! - first from the fingerprint tables the checkpoints persisted
 //!   (`cvol_format::fprints`), oldest first, a newer row of a fingerprint
 //!   replacing an older one (`DedupIndex::learn`): one read per table of
-//!   up to 5290 fingerprints, no data read, nothing hashed. Oldest first
+//!   up to 7000 fingerprints, no data read, nothing hashed. Oldest first
 //!   also gives a sequentially written volume's blocks their set slots in
 //!   LBA order, as the data pass does: a sequential rewrite then evicts
 //!   blocks it has passed, not the ones it needs next (newest first cost
