@@ -163,13 +163,12 @@ impl FpBooks {
         let mut out: Vec<FpSnapshot> = (self.parts.iter())
             .filter(|(&t, p)| p.dirty != 0 && (with_head || t != head_t))
             .map(|(&t, p)| {
-                let rel = t as u64 - table_count(self.segments);
-                let per = fp_parts(self.segment_size);
+                let (segment, part) = self.part_of(t).expect("a fingerprint table's part");
                 FpSnapshot {
                     table: t,
                     stamp: p.dirty,
-                    segment: rel / per,
-                    part: (rel % per) as u32,
+                    segment,
+                    part,
                     rows: Arc::clone(&p.rows),
                 }
             })

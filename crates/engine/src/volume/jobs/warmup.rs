@@ -127,11 +127,14 @@ impl Volume {
         };
         let mut ix = self.lock_index().ok()??;
         let before = ix.entries;
-        let full = rows.iter().any(|row| {
-            let owner = u64::from(row.owner);
+        let mut full = false;
+        for row in &rows {
             let fp = u128::from(row.fp) << 64;
-            !ix.learn(fp, row.entry(), owner) && ix.entries >= ix.capacity()
-        });
+            if !ix.learn(fp, row.entry(), u64::from(row.owner)) && ix.entries >= ix.capacity() {
+                full = true;
+                break;
+            }
+        }
         let c = &self.counters.warm_table_fingerprints;
         c.fetch_add(ix.entries - before, Ordering::Relaxed);
         (!full).then_some(())
