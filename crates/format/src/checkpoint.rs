@@ -17,7 +17,14 @@
 //! 8  resume segment (the log head's segment when the snapshot was taken)
 //! 8  resume offset  (its fill then: record snapshot_seq + 1 is there, at the
 //!                    next sector boundary, or first in another segment)
+//! optional, 16 more bytes (volumes with FLAG_METADATA_DEVICE):
+//! 8  metadata resume segment (the metadata head's segment at the snapshot)
+//! 8  metadata resume offset  (its fill then)
 //! ```
+//! With a metadata device the log has two heads drawing seqs from one
+//! counter: map records and commits go to the metadata head, every other
+//! record to the data head; roll-forward follows the chain of seqs through
+//! both, from both resume positions.
 //! Without the resume position, no record lies between the snapshot and the
 //! commit and roll-forward starts after the commit; with it, records of
 //! clients may lie between the snapshot and the MAP_CHUNKs and between the
@@ -106,16 +113,17 @@ pub struct CommitPayload {
     pub chunks: Vec<ChunkRef>,
     /// None: roll-forward starts right after the commit record.
     pub resume: Option<Resume>,
+    /// The metadata head at the snapshot (a volume with a metadata device;
+    /// only with `resume`).
+    pub meta_resume: Option<Resume>,
 }
 
 impl CommitPayload {
     pub fn encode(&self) -> Vec<u8> {
         let refs = commit_payload_bytes(self.chunks.len());
-        let resume = if self.resume.is_some() {
-            RESUME_BYTES
-        } else {
-            0
-        };
+        assert!(self.resume.is_some() || self.meta_resume.is_none());
+        let resume = RESUME_BYTES
+            * (usize::from(self.resume.is_some()) + usize::from(self.meta_resume.is_some()));
         let mut v = vec![0u8; refs + resume];
         put_u64(&mut v, COMMIT_OFF_SNAPSHOT_SEQ, self.snapshot_seq);
         put_u64(&mut v, COMMIT_OFF_LOGICAL_BLOCKS, self.logical_blocks);
@@ -130,6 +138,11 @@ impl CommitPayload {
             put_u64(&mut v, refs + RESUME_OFF_SEGMENT, r.segment);
             put_u64(&mut v, refs + RESUME_OFF_OFFSET, r.offset);
         }
+        if let Some(r) = self.meta_resume {
+            let at = refs + RESUME_BYTES;
+            put_u64(&mut v, at + RESUME_OFF_SEGMENT, r.segment);
+            put_u64(&mut v, at + RESUME_OFF_OFFSET, r.offset);
+        }
         v
     }
 
@@ -137,15 +150,18 @@ impl CommitPayload {
         need(b, COMMIT_HEADER_BYTES)?;
         let count = get_u32(b, COMMIT_OFF_CHUNK_COUNT) as usize;
         let refs = commit_payload_bytes(count);
-        let resume = if b.len() == refs {
-            None
-        } else if b.len() == refs + RESUME_BYTES {
-            Some(Resume {
-                segment: get_u64(b, refs + RESUME_OFF_SEGMENT),
-                offset: get_u64(b, refs + RESUME_OFF_OFFSET),
-            })
-        } else {
-            return Err(FormatError::Invalid("commit payload length"));
+        let resume_at = |at: usize| Resume {
+            segment: get_u64(b, at + RESUME_OFF_SEGMENT),
+            offset: get_u64(b, at + RESUME_OFF_OFFSET),
+        };
+        let (resume, meta_resume) = match b.len().checked_sub(refs) {
+            Some(0) => (None, None),
+            Some(RESUME_BYTES) => (Some(resume_at(refs)), None),
+            Some(n) if n == 2 * RESUME_BYTES => (
+                Some(resume_at(refs)),
+                Some(resume_at(refs + RESUME_BYTES)),
+            ),
+            _ => return Err(FormatError::Invalid("commit payload length")),
         };
         let chunks = (0..count)
             .map(|i| {
@@ -162,6 +178,7 @@ impl CommitPayload {
             logical_blocks: get_u64(b, COMMIT_OFF_LOGICAL_BLOCKS),
             chunks,
             resume,
+            meta_resume,
         })
     }
 }
@@ -283,6 +300,7 @@ mod tests {
                 },
             ],
             resume: None,
+            meta_resume: None,
         };
         assert_eq!(CommitPayload::decode(&c.encode()).unwrap(), c);
         assert!(CommitPayload::decode(&c.encode()[..30]).is_err());
@@ -298,6 +316,16 @@ mod tests {
         let long = [r.encode(), vec![0]].concat();
         assert!(CommitPayload::decode(&long).is_err());
         assert!(CommitPayload::decode(&r.encode()[..r.encode().len() - 1]).is_err());
+        let m = CommitPayload {
+            meta_resume: Some(Resume {
+                segment: 90,
+                offset: 512,
+            }),
+            ..r.clone()
+        };
+        assert_eq!(m.encode().len(), r.encode().len() + RESUME_BYTES);
+        assert_eq!(CommitPayload::decode(&m.encode()).unwrap(), m);
+        assert!(CommitPayload::decode(&[m.encode(), vec![0; 16]].concat()).is_err());
     }
 
     #[test]

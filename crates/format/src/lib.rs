@@ -10,12 +10,15 @@
 //! 4 KiB    superblock copy B          (4 KiB, identical to A)
 //! 8 KiB    checkpoint pointer slot 0  (one 512-byte sector used)
 //! 12 KiB   checkpoint pointer slot 1
+//! 16 KiB   metadata device label copies A and B (only with a metadata
+//!          device, `metadev`)
 //! 1 MiB    segment 0, segment 1, ...  (fixed size; records packed byte-granular)
 //! ```
 
 pub mod checkpoint;
 pub mod fprints;
 pub mod mapentry;
+pub mod metadev;
 pub mod pointer;
 pub mod record;
 pub mod superblock;

@@ -16,7 +16,9 @@
 //! 56     8    data_offset_bytes    (first byte of segment 0)
 //! 64     1    codec tag (volume default)
 //! 65     1    codec level (zstd level, 0 otherwise)
-//! 66     6    reserved (0)
+//! 66     2    reserved (0)
+//! 68     4    metadata_segments (segments on the metadata device; 0 unless
+//!             flag bit 6, `FLAG_METADATA_DEVICE`)
 //! 72     8    created_unix_secs
 //! 80     4    crc32c of bytes [0, 80)
 //! 84          end; the rest of the 4 KiB copy is zero
@@ -37,8 +39,9 @@ const OFF_DATA: usize = OFF_SEGMENT + 8;
 const OFF_CODEC: usize = OFF_DATA + 8;
 const OFF_LEVEL: usize = OFF_CODEC + 1;
 const OFF_RESERVED: usize = OFF_LEVEL + 1;
-const RESERVED_BYTES: usize = 6;
-const OFF_CREATED: usize = OFF_RESERVED + RESERVED_BYTES;
+const RESERVED_BYTES: usize = 2;
+const OFF_META_SEGMENTS: usize = OFF_RESERVED + RESERVED_BYTES;
+const OFF_CREATED: usize = OFF_META_SEGMENTS + 4;
 const OFF_CRC: usize = OFF_CREATED + 8;
 const END: usize = OFF_CRC + 4;
 
@@ -61,12 +64,18 @@ pub const FLAG_SEG_TABLES: u32 = 16;
 /// after the liveness tables': binaries that predate them refuse the
 /// volume instead of failing on its directory.
 pub const FLAG_FP_TABLES: u32 = 32;
+/// Map records, checkpoint commits and fingerprint tables live on a
+/// separate metadata device (`metadev`): its `metadata_segments` segments
+/// follow the data segments in the volume's offset space. Binaries that
+/// predate it refuse the volume instead of missing half of it.
+pub const FLAG_METADATA_DEVICE: u32 = 64;
 const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_AUTO_CODEC
     | FLAG_RESUME_AT_SNAPSHOT
     | FLAG_PAGED_MAP
     | FLAG_SEG_TABLES
-    | FLAG_FP_TABLES;
+    | FLAG_FP_TABLES
+    | FLAG_METADATA_DEVICE;
 
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;
@@ -83,6 +92,8 @@ pub struct Superblock {
     pub created_unix_secs: u64,
     /// `FLAG_*` bits.
     pub flags: u32,
+    /// Segments on the metadata device (0: none, everything in one store).
+    pub metadata_segments: u32,
 }
 
 impl Superblock {
@@ -100,8 +111,32 @@ impl Superblock {
         crc32c::crc32c(&self.uuid)
     }
 
+    /// Segments of the whole volume: the data store's, then the metadata
+    /// device's (numbered on, at offsets on from `metadata_base`).
     pub fn segment_count(&self) -> u64 {
+        self.data_segment_count() + u64::from(self.metadata_segments)
+    }
+
+    /// Segments in the data store (all of them without a metadata device).
+    pub fn data_segment_count(&self) -> u64 {
         (self.physical_size_bytes - self.data_offset_bytes) / self.segment_size_bytes
+    }
+
+    /// Whether the volume keeps its metadata on a separate device.
+    pub fn has_metadata_device(&self) -> bool {
+        self.metadata_segments > 0
+    }
+
+    /// Is segment `s` on the metadata device?
+    pub fn is_metadata_segment(&self, s: u64) -> bool {
+        s >= self.data_segment_count()
+    }
+
+    /// The volume offset of the metadata device's first segment (metadata
+    /// device byte `metadev::METADATA_DATA_OFFSET_BYTES`): the offset space
+    /// goes on past the data store's last whole segment.
+    pub fn metadata_base(&self) -> u64 {
+        self.data_offset_bytes + self.data_segment_count() * self.segment_size_bytes
     }
 
     pub fn logical_blocks(&self) -> u64 {
@@ -149,6 +184,11 @@ impl Superblock {
         if self.physical_size_bytes > PHYSICAL_SIZE_MAX_BYTES {
             return Err(FormatError::Invalid("physical size above 8 TiB"));
         }
+        if (self.flags & FLAG_METADATA_DEVICE != 0) != (self.metadata_segments > 0) {
+            return Err(FormatError::Invalid(
+                "metadata segments without the metadata-device flag, or the reverse",
+            ));
+        }
         // Checked: a corrupt data offset near u64::MAX must not wrap past this test.
         let needed = self
             .data_offset_bytes
@@ -156,6 +196,20 @@ impl Superblock {
         if needed.is_none_or(|n| self.physical_size_bytes < n) {
             return Err(FormatError::Invalid(
                 "physical size too small: need metadata plus two segments",
+            ));
+        }
+        if self.metadata_segments == 1 {
+            return Err(FormatError::Invalid(
+                "a metadata device needs at least two segments",
+            ));
+        }
+        // Every segment of both stores must be addressable by a map entry.
+        let end = u64::from(self.metadata_segments)
+            .checked_mul(self.segment_size_bytes)
+            .and_then(|m| m.checked_add(self.metadata_base()));
+        if end.is_none_or(|e| e > PHYSICAL_SIZE_MAX_BYTES) {
+            return Err(FormatError::Invalid(
+                "data and metadata segments above 8 TiB",
             ));
         }
         Ok(())
@@ -173,6 +227,7 @@ impl Superblock {
         put_u64(&mut b, OFF_DATA, self.data_offset_bytes);
         b[OFF_CODEC] = self.codec as u8;
         b[OFF_LEVEL] = self.codec_level;
+        put_u32(&mut b, OFF_META_SEGMENTS, self.metadata_segments);
         put_u64(&mut b, OFF_CREATED, self.created_unix_secs);
         let crc = crc32c::crc32c(&b[..OFF_CRC]);
         put_u32(&mut b, OFF_CRC, crc);
@@ -209,10 +264,17 @@ impl Superblock {
             codec_level: b[OFF_LEVEL],
             created_unix_secs: get_u64(b, OFF_CREATED),
             flags,
+            metadata_segments: get_u32(b, OFF_META_SEGMENTS),
         };
         sb.validate()?;
         Ok(sb)
     }
+}
+
+/// A valid superblock for other modules' tests.
+#[cfg(test)]
+pub(crate) fn tests_sample() -> Superblock {
+    tests::sample()
 }
 
 #[cfg(test)]
@@ -230,6 +292,7 @@ mod tests {
             codec_level: 3,
             created_unix_secs: 1_700_000_000,
             flags: FLAG_DEDUP,
+            metadata_segments: 0,
         }
     }
 

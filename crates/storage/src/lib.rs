@@ -3,13 +3,16 @@
 //! `FileStorage` serves a regular file or a block device with positional I/O.
 //! `SimStorage` keeps the image in memory, remembers which writes are not yet
 //! synced, and at a simulated crash keeps, drops or tears (per 512-byte
-//! sector) each of them; it also injects I/O errors.
+//! sector) each of them; it also injects I/O errors. `SplitStorage` joins a
+//! data store and a metadata device into one offset space.
 
 mod file;
 mod sim;
+mod split;
 
 pub use file::FileStorage;
 pub use sim::{SimConfig, SimStorage};
+pub use split::SplitStorage;
 
 use std::io;
 
