@@ -35,6 +35,10 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
         Some(sb) => sb,
         None => return rep,
     };
+    if let Err(e) = recovery::require_metadata_device(storage, &sb) {
+        rep.errors.push(e.to_string());
+        return rep;
+    }
     let ptrs = recovery::read_pointers(storage);
     if ptrs.iter().all(Option::is_none) {
         rep.errors

@@ -41,6 +41,8 @@ pub enum OpenError {
     Recovery(RecoveryError),
     /// The log has no room for the EPOCH record that opening for writing needs.
     LogFull,
+    /// The metadata device is missing, too small, or another volume's.
+    MetadataDevice(String),
 }
 
 impl From<OpenError> for VolError {
@@ -87,6 +89,7 @@ impl fmt::Display for OpenError {
                 "the log is full: no room for the epoch record that opening for writing \
                  needs; serve it --read-only to copy the data out"
             ),
+            OpenError::MetadataDevice(why) => write!(f, "metadata device: {why}"),
         }
     }
 }
@@ -115,6 +118,9 @@ pub enum RecoveryError {
         physical_size_bytes: u64,
         backing_bytes: u64,
     },
+    /// The volume keeps its map and checkpoints on a metadata device that
+    /// the store given does not include.
+    MetadataDeviceMissing { segments: u32 },
     /// Reading the first record header of a segment failed: the segment may
     /// hold the log's continuation, so the open fails rather than end the
     /// chain early.
@@ -219,6 +225,12 @@ impl fmt::Display for RecoveryError {
                 f,
                 "superblock says {physical_size_bytes} physical bytes but the backing store has \
                  {backing_bytes}"
+            ),
+            RecoveryError::MetadataDeviceMissing { segments } => write!(
+                f,
+                "the volume keeps its map and checkpoints on a separate metadata device \
+                 ({segments} segments), which was not opened with it: pass \
+                 --metadata-device PATH"
             ),
             RecoveryError::SegmentStartUnreadable { segment, source } => {
                 write!(f, "reading the start of segment {segment}: {source}")

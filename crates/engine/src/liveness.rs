@@ -480,7 +480,7 @@ pub(crate) fn rebuild(
     let census = Census::of(map, src, &mut counters)?;
     let geometry = Geometry::of(sb);
     let mut segments = RebuiltSegments {
-        table: SegmentTable::new(sb.segment_count(), sb.segment_size_bytes),
+        table: SegmentTable::for_volume(sb),
         usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
     };
     let mut live = |offset: u64, len: u32, codec: CodecTag| {

@@ -1,7 +1,12 @@
 //! The log head: the open segment's buffer, record placement, write-behind
 //! and the flush padding rule (no durable sector is ever written twice).
+//!
+//! A volume with a metadata device has two heads drawing seqs from one
+//! counter: map records and checkpoint commits (`Shape::is_meta`) go to
+//! the metadata head, in the metadata region's segments; everything else
+//! to the data head. Without one, every record goes to the data head.
 use crate::error::VolError;
-use crate::segments::{SegState, SegmentTable};
+use crate::segments::{Region, SegState, SegmentTable};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAX_BYTES};
 use cvol_format::record::{REF_PAYLOAD_BYTES, SYNCED_PAYLOAD_BYTES, UNIT_BLOCKS_MAX};
 use cvol_format::{align_up, CodecTag, Superblock, SECTOR_SIZE_BYTES};
@@ -68,6 +73,17 @@ impl Shape {
             RecordKind::MapChunk | RecordKind::MapDir | RecordKind::MapTable
         ));
         Shape::meta(kind, CodecTag::Lz4).at(lba, 0)
+    }
+
+    /// Does this record go to the metadata head (when there is one)?
+    pub fn is_meta(&self) -> bool {
+        matches!(
+            self.kind,
+            RecordKind::MapChunk
+                | RecordKind::MapDir
+                | RecordKind::MapTable
+                | RecordKind::CkptCommit
+        )
     }
 
     fn at(self, lba: u64, nblocks: u32) -> Shape {
@@ -137,12 +153,8 @@ pub struct Placed {
     pub seq: u64,
 }
 
-pub struct Log {
-    pub segment_size: u64,
-    pub data_offset: u64,
-    pub volume_tag: u32,
-    /// Usage and state of every segment.
-    pub segments: SegmentTable,
+/// One head of the log: its open segment and that segment's buffer.
+pub struct Head {
     /// Current (open) segment.
     pub segment: u64,
     /// Bytes of the open segment in use (records and padding).
@@ -151,6 +163,29 @@ pub struct Log {
     pub written: usize,
     /// The open segment's bytes; reads of records in it are served from here.
     pub buf: Vec<u8>,
+}
+
+impl Head {
+    fn new(segment: u64, fill: usize, segment_size: u64) -> Head {
+        Head {
+            segment,
+            fill,
+            written: fill,
+            buf: vec![0u8; segment_size as usize],
+        }
+    }
+}
+
+pub struct Log {
+    pub segment_size: u64,
+    pub data_offset: u64,
+    pub volume_tag: u32,
+    /// Usage and state of every segment.
+    pub segments: SegmentTable,
+    /// The data head (every record without a metadata device).
+    pub head: Head,
+    /// The metadata head, on a volume with a metadata device.
+    pub meta: Option<Head>,
     pub epoch: u32,
     pub next_seq: u64,
     /// Bytes handed to storage by the log since open (write amplification).
@@ -174,15 +209,15 @@ impl Log {
         assert!(
             fill as u64 <= sb.segment_size_bytes && (fill as u64).is_multiple_of(SECTOR_SIZE_BYTES)
         );
+        assert_eq!(segments.region(segment), Region::Data);
         Log {
             segment_size: sb.segment_size_bytes,
             data_offset: sb.data_offset_bytes,
             volume_tag: sb.volume_tag(),
             segments,
-            segment,
-            fill,
-            written: fill,
-            buf: vec![0u8; sb.segment_size_bytes as usize],
+            head: Head::new(segment, fill, sb.segment_size_bytes),
+            // Opened by the first metadata record (`head_for`).
+            meta: None,
             epoch,
             next_seq,
             media_bytes_written: 0,
@@ -190,29 +225,100 @@ impl Log {
         }
     }
 
+    /// The volume offset of the data head's segment.
     pub fn segment_base(&self) -> u64 {
-        self.data_offset + self.segment * self.segment_size
+        self.base_of(self.head.segment)
+    }
+
+    fn base_of(&self, segment: u64) -> u64 {
+        self.data_offset + segment * self.segment_size
     }
 
     pub fn last_seq(&self) -> u64 {
         self.next_seq - 1
     }
 
-    /// Log bytes still available for records: free segments and the open one's rest.
-    pub fn free_bytes(&self) -> u64 {
-        self.segments.free_count() * self.segment_size + (self.segment_size - self.fill as u64)
+    /// The data head's position: where the next data record goes.
+    pub fn data_position(&self) -> (u64, usize) {
+        (self.head.segment, self.head.fill)
     }
 
-    /// Log bytes occupied (live and dead records, padding, abandoned tails).
+    /// The metadata head's position, if it has one open.
+    pub fn meta_position(&self) -> Option<(u64, usize)> {
+        self.meta.as_ref().map(|m| (m.segment, m.fill))
+    }
+
+    /// Log bytes still available for data records: free data segments and
+    /// the data head's rest (every record's, without a metadata device).
+    pub fn free_bytes(&self) -> u64 {
+        self.segments.free_count() * self.segment_size + (self.segment_size - self.head.fill as u64)
+    }
+
+    /// Log bytes still available for map records and commits: the data
+    /// log's without a metadata device.
+    pub fn meta_free_bytes(&self) -> u64 {
+        if !self.segments.has_meta() {
+            return self.free_bytes();
+        }
+        let rest = self
+            .meta
+            .as_ref()
+            .map_or(0, |m| self.segment_size - m.fill as u64);
+        self.segments.free_in(Region::Meta) * self.segment_size + rest
+    }
+
+    /// Data log bytes occupied (live and dead records, padding, abandoned tails).
     pub fn used_bytes(&self) -> u64 {
-        let others = self.segments.count() - self.segments.free_count() - 1;
-        others * self.segment_size + self.fill as u64
+        let n = self.segments.range(Region::Data).end;
+        let others = n - self.segments.free_count() - 1;
+        others * self.segment_size + self.head.fill as u64
+    }
+
+    /// Metadata device bytes occupied (0 without one).
+    pub fn meta_used_bytes(&self) -> u64 {
+        let r = self.segments.range(Region::Meta);
+        let open = u64::from(self.meta.is_some());
+        let sealed = (r.end - r.start) - self.segments.free_in(Region::Meta) - open;
+        sealed * self.segment_size + self.meta.as_ref().map_or(0, |m| m.fill as u64)
+    }
+
+    /// The head `shape` goes to, with room for `total` bytes: the data head,
+    /// or the metadata head (opened or advanced here). NoSpace when its
+    /// region has no free segment left.
+    fn head_for(
+        &mut self,
+        storage: &dyn Storage,
+        shape: &Shape,
+        total: usize,
+    ) -> Result<Region, VolError> {
+        let r = match shape.is_meta() && self.segments.has_meta() {
+            true => Region::Meta,
+            false => Region::Data,
+        };
+        if r == Region::Meta && self.meta.is_none() {
+            let s = self
+                .segments
+                .open_next_in(Region::Meta)
+                .ok_or(VolError::NoSpace)?;
+            self.meta = Some(Head::new(s, 0, self.segment_size));
+        }
+        if self.head_mut(r).fill + total > self.segment_size as usize {
+            self.advance_segment(storage, r)?;
+        }
+        Ok(r)
+    }
+
+    fn head_mut(&mut self, r: Region) -> &mut Head {
+        match r {
+            Region::Data => &mut self.head,
+            Region::Meta => self.meta.as_mut().expect("the metadata head is open"),
+        }
     }
 
     /// Appends one record (`payload_crc` = crc32c of `payload`, computed by
     /// the caller, possibly earlier and outside every lock) and returns where
     /// it landed. Opens the next free segment when the record does not fit
-    /// in the open one; NoSpace when there is none.
+    /// in its head's open one; NoSpace when there is none.
     pub fn append(
         &mut self,
         storage: &dyn Storage,
@@ -227,9 +333,7 @@ impl Log {
             total as u64 <= self.segment_size,
             "record larger than a segment"
         );
-        if self.fill + total > self.segment_size as usize {
-            self.advance_segment(storage)?;
-        }
+        let r = self.head_for(storage, &shape, total)?;
         let mut h = RecordHeader {
             kind: shape.kind,
             codec: shape.codec,
@@ -246,94 +350,128 @@ impl Log {
         let hb = h.encode_with_crc(payload_crc);
         // What the log writes, recovery reads back as the same header.
         debug_assert_eq!(RecordHeader::decode(&hb), Ok(h));
-        let at = self.fill;
-        self.buf[at..at + RECORD_HEADER_BYTES].copy_from_slice(&hb);
-        self.buf[at + RECORD_HEADER_BYTES..at + total].copy_from_slice(payload);
-        self.fill += total;
+        let head = self.head_mut(r);
+        let at = head.fill;
+        head.buf[at..at + RECORD_HEADER_BYTES].copy_from_slice(&hb);
+        head.buf[at + RECORD_HEADER_BYTES..at + total].copy_from_slice(payload);
+        head.fill += total;
+        let segment = head.segment;
         self.appended_bytes += total as u64;
-        self.segments.note_seq(self.segment, h.seq);
+        self.segments.note_seq(segment, h.seq);
         self.next_seq += 1;
         let placed = Placed {
-            offset: self.segment_base() + at as u64,
+            offset: self.base_of(segment) + at as u64,
             len: total as u32,
             crc: h.crc,
             seq: h.seq,
         };
-        self.write_behind(storage)?;
+        self.write_behind(storage, r)?;
         self.assert_head();
         Ok(placed)
     }
 
-    /// The log head's invariants: the open segment is Open, its fill within
-    /// it, and only whole filled bytes handed to storage.
+    /// The log heads' invariants: each open segment Open and in its
+    /// region, its fill within it, and only whole filled bytes handed to
+    /// storage.
     fn assert_head(&self) {
-        assert_eq!(self.segments.state(self.segment), SegState::Open);
-        assert!(self.written <= self.fill && self.fill as u64 <= self.segment_size);
-        assert!(self.fill <= self.buf.len());
+        let heads = std::iter::once((&self.head, Region::Data))
+            .chain(self.meta.as_ref().map(|m| (m, Region::Meta)));
+        for (h, r) in heads {
+            assert_eq!(self.segments.state(h.segment), SegState::Open);
+            assert_eq!(self.segments.region(h.segment), r);
+            assert!(h.written <= h.fill && h.fill as u64 <= self.segment_size);
+            assert!(h.fill <= h.buf.len());
+        }
     }
 
-    fn write_range(&mut self, storage: &dyn Storage, end: usize) -> Result<(), VolError> {
-        if end > self.written {
-            let base = self.segment_base();
+    fn write_range(
+        &mut self,
+        storage: &dyn Storage,
+        r: Region,
+        end: usize,
+    ) -> Result<(), VolError> {
+        let (size, data_offset) = (self.segment_size, self.data_offset);
+        let head = self.head_mut(r);
+        if end > head.written {
+            let base = data_offset + head.segment * size;
             storage
-                .write_at(base + self.written as u64, &self.buf[self.written..end])
+                .write_at(base + head.written as u64, &head.buf[head.written..end])
                 .map_err(VolError::Io)?;
-            self.media_bytes_written += (end - self.written) as u64;
-            self.written = end;
+            let n = (end - head.written) as u64;
+            head.written = end;
+            self.media_bytes_written += n;
         }
         Ok(())
     }
 
-    fn write_behind(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
-        let full = self.fill - self.fill % SECTOR_SIZE_BYTES as usize;
-        if full - self.written >= WRITE_BEHIND_BYTES {
-            self.write_range(storage, full)?;
+    fn write_behind(&mut self, storage: &dyn Storage, r: Region) -> Result<(), VolError> {
+        let head = self.head_mut(r);
+        let full = head.fill - head.fill % SECTOR_SIZE_BYTES as usize;
+        if full - head.written >= WRITE_BEHIND_BYTES {
+            self.write_range(storage, r, full)?;
         }
         Ok(())
     }
 
-    /// Pads the open segment to a sector boundary and hands every byte to
-    /// storage. After the caller's `sync`, everything appended is durable and
-    /// the next record starts in a fresh sector.
+    /// Pads each head's open segment to a sector boundary and hands every
+    /// byte to storage. After the caller's `sync`, everything appended is
+    /// durable and the next record starts in a fresh sector. A head with
+    /// nothing unwritten is left as it is.
     pub fn pad_and_write(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
-        let padded = (align_up(self.fill as u64, SECTOR_SIZE_BYTES) as usize)
-            .min(self.segment_size as usize);
-        self.appended_bytes += (padded - self.fill) as u64;
-        self.buf[self.fill..padded].fill(0); // may hold an earlier segment's bytes
-        self.fill = padded;
-        self.write_range(storage, padded)?;
-        assert!(self.written == self.fill && (self.fill as u64).is_multiple_of(SECTOR_SIZE_BYTES));
+        self.pad_head(storage, Region::Data)?;
+        if self.meta.as_ref().is_some_and(|m| m.fill > m.written) {
+            self.pad_head(storage, Region::Meta)?;
+        }
         self.assert_head();
         Ok(())
     }
 
-    fn advance_segment(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
-        if self.segments.free_count() == 0 {
-            return Err(VolError::NoSpace);
-        }
-        self.write_range(storage, self.fill)?;
-        self.appended_bytes += self.segment_size - self.fill as u64;
-        self.segments.seal(self.segment);
-        self.segment = self
-            .segments
-            .open_next()
-            .expect("a free segment was counted");
-        assert_eq!(self.segments.state(self.segment), SegState::Open);
-        // No zeroing of `buf`: only appended records and the zeroed padding
-        // of `pad_and_write` are ever written out or read back.
-        self.fill = 0;
-        self.written = 0;
+    fn pad_head(&mut self, storage: &dyn Storage, r: Region) -> Result<(), VolError> {
+        let size = self.segment_size as usize;
+        let head = self.head_mut(r);
+        let padded = (align_up(head.fill as u64, SECTOR_SIZE_BYTES) as usize).min(size);
+        let pad = (padded - head.fill) as u64;
+        head.buf[head.fill..padded].fill(0); // may hold an earlier segment's bytes
+        head.fill = padded;
+        self.appended_bytes += pad;
+        self.write_range(storage, r, padded)?;
+        let head = self.head_mut(r);
+        assert!(head.written == head.fill && (head.fill as u64).is_multiple_of(SECTOR_SIZE_BYTES));
         Ok(())
     }
 
-    /// The bytes of a record in the open segment, if it lies there.
-    pub fn buffered(&self, offset: u64, len: usize) -> Option<&[u8]> {
-        let base = self.segment_base();
-        if offset >= base && offset + len as u64 <= base + self.fill as u64 {
-            let at = (offset - base) as usize;
-            Some(&self.buf[at..at + len])
-        } else {
-            None
+    fn advance_segment(&mut self, storage: &dyn Storage, r: Region) -> Result<(), VolError> {
+        if self.segments.free_in(r) == 0 {
+            return Err(VolError::NoSpace);
         }
+        let fill = self.head_mut(r).fill;
+        self.write_range(storage, r, fill)?;
+        self.appended_bytes += self.segment_size - fill as u64;
+        let old = self.head_mut(r).segment;
+        self.segments.seal(old);
+        let next = self
+            .segments
+            .open_next_in(r)
+            .expect("a free segment was counted");
+        assert_eq!(self.segments.state(next), SegState::Open);
+        // No zeroing of `buf`: only appended records and the zeroed padding
+        // of `pad_and_write` are ever written out or read back.
+        let head = self.head_mut(r);
+        head.segment = next;
+        head.fill = 0;
+        head.written = 0;
+        Ok(())
+    }
+
+    /// The bytes of a record in an open segment, if it lies there.
+    pub fn buffered(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let heads = std::iter::once(&self.head).chain(self.meta.as_ref());
+        heads.into_iter().find_map(|h| {
+            let base = self.base_of(h.segment);
+            (offset >= base && offset + len as u64 <= base + h.fill as u64).then(|| {
+                let at = (offset - base) as usize;
+                &h.buf[at..at + len]
+            })
+        })
     }
 }

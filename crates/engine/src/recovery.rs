@@ -76,6 +76,9 @@ pub struct Salvage {
 struct Start {
     segment: u64,
     offset: usize,
+    /// The metadata head's position at the snapshot, on a volume with a
+    /// metadata device (its records continue the chain there too).
+    meta: Option<(u64, usize)>,
     expected_seq: u64,
     epoch: u32,
     snapshot_seq: u64,
@@ -119,6 +122,21 @@ pub fn read_superblock(storage: &dyn Storage) -> Result<(Superblock, Vec<String>
     Err(RecoveryError::NoSuperblock { copy_a, copy_b })
 }
 
+/// Refuses a store that lacks the volume's metadata device (the data store
+/// alone, of a volume that has one): its map would be out of reach.
+pub fn require_metadata_device(
+    storage: &dyn Storage,
+    sb: &Superblock,
+) -> Result<(), RecoveryError> {
+    let end = sb.metadata_base() + u64::from(sb.metadata_segments) * sb.segment_size_bytes;
+    if sb.has_metadata_device() && storage.len_bytes() < end {
+        return Err(RecoveryError::MetadataDeviceMissing {
+            segments: sb.metadata_segments,
+        });
+    }
+    Ok(())
+}
+
 pub fn read_pointers(storage: &dyn Storage) -> [Option<CheckpointPointer>; 2] {
     let mut out = [None, None];
     for (slot, o) in out.iter_mut().enumerate() {
@@ -151,6 +169,7 @@ fn log_start(index: &HashMap<u64, Vec<u64>>) -> Option<Start> {
     Some(Start {
         segment,
         offset: 0,
+        meta: None,
         expected_seq: 1,
         epoch: 0,
         snapshot_seq: 0,
@@ -979,9 +998,29 @@ fn checkpoint_start(
             (segment, at + p.commit_len as usize, p.commit_seq + 1)
         }
     };
+    let meta = match (commit.resume, commit.meta_resume) {
+        (Some(_), Some(m)) => {
+            if !(sb.is_metadata_segment(m.segment) && m.segment < sb.segment_count())
+                || m.offset > sb.segment_size_bytes
+            {
+                return Err(format!(
+                    "metadata resume position {}+{} outside the metadata device",
+                    m.segment, m.offset
+                ));
+            }
+            Some((m.segment, m.offset as usize))
+        }
+        _ => None,
+    };
+    if sb.is_metadata_segment(segment) {
+        return Err(format!(
+            "resume segment {segment} is on the metadata device"
+        ));
+    }
     Ok(Start {
         segment,
         offset,
+        meta,
         expected_seq,
         epoch: p.commit_epoch,
         snapshot_seq: commit.snapshot_seq,
@@ -1595,7 +1634,10 @@ impl SalvageCursor {
         self.replayed += 1;
         let m = self.needed.entry(r.segment).or_insert(0);
         *m = (*m).max(h.seq);
-        self.last = (r.segment, r.at + h.total_len());
+        if !sb.is_metadata_segment(r.segment) {
+            // The log goes on after the data stream's last record.
+            self.last = (r.segment, r.at + h.total_len());
+        }
         self.epoch = h.epoch;
         self.expected += 1;
         self.gap = false;
@@ -2018,8 +2060,8 @@ fn roll_forward(
         // start of another segment (a checkpoint record that did not fit
         // the open segment's tail starts the next one) before a record a
         // pointer names is taken for damaged and stepped over.
-        if let Some((at, h)) = chain.record_here() {
-            chain.apply(map, at, &h)?;
+        if let Some((i, at, h)) = chain.record_here() {
+            chain.apply(map, i, at, &h)?;
         } else if chain.switch_segment(index)? {
             continue;
         } else if chain.at_known_checkpoint_record(known) {
@@ -2031,15 +2073,31 @@ fn roll_forward(
     Ok(chain.into_recovered(start.snapshot_seq))
 }
 
-/// Where the roll-forward is: the segment it reads (loaded in `buf`), the
-/// byte after the last record of the chain, the seq and epoch the next
-/// record must continue, and what it has done so far.
-struct Chain<'a> {
-    storage: &'a dyn Storage,
-    sb: &'a Superblock,
+/// Where the roll-forward reads one stream of the log: a segment (loaded
+/// in `buf`) and the byte after the last record of the chain there.
+struct Cursor {
     segment: u64,
     buf: Vec<u8>,
     pos: usize,
+}
+
+impl Cursor {
+    /// The next sector boundary at or after the position (where a record
+    /// follows flush padding).
+    fn aligned(&self) -> usize {
+        align_up(self.pos as u64, SECTOR_SIZE_BYTES) as usize
+    }
+}
+
+/// Where the roll-forward is: a cursor per stream of the log (the data
+/// head's, and the metadata head's on a volume with a metadata device:
+/// both take their seqs from one counter, so the chain goes from one to
+/// the other), the seq and epoch the next record must continue, and what
+/// it has done so far. `cursors[0]` is the data stream's.
+struct Chain<'a> {
+    storage: &'a dyn Storage,
+    sb: &'a Superblock,
+    cursors: Vec<Cursor>,
     expected: u64,
     epoch: u32,
     /// Segments holding the checkpoint or the chain, with their highest seq.
@@ -2054,18 +2112,27 @@ struct Chain<'a> {
 }
 
 impl<'a> Chain<'a> {
-    /// The chain at a checkpoint's start (or seq 1), its segment read.
+    /// The chain at a checkpoint's start (or seq 1), its segments read.
     fn new(
         storage: &'a dyn Storage,
         sb: &'a Superblock,
         start: &Start,
     ) -> Result<Self, RecoveryError> {
-        Ok(Chain {
-            storage,
-            sb,
+        let mut cursors = vec![Cursor {
             segment: start.segment,
             buf: read_segment(storage, sb, start.segment)?,
             pos: start.offset,
+        }];
+        let mut rolled_segments = vec![start.segment];
+        if let Some((segment, pos)) = start.meta {
+            let buf = read_segment(storage, sb, segment)?;
+            cursors.push(Cursor { segment, buf, pos });
+            rolled_segments.push(segment);
+        }
+        Ok(Chain {
+            storage,
+            sb,
+            cursors,
             expected: start.expected_seq,
             epoch: start.epoch,
             needed: start.checkpoint_segments.clone(),
@@ -2073,40 +2140,59 @@ impl<'a> Chain<'a> {
             map_records: 0,
             new_records: Vec::new(),
             skipped: Vec::new(),
-            rolled_segments: vec![start.segment],
+            rolled_segments,
         })
     }
 
-    /// The next sector boundary at or after the position (where a record
-    /// follows flush padding).
-    fn aligned(&self) -> usize {
-        align_up(self.pos as u64, SECTOR_SIZE_BYTES) as usize
+    /// The cursor of `segment`'s stream, made if the chain had none yet.
+    fn stream_of(&mut self, segment: u64) -> usize {
+        let meta = self.sb.is_metadata_segment(segment);
+        if let Some(i) = (0..self.cursors.len())
+            .find(|&i| self.sb.is_metadata_segment(self.cursors[i].segment) == meta)
+        {
+            return i;
+        }
+        self.cursors.push(Cursor {
+            segment,
+            buf: Vec::new(),
+            pos: 0,
+        });
+        self.cursors.len() - 1
     }
 
-    /// The record continuing the chain in the current segment, at the
-    /// position or else at the next sector boundary, with where it is.
-    fn record_here(&self) -> Option<(usize, RecordHeader)> {
-        let (tag, aligned) = (self.sb.volume_tag(), self.aligned());
-        let (pos, expected, epoch) = (self.pos, self.expected, self.epoch);
-        chain_record_at(&self.buf, pos, tag, expected, epoch)
-            .map(|h| (pos, h))
-            .or_else(|| {
-                chain_record_at(&self.buf, aligned, tag, expected, epoch).map(|h| (aligned, h))
-            })
+    /// Moves the cursor of `segment`'s stream to it.
+    fn enter(&mut self, segment: u64, buf: Vec<u8>, pos: usize) -> usize {
+        let i = self.stream_of(segment);
+        self.cursors[i] = Cursor { segment, buf, pos };
+        self.rolled_segments.push(segment);
+        i
     }
 
-    /// Applies the verified record `h` at `at` of the current segment to the
-    /// map and moves past it.
+    /// The record continuing the chain at one of the cursors, at its
+    /// position or else at its next sector boundary: (cursor, where, header).
+    fn record_here(&self) -> Option<(usize, usize, RecordHeader)> {
+        let tag = self.sb.volume_tag();
+        let (expected, epoch) = (self.expected, self.epoch);
+        self.cursors.iter().enumerate().find_map(|(i, c)| {
+            let found = |at| chain_record_at(&c.buf, at, tag, expected, epoch).map(|h| (i, at, h));
+            found(c.pos).or_else(|| found(c.aligned()))
+        })
+    }
+
+    /// Applies the verified record `h` at `at` of cursor `i`'s segment to
+    /// the map and moves past it.
     fn apply(
         &mut self,
         map: &mut BlockMap,
+        i: usize,
         at: usize,
         h: &RecordHeader,
     ) -> Result<(), RecoveryError> {
+        let c = &self.cursors[i];
         // chain_record_at verified a whole record of the expected seq.
-        assert!(at + h.total_len() <= self.buf.len() && h.seq == self.expected);
-        let offset = self.sb.segment_offset(self.segment) + at as u64;
-        let payload = &self.buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
+        assert!(at + h.total_len() <= c.buf.len() && h.seq == self.expected);
+        let offset = self.sb.segment_offset(c.segment) + at as u64;
+        let payload = &c.buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
         let bad = |detail| RecoveryError::BadRecord {
             seq: h.seq,
             offset,
@@ -2128,9 +2214,9 @@ impl<'a> Chain<'a> {
         }
         self.replayed += 1;
         self.map_records += u64::from(changes_map(h.kind));
-        let m = self.needed.entry(self.segment).or_insert(0);
+        let m = self.needed.entry(c.segment).or_insert(0);
         *m = (*m).max(h.seq);
-        self.pos = at + h.total_len();
+        self.cursors[i].pos = at + h.total_len();
         self.expected += 1;
         self.epoch = h.epoch;
         Ok(())
@@ -2138,15 +2224,18 @@ impl<'a> Chain<'a> {
 
     /// Whether the expected seq is a MAP_CHUNK or CKPT_COMMIT a pointer
     /// names, of the current epoch, exactly where the chain expects it (at
-    /// the position or the next sector boundary, or at the start of another
-    /// segment): damaged, since no intact record continued the chain there.
+    /// a cursor's position or next sector boundary, or at the start of
+    /// another segment): damaged, since no intact record continued the
+    /// chain there.
     fn at_known_checkpoint_record(&self, known: &HashMap<u64, (u64, u32, u32)>) -> bool {
-        let aligned = self.aligned();
         known.get(&self.expected).is_some_and(|&(off, _, ep)| {
             self.sb.locate(off).is_some_and(|(s, at)| {
+                let mut here = self.cursors.iter().filter(|c| c.segment == s).peekable();
                 ep == self.epoch
-                    && ((s == self.segment && (at == self.pos || at == aligned))
-                        || (s != self.segment && at == 0))
+                    && match here.peek() {
+                        Some(_) => here.any(|c| at == c.pos || at == c.aligned()),
+                        None => at == 0,
+                    }
             })
         })
     }
@@ -2160,49 +2249,54 @@ impl<'a> Chain<'a> {
     ) -> Result<(), RecoveryError> {
         let (off, len, _) = known[&self.expected];
         let (s, at) = self.sb.locate(off).expect("checked above");
-        if s != self.segment {
-            self.buf = read_segment(self.storage, self.sb, s)?;
-            self.segment = s;
-            self.rolled_segments.push(s);
-        }
+        let i = match self.cursors.iter().position(|c| c.segment == s) {
+            Some(i) => i,
+            None => {
+                let buf = read_segment(self.storage, self.sb, s)?;
+                self.enter(s, buf, 0)
+            }
+        };
         self.skipped.push(self.expected);
-        let m = self.needed.entry(self.segment).or_insert(0);
+        let m = self.needed.entry(s).or_insert(0);
         *m = (*m).max(self.expected);
-        self.pos = at + len as usize;
+        self.cursors[i].pos = at + len as usize;
         self.expected += 1;
         Ok(())
     }
 
-    /// Moves to another segment whose first record continues the chain.
-    /// False if there is none: the chain ends here.
+    /// Moves the cursor of a stream to another segment whose first record
+    /// continues the chain. False if there is none: the chain ends here.
     fn switch_segment(&mut self, index: &HashMap<u64, Vec<u64>>) -> Result<bool, RecoveryError> {
         let tag = self.sb.volume_tag();
         // Every candidate is tried: a stale segment of a crashed epoch
         // may share the expected first seq with the real next one.
-        for &s in index
+        let candidates: Vec<u64> = index
             .get(&self.expected)
             .into_iter()
             .flatten()
-            .filter(|&&s| s != self.segment)
-        {
+            .copied()
+            .collect();
+        for s in candidates {
+            if self.cursors.iter().any(|c| c.segment == s) {
+                continue;
+            }
             let b = read_segment(self.storage, self.sb, s)?;
             if chain_record_at(&b, 0, tag, self.expected, self.epoch).is_some() {
-                self.rolled_segments.push(s);
-                self.segment = s;
-                self.buf = b;
-                self.pos = 0;
+                self.enter(s, b, 0);
                 return Ok(true);
             }
         }
         Ok(false)
     }
 
-    /// Where the chain ended and what the roll-forward did.
+    /// Where the chain ended (the data stream's cursor: where the log goes
+    /// on) and what the roll-forward did.
     fn into_recovered(self, snapshot_seq: u64) -> Recovered {
+        let data = &self.cursors[0];
         Recovered {
             map: BlockMap::new(0),
-            segment: self.segment,
-            end: self.pos,
+            segment: data.segment,
+            end: data.pos,
             last_seq: self.expected - 1,
             last_epoch: self.epoch,
             checkpoint_generation: 0,
@@ -2346,7 +2440,7 @@ pub fn read_record(
     }
     if offset
         .checked_add(u64::from(len))
-        .is_none_or(|end| end > sb.physical_size_bytes)
+        .is_none_or(|end| end > sb.segment_offset_end())
     {
         return Err(format!(
             "record at {offset} (+{len}) beyond the physical size"
@@ -2394,10 +2488,14 @@ pub fn check_entry_location(sb: &Superblock, e: MapEntry) -> Result<(), String> 
         let rel = offset
             .checked_sub(sb.data_offset_bytes)
             .ok_or("points into the metadata area")?;
-        if rel / sb.segment_size_bytes >= sb.segment_count()
+        let segment = rel / sb.segment_size_bytes;
+        if segment >= sb.segment_count()
             || rel % sb.segment_size_bytes + u64::from(len) > sb.segment_size_bytes
         {
             return Err(format!("points outside the data area ({offset}+{len})"));
+        }
+        if sb.is_metadata_segment(segment) {
+            return Err(format!("points into the metadata device ({offset}+{len})"));
         }
     }
     Ok(())

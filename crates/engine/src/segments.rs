@@ -22,9 +22,20 @@ pub struct SegmentTable {
     state: Vec<SegState>,
     /// Highest record seq written into each segment (0: none known since open).
     max_seq: Vec<u64>,
-    free_count: u64,
-    /// Allocation cursor: segments are handed out round-robin from here.
-    cursor: u64,
+    /// Free segments of the data region, of the metadata region.
+    free: [u64; 2],
+    /// The first segment of the metadata region (`count` when there is
+    /// none: a volume without a metadata device).
+    split: u64,
+    /// Allocation cursor per region: handed out round-robin from here.
+    cursor: [u64; 2],
+}
+
+/// Where a segment is: the data store, or the metadata device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Region {
+    Data = 0,
+    Meta = 1,
 }
 
 impl SegmentTable {
@@ -34,8 +45,45 @@ impl SegmentTable {
             segment_size,
             state: vec![SegState::Free; n],
             max_seq: vec![0; n],
-            free_count: count,
-            cursor: 0,
+            free: [count, 0],
+            split: count,
+            cursor: [0, count],
+        }
+    }
+
+    /// The table of `sb`'s volume: data segments, then the metadata device's.
+    pub fn for_volume(sb: &cvol_format::Superblock) -> SegmentTable {
+        let t = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
+        t.split_at(sb.data_segment_count())
+    }
+
+    /// Makes segments from `first_meta` on the metadata region (all free).
+    pub fn split_at(mut self, first_meta: u64) -> SegmentTable {
+        assert!(first_meta <= self.count() && self.free == [self.count(), 0]);
+        self.split = first_meta;
+        self.free = [first_meta, self.count() - first_meta];
+        self.cursor = [0, first_meta];
+        self
+    }
+
+    pub fn region(&self, s: u64) -> Region {
+        if s < self.split {
+            Region::Data
+        } else {
+            Region::Meta
+        }
+    }
+
+    /// Whether the volume has a metadata region.
+    pub fn has_meta(&self) -> bool {
+        self.split < self.count()
+    }
+
+    /// The segments of a region.
+    pub fn range(&self, r: Region) -> std::ops::Range<u64> {
+        match r {
+            Region::Data => 0..self.split,
+            Region::Meta => self.split..self.count(),
         }
     }
 
@@ -43,8 +91,15 @@ impl SegmentTable {
         self.state.len() as u64
     }
 
+    /// Free segments of the data region (the whole table without a
+    /// metadata device): what client writes and the cleaner work with.
     pub fn free_count(&self) -> u64 {
-        self.free_count
+        self.free[0]
+    }
+
+    /// Free segments of `r`.
+    pub fn free_in(&self, r: Region) -> u64 {
+        self.free[r as usize]
     }
 
     pub fn state(&self, s: u64) -> SegState {
@@ -57,15 +112,16 @@ impl SegmentTable {
 
     fn set_state(&mut self, s: u64, st: SegState) {
         let old = self.state[s as usize];
+        let r = self.region(s) as usize;
         if old == SegState::Free && st != SegState::Free {
-            self.free_count -= 1;
+            self.free[r] -= 1;
         }
         if old != SegState::Free && st == SegState::Free {
-            self.free_count += 1;
+            self.free[r] += 1;
         }
         self.state[s as usize] = st;
         debug_assert_eq!(
-            self.free_count,
+            self.free[0] + self.free[1],
             self.state.iter().filter(|&&x| x == SegState::Free).count() as u64
         );
     }
@@ -76,17 +132,24 @@ impl SegmentTable {
         self.max_seq[s as usize] = self.max_seq[s as usize].max(max_seq);
     }
 
-    /// Takes the next free segment (round-robin) and opens it.
+    /// Takes the next free data segment (round-robin) and opens it.
     pub fn open_next(&mut self) -> Option<u64> {
-        let n = self.count();
+        self.open_next_in(Region::Data)
+    }
+
+    /// Takes the next free segment of region `r` (round-robin) and opens it.
+    pub fn open_next_in(&mut self, r: Region) -> Option<u64> {
+        let range = self.range(r);
+        let n = range.end - range.start;
+        let at = self.cursor[r as usize] - range.start;
         let found = (0..n)
-            .map(|i| (self.cursor + i) % n)
+            .map(|i| range.start + (at + i) % n)
             .find(|&s| self.state[s as usize] == SegState::Free)?;
-        let free_before = self.free_count;
+        let free_before = self.free[r as usize];
         self.set_state(found, SegState::Open);
-        assert_eq!(self.free_count + 1, free_before);
+        assert_eq!(self.free[r as usize] + 1, free_before);
         self.max_seq[found as usize] = 0;
-        self.cursor = (found + 1) % n;
+        self.cursor[r as usize] = range.start + (found - range.start + 1) % n;
         Some(found)
     }
 
@@ -103,7 +166,7 @@ impl SegmentTable {
         assert_eq!(
             self.state(s),
             SegState::Open,
-            "records go to the open segment"
+            "records go to an open segment"
         );
         let m = &mut self.max_seq[s as usize];
         *m = (*m).max(seq);
@@ -143,9 +206,15 @@ impl SegmentTable {
             .count() as u64
     }
 
-    /// Sealed segments with some dead space, as (segment, live bytes, max seq).
+    /// Sealed data segments with some dead space, as (segment, live bytes,
+    /// max seq): the cleaner's candidates.
     pub fn candidates(&self, usage: &SegmentUsage) -> Vec<(u64, u64, u64)> {
-        (0..self.count())
+        self.candidates_in(Region::Data, usage)
+    }
+
+    /// Sealed segments of `r` with some dead space.
+    pub fn candidates_in(&self, r: Region, usage: &SegmentUsage) -> Vec<(u64, u64, u64)> {
+        self.range(r)
             .filter(|&s| {
                 self.state(s) == SegState::Sealed && usage.live_bytes(s) < self.segment_size
             })
@@ -307,6 +376,33 @@ mod tests {
         assert_eq!(t.free_empty(&u, &[0]), vec![0]);
         assert_eq!(t.free_count(), 3);
         assert_eq!(t.open_next(), Some(2), "round robin");
+    }
+
+    #[test]
+    fn regions_allocate_and_count_apart() {
+        let mut t = SegmentTable::new(6, 100).split_at(4);
+        assert_eq!((t.free_in(Region::Data), t.free_in(Region::Meta)), (4, 2));
+        assert_eq!(t.open_next_in(Region::Meta), Some(4));
+        assert_eq!(t.open_next(), Some(0));
+        assert_eq!(t.open_next_in(Region::Meta), Some(5));
+        assert_eq!(
+            t.open_next_in(Region::Meta),
+            None,
+            "the data region is not used"
+        );
+        assert_eq!(t.free_count(), 3, "data segments only");
+        t.note_seq(5, 3);
+        t.seal(5);
+        let u = SegmentUsage::new(6, 100);
+        assert_eq!(t.candidates(&u), Vec::<(u64, u64, u64)>::new());
+        assert_eq!(t.candidates_in(Region::Meta, &u), vec![(5, 0, 3)]);
+        assert_eq!(t.free_empty(&u, &[5]), vec![5]);
+        assert_eq!(
+            t.open_next_in(Region::Meta),
+            Some(5),
+            "round robin in its region"
+        );
+        assert_eq!((t.region(3), t.region(4)), (Region::Data, Region::Meta));
     }
 
     #[test]

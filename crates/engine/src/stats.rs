@@ -100,8 +100,20 @@ pub struct VolumeStats {
     /// Backing bytes occupied: metadata area plus every segment in use
     /// (free segments are returned to the host), i.e. what `du` of the
     /// backing file shows, give or take the open segment's unwritten tail.
+    /// (With a metadata device: both stores', the metadata device's label
+    /// area and its segments in use included.)
     pub physical_used_bytes: u64,
+    /// Free log bytes of the data store (room for client data).
     pub physical_free_bytes: u64,
+    /// The metadata device's path as recorded at create; null without one.
+    pub metadata_device: Option<String>,
+    /// Bytes of the metadata device the volume uses (label area and
+    /// segments; 0 without one).
+    pub metadata_size_bytes: u64,
+    /// Metadata device bytes occupied (label area and segments in use).
+    pub metadata_used_bytes: u64,
+    /// Metadata device bytes free for map records and checkpoints.
+    pub metadata_free_bytes: u64,
     /// mapped_bytes / physical_used_bytes: logical data per byte the host
     /// holds (1.0 for a volume holding no data).
     pub reduction_ratio: f64,

@@ -157,10 +157,9 @@ impl CommitPayload {
         let (resume, meta_resume) = match b.len().checked_sub(refs) {
             Some(0) => (None, None),
             Some(RESUME_BYTES) => (Some(resume_at(refs)), None),
-            Some(n) if n == 2 * RESUME_BYTES => (
-                Some(resume_at(refs)),
-                Some(resume_at(refs + RESUME_BYTES)),
-            ),
+            Some(n) if n == 2 * RESUME_BYTES => {
+                (Some(resume_at(refs)), Some(resume_at(refs + RESUME_BYTES)))
+            }
             _ => return Err(FormatError::Invalid("commit payload length")),
         };
         let chunks = (0..count)

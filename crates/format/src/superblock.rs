@@ -117,6 +117,12 @@ impl Superblock {
         self.data_segment_count() + u64::from(self.metadata_segments)
     }
 
+    /// The volume offset after the last segment (the metadata device's last,
+    /// if there is one).
+    pub fn segment_offset_end(&self) -> u64 {
+        self.data_offset_bytes + self.segment_count() * self.segment_size_bytes
+    }
+
     /// Segments in the data store (all of them without a metadata device).
     pub fn data_segment_count(&self) -> u64 {
         (self.physical_size_bytes - self.data_offset_bytes) / self.segment_size_bytes
@@ -144,7 +150,7 @@ impl Superblock {
     }
 
     pub fn segment_offset(&self, segment: u64) -> u64 {
-        debug_assert!(segment < self.segment_count());
+        debug_assert!(segment <= self.segment_count());
         self.data_offset_bytes + segment * self.segment_size_bytes
     }
 

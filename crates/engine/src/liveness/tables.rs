@@ -340,7 +340,7 @@ fn tables_of(
         return Err("the map has no table slots".into());
     }
     let mut segs = RebuiltSegments {
-        table: SegmentTable::new(segments, sb.segment_size_bytes),
+        table: SegmentTable::for_volume(sb),
         usage: SegmentUsage::new(segments, sb.segment_size_bytes),
     };
     let mut shared = SharedTable::new(geometry.data_offset_bytes, geometry.segment_size_bytes);

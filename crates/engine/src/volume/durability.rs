@@ -238,6 +238,7 @@ impl Volume {
     ) -> Result<(), VolError> {
         self.check_writable()?;
         let started = std::time::Instant::now();
+        self.mark_metadata_victims()?;
         let mut snap = self.checkpoint_snapshot(tables)?;
         let pages = std::mem::take(&mut snap.pages);
         let npages = pages.len();
@@ -292,7 +293,8 @@ impl Volume {
     fn checkpoint_snapshot(&self, tables: Tables) -> Result<CheckpointSnapshot, VolError> {
         let mut st = self.lock_state()?;
         let seq = st.log.last_seq();
-        let head = st.log.segment_base() + st.log.fill as u64;
+        let (segment, fill) = st.log.data_position();
+        let head = st.log.segment_base() + fill as u64;
         st.changes_at_checkpoint = st.live.changes();
         st.map_records_moved = false;
         let since = st.log.appended_bytes - st.appended_at_tables;
@@ -306,9 +308,13 @@ impl Volume {
             tables_at: full.then_some(st.log.appended_bytes),
             seq,
             resume: Resume {
-                segment: st.log.segment,
-                offset: st.log.fill as u64,
+                segment,
+                offset: fill as u64,
             },
+            meta_resume: st.log.meta_position().map(|(segment, fill)| Resume {
+                segment,
+                offset: fill as u64,
+            }),
             candidates: st.log.segments.reclaimable(st.live.usage(), seq),
         })
     }
@@ -335,7 +341,7 @@ impl Volume {
             (st.live.map().allocated_pages() + st.live.map().tables()) as u64
         };
         let need = space::checkpoint_append_bytes(&bounds, named, self.sb.segment_size_bytes);
-        if self.lock_state()?.log.free_bytes() < need {
+        if self.lock_state()?.log.meta_free_bytes() < need {
             return Err(VolError::NoSpace);
         }
         let mut between = Some(between);
@@ -463,6 +469,7 @@ impl Volume {
             logical_blocks: self.sb.logical_blocks(),
             chunks,
             resume: Some(snap.resume),
+            meta_resume: snap.meta_resume,
         }
         .encode();
         let shape = Shape::meta(RecordKind::CkptCommit, CodecTag::None);
@@ -544,6 +551,8 @@ struct CheckpointSnapshot {
     seq: u64,
     /// The log head then: record `seq + 1` is there or later.
     resume: Resume,
+    /// The metadata head then, if one was open.
+    meta_resume: Option<Resume>,
     /// Segments reusable once this checkpoint is durable.
     candidates: Vec<u64>,
 }

@@ -63,7 +63,7 @@ impl State {
 }
 
 /// The superblock of a new volume with options `c`.
-fn new_superblock(c: &CreateOptions) -> Superblock {
+pub(super) fn new_superblock(c: &CreateOptions) -> Superblock {
     let segment_size_bytes = match c.segment_size_bytes {
         0 => default_segment_size(c.physical_size_bytes),
         s => s,
@@ -86,6 +86,7 @@ fn new_superblock(c: &CreateOptions) -> Superblock {
             | FLAG_PAGED_MAP
             | FLAG_SEG_TABLES
             | FLAG_FP_TABLES,
+        metadata_segments: 0,
     }
 }
 
@@ -116,7 +117,15 @@ fn policy_of(sb: &Superblock) -> CodecPolicy {
 impl Volume {
     /// Formats `storage` as a new volume and opens it for writing.
     pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Volume, VolError> {
-        let sb = new_superblock(c);
+        Volume::create_from(storage, new_superblock(c))
+    }
+
+    /// Formats `storage` (joined with its metadata device, if `sb` names
+    /// one) as the volume of `sb` and opens it for writing.
+    pub(super) fn create_from(
+        storage: Arc<dyn Storage>,
+        sb: Superblock,
+    ) -> Result<Volume, VolError> {
         sb.validate().map_err(OpenError::Geometry)?;
         if sb.physical_size_bytes > storage.len_bytes() {
             return Err(OpenError::BackingTooSmall {
@@ -126,7 +135,7 @@ impl Volume {
             .into());
         }
         format_store(&*storage, &sb)?;
-        let mut segs = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
+        let mut segs = SegmentTable::for_volume(&sb);
         let first = segs.open_next().expect("a new volume has free segments");
         let log = Log::new(&sb, segs, first, 0, 0, 1);
         let state = State::new(LiveMap::empty(&sb), log, 0, 0, 0);
@@ -311,6 +320,7 @@ fn recover(
 ) -> Result<(Superblock, Recovered), VolError> {
     let (sb, warnings) = recovery::read_superblock(storage).map_err(OpenError::Superblock)?;
     warnings.iter().for_each(|w| tracing::warn!("{w}"));
+    recovery::require_metadata_device(storage, &sb).map_err(OpenError::Superblock)?;
     let repair = options.rebuild_from_log && !options.read_only;
     let r = match recovery::recover_lazy(storage, &sb) {
         // Repair reads the whole log: flushed records the chain cannot
@@ -445,7 +455,7 @@ fn recovered_state(
     }
     let mut log = Log::new(sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
     storage
-        .read_at(sb.segment_offset(r.segment), &mut log.buf[..r.end])
+        .read_at(sb.segment_offset(r.segment), &mut log.head.buf[..r.end])
         .map_err(VolError::Io)?;
     Ok(State::new(
         live,

@@ -40,6 +40,7 @@ mod discard;
 mod durability;
 mod jobs;
 mod lifecycle;
+pub mod metadev;
 mod options;
 mod prepare;
 mod read;

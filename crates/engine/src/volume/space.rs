@@ -165,10 +165,13 @@ impl Volume {
     /// Log bytes kept back from client writes: room for a checkpoint of the
     /// map, one segment for the cleaner to move live data into, and two
     /// whole units.
+    /// (A checkpoint on a metadata device takes no room here.)
     pub(super) fn reserve_bytes(&self, st: &State) -> u64 {
-        self.checkpoint_estimate_bytes(st)
-            + self.sb.segment_size_bytes
-            + 2 * UNIT_RECORD_MAX_BYTES as u64
+        let checkpoint = match self.sb.has_metadata_device() {
+            true => 0,
+            false => self.checkpoint_estimate_bytes(st),
+        };
+        checkpoint + self.sb.segment_size_bytes + 2 * UNIT_RECORD_MAX_BYTES as u64
     }
 
     /// Log bytes free beyond the reserve.

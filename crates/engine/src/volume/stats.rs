@@ -5,6 +5,7 @@ use super::jobs::recompress::RecompressReport;
 use super::{space, State, Volume};
 use crate::dedup::DedupIndex;
 use crate::policy::Load;
+use crate::segments::Region;
 use crate::stats::VolumeStats;
 use crate::stats::{CleanerStats, CodecBlocks, DedupStats, ElasticStats, ScrubStats};
 use cvol_format::{CodecTag, BLOCK_SIZE_BYTES};
@@ -98,7 +99,34 @@ impl ElasticCounters {
     }
 }
 
+/// What the metadata device holds (all zeros without one).
+struct MetadataUse {
+    path: Option<String>,
+    size: u64,
+    used: u64,
+    free: u64,
+}
+
 impl Volume {
+    fn metadata_use(&self, st: &State) -> MetadataUse {
+        if !self.sb.has_metadata_device() {
+            return MetadataUse {
+                path: None,
+                size: 0,
+                used: 0,
+                free: 0,
+            };
+        }
+        let label = cvol_format::metadev::METADATA_DATA_OFFSET_BYTES;
+        let segments = u64::from(self.sb.metadata_segments) * self.sb.segment_size_bytes;
+        MetadataUse {
+            path: super::metadev::recorded_metadata_path(&*self.storage),
+            size: label + segments,
+            used: label + st.log.meta_used_bytes(),
+            free: st.log.meta_free_bytes(),
+        }
+    }
+
     /// What `stat` shows. Reads through a poisoned lock (the numbers of a
     /// volume that stopped may be half-updated; `poisoned` says so).
     pub fn stats(&self) -> VolumeStats {
@@ -107,7 +135,8 @@ impl Volume {
         let bs = BLOCK_SIZE_BYTES;
         let mapped = c.data_blocks * bs;
         let unique = (c.data_blocks - st.live.shared().extra_refs) * bs;
-        let used = self.sb.data_offset_bytes + st.log.used_bytes();
+        let meta = self.metadata_use(&st);
+        let used = self.sb.data_offset_bytes + st.log.used_bytes() + meta.used;
         let live = st.live.usage().total_live_bytes();
         let usable = self.usable_bytes(&st);
         let client = get(&self.counters.client_bytes_written);
@@ -124,6 +153,10 @@ impl Volume {
             stored_bytes: c.stored_payload_bytes,
             physical_used_bytes: used,
             physical_free_bytes: st.log.free_bytes(),
+            metadata_device: meta.path,
+            metadata_size_bytes: meta.size,
+            metadata_used_bytes: meta.used,
+            metadata_free_bytes: meta.free,
             reduction_ratio: ratio_or_one(mapped, used),
             compression_ratio: ratio_or_one(unique, c.stored_payload_bytes),
             blocks_by_codec: CodecBlocks::from_counts(&c.codec_blocks),
@@ -133,10 +166,10 @@ impl Volume {
             codec: self.policy.to_string(),
             segment_size_bytes: self.sb.segment_size_bytes,
             segments_total: self.sb.segment_count(),
-            segments_used: segs.count() - segs.free_count(),
-            segments_free: segs.free_count(),
+            segments_used: segs.count() - segs.free_count() - segs.free_in(Region::Meta),
+            segments_free: segs.free_count() + segs.free_in(Region::Meta),
             live_bytes: live,
-            dead_bytes: st.log.used_bytes().saturating_sub(live),
+            dead_bytes: (st.log.used_bytes() + st.log.meta_used_bytes()).saturating_sub(live),
             reclaimable_bytes: self.idle_reclaimable_bytes(&st),
             host_allocated_bytes: self.storage.allocated_bytes(),
             estimated_free_logical_bytes: (usable as f64 * ratio(mapped, live).max(1.0)) as u64,

@@ -243,7 +243,7 @@ impl Volume {
     }
 
     /// Moves every live record of `victim` to the log head.
-    fn relocate_segment(&self, victim: u64) -> Result<u64, VolError> {
+    pub(super) fn relocate_segment(&self, victim: u64) -> Result<u64, VolError> {
         // No new dedup reference may point into the victim from here on, so
         // the holders of its shared records found below stay complete.
         self.lock_state()?.cleaning.insert(victim);
@@ -408,7 +408,7 @@ impl Volume {
         };
         let space = {
             let st = self.lock_state()?;
-            st.log.segment_size - st.log.fill as u64
+            st.log.segment_size - st.log.head.fill as u64
         };
         let v = Victim {
             base,

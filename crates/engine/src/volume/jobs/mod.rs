@@ -6,6 +6,7 @@
 pub(in crate::volume) mod checkpointer;
 pub(in crate::volume) mod cleaner;
 mod holders;
+mod metaclean;
 pub(in crate::volume) mod recompress;
 pub(in crate::volume) mod scrub;
 pub(in crate::volume) mod warmup;
