@@ -7,12 +7,15 @@
 //! - `cvol check` finds the recovered volume consistent.
 //!
 //! Three crash cycles per seed, so recovery after recovery is covered.
+//! A third of the seeds put the volume's metadata on a separate device
+//! (two simulated stores, each losing its own unsynced writes).
 //!
 //! Reproduce one seed: `CVOL_SIM_SEED=123 cargo test -p cvol-engine --test crash_sim -- --nocapture`
 //! More seeds: `CVOL_SIM_SEEDS=5000 cargo test --release -p cvol-engine --test crash_sim`
 mod common;
 use common::seeds;
 use common::sim::{self, h, Model};
+use common::stores::Stores;
 use cvol_engine::{check, Codec, OpenOptions, VolError, Volume};
 use cvol_format::record::RecordKind;
 use cvol_storage::{SimConfig, SimStorage};
@@ -235,6 +238,8 @@ struct Coverage {
     /// Fingerprints the warm-up after a reopen took from the persisted
     /// fingerprint tables (the next cycle's writes dedup against them).
     warm_table_fingerprints: u64,
+    /// Seeds whose metadata was on a separate device.
+    metadata_device_seeds: u64,
 }
 
 impl Coverage {
@@ -250,6 +255,7 @@ impl Coverage {
             idle_clean_passes,
             tables_loaded,
             warm_table_fingerprints,
+            metadata_device_seeds,
         } = o;
         self.cleaner_records_moved += cleaner_records_moved;
         self.cut_mid_run += cut_mid_run;
@@ -261,18 +267,30 @@ impl Coverage {
         self.idle_clean_passes += idle_clean_passes;
         self.tables_loaded += tables_loaded;
         self.warm_table_fingerprints += warm_table_fingerprints;
+        self.metadata_device_seeds += metadata_device_seeds;
+    }
+}
+
+/// Seeds 1, 4, 7, ... keep their metadata on a separate device (a small
+/// one, so that it is cleaned too).
+fn metadata_device_of(seed: u64) -> u64 {
+    if seed % 3 == 1 {
+        4 * MIB
+    } else {
+        0
     }
 }
 
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut store = SimStorage::new(6 * MIB);
+    let mut store = Stores::new(6 * MIB, metadata_device_of(seed));
     let codec = sim::codec_policies()[rng.gen_range(0..4)];
     BASE.with(|b| b.set(base_of(seed)));
-    let opts = common::options(&store, base_of(seed) + (LOGICAL_BLOCKS * BS) as u64)
+    let opts = common::options(&store.data, base_of(seed) + (LOGICAL_BLOCKS * BS) as u64)
         .with_codec(codec)
         .with_dedup(rng.gen_ratio(3, 4));
-    common::create_closed(&store, &opts);
+    store.create(&opts).close().expect("close after create");
+    cov.metadata_device_seeds += u64::from(store.has_meta());
     // Odd seeds keep no clean map page in memory: nearly every operation
     // reads back the pages it touches (`base_of` spreads the blocks over
     // pages and directory blocks).
@@ -281,7 +299,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         map_cache_bytes: (seed % 2 == 1).then_some(0),
         ..OpenOptions::default()
     };
-    let mut vol = common::open_with(&store, options());
+    let mut vol = store.open(options()).expect("open");
     let mut model = Model::new(LOGICAL_BLOCKS);
     for cycle in 0..3 {
         let ops = rng.gen_range(20..300);
@@ -304,7 +322,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: before the crash: {e}"));
         let crashed = store.crash(rng.gen());
         drop(vol);
-        let reopened = Volume::open(Arc::new(crashed.clone()), options())
+        let reopened = (crashed.open(options()))
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: reopen failed: {e}"));
         reopened
             .verify_refcounts()
@@ -317,7 +335,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
                 cov.blocks_kept_unflushed += 1;
             }
         }
-        let rep = check::check_volume(&crashed, &mut |_, _| {});
+        let rep = check::check_volume(&*crashed.joined(), &mut |_, _| {});
         assert!(
             rep.consistent(),
             "seed {seed} cycle {cycle}: check found {:?}",
@@ -340,8 +358,8 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     vol.close()
         .unwrap_or_else(|e| panic!("seed {seed}: close failed: {e}"));
     drop(vol);
-    let reopened = Volume::open(Arc::new(store.clone()), options())
-        .unwrap_or_else(|e| panic!("seed {seed}: clean reopen failed: {e}"));
+    let reopened =
+        (store.open(options())).unwrap_or_else(|e| panic!("seed {seed}: clean reopen failed: {e}"));
     cov.tables_loaded += u64::from(reopened.opened_from_tables());
     reopened
         .verify_refcounts()
@@ -364,7 +382,8 @@ fn crash_simulation_seeds() {
         "{n} seeds: {} runs cut by a failing store, {} blocks rolled back to an older version, \
          {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits, \
          {} units written, {} blocks recompressed, {} idle cleaning passes, \
-         {} opens from persisted tables, {} fingerprints warmed from tables",
+         {} opens from persisted tables, {} fingerprints warmed from tables, \
+         {} seeds with a metadata device",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
@@ -374,7 +393,8 @@ fn crash_simulation_seeds() {
         cov.recompressed_blocks,
         cov.idle_clean_passes,
         cov.tables_loaded,
-        cov.warm_table_fingerprints
+        cov.warm_table_fingerprints,
+        cov.metadata_device_seeds
     );
     // The simulation must actually lose unflushed data sometimes, or it tests nothing.
     assert!(cov.cut_mid_run > n / 2 && cov.blocks_rolled_back > 0 && cov.blocks_kept_unflushed > 0);
@@ -392,6 +412,10 @@ fn crash_simulation_seeds() {
     assert!(
         cov.warm_table_fingerprints > 0,
         "no reopen warmed the index from fingerprint tables"
+    );
+    assert!(
+        cov.metadata_device_seeds >= n / 4,
+        "too few seeds with a metadata device"
     );
     assert!(
         cov.tables_loaded > n / 2,

@@ -379,6 +379,7 @@ mod tests {
             codec_level: 0,
             created_unix_secs: 0,
             flags: 0,
+            metadata_segments: 0,
         })
     }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 pub mod seeds;
 pub mod sim;
+pub mod stores;
 
 use cvol_engine::{CreateOptions, OpenOptions, Volume};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
