@@ -17,6 +17,9 @@
 #   E2E_KILL9_PHYS       physical size (default 2G: each round overwrites the
 #                        volume several times over; space reclamation under
 #                        overwrites is tested by overwrite.sh, not here)
+#   E2E_KILL9_METADATA   a --metadata-size: the volume keeps its map and
+#                        checkpoints on a separate metadata device file of
+#                        that size (metadata-device.sh sets it)
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -35,7 +38,11 @@ VOL=$E2E_TMP/vol.cvol
 CLIENT=$E2E_DIR/py/kill9_client.py
 BASELINE=$E2E_TMP/baseline.img # what the previous round verified (none: zeroes)
 
-make_volume "$VOL" "$SIZE" --physical-size "$PHYS"
+meta_args=()
+if [[ -n ${E2E_KILL9_METADATA:-} ]]; then
+    meta_args=(--metadata-device "$E2E_TMP/meta.img" --metadata-size "$E2E_KILL9_METADATA")
+fi
+make_volume "$VOL" "$SIZE" --physical-size "$PHYS" "${meta_args[@]}"
 
 MODES=()
 for _ in $(seq "$ROUNDS"); do MODES+=(flush); done

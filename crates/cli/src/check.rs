@@ -28,7 +28,13 @@ pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
     let (storage, kind) = volfile::open_store(path, Purpose::Check)?;
     let rep = match volfile::read_header(path, &storage, kind)? {
         Header::Short(problem) => early_report(problem),
-        Header::Volume | Header::Damaged => {
+        header @ (Header::Volume | Header::Damaged) => {
+            // A volume whose superblocks are damaged is checked as it is:
+            // check says what is wrong with them.
+            let storage: Arc<dyn cvol_storage::Storage> = match header {
+                Header::Damaged => Arc::new(storage),
+                _ => volfile::with_metadata(path, storage, Purpose::Check)?,
+            };
             let bar = std::io::stderr().is_terminal().then(|| {
                 let pb = indicatif::ProgressBar::new(0);
                 pb.set_style(
@@ -47,7 +53,7 @@ pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
                     pb.set_position(done);
                 }
             };
-            let rep = cvol_engine::check::check_volume(&storage, &mut progress);
+            let rep = cvol_engine::check::check_volume(&*storage, &mut progress);
             if let Some(pb) = bar {
                 pb.finish_and_clear();
             }
@@ -97,7 +103,7 @@ pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
         }
         return Ok(ExitCode::from(1));
     }
-    let storage: Arc<dyn cvol_storage::Storage> = Arc::new(storage);
+    let storage = volfile::with_metadata(path, storage, Purpose::Repair)?;
     let mut rep = cvol_engine::check::repair_volume(storage.clone());
     // Consistent records are not enough: the volume must also open.
     if rep.after.consistent() {

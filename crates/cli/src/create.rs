@@ -24,6 +24,17 @@ pub struct CreateArgs<'a> {
     pub segment_size: Option<&'a str>,
     /// Create the missing parent directory (only for serve's default volume).
     pub make_parent: bool,
+    /// Where the map, checkpoints and fingerprints go (`--metadata-device`).
+    pub metadata_device: Option<&'a Path>,
+    /// Its size, for a file (`--metadata-size`; default from the volume's).
+    pub metadata_size: Option<&'a str>,
+}
+
+/// The metadata device of a volume being created.
+struct MetaPlan {
+    path: PathBuf,
+    target: Target,
+    size: u64,
 }
 
 /// Where the volume goes, as found before anything is written.
@@ -117,6 +128,10 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
             ));
         }
     }
+    let meta = match a.metadata_device {
+        Some(m) => Some(plan_metadata(path, m, a, logical, segment_size_bytes)?),
+        None => None,
+    };
     let opts = CreateOptions {
         logical_size_bytes: logical,
         physical_size_bytes: physical,
@@ -125,20 +140,97 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
         dedup: a.dedup,
     };
     // Everything is checked: from here on, undo what a failure leaves.
-    let mut undo = Undo::default();
-    let r = write_volume(path, &target, a, &opts, &mut undo);
+    let (mut undo, mut meta_undo) = (Undo::default(), Undo::default());
+    let r = write_volume(
+        path,
+        &target,
+        a,
+        &opts,
+        &mut undo,
+        meta.as_ref(),
+        &mut meta_undo,
+    );
     if r.is_err() {
         undo.run(path);
+        if let Some(m) = &meta {
+            meta_undo.run(&m.path);
+        }
     }
     r?;
+    let on_meta = match &meta {
+        Some(m) => format!(
+            ", metadata on {} ({})",
+            m.path.display(),
+            human_bytes(m.size)
+        ),
+        None => String::new(),
+    };
     Ok(format!(
-        "created {}: {} logical, {} physical, codec {}, dedup {}",
+        "created {}: {} logical, {} physical, codec {}, dedup {}{on_meta}",
         path.display(),
         human_bytes(logical),
         human_bytes(physical),
         describe_policy(codec),
         if a.dedup { "on" } else { "off" }
     ))
+}
+
+/// The default metadata device size for a file: room for the map of the
+/// whole logical size (12 bytes a block at most) and the fingerprint
+/// tables (about 18 bytes a block written) twice over, for the log's dead
+/// space: 1/64 of the logical size, at least 16 segments.
+fn default_metadata_bytes(logical: u64, segment_size: u64) -> u64 {
+    let segments = (logical / 64).div_ceil(segment_size).max(16);
+    DATA_OFFSET_BYTES + segments * segment_size
+}
+
+/// Checks the metadata device path (the same rules as the volume's: an
+/// existing volume or non-empty file needs --force) and its size.
+fn plan_metadata(
+    volume: &Path,
+    m: &Path,
+    a: &CreateArgs,
+    logical: u64,
+    segment_size: u64,
+) -> Result<MetaPlan, String> {
+    let abs = std::path::absolute(m).map_err(|e| format!("{}: {e}", m.display()))?;
+    if volfile::same_file(volume, m) || std::path::absolute(volume).is_ok_and(|v| v == abs) {
+        return Err(format!(
+            "--metadata-device {} is the volume itself: name another file or device",
+            m.display()
+        ));
+    }
+    let target = find_target(m, a).map_err(|e| format!("--metadata-device: {e}"))?;
+    let asked = match a.metadata_size {
+        Some(s) => Some(size::parse_size(s).map_err(|e| format!("--metadata-size: {e}"))?),
+        None => None,
+    };
+    let size = match (&target, asked) {
+        (Target::BlockDevice { .. }, Some(_)) => {
+            return Err(format!(
+                "--metadata-size is for a file: the block device {} is used whole",
+                m.display()
+            ))
+        }
+        (Target::BlockDevice { len }, None) => *len,
+        (_, Some(s)) => s,
+        (_, None) => default_metadata_bytes(logical, segment_size),
+    };
+    let min = DATA_OFFSET_BYTES + 2 * segment_size;
+    if size < min {
+        return Err(format!(
+            "--metadata-size {} is too small: a metadata device needs at least {} \
+             (1 MiB and two {} segments)",
+            human_bytes(size),
+            human_bytes(min),
+            human_bytes(segment_size)
+        ));
+    }
+    Ok(MetaPlan {
+        path: abs,
+        target,
+        size,
+    })
 }
 
 fn find_target(path: &Path, a: &CreateArgs) -> Result<Target, String> {
@@ -241,12 +333,35 @@ fn write_volume(
     a: &CreateArgs,
     opts: &CreateOptions,
     undo: &mut Undo,
+    meta: Option<&MetaPlan>,
+    meta_undo: &mut Undo,
 ) -> Result<(), String> {
+    let storage = open_target(path, target, a, opts.physical_size_bytes, undo)?;
+    let vol = match meta {
+        None => Volume::create(Arc::new(storage), opts),
+        Some(m) => {
+            let meta_store = open_target(&m.path, &m.target, a, m.size, meta_undo)?;
+            let recorded = m.path.to_string_lossy();
+            Volume::create_with_metadata(Arc::new(storage), Arc::new(meta_store), &recorded, opts)
+        }
+    }
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    vol.close().map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Opens (making or growing a file to `size`) what a create writes to.
+fn open_target(
+    path: &Path,
+    target: &Target,
+    a: &CreateArgs,
+    size: u64,
+    undo: &mut Undo,
+) -> Result<FileStorage, String> {
     let here = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::FileTooLarge => format!(
             "{}: the file system cannot hold a file of {} ({e})",
             path.display(),
-            human_bytes(opts.physical_size_bytes)
+            human_bytes(size)
         ),
         _ => format!("{}: {e}", path.display()),
     };
@@ -266,16 +381,14 @@ fn write_volume(
                 .open(path)
                 .map_err(here)?;
             undo.made_file = true;
-            FileStorage::create(path, opts.physical_size_bytes).map_err(here)?
+            FileStorage::create(path, size).map_err(here)?
         }
         Target::File { len } => {
             // Grown only once the lock is ours (a refused lock changes nothing).
-            let st = FileStorage::create(path, opts.physical_size_bytes).map_err(here)?;
+            let st = FileStorage::create(path, size).map_err(here)?;
             undo.emptied_file = *len == 0 && !a.force;
             st
         }
     };
-    let vol =
-        Volume::create(Arc::new(storage), opts).map_err(|e| format!("{}: {e}", path.display()))?;
-    vol.close().map_err(|e| format!("{}: {e}", path.display()))
+    Ok(storage)
 }

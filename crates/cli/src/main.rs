@@ -30,6 +30,12 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The volume's metadata device: with `create`, where its map,
+    /// checkpoints and fingerprint tables go (a file, created sparse, or a
+    /// block device, e.g. a small fast SSD); with the other commands, where
+    /// to find it if not at the path recorded at create.
+    #[arg(long, global = true, value_name = "PATH")]
+    metadata_device: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -55,6 +61,10 @@ enum Command {
         /// Segment size (power of two, 1M to 1G; default 4M, or 1M below 1 GiB physical).
         #[arg(long, hide = true)]
         segment_size: Option<String>,
+        /// Size of a --metadata-device file (default: 1/64 of --size, at
+        /// least 16 segments); a block device is used whole.
+        #[arg(long, requires = "metadata_device")]
+        metadata_size: Option<String>,
     },
     /// Serve a volume over NBD (default: ./cvol-data/default.cvol, created if absent).
     Serve(Box<serve::ServeArgs>),
@@ -117,6 +127,10 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    let metadata_device = cli.metadata_device.clone();
+    if let Some(m) = &metadata_device {
+        volfile::set_metadata_device(m.clone());
+    }
     let r = match cli.command {
         Command::Create {
             volume,
@@ -126,6 +140,7 @@ fn main() -> ExitCode {
             force,
             dedup,
             segment_size,
+            metadata_size,
         } => words::on_off("--dedup", &dedup).and_then(|dedup| {
             create::cmd_create(
                 &volume,
@@ -137,6 +152,8 @@ fn main() -> ExitCode {
                     dedup,
                     segment_size: segment_size.as_deref(),
                     make_parent: false,
+                    metadata_device: metadata_device.as_deref(),
+                    metadata_size: metadata_size.as_deref(),
                 },
             )
         }),

@@ -302,6 +302,8 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
                     dedup: true,
                     segment_size: None,
                     make_parent: true,
+                    metadata_device: None,
+                    metadata_size: None,
                 },
             )?;
             tracing::info!("{made}");
@@ -312,6 +314,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         tracing::info!("stopped by a signal before opening {}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
+    let store = volfile::with_metadata(&path, store, purpose)?;
     let vol = match volfile::open_with_progress(&path, store, options, Some(&stop)) {
         Opened::Volume(v) => Arc::new(*v),
         Opened::Failed(e) => return Err(e),

@@ -3,14 +3,14 @@
 //! backing store is as long as the volume says, and opens it with progress
 //! on the terminal's stderr when that takes a while.
 use crate::words::human_bytes;
-use cvol_engine::{OpenOptions, Volume};
+use cvol_engine::{OpenError, OpenOptions, Volume};
 use cvol_format::superblock::{SUPERBLOCK_BYTES, SUPERBLOCK_MAGIC};
 use cvol_format::{Superblock, SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
 use cvol_storage::{FileStorage, Storage};
 use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// What a volume may live on.
@@ -168,9 +168,78 @@ pub fn open_volume_store(path: &Path, purpose: Purpose) -> Result<FileStorage, S
     }
 }
 
+/// `--metadata-device`, when given: the metadata device to open instead of
+/// the path the volume recorded at create (a device renamed since).
+static METADATA_DEVICE: OnceLock<PathBuf> = OnceLock::new();
+
+pub fn set_metadata_device(path: PathBuf) {
+    let _ = METADATA_DEVICE.set(path);
+}
+
+/// `--metadata-device`, if given.
+pub fn metadata_device_override() -> Option<&'static Path> {
+    METADATA_DEVICE.get().map(PathBuf::as_path)
+}
+
+/// Do two paths name the same file (device and inode)?
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// The volume's store as the engine opens it: the data store joined with
+/// the volume's metadata device when it has one (`--metadata-device`, else
+/// the path recorded at create), opened and locked like the volume.
+pub fn with_metadata(
+    path: &Path,
+    data: FileStorage,
+    purpose: Purpose,
+) -> Result<Arc<dyn Storage>, String> {
+    let given = metadata_device_override();
+    let mut asked = false;
+    let joined = cvol_engine::volume::metadev::open_stores(Arc::new(data), |recorded| {
+        asked = true;
+        let refuse = |m: String| cvol_engine::VolError::from(OpenError::MetadataDevice(m));
+        let m = match (given, recorded) {
+            (Some(g), _) => g.to_path_buf(),
+            (None, Some(r)) => PathBuf::from(r),
+            (None, None) => {
+                return Err(refuse(
+                    "its path could not be read from the volume: pass --metadata-device PATH"
+                        .into(),
+                ))
+            }
+        };
+        if same_file(path, &m) {
+            return Err(refuse(format!("{} is the volume itself", m.display())));
+        }
+        let (st, _) = open_store(&m, purpose).map_err(|e| match given {
+            None => refuse(format!(
+                "{e} (the path recorded at create; if the device moved, pass \
+                 --metadata-device PATH)"
+            )),
+            Some(_) => refuse(e),
+        })?;
+        Ok(Arc::new(st) as Arc<dyn Storage>)
+    })
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    if let (Some(g), false) = (given, asked) {
+        return Err(format!(
+            "{}: --metadata-device {} given, but the volume keeps its metadata in itself",
+            path.display(),
+            g.display()
+        ));
+    }
+    Ok(joined)
+}
+
 /// Opens a volume nobody serves, read-only (`stat`, offline `scrub`).
 pub fn open_read_only(path: &Path, read_cache_bytes: Option<u64>) -> Result<Volume, String> {
     let storage = open_volume_store(path, Purpose::Read)?;
+    let storage = with_metadata(path, storage, Purpose::Read)?;
     let options = OpenOptions {
         read_only: true,
         read_cache_bytes,
@@ -203,7 +272,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// crash could cut just as well).
 pub fn open_with_progress(
     path: &Path,
-    storage: FileStorage,
+    storage: Arc<dyn Storage>,
     options: OpenOptions,
     stop: Option<&AtomicBool>,
 ) -> Opened {
@@ -212,7 +281,7 @@ pub fn open_with_progress(
     let spawned = std::thread::Builder::new()
         .name("cvol-open".into())
         .spawn(move || {
-            let _ = tx.send(Volume::open(Arc::new(storage), options));
+            let _ = tx.send(Volume::open(storage, options));
         });
     if let Err(e) = spawned {
         return Opened::Failed(format!("cannot start the open: {e}"));

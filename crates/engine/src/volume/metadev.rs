@@ -88,12 +88,15 @@ pub fn join(
 
 /// Reads `data`'s superblock and, if the volume has a metadata device,
 /// joins the one `open_meta` opens (given the path the data store
-/// records, if it can be read). A volume without one is `data` itself.
+/// records, if it can be read). A volume without one, or whose superblock
+/// does not read (open and check then say why), is `data` itself.
 pub fn open_stores(
     data: Arc<dyn Storage>,
     open_meta: impl FnOnce(Option<String>) -> Result<Arc<dyn Storage>, VolError>,
 ) -> Result<Arc<dyn Storage>, VolError> {
-    let (sb, _) = recovery::read_superblock(&*data).map_err(OpenError::Superblock)?;
+    let Ok((sb, _)) = recovery::read_superblock(&*data) else {
+        return Ok(data);
+    };
     if !sb.has_metadata_device() {
         return Ok(data);
     }
