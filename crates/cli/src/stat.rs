@@ -148,6 +148,7 @@ impl Report {
             ("zero", b(s.zero_bytes)),
             ("stored payload", b(s.stored_bytes)),
             ("physical free", b(s.physical_free_bytes)),
+            ("metadata device", metadata_device(s)),
             (
                 "more data that fits",
                 format!(
@@ -378,7 +379,13 @@ fn ago(secs: u64) -> String {
 fn host_holds(s: &VolumeStats) -> String {
     let used = human_bytes(s.physical_used_bytes);
     match s.host_allocated_bytes {
-        Some(du) => format!("{used} (du of the backing file: {})", human_bytes(du)),
+        Some(du) => {
+            let what = match s.metadata_device {
+                None => "du of the backing file",
+                Some(_) => "du of the volume file and its metadata device",
+            };
+            format!("{used} ({what}: {})", human_bytes(du))
+        }
         None => used,
     }
 }
@@ -396,6 +403,19 @@ fn dead_words(s: &VolumeStats, served: bool) -> String {
         (true, _) => format!(
             "{dead} ({} returned to the host when clients are idle)",
             human_bytes(s.reclaimable_bytes)
+        ),
+    }
+}
+
+/// The metadata device line: where, and how much of it is in use.
+fn metadata_device(s: &cvol_engine::VolumeStats) -> String {
+    match &s.metadata_device {
+        None => "none (map and checkpoints in the volume itself)".into(),
+        Some(p) => format!(
+            "{p}: {} used of {}, {} free",
+            human_bytes(s.metadata_used_bytes),
+            human_bytes(s.metadata_size_bytes),
+            human_bytes(s.metadata_free_bytes)
         ),
     }
 }

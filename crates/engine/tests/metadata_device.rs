@@ -78,12 +78,12 @@ fn map_records_live_on_the_metadata_device_and_a_reopen_finds_them() {
                 | RecordKind::CkptCommit
         )
     };
-    assert!(on_data.iter().any(|k| *k == RecordKind::Data));
+    assert!(on_data.contains(&RecordKind::Data));
     assert!(
         !on_data.iter().any(is_map),
         "no map record on the data store"
     );
-    assert!(on_meta.iter().any(|k| *k == RecordKind::CkptCommit));
+    assert!(on_meta.contains(&RecordKind::CkptCommit));
     assert!(
         on_meta.iter().all(is_map),
         "only map records on the metadata device"
