@@ -1,4 +1,5 @@
 //! Target `format_decoders`: every decoder of `cvol_format` (superblock,
+//! metadata device label,
 //! checkpoint pointer, record header + verify, map entry, checkpoint commit
 //! payload, map chunk runs, map directory and table payloads) and the
 //! engine's record-to-block decoder on
@@ -71,6 +72,7 @@ pub fn decoders(data: &[u8]) {
     let body = input.rest();
 
     superblock(body);
+    metadev_label(body);
     pointer(body);
     record(body, selector);
     map_entries(body);
@@ -102,14 +104,32 @@ fn superblock_decoded(b: &[u8]) {
         count >= 2,
         "accepted superblock with {count} segments: {sb:?}"
     );
-    let last = sb.segment_offset(count - 1);
+    // The data store's segments end within its physical size; a metadata
+    // device's follow them, every offset addressable by a map entry.
+    let data_end = sb.segment_offset(sb.data_segment_count());
     assert!(
-        last.checked_add(sb.segment_size_bytes)
-            .is_some_and(|end| end <= sb.physical_size_bytes),
-        "last segment beyond the physical size: {sb:?}"
+        data_end <= sb.physical_size_bytes,
+        "last data segment beyond the physical size: {sb:?}"
     );
+    assert!(
+        sb.segment_offset_end() <= cvol_format::PHYSICAL_SIZE_MAX_BYTES,
+        "segments beyond what a map entry addresses: {sb:?}"
+    );
+    assert!(sb.data_segment_count() >= 2 && sb.metadata_segments != 1);
     let _ = (sb.logical_blocks(), sb.volume_tag(), sb.dedup());
     assert_eq!(Superblock::decode(&sb.encode()).as_ref(), Ok(&sb));
+}
+
+fn metadev_label(body: &[u8]) {
+    use cvol_format::metadev::{MetadevLabel, METADEV_LABEL_BYTES, METADEV_MAGIC};
+    let _ = MetadevLabel::decode(body);
+    let mut b = padded(body, METADEV_LABEL_BYTES);
+    b[..8].copy_from_slice(&METADEV_MAGIC);
+    let crc = crc32c::crc32c(&b[..METADEV_LABEL_BYTES - 4]);
+    b[METADEV_LABEL_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+    if let Ok(l) = MetadevLabel::decode(&b) {
+        assert_eq!(MetadevLabel::decode(&l.encode()).as_ref(), Ok(&l));
+    }
 }
 
 fn pointer(body: &[u8]) {
