@@ -68,6 +68,13 @@ pub fn join(
                 .into(),
         ));
     }
+    check_sizes(sb, &*data, &*meta)?;
+    let split = SplitStorage::new(data, meta, sb.metadata_base(), METADATA_DATA_OFFSET_BYTES);
+    Ok(Arc::new(split))
+}
+
+/// Refuses stores shorter than the volume `sb` says they are.
+fn check_sizes(sb: &Superblock, data: &dyn Storage, meta: &dyn Storage) -> Result<(), VolError> {
     let need = METADATA_DATA_OFFSET_BYTES + u64::from(sb.metadata_segments) * sb.segment_size_bytes;
     if meta.len_bytes() < need {
         return Err(refuse(format!(
@@ -75,15 +82,14 @@ pub fn join(
             meta.len_bytes()
         )));
     }
-    if data.len_bytes() < sb.metadata_base() {
+    if data.len_bytes() < sb.physical_size_bytes {
         return Err(OpenError::BackingTooSmall {
             physical_size_bytes: sb.physical_size_bytes,
             backing_bytes: data.len_bytes(),
         }
         .into());
     }
-    let split = SplitStorage::new(data, meta, sb.metadata_base(), METADATA_DATA_OFFSET_BYTES);
-    Ok(Arc::new(split))
+    Ok(())
 }
 
 /// Reads `data`'s superblock and, if the volume has a metadata device,
@@ -130,19 +136,13 @@ impl Volume {
         sb.validate().map_err(OpenError::Geometry)?;
         let label = MetadevLabel::new(&sb, path)
             .ok_or_else(|| refuse("the metadata device's path is too long to record".into()))?;
+        check_sizes(&sb, &*data, &*meta)?;
         let enc = label.encode();
         for (store, at) in [(&meta, DEVICE_LABELS), (&data, DATA_LABELS)] {
             for off in at {
                 store.write_at(off, &enc).map_err(VolError::Io)?;
             }
             store.sync().map_err(VolError::Io)?;
-        }
-        if sb.physical_size_bytes > data.len_bytes() {
-            return Err(OpenError::BackingTooSmall {
-                physical_size_bytes: sb.physical_size_bytes,
-                backing_bytes: data.len_bytes(),
-            }
-            .into());
         }
         let joined = join(&sb, data, meta)?;
         Volume::create_from(joined, sb)
