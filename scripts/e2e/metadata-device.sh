@@ -50,6 +50,11 @@ grep -q -- "--metadata-device" "$E2E_TMP/moved.log" || fail "no hint: $(cat "$E2
 "$CVOL" check "$VOL" --metadata-device "$META.moved" >/dev/null || fail "check --metadata-device"
 start_server "$VOL" --metadata-device "$META.moved"
 qemu-io -f raw -c "read -P 0x3c 0 32M" "$SRV_URI" >/dev/null || fail "read-back after the move"
+"$CVOL" stat "$VOL" --json >"$E2E_TMP/moved.json" || fail "stat of the served volume"
+"$PY" - "$E2E_TMP/moved.json" "$META.moved" <<'PY' || fail "stat does not name the device it was opened at"
+import json, os, sys
+assert json.load(open(sys.argv[1]))["metadata_device"] == os.path.abspath(sys.argv[2])
+PY
 stop_server
 
 step "another volume's metadata device, and the volume itself, are refused untouched"

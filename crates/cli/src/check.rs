@@ -33,7 +33,9 @@ pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
             // check says what is wrong with them.
             let storage: Arc<dyn cvol_storage::Storage> = match header {
                 Header::Damaged => Arc::new(storage),
-                _ => volfile::with_metadata(path, storage, Purpose::Check)?,
+                _ => {
+                    volfile::with_metadata(path, storage, Purpose::Check, &mut Default::default())?
+                }
             };
             let bar = std::io::stderr().is_terminal().then(|| {
                 let pb = indicatif::ProgressBar::new(0);
@@ -103,7 +105,7 @@ pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
         }
         return Ok(ExitCode::from(1));
     }
-    let storage = volfile::with_metadata(path, storage, Purpose::Repair)?;
+    let storage = volfile::with_metadata(path, storage, Purpose::Repair, &mut Default::default())?;
     let mut rep = cvol_engine::check::repair_volume(storage.clone());
     // Consistent records are not enough: the volume must also open.
     if rep.after.consistent() {

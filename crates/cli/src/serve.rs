@@ -314,7 +314,8 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         tracing::info!("stopped by a signal before opening {}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
-    let store = volfile::with_metadata(&path, store, purpose)?;
+    let mut options = options;
+    let store = volfile::with_metadata(&path, store, purpose, &mut options)?;
     let vol = match volfile::open_with_progress(&path, store, options, Some(&stop)) {
         Opened::Volume(v) => Arc::new(*v),
         Opened::Failed(e) => return Err(e),
@@ -373,10 +374,20 @@ fn run(
     let checkpointer = vol.start_background_checkpointer();
     // Policy auto: rewrite cold fast-codec data with the strong codec when idle.
     let recompressor = vol.start_background_recompressor();
-    // The dedup index is not persisted: refill it from the volume's data
-    // while clients are idle.
+    // The dedup index is memory only: refill it from the fingerprint
+    // tables (or the data of an older volume) while clients are idle.
     let index_warmup = (!args.read_only).then(|| vol.start_index_warmup());
-    tracing::info!(volume = %path.display(), read_only = args.read_only, sync = args.sync, "serving");
+    let metadata = vol
+        .stats()
+        .metadata_device
+        .unwrap_or_else(|| "in the volume".into());
+    tracing::info!(
+        volume = %path.display(),
+        metadata = %metadata,
+        read_only = args.read_only,
+        sync = args.sync,
+        "serving"
+    );
     let mut out = std::io::stdout().lock();
     for u in &uris {
         writeln!(out, "{u}").map_err(|e| e.to_string())?;

@@ -192,14 +192,17 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 
 /// The volume's store as the engine opens it: the data store joined with
 /// the volume's metadata device when it has one (`--metadata-device`, else
-/// the path recorded at create), opened and locked like the volume.
+/// the path recorded at create), opened and locked like the volume. Sets
+/// `options.metadata_device_path` to where it was found.
 pub fn with_metadata(
     path: &Path,
     data: FileStorage,
     purpose: Purpose,
+    options: &mut OpenOptions,
 ) -> Result<Arc<dyn Storage>, String> {
     let given = metadata_device_override();
     let mut asked = false;
+    let mut opened = None;
     let joined = cvol_engine::volume::metadev::open_stores(Arc::new(data), |recorded| {
         asked = true;
         let refuse = |m: String| cvol_engine::VolError::from(OpenError::MetadataDevice(m));
@@ -216,6 +219,7 @@ pub fn with_metadata(
         if same_file(path, &m) {
             return Err(refuse(format!("{} is the volume itself", m.display())));
         }
+        opened = std::path::absolute(&m).ok();
         let (st, _) = open_store(&m, purpose).map_err(|e| match given {
             None => refuse(format!(
                 "{e} (the path recorded at create; if the device moved, pass \
@@ -233,18 +237,19 @@ pub fn with_metadata(
             g.display()
         ));
     }
+    options.metadata_device_path = opened.map(|p| p.to_string_lossy().into_owned());
     Ok(joined)
 }
 
 /// Opens a volume nobody serves, read-only (`stat`, offline `scrub`).
 pub fn open_read_only(path: &Path, read_cache_bytes: Option<u64>) -> Result<Volume, String> {
     let storage = open_volume_store(path, Purpose::Read)?;
-    let storage = with_metadata(path, storage, Purpose::Read)?;
-    let options = OpenOptions {
+    let mut options = OpenOptions {
         read_only: true,
         read_cache_bytes,
         ..OpenOptions::default()
     };
+    let storage = with_metadata(path, storage, Purpose::Read, &mut options)?;
     match open_with_progress(path, storage, options, None) {
         Opened::Volume(v) => Ok(*v),
         Opened::Failed(e) => Err(e),

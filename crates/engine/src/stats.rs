@@ -105,7 +105,9 @@ pub struct VolumeStats {
     pub physical_used_bytes: u64,
     /// Free log bytes of the data store (room for client data).
     pub physical_free_bytes: u64,
-    /// The metadata device's path as recorded at create; null without one.
+    /// The metadata device's path: where it was opened
+    /// (`OpenOptions::metadata_device_path`), else as recorded at create;
+    /// null without one.
     pub metadata_device: Option<String>,
     /// Bytes of the metadata device the volume uses (label area and
     /// segments; 0 without one).

@@ -108,6 +108,9 @@ pub struct OpenOptions {
     /// When no checkpoint is usable, rebuild the map from every record the
     /// log still holds (`cvol check --repair`) instead of refusing to open.
     pub rebuild_from_log: bool,
+    /// The path the metadata device was opened at, for `stat` (None: the
+    /// one recorded at create, or no metadata device).
+    pub metadata_device_path: Option<String>,
 }
 
 impl Default for OpenOptions {
@@ -122,6 +125,7 @@ impl Default for OpenOptions {
             map_cache_bytes: None,
             elastic: ElasticConfig::default(),
             rebuild_from_log: false,
+            metadata_device_path: None,
         }
     }
 }

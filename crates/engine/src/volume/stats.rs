@@ -120,7 +120,8 @@ impl Volume {
         let label = cvol_format::metadev::METADATA_DATA_OFFSET_BYTES;
         let segments = u64::from(self.sb.metadata_segments) * self.sb.segment_size_bytes;
         MetadataUse {
-            path: super::metadev::recorded_metadata_path(&*self.storage),
+            path: (self.options.metadata_device_path.clone())
+                .or_else(|| super::metadev::recorded_metadata_path(&*self.storage)),
             size: label + segments,
             used: label + st.log.meta_used_bytes(),
             free: st.log.meta_free_bytes(),
