@@ -862,7 +862,11 @@ pub fn rebuild_from_log(
         }
         applied += u64::from(apply_scanned(&mut map, sb, r));
     }
-    let last = recs.last().expect("not empty");
+    // The log goes on in the data store (a volume with a metadata device
+    // keeps map records and commits on the other head).
+    let last = (recs.iter().rev())
+        .find(|r| !sb.is_metadata_segment(r.segment))
+        .ok_or(RecoveryError::NoIntactRecord)?;
     let warnings = rebuild_warnings(recs.len(), applied, &scan, dropped_refs);
     // The log continues after every record of the head's segment: records
     // of a crashed epoch may lie beyond the newest one, and the map may

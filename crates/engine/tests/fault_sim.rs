@@ -645,3 +645,14 @@ fn regression_seed_2935_an_unreadable_sector_hides_no_certifying_record() {
 fn regression_seed_2392_a_write_refused_for_space_is_not_in_the_oracle() {
     run_seed(2392, &mut Coverage::default());
 }
+
+/// Seed 794 (found by a 2000-seed run once a third of the seeds kept their
+/// metadata on a separate device): damage left no usable checkpoint, and
+/// repair rebuilt the map from every record of the log; the log was to go
+/// on after its newest record, which was a commit on the metadata device,
+/// and the open asserted that the data head lay in the data store. The
+/// rebuild now goes on after the newest record in the data store.
+#[test]
+fn regression_seed_794_a_rebuild_from_the_log_goes_on_in_the_data_store() {
+    run_seed(794, &mut Coverage::default());
+}

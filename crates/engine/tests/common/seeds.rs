@@ -45,6 +45,7 @@ pub fn run_seeds<C: Default + Send>(
                     if seed >= n {
                         break;
                     }
+                    let _named = NameOnPanic(seed);
                     run(seed, &mut cov);
                 }
                 done.lock().expect("no panic while held").push(cov);
@@ -65,6 +66,18 @@ impl Drop for StopOthers<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.0.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Names the seed that was running when its thread panics (a panic deep
+/// in the engine does not say which seed it ran).
+struct NameOnPanic(u64);
+
+impl Drop for NameOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("seed {} failed", self.0);
         }
     }
 }
