@@ -44,7 +44,7 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
         rep.errors
             .push("no valid checkpoint pointer in either slot".into());
     }
-    let recovered = match recovery::recover(storage, &sb) {
+    let mut recovered = match recovery::recover(storage, &sb) {
         Ok(r) => r,
         Err(e) => {
             rep.errors.push(format!("recovery failed: {e}"));
@@ -73,7 +73,7 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
         )),
         Err(e) => rep.notes.push(format!("full-log cross-check skipped: {e}")),
     }
-    check_tables(&sb, &recovered, &mut rep);
+    check_tables(&sb, &mut recovered, &mut rep);
     check_fp_tables(storage, &sb, &recovered, &mut rep);
     check_segment_usage(storage, &sb, &recovered, &mut rep);
     verify_records(storage, &sb, &recovered.map, &mut rep, progress);
@@ -84,14 +84,14 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
 /// instead of reading the map) against a rebuild from the map, when
 /// nothing was replayed since the checkpoint (else open brings them up to
 /// date, which the simulations verify).
-fn check_tables(sb: &Superblock, recovered: &Recovered, rep: &mut CheckReport) {
+fn check_tables(sb: &Superblock, recovered: &mut Recovered, rep: &mut CheckReport) {
     match &recovered.tables {
         Some(_) if recovered.replayed_map_records > 0 => rep.notes.push(format!(
             "liveness tables not compared: {} map records were replayed since the checkpoint",
             recovered.replayed_map_records
         )),
         Some(t) => {
-            if let Err(e) = crate::liveness::check_tables(sb, &recovered.map, t) {
+            if let Err(e) = crate::liveness::check_tables(sb, &mut recovered.map, t) {
                 rep.errors.push(format!(
                     "checkpoint liveness tables disagree with its map: {e}"
                 ));

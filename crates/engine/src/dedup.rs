@@ -246,7 +246,7 @@ impl Shared {
     }
 }
 
-/// Liveness of a unit: 8 bytes, as every live unit has one.
+/// Entries pointing at a unit that ref entries point into: 8 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitLive {
     pub refs: u32,
@@ -268,8 +268,11 @@ pub struct SegShared {
     pub units: OrderedMap<UnitLive>,
 }
 
-/// Records with ref entries (single-block records) and live units (a
-/// compact table of their own), by physical offset of their header,
+/// Records with ref entries: single-block records, and units (records of
+/// several blocks) that ref entries point into, with their owner entries
+/// counted (a unit no ref entry points at has no row: its owner entries
+/// all lie in its window of the map, `liveness`), by physical offset of
+/// their header,
 /// grouped by segment: a checkpoint takes a segment's share copy-on-write
 /// (`segment`), as it takes map pages.
 #[derive(Debug, Clone)]
@@ -422,39 +425,15 @@ impl SharedTable {
         })
     }
 
-    /// Records with dedup references (units without refs not counted).
+    /// Records with dedup references.
     pub fn shared_count(&self) -> u64 {
-        (self.records_len + self.units().filter(|(_, u)| u.refs > 0).count()) as u64
+        (self.records_len + self.units_len) as u64
     }
 
-    /// One more entry points at the live record at `offset`: a ref entry
-    /// (`is_ref`) or, for a unit, an owner entry. A single-block record not
-    /// yet shared is live through its owner entry. Returns true when the
-    /// record was not live before (a unit's first entry).
-    pub fn acquire(
-        &mut self,
-        offset: u64,
-        crc: u32,
-        fp: Fingerprint,
-        unit: bool,
-        is_ref: bool,
-    ) -> bool {
-        debug_assert!(unit || is_ref, "single-block owners are not tracked");
-        if unit {
-            let mut born = false;
-            let u = self.seg_mut(offset).units.entry(offset).or_insert_with(|| {
-                born = true;
-                UnitLive { refs: 0, owners: 0 }
-            });
-            if is_ref {
-                u.refs += 1;
-                self.extra_refs += 1;
-            } else {
-                u.owners += 1;
-            }
-            self.units_len += usize::from(born);
-            return born;
-        }
+    /// One more ref entry points at the live single-block record at
+    /// `offset` (live through its owner entry until it is shared). Units
+    /// are not counted here: `LiveMap::set` keeps their rows (`put_unit`).
+    pub fn acquire(&mut self, offset: u64, crc: u32, fp: Fingerprint) {
         let mut new = false;
         let s = self
             .seg_mut(offset)
@@ -478,34 +457,13 @@ impl SharedTable {
         let gained = s.extra() - before;
         self.extra_refs += gained;
         self.records_len += usize::from(new);
-        false
     }
 
-    /// An entry (a ref entry if `was_ref`, else an owner) stopped pointing
-    /// at the record at `offset`. None if the record is not in the table
-    /// (a single-block record whose owner was its only entry); else whether
-    /// the record is now dead.
+    /// An entry (a ref entry if `was_ref`, else its owner) stopped pointing
+    /// at the single-block record at `offset`. None if the record is not
+    /// in the table (its owner was its only entry); else whether the
+    /// record is now dead.
     pub fn release(&mut self, offset: u64, was_ref: bool) -> Option<bool> {
-        if self.unit(offset).is_some() {
-            let u = self
-                .seg_mut(offset)
-                .units
-                .get_mut(&offset)
-                .expect("found above");
-            if was_ref {
-                assert!(u.refs > 0, "ref count of the unit at {offset} underflows");
-                u.refs -= 1;
-            } else {
-                assert!(u.owners > 0, "owners of the unit at {offset} underflow");
-                u.owners -= 1;
-            }
-            let dead = u.refs == 0 && u.owners == 0;
-            self.extra_refs -= u64::from(was_ref);
-            if dead {
-                self.remove_unit(offset);
-            }
-            return Some(dead);
-        }
         self.record(offset)?;
         let s = self
             .seg_mut(offset)
@@ -532,6 +490,22 @@ impl SharedTable {
             return Some(owners == 0);
         }
         Some(false)
+    }
+
+    /// Sets the row of the unit at `offset`: `Some` while ref entries
+    /// point at it (`refs > 0`), `None` once none does. Keeps `extra_refs`
+    /// (each ref to a unit block counts one).
+    pub fn put_unit(&mut self, offset: u64, row: Option<UnitLive>) {
+        let old = self.unit(offset).copied();
+        self.extra_refs -= old.map_or(0, |u| u64::from(u.refs));
+        self.extra_refs += row.map_or(0, |u| u64::from(u.refs));
+        match row {
+            Some(u) => {
+                assert!(u.refs > 0, "a unit row without refs at {offset}");
+                self.insert_unit(offset, u);
+            }
+            None => self.remove_unit(offset),
+        }
     }
 
     /// The fingerprint of a shared record, 0 if not known.
@@ -630,8 +604,8 @@ mod tests {
     fn shared_table_counts_exactly() {
         let mut t = SharedTable::default();
         assert_eq!(t.release(10, false), None); // not shared: the caller owns the answer
-        t.acquire(10, 10, 0, false, true); // owner + one ref
-        t.acquire(10, 10, 0, false, true);
+        t.acquire(10, 10, 0); // owner + one ref
+        t.acquire(10, 10, 0);
         assert_eq!(t.get(10).unwrap().entries(), 3);
         assert_eq!(t.extra_refs, 2);
         // The last ref goes while the owner lives: unshared again, alive.
@@ -640,8 +614,8 @@ mod tests {
         assert_eq!(t.extra_refs, 0);
         assert!(t.get(10).is_none());
         // Owner goes first, then the refs: dead with the last ref.
-        t.acquire(20, 20, 0, false, true);
-        t.acquire(20, 20, 0, false, true);
+        t.acquire(20, 20, 0);
+        t.acquire(20, 20, 0);
         assert_eq!(t.release(20, false), Some(false));
         assert_eq!(t.extra_refs, 1);
         assert_eq!(t.release(20, true), Some(false));
@@ -656,18 +630,15 @@ mod tests {
     }
 
     #[test]
-    fn units_live_while_any_block_or_ref_points_at_them() {
+    fn unit_rows_exist_only_with_refs_and_keep_extra_refs() {
         let mut t = SharedTable::default();
-        assert!(t.acquire(30, 0, 0, true, false)); // first block: born
-        assert!(!t.acquire(30, 0, 0, true, false));
-        assert!(!t.acquire(30, 0, 0, true, true)); // a dedup ref to one block
+        t.put_unit(30, Some(UnitLive { refs: 1, owners: 2 }));
         assert_eq!(t.get(30).unwrap().entries(), 3);
-        assert_eq!((t.extra_refs, t.shared_count()), (1, 1));
-        assert_eq!(t.release(30, false), Some(false));
-        assert_eq!(t.release(30, false), Some(false));
-        assert_eq!(t.extra_refs, 1);
-        assert_eq!(t.release(30, true), Some(true)); // the ref was the last
+        assert_eq!((t.extra_refs, t.shared_count(), t.unit_count()), (1, 1, 1));
+        t.put_unit(30, Some(UnitLive { refs: 3, owners: 0 }));
+        assert_eq!((t.extra_refs, t.unit_count()), (3, 1));
+        t.put_unit(30, None);
         assert!(t.get(30).is_none());
-        assert_eq!(t.extra_refs, 0);
+        assert_eq!((t.extra_refs, t.unit_count()), (0, 0));
     }
 }

@@ -14,7 +14,7 @@
 //! while any entry points at it, and then its bytes count once in its
 //! segment's live bytes and in the stored bytes.
 use crate::dedup::{Fingerprint, OffsetMap, Shared, SharedTable, UnitLive};
-use crate::map::{BlockMap, Page, PageSource};
+use crate::map::{is_unit_owner_of, BlockMap, Page, PageSource};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
@@ -25,7 +25,9 @@ pub(crate) use fprints::{read_fp_table, FpSnapshot};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tables::TableBooks;
-pub(crate) use tables::{check_tables, EncodedTables, LoadedTables, Replay, TableSnapshot};
+pub(crate) use tables::{
+    check_tables, EncodedTables, LoadedTables, Replay, ReplaySource, TableSnapshot,
+};
 
 mod fprints;
 mod tables;
@@ -53,6 +55,23 @@ impl Geometry {
     }
 }
 
+/// A unit whose entries a `LiveMap::set` changes, as it was before.
+struct UnitBefore {
+    offset: u64,
+    len: u32,
+    codec: CodecTag,
+    refs: u32,
+    owners: u32,
+}
+
+/// Is `e` a ref entry to (a block of) the unit at `offset`?
+fn is_unit_ref_of(e: MapEntry, offset: u64) -> bool {
+    matches!(
+        e.state_valid(),
+        EntryState::Data { offset: o, unit: true, shared: true, .. } if o == offset
+    )
+}
+
 /// The block map and the tables derived from it.
 pub(crate) struct LiveMap {
     map: BlockMap,
@@ -67,6 +86,8 @@ pub(crate) struct LiveMap {
     fps: FpBooks,
     /// The tables came from a checkpoint's records (`from_tables`).
     loaded_tables: bool,
+    /// Why the checkpoint's tables could not be used, if they could not.
+    tables_rejected: Option<String>,
 }
 
 impl LiveMap {
@@ -82,6 +103,7 @@ impl LiveMap {
             books: TableBooks::new(sb.segment_count(), true),
             fps: FpBooks::new(sb),
             loaded_tables: false,
+            tables_rejected: None,
         }
     }
 
@@ -119,6 +141,7 @@ impl LiveMap {
             books: tables.books,
             fps: FpBooks::new(sb),
             loaded_tables,
+            tables_rejected: None,
         };
         (live, tables.segments.table)
     }
@@ -151,6 +174,14 @@ impl LiveMap {
         self.loaded_tables
     }
 
+    pub(crate) fn tables_rejected(&self) -> Option<&str> {
+        self.tables_rejected.as_deref()
+    }
+
+    pub(crate) fn set_tables_rejected(&mut self, why: Option<String>) {
+        self.tables_rejected = why;
+    }
+
     pub(crate) fn changes(&self) -> u64 {
         self.changes
     }
@@ -159,27 +190,46 @@ impl LiveMap {
     /// entry's record gains an entry (it is new, or live already), the old
     /// one loses one and dies with its last. `segs` is the log's segment
     /// table (a live record never lies in a free segment); `fp` the block's
-    /// fingerprint, 0 if unknown.
+    /// fingerprint, 0 if unknown. A first ref entry to a unit needs its
+    /// home (`set_with_home`).
     pub(crate) fn set(&mut self, segs: &SegmentTable, lba: u64, e: MapEntry, fp: Fingerprint) {
+        self.set_with_home(segs, lba, e, fp, None);
+    }
+
+    /// `set`, with `home`: an LBA of the unit window of the unit `e` names
+    /// (one of its owners' or its header's), needed when `e` is a ref
+    /// entry to a unit no ref entry pointed at yet; its page must be in
+    /// memory.
+    pub(crate) fn set_with_home(
+        &mut self,
+        segs: &SegmentTable,
+        lba: u64,
+        e: MapEntry,
+        fp: Fingerprint,
+        home: Option<u64>,
+    ) {
         assert!(lba < self.map.blocks(), "lba {lba} beyond the map");
         self.changes += 1;
+        let old = self.map.get(lba);
+        let units = self.units_before(lba, old, e, home);
         let old = self.map.set(lba, e);
         debug_assert_eq!(self.map.get(lba), e);
         self.counters.remove(old);
         self.counters.add(e);
+        for u in units.into_iter().flatten() {
+            self.unit_changed(segs, lba, old, e, u);
+        }
         if let EntryState::Data {
             offset,
             len,
             shared,
-            unit,
+            unit: false,
             codec,
         } = e.state_valid()
         {
             self.books.touch(self.geometry.segment_of(offset));
-            if shared || unit {
-                if self.shared.acquire(offset, e.crc, fp, unit, shared) {
-                    self.record_born(segs, offset, len, codec);
-                }
+            if shared {
+                self.shared.acquire(offset, e.crc, fp);
             } else {
                 assert!(
                     self.shared.get(offset).is_none(),
@@ -192,8 +242,8 @@ impl LiveMap {
             offset,
             len,
             shared,
+            unit: false,
             codec,
-            ..
         } = old.state_valid()
         {
             self.books.touch(self.geometry.segment_of(offset));
@@ -204,6 +254,111 @@ impl LiveMap {
             if dead {
                 self.record_died(offset, len, codec);
             }
+        }
+    }
+
+    /// The units `old` and `e` name (one, if the same), each as it was
+    /// before `lba` changes from `old` to `e`.
+    fn units_before(
+        &self,
+        lba: u64,
+        old: MapEntry,
+        e: MapEntry,
+        home: Option<u64>,
+    ) -> [Option<UnitBefore>; 2] {
+        let unit_of = |x: MapEntry| match x.state_valid() {
+            EntryState::Data {
+                offset,
+                len,
+                codec,
+                unit: true,
+                ..
+            } => Some((offset, len, codec)),
+            _ => None,
+        };
+        let (a, b) = (unit_of(old), unit_of(e));
+        let before = |u| self.unit_before(lba, u, old, e, home);
+        let b = b.filter(|&(o, ..)| a.is_none_or(|(oa, ..)| oa != o));
+        [a.map(before), b.map(before)]
+    }
+
+    /// The entries pointing at the unit at `offset` before `lba` changes
+    /// from `old` to `e`: its row's when ref entries point at it, else its
+    /// owner entries counted in its window (`lba`'s when `old` or `e` is
+    /// one of them, else `home`'s).
+    fn unit_before(
+        &self,
+        lba: u64,
+        (offset, len, codec): (u64, u32, CodecTag),
+        old: MapEntry,
+        e: MapEntry,
+        home: Option<u64>,
+    ) -> UnitBefore {
+        let (refs, owners) = match self.shared.unit(offset) {
+            Some(row) => (row.refs, u32::from(row.owners)),
+            None => {
+                assert!(
+                    !is_unit_ref_of(old, offset),
+                    "a ref entry to the unit at {offset}, which has no row"
+                );
+                let at = if is_unit_owner_of(old, offset) || is_unit_owner_of(e, offset) {
+                    lba
+                } else {
+                    home.unwrap_or_else(|| {
+                        panic!("a first ref entry to the unit at {offset} without its home")
+                    })
+                };
+                (0, self.map.window_owners(at, offset))
+            }
+        };
+        UnitBefore {
+            offset,
+            len,
+            codec,
+            refs,
+            owners,
+        }
+    }
+
+    /// Keeps the unit `u` exact once `lba` changed from `old` to `e`: its
+    /// row (while ref entries point at it), its liveness.
+    fn unit_changed(
+        &mut self,
+        segs: &SegmentTable,
+        lba: u64,
+        old: MapEntry,
+        e: MapEntry,
+        u: UnitBefore,
+    ) {
+        let o = u.offset;
+        let step = |n: u32, gain: bool, lose: bool| {
+            (n + u32::from(gain))
+                .checked_sub(u32::from(lose))
+                .unwrap_or_else(|| panic!("entries of the unit at {o} underflow"))
+        };
+        let refs = step(u.refs, is_unit_ref_of(e, o), is_unit_ref_of(old, o));
+        let owners = step(u.owners, is_unit_owner_of(e, o), is_unit_owner_of(old, o));
+        debug_assert!(
+            !(is_unit_owner_of(old, o) || is_unit_owner_of(e, o))
+                || self.shared.unit(o).is_some()
+                || self.map.window_owners(lba, o) == owners,
+            "the owners of the unit at {o} lie outside its window"
+        );
+        let row = (refs > 0).then(|| UnitLive {
+            refs,
+            owners: u16::try_from(owners).expect("a unit has at most 16 blocks"),
+        });
+        let (was, is) = (u.refs + u.owners > 0, refs + owners > 0);
+        if row.as_ref() != self.shared.unit(o) {
+            self.shared.put_unit(o, row);
+            self.books.touch(self.geometry.segment_of(o));
+        }
+        if is && !was {
+            self.books.touch(self.geometry.segment_of(o));
+            self.record_born(segs, o, u.len, u.codec);
+        } else if was && !is {
+            self.books.touch(self.geometry.segment_of(o));
+            self.record_died(o, u.len, u.codec);
         }
     }
 
@@ -408,14 +563,14 @@ pub(crate) struct Rebuilt {
     books: TableBooks,
 }
 
-/// Entries of the map per record that liveness needs: the length and codec
-/// of every shared or unit record, the single-block records with ref
-/// entries, and the entries of every unit.
+/// Entries of the map per record that liveness needs, from a first pass:
+/// the length and codec of every record ref entries point at, and their
+/// ref entries (units and single-block records apart).
 #[derive(Default)]
 struct Census {
     lens: OffsetMap<(u32, CodecTag)>,
     shared: OffsetMap<Shared>,
-    units: OffsetMap<UnitLive>,
+    unit_refs: OffsetMap<u32>,
 }
 
 impl Census {
@@ -432,25 +587,15 @@ impl Census {
             if let EntryState::Data {
                 offset,
                 len,
-                shared: is_ref,
+                shared: true,
                 unit,
                 codec,
             } = e.state_valid()
             {
+                c.lens.insert(offset, (len, codec));
                 if unit {
-                    // Blocks of a unit follow each other: one lookup when
-                    // the unit is already known, one insert more when not.
-                    let u = c.units.entry(offset).or_insert_with(|| {
-                        c.lens.insert(offset, (len, codec));
-                        UnitLive { refs: 0, owners: 0 }
-                    });
-                    if is_ref {
-                        u.refs += 1;
-                    } else {
-                        u.owners += 1;
-                    }
-                } else if is_ref {
-                    c.lens.insert(offset, (len, codec));
+                    *c.unit_refs.entry(offset).or_default() += 1;
+                } else {
                     let fresh = Shared {
                         refs: 0,
                         owners: 0,
@@ -462,6 +607,92 @@ impl Census {
             }
         })?;
         Ok(c)
+    }
+}
+
+/// The owner entries of units in one unit window of the map, as a scan
+/// meets them (every owner of a unit lies in its window).
+#[derive(Default)]
+struct WindowUnits {
+    window: u64,
+    units: Vec<(u64, u32, CodecTag, u16)>,
+}
+
+impl WindowUnits {
+    fn note(
+        &mut self,
+        lba: u64,
+        offset: u64,
+        len: u32,
+        codec: CodecTag,
+        done: &mut impl FnMut(u64, u32, CodecTag, u16),
+    ) {
+        let w = lba / crate::map::UNIT_WINDOW_BLOCKS as u64;
+        if w != self.window {
+            self.finish(done);
+            self.window = w;
+        }
+        match self.units.iter_mut().find(|u| u.0 == offset) {
+            Some(u) => u.3 += 1,
+            None => self.units.push((offset, len, codec, 1)),
+        }
+    }
+
+    /// Hands every unit of the window to `done(offset, len, codec, owners)`.
+    fn finish(&mut self, done: &mut impl FnMut(u64, u32, CodecTag, u16)) {
+        for (offset, len, codec, owners) in self.units.drain(..) {
+            done(offset, len, codec, owners);
+        }
+    }
+}
+
+/// A rebuild's tables, counting records live.
+struct Born<'a> {
+    geometry: Geometry,
+    segments: &'a mut RebuiltSegments,
+    counters: &'a mut MapCounters,
+}
+
+impl Born<'_> {
+    /// The record at `offset` is live (counted once).
+    fn live(&mut self, offset: u64, len: u32, codec: CodecTag) {
+        let s = self.geometry.segment_of(offset);
+        if self.segments.table.state(s) == SegState::Free {
+            self.segments.table.mark(s, SegState::Sealed, 0);
+        }
+        self.segments.usage.add_live(s, u64::from(len));
+        self.counters
+            .record_born(codec, u64::from(len) - RECORD_HEADER_BYTES as u64);
+    }
+}
+
+/// A rebuild's units: the ref entries of each (census) until its owners
+/// are met, then its row.
+struct Units {
+    refs: OffsetMap<u32>,
+    rows: OffsetMap<UnitLive>,
+}
+
+impl Units {
+    /// The rows, once every window is done: the units only ref entries
+    /// point at (their owners all moved on) are live too.
+    fn finish(self, born: &mut Born<'_>, lens: &OffsetMap<(u32, CodecTag)>) -> OffsetMap<UnitLive> {
+        let mut rows = self.rows;
+        for (offset, refs) in self.refs {
+            let (len, codec) = lens[&offset];
+            born.live(offset, len, codec);
+            rows.insert(offset, UnitLive { refs, owners: 0 });
+        }
+        rows
+    }
+
+    /// The unit at `offset` has `owners` owner entries (all of them: its
+    /// window is done); it is live, with a row if ref entries point at it.
+    fn done(&mut self, born: &mut Born<'_>, offset: u64, len: u32, codec: CodecTag, owners: u16) {
+        born.live(offset, len, codec);
+        if let Some(refs) = self.refs.remove(&offset) {
+            self.rows.insert(offset, UnitLive { refs, owners });
+        }
     }
 }
 
@@ -483,41 +714,48 @@ pub(crate) fn rebuild(
         table: SegmentTable::for_volume(sb),
         usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
     };
-    let mut live = |offset: u64, len: u32, codec: CodecTag| {
-        let s = geometry.segment_of(offset);
-        if segments.table.state(s) == SegState::Free {
-            segments.table.mark(s, SegState::Sealed, 0);
-        }
-        segments.usage.add_live(s, u64::from(len));
-        counters.record_born(codec, u64::from(len) - RECORD_HEADER_BYTES as u64);
+    let mut born = Born {
+        geometry,
+        segments: &mut segments,
+        counters: &mut counters,
     };
     let mut shared = census.shared;
-    map.scan(src, |_, e| {
-        if let EntryState::Data {
+    let mut units = Units {
+        refs: census.unit_refs,
+        rows: OffsetMap::default(),
+    };
+    let mut window = WindowUnits::default();
+    map.scan(src, |lba, e| match e.state_valid() {
+        EntryState::Data {
             offset,
             len,
             shared: false,
             unit: false,
             codec,
-        } = e.state_valid()
-        {
-            match shared.get_mut(&offset) {
-                Some(s) => s.owners = 1,
-                None => live(offset, len, codec),
-            }
-        }
+        } => match shared.get_mut(&offset) {
+            Some(s) => s.owners = 1,
+            None => born.live(offset, len, codec),
+        },
+        EntryState::Data {
+            offset,
+            len,
+            shared: false,
+            unit: true,
+            codec,
+        } => window.note(lba, offset, len, codec, &mut |o, l, c, n| {
+            units.done(&mut born, o, l, c, n)
+        }),
+        _ => {}
     })?;
+    window.finish(&mut |o, l, c, n| units.done(&mut born, o, l, c, n));
+    let unit_rows = units.finish(&mut born, &census.lens);
     let mut extra = 0u64;
     for (&offset, s) in &shared {
         let (len, codec) = census.lens[&offset];
-        live(offset, len, codec);
+        born.live(offset, len, codec);
         extra += s.extra();
     }
-    for (&offset, u) in &census.units {
-        let (len, codec) = census.lens[&offset];
-        live(offset, len, codec);
-        extra += u64::from(u.refs);
-    }
+    extra += unit_rows.values().map(|u| u64::from(u.refs)).sum::<u64>();
     // The map's own records: those it names, and those it superseded
     // (while replaying the log: a page emptied, say) that the durable
     // checkpoint still names, until the next one is durable.
@@ -529,10 +767,7 @@ pub(crate) fn rebuild(
         shared: {
             let mut t = SharedTable::new(sb.data_offset_bytes, sb.segment_size_bytes);
             shared.into_iter().for_each(|(o, r)| t.insert_record(o, r));
-            census
-                .units
-                .into_iter()
-                .for_each(|(o, u)| t.insert_unit(o, u));
+            unit_rows.into_iter().for_each(|(o, u)| t.insert_unit(o, u));
             t.extra_refs = extra;
             t
         },

@@ -20,6 +20,18 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 pub const PAGE_BLOCKS: usize = MAP_PAGE_BLOCKS as usize;
+/// The aligned window every block of a unit lies in.
+pub const UNIT_WINDOW_BLOCKS: usize = cvol_format::record::UNIT_BLOCKS_MAX as usize;
+const _: () = assert!(PAGE_BLOCKS.is_multiple_of(UNIT_WINDOW_BLOCKS));
+
+/// Is `e` an owner entry of the unit at `offset`?
+pub fn is_unit_owner_of(e: MapEntry, offset: u64) -> bool {
+    matches!(
+        e.state_valid(),
+        cvol_format::EntryState::Data { offset: o, unit: true, shared: false, .. } if o == offset
+    )
+}
+
 const DIR_SLOTS: usize = DIR_PAGES as usize;
 
 #[derive(Clone)]
@@ -70,18 +82,27 @@ impl Page {
         }
     }
 
-    /// Calls `f(before, after)` for every entry that differs between
-    /// `before` and `after` (None: a page without entries).
+    /// `BlockMap::window_owners` for entry `i` of this page.
+    pub fn window_owners(&self, i: usize, offset: u64) -> u32 {
+        let w = UNIT_WINDOW_BLOCKS;
+        let first = i / w * w;
+        (first..first + w)
+            .filter(|&j| is_unit_owner_of(self.entry(j), offset))
+            .count() as u32
+    }
+
+    /// Calls `f(i, before, after)` for every entry `i` that differs
+    /// between `before` and `after` (None: a page without entries).
     pub fn for_each_change(
         before: Option<&Page>,
         after: Option<&Page>,
-        f: &mut impl FnMut(MapEntry, MapEntry),
+        f: &mut impl FnMut(usize, MapEntry, MapEntry),
     ) {
         let at = |page: Option<&Page>, i: usize| page.map_or(MapEntry::UNMAPPED, |p| p.entry(i));
         for i in 0..PAGE_BLOCKS {
             let (b, a) = (at(before, i), at(after, i));
             if b != a {
-                f(b, a);
+                f(i, b, a);
             }
         }
     }
@@ -260,6 +281,21 @@ impl BlockMap {
                 MapEntry::UNMAPPED
             }
         }
+    }
+
+    /// Owner entries of the unit at `offset` (unit entries that are not
+    /// refs) in the unit window of `lba`: the aligned `UNIT_BLOCKS_MAX`
+    /// blocks around it, where every owner of a unit lies (a unit's blocks
+    /// lie inside one such window, `cvol_format::record`). Its page must be
+    /// in memory (or have no entries).
+    pub fn window_owners(&self, lba: u64, offset: u64) -> u32 {
+        assert!(lba < self.blocks, "lba {lba} beyond map");
+        let (p, i) = split(lba);
+        let Some(page) = &self.pages[p] else {
+            assert!(!bit(&self.allocated, p), "map page {p} not faulted in");
+            return 0;
+        };
+        page.window_owners(i, offset)
     }
 
     /// Sets an entry, returning the previous one. Its page must be in

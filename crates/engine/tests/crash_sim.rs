@@ -342,6 +342,11 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             rep.errors
         );
         cov.tables_loaded += u64::from(reopened.opened_from_tables());
+        // Tables a checkpoint named are always usable after a crash: open
+        // brings them up to date with the log, never rebuilds them.
+        if let Some(why) = reopened.tables_rejected() {
+            panic!("seed {seed} cycle {cycle}: the tables were rejected: {why}");
+        }
         // Half the reopens refill the dedup index from the fingerprint
         // tables, as a served volume does: hints the writes after must
         // never turn into wrong data.
@@ -361,6 +366,9 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     let reopened =
         (store.open(options())).unwrap_or_else(|e| panic!("seed {seed}: clean reopen failed: {e}"));
     cov.tables_loaded += u64::from(reopened.opened_from_tables());
+    if let Some(why) = reopened.tables_rejected() {
+        panic!("seed {seed}: after a clean reopen, the tables were rejected: {why}");
+    }
     reopened
         .verify_refcounts()
         .unwrap_or_else(|e| panic!("seed {seed}: after a clean reopen: {e}"));

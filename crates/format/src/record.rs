@@ -24,7 +24,10 @@
 //! 44          payload
 //! ```
 //! DATA payloads decompress to exactly `nblocks * 4096` bytes (a unit holds at
-//! most `UNIT_BLOCKS_MAX` = 16 blocks, so the live mask fits the flags). ZERO
+//! most `UNIT_BLOCKS_MAX` = 16 blocks, so the live mask fits the flags, and
+//! lies inside one aligned window of 16 blocks: `lba / 16` is the same for
+//! all its blocks, so every owner entry of a unit lies in that window of
+//! the map; a record that crosses it is invalid). ZERO
 //! and TRIM carry no payload. Records never span segments.
 use crate::*;
 
@@ -209,6 +212,13 @@ impl RecordHeader {
         }
         if h.lba.checked_add(u64::from(h.nblocks)).is_none() {
             return Err(FormatError::Invalid("lba range overflows"));
+        }
+        let window = u64::from(UNIT_BLOCKS_MAX);
+        if h.kind == RecordKind::Data
+            && h.nblocks >= 2
+            && h.lba / window != (h.lba + u64::from(h.nblocks) - 1) / window
+        {
+            return Err(FormatError::Invalid("a unit crosses its window"));
         }
         Ok(h)
     }
@@ -397,16 +407,24 @@ mod tests {
         h.codec = CodecTag::Zstd;
         h.level = 19;
         h.nblocks = 16;
+        h.lba = 992; // a unit lies in one aligned window of 16 blocks
         h.mask = 0b1010_0000_0000_0001;
         let rec = encode_record(&mut h, &payload);
         let (d, _) = RecordHeader::decode_verified(&rec).unwrap();
         assert_eq!(d, h);
-        assert!(d.maps(1000) && !d.maps(1001) && d.maps(1013) && d.maps(1015));
-        assert!(!d.maps(999) && !d.maps(1016));
+        assert!(d.maps(992) && !d.maps(993) && d.maps(1005) && d.maps(1007));
+        assert!(!d.maps(991) && !d.maps(1008));
         h.mask = 0; // a moved unit only dedup references hold
-        assert!((990..1020).all(|l| !h.maps(l)));
+        assert!((982..1020).all(|l| !h.maps(l)));
         h.mask = 0xffff;
-        assert!((1000..1016).all(|l| h.maps(l)));
+        assert!((992..1008).all(|l| h.maps(l)));
+        // A unit that crosses its window is rejected.
+        h.lba = 1000;
+        assert_eq!(
+            RecordHeader::decode(&h.encode_with_crc(0)),
+            Err(FormatError::Invalid("a unit crosses its window"))
+        );
+        h.lba = 992;
         // A mask on a single-block record, or beyond the unit, is rejected.
         h.nblocks = 1;
         h.mask = 1;

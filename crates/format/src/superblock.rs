@@ -8,7 +8,10 @@
 //!             auto (the codec below is then the strong, idle-time codec);
 //!             bit 2 = checkpoint commits may carry a resume position
 //!             (written outside the volume lock; set at create, and at
-//!             the first open for writing of an older volume); other bits 0
+//!             the first open for writing of an older volume); bits 3-7:
+//!             `FLAG_PAGED_MAP`, `FLAG_SEG_TABLES`, `FLAG_FP_TABLES`,
+//!             `FLAG_METADATA_DEVICE`, `FLAG_UNIT_WINDOWS` (below); other
+//!             bits 0
 //! 16     16   volume uuid (random)
 //! 32     8    logical_size_bytes   (multiple of 4096)
 //! 40     8    physical_size_bytes  (backing bytes the volume may use)
@@ -69,13 +72,20 @@ pub const FLAG_FP_TABLES: u32 = 32;
 /// follow the data segments in the volume's offset space. Binaries that
 /// predate it refuse the volume instead of missing half of it.
 pub const FLAG_METADATA_DEVICE: u32 = 64;
+/// Liveness tables hold a row for a unit (a record of several blocks)
+/// only while dedup references point into it: its owner entries all lie
+/// in its window of the map (`record`), where they are counted. Binaries
+/// that predate it refuse the volume instead of taking the units without
+/// a row for dead.
+pub const FLAG_UNIT_WINDOWS: u32 = 128;
 const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_AUTO_CODEC
     | FLAG_RESUME_AT_SNAPSHOT
     | FLAG_PAGED_MAP
     | FLAG_SEG_TABLES
     | FLAG_FP_TABLES
-    | FLAG_METADATA_DEVICE;
+    | FLAG_METADATA_DEVICE
+    | FLAG_UNIT_WINDOWS;
 
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;

@@ -10,14 +10,13 @@
 //! could all be written.
 use super::{rebuild, FpSnapshot, Geometry, LiveMap, Rebuilt, RebuiltSegments};
 use crate::dedup::{OffsetMap, SegShared, Shared, SharedTable, UnitLive};
-use crate::map::BlockMap;
-use crate::map::Page;
+use crate::map::{BlockMap, Page, PageSource, PAGE_BLOCKS};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
 use cvol_format::checkpoint::DIR_ENTRY_BYTES;
 use cvol_format::fprints::directory_tables;
-use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::tables::{
     TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_HEADER_BYTES, ROOT_BYTES, ROW_MAX_BYTES,
     TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
@@ -25,6 +24,7 @@ use cvol_format::tables::{
 
 // A table per segment: the shared table's share of a segment is its rows.
 const _: () = assert!(TABLE_SEGMENTS == 1);
+use cvol_format::superblock::FLAG_UNIT_WINDOWS;
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -314,7 +314,7 @@ impl LiveMap {
         replay: Replay<'_>,
     ) -> Result<(LiveMap, SegmentTable), Box<(BlockMap, String)>> {
         let originals = map.take_originals();
-        let tables = match tables_of(sb, &map, &t, originals, &replay) {
+        let tables = match tables_of(sb, &mut map, &t, originals, &replay) {
             Ok(x) => x,
             Err(e) => return Err(Box::new((map, e))),
         };
@@ -329,7 +329,7 @@ impl LiveMap {
 /// (`apply_replay`), and the records the map names are counted live.
 fn tables_of(
     sb: &Superblock,
-    map: &BlockMap,
+    map: &mut BlockMap,
     t: &LoadedTables,
     originals: Option<Vec<(usize, Arc<Page>)>>,
     replay: &Replay<'_>,
@@ -358,7 +358,7 @@ fn tables_of(
             books: &mut books,
             geometry,
         };
-        apply_replay(map, originals, replay.new_records, &mut tables)?;
+        apply_replay(map, originals, replay, &mut tables)?;
         shared.recount_extra();
     }
     count_map_records(map, geometry, &mut segs, &mut books)?;
@@ -376,7 +376,7 @@ fn tables_of(
 /// rebuild from `map` (whole in memory, nothing replayed since) gives.
 pub(crate) fn check_tables(
     sb: &Superblock,
-    map: &BlockMap,
+    map: &mut BlockMap,
     t: &LoadedTables,
 ) -> Result<(), String> {
     let none = HashMap::new();
@@ -385,6 +385,7 @@ pub(crate) fn check_tables(
         new_records: &[],
         needed: &none,
         open: None,
+        source: None,
     };
     let got = tables_of(sb, map, t, None, &replay)?;
     let fresh = rebuild(sb, map, None, &none, None)?;
@@ -450,6 +451,14 @@ fn load_group(
             let owners = u16::try_from(r.owners).map_err(|_| "table: unit owners")?;
             if r.refs == 0 && owners == 0 {
                 return Err("table: a unit without entries".into());
+            }
+            if r.refs == 0 {
+                if sb.flags & FLAG_UNIT_WINDOWS != 0 {
+                    return Err("table: a row for a unit no ref entry points at".into());
+                }
+                // A table of an older volume: the unit is live through its
+                // owner entries (its bytes are in the segment's).
+                continue;
             }
             units.push((
                 r.offset,
@@ -546,6 +555,18 @@ pub(crate) struct Replay<'a> {
     pub(crate) needed: &'a HashMap<u64, u64>,
     /// The log head (segment, seq).
     pub(crate) open: Option<(u64, u64)>,
+    /// Where to read what neither the tables nor the pages replayed say
+    /// (None: nothing was replayed).
+    pub(crate) source: Option<ReplaySource<'a>>,
+}
+
+/// What `apply_replay` may read: map pages, and record headers (the
+/// window of a unit that ref entries replayed point into, when the
+/// tables have no row for it and no owner entry of it changed).
+pub(crate) struct ReplaySource<'a> {
+    pub(crate) pages: &'a dyn PageSource,
+    /// The header of the record at an offset, None if it cannot be read.
+    pub(crate) header: &'a dyn Fn(u64) -> Option<RecordHeader>,
 }
 
 /// The tables being brought up to date.
@@ -570,6 +591,50 @@ struct Touched {
     crc: u32,
     unit: bool,
     mixed: bool,
+    /// For a unit: an LBA of its window (an owner entry that changed, or
+    /// its header's).
+    home: Option<u64>,
+}
+
+/// The pages roll-forward changed, before and after.
+struct Changed<'m> {
+    map: &'m BlockMap,
+    /// As read from their records (pages faulted in and left unchanged
+    /// too).
+    before: HashMap<usize, Arc<Page>>,
+    /// Changed since their records (those not in `before` were made by
+    /// roll-forward).
+    dirty: HashSet<usize>,
+}
+
+impl Changed<'_> {
+    /// Page `p` now (None: it has no entries).
+    fn now(&self, p: usize) -> Result<Option<&Page>, String> {
+        if !self.map.is_allocated(p) {
+            return Ok(None);
+        }
+        match self.map.resident(p) {
+            Some(page) => Ok(Some(page)),
+            None => Err(format!("map page {p} is not in memory")),
+        }
+    }
+
+    /// Page `p` as the checkpoint had it.
+    fn was(&self, p: usize) -> Result<Option<&Page>, String> {
+        match self.before.get(&p) {
+            Some(page) => Ok(Some(page)),
+            None if self.dirty.contains(&p) => Ok(None),
+            None => self.now(p),
+        }
+    }
+
+    /// Owner entries of the unit at `offset` in the window of `lba`:
+    /// (at the checkpoint, now).
+    fn window_owners(&self, lba: u64, offset: u64) -> Result<(u32, u32), String> {
+        let (p, i) = (lba as usize / PAGE_BLOCKS, lba as usize % PAGE_BLOCKS);
+        let count = |page: Option<&Page>| page.map_or(0, |pg| pg.window_owners(i, offset));
+        Ok((count(self.was(p)?), count(self.now(p)?)))
+    }
 }
 
 /// Brings tables of the snapshot up to date with the map: the entries of
@@ -577,18 +642,45 @@ struct Touched {
 /// they are; a record's entries elsewhere (pages it did not change) are
 /// what the snapshot's tables say minus those counted out. A record in no
 /// table had one owner entry if it was live at the snapshot, that is, if
-/// roll-forward did not append it (`new_records`).
+/// roll-forward did not append it (`new_records`). A unit's owner entries
+/// all lie in its window: they are counted there, before and after.
 fn apply_replay(
-    map: &BlockMap,
+    map: &mut BlockMap,
     originals: Vec<(usize, Arc<Page>)>,
-    new_records: &[u64],
+    replay: &Replay<'_>,
     t: &mut Tables<'_>,
 ) -> Result<(), String> {
+    let mut recs = changed_records(map, &originals, t.counters)?;
+    find_homes(map, &mut recs, replay.source.as_ref(), t.shared)?;
+    let changed = Changed {
+        map,
+        dirty: map.dirty_indexes().into_iter().collect(),
+        before: originals.into_iter().collect(),
+    };
+    let new_records: HashSet<u64> = replay.new_records.iter().copied().collect();
+    for (offset, d) in recs {
+        if d.unit {
+            apply_unit(&changed, offset, &d, t)?;
+        } else {
+            apply_record(offset, &d, new_records.contains(&offset), t)?;
+        }
+    }
+    Ok(())
+}
+
+/// The records the entries of the pages roll-forward changed point at,
+/// as they did and as they do; the map's counters brought up to date on
+/// the way.
+fn changed_records(
+    map: &BlockMap,
+    originals: &[(usize, Arc<Page>)],
+    counters: &mut MapCounters,
+) -> Result<OffsetMap<Touched>, String> {
     let mut pages: BTreeSet<usize> = originals.iter().map(|(p, _)| *p).collect();
     pages.extend(map.dirty_indexes());
-    let before: HashMap<usize, Arc<Page>> = originals.into_iter().collect();
+    let before: HashMap<usize, &Arc<Page>> = originals.iter().map(|(p, a)| (*p, a)).collect();
     let mut recs: OffsetMap<Touched> = OffsetMap::default();
-    let mut note = |e: MapEntry, now: bool| {
+    let mut note = |e: MapEntry, now: bool, lba: u64| {
         let EntryState::Data {
             offset,
             len,
@@ -604,6 +696,9 @@ fn apply_replay(
             (d.len, d.codec, d.crc, d.unit) = (len, Some(codec), e.crc, unit);
         }
         d.mixed |= d.unit != unit || d.len != len;
+        if unit && !is_ref {
+            d.home = Some(lba);
+        }
         let n = match (now, is_ref) {
             (false, true) => &mut d.refs_a,
             (false, false) => &mut d.owners_a,
@@ -617,25 +712,85 @@ fn apply_replay(
         let Some(now) = now.map_or(Some(None), |r| r.map(Some)) else {
             return Err("a page roll-forward changed is not in memory".into());
         };
-        let was = before.get(&p).map(|a| &**a);
+        let was = before.get(&p).map(|a| &***a);
         if was.zip(now).is_some_and(|(a, b)| std::ptr::eq(a, &**b)) {
             continue;
         }
-        Page::for_each_change(was, now.map(|b| &**b), &mut |a, b| {
-            t.counters.remove(a);
-            t.counters.add(b);
-            note(a, false);
-            note(b, true);
+        Page::for_each_change(was, now.map(|b| &**b), &mut |i, a, b| {
+            let lba = (p * PAGE_BLOCKS + i) as u64;
+            counters.remove(a);
+            counters.add(b);
+            note(a, false, lba);
+            note(b, true, lba);
         });
     }
-    let new_records: HashSet<u64> = new_records.iter().copied().collect();
-    for (offset, d) in recs {
-        apply_record(offset, &d, new_records.contains(&offset), t)?;
+    Ok(recs)
+}
+
+/// The windows of the units ref entries replayed point into that the
+/// tables have no row for and no changed owner entry names: from their
+/// records' headers, their window's page brought into memory.
+fn find_homes(
+    map: &mut BlockMap,
+    recs: &mut OffsetMap<Touched>,
+    source: Option<&ReplaySource<'_>>,
+    shared: &SharedTable,
+) -> Result<(), String> {
+    for (&offset, d) in recs.iter_mut() {
+        if !d.unit || d.home.is_some() || shared.unit(offset).is_some() {
+            continue;
+        }
+        let src = source.ok_or("a unit's window to find, and nothing to read it from")?;
+        let h = (src.header)(offset)
+            .filter(|h| h.kind == RecordKind::Data && h.nblocks >= 2 && (d.crc ^ h.crc) < h.nblocks)
+            .ok_or_else(|| {
+                format!("the header of the unit at {offset} does not name its blocks")
+            })?;
+        map.fault_in(h.lba, h.lba + 1, src.pages)?;
+        d.home = Some(h.lba);
     }
     Ok(())
 }
 
-/// `apply_replay` for one record.
+/// `apply_replay` for a unit: its owner entries counted in its window, its
+/// ref entries as for any record; a row while ref entries point at it.
+fn apply_unit(
+    changed: &Changed<'_>,
+    offset: u64,
+    d: &Touched,
+    t: &mut Tables<'_>,
+) -> Result<(), String> {
+    let bad = |what: &str| {
+        Err(format!(
+            "tables and map disagree on the unit at {offset}: {what}"
+        ))
+    };
+    if d.mixed {
+        return bad("entries of another shape");
+    }
+    let row = t.shared.unit(offset).copied();
+    let (owners_a, owners_b) = match (d.home, row) {
+        (Some(lba), _) => changed.window_owners(lba, offset)?,
+        (None, Some(r)) => (u32::from(r.owners), u32::from(r.owners)),
+        (None, None) => return bad("its window is unknown"),
+    };
+    if row.is_some_and(|r| u32::from(r.owners) != owners_a) {
+        return bad("its row counts other owners than its window holds");
+    }
+    let refs_s = row.map_or(0, |r| r.refs);
+    let Some(refs) = refs_s.checked_sub(d.refs_a).map(|r| r + d.refs_b) else {
+        return bad("more ref entries counted out than it had");
+    };
+    let Ok(owners) = u16::try_from(owners_b) else {
+        return bad("unit owners");
+    };
+    t.shared
+        .put_unit(offset, (refs > 0).then_some(UnitLive { refs, owners }));
+    let (was, is) = (refs_s + owners_a > 0, refs + owners_b > 0);
+    count_liveness(offset, d, was, is, t)
+}
+
+/// `apply_replay` for a single-block record.
 fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Result<(), String> {
     let bad = |what: &str| {
         Err(format!(
@@ -645,9 +800,7 @@ fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Resu
     if d.mixed {
         return bad("entries of another shape");
     }
-    let (refs_s, owners_s) = if d.unit {
-        (t.shared.unit(offset)).map_or((0, 0), |u| (u.refs, u32::from(u.owners)))
-    } else if let Some(s) = t.shared.record(offset) {
+    let (refs_s, owners_s) = if let Some(s) = t.shared.record(offset) {
         (s.refs, s.owners)
     } else if d.owners_a > 0 || !new {
         (0, 1)
@@ -661,20 +814,10 @@ fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Resu
         return bad("more entries counted out than it had");
     };
     let (refs, owners) = (refs_u + d.refs_b, owners_u + d.owners_b);
-    if !d.unit && owners > 1 {
+    if owners > 1 {
         return bad("two owners");
     }
-    if d.unit {
-        match u16::try_from(owners) {
-            Ok(owners) if refs + u32::from(owners) > 0 => {
-                t.shared.insert_unit(offset, UnitLive { refs, owners });
-            }
-            Ok(_) => {
-                t.shared.remove_unit(offset);
-            }
-            Err(_) => return bad("unit owners"),
-        }
-    } else if refs > 0 {
+    if refs > 0 {
         let s = Shared {
             refs,
             owners,
@@ -686,6 +829,22 @@ fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Resu
         t.shared.remove_record(offset);
     }
     let (was, is) = (refs_s + owners_s > 0, refs + owners > 0);
+    count_liveness(offset, d, was, is, t)
+}
+
+/// A replayed record was live (`was`) and is (`is`): its bytes follow.
+fn count_liveness(
+    offset: u64,
+    d: &Touched,
+    was: bool,
+    is: bool,
+    t: &mut Tables<'_>,
+) -> Result<(), String> {
+    let bad = |what: &str| {
+        Err(format!(
+            "tables and map disagree on the record at {offset}: {what}"
+        ))
+    };
     let s = t.geometry.segment_of(offset);
     let codec = d.codec.expect("set with the first entry");
     let payload = u64::from(d.len) - RECORD_HEADER_BYTES as u64;

@@ -139,10 +139,10 @@ impl Volume {
                 block,
                 target,
             } => {
-                let Some(target) = self.dup_target(st, target, fp, done)? else {
+                let Some((target, home)) = self.dup_target(st, target, fp, done)? else {
                     return Ok(Some(Orphan { lba, block, fp }));
                 };
-                self.commit_ref(st, lba, target, fp)?;
+                self.commit_ref(st, lba, target, fp, home)?;
                 done.insert(lba, target);
                 self.counters.dedup_hits.fetch_add(1, Ordering::Relaxed);
             }
@@ -191,18 +191,19 @@ impl Volume {
 
     /// The entry a verified duplicate may reference now, if any: a stored
     /// record that is still live and not being cleaned (else the index
-    /// forgets it), or an earlier block of this very commit.
+    /// forgets it), or an earlier block of this very commit; with the LBA
+    /// of an owner entry of it where there is one (a unit's home window).
     fn dup_target(
         &self,
         st: &mut State,
         target: DupTarget,
         fp: Fingerprint,
         done: &Committed,
-    ) -> Result<Option<MapEntry>, VolError> {
+    ) -> Result<Option<(MapEntry, Option<u64>)>, VolError> {
         match target {
             DupTarget::Record(e, owner) => {
                 if self.referable(st, e, owner)? {
-                    return Ok(Some(e));
+                    return Ok(Some((e, Some(owner))));
                 }
                 if let Some(mut ix) = self.lock_index()? {
                     ix.forget(fp, &e);
@@ -210,7 +211,10 @@ impl Volume {
                 Ok(None)
             }
             // Committed earlier in this very lock hold, so still live.
-            DupTarget::Earlier(l0) => Ok(done.get(&l0).copied()),
+            DupTarget::Earlier(l0) => Ok(done.get(&l0).map(|&e| {
+                let owner = matches!(e.state_valid(), EntryState::Data { shared: false, .. });
+                (e, owner.then_some(l0))
+            })),
         }
     }
 
@@ -230,13 +234,16 @@ impl Volume {
     }
 
     /// Points `lba` at the live record `target` (same content): a REF record
-    /// in the log, a ref entry in the map, no new data.
+    /// in the log, a ref entry in the map, no new data. `home`: an LBA of
+    /// the unit window of `target` if it is a unit (an owner's, or its
+    /// header's), its page in memory.
     pub(in crate::volume) fn commit_ref(
         &self,
         st: &mut State,
         lba: u64,
         target: MapEntry,
         fp: Fingerprint,
+        home: Option<u64>,
     ) -> Result<(), VolError> {
         self.fault(st, lba, lba + 1)?;
         if st.live.get(lba).same_record(&target) {
@@ -246,7 +253,7 @@ impl Volume {
         let mut payload = [0u8; REF_PAYLOAD_BYTES];
         e.encode(&mut payload);
         self.append(st, Shape::reference(lba), &payload)?;
-        st.set_entry(lba, e, fp);
+        st.live.set_with_home(&st.log.segments, lba, e, fp, home);
         debug_assert!(st.live.get(lba).same_record(&target));
         Ok(())
     }

@@ -19,7 +19,7 @@ use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::superblock::{
     FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_FP_TABLES, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT,
-    FLAG_SEG_TABLES,
+    FLAG_SEG_TABLES, FLAG_UNIT_WINDOWS,
 };
 use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};
 use cvol_format::{BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES, SECTOR_SIZE_BYTES};
@@ -85,7 +85,8 @@ pub(super) fn new_superblock(c: &CreateOptions) -> Superblock {
             | FLAG_RESUME_AT_SNAPSHOT
             | FLAG_PAGED_MAP
             | FLAG_SEG_TABLES
-            | FLAG_FP_TABLES,
+            | FLAG_FP_TABLES
+            | FLAG_UNIT_WINDOWS,
         metadata_segments: 0,
     }
 }
@@ -167,14 +168,17 @@ impl Volume {
     /// Marks a volume made before checkpoints resumed at their snapshot
     /// (`FLAG_RESUME_AT_SNAPSHOT`) or wrote a paged map (`FLAG_PAGED_MAP`)
     /// with liveness tables (`FLAG_SEG_TABLES`) and fingerprint tables
-    /// (`FLAG_FP_TABLES`) before this open writes
-    /// one, so that older binaries refuse it rather than misread its
-    /// commits. Each superblock copy is rewritten
+    /// (`FLAG_FP_TABLES`) without a row per unit (`FLAG_UNIT_WINDOWS`)
+    /// before this open writes one, so that older binaries refuse it
+    /// rather than misread its commits. Each superblock copy is rewritten
     /// whole (a sector-atomic write each); either copy, old or new, opens
     /// the volume here.
     fn upgrade_superblock(&mut self) -> Result<(), VolError> {
-        const NEW: u32 =
-            FLAG_RESUME_AT_SNAPSHOT | FLAG_PAGED_MAP | FLAG_SEG_TABLES | FLAG_FP_TABLES;
+        const NEW: u32 = FLAG_RESUME_AT_SNAPSHOT
+            | FLAG_PAGED_MAP
+            | FLAG_SEG_TABLES
+            | FLAG_FP_TABLES
+            | FLAG_UNIT_WINDOWS;
         if self.sb.flags & NEW == NEW {
             return Ok(());
         }
@@ -188,7 +192,7 @@ impl Volume {
                 .and_then(|()| self.storage.sync());
             self.guard(r.map_err(VolError::Io))?;
         }
-        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables (format flags 4, 8, 16, 32)");
+        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows (format flags 4, 8, 16, 32, 128)");
         self.sb = sb;
         Ok(())
     }
@@ -243,6 +247,16 @@ impl Volume {
     #[doc(hidden)]
     pub fn opened_from_tables(&self) -> bool {
         self.lock_state().is_ok_and(|st| st.live.loaded_tables())
+    }
+
+    /// Why open could not use the liveness tables its checkpoint named
+    /// and rebuilt them from the whole map, if it could not (a bug, or
+    /// damage: the simulations count it).
+    #[doc(hidden)]
+    pub fn tables_rejected(&self) -> Option<String> {
+        self.lock_state()
+            .ok()
+            .and_then(|st| st.live.tables_rejected().map(str::to_owned))
     }
 
     /// Flushes and checkpoints (a clean close). Safe to call more than once.
@@ -402,12 +416,29 @@ fn recovered_tables(
 ) -> Result<(LiveMap, crate::segments::SegmentTable), VolError> {
     let mut map = std::mem::replace(&mut r.map, crate::map::BlockMap::new(0));
     let clean = r.replayed_map_records == 0 || r.warnings.is_empty();
+    let mut rejected = None;
     if let Some(t) = r.tables.take().filter(|_| clean) {
+        let pages = recovery::LogPages {
+            storage,
+            sb,
+            buffered: None,
+        };
+        let header = |offset: u64| {
+            let mut b = [0u8; cvol_format::record::RECORD_HEADER_BYTES];
+            storage.read_at(offset, &mut b).ok()?;
+            cvol_format::record::RecordHeader::decode(&b)
+                .ok()
+                .filter(|h| h.volume_tag == sb.volume_tag())
+        };
         let replay = liveness::Replay {
             records: r.replayed_map_records,
             new_records: &r.new_records,
             needed: &r.needed_segments,
             open: head,
+            source: Some(liveness::ReplaySource {
+                pages: &pages,
+                header: &header,
+            }),
         };
         match LiveMap::from_tables(sb, map, t, replay) {
             Ok(x) => return Ok(x),
@@ -415,6 +446,7 @@ fn recovered_tables(
                 let (m, e) = *back;
                 tracing::warn!("liveness tables unusable ({e}): rebuilt from the map");
                 map = m;
+                rejected = Some(e);
             }
         }
     }
@@ -426,7 +458,9 @@ fn recovered_tables(
     };
     let tables = liveness::rebuild(sb, &map, Some(&src), &r.needed_segments, head)
         .map_err(|detail| VolError::Corrupt { lba: 0, detail })?;
-    Ok(LiveMap::recovered(sb, map, tables, r.replayed_map_records))
+    let (mut live, segs) = LiveMap::recovered(sb, map, tables, r.replayed_map_records);
+    live.set_tables_rejected(rejected);
+    Ok((live, segs))
 }
 
 /// The state of a recovered volume: the map with its tables rebuilt, the

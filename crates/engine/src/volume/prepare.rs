@@ -85,9 +85,12 @@ impl Volume {
             .collect()
     }
 
-    /// Blocks per merged compression unit (the window writes are cut at).
+    /// Blocks per merged compression unit (the window writes are cut at):
+    /// a power of two up to `UNIT_BLOCKS_MAX`, so that every unit lies
+    /// inside one aligned window of that many blocks (the format's rule).
     pub(in crate::volume) fn unit_blocks(&self) -> u64 {
-        u64::from(self.options.elastic.unit_blocks.clamp(1, UNIT_BLOCKS_MAX))
+        let n = self.options.elastic.unit_blocks.clamp(1, UNIT_BLOCKS_MAX);
+        u64::from(1u32 << n.ilog2())
     }
 
     /// Splits a write into records to commit: zero runs, blocks whose

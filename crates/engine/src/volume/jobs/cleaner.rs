@@ -475,7 +475,7 @@ impl Volume {
         }
         for (l, k) in refs {
             let e = MapEntry::unit(h.codec, offset, len, crc, k);
-            self.commit_ref(st, l, e, 0)?;
+            self.commit_ref(st, l, e, 0, Some(h.lba))?;
             moved.push(k);
         }
         assert!(st.live.shared().get(off).is_none(), "every holder moved");
@@ -545,7 +545,7 @@ impl Volume {
         let new = self.copy_record(st, v, f, owner, 0)?;
         st.set_entry(owner, new, fp);
         for &l in lbas.iter().filter(|&&l| l != owner) {
-            self.commit_ref(st, l, new, fp)?;
+            self.commit_ref(st, l, new, fp, None)?;
         }
         assert!(st.live.shared().get(offset).is_none(), "all holders moved");
         let fp = if fp != 0 { fp } else { v.fp(i, 0) };
