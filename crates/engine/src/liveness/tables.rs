@@ -260,6 +260,35 @@ impl LiveMap {
         }
     }
 
+    /// Whether the changed liveness tables are cheap beside the dirty map
+    /// pages a checkpoint writes anyway (at most a quarter of their
+    /// bytes, a page record taken as 1 KiB): then a checkpoint that falls
+    /// due early writes them too, and an open after a crash that follows
+    /// it need not rebuild them from the whole map. Each changed table
+    /// costs its record (~64 bytes) and ~8 bytes per row (records with
+    /// dedup references; units have rows only while those point into
+    /// them).
+    pub(crate) fn tables_cheap(&self) -> bool {
+        if self.map.tables() == 0 {
+            return true;
+        }
+        let pages = self.map.dirty_pages() as u64 * 1024;
+        let mut bytes = 0u64;
+        for (g, &stamp) in self.books.dirty.iter().enumerate() {
+            if stamp != 0 {
+                let rows = self
+                    .shared
+                    .segment(g as u64)
+                    .map_or(0, |s| s.records.len() + s.units.len());
+                bytes += 64 + 8 * rows as u64;
+                if bytes * 4 > pages {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// Upper bound on the log bytes of every table record (a checkpoint's
     /// reserve): per segment a record header, lz4's overhead, the group
     /// header, its live bytes, its first row's longer offset and a

@@ -298,7 +298,9 @@ impl Volume {
         st.changes_at_checkpoint = st.live.changes();
         st.map_records_moved = false;
         let since = st.log.appended_bytes - st.appended_at_tables;
-        let full = tables == Tables::Always || since >= self.options.checkpoint_interval_bytes;
+        let full = tables == Tables::Always
+            || since >= self.options.checkpoint_interval_bytes
+            || st.live.tables_cheap();
         Ok(CheckpointSnapshot {
             pages: st.live.dirty_pages(),
             tables: match full {
@@ -531,11 +533,13 @@ enum Tables {
     /// Always (explicit checkpoints: close, the cleaner, tools).
     Always,
     /// Only once `checkpoint_interval_bytes` of log were appended since the
-    /// last checkpoint that wrote them (checkpoints that fall due: with a
-    /// small `--map-cache` the dirty pages call for one every few thousand
-    /// random writes, and rewriting every segment's table each time cost
-    /// 0.72x the random-write IOPS). One that does not names no root, so
-    /// an open right after it rebuilds the tables from the map.
+    /// last checkpoint that wrote them, or when they are cheap beside the
+    /// dirty pages (`LiveMap::tables_cheap`; checkpoints that fall due:
+    /// with a small `--map-cache` the dirty pages call for one every few
+    /// thousand random writes, and rewriting every segment's table each
+    /// time cost 0.72x the random-write IOPS while units had rows). One
+    /// that does not names no root, so an open right after it rebuilds
+    /// the tables from the map.
     WhenDue,
 }
 
