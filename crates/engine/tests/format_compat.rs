@@ -9,10 +9,21 @@
 //! 4 KiB written and flushed, then killed (kill -9): recovery loads the old
 //! checkpoint and rolls forward from after its commit. Stored as its
 //! non-zero 512-byte sectors: (offset u64 LE, 512 bytes) each.
+//!
+//! `fixtures/unit-rows-volume.sectors`: a volume made by cvol while its
+//! liveness tables kept a row for every live unit (main at 223cb21), the
+//! same way: `create --size 8M --physical-size 3M`, served, 64 KiB at 0
+//! (16 blocks `A-block-kkkk;` repeated, four 16 KiB units) written, then
+//! block 2 of it again at 1 MiB (a dedup reference into the first unit),
+//! stopped cleanly (its tables: a row per unit, the first with a
+//! reference); served again, 16 KiB of `B-block-kkkk;` blocks at 0 (the
+//! first unit's owners all gone) and block 5 of A at 2 MiB (a reference
+//! into the second unit, whose row had none) written and flushed, then
+//! killed (kill -9). Made by `fixtures/make-unit-rows-volume.sh`.
 mod common;
 use cvol_engine::{check, OpenOptions, Volume};
-use cvol_format::superblock::FLAG_RESUME_AT_SNAPSHOT;
 use cvol_format::superblock::SUPERBLOCK_BYTES;
+use cvol_format::superblock::{FLAG_RESUME_AT_SNAPSHOT, FLAG_UNIT_WINDOWS};
 use cvol_format::{Superblock, SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
 use cvol_storage::{SimStorage, Storage};
 use std::sync::Arc;
@@ -20,7 +31,10 @@ use std::sync::Arc;
 const IMAGE_BYTES: u64 = 3 << 20;
 
 fn v1_volume() -> SimStorage {
-    let sectors = include_bytes!("fixtures/v1-volume.sectors");
+    volume_of(include_bytes!("fixtures/v1-volume.sectors"))
+}
+
+fn volume_of(sectors: &[u8]) -> SimStorage {
     let sim = SimStorage::new(IMAGE_BYTES);
     for s in sectors.chunks(8 + 512) {
         let at = u64::from_le_bytes(s[..8].try_into().unwrap());
@@ -105,4 +119,61 @@ fn an_older_volume_without_fingerprint_tables_is_warmed_from_its_data() {
     vol.write_at(5 << 20, &[0x62u8; 4096], false).unwrap();
     assert_eq!(vol.stats().dedup.dedup_hits, hits + 1);
     vol.close().unwrap();
+}
+
+/// Block `k` of the fixture's data `tag`: `{tag}-block-{k:04};` repeated.
+fn tagged_block(tag: &str, k: usize) -> Vec<u8> {
+    let head = format!("{tag}-block-{k:04};");
+    head.bytes().cycle().take(4096).collect()
+}
+
+fn assert_unit_rows_contents(vol: &Volume) {
+    let block = |lba: u64| {
+        let mut b = vec![0u8; 4096];
+        vol.read_at(lba * 4096, &mut b).unwrap();
+        b
+    };
+    for k in 0..16usize {
+        let want = if k < 4 {
+            tagged_block("B", k)
+        } else {
+            tagged_block("A", k)
+        };
+        assert!(block(k as u64) == want, "block {k}");
+    }
+    assert!(block(256) == tagged_block("A", 2), "the reference at 1 MiB");
+    assert!(block(512) == tagged_block("A", 5), "the reference at 2 MiB");
+}
+
+/// A volume whose tables have a row per unit opens from them (rows of
+/// units without references skipped), rolls forward a reference into a
+/// unit whose row it skipped (its window found from its header), and is
+/// marked so that the older binary refuses it.
+#[test]
+fn a_volume_with_a_row_per_unit_opens_from_its_tables_and_is_marked() {
+    let sim = volume_of(include_bytes!("fixtures/unit-rows-volume.sectors"));
+    for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
+        assert_eq!(flags(&sim, at) & FLAG_UNIT_WINDOWS, 0, "predates the flag");
+    }
+    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    assert_eq!(vol.tables_rejected(), None);
+    assert!(vol.opened_from_tables(), "tables and the pages replayed");
+    vol.verify_refcounts().unwrap();
+    for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
+        assert_ne!(flags(&sim, at) & FLAG_UNIT_WINDOWS, 0);
+    }
+    assert_unit_rows_contents(&vol);
+    assert_eq!(vol.stats().dedup.dedup_shared_records, 2);
+    // The reference into the first unit goes: it dies (its owners went).
+    vol.write_at(1 << 20, &tagged_block("C", 0), false).unwrap();
+    vol.verify_refcounts().unwrap();
+    assert_eq!(vol.stats().dedup.dedup_shared_records, 1);
+    vol.close().unwrap();
+    drop(vol);
+    let report = check::check_volume(&sim, &mut |_, _| {});
+    assert!(report.consistent(), "{report:?}");
+    let vol = Volume::open(Arc::new(sim), OpenOptions::default()).unwrap();
+    assert!(vol.opened_from_tables());
+    vol.verify_refcounts().unwrap();
+    assert_eq!(vol.stats().dedup.dedup_shared_records, 1);
 }
