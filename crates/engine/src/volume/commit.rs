@@ -210,11 +210,11 @@ impl Volume {
                 }
                 Ok(None)
             }
-            // Committed earlier in this very lock hold, so still live.
-            DupTarget::Earlier(l0) => Ok(done.get(&l0).map(|&e| {
-                let owner = matches!(e.state_valid(), EntryState::Data { shared: false, .. });
-                (e, owner.then_some(l0))
-            })),
+            // Committed earlier in this very lock hold, so still live; l0
+            // is its home if it holds the entry itself (not a ref to it).
+            DupTarget::Earlier(l0) => Ok(done
+                .get(&l0)
+                .map(|&e| (e, (st.live.get(l0) == e).then_some(l0)))),
         }
     }
 
