@@ -66,10 +66,7 @@ struct UnitBefore {
 
 /// Is `e` a ref entry to (a block of) the unit at `offset`?
 fn is_unit_ref_of(e: MapEntry, offset: u64) -> bool {
-    matches!(
-        e.state_valid(),
-        EntryState::Data { offset: o, unit: true, shared: true, .. } if o == offset
-    )
+    e.is_unit_ref_of(offset)
 }
 
 /// The block map and the tables derived from it.

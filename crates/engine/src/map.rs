@@ -26,10 +26,7 @@ const _: () = assert!(PAGE_BLOCKS.is_multiple_of(UNIT_WINDOW_BLOCKS));
 
 /// Is `e` an owner entry of the unit at `offset`?
 pub fn is_unit_owner_of(e: MapEntry, offset: u64) -> bool {
-    matches!(
-        e.state_valid(),
-        cvol_format::EntryState::Data { offset: o, unit: true, shared: false, .. } if o == offset
-    )
+    e.is_unit_owner_of(offset)
 }
 
 const DIR_SLOTS: usize = DIR_PAGES as usize;

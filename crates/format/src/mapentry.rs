@@ -170,6 +170,18 @@ impl MapEntry {
         }
     }
 
+    /// An owner entry of (a block of) the unit whose record is at
+    /// `offset` (a fast test on the raw bits: unit windows are scanned on
+    /// every change of a unit block).
+    pub fn is_unit_owner_of(&self, offset: u64) -> bool {
+        self.loc & OFFSET_MASK == offset && matches!(self.loc >> STATE_SHIFT, 8..=10)
+    }
+
+    /// A ref entry to (a block of) the unit whose record is at `offset`.
+    pub fn is_unit_ref_of(&self, offset: u64) -> bool {
+        self.loc & OFFSET_MASK == offset && matches!(self.loc >> STATE_SHIFT, 11..=13)
+    }
+
     /// State of an entry known valid (in-memory map). Panics on a corrupt entry.
     pub fn state_valid(&self) -> EntryState {
         self.state().expect("in-memory map entry is valid")
@@ -198,6 +210,25 @@ impl MapEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unit_owner_and_ref_tests_match_the_state() {
+        let owner = MapEntry::unit(CodecTag::Lz4, 1 << 20, 300, 7, 2);
+        let refe = owner.as_ref_entry();
+        let single = MapEntry::data(CodecTag::Lz4, 1 << 20, 300, 7);
+        assert!(owner.is_unit_owner_of(1 << 20) && !owner.is_unit_ref_of(1 << 20));
+        assert!(refe.is_unit_ref_of(1 << 20) && !refe.is_unit_owner_of(1 << 20));
+        assert!(!owner.is_unit_owner_of((1 << 20) + 1));
+        for e in [
+            single,
+            single.as_ref_entry(),
+            MapEntry::ZERO,
+            MapEntry::UNMAPPED,
+        ] {
+            assert!(!e.is_unit_owner_of(1 << 20) && !e.is_unit_ref_of(1 << 20));
+            assert!(!e.is_unit_owner_of(0) && !e.is_unit_ref_of(0));
+        }
+    }
 
     #[test]
     fn states_roundtrip() {
