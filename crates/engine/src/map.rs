@@ -24,6 +24,12 @@ pub const PAGE_BLOCKS: usize = MAP_PAGE_BLOCKS as usize;
 pub const UNIT_WINDOW_BLOCKS: usize = cvol_format::record::UNIT_BLOCKS_MAX as usize;
 const _: () = assert!(PAGE_BLOCKS.is_multiple_of(UNIT_WINDOW_BLOCKS));
 
+/// What identifies a unit's record in its entries' crc (the record's crc
+/// xor the block index, below 16): all but the low 4 bits.
+pub fn unit_identity(entry_crc: u32) -> u32 {
+    entry_crc & !(UNIT_WINDOW_BLOCKS as u32 - 1)
+}
+
 /// Is `e` an owner entry of the unit at `offset`?
 pub fn is_unit_owner_of(e: MapEntry, offset: u64) -> bool {
     e.is_unit_owner_of(offset)
@@ -81,10 +87,19 @@ impl Page {
 
     /// `BlockMap::window_owners` for entry `i` of this page.
     pub fn window_owners(&self, i: usize, offset: u64) -> u32 {
+        self.window_owners_of(i, offset, None)
+    }
+
+    /// `window_owners`, counting only the entries of the record whose
+    /// identity (`unit_identity`) is `ident`, if given: two records at one
+    /// offset (a segment reused) are told apart.
+    pub fn window_owners_of(&self, i: usize, offset: u64, ident: Option<u32>) -> u32 {
         let w = UNIT_WINDOW_BLOCKS;
         let first = i / w * w;
         (first..first + w)
-            .filter(|&j| is_unit_owner_of(self.entry(j), offset))
+            .map(|j| self.entry(j))
+            .filter(|&e| is_unit_owner_of(e, offset))
+            .filter(|e| ident.is_none_or(|id| unit_identity(e.crc) == id))
             .count() as u32
     }
 

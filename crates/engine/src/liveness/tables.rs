@@ -10,7 +10,7 @@
 //! could all be written.
 use super::{rebuild, FpSnapshot, Geometry, LiveMap, Rebuilt, RebuiltSegments};
 use crate::dedup::{OffsetMap, SegShared, Shared, SharedTable, UnitLive};
-use crate::map::{BlockMap, Page, PageSource, PAGE_BLOCKS};
+use crate::map::{unit_identity, BlockMap, Page, PageSource, PAGE_BLOCKS};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
@@ -623,7 +623,17 @@ struct Touched {
     /// For a unit: an LBA of its window (an owner entry that changed, or
     /// its header's).
     home: Option<u64>,
+    /// Another record held its offset at the snapshot (its segment was
+    /// emptied, freed by a flush and reused since): this one had no entry
+    /// then, and no row of the tables is its.
+    fresh: bool,
 }
+
+/// A record among those roll-forward's changes point at: its offset, its
+/// identity (the crc its entries carry; for a unit, `unit_identity`) and
+/// whether it is a unit. One offset may name two records: one live at the
+/// snapshot, and one appended after its segment was reused.
+type RecordKey = (u64, u32, bool);
 
 /// The pages roll-forward changed, before and after.
 struct Changed<'m> {
@@ -659,9 +669,10 @@ impl Changed<'_> {
 
     /// Owner entries of the unit at `offset` in the window of `lba`:
     /// (at the checkpoint, now).
-    fn window_owners(&self, lba: u64, offset: u64) -> Result<(u32, u32), String> {
+    fn window_owners(&self, lba: u64, offset: u64, ident: u32) -> Result<(u32, u32), String> {
         let (p, i) = (lba as usize / PAGE_BLOCKS, lba as usize % PAGE_BLOCKS);
-        let count = |page: Option<&Page>| page.map_or(0, |pg| pg.window_owners(i, offset));
+        let count =
+            |page: Option<&Page>| page.map_or(0, |pg| pg.window_owners_of(i, offset, Some(ident)));
         Ok((count(self.was(p)?), count(self.now(p)?)))
     }
 }
@@ -687,8 +698,12 @@ fn apply_replay(
         before: originals.into_iter().collect(),
     };
     let new_records: HashSet<u64> = replay.new_records.iter().copied().collect();
-    for (offset, d) in recs {
-        if d.unit {
+    // The record an offset held at the snapshot first (it died before its
+    // segment was reused), then the one appended there since.
+    let mut order: Vec<(RecordKey, Touched)> = recs.into_iter().collect();
+    order.sort_unstable_by_key(|&((offset, ..), ref d)| (offset, d.fresh));
+    for ((offset, _, unit), d) in order {
+        if unit {
             apply_unit(&changed, offset, &d, t)?;
         } else {
             apply_record(offset, &d, new_records.contains(&offset), t)?;
@@ -704,11 +719,11 @@ fn changed_records(
     map: &BlockMap,
     originals: &[(usize, Arc<Page>)],
     counters: &mut MapCounters,
-) -> Result<OffsetMap<Touched>, String> {
+) -> Result<HashMap<RecordKey, Touched>, String> {
     let mut pages: BTreeSet<usize> = originals.iter().map(|(p, _)| *p).collect();
     pages.extend(map.dirty_indexes());
     let before: HashMap<usize, &Arc<Page>> = originals.iter().map(|(p, a)| (*p, a)).collect();
-    let mut recs: OffsetMap<Touched> = OffsetMap::default();
+    let mut recs: HashMap<RecordKey, Touched> = HashMap::new();
     let mut note = |e: MapEntry, now: bool, lba: u64| {
         let EntryState::Data {
             offset,
@@ -720,7 +735,8 @@ fn changed_records(
         else {
             return;
         };
-        let d = recs.entry(offset).or_default();
+        let ident = if unit { unit_identity(e.crc) } else { e.crc };
+        let d = recs.entry((offset, ident, unit)).or_default();
         if d.codec.is_none() {
             (d.len, d.codec, d.crc, d.unit) = (len, Some(codec), e.crc, unit);
         }
@@ -753,6 +769,14 @@ fn changed_records(
             note(b, true, lba);
         });
     }
+    // Where one offset names several records, those without an entry at
+    // the snapshot are fresh.
+    let mut per_offset: OffsetMap<u32> = OffsetMap::default();
+    recs.keys()
+        .for_each(|&(o, ..)| *per_offset.entry(o).or_default() += 1);
+    for (&(offset, ..), d) in recs.iter_mut() {
+        d.fresh = per_offset[&offset] > 1 && d.refs_a + d.owners_a == 0;
+    }
     Ok(recs)
 }
 
@@ -761,12 +785,13 @@ fn changed_records(
 /// records' headers, their window's page brought into memory.
 fn find_homes(
     map: &mut BlockMap,
-    recs: &mut OffsetMap<Touched>,
+    recs: &mut HashMap<RecordKey, Touched>,
     source: Option<&ReplaySource<'_>>,
     shared: &SharedTable,
 ) -> Result<(), String> {
-    for (&offset, d) in recs.iter_mut() {
-        if !d.unit || d.home.is_some() || shared.unit(offset).is_some() {
+    for (&(offset, ..), d) in recs.iter_mut() {
+        let row = shared.unit(offset).is_some() && !d.fresh;
+        if !d.unit || d.home.is_some() || row {
             continue;
         }
         let src = source.ok_or("a unit's window to find, and nothing to read it from")?;
@@ -797,9 +822,12 @@ fn apply_unit(
     if d.mixed {
         return bad("entries of another shape");
     }
-    let row = t.shared.unit(offset).copied();
+    let row = t.shared.unit(offset).copied().filter(|_| !d.fresh);
+    if d.fresh && t.shared.unit(offset).is_some() {
+        return bad("the record its offset held at the snapshot is still live");
+    }
     let (owners_a, owners_b) = match (d.home, row) {
-        (Some(lba), _) => changed.window_owners(lba, offset)?,
+        (Some(lba), _) => changed.window_owners(lba, offset, unit_identity(d.crc))?,
         (None, Some(r)) => (u32::from(r.owners), u32::from(r.owners)),
         (None, None) => return bad("its window is unknown"),
     };
@@ -829,8 +857,14 @@ fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Resu
     if d.mixed {
         return bad("entries of another shape");
     }
-    let (refs_s, owners_s) = if let Some(s) = t.shared.record(offset) {
+    let row = t.shared.record(offset).filter(|_| !d.fresh);
+    if row.is_some_and(|s| s.crc != d.crc) || (d.fresh && t.shared.record(offset).is_some()) {
+        return bad("a row of another record at its offset");
+    }
+    let (refs_s, owners_s) = if let Some(s) = row {
         (s.refs, s.owners)
+    } else if d.fresh {
+        (0, 0)
     } else if d.owners_a > 0 || !new {
         (0, 1)
     } else {
@@ -895,4 +929,65 @@ fn count_liveness(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (e2e kill9, about one run in eight): a flush freed a
+    /// segment whose unit, live at the snapshot, had died, and a unit of
+    /// the same length appended after its reuse sat at the same offset.
+    /// Keyed by offset alone, roll-forward's accounting took the two for
+    /// one record (counting the first's window for both: the second's
+    /// bytes were never counted live).
+    #[test]
+    fn regression_a_reused_offset_names_two_records() {
+        let (o, len) = (5u64 << 20, 300u32);
+        let (crc_x, crc_y) = (0xAAAA_0000u32, 0xBBBB_0000u32);
+        for y_first in [4u64, 16] {
+            // y_first 4: the second unit in the first's window; 16: in the next.
+            let mut map = BlockMap::new(1024);
+            for k in 0..4u64 {
+                map.set(k, MapEntry::unit(CodecTag::Lz4, o, len, crc_x, k as u32));
+            }
+            let before = Arc::clone(map.resident(0).expect("page 0"));
+            for k in 0..4u64 {
+                let single = MapEntry::data(CodecTag::Lz4, (6 << 20) + k * 400, 300, k as u32 + 1);
+                map.set(k, single);
+                let y = MapEntry::unit(CodecTag::Lz4, o, len, crc_y, k as u32);
+                map.set(y_first + k, y);
+            }
+            let originals = vec![(0usize, before)];
+            let mut counters = MapCounters {
+                data_blocks: 100,
+                codec_blocks: [0, 100, 0],
+                ..MapCounters::default()
+            };
+            let recs = changed_records(&map, &originals, &mut counters).unwrap();
+            let x = &recs[&(o, unit_identity(crc_x), true)];
+            let y = &recs[&(o, unit_identity(crc_y), true)];
+            assert!(
+                !x.fresh && y.fresh,
+                "the record at the snapshot is not fresh"
+            );
+            assert_eq!(
+                (x.owners_a, x.owners_b, y.owners_a, y.owners_b),
+                (4, 0, 0, 4)
+            );
+            let changed = Changed {
+                map: &map,
+                dirty: map.dirty_indexes().into_iter().collect(),
+                before: originals.into_iter().collect(),
+            };
+            let count = |d: &Touched| {
+                let home = d.home.expect("an owner changed");
+                changed
+                    .window_owners(home, o, unit_identity(d.crc))
+                    .unwrap()
+            };
+            assert_eq!(count(x), (4, 0), "the first died");
+            assert_eq!(count(y), (0, 4), "the second was born");
+        }
+    }
 }
