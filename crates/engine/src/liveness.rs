@@ -14,7 +14,7 @@
 //! while any entry points at it, and then its bytes count once in its
 //! segment's live bytes and in the stored bytes.
 use crate::dedup::{Fingerprint, OffsetMap, Shared, SharedTable, UnitLive};
-use crate::map::{is_unit_owner_of, BlockMap, Page, PageSource};
+use crate::map::{BlockMap, Page, PageSource};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
@@ -62,11 +62,6 @@ struct UnitBefore {
     codec: CodecTag,
     refs: u32,
     owners: u32,
-}
-
-/// Is `e` a ref entry to (a block of) the unit at `offset`?
-fn is_unit_ref_of(e: MapEntry, offset: u64) -> bool {
-    e.is_unit_ref_of(offset)
 }
 
 /// The block map and the tables derived from it.
@@ -295,10 +290,10 @@ impl LiveMap {
             Some(row) => (row.refs, u32::from(row.owners)),
             None => {
                 assert!(
-                    !is_unit_ref_of(old, offset),
+                    !old.is_unit_ref_of(offset),
                     "a ref entry to the unit at {offset}, which has no row"
                 );
-                let at = if is_unit_owner_of(old, offset) || is_unit_owner_of(e, offset) {
+                let at = if old.is_unit_owner_of(offset) || e.is_unit_owner_of(offset) {
                     lba
                 } else {
                     home.unwrap_or_else(|| {
@@ -333,10 +328,10 @@ impl LiveMap {
                 .checked_sub(u32::from(lose))
                 .unwrap_or_else(|| panic!("entries of the unit at {o} underflow"))
         };
-        let refs = step(u.refs, is_unit_ref_of(e, o), is_unit_ref_of(old, o));
-        let owners = step(u.owners, is_unit_owner_of(e, o), is_unit_owner_of(old, o));
+        let refs = step(u.refs, e.is_unit_ref_of(o), old.is_unit_ref_of(o));
+        let owners = step(u.owners, e.is_unit_owner_of(o), old.is_unit_owner_of(o));
         debug_assert!(
-            !(is_unit_owner_of(old, o) || is_unit_owner_of(e, o))
+            !(old.is_unit_owner_of(o) || e.is_unit_owner_of(o))
                 || self.shared.unit(o).is_some()
                 || self.map.window_owners(lba, o) == owners,
             "the owners of the unit at {o} lie outside its window"
@@ -346,15 +341,17 @@ impl LiveMap {
             owners: u16::try_from(owners).expect("a unit has at most 16 blocks"),
         });
         let (was, is) = (u.refs + u.owners > 0, refs + owners > 0);
-        if row.as_ref() != self.shared.unit(o) {
+        let row_changed = row.as_ref() != self.shared.unit(o);
+        if row_changed {
             self.shared.put_unit(o, row);
+        }
+        if row_changed || was != is {
+            // Its segment's table (its row, or the live bytes) changed.
             self.books.touch(self.geometry.segment_of(o));
         }
         if is && !was {
-            self.books.touch(self.geometry.segment_of(o));
             self.record_born(segs, o, u.len, u.codec);
         } else if was && !is {
-            self.books.touch(self.geometry.segment_of(o));
             self.record_died(o, u.len, u.codec);
         }
     }

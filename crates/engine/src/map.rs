@@ -30,11 +30,6 @@ pub fn unit_identity(entry_crc: u32) -> u32 {
     entry_crc & !(UNIT_WINDOW_BLOCKS as u32 - 1)
 }
 
-/// Is `e` an owner entry of the unit at `offset`?
-pub fn is_unit_owner_of(e: MapEntry, offset: u64) -> bool {
-    e.is_unit_owner_of(offset)
-}
-
 const DIR_SLOTS: usize = DIR_PAGES as usize;
 
 #[derive(Clone)]
@@ -85,20 +80,16 @@ impl Page {
         }
     }
 
-    /// `BlockMap::window_owners` for entry `i` of this page.
-    pub fn window_owners(&self, i: usize, offset: u64) -> u32 {
-        self.window_owners_of(i, offset, None)
-    }
-
-    /// `window_owners`, counting only the entries of the record whose
-    /// identity (`unit_identity`) is `ident`, if given: two records at one
-    /// offset (a segment reused) are told apart.
-    pub fn window_owners_of(&self, i: usize, offset: u64, ident: Option<u32>) -> u32 {
+    /// `BlockMap::window_owners` for entry `i` of this page, counting only
+    /// the entries of the record whose identity (`unit_identity`) is
+    /// `ident`, if given: two records at one offset (a segment reused
+    /// between a checkpoint and a crash) are told apart.
+    pub fn window_owners(&self, i: usize, offset: u64, ident: Option<u32>) -> u32 {
         let w = UNIT_WINDOW_BLOCKS;
         let first = i / w * w;
         (first..first + w)
             .map(|j| self.entry(j))
-            .filter(|&e| is_unit_owner_of(e, offset))
+            .filter(|e| e.is_unit_owner_of(offset))
             .filter(|e| ident.is_none_or(|id| unit_identity(e.crc) == id))
             .count() as u32
     }
@@ -307,7 +298,7 @@ impl BlockMap {
             assert!(!bit(&self.allocated, p), "map page {p} not faulted in");
             return 0;
         };
-        page.window_owners(i, offset)
+        page.window_owners(i, offset, None)
     }
 
     /// Sets an entry, returning the previous one. Its page must be in

@@ -81,12 +81,17 @@ fn round(sim: &SimStorage, seed: u64, options: OpenOptions) -> SimStorage {
     crashed
 }
 
-#[test]
-fn background_checkpoints_keep_the_tables_exact_across_crashes() {
-    let seeds = std::env::var("CVOL_CONCURRENT_ROUNDS")
+/// Rounds per test: `CVOL_CONCURRENT_ROUNDS`, default 4.
+fn rounds() -> u64 {
+    std::env::var("CVOL_CONCURRENT_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(4u64);
+        .unwrap_or(4)
+}
+
+#[test]
+fn background_checkpoints_keep_the_tables_exact_across_crashes() {
+    let seeds = rounds();
     let sim = SimStorage::new(160 * MIB);
     common::create_closed(&sim, &common::options(&sim, 64 * MIB));
     let mut sim = sim;
@@ -122,10 +127,7 @@ fn background_checkpoints_keep_the_tables_exact_across_crashes() {
 /// reproducer.
 #[test]
 fn a_replay_over_reused_segments_keeps_the_tables_exact() {
-    let rounds = std::env::var("CVOL_CONCURRENT_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4u64);
+    let rounds = rounds();
     let sim = SimStorage::new(512 * MIB);
     let opts = common::options(&sim, 64 * MIB).with_segment_size(4 * MIB);
     common::create_closed(&sim, &opts);

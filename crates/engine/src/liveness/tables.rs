@@ -672,7 +672,7 @@ impl Changed<'_> {
     fn window_owners(&self, lba: u64, offset: u64, ident: u32) -> Result<(u32, u32), String> {
         let (p, i) = (lba as usize / PAGE_BLOCKS, lba as usize % PAGE_BLOCKS);
         let count =
-            |page: Option<&Page>| page.map_or(0, |pg| pg.window_owners_of(i, offset, Some(ident)));
+            |page: Option<&Page>| page.map_or(0, |pg| pg.window_owners(i, offset, Some(ident)));
         Ok((count(self.was(p)?), count(self.now(p)?)))
     }
 }
@@ -806,6 +806,14 @@ fn find_homes(
     Ok(())
 }
 
+/// Why `apply_replay` gives up on the record at `offset` (open then
+/// rebuilds the tables from the map).
+fn disagree(offset: u64, what: &str) -> Result<(), String> {
+    Err(format!(
+        "tables and map disagree on the record at {offset}: {what}"
+    ))
+}
+
 /// `apply_replay` for a unit: its owner entries counted in its window, its
 /// ref entries as for any record; a row while ref entries point at it.
 fn apply_unit(
@@ -814,11 +822,7 @@ fn apply_unit(
     d: &Touched,
     t: &mut Tables<'_>,
 ) -> Result<(), String> {
-    let bad = |what: &str| {
-        Err(format!(
-            "tables and map disagree on the unit at {offset}: {what}"
-        ))
-    };
+    let bad = |what: &str| disagree(offset, what);
     if d.mixed {
         return bad("entries of another shape");
     }
@@ -849,11 +853,7 @@ fn apply_unit(
 
 /// `apply_replay` for a single-block record.
 fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Result<(), String> {
-    let bad = |what: &str| {
-        Err(format!(
-            "tables and map disagree on the record at {offset}: {what}"
-        ))
-    };
+    let bad = |what: &str| disagree(offset, what);
     if d.mixed {
         return bad("entries of another shape");
     }
@@ -903,11 +903,7 @@ fn count_liveness(
     is: bool,
     t: &mut Tables<'_>,
 ) -> Result<(), String> {
-    let bad = |what: &str| {
-        Err(format!(
-            "tables and map disagree on the record at {offset}: {what}"
-        ))
-    };
+    let bad = |what: &str| disagree(offset, what);
     let s = t.geometry.segment_of(offset);
     let codec = d.codec.expect("set with the first entry");
     let payload = u64::from(d.len) - RECORD_HEADER_BYTES as u64;
