@@ -178,6 +178,11 @@ pub struct VolumeStats {
     pub checkpoints_written: u64,
     pub checkpoint_last_bytes: u64,
     pub checkpoint_last_seconds: f64,
+    /// Times the fingerprint rows in memory were written as their tables
+    /// between checkpoints (without rewriting the dirty map pages), and
+    /// the log bytes those tables took.
+    pub fingerprint_spills: u64,
+    pub fingerprint_spill_bytes: u64,
     pub last_seq: u64,
     pub epoch: u32,
     pub read_only: bool,

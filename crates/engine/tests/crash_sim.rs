@@ -240,6 +240,8 @@ struct Coverage {
     warm_table_fingerprints: u64,
     /// Seeds whose metadata was on a separate device.
     metadata_device_seeds: u64,
+    /// Fingerprint tables written between checkpoints.
+    fingerprint_spills: u64,
 }
 
 impl Coverage {
@@ -256,7 +258,9 @@ impl Coverage {
             tables_loaded,
             warm_table_fingerprints,
             metadata_device_seeds,
+            fingerprint_spills,
         } = o;
+        self.fingerprint_spills += fingerprint_spills;
         self.cleaner_records_moved += cleaner_records_moved;
         self.cut_mid_run += cut_mid_run;
         self.blocks_rolled_back += blocks_rolled_back;
@@ -297,6 +301,11 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     let options = || OpenOptions {
         elastic: sim::elastic(&mut StdRng::seed_from_u64(seed)),
         map_cache_bytes: (seed % 2 == 1).then_some(0),
+        // A third of the seeds spill fingerprint rows every ~20 blocks.
+        fingerprint_spill_bytes: match seed % 3 {
+            0 => 512,
+            _ => OpenOptions::default().fingerprint_spill_bytes,
+        },
         ..OpenOptions::default()
     };
     let mut vol = store.open(options()).expect("open");
@@ -315,6 +324,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         let st = vol.stats();
         cov.cleaner_records_moved += st.cleaner.cleaner_records_relocated;
         cov.dedup_hits += st.dedup.dedup_hits;
+        cov.fingerprint_spills += st.fingerprint_spills;
         cov.units_written += st.elastic.units_written;
         cov.recompressed_blocks += st.elastic.recompressed_blocks;
         cov.idle_clean_passes += st.cleaner.idle_clean_passes;
@@ -391,7 +401,7 @@ fn crash_simulation_seeds() {
          {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits, \
          {} units written, {} blocks recompressed, {} idle cleaning passes, \
          {} opens from persisted tables, {} fingerprints warmed from tables, \
-         {} seeds with a metadata device",
+         {} seeds with a metadata device, {} fingerprint spills",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
@@ -402,7 +412,12 @@ fn crash_simulation_seeds() {
         cov.idle_clean_passes,
         cov.tables_loaded,
         cov.warm_table_fingerprints,
-        cov.metadata_device_seeds
+        cov.metadata_device_seeds,
+        cov.fingerprint_spills
+    );
+    assert!(
+        cov.fingerprint_spills > 0,
+        "no fingerprint rows were ever spilled"
     );
     // The simulation must actually lose unflushed data sometimes, or it tests nothing.
     assert!(cov.cut_mid_run > n / 2 && cov.blocks_rolled_back > 0 && cov.blocks_kept_unflushed > 0);

@@ -63,6 +63,11 @@ fn setup(rng: &mut StdRng, store: &SimStorage, seed: u64) -> (CreateOptions, Ope
         // Odd seeds keep no clean map page in memory: nearly every
         // operation reads back the pages it touches.
         map_cache_bytes: (seed % 2 == 1).then_some(0),
+        // A third of the seeds spill fingerprint rows every ~20 blocks.
+        fingerprint_spill_bytes: match seed % 3 {
+            0 => 512,
+            _ => OpenOptions::default().fingerprint_spill_bytes,
+        },
         ..OpenOptions::default()
     };
     (create, open)

@@ -138,3 +138,96 @@ fn the_cleaner_moves_fingerprint_tables_with_their_rows() {
     assert_eq!(vol.stats().dedup.dedup_hits - before, 453);
     common::close_and_check(vol, &sim);
 }
+
+/// Options whose fingerprint rows spill every ~40 blocks appended.
+fn spilling() -> cvol_engine::OpenOptions {
+    cvol_engine::OpenOptions {
+        fingerprint_spill_bytes: 1024,
+        ..cvol_engine::OpenOptions::default()
+    }
+}
+
+/// Writes `n` incompressible blocks from `first_lba`, a FLUSH every 25
+/// (a flush spills the rows when they are due, with no checkpointer).
+fn write_random_flushed(vol: &Volume, first_lba: u64, n: u64, seed: u64) {
+    for k in (0..n).step_by(25) {
+        let len = (n - k).min(25);
+        write_random_from(vol, first_lba + k, len, seed, k);
+        vol.flush().unwrap();
+    }
+}
+
+/// `write_random`'s blocks `skip..skip + n` of stream `seed`, at `first_lba`.
+fn write_random_from(vol: &Volume, first_lba: u64, n: u64, seed: u64, skip: u64) {
+    use rand::{RngCore, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut data = vec![0u8; BS];
+    for _ in 0..skip {
+        rng.fill_bytes(&mut data);
+    }
+    for i in 0..n {
+        rng.fill_bytes(&mut data);
+        vol.write_at((first_lba + i) * BS as u64, &data, false)
+            .unwrap();
+    }
+}
+
+#[test]
+fn spilled_tables_are_written_without_a_checkpoint_and_named_by_the_next() {
+    // 600 raw blocks fill ~5 parts of 512 KiB: the rows of each part the
+    // head has left are written as its table by a flush, no checkpoint.
+    let sim = SimStorage::new(64 * MIB);
+    common::create_closed(&sim, &common::options(&sim, 32 * MIB));
+    let vol = common::open_with(&sim, spilling());
+    write_random_flushed(&vol, 0, 600, 8);
+    let s = vol.stats();
+    assert!(s.fingerprint_spills >= 3, "{} spills", s.fingerprint_spills);
+    assert!(s.fingerprint_spill_bytes > 0);
+    assert_eq!(s.checkpoints_written, 0, "a spill is not a checkpoint");
+    // The close's checkpoint names them (and writes the head's part).
+    vol.close().unwrap();
+    drop(vol);
+    let vol = common::open(&sim);
+    assert_eq!(warm(&vol), (600, 0), "every fingerprint, no data read");
+    let before = vol.stats().dedup.dedup_hits;
+    write_random(&vol, 4000, 600, 8);
+    assert_eq!(vol.stats().dedup.dedup_hits - before, 600);
+    common::close_and_check(vol, &sim);
+}
+
+#[test]
+fn a_crash_after_a_spill_loses_no_data_and_no_named_table() {
+    // The checkpoint names A's tables; B's rows are spilled after it and
+    // the volume crashes before any other commit: B's table records are
+    // named by nothing on disk (dead space), A's still are, and every
+    // flushed block reads back.
+    let sim = SimStorage::new(64 * MIB);
+    common::create_closed(&sim, &common::options(&sim, 32 * MIB));
+    let vol = common::open_with(&sim, spilling());
+    write_random(&vol, 0, 300, 9);
+    vol.checkpoint().unwrap();
+    let spills = vol.stats().fingerprint_spills;
+    write_random_flushed(&vol, 1000, 400, 10);
+    assert!(
+        vol.stats().fingerprint_spills > spills,
+        "no spill after the checkpoint"
+    );
+    let crashed = sim.crash(11);
+    drop(vol);
+    let vol = common::open(&crashed);
+    let (indexed, _) = warm(&vol);
+    assert!(indexed >= 300, "{indexed} fingerprints");
+    let before = vol.stats().dedup.dedup_hits;
+    write_random(&vol, 4000, 300, 9);
+    assert_eq!(vol.stats().dedup.dedup_hits - before, 300, "A's tables");
+    let mut data = vec![0u8; BS];
+    let mut want = vec![0u8; BS];
+    use rand::{RngCore, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+    for i in 0..400u64 {
+        rng.fill_bytes(&mut want);
+        vol.read_at((1000 + i) * BS as u64, &mut data).unwrap();
+        assert!(data == want, "flushed block {} lost", 1000 + i);
+    }
+    common::close_and_check(vol, &crashed);
+}

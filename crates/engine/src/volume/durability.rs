@@ -35,14 +35,6 @@ const CHECKPOINT_SYNC_BYTES: u64 = 8 << 20;
 /// Dirty map pages that make a checkpoint due, at least (the map cache's
 /// pages otherwise): a small cache does not checkpoint every few writes.
 const DIRTY_PAGES_MIN: usize = 256;
-/// Fingerprint rows waiting in memory for a checkpoint (24 bytes a block
-/// appended) that make one due: a fill of 10:1 data appends 650 thousand
-/// blocks (15 MiB of rows) in a checkpoint interval of log, and highly
-/// compressible data could append far more. Not lower: a checkpoint due
-/// for the rows also rewrites every dirty map page (8 MiB here made a
-/// 24 GiB volume under random writes checkpoint 35 times in 90 s instead
-/// of 15, at 0.95x the IOPS).
-const FP_PENDING_MAX_BYTES: u64 = 32 << 20;
 /// Page records a checkpoint appends per hold of the state lock.
 const PAGES_PER_HOLD: usize = 64;
 /// Table records a checkpoint appends per hold of the state lock stop
@@ -105,7 +97,7 @@ impl Volume {
             self.reclaim(&candidates)?;
             let mut st = self.lock_state()?;
             st.synced_seq = st.synced_seq.max(target);
-            self.checkpoint_due(&st)
+            self.checkpoint_due(&st) || self.fp_spill_due(&st)
         };
         if due && !self.jobs.checkpointer.hand_over() {
             self.checkpoint_if_due()?;
@@ -115,15 +107,59 @@ impl Volume {
 
     /// Writes a checkpoint if one is (still) due: another thread may have
     /// written one meanwhile. A log too full for one is no error here.
+    /// Fingerprint rows over their bound are spilled instead, when no
+    /// checkpoint is due.
     pub(in crate::volume) fn checkpoint_if_due(&self) -> Result<(), VolError> {
         let _c = self.lock_checkpoint()?;
-        if !self.checkpoint_due(&*self.lock_state()?) {
-            return Ok(());
-        }
-        match self.checkpoint_serialized(Tables::WhenDue, || {}) {
+        let (due, spill) = {
+            let st = self.lock_state()?;
+            (self.checkpoint_due(&st), self.fp_spill_due(&st))
+        };
+        let done = match (due, spill) {
+            (false, false) => return Ok(()),
+            (false, true) => self.spill_fingerprints(),
+            (true, _) => self.checkpoint_serialized(Tables::WhenDue, || {}),
+        };
+        match done {
             Ok(()) | Err(VolError::NoSpace) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Writes the fingerprint tables of the changed parts the log head has
+    /// left, between checkpoints (the checkpoint lock held), so that their
+    /// rows leave memory without every dirty map page being rewritten with
+    /// them. Each record is named in the map directory at once, like a
+    /// checkpoint's: the next commit names it (the directory block that
+    /// holds its slot is dirty), and the record it supersedes is retired
+    /// until then. A crash before that commit leaves the new records
+    /// unnamed, dead space for the cleaner, and the older commit's tables
+    /// (hints either way). Falls back to a checkpoint when the log has no
+    /// room for the records beside the checkpoint reserve.
+    fn spill_fingerprints(&self) -> Result<(), VolError> {
+        self.check_writable()?;
+        let (snap, named) = {
+            let mut st = self.lock_state()?;
+            let (_, fill) = st.log.data_position();
+            let head = st.log.segment_base() + fill as u64;
+            let named = (st.live.map().allocated_pages() + st.live.map().tables()) as u64;
+            (st.live.fp_snapshot(head, false), named)
+        };
+        let fps: Vec<(usize, u64, Vec<u8>)> = snap
+            .iter()
+            .map(|f| (f.table, f.stamp, f.encode()))
+            .collect();
+        let lens: Vec<usize> = fps.iter().map(|f| f.2.len()).collect();
+        let need = space::checkpoint_append_bytes(&lens, named, self.sb.segment_size_bytes);
+        if self.lock_state()?.log.meta_free_bytes() < need {
+            return self.checkpoint_serialized(Tables::WhenDue, || {});
+        }
+        let bytes = self.append_fp_tables(fps)?;
+        self.counters.fp_spills.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .fp_spill_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Hands everything appended to the store (padded to a sector) for the
@@ -178,12 +214,18 @@ impl Volume {
         let empty = st.log.segments.empty_sealed_count(st.live.usage());
         let enough = (st.log.segments.count() / CHECKPOINT_EMPTY_SEGMENTS_DIVISOR)
             .max(CHECKPOINT_EMPTY_SEGMENTS_MIN);
-        self.checkpoint_due_by_writes(st) || empty >= enough
+        self.map_checkpoint_due(st) || empty >= enough
     }
 
-    /// The part of `checkpoint_due` that writes change, cheap enough to
-    /// ask after every write: the log written, the dirty map pages.
+    /// Whether the checkpointer has work, cheap enough to ask after every
+    /// write: a checkpoint due by what writes change (the log written, the
+    /// dirty map pages), or fingerprint rows to spill.
     pub(in crate::volume) fn checkpoint_due_by_writes(&self, st: &State) -> bool {
+        self.map_checkpoint_due(st) || self.fp_spill_due(st)
+    }
+
+    /// The part of `checkpoint_due` that writes change.
+    fn map_checkpoint_due(&self, st: &State) -> bool {
         let last = self.counters.checkpoint_last_bytes.load(Ordering::Relaxed);
         let interval = self
             .options
@@ -192,7 +234,12 @@ impl Volume {
         let dirty_max = self.map_cache_pages.max(DIRTY_PAGES_MIN);
         st.log.appended_bytes - st.appended_at_checkpoint >= interval
             || st.live.map().dirty_pages() > dirty_max
-            || st.live.fp_pending_bytes() > FP_PENDING_MAX_BYTES
+    }
+
+    /// Whether the fingerprint rows in memory call for a spill
+    /// (`OpenOptions::fingerprint_spill_bytes`).
+    fn fp_spill_due(&self, st: &State) -> bool {
+        st.live.fp_pending_bytes() > self.options.fingerprint_spill_bytes
     }
 
     /// Writes a checkpoint of the map and makes it the recovery start.

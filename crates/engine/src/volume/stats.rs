@@ -27,6 +27,9 @@ pub(in crate::volume) struct Counters {
     pub(in crate::volume) checkpoints: AtomicU64,
     pub(in crate::volume) checkpoint_last_bytes: AtomicU64,
     pub(in crate::volume) checkpoint_last_micros: AtomicU64,
+    /// Fingerprint tables written between checkpoints: spills, bytes.
+    pub(in crate::volume) fp_spills: AtomicU64,
+    pub(in crate::volume) fp_spill_bytes: AtomicU64,
     pub(in crate::volume) map_records_moved: AtomicU64,
 }
 
@@ -194,6 +197,8 @@ impl Volume {
             checkpoints_written: get(&self.counters.checkpoints),
             checkpoint_last_bytes: get(&self.counters.checkpoint_last_bytes),
             checkpoint_last_seconds: get(&self.counters.checkpoint_last_micros) as f64 / 1e6,
+            fingerprint_spills: get(&self.counters.fp_spills),
+            fingerprint_spill_bytes: get(&self.counters.fp_spill_bytes),
             last_seq: st.log.last_seq(),
             epoch: st.log.epoch,
             read_only: self.options.read_only,

@@ -50,6 +50,7 @@ impl Volume {
         let handle = std::thread::Builder::new()
             .name("cvol-checkpoint".into())
             .spawn(move || {
+                super::background_priority();
                 while rx.recv().is_ok() {
                     let Some(v) = weak.upgrade() else { return };
                     if let Err(e) = v.checkpoint_if_due() {

@@ -251,6 +251,7 @@ impl Volume {
         let spawned = std::thread::Builder::new()
             .name("cvol-scrub".into())
             .spawn(move || {
+                super::background_priority();
                 vol.scrub_claimed(run, &opts, &|_| {});
             });
         if let Err(e) = spawned {
