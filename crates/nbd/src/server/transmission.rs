@@ -501,6 +501,7 @@ fn dispatch(
     };
     let lane = match cmd {
         Command::Read { .. } | Command::BlockStatus { .. } => Lane::Read,
+        Command::Flush => Lane::Flush,
         _ => Lane::Write,
     };
     let job_conn = Arc::clone(conn);
