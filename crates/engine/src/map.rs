@@ -68,6 +68,14 @@ impl Page {
         Some(page)
     }
 
+    /// The log regions (`ref_region_bits`) this page's ref entries point
+    /// into: the page's reference summary.
+    fn ref_summary(&self) -> u64 {
+        (0..PAGE_BLOCKS)
+            .filter_map(|i| self.entry(i).ref_offset())
+            .fold(0, |acc, offset| acc | ref_region_bits(offset, offset + 1))
+    }
+
     /// Entries that are not unmapped.
     pub fn used(&self) -> u32 {
         self.used
@@ -126,6 +134,23 @@ pub trait PageSource {
     fn load(&self, page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String>;
 }
 
+/// Log bytes per region of a page's reference summary.
+const REF_REGION_BYTES_LOG2: u32 = 20;
+
+/// The summary bits of the log bytes [base, end): region `offset >> 20`
+/// is bit `region % 64` (every bit beyond 64 regions).
+pub fn ref_region_bits(base: u64, end: u64) -> u64 {
+    assert!(base < end);
+    let (first, last) = (
+        base >> REF_REGION_BYTES_LOG2,
+        (end - 1) >> REF_REGION_BYTES_LOG2,
+    );
+    if last - first >= 63 {
+        return u64::MAX;
+    }
+    (first..=last).fold(0, |acc, r| acc | 1 << (r % 64))
+}
+
 /// One directory block: where the record of each of its pages is.
 struct DirBlock {
     refs: Vec<Option<PageRef>>,
@@ -175,6 +200,16 @@ pub struct BlockMap {
     /// While recording (recovery's roll-forward): every page read from its
     /// record, as read (`record_originals`).
     originals: Option<Vec<(usize, Arc<Page>)>>,
+    /// Reference summaries (`ref_region_bits` of every ref entry's record
+    /// offset), kept for pages in memory and after they leave it, of the
+    /// pages that had any; a page with a summary bit in `summed` and none
+    /// here has no ref entry. A page that has not been in memory since
+    /// the map was made (open leaves pages on disk) has none yet. Bits are
+    /// only added while a page changes (a superset, never a miss), and
+    /// recomputed when it comes into memory. The cleaner scans only the
+    /// pages whose summary may name its victim (`may_refer_to`).
+    ref_sums: rustc_hash::FxHashMap<usize, u64>,
+    summed: Vec<u64>,
 }
 
 impl BlockMap {
@@ -188,6 +223,8 @@ impl BlockMap {
         let npages = (blocks as usize).div_ceil(PAGE_BLOCKS);
         let words = npages.div_ceil(64);
         BlockMap {
+            ref_sums: rustc_hash::FxHashMap::default(),
+            summed: vec![0; words],
             pages: (0..npages).map(|_| None).collect(),
             allocated: vec![0; words],
             dirty: vec![0; words],
@@ -315,6 +352,9 @@ impl BlockMap {
             self.allocate(p);
         }
         self.mark_dirty(p);
+        if let Some(offset) = e.ref_offset() {
+            *self.ref_sums.entry(p).or_default() |= ref_region_bits(offset, offset + 1);
+        }
         let page = Arc::make_mut(self.pages[p].as_mut().expect("page in memory above"));
         let old = page.entry(i);
         page.loc[i] = e.loc;
@@ -333,6 +373,8 @@ impl BlockMap {
     fn drop_page(&mut self, p: usize) {
         self.pages[p] = None;
         self.resident -= 1;
+        self.ref_sums.remove(&p);
+        set_bit(&mut self.summed, p, false);
         set_bit(&mut self.allocated, p, false);
         self.allocated_count -= 1;
         if bit(&self.dirty, p) {
@@ -348,6 +390,22 @@ impl BlockMap {
         self.allocated_count += 1;
     }
 
+    /// Takes page `p`'s reference summary from its entries (all of them).
+    pub fn learn_summary(&mut self, p: usize, page: &Page) {
+        match page.ref_summary() {
+            0 => self.ref_sums.remove(&p),
+            sum => self.ref_sums.insert(p, sum),
+        };
+        set_bit(&mut self.summed, p, true);
+    }
+
+    /// Whether page `p` may hold a ref entry to a record in the log bytes
+    /// whose summary bits are `bits` (`ref_region_bits`): false only if
+    /// its summary is known and has none of them.
+    pub fn may_refer_to(&self, p: usize, bits: u64) -> bool {
+        !bit(&self.summed, p) || self.ref_sums.get(&p).is_some_and(|&s| s & bits != 0)
+    }
+
     /// Pages with entries (in memory or not).
     pub fn allocated_pages(&self) -> usize {
         self.allocated_count
@@ -355,6 +413,7 @@ impl BlockMap {
 
     fn insert(&mut self, p: usize, page: Arc<Page>) {
         debug_assert!(self.pages[p].is_none());
+        self.learn_summary(p, &page);
         self.pages[p] = Some(page);
         self.resident += 1;
         self.clock.push_back(p);
@@ -565,6 +624,12 @@ impl BlockMap {
             return;
         }
         self.set_ref(p, Some(r));
+        // Its summary afresh (bits are only added while a page changes, so
+        // one whose references moved again and again would name the whole
+        // log): the page is in memory, written pages are dirty ones.
+        if let Some(live) = self.pages[p].clone() {
+            self.learn_summary(p, &live);
+        }
         let same = self.pages[p].as_ref().is_some_and(|c| Arc::ptr_eq(c, snap));
         if same && bit(&self.dirty, p) {
             set_bit(&mut self.dirty, p, false);
@@ -725,12 +790,13 @@ impl BlockMap {
     /// Bytes of heap this map uses.
     pub fn memory_bytes(&self) -> u64 {
         let dirs = self.dirs.iter().flatten().count();
-        let words = self.allocated.len() * 3;
+        let words = self.allocated.len() * 4;
         (self.pages.capacity() * std::mem::size_of::<Option<Arc<Page>>>()
             + words * std::mem::size_of::<u64>()
             + self.dirs.capacity() * 8
             + dirs * (DIR_SLOTS * std::mem::size_of::<Option<PageRef>>() + 64)
-            + self.clock.capacity() * 8) as u64
+            + self.clock.capacity() * 8
+            + self.ref_sums.capacity() * 24) as u64
             + self.resident as u64 * PAGE_MEMORY_BYTES
     }
 

@@ -206,6 +206,11 @@ pub struct CleanerStats {
     pub idle_clean_passes: u64,
     /// ...and the live bytes they moved: their write amplification.
     pub idle_clean_bytes_relocated: u64,
+    /// Searches for the LBAs holding a victim's records that dedup
+    /// references share, and the map pages they scanned: only the pages
+    /// whose reference summary may name the victim, and its owners'.
+    pub cleaner_holder_scans: u64,
+    pub cleaner_holder_pages_scanned: u64,
 }
 
 /// Deduplication, what each kind of reduction saved, and the read cache

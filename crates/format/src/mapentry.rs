@@ -182,6 +182,12 @@ impl MapEntry {
         self.loc & OFFSET_MASK == offset && matches!(self.loc >> STATE_SHIFT, 11..=13)
     }
 
+    /// The record offset of a ref entry (a dedup reference, of a single
+    /// block or into a unit), None for any other entry.
+    pub fn ref_offset(&self) -> Option<u64> {
+        matches!(self.loc >> STATE_SHIFT, 5..=7 | 11..=13).then_some(self.loc & OFFSET_MASK)
+    }
+
     /// State of an entry known valid (in-memory map). Panics on a corrupt entry.
     pub fn state_valid(&self) -> EntryState {
         self.state().expect("in-memory map entry is valid")

@@ -194,3 +194,16 @@ fn a_record_of_another_page_is_refused() {
     let err = m.fault_in(0, 1, &src).unwrap_err();
     assert!(err.contains("another page"), "{err}");
 }
+
+#[test]
+fn ref_region_bits_cover_every_region_a_range_touches() {
+    use super::ref_region_bits;
+    let mib = 1u64 << 20;
+    assert_eq!(ref_region_bits(0, 1), 1);
+    assert_eq!(ref_region_bits(mib - 1, mib + 1), 0b11);
+    assert_eq!(ref_region_bits(3 * mib, 4 * mib), 1 << 3);
+    // Regions wrap modulo 64; 64 or more regions set every bit.
+    assert_eq!(ref_region_bits(65 * mib, 65 * mib + 1), 1 << 1);
+    assert_eq!(ref_region_bits(0, 64 * mib), u64::MAX);
+    assert_eq!(ref_region_bits(63 * mib, 65 * mib), 1 << 63 | 1);
+}

@@ -218,6 +218,8 @@ impl Volume {
             idle_clean: self.options.cleaner.idle && !self.options.read_only,
             idle_clean_passes: get(&cs.idle_passes),
             idle_clean_bytes_relocated: get(&cs.idle_bytes_relocated),
+            cleaner_holder_scans: get(&cs.holder_scans),
+            cleaner_holder_pages_scanned: get(&cs.holder_pages_scanned),
         }
     }
 

@@ -60,6 +60,10 @@ pub(in crate::volume) struct CleanerStats {
     /// Idle cleaning passes that moved something, and what they moved.
     pub(in crate::volume) idle_passes: AtomicU64,
     pub(in crate::volume) idle_bytes_relocated: AtomicU64,
+    /// Searches for the holders of a victim's shared records, and the map
+    /// pages they scanned (the others were skipped by their summaries).
+    pub(in crate::volume) holder_scans: AtomicU64,
+    pub(in crate::volume) holder_pages_scanned: AtomicU64,
 }
 
 /// Idle cleaning leaves at most this share (percent) of the live bytes as
@@ -395,16 +399,22 @@ impl Volume {
                 .collect(),
             None => Vec::new(),
         };
-        let any_shared = {
+        // The pages of the owners of the records with dedup references (a
+        // record's owner entries lie at its header's LBA, a unit's in its
+        // window, inside one page).
+        let owner_pages: Vec<usize> = {
             let st = self.lock_state()?;
             let shared = st.live.shared();
-            (found.iter()).any(|f| shared.get(base + f.at as u64).is_some_and(|s| s.refs > 0))
+            (found.iter())
+                .filter(|f| shared.get(base + f.at as u64).is_some_and(|s| s.refs > 0))
+                .map(|f| f.header.lba as usize / crate::map::PAGE_BLOCKS)
+                .collect()
         };
         // Every LBA pointing at a record of the victim with dedup
-        // references (a unit's owners are in its range).
-        let holders = match any_shared {
-            true => self.find_holders(base, end)?,
-            false => HashMap::new(),
+        // references.
+        let holders = match owner_pages.is_empty() {
+            false => self.find_holders(base, end, owner_pages)?,
+            true => HashMap::new(),
         };
         let space = {
             let st = self.lock_state()?;

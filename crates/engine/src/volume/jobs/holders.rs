@@ -2,9 +2,14 @@
 //! LBA whose map entry points at a record of the victim that dedup
 //! references share (they all must be repointed when it moves).
 //!
-//! The whole map is scanned, a batch of pages per hold of the state lock:
-//! pages in memory are scanned under it, the others are read and scanned
-//! outside it. That is safe because no new dedup reference may point into a
+//! The pages that may hold one are scanned, a batch per hold of the state
+//! lock: the pages of the records' owners (a record's owner entries lie at
+//! its header's LBA, a unit's in its window) and every page whose
+//! reference summary may name the victim (`BlockMap::may_refer_to`: all
+//! of them until a page has been in memory since open, none that never
+//! held a ref entry into that part of the log); pages in memory are
+//! scanned under the lock, the others are read and scanned outside it,
+//! and their summaries learnt from what was read. That is safe because no new dedup reference may point into a
 //! segment being cleaned (`State::cleaning`, checked by the write path) and
 //! only the cleaner (one at a time) moves records: holders can only go away
 //! while the scan runs, and one that did is dropped when the record moves
@@ -12,7 +17,7 @@
 //! record was superseded and its space reused meanwhile fails to verify and
 //! is read again under the lock.
 use crate::error::VolError;
-use crate::map::{page_end, PageSource, PAGE_BLOCKS};
+use crate::map::{page_end, Page, PageSource, PAGE_BLOCKS};
 use crate::recovery::LogPages;
 use crate::volume::Volume;
 use cvol_format::checkpoint::PageRef;
@@ -29,10 +34,35 @@ pub(super) type Holders = HashMap<u64, Vec<u64>>;
 /// they were still only in the open segment's buffer.
 type Unread = (usize, PageRef, Option<Vec<u8>>);
 
+/// What a holder scan looks at: the summary bits of the victim's bytes,
+/// and the pages of its shared records' owners (sorted).
+pub(super) struct ScanScope {
+    pub(super) bits: u64,
+    pub(super) owner_pages: Vec<usize>,
+}
+
+impl ScanScope {
+    fn wants(&self, map: &crate::map::BlockMap, p: usize) -> bool {
+        self.owner_pages.binary_search(&p).is_ok() || map.may_refer_to(p, self.bits)
+    }
+}
+
 impl Volume {
     /// The holders of the records in [base, end) that have dedup
-    /// references (the caller marked the segment as being cleaned).
-    pub(super) fn find_holders(&self, base: u64, end: u64) -> Result<Holders, VolError> {
+    /// references (the caller marked the segment as being cleaned), whose
+    /// owners' entries lie in `owner_pages`.
+    pub(super) fn find_holders(
+        &self,
+        base: u64,
+        end: u64,
+        mut owner_pages: Vec<usize>,
+    ) -> Result<Holders, VolError> {
+        owner_pages.sort_unstable();
+        owner_pages.dedup();
+        let scope = ScanScope {
+            bits: crate::map::ref_region_bits(base, end),
+            owner_pages,
+        };
         let mut holders = Holders::new();
         let mut note = |lba: u64, e: MapEntry| {
             if let EntryState::Data { offset, .. } = e.state_valid() {
@@ -42,13 +72,21 @@ impl Volume {
             }
         };
         let mut lba = Some(0);
+        let mut learnt = Vec::new();
         while let Some(from) = lba {
-            let (unread, next) = self.scan_resident(from, &mut note)?;
+            let (unread, next) = self.scan_resident(from, &scope, &mut learnt, &mut note)?;
             for (p, r, copy) in unread {
-                self.scan_unread(p, &r, copy, &mut note)?;
+                if let Some(page) = self.scan_unread(p, &r, copy, &mut note)? {
+                    learnt.push((p, page, r));
+                }
             }
             lba = next;
         }
+        self.learn_summaries(&mut learnt)?;
+        self.counters
+            .cleaner
+            .holder_scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let st = self.lock_state()?;
         let shared = st.live.shared();
         holders.retain(|&offset, _| shared.get(offset).is_some_and(|s| s.refs > 0));
@@ -63,9 +101,12 @@ impl Volume {
     fn scan_resident(
         &self,
         from: u64,
+        scope: &ScanScope,
+        learnt: &mut Vec<(usize, Page, PageRef)>,
         note: &mut impl FnMut(u64, MapEntry),
     ) -> Result<(Vec<Unread>, Option<u64>), VolError> {
-        let st = self.lock_state()?;
+        let mut st = self.lock_state()?;
+        self.learn_from(&mut st, learnt);
         let map = st.live.map();
         let mut unread = Vec::new();
         let mut lba = from;
@@ -74,6 +115,14 @@ impl Volume {
                 return Ok((unread, None));
             };
             let p = l as usize / PAGE_BLOCKS;
+            lba = page_end(l);
+            if !scope.wants(map, p) {
+                continue;
+            }
+            self.counters
+                .cleaner
+                .holder_pages_scanned
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match map.resident(p) {
                 Some(page) => page.for_each_mapped(p, note),
                 None => {
@@ -85,20 +134,38 @@ impl Volume {
                     unread.push((p, r, copy));
                 }
             }
-            lba = page_end(l);
         }
         Ok((unread, Some(lba)))
     }
 
-    /// Scans page `p` from its record `r` outside the state lock, or, if
-    /// that no longer verifies, as the map has it now under the lock.
+    /// Takes the summaries of the pages read outside the lock whose record
+    /// is still the one read (a page changed since is in memory, and
+    /// learnt its summary when it came in).
+    fn learn_from(&self, st: &mut crate::volume::State, learnt: &mut Vec<(usize, Page, PageRef)>) {
+        let map = st.live.map_mut();
+        for (p, page, r) in learnt.drain(..) {
+            if map.resident(p).is_none() && map.page_ref(p) == Some(r) {
+                map.learn_summary(p, &page);
+            }
+        }
+    }
+
+    fn learn_summaries(&self, learnt: &mut Vec<(usize, Page, PageRef)>) -> Result<(), VolError> {
+        let mut st = self.lock_state()?;
+        self.learn_from(&mut st, learnt);
+        Ok(())
+    }
+
+    /// Scans page `p` from its record `r` outside the state lock (and
+    /// returns the page read), or, if that no longer verifies, as the map
+    /// has it now under the lock.
     fn scan_unread(
         &self,
         p: usize,
         r: &PageRef,
         copy: Option<Vec<u8>>,
         note: &mut impl FnMut(u64, MapEntry),
-    ) -> Result<(), VolError> {
+    ) -> Result<Option<Page>, VolError> {
         let buffered = |_: u64, _: usize| copy.clone();
         let src = LogPages {
             storage: &*self.storage,
@@ -106,8 +173,8 @@ impl Volume {
             buffered: Some(&buffered),
         };
         if let Ok(entries) = src.load(p as u64, r) {
-            entries.into_iter().for_each(|(l, e)| note(l, e));
-            return Ok(());
+            entries.iter().for_each(|&(l, e)| note(l, e));
+            return Ok(Page::from_entries(p as u64, &entries));
         }
         let mut st = self.lock_state()?;
         let first = (p * PAGE_BLOCKS) as u64;
@@ -116,6 +183,6 @@ impl Volume {
         for l in first..end {
             note(l, st.live.get(l));
         }
-        Ok(())
+        Ok(None)
     }
 }
