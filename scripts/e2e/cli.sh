@@ -110,6 +110,28 @@ if is_cvol; then
     "$CVOL" stat "$VOL" --json >"$E2E_TMP/stat-online.json" || fail "cvol stat --json while serving failed"
     check_stat_keys "$E2E_TMP/stat-online.json"
 
+    step "stat --watch: a line per refresh with --json, rates from the second, ends on --count or a closed pipe"
+    # Writes during the watch, so the second sample's write rate is not 0.
+    qemu-io -f raw -c "write -q -P 0x33 8388608 4194304" -c flush "$SRV_URI" &
+    writer=$!
+    timeout 20 "$CVOL" stat "$VOL" --watch 0.5 --count 3 --json >"$E2E_TMP/watch.jsonl" ||
+        fail "cvol stat --watch 0.5 --count 3 --json failed"
+    wait "$writer" || fail "qemu-io write during stat --watch failed"
+    "$PY" - "$E2E_TMP/watch.jsonl" <<'PYEOF' || fail "stat --watch --json lines are wrong (see above)"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert len(lines) == 3, f"{len(lines)} lines for --count 3"
+assert "write_bytes_per_second" not in lines[0], "a rate in the first sample"
+for l in lines[1:]:
+    assert l["write_bytes_per_second"] >= 0 and l["read_bytes_per_second"] >= 0, l
+    assert l["served"] is True and "logical_size_bytes" in l
+PYEOF
+    rc=0
+    timeout 20 "$CVOL" stat "$VOL" --watch 0.2 2>"$E2E_TMP/watch.err" | head -3 >/dev/null || rc=$?
+    ((rc == 0)) || fail "stat --watch into a closed pipe: exit $rc ($(cat "$E2E_TMP/watch.err"))"
+    ! grep -q panicked "$E2E_TMP/watch.err" || fail "stat --watch panicked on a closed pipe"
+    expect_fail "stat --watch 0 rejected" "$CVOL" stat "$VOL" --watch 0
+
     step "second serve of the same volume must fail fast with a lock message"
     t0=$(date +%s)
     expect_fail "second serve refused" "$CVOL" serve "$VOL" --socket "$E2E_TMP/second.sock"

@@ -75,6 +75,15 @@ enum Command {
         /// Print every statistic as one JSON object (keys listed in README.md).
         #[arg(long)]
         json: bool,
+        /// Refresh every SECS seconds (default 1) until interrupted: one
+        /// screen with the client's read and write rates over the interval
+        /// (like `zpool iostat 1`); with --json, one JSON object per line.
+        /// The volume must be served.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1")]
+        watch: Option<f64>,
+        /// With --watch: stop after this many refreshes.
+        #[arg(long, requires = "watch")]
+        count: Option<u64>,
     },
     /// Verify every record and all metadata offline; exit 0 only if consistent.
     ///
@@ -158,7 +167,18 @@ fn main() -> ExitCode {
             )
         }),
         Command::Serve(args) => serve::cmd_serve(*args),
-        Command::Stat { volume, json } => stat::cmd_stat(&volume, json),
+        Command::Stat {
+            volume,
+            json,
+            watch: None,
+            ..
+        } => stat::cmd_stat(&volume, json),
+        Command::Stat {
+            volume,
+            json,
+            watch: Some(secs),
+            count,
+        } => stat::cmd_watch(&volume, json, secs, count),
         Command::Check {
             volume,
             json,

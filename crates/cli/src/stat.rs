@@ -98,6 +98,111 @@ pub fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `stat --watch SECS [--count N]`: the served volume's statistics every
+/// SECS seconds, with the client's read and write rates over the last
+/// interval; a screen each (cleared), or with `json` a line each.
+pub fn cmd_watch(
+    path: &Path,
+    json: bool,
+    secs: f64,
+    count: Option<u64>,
+) -> Result<ExitCode, String> {
+    if !(secs.is_finite() && (0.1..=86400.0).contains(&secs)) {
+        return Err(format!(
+            "--watch {secs}: give seconds between 0.1 and 86400"
+        ));
+    }
+    let interval = std::time::Duration::from_secs_f64(secs);
+    let mut before: Option<(std::time::Instant, VolumeStats)> = None;
+    let mut shown = 0u64;
+    loop {
+        let Some(stats) = query_served(path) else {
+            return Err(format!(
+                "{}: not being served (or its server stopped); --watch shows a served volume's activity, `cvol stat {}` shows it offline",
+                path.display(),
+                path.display()
+            ));
+        };
+        let mut stats = stats?;
+        normalize(&mut stats);
+        let now = std::time::Instant::now();
+        let rates = before
+            .as_ref()
+            .map(|(t, b)| Rates::between(b, &stats, now - *t));
+        let r = Report {
+            volume: path.display().to_string(),
+            served: true,
+            stats,
+        };
+        let mut text = String::new();
+        if json {
+            let mut v = r.json()?;
+            if let Some(x) = &rates {
+                v["write_bytes_per_second"] = Value::from(x.write);
+                v["read_bytes_per_second"] = Value::from(x.read);
+            }
+            text += &serde_json::to_string(&v).map_err(|e| e.to_string())?;
+            text.push('\n');
+        } else {
+            // Clear the screen and go home, as `watch` does.
+            text += "\x1b[H\x1b[2J";
+            text += &rates.as_ref().map_or_else(
+                || format!("cvol stat --watch {secs}: first sample, rates from the next"),
+                |x| x.line(secs),
+            );
+            text.push('\n');
+            for (k, val) in r.table() {
+                text += &format!("{k:<24}{val}\n");
+            }
+        }
+        // A reader that went away (`| head`) ends the watch, quietly.
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return Ok(ExitCode::SUCCESS);
+        }
+        drop(out);
+        shown += 1;
+        if count.is_some_and(|n| shown >= n) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        before = Some((now, r.stats));
+        std::thread::sleep(interval);
+    }
+}
+
+/// Client bytes per second between two samples.
+struct Rates {
+    write: u64,
+    read: u64,
+}
+
+impl Rates {
+    fn between(a: &VolumeStats, b: &VolumeStats, dt: std::time::Duration) -> Rates {
+        let per_s = |x: u64, y: u64| {
+            // A restarted server counts from zero again: no rate then.
+            let d = y.saturating_sub(x) as f64;
+            (d / dt.as_secs_f64().max(1e-3)) as u64
+        };
+        Rates {
+            write: per_s(a.client_bytes_written, b.client_bytes_written),
+            read: per_s(a.elastic.bytes_read, b.elastic.bytes_read),
+        }
+    }
+
+    fn line(&self, secs: f64) -> String {
+        format!(
+            "client writes {}/s, reads {}/s (over the last {secs} s)",
+            human_bytes(self.write),
+            human_bytes(self.read)
+        )
+    }
+}
+
 impl Report {
     /// `stat --json`: every statistic, `served` and `volume`, keys sorted.
     fn json(&self) -> Result<Value, String> {
