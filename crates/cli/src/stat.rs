@@ -91,9 +91,7 @@ pub fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
             serde_json::to_string_pretty(&r.json()?).map_err(|e| e.to_string())?
         );
     } else {
-        for (k, val) in r.table() {
-            println!("{k:<24}{val}");
-        }
+        print!("{}", r.text());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -151,9 +149,7 @@ pub fn cmd_watch(
                 |x| x.line(secs),
             );
             text.push('\n');
-            for (k, val) in r.table() {
-                text += &format!("{k:<24}{val}\n");
-            }
+            text += &r.text();
         }
         // A reader that went away (`| head`) ends the watch, quietly.
         use std::io::Write;
@@ -211,6 +207,13 @@ impl Report {
         v["served"] = Value::Bool(self.served);
         v["volume"] = Value::String(self.volume.clone());
         Ok(v)
+    }
+
+    /// The human table as text, a line per row.
+    fn text(&self) -> String {
+        (self.table().into_iter())
+            .map(|(k, val)| format!("{k:<24}{val}\n"))
+            .collect()
     }
 
     /// The human table: label and value per row.

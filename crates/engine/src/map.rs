@@ -68,12 +68,9 @@ impl Page {
         Some(page)
     }
 
-    /// The log regions (`ref_region_bits`) this page's ref entries point
-    /// into: the page's reference summary.
+    /// This page's reference summary (`ref_summary`).
     fn ref_summary(&self) -> u64 {
-        (0..PAGE_BLOCKS)
-            .filter_map(|i| self.entry(i).ref_offset())
-            .fold(0, |acc, offset| acc | ref_region_bits(offset, offset + 1))
+        ref_summary((0..PAGE_BLOCKS).map(|i| self.entry(i)))
     }
 
     /// Entries that are not unmapped.
@@ -149,6 +146,14 @@ pub fn ref_region_bits(base: u64, end: u64) -> u64 {
         return u64::MAX;
     }
     (first..=last).fold(0, |acc, r| acc | 1 << (r % 64))
+}
+
+/// The reference summary of a page's `entries`: the log regions
+/// (`ref_region_bits`) its ref entries point into.
+pub fn ref_summary(entries: impl Iterator<Item = MapEntry>) -> u64 {
+    entries
+        .filter_map(|e| e.ref_offset())
+        .fold(0, |acc, offset| acc | ref_region_bits(offset, offset + 1))
 }
 
 /// One directory block: where the record of each of its pages is.
@@ -390,9 +395,10 @@ impl BlockMap {
         self.allocated_count += 1;
     }
 
-    /// Takes page `p`'s reference summary from its entries (all of them).
-    pub fn learn_summary(&mut self, p: usize, page: &Page) {
-        match page.ref_summary() {
+    /// Takes `sum` as page `p`'s reference summary (`ref_summary` of all
+    /// its entries).
+    pub fn learn_summary(&mut self, p: usize, sum: u64) {
+        match sum {
             0 => self.ref_sums.remove(&p),
             sum => self.ref_sums.insert(p, sum),
         };
@@ -413,7 +419,7 @@ impl BlockMap {
 
     fn insert(&mut self, p: usize, page: Arc<Page>) {
         debug_assert!(self.pages[p].is_none());
-        self.learn_summary(p, &page);
+        self.learn_summary(p, page.ref_summary());
         self.pages[p] = Some(page);
         self.resident += 1;
         self.clock.push_back(p);
@@ -627,8 +633,8 @@ impl BlockMap {
         // Its summary afresh (bits are only added while a page changes, so
         // one whose references moved again and again would name the whole
         // log): the page is in memory, written pages are dirty ones.
-        if let Some(live) = self.pages[p].clone() {
-            self.learn_summary(p, &live);
+        if let Some(sum) = self.pages[p].as_ref().map(|live| live.ref_summary()) {
+            self.learn_summary(p, sum);
         }
         let same = self.pages[p].as_ref().is_some_and(|c| Arc::ptr_eq(c, snap));
         if same && bit(&self.dirty, p) {

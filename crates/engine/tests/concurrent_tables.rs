@@ -105,12 +105,7 @@ fn background_checkpoints_keep_the_tables_exact_across_crashes() {
         sim = round(&sim, seed, options.clone());
         let vol = common::open_with(&sim, options);
         assert_eq!(vol.tables_rejected(), None, "seed {seed}");
-        vol.verify_refcounts()
-            .unwrap_or_else(|e| panic!("seed {seed}: after recovery: {e}"));
-        vol.close().unwrap();
-        drop(vol);
-        let rep = check::check_volume(&sim, &mut |_, _| {});
-        assert!(rep.consistent(), "seed {seed}: {:?}", rep.errors);
+        consistent_after_recovery(vol, &sim, seed);
     }
 }
 
@@ -149,13 +144,19 @@ fn a_replay_over_reused_segments_keeps_the_tables_exact() {
         assert_eq!(vol.tables_rejected(), None, "seed {seed}");
         // (The first round's checkpoint, of an empty map, has no tables.)
         assert!(seed == 1 || vol.opened_from_tables(), "seed {seed}");
-        vol.verify_refcounts()
-            .unwrap_or_else(|e| panic!("seed {seed}: after recovery: {e}"));
-        vol.close().unwrap();
-        drop(vol);
-        let rep = check::check_volume(&crashed, &mut |_, _| {});
-        assert!(rep.consistent(), "seed {seed}: {:?}", rep.errors);
+        consistent_after_recovery(vol, &crashed, seed);
         sim = crashed;
     }
     assert!(reused > 0, "no flush freed a segment");
+}
+
+/// A recovered volume's reference counts match its map, and `check`
+/// finds it consistent after a clean close.
+fn consistent_after_recovery(vol: Volume, sim: &SimStorage, seed: u64) {
+    vol.verify_refcounts()
+        .unwrap_or_else(|e| panic!("seed {seed}: after recovery: {e}"));
+    vol.close().unwrap();
+    drop(vol);
+    let rep = check::check_volume(sim, &mut |_, _| {});
+    assert!(rep.consistent(), "seed {seed}: {:?}", rep.errors);
 }

@@ -95,14 +95,7 @@ fn after_a_crash_the_checkpointed_fingerprints_come_back() {
 /// Incompressible blocks (stored raw: about 250 records per 1 MiB
 /// segment), distinct per (seed, i).
 fn write_random(vol: &Volume, first_lba: u64, n: u64, seed: u64) {
-    use rand::{RngCore, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut data = vec![0u8; BS];
-    for i in 0..n {
-        rng.fill_bytes(&mut data);
-        vol.write_at((first_lba + i) * BS as u64, &data, false)
-            .unwrap();
-    }
+    write_random_from(vol, first_lba, n, seed, 0);
 }
 
 #[test]

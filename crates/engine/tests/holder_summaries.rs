@@ -76,6 +76,17 @@ fn check(vol: &Volume, seed: u64, owner: u64, copies: u64) {
     }
 }
 
+/// A new volume (dedup on, 1 MiB segments) with one unique block in
+/// each of `PLAIN_PAGES`.
+fn volume_with_plain_pages() -> (SimStorage, Volume) {
+    let sim = SimStorage::new(64 * MIB);
+    let vol = common::create(&sim, &common::options(&sim, 256 * MIB));
+    for p in PLAIN_PAGES {
+        write(&vol, p * PAGE, &block(99, p));
+    }
+    (sim, vol)
+}
+
 /// (holder scans, pages they scanned) so far.
 fn scans(vol: &Volume) -> (u64, u64) {
     let c = vol.stats().cleaner;
@@ -84,11 +95,7 @@ fn scans(vol: &Volume) -> (u64, u64) {
 
 #[test]
 fn the_holder_scan_skips_pages_without_references_into_the_victim() {
-    let sim = SimStorage::new(64 * MIB);
-    let vol = common::create(&sim, &common::options(&sim, 256 * MIB));
-    for p in PLAIN_PAGES {
-        write(&vol, p * PAGE, &block(99, p));
-    }
+    let (sim, vol) = volume_with_plain_pages();
     // Every page has been in memory since the volume was made: known.
     shared_victim_cleaned(&vol, 1, 0, 40);
     let (n, pages) = scans(&vol);
@@ -104,11 +111,7 @@ fn the_holder_scan_skips_pages_without_references_into_the_victim() {
 
 #[test]
 fn after_open_a_page_is_scanned_once_then_its_summary_is_learnt() {
-    let sim = SimStorage::new(64 * MIB);
-    let vol = common::create(&sim, &common::options(&sim, 256 * MIB));
-    for p in PLAIN_PAGES {
-        write(&vol, p * PAGE, &block(99, p));
-    }
+    let (sim, vol) = volume_with_plain_pages();
     shared_victim_cleaned(&vol, 1, 0, 40);
     vol.close().unwrap();
     drop(vol);

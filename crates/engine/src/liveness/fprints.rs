@@ -52,10 +52,12 @@ pub(crate) struct FpSnapshot {
 }
 
 impl FpSnapshot {
-    /// The table's payload, lz4-compressed as every table record.
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    /// The table record to append: (table, stamp, payload), the payload
+    /// lz4-compressed as every table record's.
+    pub(crate) fn encode(&self) -> (usize, u64, Vec<u8>) {
         let raw = FpTable::encode_rows(self.segment, self.part, &self.rows);
-        lz4_flex::block::compress_prepend_size(&raw)
+        let payload = lz4_flex::block::compress_prepend_size(&raw);
+        (self.table, self.stamp, payload)
     }
 }
 

@@ -127,9 +127,7 @@ impl TableSnapshot {
         EncodedTables {
             groups,
             root: self.root.as_deref().map(lz4),
-            fps: (self.fps.iter())
-                .map(|f| (f.table, f.stamp, f.encode()))
-                .collect(),
+            fps: (self.fps.iter()).map(FpSnapshot::encode).collect(),
         }
     }
 }

@@ -87,10 +87,10 @@ impl Volume {
     ///
     /// Group commit: what this call must make durable was appended before
     /// it (up to `covers`); a flush that synced past that while this one
-    /// waited for the flush lock already did, and this one returns at
-    /// once. Flushes that wait together thus cost one sync after the one
-    /// in progress, not one each (fio's `fsync=N` queues a FLUSH in every
-    /// free slot of a client: 15 syncs in a row otherwise).
+    /// waited for the flush lock already did (`write_for_sync`). Flushes
+    /// that wait together thus cost one sync after the one in progress,
+    /// not one each (fio's `fsync=N` queues a FLUSH in every free slot of
+    /// a client: 15 syncs in a row otherwise).
     pub fn flush(&self) -> Result<(), VolError> {
         let covers = self.lock_state()?.log.last_seq();
         let due = {
@@ -98,10 +98,7 @@ impl Volume {
             if self.poisoned.load(Ordering::SeqCst) {
                 return Err(VolError::Poisoned);
             }
-            if self.lock_state()?.synced_seq >= covers {
-                return Ok(());
-            }
-            let Some((target, candidates)) = self.write_for_sync()? else {
+            let Some((target, candidates)) = self.write_for_sync(covers)? else {
                 return Ok(());
             };
             self.guard(self.storage.sync().map_err(VolError::Io))?;
@@ -156,10 +153,7 @@ impl Volume {
             let named = (st.live.map().allocated_pages() + st.live.map().tables()) as u64;
             (st.live.fp_snapshot(head, false), named)
         };
-        let fps: Vec<(usize, u64, Vec<u8>)> = snap
-            .iter()
-            .map(|f| (f.table, f.stamp, f.encode()))
-            .collect();
+        let fps: Vec<(usize, u64, Vec<u8>)> = snap.iter().map(|f| f.encode()).collect();
         let lens: Vec<usize> = fps.iter().map(|f| f.2.len()).collect();
         let need = space::checkpoint_append_bytes(&lens, named, self.sb.segment_size_bytes);
         if self.lock_state()?.log.meta_free_bytes() < need {
@@ -177,14 +171,15 @@ impl Volume {
     /// sync to come, and returns the seq it will make durable and the
     /// segments reusable once it has. Segments emptied by records this sync
     /// makes durable, and older than the durable checkpoint, are reusable
-    /// once it returns. None when everything is synced already.
-    fn write_for_sync(&self) -> Result<Option<(u64, Vec<u64>)>, VolError> {
+    /// once it returns. None when every record up to `covers` is synced
+    /// already.
+    fn write_for_sync(&self, covers: u64) -> Result<Option<(u64, Vec<u64>)>, VolError> {
         let mut st = self.lock_state()?;
         let candidates = st
             .log
             .segments
             .reclaimable(st.live.usage(), st.durable_snapshot_seq);
-        if st.log.last_seq() == st.synced_seq {
+        if st.synced_seq >= covers {
             drop(st);
             self.reclaim(&candidates)?;
             return Ok(None);

@@ -17,7 +17,7 @@
 //! record was superseded and its space reused meanwhile fails to verify and
 //! is read again under the lock.
 use crate::error::VolError;
-use crate::map::{page_end, Page, PageSource, PAGE_BLOCKS};
+use crate::map::{page_end, ref_summary, PageSource, PAGE_BLOCKS};
 use crate::recovery::LogPages;
 use crate::volume::Volume;
 use cvol_format::checkpoint::PageRef;
@@ -34,11 +34,15 @@ pub(super) type Holders = HashMap<u64, Vec<u64>>;
 /// they were still only in the open segment's buffer.
 type Unread = (usize, PageRef, Option<Vec<u8>>);
 
+/// A page read outside the lock: its index, the reference summary of
+/// what was read, and the record read (`learn`).
+type Learnt = (usize, u64, PageRef);
+
 /// What a holder scan looks at: the summary bits of the victim's bytes,
 /// and the pages of its shared records' owners (sorted).
-pub(super) struct ScanScope {
-    pub(super) bits: u64,
-    pub(super) owner_pages: Vec<usize>,
+struct ScanScope {
+    bits: u64,
+    owner_pages: Vec<usize>,
 }
 
 impl ScanScope {
@@ -76,18 +80,18 @@ impl Volume {
         while let Some(from) = lba {
             let (unread, next) = self.scan_resident(from, &scope, &mut learnt, &mut note)?;
             for (p, r, copy) in unread {
-                if let Some(page) = self.scan_unread(p, &r, copy, &mut note)? {
-                    learnt.push((p, page, r));
+                if let Some(sum) = self.scan_unread(p, &r, copy, &mut note)? {
+                    learnt.push((p, sum, r));
                 }
             }
             lba = next;
         }
-        self.learn_summaries(&mut learnt)?;
         self.counters
             .cleaner
             .holder_scans
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let st = self.lock_state()?;
+        let mut st = self.lock_state()?;
+        learn(&mut st, &mut learnt);
         let shared = st.live.shared();
         holders.retain(|&offset, _| shared.get(offset).is_some_and(|s| s.refs > 0));
         // In LBA order, as one scan under the lock found them.
@@ -102,11 +106,11 @@ impl Volume {
         &self,
         from: u64,
         scope: &ScanScope,
-        learnt: &mut Vec<(usize, Page, PageRef)>,
+        learnt: &mut Vec<Learnt>,
         note: &mut impl FnMut(u64, MapEntry),
     ) -> Result<(Vec<Unread>, Option<u64>), VolError> {
         let mut st = self.lock_state()?;
-        self.learn_from(&mut st, learnt);
+        learn(&mut st, learnt);
         let map = st.live.map();
         let mut unread = Vec::new();
         let mut lba = from;
@@ -138,34 +142,16 @@ impl Volume {
         Ok((unread, Some(lba)))
     }
 
-    /// Takes the summaries of the pages read outside the lock whose record
-    /// is still the one read (a page changed since is in memory, and
-    /// learnt its summary when it came in).
-    fn learn_from(&self, st: &mut crate::volume::State, learnt: &mut Vec<(usize, Page, PageRef)>) {
-        let map = st.live.map_mut();
-        for (p, page, r) in learnt.drain(..) {
-            if map.resident(p).is_none() && map.page_ref(p) == Some(r) {
-                map.learn_summary(p, &page);
-            }
-        }
-    }
-
-    fn learn_summaries(&self, learnt: &mut Vec<(usize, Page, PageRef)>) -> Result<(), VolError> {
-        let mut st = self.lock_state()?;
-        self.learn_from(&mut st, learnt);
-        Ok(())
-    }
-
     /// Scans page `p` from its record `r` outside the state lock (and
-    /// returns the page read), or, if that no longer verifies, as the map
-    /// has it now under the lock.
+    /// returns the reference summary of what it read), or, if that no
+    /// longer verifies, as the map has it now under the lock.
     fn scan_unread(
         &self,
         p: usize,
         r: &PageRef,
         copy: Option<Vec<u8>>,
         note: &mut impl FnMut(u64, MapEntry),
-    ) -> Result<Option<Page>, VolError> {
+    ) -> Result<Option<u64>, VolError> {
         let buffered = |_: u64, _: usize| copy.clone();
         let src = LogPages {
             storage: &*self.storage,
@@ -174,7 +160,7 @@ impl Volume {
         };
         if let Ok(entries) = src.load(p as u64, r) {
             entries.iter().for_each(|&(l, e)| note(l, e));
-            return Ok(Page::from_entries(p as u64, &entries));
+            return Ok(Some(ref_summary(entries.iter().map(|&(_, e)| e))));
         }
         let mut st = self.lock_state()?;
         let first = (p * PAGE_BLOCKS) as u64;
@@ -184,5 +170,17 @@ impl Volume {
             note(l, st.live.get(l));
         }
         Ok(None)
+    }
+}
+
+/// Takes the summaries of the pages read outside the lock whose record is
+/// still the one read (a page changed since is in memory, and learnt its
+/// summary when it came in).
+fn learn(st: &mut crate::volume::State, learnt: &mut Vec<Learnt>) {
+    let map = st.live.map_mut();
+    for (p, sum, r) in learnt.drain(..) {
+        if map.resident(p).is_none() && map.page_ref(p) == Some(r) {
+            map.learn_summary(p, sum);
+        }
     }
 }
