@@ -131,6 +131,9 @@ PYEOF
     ((rc == 0)) || fail "stat --watch into a closed pipe: exit $rc ($(cat "$E2E_TMP/watch.err"))"
     ! grep -q panicked "$E2E_TMP/watch.err" || fail "stat --watch panicked on a closed pipe"
     expect_fail "stat --watch 0 rejected" "$CVOL" stat "$VOL" --watch 0
+    expect_fail "stat --watch of a missing volume" "$CVOL" stat "$E2E_TMP/missing.cvol" --watch
+    grep -q "no such file" "$E2E_TMP/last.out" ||
+        fail "stat --watch of a missing path does not say so: $(cat "$E2E_TMP/last.out")"
 
     step "second serve of the same volume must fail fast with a lock message"
     t0=$(date +%s)

@@ -115,6 +115,8 @@ pub fn cmd_watch(
     let mut shown = 0u64;
     loop {
         let Some(stats) = query_served(path) else {
+            // A wrong path or a file that is no volume says so first.
+            volfile::open_read_only(path, None)?;
             return Err(format!(
                 "{}: not being served (or its server stopped); --watch shows a served volume's activity, `cvol stat {}` shows it offline",
                 path.display(),
