@@ -106,6 +106,13 @@ struct ElasticFlags {
     /// are idle (on or off).
     #[arg(long, default_value = "on")]
     recompress: String,
+    /// Codec policy auto with --recompress on: the share of the machine's
+    /// CPU (percent of all cores) inline compression may use while the
+    /// load is busy; beyond it, units are written raw and compressed by
+    /// background recompression once clients are idle (EDC's lightest
+    /// level). 0 defers every unit while busy; off always compresses inline.
+    #[arg(long, default_value = "30")]
+    inline_cpu: String,
 }
 
 /// What clients may hold of the NBD server: part of its `ServerConfig`.
@@ -205,8 +212,22 @@ impl ElasticFlags {
             busy_iops,
             idle_iops,
             recompress: words::on_off("--recompress", &self.recompress)?,
+            inline_cpu_percent: inline_cpu(&self.inline_cpu)?,
             ..ElasticConfig::default()
         })
+    }
+}
+
+/// `--inline-cpu PERCENT|off`.
+fn inline_cpu(v: &str) -> Result<Option<u32>, String> {
+    if v == "off" {
+        return Ok(None);
+    }
+    match v.trim_end_matches('%').parse::<u32>() {
+        Ok(p) if p <= 100 => Ok(Some(p)),
+        _ => Err(format!(
+            "--inline-cpu {v}: expected a percentage from 0 to 100, or off"
+        )),
     }
 }
 
@@ -437,12 +458,25 @@ mod tests {
         assert_eq!(o.elastic.unit_blocks, 4);
         assert_eq!(o.elastic.busy_iops, d.elastic.busy_iops);
         assert!(o.elastic.recompress && !o.read_only && !o.sync_writes);
+        assert_eq!(o.elastic.inline_cpu_percent, d.elastic.inline_cpu_percent);
         let c = a.server_config().unwrap();
         let dc = ServerConfig::default();
         assert_eq!(c.max_connections, dc.max_connections);
         assert_eq!(c.max_buffered_bytes, dc.max_buffered_bytes);
         assert_eq!(c.handshake_timeout, dc.handshake_timeout);
         assert_eq!(c.export_name, "");
+    }
+
+    #[test]
+    fn inline_cpu_takes_a_percentage_or_off() {
+        let pct = |v: &str| parse(&["--inline-cpu", v]).open_options();
+        assert_eq!(pct("off").unwrap().elastic.inline_cpu_percent, None);
+        assert_eq!(pct("0").unwrap().elastic.inline_cpu_percent, Some(0));
+        assert_eq!(pct("45%").unwrap().elastic.inline_cpu_percent, Some(45));
+        for bad in ["101", "-1", "of", ""] {
+            let e = pct(bad).unwrap_err();
+            assert!(e.contains("--inline-cpu") && e.contains("0 to 100"), "{e}");
+        }
     }
 
     #[test]

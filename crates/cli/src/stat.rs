@@ -391,12 +391,14 @@ impl Report {
             (
                 "elastic",
                 format!(
-                    "units up to {} ({} written), load {} ({} IOPS), probe wrote {} raw",
+                    "units up to {} ({} written), load {} ({} IOPS), probe wrote {} raw, \
+                     {} deferred",
                     count(u64::from(e.unit_blocks), "block", "blocks"),
                     e.units_written,
                     e.load_level,
                     e.load_iops,
-                    count(e.probe_raw_blocks, "block", "blocks")
+                    count(e.probe_raw_blocks, "block", "blocks"),
+                    count(e.deferred_blocks, "block", "blocks")
                 ),
             ),
             (

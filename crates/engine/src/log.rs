@@ -11,9 +11,19 @@ use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_
 use cvol_format::record::{REF_PAYLOAD_BYTES, SYNCED_PAYLOAD_BYTES, UNIT_BLOCKS_MAX};
 use cvol_format::{align_up, CodecTag, Superblock, SECTOR_SIZE_BYTES};
 use cvol_storage::Storage;
+use std::sync::Arc;
 
-/// Unwritten full sectors beyond this are written behind, before any flush.
-const WRITE_BEHIND_BYTES: usize = 1 << 20;
+mod segbuf;
+use segbuf::SegBuf;
+
+/// A client write that leaves this many unwritten full sectors in the
+/// data head (or an eighth of a segment, if less) claims them and writes
+/// them behind after it drops the state lock ([`Log::claim_write_behind`]),
+/// so the copy to storage does not hold every other request up.
+const WRITE_BEHIND_BYTES: usize = 512 << 10;
+/// Appends that leave this many (a large commit, background work that
+/// claims nothing) write them behind at once, under the lock.
+const WRITE_BEHIND_LOCKED_BYTES: usize = 4 << 20;
 
 /// The header fields of a record to append (the log fills in the rest).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,10 +169,12 @@ pub struct Head {
     pub segment: u64,
     /// Bytes of the open segment in use (records and padding).
     pub fill: usize,
-    /// Bytes of the open segment already handed to storage.
+    /// Bytes of the open segment already handed to storage, or claimed by
+    /// a write-behind that runs outside the state lock.
     pub written: usize,
-    /// The open segment's bytes; reads of records in it are served from here.
-    pub buf: Vec<u8>,
+    /// The open segment's bytes; reads of records in it are served from
+    /// here. Shared with the write-behinds of its claimed ranges.
+    pub buf: Arc<SegBuf>,
 }
 
 impl Head {
@@ -171,8 +183,47 @@ impl Head {
             segment,
             fill,
             written: fill,
-            buf: vec![0u8; segment_size as usize],
+            buf: Arc::new(SegBuf::new(segment_size as usize)),
         }
+    }
+
+    /// The whole buffer, to load the open segment's bytes at open (no
+    /// write-behind can run yet).
+    pub fn buf_mut(&mut self) -> &mut [u8] {
+        Arc::get_mut(&mut self.buf)
+            .expect("no write-behind before the volume is open")
+            .as_mut_slice()
+    }
+
+    /// Waits for the write-behinds of this head's segment: after it, every
+    /// claimed byte is on storage (or the volume has an I/O error).
+    fn wait_written(&self) -> Result<(), VolError> {
+        match self.buf.wait_idle() {
+            true => Ok(()),
+            false => Err(VolError::Io(std::io::Error::other(
+                "a write-behind of the open segment failed",
+            ))),
+        }
+    }
+}
+
+/// A range of the open segment claimed under the state lock, to be copied
+/// to storage after the lock is dropped ([`WriteBehind::run`]).
+#[must_use = "a claimed range must be written, or seal and flush wait forever"]
+pub struct WriteBehind {
+    buf: Arc<SegBuf>,
+    offset: u64,
+    at: usize,
+    len: usize,
+}
+
+impl WriteBehind {
+    /// Writes the claimed range; an error marks the segment failed (the
+    /// next seal or flush of it reports it) and is returned.
+    pub fn run(self, storage: &dyn Storage) -> Result<(), VolError> {
+        let r = storage.write_at(self.offset, self.buf.bytes(self.at, self.len));
+        self.buf.end(r.is_ok());
+        r.map_err(VolError::Io)
     }
 }
 
@@ -352,8 +403,8 @@ impl Log {
         debug_assert_eq!(RecordHeader::decode(&hb), Ok(h));
         let head = self.head_mut(r);
         let at = head.fill;
-        head.buf[at..at + RECORD_HEADER_BYTES].copy_from_slice(&hb);
-        head.buf[at + RECORD_HEADER_BYTES..at + total].copy_from_slice(payload);
+        head.buf.put(at, &hb);
+        head.buf.put(at + RECORD_HEADER_BYTES, payload);
         head.fill += total;
         let segment = head.segment;
         self.appended_bytes += total as u64;
@@ -394,8 +445,9 @@ impl Log {
         let head = self.head_mut(r);
         if end > head.written {
             let base = data_offset + head.segment * size;
+            let bytes = head.buf.bytes(head.written, end - head.written);
             storage
-                .write_at(base + head.written as u64, &head.buf[head.written..end])
+                .write_at(base + head.written as u64, bytes)
                 .map_err(VolError::Io)?;
             let n = (end - head.written) as u64;
             head.written = end;
@@ -407,10 +459,33 @@ impl Log {
     fn write_behind(&mut self, storage: &dyn Storage, r: Region) -> Result<(), VolError> {
         let head = self.head_mut(r);
         let full = head.fill - head.fill % SECTOR_SIZE_BYTES as usize;
-        if full - head.written >= WRITE_BEHIND_BYTES {
+        if full - head.written >= WRITE_BEHIND_LOCKED_BYTES {
             self.write_range(storage, r, full)?;
         }
         Ok(())
+    }
+
+    /// Claims the data head's unwritten full sectors if there are at least
+    /// `WRITE_BEHIND_BYTES` of them: the caller writes them with
+    /// [`WriteBehind::run`] once it has dropped the state lock. A seal or a
+    /// flush of the segment waits for the claimed writes to finish.
+    pub fn claim_write_behind(&mut self) -> Option<WriteBehind> {
+        let base = self.base_of(self.head.segment);
+        let head = &mut self.head;
+        let full = head.fill - head.fill % SECTOR_SIZE_BYTES as usize;
+        if full - head.written < WRITE_BEHIND_BYTES.min(self.segment_size as usize / 8) {
+            return None;
+        }
+        head.buf.begin();
+        let claim = WriteBehind {
+            buf: Arc::clone(&head.buf),
+            offset: base + head.written as u64,
+            at: head.written,
+            len: full - head.written,
+        };
+        self.media_bytes_written += claim.len as u64;
+        head.written = full;
+        Some(claim)
     }
 
     /// Pads each head's open segment to a sector boundary and hands every
@@ -431,11 +506,12 @@ impl Log {
         let head = self.head_mut(r);
         let padded = (align_up(head.fill as u64, SECTOR_SIZE_BYTES) as usize).min(size);
         let pad = (padded - head.fill) as u64;
-        head.buf[head.fill..padded].fill(0); // may hold an earlier segment's bytes
+        head.buf.zero(head.fill, padded); // may hold an earlier segment's bytes
         head.fill = padded;
         self.appended_bytes += pad;
         self.write_range(storage, r, padded)?;
         let head = self.head_mut(r);
+        head.wait_written()?;
         assert!(head.written == head.fill && (head.fill as u64).is_multiple_of(SECTOR_SIZE_BYTES));
         Ok(())
     }
@@ -446,6 +522,9 @@ impl Log {
         }
         let fill = self.head_mut(r).fill;
         self.write_range(storage, r, fill)?;
+        // Sealed, the segment is read from storage: its claimed ranges
+        // must be there, and the buffer is reused for the next one.
+        self.head_mut(r).wait_written()?;
         self.appended_bytes += self.segment_size - fill as u64;
         let old = self.head_mut(r).segment;
         self.segments.seal(old);
@@ -468,10 +547,8 @@ impl Log {
         let heads = std::iter::once(&self.head).chain(self.meta.as_ref());
         heads.into_iter().find_map(|h| {
             let base = self.base_of(h.segment);
-            (offset >= base && offset + len as u64 <= base + h.fill as u64).then(|| {
-                let at = (offset - base) as usize;
-                &h.buf[at..at + len]
-            })
+            (offset >= base && offset + len as u64 <= base + h.fill as u64)
+                .then(|| h.buf.bytes((offset - base) as usize, len))
         })
     }
 }

@@ -7,14 +7,26 @@
 //! | probe            | load                                   | codec          |
 //! |------------------|----------------------------------------|----------------|
 //! | incompressible   | any                                    | none (raw)     |
+//! | compressible     | busy, inline compression over budget   | none, deferred |
 //! | compressible     | busy: >= busy_iops or >= busy_inflight | lz4            |
 //! | compressible     | between idle_iops and busy             | zstd:1         |
 //! | compressible     | idle: < idle_iops                      | zstd:3         |
 //!
-//! Background recompression (idle only) rewrites cold lz4 records and small
-//! units with the volume's strong codec (zstd level from the superblock),
-//! merged into units. Raw records are never retried: the probe or a failed
-//! compression already judged them.
+//! *Deferred* (EDC's lightest level taken to its end: "EDC does not apply
+//! data compression during periods when the I/O intensity is very high"):
+//! when the clients keep the volume busy and inline compression has used
+//! its share of the machine's CPU (`inline_cpu_percent`, measured as time
+//! spent compressing), a unit of two or more blocks is stored as one raw
+//! unit record. Only such deferral makes raw *units* (an incompressible
+//! run is stored one raw record per block), so the map tells them apart
+//! without a format change; background recompression compresses them when
+//! clients are idle. Deferral needs room: at least `high_free_percent` of
+//! the segments free (the cleaner's stop threshold).
+//!
+//! Background recompression (idle only) rewrites cold lz4 records, small
+//! units and deferred raw units with the volume's strong codec (zstd level
+//! from the superblock), merged into units. Raw single-block records are
+//! never retried: the probe or a failed compression already judged them.
 use crate::codec::Codec;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -39,6 +51,12 @@ pub struct ElasticConfig {
     pub recompress_idle_ms: u64,
     /// Logical bytes one background pass may rewrite.
     pub recompress_pass_bytes: u64,
+    /// Share of the machine's CPU (percent of all cores) that inline
+    /// compression may use while the load is busy; units beyond it are
+    /// written raw and compressed when idle (policy auto with
+    /// recompression only). Some(0): defer every unit while busy; None:
+    /// always compress inline.
+    pub inline_cpu_percent: Option<u32>,
 }
 
 impl Default for ElasticConfig {
@@ -51,11 +69,14 @@ impl Default for ElasticConfig {
             recompress: true,
             recompress_idle_ms: 1_000,
             recompress_pass_bytes: 16 << 20,
+            inline_cpu_percent: Some(INLINE_CPU_PERCENT_DEFAULT),
         }
     }
 }
 
 pub const UNIT_BLOCKS_MAX: u32 = 16;
+/// Default share of the CPU inline compression may take while busy.
+pub const INLINE_CPU_PERCENT_DEFAULT: u32 = 30;
 pub const UNIT_BLOCKS_DEFAULT: u32 = 4;
 
 /// How the volume picks codecs.
@@ -226,6 +247,67 @@ pub fn classify(iops: u64, inflight: usize, cfg: &ElasticConfig) -> Load {
     }
 }
 
+/// Compression time a burst may use beyond the budget's rate.
+const BUDGET_BURST_NS: u64 = 20_000_000;
+
+/// The CPU budget of inline compression: a token bucket over the time
+/// compressions take (wall time of the compress call: a preempted thread
+/// counts as busy, which is right, since the CPU is then contended). It
+/// refills at `percent` of all cores and holds at most a 20 ms burst.
+pub struct InlineBudget {
+    start: Instant,
+    percent: Option<u32>,
+    /// Compression ns allowed per ns of wall time, x 1000 (0: no budget).
+    rate_milli: u64,
+    /// When the compression time spent so far is paid off at `rate`, as ns
+    /// since `start` (a GCRA "theoretical arrival time").
+    paid_at_ns: AtomicU64,
+}
+
+impl InlineBudget {
+    /// `percent` of `cores`; Some(0): never compress inline while busy;
+    /// None: always compress inline.
+    pub fn new(cores: usize, percent: Option<u32>) -> InlineBudget {
+        let percent = percent.map(|p| p.min(100));
+        InlineBudget {
+            start: Instant::now(),
+            percent,
+            rate_milli: percent.map_or(0, |p| cores.max(1) as u64 * u64::from(p) * 10),
+            paid_at_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// The budget, percent of all cores (None: always compress inline).
+    pub fn percent(&self) -> Option<u32> {
+        self.percent
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// May a unit be compressed now?
+    pub fn allows(&self) -> bool {
+        match self.percent {
+            None => true,
+            Some(0) => false,
+            Some(_) => self.paid_at_ns.load(Ordering::Relaxed) <= self.now_ns() + BUDGET_BURST_NS,
+        }
+    }
+
+    /// Charges a compression that took `ns`.
+    pub fn spend(&self, ns: u64) {
+        if self.rate_milli == 0 {
+            return;
+        }
+        // Idle time refills the bucket, up to the burst (racing charges
+        // may each apply the max: a rate, not a ledger).
+        self.paid_at_ns.fetch_max(self.now_ns(), Ordering::Relaxed);
+        self.paid_at_ns
+            .fetch_add(ns * 1000 / self.rate_milli, Ordering::Relaxed);
+    }
+}
+
 /// Bytes sampled per probe: 16 runs of 32 bytes spread over the data.
 const PROBE_RUNS: usize = 16;
 const PROBE_RUN_BYTES: usize = 32;
@@ -332,6 +414,32 @@ mod tests {
         assert_eq!(auto_codec(Load::Busy), Codec::Lz4);
         assert_eq!(auto_codec(Load::Medium), Codec::Zstd(1));
         assert_eq!(auto_codec(Load::Idle), Codec::Zstd(3));
+    }
+
+    #[test]
+    fn budget_defers_once_compression_outruns_its_share() {
+        // 1 core at 10%: 100 ms of compression costs a second of wall time.
+        let b = InlineBudget::new(1, Some(10));
+        assert!(b.allows());
+        b.spend(10_000_000); // 10 ms: 100 ms to pay, beyond the 20 ms burst
+        assert!(!b.allows());
+        // Without a budget, never deferred; with a budget of 0, always.
+        let none = InlineBudget::new(2, None);
+        none.spend(u64::from(u32::MAX));
+        assert!(none.allows());
+        assert!(!InlineBudget::new(2, Some(0)).allows());
+        // 2 cores at 100%: 10 ms of compression costs 5 ms, within the burst.
+        let wide = InlineBudget::new(2, Some(100));
+        wide.spend(10_000_000);
+        assert!(wide.allows());
+        wide.spend(40_000_000);
+        assert!(!wide.allows());
+        // Paid off as wall time passes: 10 ms at 100% of 1 core.
+        let quick = InlineBudget::new(1, Some(100));
+        quick.spend(30_000_000);
+        assert!(!quick.allows());
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        assert!(quick.allows());
     }
 
     #[test]

@@ -271,6 +271,14 @@ pub struct ElasticStats {
     /// Blocks written raw because the compressibility probe judged them
     /// incompressible (since open).
     pub probe_raw_blocks: u64,
+    /// Units (and their blocks) stored raw since open because inline
+    /// compression had used its CPU budget while busy: compressed later
+    /// by background recompression.
+    pub deferred_units: u64,
+    pub deferred_blocks: u64,
+    /// The CPU budget of inline compression while busy, percent of all
+    /// cores (serve --inline-cpu); null: always compress inline.
+    pub inline_cpu_percent: Option<u32>,
     /// Units the auto policy gave lz4 (busy), zstd:1 (medium), the strong
     /// zstd level (idle), since open.
     pub auto_lz4_units: u64,

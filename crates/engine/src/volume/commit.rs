@@ -82,6 +82,7 @@ impl Volume {
         loop {
             let need: u64 = items.iter().map(record_bytes).sum();
             let mut st = self.lock_with_space(space::commit_bytes(need))?;
+            self.note_defer_room(&st);
             let mut done = Committed::new();
             let mut orphans = Vec::new();
             for item in items {
@@ -94,7 +95,13 @@ impl Volume {
                 // too: the background checkpointer (if one runs) bounds
                 // them, and with them the memory and the recovery time.
                 let due = self.checkpoint_due_by_writes(&st);
+                let behind = st.log.claim_write_behind();
                 drop(st);
+                // The copy to storage runs outside the lock (a seal or a
+                // flush of the segment waits for it).
+                if let Some(w) = behind {
+                    self.guard(w.run(&*self.storage))?;
+                }
                 if due {
                     self.jobs.checkpointer.hand_over();
                 }
@@ -107,6 +114,17 @@ impl Volume {
                 .into_iter()
                 .map(|o| self.compress_block(o.lba, o.block, o.fp))
                 .collect();
+        }
+    }
+
+    /// Notes whether the log has room to defer compression: at least the
+    /// cleaner's stop threshold of segments free (deferred units take
+    /// their raw size until background recompression shrinks them).
+    pub(super) fn note_defer_room(&self, st: &State) {
+        let (free, total) = (st.log.segments.free_count(), st.log.segments.count());
+        let room = free * 100 >= self.options.cleaner.high_free_percent * total;
+        if self.activity.defer_room.load(Ordering::Relaxed) != room {
+            self.activity.defer_room.store(room, Ordering::Relaxed);
         }
     }
 

@@ -161,6 +161,9 @@ impl Volume {
                 Err(VolError::NoSpace) => return Err(OpenError::LogFull.into()),
                 r => r?,
             }
+            let st = vol.lock_state()?;
+            vol.note_defer_room(&st);
+            drop(st);
         }
         Ok(vol)
     }
@@ -228,7 +231,11 @@ impl Volume {
             state: OrderedMutex::new(Level::State, state),
             dedup,
             poisoned: AtomicBool::new(false),
-            activity: Activity::new(),
+            activity: Activity::new(
+                (policy_of(&sb).is_auto() && options.elastic.recompress && !options.read_only)
+                    .then_some(options.elastic.inline_cpu_percent)
+                    .flatten(),
+            ),
             caches: Caches::new(
                 options
                     .read_cache_bytes
@@ -489,7 +496,10 @@ fn recovered_state(
     }
     let mut log = Log::new(sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
     storage
-        .read_at(sb.segment_offset(r.segment), &mut log.head.buf[..r.end])
+        .read_at(
+            sb.segment_offset(r.segment),
+            &mut log.head.buf_mut()[..r.end],
+        )
         .map_err(VolError::Io)?;
     Ok(State::new(
         live,

@@ -43,6 +43,14 @@ pub(in crate::volume) enum Prepared<'a> {
     },
 }
 
+/// How a run of blocks is stored.
+enum Choice {
+    Codec(Codec),
+    /// As one raw unit, for background recompression (the CPU budget of
+    /// inline compression is spent).
+    Defer,
+}
+
 #[derive(Clone, Copy)]
 pub(in crate::volume) enum DupTarget {
     /// A stored record (its owner-form entry and header LBA, from the index).
@@ -195,35 +203,66 @@ impl Volume {
         Ok(dups)
     }
 
-    /// The codec for a run of blocks: raw if the probe finds it
+    /// How to store a run of blocks: raw if the probe finds it
     /// incompressible, else the fixed codec or the auto policy's choice
-    /// for the current load.
-    fn choose_codec(&self, data: &[u8]) -> Codec {
+    /// for the current load, or deferred (a raw unit) when the load is busy
+    /// and inline compression has used its CPU budget (runs of 2+ blocks).
+    fn choose_codec(&self, data: &[u8]) -> Choice {
         let n = (data.len() / BS) as u64;
         let es = &self.counters.elastic;
         match self.policy {
-            CodecPolicy::Fixed(Codec::None) => Codec::None,
+            CodecPolicy::Fixed(Codec::None) => Choice::Codec(Codec::None),
             _ if !policy::probe_compressible(data) => {
                 es.probe_raw_blocks.fetch_add(n, Ordering::Relaxed);
-                Codec::None
+                Choice::Codec(Codec::None)
             }
-            CodecPolicy::Fixed(c) => c,
+            CodecPolicy::Fixed(c) => Choice::Codec(c),
             CodecPolicy::Auto { .. } => {
                 let load = self.activity.load.load(&self.options.elastic);
+                if load == policy::Load::Busy
+                    && n >= 2
+                    && !self.activity.inline_budget.allows()
+                    && self.activity.defer_room.load(Ordering::Relaxed)
+                {
+                    return Choice::Defer;
+                }
                 es.count_auto_choice(load);
-                policy::auto_codec(load)
+                Choice::Codec(policy::auto_codec(load))
             }
         }
     }
 
     /// Compresses a run of contiguous blocks (inside one unit window) into
     /// one unit record, or single-block records when it is one block or
-    /// does not compress.
+    /// does not compress; or stores it as one raw unit when compression is
+    /// deferred.
     fn compress_run<'a>(&self, lba: u64, data: &'a [u8], fps: &[Fingerprint]) -> Vec<Prepared<'a>> {
-        let out = self.compress_run_with(lba, data, fps, self.choose_codec(data));
+        let es = &self.counters.elastic;
+        let out = match self.choose_codec(data) {
+            Choice::Defer => {
+                let n = data.len() / BS;
+                es.deferred_units.fetch_add(1, Ordering::Relaxed);
+                es.deferred_blocks.fetch_add(n as u64, Ordering::Relaxed);
+                vec![Prepared::Data {
+                    lba,
+                    nblocks: n as u32,
+                    codec: CodecTag::None,
+                    level: 0,
+                    payload_crc: crc32c::crc32c(data),
+                    payload: Cow::Borrowed(data),
+                    fps: fps.to_vec(),
+                }]
+            }
+            Choice::Codec(codec) => {
+                let t = std::time::Instant::now();
+                let out = self.compress_run_with(lba, data, fps, codec);
+                let spent = t.elapsed().as_nanos() as u64;
+                self.activity.inline_budget.spend(spent);
+                out
+            }
+        };
         if let [Prepared::Data { nblocks, .. }] = out[..] {
             if nblocks > 1 {
-                let es = &self.counters.elastic;
                 es.units_written.fetch_add(1, Ordering::Relaxed);
                 es.unit_blocks_written
                     .fetch_add(u64::from(nblocks), Ordering::Relaxed);

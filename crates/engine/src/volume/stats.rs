@@ -42,6 +42,10 @@ pub(in crate::volume) struct ElasticCounters {
     auto_lz4: AtomicU64,
     auto_zstd_fast: AtomicU64,
     auto_zstd_strong: AtomicU64,
+    /// Units stored raw because inline compression was over its CPU
+    /// budget (deferred to background recompression), and their blocks.
+    pub(in crate::volume) deferred_units: AtomicU64,
+    pub(in crate::volume) deferred_blocks: AtomicU64,
     /// Multi-block units written by client writes, and their blocks.
     pub(in crate::volume) units_written: AtomicU64,
     pub(in crate::volume) unit_blocks_written: AtomicU64,
@@ -268,6 +272,9 @@ impl Volume {
             units_written: get(&es.units_written),
             unit_blocks_written: get(&es.unit_blocks_written),
             probe_raw_blocks: get(&es.probe_raw_blocks),
+            deferred_units: get(&es.deferred_units),
+            deferred_blocks: get(&es.deferred_blocks),
+            inline_cpu_percent: self.activity.inline_budget.percent(),
             auto_lz4_units: get(&es.auto_lz4),
             auto_zstd_fast_units: get(&es.auto_zstd_fast),
             auto_zstd_strong_units: get(&es.auto_zstd_strong),

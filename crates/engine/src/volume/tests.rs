@@ -111,7 +111,7 @@ fn stats_serialize_flat_in_field_order() {
     assert!(at("recompress_skipped_units") < at("checkpoint_generation"));
     assert!(at("poisoned") < at("scrub_runs"));
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(json.as_object().unwrap().len(), 111);
+    assert_eq!(json.as_object().unwrap().len(), 114);
     assert!(json["blocks_by_codec"]["lz4"].is_u64());
 }
 

@@ -157,6 +157,10 @@ pub fn elastic(rng: &mut StdRng) -> ElasticConfig {
         busy_iops,
         idle_iops,
         busy_inflight: usize::MAX,
+        // Busy seeds defer compression half the time (every multi-block
+        // unit raw, for background recompression): deterministic, unlike
+        // the CPU budget.
+        inline_cpu_percent: [None, Some(0)][rng.gen_range(0..2)],
         ..ElasticConfig::default()
     }
 }

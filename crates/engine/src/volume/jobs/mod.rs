@@ -12,7 +12,7 @@ pub(in crate::volume) mod scrub;
 pub(in crate::volume) mod warmup;
 
 use super::Volume;
-use crate::policy::LoadMonitor;
+use crate::policy::{InlineBudget, LoadMonitor};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -131,15 +131,25 @@ pub(in crate::volume) struct Activity {
     last_client_io_ms: AtomicU64,
     /// Writers waiting for the cleaner to make room (the cleaner stops yielding).
     pub(in crate::volume) space_waiters: AtomicUsize,
+    /// The CPU share inline compression may use while busy (policy auto).
+    pub(in crate::volume) inline_budget: InlineBudget,
+    /// Enough free segments to defer compression (written at each write's
+    /// commit: at least the cleaner's stop threshold free).
+    pub(in crate::volume) defer_room: AtomicBool,
 }
 
 impl Activity {
-    pub(in crate::volume) fn new() -> Activity {
+    /// `inline_cpu_percent`: the budget of inline compression (None:
+    /// always compress inline).
+    pub(in crate::volume) fn new(inline_cpu_percent: Option<u32>) -> Activity {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Activity {
             load: LoadMonitor::default(),
             opened: Instant::now(),
             last_client_io_ms: AtomicU64::new(0),
             space_waiters: AtomicUsize::new(0),
+            inline_budget: InlineBudget::new(cores, inline_cpu_percent),
+            defer_room: AtomicBool::new(false),
         }
     }
 

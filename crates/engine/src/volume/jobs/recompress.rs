@@ -63,6 +63,23 @@ pub struct RecompressReport {
     pub uncollectable: u64,
 }
 
+/// Records background recompression may rewrite: compressed ones, and raw
+/// units (only deferred compression writes those).
+fn rewritable(codec: CodecTag, unit: bool) -> bool {
+    codec != CodecTag::None || unit
+}
+
+fn is_raw_unit(e: MapEntry) -> bool {
+    matches!(
+        e.state_valid(),
+        EntryState::Data {
+            codec: CodecTag::None,
+            unit: true,
+            ..
+        }
+    )
+}
+
 struct Candidate {
     first: u64,
     score: u64,
@@ -76,8 +93,9 @@ impl Volume {
     }
 
     /// Is entry `e` a record worth rewriting with the strong codec? lz4
-    /// records, and single-block records of a compressing codec (too small
-    /// a unit); not raw ones (judged incompressible), not dedup-shared ones.
+    /// records, single-block records of a compressing codec (too small a
+    /// unit) and raw units (deferred compression); not raw single blocks
+    /// (judged incompressible), not dedup-shared ones.
     fn weak(st: &State, e: MapEntry) -> Option<(u64, u32)> {
         let table = st.live.shared();
         match e.state_valid() {
@@ -87,8 +105,8 @@ impl Volume {
                 len,
                 shared: false,
                 unit,
-            } if codec != CodecTag::None
-                && (codec == CodecTag::Lz4 || !unit)
+            } if rewritable(codec, unit)
+                && (codec != CodecTag::Zstd || !unit)
                 && table.get(offset).is_none_or(|s| s.refs == 0) =>
             {
                 Some((offset, len))
@@ -279,7 +297,7 @@ impl Volume {
         let owner_data = |e: &MapEntry| {
             matches!(
                 e.state_valid(),
-                EntryState::Data { shared: false, codec, .. } if codec != CodecTag::None
+                EntryState::Data { shared: false, codec, unit, .. } if rewritable(codec, unit)
             )
         };
         let mut rewritten = 0;
@@ -347,7 +365,10 @@ impl Volume {
                 _ => unreachable!("a data run compresses to data"),
             })
             .sum();
-        if new_bytes + old_bytes / MIN_GAIN_DIVISOR > old_bytes {
+        // A deferred raw unit is rewritten even without a gain: as raw
+        // single blocks it is judged, and no pass visits it again.
+        let deferred = run.before.iter().any(|e| is_raw_unit(*e));
+        if !deferred && new_bytes + old_bytes / MIN_GAIN_DIVISOR > old_bytes {
             rep.skipped += 1;
             return Ok(0);
         }
