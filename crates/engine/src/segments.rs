@@ -191,7 +191,7 @@ impl SegmentTable {
     pub fn free_empty(&mut self, usage: &SegmentUsage, candidates: &[u64]) -> Vec<u64> {
         let mut out = Vec::new();
         for &s in candidates {
-            if self.state(s) == SegState::Sealed && usage.live_bytes(s) == 0 {
+            if self.is_sealed_empty(usage, s) {
                 self.set_state(s, SegState::Free);
                 out.push(s);
             }
@@ -199,10 +199,15 @@ impl SegmentTable {
         out
     }
 
+    /// Is `s` sealed and without live data (free to reuse once reclaimed)?
+    pub fn is_sealed_empty(&self, usage: &SegmentUsage, s: u64) -> bool {
+        self.state(s) == SegState::Sealed && usage.live_bytes(s) == 0
+    }
+
     /// Sealed segments holding no live data: a checkpoint would free them.
     pub fn empty_sealed_count(&self, usage: &SegmentUsage) -> u64 {
         (0..self.count())
-            .filter(|&s| self.state(s) == SegState::Sealed && usage.live_bytes(s) == 0)
+            .filter(|&s| self.is_sealed_empty(usage, s))
             .count() as u64
     }
 

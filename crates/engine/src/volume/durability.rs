@@ -173,17 +173,23 @@ impl Volume {
     /// makes durable, and older than the durable checkpoint, are reusable
     /// once it returns. None when every record up to `covers` is synced
     /// already.
-    fn write_for_sync(&self, covers: u64) -> Result<Option<(u64, Vec<u64>)>, VolError> {
+    pub(in crate::volume) fn write_for_sync(
+        &self,
+        covers: u64,
+    ) -> Result<Option<(u64, Vec<u64>)>, VolError> {
         let mut st = self.lock_state()?;
+        if st.synced_seq >= covers {
+            // Nothing to sync: and nothing to reclaim either. A segment
+            // empty now may have been emptied by records appended since
+            // the last sync; only a sync after this moment makes that
+            // durable (regression: write_behind.rs found segments freed
+            // and punched while the durable map still pointed into them).
+            return Ok(None);
+        }
         let candidates = st
             .log
             .segments
             .reclaimable(st.live.usage(), st.durable_snapshot_seq);
-        if st.synced_seq >= covers {
-            drop(st);
-            self.reclaim(&candidates)?;
-            return Ok(None);
-        }
         self.certify_previous_sync(&mut st)?;
         self.guard(st.log.pad_and_write(&*self.storage))?;
         assert!(
@@ -298,6 +304,10 @@ impl Volume {
         let tables = std::mem::take(&mut snap.tables).encode();
         let page_bytes = self.append_pages(pages, &tables, between)?;
         let table_bytes = self.append_tables(tables)?;
+        // The pages and tables written so far reach the media before the
+        // flush lock is taken: client FLUSHes wait only for the commit's
+        // small sync, not for this one (group commit keeps them short).
+        self.guard(self.storage.sync().map_err(VolError::Io))?;
         let _f = self.lock_flush()?;
         let (ptr, retired) = self.append_commit(&snap)?;
         let bytes = page_bytes + table_bytes + u64::from(ptr.commit_len);
@@ -548,18 +558,36 @@ impl Volume {
         if candidates.is_empty() {
             return Ok(());
         }
+        // Space goes back to the host *before* the segments are free: once
+        // free, the log head may open one and write to it at any moment,
+        // and a hole punched after that would zero the new records. Sealed
+        // segments never gain live bytes, and every reclaim runs under the
+        // flush lock, so the ones empty now are still empty below.
+        let empty: Vec<u64> = {
+            let st = self.lock_state()?;
+            let usage = st.live.usage();
+            candidates
+                .iter()
+                .copied()
+                .filter(|&s| st.log.segments.is_sealed_empty(usage, s))
+                .collect()
+        };
+        self.release_segments(&empty);
         let freed = {
             let mut st = self.lock_state()?;
             let State { log, live, .. } = &mut *st;
-            let freed = log.segments.free_empty(live.usage(), candidates);
+            let freed = log.segments.free_empty(live.usage(), &empty);
             live.fp_segments_freed(&freed);
             freed
         };
+        assert_eq!(freed, empty, "reclaims run one at a time");
         self.counters
             .cleaner
             .segments_reclaimed
             .fetch_add(freed.len() as u64, Ordering::Relaxed);
-        self.release_segments(&freed);
+        if !freed.is_empty() {
+            tracing::debug!(segments = freed.len(), "segments reclaimed");
+        }
         Ok(())
     }
 
@@ -573,9 +601,6 @@ impl Volume {
                     "discard failed (space stays allocated on the host): {e}"
                 );
             }
-        }
-        if !freed.is_empty() {
-            tracing::debug!(segments = freed.len(), "segments reclaimed");
         }
     }
 }

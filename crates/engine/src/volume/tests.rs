@@ -1,4 +1,6 @@
 use super::*;
+use crate::segments::SegState;
+use cvol_format::EntryState;
 use cvol_storage::SimStorage;
 
 fn block(tag: u8) -> Vec<u8> {
@@ -132,4 +134,67 @@ fn stats_read_back_from_json() {
     let without = text.replace("\"segments_used\":", "\"segments_in_use\":");
     let err = serde_json::from_str::<crate::VolumeStats>(&without).unwrap_err();
     assert!(err.to_string().contains("segments_used"), "{err}");
+}
+
+/// Regression (found by `tests/write_behind.rs`, from issue 16's group
+/// commit): a flush whose records another flush had already synced
+/// returned without a sync of its own, yet freed (and hole-punched) the
+/// segments empty *now*, emptied perhaps by records appended after that
+/// sync. A crash then kept the map that pointed into the punched segment.
+/// Here: a segment's blocks are all overwritten after a sync, and a flush
+/// that noted its seq before those overwrites (`write_for_sync` with the
+/// old seq, as a racing flush would) must leave the segment alone.
+#[test]
+fn regression_a_flush_with_nothing_to_sync_frees_no_segment() {
+    let sim = SimStorage::new(16 << 20);
+    let opts = CreateOptions::new(4 << 20, 16 << 20)
+        .with_codec(Codec::None)
+        .with_segment_size(1 << 20);
+    let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
+    let old = |l: u64| -> Vec<u8> { format!("old {l} ").bytes().cycle().take(BS).collect() };
+    for l in 0..600 {
+        vol.write_at(l * BS as u64, &old(l), false).unwrap();
+    }
+    vol.flush().unwrap();
+    vol.checkpoint().unwrap();
+    let (seg, offset) = {
+        let st = vol.lock_state().unwrap();
+        let EntryState::Data { offset, .. } = st.live.get(0).state_valid() else {
+            panic!("block 0 is stored");
+        };
+        (st.segment_of(offset), offset)
+    };
+    let covers = vol.lock_state().unwrap().log.last_seq();
+    // Every block of that segment overwritten, not synced.
+    for l in 0..400 {
+        let new: Vec<u8> = format!("new {l} ").bytes().cycle().take(BS).collect();
+        vol.write_at(l * BS as u64, &new, false).unwrap();
+    }
+    {
+        let st = vol.lock_state().unwrap();
+        assert_eq!(
+            st.live.usage().live_bytes(seg),
+            0,
+            "the segment is empty now"
+        );
+    }
+    assert!(
+        vol.write_for_sync(covers).unwrap().is_none(),
+        "nothing to sync"
+    );
+    {
+        let st = vol.lock_state().unwrap();
+        assert_eq!(st.log.segments.state(seg), SegState::Sealed, "not freed");
+    }
+    // A power cut that keeps only what touched that segment since the sync
+    // (a hole punch would): the flushed old blocks must read back.
+    let base = offset - offset % (1 << 20);
+    let crashed = sim.crash_dropping(|s| !(base..base + (1 << 20)).contains(&s));
+    drop(vol);
+    let vol = Volume::open(Arc::new(crashed), OpenOptions::default()).unwrap();
+    let mut got = vec![0u8; BS];
+    for l in 0..600 {
+        vol.read_at(l * BS as u64, &mut got).unwrap();
+        assert!(got == old(l), "block {l}");
+    }
 }
