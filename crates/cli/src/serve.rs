@@ -473,7 +473,7 @@ mod tests {
         assert_eq!(pct("off").unwrap().elastic.inline_cpu_percent, None);
         assert_eq!(pct("0").unwrap().elastic.inline_cpu_percent, Some(0));
         assert_eq!(pct("45%").unwrap().elastic.inline_cpu_percent, Some(45));
-        for bad in ["101", "-1", "of", ""] {
+        for bad in ["101", "1.5", "of", ""] {
             let e = pct(bad).unwrap_err();
             assert!(e.contains("--inline-cpu") && e.contains("0 to 100"), "{e}");
         }
