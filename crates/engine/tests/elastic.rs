@@ -390,14 +390,7 @@ fn deferred_units_are_stored_raw_then_recompressed_exactly() {
     );
     assert_reads(&vol, &image);
     // Idle: background recompression compresses them with the strong codec.
-    let mut total = 0;
-    loop {
-        let r = vol.recompress_pass(MIB, false).unwrap();
-        total += r.blocks_rewritten;
-        if r.blocks_rewritten == 0 {
-            break;
-        }
-    }
+    let total = common::recompress_to_end(&vol, MIB);
     assert_eq!(total, 1025, "the deferred units and the lz4 block");
     let after = vol.stats();
     assert_eq!(blocks_by_codec(&after), [0, 0, 1025]);

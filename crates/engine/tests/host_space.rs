@@ -153,14 +153,7 @@ fn dedup_survives_recompression() {
     let vol = volume(&sim, 32 * MIB, auto);
     let a = text(5, 4 * MIB as usize);
     write_chunks(&vol, 0, &a, BS); // busy: lz4, single-block records
-    let mut rewritten = 0;
-    loop {
-        let r = vol.recompress_pass(MIB, false).unwrap();
-        rewritten += r.blocks_rewritten;
-        if r.blocks_rewritten == 0 {
-            break;
-        }
-    }
+    let rewritten = common::recompress_to_end(&vol, MIB);
     assert_eq!(rewritten, (a.len() / BS) as u64);
     let before = vol.stats();
     write_chunks(&vol, 0, &a, BS);

@@ -108,3 +108,17 @@ pub fn close_and_check(vol: Volume, sim: &SimStorage) {
     let rep = cvol_engine::check::check_volume(sim, &mut |_, _| {});
     assert!(rep.consistent(), "check: {:?}", rep.errors);
 }
+
+/// Runs background recompression passes of `pass_bytes` until one rewrites
+/// nothing; returns the blocks rewritten in all.
+#[allow(dead_code, reason = "not every test binary recompresses")]
+pub fn recompress_to_end(vol: &Volume, pass_bytes: u64) -> u64 {
+    let mut total = 0;
+    loop {
+        let r = vol.recompress_pass(pass_bytes, false).unwrap();
+        if r.blocks_rewritten == 0 {
+            return total;
+        }
+        total += r.blocks_rewritten;
+    }
+}

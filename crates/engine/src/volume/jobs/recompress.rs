@@ -105,9 +105,10 @@ impl Volume {
                 len,
                 shared: false,
                 unit,
-            } if rewritable(codec, unit)
-                && (codec != CodecTag::Zstd || !unit)
-                && table.get(offset).is_none_or(|s| s.refs == 0) =>
+            } if matches!(
+                (codec, unit),
+                (CodecTag::Lz4, _) | (CodecTag::Zstd, false) | (CodecTag::None, true)
+            ) && table.get(offset).is_none_or(|s| s.refs == 0) =>
             {
                 Some((offset, len))
             }
