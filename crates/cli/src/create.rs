@@ -3,7 +3,8 @@
 //! empty file it was given stays empty).
 use crate::volfile::{self, Kind};
 use crate::words::{describe_policy, human_bytes};
-use crate::{size, words};
+use crate::{origin, size, words};
+use cvol_engine::cache::{CacheConfig, CacheMode, OriginStamp, CACHE_LINE_DEFAULT_BYTES};
 use cvol_engine::{CreateOptions, Volume};
 use cvol_format::superblock::{SEGMENT_SIZE_MAX_BYTES, SEGMENT_SIZE_MIN_BYTES};
 use cvol_format::{DATA_OFFSET_BYTES, LOGICAL_SIZE_MAX_BYTES, PHYSICAL_SIZE_MAX_BYTES};
@@ -28,6 +29,65 @@ pub struct CreateArgs<'a> {
     pub metadata_device: Option<&'a Path>,
     /// Its size, for a file (`--metadata-size`; default from the volume's).
     pub metadata_size: Option<&'a str>,
+    /// A cache in front of an origin (`--origin`); `size` is then unused.
+    pub cache: Option<CacheArgs<'a>>,
+}
+
+/// `--origin`, `--cache-mode`, `--line-size`.
+pub struct CacheArgs<'a> {
+    pub origin: &'a str,
+    pub mode: &'a str,
+    pub line_size: Option<&'a str>,
+}
+
+/// A checked cache create: what the label records, and the origin's stamp.
+struct CachePlan {
+    config: CacheConfig,
+    stamp: OriginStamp,
+}
+
+/// Checks the cache flags and reads the origin's size and stamp (the origin
+/// is only read: a create never writes it).
+fn plan_cache(path: &Path, c: &CacheArgs) -> Result<(u64, CachePlan), String> {
+    let mode = CacheMode::parse(c.mode).ok_or_else(|| {
+        format!(
+            "--cache-mode {}: expected write-through or write-back",
+            c.mode
+        )
+    })?;
+    let line = match c.line_size {
+        Some(s) => size::parse_size(s).map_err(|e| format!("--line-size: {e}"))?,
+        None => u64::from(CACHE_LINE_DEFAULT_BYTES),
+    };
+    if !line.is_power_of_two() || !(4096..=1 << 20).contains(&line) {
+        return Err(format!(
+            "--line-size {} must be a power of two from 4K to 1M",
+            c.line_size.unwrap_or("")
+        ));
+    }
+    if !origin::is_uri(c.origin) && volfile::same_file(path, Path::new(c.origin)) {
+        return Err(format!(
+            "--origin {} is the cache itself: name the slow device the cache sits in front of",
+            c.origin
+        ));
+    }
+    let o = origin::open(c.origin, true)?;
+    let size = o.store.len_bytes();
+    if size == 0 || !size.is_multiple_of(4096) || size > LOGICAL_SIZE_MAX_BYTES {
+        return Err(format!(
+            "origin {} is {size} bytes: a cache needs an origin of a non-zero multiple of \
+             4096 bytes, at most {} TiB",
+            c.origin,
+            LOGICAL_SIZE_MAX_BYTES >> 40
+        ));
+    }
+    let stamp = (o.stamp)().map_err(|e| format!("origin {}: {e}", c.origin))?;
+    let config = CacheConfig {
+        origin: c.origin.to_string(),
+        mode,
+        line_size_bytes: line as u32,
+    };
+    Ok((size, CachePlan { config, stamp }))
 }
 
 /// The metadata device of a volume being created.
@@ -57,7 +117,26 @@ pub fn cmd_create(path: &Path, a: &CreateArgs) -> Result<ExitCode, String> {
 
 /// Creates the volume; what was created, in words.
 pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
-    let logical = size::parse_size(a.size).map_err(|e| format!("--size: {e}"))?;
+    let (logical, cache) = match &a.cache {
+        Some(c) => {
+            if a.metadata_device.is_some() {
+                return Err("--metadata-device is not supported for a cache (--origin)".into());
+            }
+            if a.physical_size.is_none() && !matches!(volfile::existing_kind(path), Ok(Kind::BlockDevice)) {
+                return Err(format!(
+                    "a cache on a file needs --physical-size: how much of the fast device it \
+                     may use (the origin is {})",
+                    c.origin
+                ));
+            }
+            let (size, plan) = plan_cache(path, c)?;
+            (size, Some(plan))
+        }
+        None => (
+            size::parse_size(a.size).map_err(|e| format!("--size: {e}"))?,
+            None,
+        ),
+    };
     if logical == 0 || !logical.is_multiple_of(4096) {
         return Err(format!(
             "--size {} must be a non-zero multiple of 4096 bytes",
@@ -149,6 +228,7 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
         &mut undo,
         meta.as_ref(),
         &mut meta_undo,
+        cache.as_ref(),
     );
     if r.is_err() {
         undo.run(path);
@@ -164,6 +244,15 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
             human_bytes(m.size)
         ),
         None => String::new(),
+    };
+    let on_meta = match &cache {
+        Some(c) => format!(
+            ", a {} cache of {} ({}-byte lines)",
+            c.config.mode.name(),
+            c.config.origin,
+            c.config.line_size_bytes
+        ),
+        None => on_meta,
     };
     Ok(format!(
         "created {}: {} logical, {} physical, codec {}, dedup {}{on_meta}",
@@ -327,6 +416,7 @@ impl Undo {
     }
 }
 
+#[expect(clippy::too_many_arguments, reason = "one call site, each argument checked before")]
 fn write_volume(
     path: &Path,
     target: &Target,
@@ -335,8 +425,13 @@ fn write_volume(
     undo: &mut Undo,
     meta: Option<&MetaPlan>,
     meta_undo: &mut Undo,
+    cache: Option<&CachePlan>,
 ) -> Result<(), String> {
     let storage = open_target(path, target, a, opts.physical_size_bytes, undo)?;
+    if let Some(c) = cache {
+        return cvol_engine::cache::create(Arc::new(storage), opts, &c.config, c.stamp)
+            .map_err(|e| format!("{}: {e}", path.display()));
+    }
     let vol = match meta {
         None => Volume::create(Arc::new(storage), opts),
         Some(m) => {

@@ -8,6 +8,7 @@ mod check;
 mod control;
 mod control_server;
 mod create;
+mod origin;
 mod scrub;
 mod serve;
 mod size;
@@ -45,8 +46,9 @@ enum Command {
         /// The file to create (its directory must exist) or block device to format.
         volume: PathBuf,
         /// Logical size clients see (e.g. 64M, 16G, 1T); may exceed the physical size.
-        #[arg(long)]
-        size: String,
+        /// A cache (--origin) takes its origin's size instead.
+        #[arg(long, required_unless_present = "origin", conflicts_with = "origin")]
+        size: Option<String>,
         /// Backing bytes the volume may use (default: the file's --size, or the device size).
         #[arg(long)]
         physical_size: Option<String>,
@@ -65,6 +67,19 @@ enum Command {
         /// least 16 segments); a block device is used whole.
         #[arg(long, requires = "metadata_device")]
         metadata_size: Option<String>,
+        /// Make a compressed cache in front of this slow origin: a file, a
+        /// block device, or an NBD URI (nbd://HOST[:PORT]/EXPORT,
+        /// nbd+unix:///EXPORT?socket=PATH). Its logical size is the
+        /// origin's; --physical-size is the cache's room on this device.
+        #[arg(long, value_name = "ORIGIN")]
+        origin: Option<String>,
+        /// write-through (default: the origin gets every write first) or
+        /// write-back (writes stay in the cache until written back).
+        #[arg(long, requires = "origin", default_value = "write-through")]
+        cache_mode: String,
+        /// The unit a miss reads from the origin and fills (power of two, 4K to 1M).
+        #[arg(long, requires = "origin")]
+        line_size: Option<String>,
     },
     /// Serve a volume over NBD (default: ./cvol-data/default.cvol, created if absent).
     Serve(Box<serve::ServeArgs>),
@@ -150,11 +165,19 @@ fn main() -> ExitCode {
             dedup,
             segment_size,
             metadata_size,
+            origin,
+            cache_mode,
+            line_size,
         } => words::on_off("--dedup", &dedup).and_then(|dedup| {
             create::cmd_create(
                 &volume,
                 &create::CreateArgs {
-                    size: &size,
+                    size: size.as_deref().unwrap_or_default(),
+                    cache: origin.as_deref().map(|o| create::CacheArgs {
+                        origin: o,
+                        mode: &cache_mode,
+                        line_size: line_size.as_deref(),
+                    }),
                     physical_size: physical_size.as_deref(),
                     codec: &codec,
                     force,

@@ -4,7 +4,12 @@
 //! SIGTERM/SIGINT at any point stop it cleanly (exit 0).
 use crate::create::{self, CreateArgs};
 use crate::volfile::{self, Opened, Purpose};
-use crate::{backend, control_server, size, sockfile, words};
+use crate::{backend, control_server, origin, size, sockfile, words};
+use cvol_engine::cache::{CacheLabel, CacheVolume};
+use cvol_format::superblock::{Superblock, SUPERBLOCK_BYTES};
+use cvol_format::{SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
+use cvol_storage::{FileStorage, Storage};
+use cvol_nbd::Backend;
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
 
@@ -325,6 +330,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
                     make_parent: true,
                     metadata_device: None,
                     metadata_size: None,
+                    cache: None,
                 },
             )?;
             tracing::info!("{made}");
@@ -334,6 +340,9 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     if stop.load(Ordering::SeqCst) {
         tracing::info!("stopped by a signal before opening {}", path.display());
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(label) = cache_label(&store) {
+        return serve_cache(&path, store, &label, options, listeners, config, &args, &stop);
     }
     let mut options = options;
     let store = volfile::with_metadata(&path, store, purpose, &mut options)?;
@@ -349,7 +358,10 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let served = run(&path, &vol, listeners, config, &args, &stop);
+    let backend = Arc::new(backend::VolumeBackend {
+        volume: vol.clone(),
+    });
+    let served = run(&path, &vol, backend, None, listeners, config, &args, &stop);
     let closed = vol
         .close()
         .map_err(|e| format!("final flush/checkpoint failed: {e}"));
@@ -359,10 +371,62 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The label of a cache volume (None: an ordinary volume, or a store
+/// whose superblock the engine's open will judge).
+fn cache_label(store: &FileStorage) -> Option<Result<CacheLabel, String>> {
+    let sb = [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET].iter().find_map(|&at| {
+        let mut b = vec![0u8; SUPERBLOCK_BYTES];
+        store.read_at(at, &mut b).ok()?;
+        Superblock::decode(&b).ok()
+    })?;
+    sb.is_cache()
+        .then(|| cvol_engine::cache::read_label(store, &sb).map_err(|e| e.to_string()))
+}
+
+/// Serves a cache volume: its origin opened, the cache opened (warm, cold
+/// or recovered), served until `stop`, then closed cleanly.
+#[expect(clippy::too_many_arguments, reason = "cmd_serve's state, handed on once")]
+fn serve_cache(
+    path: &Path,
+    store: FileStorage,
+    label: &Result<CacheLabel, String>,
+    options: OpenOptions,
+    listeners: Listeners,
+    config: ServerConfig,
+    args: &ServeArgs,
+    stop: &AtomicBool,
+) -> Result<ExitCode, String> {
+    let label = label.as_ref().map_err(|e| format!("{}: {e}", path.display()))?;
+    let origin = origin::open(&label.origin, args.read_only)?;
+    let cache = CacheVolume::open(Arc::new(store), origin.store, options, origin.stamp)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    tracing::info!(
+        origin = %label.origin,
+        mode = cache.mode().name(),
+        start = cache.start().name(),
+        "cache opened"
+    );
+    let vol = cache.volume().clone();
+    let backend = Arc::new(backend::CacheBackend {
+        cache: cache.clone(),
+    });
+    let served = run(path, &vol, backend, Some(&cache), listeners, config, args, stop);
+    let closed = cache
+        .close()
+        .map_err(|e| format!("final write-back/flush/checkpoint failed: {e}"));
+    served?;
+    closed?;
+    tracing::info!("stopped cleanly");
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Serves until `stop`; the caller closes the volume.
+#[expect(clippy::too_many_arguments, reason = "the serve's parts, each named")]
 fn run(
     path: &Path,
     vol: &Arc<Volume>,
+    backend: Arc<dyn Backend>,
+    cache: Option<&Arc<CacheVolume>>,
     listeners: Listeners,
     config: ServerConfig,
     args: &ServeArgs,
@@ -370,12 +434,10 @@ fn run(
 ) -> Result<(), String> {
     let export = &args.export;
     let ctl = control_server::start(path, vol.clone())?;
-    let server = Server::new(
-        Arc::new(backend::VolumeBackend {
-            volume: vol.clone(),
-        }),
-        config,
-    );
+    let server = Server::new(backend, config);
+    let cache_worker = cache
+        .filter(|_| !args.read_only)
+        .map(|c| c.start_background());
     let mut uris = Vec::new();
     let mut socket_file = None;
     if let Some((l, file)) = listeners.unix {
@@ -420,6 +482,7 @@ fn run(
     }
     tracing::info!("stopping: finishing in-flight requests");
     server.shutdown();
+    drop(cache_worker);
     drop(socket_file);
     drop(index_warmup);
     drop(recompressor);

@@ -43,6 +43,8 @@ pub enum OpenError {
     LogFull,
     /// The metadata device is missing, too small, or another volume's.
     MetadataDevice(String),
+    /// A cache volume's label or origin does not allow serving it.
+    Cache(String),
 }
 
 impl From<OpenError> for VolError {
@@ -90,6 +92,7 @@ impl fmt::Display for OpenError {
                  needs; serve it --read-only to copy the data out"
             ),
             OpenError::MetadataDevice(why) => write!(f, "metadata device: {why}"),
+            OpenError::Cache(why) => write!(f, "cache: {why}"),
         }
     }
 }

@@ -189,6 +189,47 @@ pub struct VolumeStats {
     pub poisoned: bool,
     #[serde(flatten)]
     pub scrub: ScrubStats,
+    #[serde(flatten)]
+    pub cache: CacheStats,
+}
+
+/// A cache volume in front of an origin (`crate::cache`): zeros and a null
+/// `cache` for an ordinary volume. Counts are of 4 KiB blocks since the
+/// server started.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CacheStats {
+    /// Blocks read served from the cache.
+    pub cache_hits: u64,
+    /// Blocks read the cache did not hold (read from the origin).
+    pub cache_misses: u64,
+    /// hits / (hits + misses); 0 before the first read.
+    pub cache_hit_ratio: f64,
+    /// Bytes written into the cache by fills after misses.
+    pub cache_fill_bytes: u64,
+    /// Lines evicted (to keep the cache within its physical size).
+    pub cache_evictions: u64,
+    pub origin_bytes_read: u64,
+    pub origin_bytes_written: u64,
+    /// Bytes of lines written to the cache but not yet to the origin
+    /// (write-back; whole lines).
+    pub cache_dirty_bytes: u64,
+    /// The origin and mode (null for an ordinary volume).
+    pub cache: Option<CacheInfo>,
+}
+
+/// What a cache volume's label says.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CacheInfo {
+    /// The origin as given at create: a path or an NBD URI.
+    pub origin: String,
+    /// `write-through` or `write-back`.
+    pub mode: String,
+    pub line_size_bytes: u64,
+    pub origin_size_bytes: u64,
+    /// How the served cache started: `warm`, `cold` (empty: a new cache, a
+    /// changed origin or a crash in write-through), `recovered` (write-back
+    /// after a crash: every cached line counted dirty), or `offline`.
+    pub start: String,
 }
 
 /// The cleaner: its policy and what it did since open.

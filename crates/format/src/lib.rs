@@ -12,9 +12,11 @@
 //! 12 KiB   checkpoint pointer slot 1
 //! 16 KiB   metadata device label copies A and B (only with a metadata
 //!          device, `metadev`)
+//! 24 KiB   cache label copies A and B (only for a cache, `cache`)
 //! 1 MiB    segment 0, segment 1, ...  (fixed size; records packed byte-granular)
 //! ```
 
+pub mod cache;
 pub mod checkpoint;
 pub mod fprints;
 pub mod mapentry;

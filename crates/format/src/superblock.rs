@@ -10,7 +10,7 @@
 //!             (written outside the volume lock; set at create, and at
 //!             the first open for writing of an older volume); bits 3-7:
 //!             `FLAG_PAGED_MAP`, `FLAG_SEG_TABLES`, `FLAG_FP_TABLES`,
-//!             `FLAG_METADATA_DEVICE`, `FLAG_UNIT_WINDOWS` (below); other
+//!             `FLAG_METADATA_DEVICE`, `FLAG_UNIT_WINDOWS`; bit 8 `FLAG_CACHE` (below); other
 //!             bits 0
 //! 16     16   volume uuid (random)
 //! 32     8    logical_size_bytes   (multiple of 4096)
@@ -78,6 +78,10 @@ pub const FLAG_METADATA_DEVICE: u32 = 64;
 /// that predate it refuse the volume instead of taking the units without
 /// a row for dead.
 pub const FLAG_UNIT_WINDOWS: u32 = 128;
+/// The volume is a cache in front of an origin (`cache`): an unmapped
+/// block is not cached (read the origin), not zeros. Binaries that predate
+/// it refuse the volume instead of serving zeros for every miss.
+pub const FLAG_CACHE: u32 = 256;
 const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_AUTO_CODEC
     | FLAG_RESUME_AT_SNAPSHOT
@@ -85,7 +89,8 @@ const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_SEG_TABLES
     | FLAG_FP_TABLES
     | FLAG_METADATA_DEVICE
-    | FLAG_UNIT_WINDOWS;
+    | FLAG_UNIT_WINDOWS
+    | FLAG_CACHE;
 
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;
@@ -107,6 +112,11 @@ pub struct Superblock {
 }
 
 impl Superblock {
+    /// Is this volume a cache in front of an origin (`cache`)?
+    pub fn is_cache(&self) -> bool {
+        self.flags & FLAG_CACHE != 0
+    }
+
     pub fn dedup(&self) -> bool {
         self.flags & FLAG_DEDUP != 0
     }

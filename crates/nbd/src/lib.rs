@@ -6,6 +6,8 @@
 //! `ABORT`, structured replies, the `base:allocation` metadata context and the
 //! commands READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, CACHE, DISC.
 //! TLS is not offered (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`).
+//! The crate also has a small synchronous NBD [`client`] (a pool of
+//! connections), used to read and write an origin device behind a cache.
 //!
 //! ## Threads
 //!
@@ -70,6 +72,7 @@
 
 use std::sync::Arc;
 
+pub mod client;
 pub mod proto;
 pub mod server;
 #[cfg(feature = "test-util")]

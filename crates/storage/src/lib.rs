@@ -33,6 +33,23 @@ pub trait Storage: Send + Sync {
     fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Makes a range read as zeros (a cache writing through to its origin,
+    /// NBD WRITE_ZEROES). The default writes zero buffers of at most 1 MiB;
+    /// a store that can zero without sending the bytes overrides it.
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(offset, 0, self.len_bytes())?;
+        let zeros = vec![0u8; len.min(1 << 20) as usize];
+        let mut at = offset;
+        let end = offset.checked_add(len).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "write_zeroes range overflows")
+        })?;
+        while at < end {
+            let n = (end - at).min(zeros.len() as u64) as usize;
+            self.write_at(at, &zeros[..n])?;
+            at += n as u64;
+        }
+        Ok(())
+    }
     /// Bytes the host has allocated for the store (`du` of a backing file),
     /// when the store can tell; None for a block device or a simulation.
     fn allocated_bytes(&self) -> Option<u64> {

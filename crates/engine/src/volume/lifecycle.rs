@@ -146,6 +146,34 @@ impl Volume {
         Ok(vol)
     }
 
+    /// Formats `storage` as a new, empty cache volume (`FLAG_CACHE`: see
+    /// `crate::cache`) and opens it; the caller writes its label.
+    pub(crate) fn create_cache_volume(
+        storage: Arc<dyn Storage>,
+        c: &CreateOptions,
+    ) -> Result<Volume, VolError> {
+        let mut sb = new_superblock(c);
+        sb.flags |= cvol_format::superblock::FLAG_CACHE;
+        Volume::create_from(storage, sb)
+    }
+
+    /// The create options that made this volume (a cache starting cold is
+    /// formatted again with them, under a new uuid).
+    pub(crate) fn create_options_again(&self) -> CreateOptions {
+        CreateOptions {
+            logical_size_bytes: self.sb.logical_size_bytes,
+            physical_size_bytes: self.sb.physical_size_bytes,
+            codec: policy_of(&self.sb),
+            segment_size_bytes: self.sb.segment_size_bytes,
+            dedup: self.sb.dedup(),
+        }
+    }
+
+    /// The store the volume lives on.
+    pub(crate) fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
     /// Opens an existing volume: recovery, then (unless read-only) a new epoch.
     pub fn open(storage: Arc<dyn Storage>, options: OpenOptions) -> Result<Volume, VolError> {
         let (sb, r) = recover(&*storage, &options)?;
@@ -243,6 +271,7 @@ impl Volume {
             ),
             counters: Counters::default(),
             jobs: JobsState::default(),
+            cache_stats: std::sync::OnceLock::new(),
             storage,
             sb,
             options,

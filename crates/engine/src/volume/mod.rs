@@ -69,6 +69,9 @@ pub(crate) use crate::liveness::rebuild as rebuild_liveness;
 pub(crate) use crate::records::data_records as parse_segment;
 pub use crate::records::{block_index, decode_block_record};
 
+/// What `stat` asks a served cache for (`crate::cache`).
+pub(crate) type CacheStatsHook = Box<dyn Fn() -> crate::stats::CacheStats + Send + Sync>;
+
 /// Handle of the background cleaner thread (stops when dropped).
 pub type BackgroundCleaner = Worker;
 /// Handle of the background recompression thread (stops when dropped).
@@ -160,6 +163,8 @@ pub struct Volume {
     caches: read::Caches,
     counters: stats::Counters,
     jobs: jobs::JobsState,
+    /// A cache volume's counters, once `crate::cache` serves it.
+    cache_stats: std::sync::OnceLock<CacheStatsHook>,
 }
 
 type StateGuard<'a> = Held<MutexGuard<'a, State>>;

@@ -12,6 +12,8 @@ use cvol_format::{EntryState, MapEntry, BLOCK_SIZE_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+const PAGE: usize = crate::map::PAGE_BLOCKS;
+
 /// Storage reads of adjacent records are merged up to this size.
 pub(in crate::volume) const READ_MERGE_MAX_BYTES: u64 = 1 << 20;
 /// Extra attempts at a read whose record failed verification.
@@ -360,6 +362,35 @@ impl Volume {
         out: &mut [u8],
     ) -> Result<(), VolError> {
         decode_block_record(lba, e, rec, out).map_err(|detail| VolError::Corrupt { lba, detail })
+    }
+
+    /// Which of the `n` blocks from `lba` hold something written (data, zeros
+    /// or a lost block) rather than nothing (never written, or trimmed): the
+    /// cache layer's presence test (`crate::cache`), where an unmapped
+    /// block is a miss, not zeros.
+    pub fn mapped_blocks(&self, lba: u64, n: usize) -> Result<Vec<bool>, VolError> {
+        let len = (n as u64).checked_mul(BLOCK_SIZE_BYTES).ok_or(VolError::OutOfRange)?;
+        self.check_range(lba.checked_mul(BLOCK_SIZE_BYTES).ok_or(VolError::OutOfRange)?, len)?;
+        let mut st = self.lock_state()?;
+        let end = lba + n as u64;
+        let mut out = vec![false; n];
+        let mut pos = lba;
+        while pos < end {
+            let page_end = ((pos / PAGE as u64) + 1) * PAGE as u64;
+            let stop = page_end.min(end);
+            match st.live.map().next_allocated_page_lba(pos) {
+                Some(p) if p > pos => pos = p.min(end),
+                None => break,
+                Some(_) => {
+                    self.fault(&mut st, pos, stop)?;
+                    for b in pos..stop {
+                        out[(b - lba) as usize] = st.live.get(b).state_valid() != EntryState::Unmapped;
+                    }
+                    pos = stop;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Allocation status from `offset`: zero-reading holes versus data.

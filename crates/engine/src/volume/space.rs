@@ -179,6 +179,15 @@ impl Volume {
         st.log.free_bytes().saturating_sub(self.reserve_bytes(st))
     }
 
+    /// Live bytes and the log bytes they may fill (every data segment less
+    /// the reserve): a cache evicts by their ratio (`crate::cache`).
+    pub fn live_and_room_bytes(&self) -> Result<(u64, u64), VolError> {
+        let st = self.lock_state()?;
+        let total = self.sb.data_segment_count() * self.sb.segment_size_bytes;
+        let live = st.live.usage().total_live_bytes();
+        Ok((live, total.saturating_sub(self.reserve_bytes(&st))))
+    }
+
     /// Locks the state with `need` log bytes free beyond the reserve, running
     /// the cleaner first if the log is short of space. NoSpace only when
     /// cleaning cannot make room: the live data truly does not fit.

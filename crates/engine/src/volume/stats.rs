@@ -208,6 +208,7 @@ impl Volume {
             read_only: self.options.read_only,
             poisoned: self.poisoned.load(Ordering::SeqCst),
             scrub: self.scrub_stats(),
+            cache: self.cache_stats(),
         }
     }
 
@@ -308,5 +309,30 @@ impl Volume {
             scrub_progress_blocks: now.as_ref().map_or(0, |p| p.blocks_checked),
             scrub_total_blocks: now.as_ref().map_or(0, |p| p.blocks_total),
         }
+    }
+}
+
+impl Volume {
+    /// The cache keys: a served cache's counters, an offline cache's label,
+    /// zeros and no `cache` for an ordinary volume.
+    fn cache_stats(&self) -> crate::stats::CacheStats {
+        if let Some(hook) = self.cache_stats.get() {
+            return hook();
+        }
+        let info = self
+            .sb
+            .is_cache()
+            .then(|| crate::cache::read_label(&*self.storage, &self.sb))
+            .and_then(Result::ok)
+            .map(|l| crate::cache::info_of(&l, "offline"));
+        crate::stats::CacheStats {
+            cache: info,
+            ..Default::default()
+        }
+    }
+
+    /// Lets a served cache answer `stat` (set once).
+    pub(crate) fn set_cache_stats(&self, hook: super::CacheStatsHook) {
+        let _ = self.cache_stats.set(hook);
     }
 }
