@@ -122,7 +122,9 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
             if a.metadata_device.is_some() {
                 return Err("--metadata-device is not supported for a cache (--origin)".into());
             }
-            if a.physical_size.is_none() && !matches!(volfile::existing_kind(path), Ok(Kind::BlockDevice)) {
+            if a.physical_size.is_none()
+                && !matches!(volfile::existing_kind(path), Ok(Kind::BlockDevice))
+            {
                 return Err(format!(
                     "a cache on a file needs --physical-size: how much of the fast device it \
                      may use (the origin is {})",
@@ -416,7 +418,10 @@ impl Undo {
     }
 }
 
-#[expect(clippy::too_many_arguments, reason = "one call site, each argument checked before")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site, each argument checked before"
+)]
 fn write_volume(
     path: &Path,
     target: &Target,

@@ -141,7 +141,9 @@ mod tests {
         assert!(e.contains("/nonexistent/o.img"), "{e}");
         let e = open(dir.path().to_str().unwrap(), false).err().unwrap();
         assert!(e.contains("neither a file"), "{e}");
-        let e = open("nbd+unix:///x?socket=/nonexistent.sock", false).err().unwrap();
+        let e = open("nbd+unix:///x?socket=/nonexistent.sock", false)
+            .err()
+            .unwrap();
         assert!(e.contains("nbd+unix"), "{e}");
     }
 }

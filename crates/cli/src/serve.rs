@@ -6,12 +6,12 @@ use crate::create::{self, CreateArgs};
 use crate::volfile::{self, Opened, Purpose};
 use crate::{backend, control_server, origin, size, sockfile, words};
 use cvol_engine::cache::{CacheLabel, CacheVolume};
-use cvol_format::superblock::{Superblock, SUPERBLOCK_BYTES};
-use cvol_format::{SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
-use cvol_storage::{FileStorage, Storage};
-use cvol_nbd::Backend;
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
+use cvol_format::superblock::{Superblock, SUPERBLOCK_BYTES};
+use cvol_format::{SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
+use cvol_nbd::Backend;
+use cvol_storage::{FileStorage, Storage};
 
 /// Least `--map-cache`: ten map pages (the tests use it to page all the time).
 const MAP_CACHE_MIN_BYTES: u64 = 64 << 10;
@@ -342,7 +342,9 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(label) = cache_label(&store) {
-        return serve_cache(&path, store, &label, options, listeners, config, &args, &stop);
+        return serve_cache(
+            &path, store, &label, options, listeners, config, &args, &stop,
+        );
     }
     let mut options = options;
     let store = volfile::with_metadata(&path, store, purpose, &mut options)?;
@@ -374,18 +376,23 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
 /// The label of a cache volume (None: an ordinary volume, or a store
 /// whose superblock the engine's open will judge).
 fn cache_label(store: &FileStorage) -> Option<Result<CacheLabel, String>> {
-    let sb = [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET].iter().find_map(|&at| {
-        let mut b = vec![0u8; SUPERBLOCK_BYTES];
-        store.read_at(at, &mut b).ok()?;
-        Superblock::decode(&b).ok()
-    })?;
+    let sb = [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET]
+        .iter()
+        .find_map(|&at| {
+            let mut b = vec![0u8; SUPERBLOCK_BYTES];
+            store.read_at(at, &mut b).ok()?;
+            Superblock::decode(&b).ok()
+        })?;
     sb.is_cache()
         .then(|| cvol_engine::cache::read_label(store, &sb).map_err(|e| e.to_string()))
 }
 
 /// Serves a cache volume: its origin opened, the cache opened (warm, cold
 /// or recovered), served until `stop`, then closed cleanly.
-#[expect(clippy::too_many_arguments, reason = "cmd_serve's state, handed on once")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "cmd_serve's state, handed on once"
+)]
 fn serve_cache(
     path: &Path,
     store: FileStorage,
@@ -396,7 +403,9 @@ fn serve_cache(
     args: &ServeArgs,
     stop: &AtomicBool,
 ) -> Result<ExitCode, String> {
-    let label = label.as_ref().map_err(|e| format!("{}: {e}", path.display()))?;
+    let label = label
+        .as_ref()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let origin = origin::open(&label.origin, args.read_only)?;
     let cache = CacheVolume::open(Arc::new(store), origin.store, options, origin.stamp)
         .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -410,7 +419,16 @@ fn serve_cache(
     let backend = Arc::new(backend::CacheBackend {
         cache: cache.clone(),
     });
-    let served = run(path, &vol, backend, Some(&cache), listeners, config, args, stop);
+    let served = run(
+        path,
+        &vol,
+        backend,
+        Some(&cache),
+        listeners,
+        config,
+        args,
+        stop,
+    );
     let closed = cache
         .close()
         .map_err(|e| format!("final write-back/flush/checkpoint failed: {e}"));

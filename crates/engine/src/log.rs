@@ -246,6 +246,14 @@ pub struct Log {
 }
 
 impl Log {
+    /// The segments the heads write into now (data, metadata).
+    pub fn head_segments(&self) -> [Option<u64>; 2] {
+        [
+            Some(self.head.segment),
+            self.meta.as_ref().map(|h| h.segment),
+        ]
+    }
+
     /// A log head at `fill` bytes into `segment`, which `segments` has Open.
     pub fn new(
         sb: &Superblock,

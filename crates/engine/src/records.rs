@@ -105,6 +105,13 @@ impl DecodedUnit {
     }
 
     /// Copies the block entry `e` (for `lba`) names, after the identity check.
+    /// Is this the record `e` (block `lba`) points at? The unit cache is
+    /// keyed by place, and a reused segment may hold another record of the
+    /// same length at the same place.
+    pub(crate) fn serves(&self, lba: u64, e: MapEntry) -> bool {
+        block_index(lba, e, &self.header).is_ok()
+    }
+
     pub(crate) fn copy_block(&self, lba: u64, e: MapEntry, out: &mut [u8]) -> Result<(), String> {
         let k = block_index(lba, e, &self.header)?;
         out.copy_from_slice(&self.data[k * BS..(k + 1) * BS]);

@@ -226,7 +226,16 @@ mod tests {
         let l = label();
         let b = l.encode();
         assert_eq!(CacheLabel::decode(&b).unwrap(), l);
-        for at in [0, OFF_UUID, OFF_SEQ, OFF_MODE, OFF_LINE, OFF_ORIGIN_LEN, OFF_ORIGIN, OFF_CRC] {
+        for at in [
+            0,
+            OFF_UUID,
+            OFF_SEQ,
+            OFF_MODE,
+            OFF_LINE,
+            OFF_ORIGIN_LEN,
+            OFF_ORIGIN,
+            OFF_CRC,
+        ] {
             let mut d = b;
             d[at] ^= 1;
             assert!(CacheLabel::decode(&d).is_err(), "flip at {at}");

@@ -289,7 +289,9 @@ impl CacheVolume {
         let (off, len) = (first * BS, (end - first) * BS);
         if self.mode == CacheMode::WriteThrough {
             self.origin.write_zeroes(off, len).map_err(super::io_err)?;
-            self.counters.origin_written.fetch_add(len, Ordering::Relaxed);
+            self.counters
+                .origin_written
+                .fetch_add(len, Ordering::Relaxed);
         }
         if self.start == Start::Bypass {
             return Ok(());

@@ -90,7 +90,10 @@ impl ReadLocks<'_> {
     /// The generation of line `line`'s slot.
     pub(super) fn generation(&self, line: u64) -> u64 {
         let s = line % SLOTS;
-        let i = self.guards.binary_search_by_key(&s, |g| g.0).expect("slot held");
+        let i = self
+            .guards
+            .binary_search_by_key(&s, |g| g.0)
+            .expect("slot held");
         *self.guards[i].1
     }
 }
@@ -105,7 +108,10 @@ impl WriteLocks<'_> {
 
     pub(super) fn generation(&self, line: u64) -> u64 {
         let s = line % SLOTS;
-        let i = self.guards.binary_search_by_key(&s, |g| g.0).expect("slot held");
+        let i = self
+            .guards
+            .binary_search_by_key(&s, |g| g.0)
+            .expect("slot held");
         *self.guards[i].1
     }
 }
@@ -131,7 +137,14 @@ impl Slots {
     pub(super) fn lock_read(&self, first: u64, last: u64) -> ReadLocks<'_> {
         let guards = Slots::of(first, last)
             .into_iter()
-            .map(|s| (s, self.slots[s as usize].read().unwrap_or_else(|e| e.into_inner())))
+            .map(|s| {
+                (
+                    s,
+                    self.slots[s as usize]
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner()),
+                )
+            })
             .collect();
         ReadLocks { guards }
     }
@@ -139,7 +152,14 @@ impl Slots {
     pub(super) fn lock_write(&self, first: u64, last: u64) -> WriteLocks<'_> {
         let guards = Slots::of(first, last)
             .into_iter()
-            .map(|s| (s, self.slots[s as usize].write().unwrap_or_else(|e| e.into_inner())))
+            .map(|s| {
+                (
+                    s,
+                    self.slots[s as usize]
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner()),
+                )
+            })
             .collect();
         WriteLocks { guards }
     }
@@ -179,7 +199,10 @@ mod tests {
         s.lock_write(6, 6).bump();
         assert_eq!(s.lock_read(5, 7).generation(6), g0 + 1);
         // Lines one stripe apart share a slot.
-        assert_eq!(s.lock_read(6 + SLOTS, 6 + SLOTS).generation(6 + SLOTS), g0 + 1);
+        assert_eq!(
+            s.lock_read(6 + SLOTS, 6 + SLOTS).generation(6 + SLOTS),
+            g0 + 1
+        );
         let held = s.lock_write(0, 2 * SLOTS);
         assert!(s.try_write(9).is_none());
         drop(held);

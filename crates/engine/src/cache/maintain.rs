@@ -195,8 +195,8 @@ impl CacheVolume {
         let mut wrote_back = false;
         for &line in &victims {
             if self.dirty.get(line) {
-                if let Some(locks) = self.slots.try_write(line) {
-                    self.write_back_line(line, &locks)?;
+                if let Some(mut locks) = self.slots.try_write(line) {
+                    self.write_back_line(line, &mut locks)?;
                     wrote_back = true;
                 }
             }
@@ -206,23 +206,27 @@ impl CacheVolume {
         }
         let mut evicted = 0;
         for line in victims {
-            let Some(locks) = self.slots.try_write(line) else {
-                continue;
-            };
-            if self.dirty.get(line) || self.unsynced.get(line) || !self.resident.get(line) {
-                continue;
-            }
-            let (lba, n) = self.line_span(line, line + 1);
-            self.vol.trim(lba * BS, n * BS, false)?;
-            self.resident.clear(line);
-            self.referenced.clear(line);
-            evicted += 1;
-            drop(locks);
+            evicted += usize::from(self.evict_line(line)?);
         }
-        self.counters
-            .evictions
-            .fetch_add(evicted as u64, Ordering::Relaxed);
         Ok(evicted)
+    }
+
+    /// Trims a resident line that is clean at the origin (written back and
+    /// synced there), unless a client holds its slot. Whether it went.
+    fn evict_line(&self, line: u64) -> Result<bool, VolError> {
+        let Some(locks) = self.slots.try_write(line) else {
+            return Ok(false);
+        };
+        if self.dirty.get(line) || self.unsynced.get(line) || !self.resident.get(line) {
+            return Ok(false);
+        }
+        let (lba, n) = self.line_span(line, line + 1);
+        self.vol.trim(lba * BS, n * BS, false)?;
+        self.resident.clear(line);
+        self.referenced.clear(line);
+        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        drop(locks);
+        Ok(true)
     }
 
     /// The next victims under CLOCK: resident lines whose second chance is
@@ -245,11 +249,15 @@ impl CacheVolume {
     }
 
     /// Writes a dirty line's cached blocks to the origin (its slot held).
-    /// The line is clean but unsynced until the next `sync_origin`.
-    fn write_back_line(&self, line: u64, _held: &WriteLocks<'_>) -> Result<(), VolError> {
+    /// The line is clean but unsynced until the next `sync_origin`. The
+    /// slot's generation rises: a fill read from the origin before this
+    /// write-back holds older data than the origin now does, and must not
+    /// land once the line is evicted (found by `tests/cache_sim.rs`).
+    fn write_back_line(&self, line: u64, held: &mut WriteLocks<'_>) -> Result<(), VolError> {
         if !self.dirty.get(line) {
             return Ok(());
         }
+        held.bump();
         let (lba, n) = self.line_span(line, line + 1);
         let present = self.vol.mapped_blocks(lba, n as usize)?;
         let _gate = self.wb_gate.read().unwrap_or_else(|e| e.into_inner());
@@ -291,7 +299,11 @@ impl CacheVolume {
         if self.dirty.count() == 0 {
             return Ok(());
         }
-        let batch = if all { usize::MAX } else { WRITEBACK_BATCH_LINES };
+        let batch = if all {
+            usize::MAX
+        } else {
+            WRITEBACK_BATCH_LINES
+        };
         let start = *self.wb_hand.lock().unwrap_or_else(|e| e.into_inner());
         let lines = self.dirty.collect_from(start, self.lines, batch);
         let mut wrote = false;
@@ -303,8 +315,8 @@ impl CacheVolume {
                 true => Some(self.slots.lock_write(line, line)),
                 false => self.slots.try_write(line),
             };
-            if let Some(locks) = locks {
-                self.write_back_line(line, &locks)?;
+            if let Some(mut locks) = locks {
+                self.write_back_line(line, &mut locks)?;
                 wrote = true;
             }
         }
@@ -342,8 +354,18 @@ impl CacheVolume {
         let mut label = self.label.lock().unwrap_or_else(|e| e.into_inner());
         label.clean = true;
         label.stamp = stamp;
-        label.sequence += 1;
-        super::write_label(&**self.vol.storage(), &label)
+        super::write_label(&**self.vol.storage(), &mut label)
+    }
+
+    /// Writes back and evicts every line no client holds now (tests, and
+    /// a cache to be emptied). Lines evicted.
+    pub fn evict_all(&self) -> Result<u64, VolError> {
+        self.write_back_all()?;
+        let mut evicted = 0;
+        for line in self.resident.collect_from(0, self.lines, usize::MAX) {
+            evicted += u64::from(self.evict_line(line)?);
+        }
+        Ok(evicted)
     }
 
     /// Writes back every dirty line and syncs the origin (tests).

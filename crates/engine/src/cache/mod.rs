@@ -33,6 +33,8 @@
 //!   line counts dirty and is written back.
 mod lines;
 mod maintain;
+#[cfg(test)]
+mod tests;
 
 pub use cvol_format::cache::{CacheLabel, CacheMode, OriginStamp, CACHE_LINE_DEFAULT_BYTES};
 pub use maintain::CacheWorker;
@@ -40,7 +42,7 @@ pub use maintain::CacheWorker;
 use crate::error::{OpenError, VolError};
 use crate::stats::{CacheInfo, CacheStats};
 use crate::volume::{CreateOptions, OpenOptions, Volume};
-use cvol_format::cache::{CACHE_LABEL_A_OFFSET, CACHE_LABEL_B_OFFSET, CACHE_LABEL_BYTES};
+use cvol_format::cache::{CACHE_LABEL_A_OFFSET, CACHE_LABEL_BYTES, CACHE_LABEL_B_OFFSET};
 use cvol_format::{Superblock, BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES};
 use cvol_storage::Storage;
 use lines::{Bits, Slots};
@@ -156,8 +158,12 @@ fn refuse(why: String) -> VolError {
 pub fn read_label(storage: &dyn Storage, sb: &Superblock) -> Result<CacheLabel, VolError> {
     let mut a = vec![0u8; CACHE_LABEL_BYTES];
     let mut b = vec![0u8; CACHE_LABEL_BYTES];
-    storage.read_at(CACHE_LABEL_A_OFFSET, &mut a).map_err(io_err)?;
-    storage.read_at(CACHE_LABEL_B_OFFSET, &mut b).map_err(io_err)?;
+    storage
+        .read_at(CACHE_LABEL_A_OFFSET, &mut a)
+        .map_err(io_err)?;
+    storage
+        .read_at(CACHE_LABEL_B_OFFSET, &mut b)
+        .map_err(io_err)?;
     CacheLabel::newest([&a, &b], &sb.uuid).ok_or_else(|| {
         refuse(
             "no valid cache label (both copies damaged, or not this volume's): \
@@ -167,12 +173,32 @@ pub fn read_label(storage: &dyn Storage, sb: &Superblock) -> Result<CacheLabel, 
     })
 }
 
-/// Writes `label` over its older copy and syncs.
-fn write_label(storage: &dyn Storage, label: &CacheLabel) -> Result<(), VolError> {
-    storage
-        .write_at(label.offset(), &label.encode())
-        .and_then(|()| storage.sync())
-        .map_err(io_err)
+/// The newer label copy that decodes, whatever volume it names.
+fn any_label(storage: &dyn Storage) -> Option<CacheLabel> {
+    [CACHE_LABEL_A_OFFSET, CACHE_LABEL_B_OFFSET]
+        .iter()
+        .filter_map(|&at| {
+            let mut b = vec![0u8; CACHE_LABEL_BYTES];
+            storage.read_at(at, &mut b).ok()?;
+            CacheLabel::decode(&b).ok()
+        })
+        .max_by_key(|l| l.sequence)
+}
+
+/// Writes `label` (its state, as the next sequence) over both copies in
+/// turn, each synced: a torn write, or later damage of one copy, leaves
+/// the other saying the same. Between the two writes the newer copy says
+/// the new state and the older the old one; the newer wins while it
+/// decodes.
+fn write_label(storage: &dyn Storage, label: &mut CacheLabel) -> Result<(), VolError> {
+    for _ in 0..2 {
+        label.sequence += 1;
+        storage
+            .write_at(label.offset(), &label.encode())
+            .and_then(|()| storage.sync())
+            .map_err(io_err)?;
+    }
+    Ok(())
 }
 
 /// `stat`'s `cache` object.
@@ -194,7 +220,10 @@ pub fn create(
     cache: &CacheConfig,
     stamp: OriginStamp,
 ) -> Result<(), VolError> {
-    assert_eq!(c.logical_size_bytes, stamp.size_bytes, "a cache is its origin's size");
+    assert_eq!(
+        c.logical_size_bytes, stamp.size_bytes,
+        "a cache is its origin's size"
+    );
     if cache.origin.len() > cvol_format::cache::CACHE_ORIGIN_MAX_BYTES {
         return Err(refuse(format!(
             "the origin name is {} bytes, more than the label holds ({})",
@@ -212,9 +241,7 @@ pub fn create(
         stamp,
         origin: cache.origin.clone(),
     };
-    write_label(&*storage, &label)?;
-    label.sequence = 1;
-    write_label(&*storage, &label)?;
+    write_label(&*storage, &mut label)?;
     vol.close()
 }
 
@@ -233,7 +260,19 @@ impl CacheVolume {
         if !vol.superblock().is_cache() {
             return Err(refuse("not a cache volume (made without --origin)".into()));
         }
-        let mut label = read_label(&*storage, vol.superblock())?;
+        let mut label = match read_label(&*storage, vol.superblock()) {
+            Ok(l) => l,
+            // A crash between formatting a cold cache again (a new uuid)
+            // and writing its label: the old label still names the origin.
+            Err(e) => match any_label(&*storage) {
+                Some(mut l) => {
+                    l.uuid = vol.superblock().uuid;
+                    l.clean = false;
+                    l
+                }
+                None => return Err(e),
+            },
+        };
         let size = vol.size_bytes();
         if origin.len_bytes() != size {
             return Err(refuse(format!(
@@ -247,7 +286,11 @@ impl CacheVolume {
         let start = decide_start(&label, now, read_only);
         let vol = match start {
             Start::Cold if !read_only => {
-                let why = if label.clean { "the origin changed while the cache was offline" } else { "the last server did not stop cleanly (write-through)" };
+                let why = if label.clean {
+                    "the origin changed while the cache was offline"
+                } else {
+                    "the last server did not stop cleanly (write-through)"
+                };
                 tracing::warn!("cache starts cold: {why}");
                 format_again(vol, storage, options, &mut label)?
             }
@@ -255,16 +298,19 @@ impl CacheVolume {
         };
         if !read_only {
             label.clean = false;
-            label.sequence += 1;
-            write_label(&**vol.storage(), &label)?;
+            write_label(&**vol.storage(), &mut label)?;
         }
-        let cache = Arc::new(CacheVolume::assemble(vol, origin, label, start, read_only, stamp));
+        let cache = Arc::new(CacheVolume::assemble(
+            vol, origin, label, start, read_only, stamp,
+        ));
         cache.scan_resident()?;
         let weak = Arc::downgrade(&cache);
-        cache.vol.set_cache_stats(Box::new(move || match weak.upgrade() {
-            Some(c) => c.stats(),
-            None => CacheStats::default(),
-        }));
+        cache
+            .vol
+            .set_cache_stats(Box::new(move || match weak.upgrade() {
+                Some(c) => c.stats(),
+                None => CacheStats::default(),
+            }));
         Ok(cache)
     }
 
@@ -446,7 +492,9 @@ impl CacheVolume {
         match self.vol.trim(lba * BS, n * BS, false) {
             Ok(()) => Ok(()),
             Err(e) => {
-                tracing::error!("cache could not forget blocks {lba}+{n} ({e}): stopping; reopen it");
+                tracing::error!(
+                    "cache could not forget blocks {lba}+{n} ({e}): stopping; reopen it"
+                );
                 self.failed.store(true, Ordering::SeqCst);
                 Err(VolError::Poisoned)
             }
@@ -481,7 +529,6 @@ fn format_again(
     }
     let fresh = Volume::create_cache_volume(storage.clone(), &c)?;
     label.uuid = fresh.superblock().uuid;
-    label.sequence += 1;
     label.clean = true;
     write_label(&*storage, label)?;
     fresh.close()?;

@@ -283,7 +283,22 @@ impl Volume {
         payload: &[u8],
         payload_crc: u32,
     ) -> Result<Placed, VolError> {
-        self.guard(st.log.append(&*self.storage, shape, payload, payload_crc))
+        let before = st.log.head_segments();
+        let p = self.guard(st.log.append(&*self.storage, shape, payload, payload_crc))?;
+        // A segment the head opened holds no live record (it was free).
+        if cfg!(debug_assertions) && st.log.head_segments() != before {
+            for s in st.log.head_segments().into_iter().flatten() {
+                if before.contains(&Some(s)) {
+                    continue;
+                }
+                let live = st.live.usage().live_bytes(s);
+                assert_eq!(
+                    live, 0,
+                    "the log head opened segment {s}, which holds {live} live bytes"
+                );
+            }
+        }
+        Ok(p)
     }
 
     /// Poisons the volume on an I/O error.

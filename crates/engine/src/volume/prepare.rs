@@ -344,7 +344,7 @@ impl Volume {
         let as_ref = e.as_ref_entry();
         let mut out = vec![0u8; BS];
         if unit {
-            if let Some(u) = self.caches.unit.get(&(offset, len)) {
+            if let Some(u) = self.unit_cached(offset, len, 0, as_ref) {
                 u.copy_block(0, as_ref, &mut out).ok()?;
                 return Some(Arc::from(out));
             }
