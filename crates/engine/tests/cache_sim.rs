@@ -16,6 +16,14 @@
 //!   (write-back), after a clean close `warm`;
 //! - write-back: after a clean close the origin alone holds exactly what
 //!   the cache served.
+//!
+//! `cache_simulation_concurrent`: three client threads on their own
+//! blocks and the cache's background thread (fills, eviction, write-back)
+//! run while a cut takes both stores' images at one instant (a gate all
+//! their writes and syncs pass); each thread's oracle is its state at the
+//! cut. Seeds: `CVOL_CACHE_SEEDS` / `CVOL_CACHE_SEED`,
+//! `CVOL_CACHE_CONC_SEEDS` / `CVOL_CACHE_CONC_SEED`; `CVOL_CACHE_TRACE=1`
+//! prints the ops of the sequential runs.
 mod common;
 use common::seeds::run_seeds;
 use common::{BS, MIB};
@@ -62,6 +70,7 @@ struct Block {
 
 const ZEROS: u64 = u64::MAX;
 
+#[derive(Clone)]
 struct Oracle {
     blocks: Vec<Block>,
 }
@@ -324,6 +333,11 @@ fn cut(
     drop(cache);
     w.cache_store = cache_store;
     w.origin = origin;
+    cut_check(w, oracle, seed)
+}
+
+/// Opens the cache on the images a cut left and checks every block.
+fn cut_check(w: &World, oracle: &mut Oracle, seed: u64) -> Arc<CacheVolume> {
     let cache = w.open();
     let want = match w.mode {
         CacheMode::WriteThrough => Start::Cold,
@@ -437,6 +451,187 @@ fn cache_simulation() {
                 cov.stale_fills_refused > 0,
                 "no fill raced a write: the check is idle"
             );
+        }
+    }
+}
+
+/// A store whose writes and syncs hold a gate shared: a cut holds it alone
+/// and so takes both stores' images at one instant (a power cut of the
+/// cache's host and the origin together; never a state no cut could leave).
+struct Gated {
+    inner: SimStorage,
+    gate: Arc<std::sync::RwLock<()>>,
+}
+
+impl Storage for Gated {
+    fn len_bytes(&self) -> u64 {
+        self.inner.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        let _g = self.gate.read().unwrap();
+        self.inner.write_at(offset, data)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        let _g = self.gate.read().unwrap();
+        self.inner.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        let _g = self.gate.read().unwrap();
+        self.inner.discard(offset, len)
+    }
+}
+
+const THREADS: u64 = 3;
+/// Blocks each client thread owns (disjoint, line-aligned ranges).
+const OWN: u64 = 640;
+
+/// One client thread: its own blocks written, read back exactly, flushed
+/// now and then. Returns its oracle as of the cut: the ops that completed
+/// before the cut flag was raised (under the gate, so their syncs were in
+/// the images); a flush or FUA write that completed after it counts as not
+/// flushed, its versions as written.
+fn client(
+    cache: &CacheVolume,
+    t: u64,
+    seed: u64,
+    until: std::time::Instant,
+    cut: &std::sync::atomic::AtomicBool,
+) -> Oracle {
+    let mut rng = StdRng::seed_from_u64(seed * 31 + t);
+    let mut o = Oracle::new();
+    let mut at_cut: Option<Oracle> = None;
+    let first = t * OWN;
+    let mut v = (t + 1) << 32;
+    while std::time::Instant::now() < until {
+        let n = rng.gen_range(1..=8u64);
+        let lba = first + rng.gen_range(0..OWN - n);
+        let before_flush;
+        match rng.gen_range(0..10) {
+            0..=4 => {
+                before_flush = None;
+                let mut buf = vec![0u8; n as usize * BS];
+                cache.read_at(lba * BS as u64, &mut buf).unwrap();
+                for (k, got) in buf.chunks(BS).enumerate() {
+                    let b = lba + k as u64;
+                    let want = o.newest(b);
+                    assert!(
+                        got == content(b, want),
+                        "seed {seed} thread {t}: block {b} reads stale (want {want}, got {})",
+                        describe(b, got, v)
+                    );
+                }
+            }
+            5..=8 => {
+                v += 1;
+                let fua = rng.gen_range(0..10) == 0;
+                let mut unflushed = o.clone();
+                let data: Vec<u8> = (lba..lba + n).flat_map(|b| block(b, v)).collect();
+                cache.write_at(lba * BS as u64, &data, fua).unwrap();
+                for b in lba..lba + n {
+                    o.wrote(b, v, fua);
+                    unflushed.wrote(b, v, false);
+                }
+                before_flush = Some(unflushed);
+            }
+            _ => {
+                before_flush = Some(o.clone());
+                cache.flush().unwrap();
+                o.flushed();
+            }
+        }
+        if at_cut.is_none() && cut.load(std::sync::atomic::Ordering::SeqCst) {
+            at_cut = Some(before_flush.unwrap_or_else(|| o.clone()));
+        }
+    }
+    at_cut.expect("the cut comes before the end")
+}
+
+fn concurrent_round(seed: u64, cov: &mut Coverage) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mode = [CacheMode::WriteThrough, CacheMode::WriteBack][seed as usize % 2];
+    let mut w = World::new(mode, 6, rng.gen());
+    let gate = Arc::new(std::sync::RwLock::new(()));
+    let gated = |s: &SimStorage| -> Arc<dyn Storage> {
+        Arc::new(Gated {
+            inner: s.clone(),
+            gate: gate.clone(),
+        })
+    };
+    let cache = CacheVolume::open(
+        gated(&w.cache_store),
+        gated(&w.origin),
+        options(),
+        stamp_fn(),
+    )
+    .unwrap();
+    let worker = cache.start_background();
+    let start = std::time::Instant::now();
+    let until = start + std::time::Duration::from_millis(500);
+    let cut_at = start + std::time::Duration::from_millis(rng.gen_range(150..400));
+    let flag = std::sync::atomic::AtomicBool::new(false);
+    let (oracles, images) = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (c, f) = (&cache, &flag);
+                s.spawn(move || client(c, t, seed, until, f))
+            })
+            .collect();
+        std::thread::sleep(cut_at.saturating_duration_since(std::time::Instant::now()));
+        let images = {
+            let _alone = gate.write().unwrap();
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            (w.cache_store.crash(seed), w.origin.crash(seed ^ 7))
+        };
+        let oracles: Vec<Oracle> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        (oracles, images)
+    });
+    drop(worker);
+    let st = cache.stats();
+    cov.fills += st.cache_fill_bytes;
+    cov.evictions += st.cache_evictions;
+    cov.hits += st.cache_hits;
+    cov.cuts += 1;
+    drop(cache);
+    // Every thread's blocks as FLUSH promised them.
+    let mut oracle = Oracle::new();
+    for (t, o) in oracles.into_iter().enumerate() {
+        let r = t * OWN as usize..(t + 1) * OWN as usize;
+        oracle.blocks[r.clone()].clone_from_slice(&o.blocks[r]);
+    }
+    (w.cache_store, w.origin) = images;
+    let cache = cut_check(&w, &mut oracle, seed);
+    if mode == CacheMode::WriteBack {
+        cache.close().expect("clean close");
+        check_origin_alone(&w, &oracle, seed);
+    }
+}
+
+#[test]
+fn cache_simulation_concurrent() {
+    let ran = run_seeds(
+        "CVOL_CACHE_CONC_SEED",
+        "CVOL_CACHE_CONC_SEEDS",
+        8,
+        concurrent_round,
+        |a: &mut Coverage, b: Coverage| {
+            a.evictions += b.evictions;
+            a.fills += b.fills;
+            a.hits += b.hits;
+            a.cuts += b.cuts;
+        },
+    );
+    if let Some((n, cov)) = ran {
+        eprintln!(
+            "concurrent cache simulation: {n} rounds, {} evictions, {} MiB filled, {} hits",
+            cov.evictions,
+            cov.fills >> 20,
+            cov.hits
+        );
+        if n >= 4 {
+            assert!(cov.evictions > 0 && cov.fills > 0 && cov.hits > 0);
         }
     }
 }
