@@ -233,6 +233,11 @@ impl Report {
                 },
             ),
             ("host holds", host_holds(s)),
+        ];
+        if let Some(c) = &s.cache.cache {
+            rows.extend(cache_rows(s, c, self.served));
+        }
+        rows.extend([
             (
                 "reduction ratio",
                 format!(
@@ -308,7 +313,7 @@ impl Report {
                     b(s.segment_size_bytes)
                 ),
             ),
-        ];
+        ]);
         if s.lost_bytes > 0 {
             let after_zero = rows
                 .iter()
@@ -488,6 +493,53 @@ fn ago(secs: u64) -> String {
 
 /// What the host holds for the volume: `physical_used_bytes`, and the
 /// backing file's own `du` when the store can tell.
+/// The rows of a cache volume: its origin and mode, and (served) how it
+/// serves.
+fn cache_rows(
+    s: &VolumeStats,
+    c: &cvol_engine::stats::CacheInfo,
+    served: bool,
+) -> Vec<(&'static str, String)> {
+    let b = human_bytes;
+    let mut rows = vec![(
+        "cache of",
+        format!(
+            "{} ({}, {} lines{})",
+            c.origin,
+            c.mode,
+            b(c.line_size_bytes),
+            match served {
+                true => format!(", started {}", c.start),
+                false => String::new(),
+            }
+        ),
+    )];
+    if served {
+        let k = &s.cache;
+        rows.push((
+            "  hits",
+            format!(
+                "{:.1}% ({} hits, {} misses of 4 KiB)",
+                k.cache_hit_ratio * 100.0,
+                k.cache_hits,
+                k.cache_misses
+            ),
+        ));
+        rows.push((
+            "  origin",
+            format!(
+                "{} read, {} written; filled {}, {} lines evicted, {} dirty",
+                b(k.origin_bytes_read),
+                b(k.origin_bytes_written),
+                b(k.cache_fill_bytes),
+                k.cache_evictions,
+                b(k.cache_dirty_bytes)
+            ),
+        ));
+    }
+    rows
+}
+
 fn host_holds(s: &VolumeStats) -> String {
     let used = human_bytes(s.physical_used_bytes);
     match s.host_allocated_bytes {
