@@ -256,6 +256,11 @@ impl CacheVolume {
         stamp: StampFn,
     ) -> Result<Arc<CacheVolume>, VolError> {
         let read_only = options.read_only;
+        // Fills are written by the background thread, off every client's
+        // path: deferring their compression (`--inline-cpu`) would only
+        // shrink the cache until an idle moment.
+        let mut options = options;
+        options.elastic.inline_cpu_percent = None;
         let vol = Volume::open(storage.clone(), options.clone())?;
         if !vol.superblock().is_cache() {
             return Err(refuse("not a cache volume (made without --origin)".into()));
