@@ -373,6 +373,9 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Worker threads of a cache's server at least (`--workers` overrides).
+const CACHE_WORKERS_MIN: usize = 16;
+
 /// The label of a cache volume (None: an ordinary volume, or a store
 /// whose superblock the engine's open will judge).
 fn cache_label(store: &FileStorage) -> Option<Result<CacheLabel, String>> {
@@ -406,6 +409,12 @@ fn serve_cache(
     let label = label
         .as_ref()
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    // A miss holds a worker while the origin answers (milliseconds for a
+    // disk or a remote server): more workers keep hits flowing meanwhile.
+    let mut config = config;
+    if args.workers.is_none() {
+        config.workers = config.workers.max(CACHE_WORKERS_MIN);
+    }
     let origin = origin::open(&label.origin, args.read_only)?;
     let cache = CacheVolume::open(Arc::new(store), origin.store, options, origin.stamp)
         .map_err(|e| format!("{}: {e}", path.display()))?;

@@ -1,5 +1,6 @@
 //! Client requests of a cache: READ (hits, misses, fills queued), WRITE,
 //! TRIM, WRITE_ZEROES and FLUSH, in either mode.
+use super::lines::WriteLocks;
 use super::{CacheVolume, Fill, Start, BS, FILL_QUEUE_MAX_BYTES};
 use crate::error::VolError;
 use cvol_format::cache::CacheMode;
@@ -137,11 +138,13 @@ impl CacheVolume {
             return Ok(());
         }
         let (l0, l1) = self.lines_of(offset, data.len() as u64);
+        // No generation bump: a write leaves its blocks mapped, and a fill
+        // writes only blocks still unmapped. Where the cache forgets
+        // blocks instead (`invalidate`), it bumps.
         let mut locks = self.slots.lock_write(l0, l1);
-        locks.bump();
         let r = match self.mode {
-            CacheMode::WriteThrough => self.write_through(offset, data, fua),
-            CacheMode::WriteBack => self.write_back(offset, data, fua),
+            CacheMode::WriteThrough => self.write_through(offset, data, fua, &mut locks),
+            CacheMode::WriteBack => self.write_back(offset, data, fua, &mut locks),
         };
         drop(locks);
         if r.is_ok() {
@@ -152,7 +155,13 @@ impl CacheVolume {
 
     /// The origin first (synced for FUA), then the cache's whole blocks;
     /// partial blocks at the edges are forgotten (the origin has them).
-    fn write_through(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
+    fn write_through(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        locks: &mut WriteLocks<'_>,
+    ) -> Result<(), VolError> {
         self.origin_write(offset, data)?;
         if fua {
             self.origin.sync().map_err(super::io_err)?;
@@ -164,7 +173,7 @@ impl CacheVolume {
         let end = (offset + data.len() as u64) / BS;
         for edge in [offset / BS, (offset + data.len() as u64 - 1) / BS] {
             if edge < first || edge >= end {
-                self.invalidate(edge, 1)?;
+                self.invalidate(edge, 1, locks)?;
             }
         }
         if first >= end {
@@ -179,7 +188,7 @@ impl CacheVolume {
             }
             Err(VolError::NoSpace) => {
                 self.wake_maintenance();
-                self.invalidate(first, end - first)
+                self.invalidate(first, end - first, locks)
             }
             Err(e) => Err(e),
         }
@@ -188,7 +197,13 @@ impl CacheVolume {
     /// The cache only (whole blocks; partial edges merged with the block's
     /// current content), the lines marked dirty. Without room, the origin
     /// takes the write (synced) and the cache forgets those blocks.
-    fn write_back(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
+    fn write_back(
+        &self,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        locks: &mut WriteLocks<'_>,
+    ) -> Result<(), VolError> {
         let first = offset / BS;
         let end = (offset + data.len() as u64).div_ceil(BS);
         let aligned = first * BS == offset && end * BS == offset + data.len() as u64;
@@ -217,7 +232,7 @@ impl CacheVolume {
                 self.wake_maintenance();
                 self.origin_write(first * BS, whole)?;
                 self.origin.sync().map_err(super::io_err)?;
-                self.invalidate(first, end - first)
+                self.invalidate(first, end - first, locks)
             }
             Err(e) => Err(e),
         }
@@ -243,9 +258,8 @@ impl CacheVolume {
         }
         let (l0, l1) = self.lines_of(first * BS, (end - first) * BS);
         let mut locks = self.slots.lock_write(l0, l1);
-        locks.bump();
         if self.start != Start::Bypass {
-            self.invalidate(first, end - first)?;
+            self.invalidate(first, end - first, &mut locks)?;
         }
         self.origin
             .discard(first * BS, (end - first) * BS)
@@ -275,8 +289,7 @@ impl CacheVolume {
         }
         let (l0, l1) = self.lines_of(first * BS, (end - first) * BS);
         let mut locks = self.slots.lock_write(l0, l1);
-        locks.bump();
-        let r = self.zero_blocks(first, end);
+        let r = self.zero_blocks(first, end, &mut locks);
         drop(locks);
         r?;
         if fua {
@@ -285,7 +298,12 @@ impl CacheVolume {
         Ok(())
     }
 
-    fn zero_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
+    fn zero_blocks(
+        &self,
+        first: u64,
+        end: u64,
+        locks: &mut WriteLocks<'_>,
+    ) -> Result<(), VolError> {
         let (off, len) = (first * BS, (end - first) * BS);
         if self.mode == CacheMode::WriteThrough {
             self.origin.write_zeroes(off, len).map_err(super::io_err)?;
@@ -306,12 +324,12 @@ impl CacheVolume {
                 Ok(())
             }
             Err(VolError::NoSpace) if self.mode == CacheMode::WriteThrough => {
-                self.invalidate(first, end - first)
+                self.invalidate(first, end - first, locks)
             }
             Err(VolError::NoSpace) => {
                 self.origin.write_zeroes(off, len).map_err(super::io_err)?;
                 self.origin.sync().map_err(super::io_err)?;
-                self.invalidate(first, end - first)
+                self.invalidate(first, end - first, locks)
             }
             Err(e) => Err(e),
         }

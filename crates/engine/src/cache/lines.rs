@@ -63,9 +63,11 @@ impl Bits {
 }
 
 /// Line locks, striped: line l is guarded by slot `l % SLOTS`. The guarded
-/// value is the slot's generation, raised by every client write, trim or
-/// zeroing of a line in it: a fill read from the origin before a write
-/// must not land after it (it would put stale data in the cache).
+/// value is the slot's generation, raised whenever blocks of a line in it
+/// are unmapped (eviction, TRIM, blocks the cache forgets) or written back
+/// to the origin: a fill read from the origin before that must not land
+/// on them (it would put an older copy in the cache). Client writes the
+/// cache holds do not raise it: a fill skips mapped blocks.
 ///
 /// Rules: reads take slots shared; client writes, fills and evictions
 /// exclusive. A caller takes all the slots it needs at once, in ascending

@@ -214,12 +214,15 @@ impl CacheVolume {
     /// Trims a resident line that is clean at the origin (written back and
     /// synced there), unless a client holds its slot. Whether it went.
     fn evict_line(&self, line: u64) -> Result<bool, VolError> {
-        let Some(locks) = self.slots.try_write(line) else {
+        let Some(mut locks) = self.slots.try_write(line) else {
             return Ok(false);
         };
         if self.dirty.get(line) || self.unsynced.get(line) || !self.resident.get(line) {
             return Ok(false);
         }
+        // A fill read before a write that the cache held must not land on
+        // the blocks this trim unmaps.
+        locks.bump();
         let (lba, n) = self.line_span(line, line + 1);
         self.vol.trim(lba * BS, n * BS, false)?;
         self.resident.clear(line);

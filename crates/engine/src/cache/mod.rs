@@ -10,8 +10,9 @@
 //!   64 KiB, clipped at the origin's end): a miss reads the whole line,
 //!   answers the client, and queues the line to be *filled* into the cache
 //!   by a background thread (FlaZ's asynchronous fill). A fill writes only
-//!   blocks still unmapped, and only if no client write touched the line
-//!   since the miss (the line slot's generation, `lines::Slots`).
+//!   blocks still unmapped, and only if nothing unmapped blocks of the line
+//!   or wrote it back since the miss (the line slot's generation,
+//!   `lines::Slots`).
 //! - **Writes.** Write-through (default): the origin first, then the cache;
 //!   FLUSH syncs both. Write-back: the cache only, the line marked dirty;
 //!   dirty lines go to the origin in the background, before eviction and
@@ -491,9 +492,17 @@ impl CacheVolume {
         Ok(())
     }
 
-    /// Forgets blocks [lba, lba + n) (their newest copy is in the origin).
-    /// If even that fails the cache may hold a stale copy: it stops.
-    fn invalidate(&self, lba: u64, n: u64) -> Result<(), VolError> {
+    /// Forgets blocks [lba, lba + n) (their newest copy is in the origin),
+    /// their lines' slots held: the generation rises, so no fill read from
+    /// the origin before lands on them. If even that fails the cache may
+    /// hold a stale copy: it stops.
+    fn invalidate(
+        &self,
+        lba: u64,
+        n: u64,
+        locks: &mut lines::WriteLocks<'_>,
+    ) -> Result<(), VolError> {
+        locks.bump();
         match self.vol.trim(lba * BS, n * BS, false) {
             Ok(()) => Ok(()),
             Err(e) => {

@@ -80,8 +80,11 @@ fn regression_a_fill_does_not_land_after_its_line_was_written_back() {
     );
 }
 
+/// A write to a block of a line whose fill is queued keeps the write: the
+/// fill skips blocks the cache holds, and still fills the others (a line
+/// read and written at once is not refetched for ever: seen in pgbench).
 #[test]
-fn a_fill_read_before_a_write_is_refused() {
+fn a_fill_read_before_a_write_keeps_the_write_and_fills_the_rest() {
     for mode in [CacheMode::WriteThrough, CacheMode::WriteBack] {
         let s = Setup::new(mode, 8);
         let c = s.open();
@@ -89,8 +92,27 @@ fn a_fill_read_before_a_write_is_refused() {
         c.write_at(5 * BS, &blk(99), false).unwrap();
         c.run_maintenance().unwrap();
         assert_eq!(read(&c, 5), blk(99), "{mode:?}");
-        assert!(c.fills_dropped() >= 1, "{mode:?}");
+        let misses = c.stats().cache_misses;
+        assert_eq!(read(&c, 6), blk(6), "{mode:?}");
+        assert_eq!(
+            c.stats().cache_misses,
+            misses,
+            "{mode:?}: the rest was filled"
+        );
     }
+}
+
+/// Once a write-through line is evicted, a fill read before a write to it
+/// must not put the origin's older block on the unmapped block.
+#[test]
+fn a_fill_does_not_land_on_blocks_an_eviction_unmapped() {
+    let s = Setup::new(CacheMode::WriteThrough, 8);
+    let c = s.open();
+    assert_eq!(read(&c, 1), blk(1)); // a miss: line 0 queued, block 0 old
+    c.write_at(0, &blk(200), false).unwrap(); // origin and cache
+    assert!(c.evict_all().unwrap() >= 1);
+    c.run_maintenance().unwrap();
+    assert_eq!(read(&c, 0), blk(200));
 }
 
 #[test]
