@@ -41,7 +41,7 @@ set -euo pipefail
 
 is_cvol || skip "cvol only (a cache volume)"
 need_root
-need nbdkit qemu-io nbdfuse losetup mkfs.ext4 e2fsck mount umount mountpoint diff cmp cksum
+need nbdkit qemu-io nbdfuse losetup mkfs.ext4 e2fsck mount umount diff cmp cksum
 [[ -e /dev/fuse ]] || skip "/dev/fuse missing"
 nbdkit --filter=delay file --dump-plugin >/dev/null 2>&1 || skip "nbdkit's delay filter or file plugin missing"
 need_nbd_python
