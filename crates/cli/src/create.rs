@@ -82,8 +82,17 @@ fn plan_cache(path: &Path, c: &CacheArgs) -> Result<(u64, CachePlan), String> {
         ));
     }
     let stamp = (o.stamp)().map_err(|e| format!("origin {}: {e}", c.origin))?;
+    // A path is recorded absolute (serve may run elsewhere), like
+    // --metadata-device's.
+    let recorded = match origin::is_uri(c.origin) {
+        true => c.origin.to_string(),
+        false => std::path::absolute(c.origin)
+            .map_err(|e| format!("--origin {}: {e}", c.origin))?
+            .to_string_lossy()
+            .into_owned(),
+    };
     let config = CacheConfig {
-        origin: c.origin.to_string(),
+        origin: recorded,
         mode,
         line_size_bytes: line as u32,
     };

@@ -75,10 +75,10 @@ enum Command {
         origin: Option<String>,
         /// write-through (default: the origin gets every write first) or
         /// write-back (writes stay in the cache until written back).
-        #[arg(long, requires = "origin", default_value = "write-through")]
-        cache_mode: String,
+        #[arg(long)]
+        cache_mode: Option<String>,
         /// The unit a miss reads from the origin and fills (power of two, 4K to 1M).
-        #[arg(long, requires = "origin")]
+        #[arg(long)]
         line_size: Option<String>,
     },
     /// Serve a volume over NBD (default: ./cvol-data/default.cvol, created if absent).
@@ -169,13 +169,25 @@ fn main() -> ExitCode {
             cache_mode,
             line_size,
         } => words::on_off("--dedup", &dedup).and_then(|dedup| {
+            // `--size` conflicts with `--origin`, so clap's `requires`
+            // cannot be used for these: checked here.
+            if origin.is_none() {
+                for (flag, given) in [
+                    ("--cache-mode", cache_mode.is_some()),
+                    ("--line-size", line_size.is_some()),
+                ] {
+                    if given {
+                        return Err(format!("{flag} is for a cache: give --origin too"));
+                    }
+                }
+            }
             create::cmd_create(
                 &volume,
                 &create::CreateArgs {
                     size: size.as_deref().unwrap_or_default(),
                     cache: origin.as_deref().map(|o| create::CacheArgs {
                         origin: o,
-                        mode: &cache_mode,
+                        mode: cache_mode.as_deref().unwrap_or("write-through"),
                         line_size: line_size.as_deref(),
                     }),
                     physical_size: physical_size.as_deref(),

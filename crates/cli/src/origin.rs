@@ -77,7 +77,10 @@ pub struct Origin {
 /// servers never write one origin.
 pub fn open(origin: &str, read_only: bool) -> Result<Origin, String> {
     if is_uri(origin) {
-        let client = Client::connect(origin).map_err(|e| format!("origin {origin}: {e}"))?;
+        let client = Client::connect(origin).map_err(|e| match e.to_string() {
+            m if m.contains(origin) => format!("origin: {m}"),
+            m => format!("origin {origin}: {m}"),
+        })?;
         if client.read_only() && !read_only {
             return Err(format!(
                 "origin {origin} is read-only; serve the cache with --read-only"

@@ -253,7 +253,12 @@ fn run(seed: u64, cov: &mut Coverage) {
 
 /// One random client step, each read checked exactly.
 fn step(cache: &CacheVolume, rng: &mut StdRng, oracle: &mut Oracle, v: &mut u64, seed: u64) {
-    let n = rng.gen_range(1..=8u64);
+    // Now and then a long run: with little maintenance (odd seeds) the
+    // cache fills and writes go to the origin instead.
+    let n = match rng.gen_range(0..20) {
+        0 => 64,
+        _ => rng.gen_range(1..=8u64),
+    };
     // Hot spots make hits; the whole range makes misses and evictions.
     let lba = match rng.gen_range(0..3) {
         0 => rng.gen_range(0..64),
@@ -298,6 +303,7 @@ fn step(cache: &CacheVolume, rng: &mut StdRng, oracle: &mut Oracle, v: &mut u64,
             cache.flush().unwrap();
             oracle.flushed();
         }
+        _ if seed % 2 == 1 && rng.gen_range(0..8) != 0 => {}
         _ => cache.run_maintenance().unwrap(),
     }
 }

@@ -132,8 +132,9 @@ impl CacheVolume {
         Ok(live * 100 / room.max(1))
     }
 
-    /// Writes a filled line's blocks the cache still lacks, unless a client
-    /// write touched the line since its miss, or the cache is full.
+    /// Writes a filled line's blocks the cache still lacks, unless blocks of
+    /// the line were unmapped or written back since its miss (the slot's
+    /// generation rose), or the cache is full.
     fn apply_fill(&self, f: Fill) -> Result<(), VolError> {
         if self.fullness_percent()? >= EVICT_HIGH_PERCENT {
             self.evict_if_full()?;
@@ -296,8 +297,9 @@ impl CacheVolume {
         Ok(())
     }
 
-    /// Writes back dirty lines: the cold ones (second chance spent), or
-    /// with `all` every one (waiting for busy lines); then syncs the origin.
+    /// Writes back dirty lines: those not written since the write-back hand
+    /// last passed them (the others get their mark cleared), or with `all`
+    /// every one (waiting for busy lines); then syncs the origin.
     fn write_back_round(&self, all: bool) -> Result<(), VolError> {
         if self.dirty.count() == 0 {
             return Ok(());
@@ -311,7 +313,7 @@ impl CacheVolume {
         let lines = self.dirty.collect_from(start, self.lines, batch);
         let mut wrote = false;
         for &line in &lines {
-            if !all && self.referenced.get(line) {
+            if !all && self.touched.clear(line) {
                 continue;
             }
             let locks = match all {

@@ -119,6 +119,9 @@ pub struct CacheVolume {
     mode: CacheMode,
     start: Start,
     read_only: bool,
+    /// `serve --sync`: every write durable before its reply, at the origin
+    /// too (write-through).
+    sync_writes: bool,
     line_blocks: u64,
     lines: u64,
     blocks: u64,
@@ -131,6 +134,9 @@ pub struct CacheVolume {
     dirty: Bits,
     /// Write-back: lines written to the origin, not yet synced there.
     unsynced: Bits,
+    /// Write-back: dirty lines written again since the write-back hand
+    /// last passed them (it writes back the others).
+    touched: Bits,
     /// Writers of the origin (write-back) share it; an origin sync that
     /// clears `unsynced` holds it alone.
     wb_gate: RwLock<()>,
@@ -256,7 +262,7 @@ impl CacheVolume {
         options: OpenOptions,
         stamp: StampFn,
     ) -> Result<Arc<CacheVolume>, VolError> {
-        let read_only = options.read_only;
+        let (read_only, sync_writes) = (options.read_only, options.sync_writes);
         // Fills are written by the background thread, off every client's
         // path: deferring their compression (`--inline-cpu`) would only
         // shrink the cache until an idle moment.
@@ -306,9 +312,9 @@ impl CacheVolume {
             label.clean = false;
             write_label(&**vol.storage(), &mut label)?;
         }
-        let cache = Arc::new(CacheVolume::assemble(
-            vol, origin, label, start, read_only, stamp,
-        ));
+        let mut cache = CacheVolume::assemble(vol, origin, label, start, read_only, stamp);
+        cache.sync_writes = sync_writes;
+        let cache = Arc::new(cache);
         cache.scan_resident()?;
         let weak = Arc::downgrade(&cache);
         cache
@@ -337,6 +343,7 @@ impl CacheVolume {
             mode: label.mode,
             start,
             read_only,
+            sync_writes: false,
             line_blocks,
             lines,
             blocks,
@@ -345,6 +352,7 @@ impl CacheVolume {
             referenced: Bits::new(lines),
             dirty: Bits::new(lines),
             unsynced: Bits::new(lines),
+            touched: Bits::new(lines),
             wb_gate: RwLock::new(()),
             fills: Mutex::new((VecDeque::new(), 0)),
             fill_ready: Condvar::new(),

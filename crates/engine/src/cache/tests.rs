@@ -251,3 +251,60 @@ fn a_damaged_label_copy_leaves_the_other_saying_the_same() {
     s.origin.read_at(0, &mut o).unwrap();
     assert_eq!(o, blk(9));
 }
+
+/// Found by scripts/e2e/cache.sh (kill -9, write-back, a full 8 MiB cache):
+/// a FUA write the cache had no room for went to the origin (synced), but
+/// the TRIM that made the cache forget its older copy was not durable; after
+/// a crash the recovered start wrote that older copy back over it.
+#[test]
+fn regression_a_fua_write_without_room_survives_a_crash() {
+    let s = Setup::new(CacheMode::WriteBack, 4);
+    let c = s.open();
+    let mut x = 3u64;
+    let mut noise = || -> Vec<u8> {
+        (0..64 << 10)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    let first = noise();
+    c.write_at(0, &first, true).unwrap(); // durable in the cache
+    let mut at = 64 * BS;
+    // Incompressible data, no maintenance: the cache fills until a write
+    // goes to the origin instead.
+    while c.stats().origin_bytes_written == 0 {
+        c.write_at(at, &noise(), false).unwrap();
+        at += 64 << 10;
+        assert!(at < ORIGIN_BYTES, "the cache never filled");
+    }
+    let before = c.stats().origin_bytes_written;
+    let second = noise();
+    c.write_at(0, &second, true).unwrap(); // no room: to the origin, FUA
+    assert!(
+        c.stats().origin_bytes_written > before,
+        "the FUA write went to the origin"
+    );
+    // A power cut: every unsynced write of both stores lost.
+    let store = s.store.crash_dropping(|_| true);
+    let origin = s.origin.crash_dropping(|_| true);
+    drop(c);
+    let stamp = *s.stamp.lock().unwrap();
+    let c = CacheVolume::open(
+        Arc::new(store),
+        Arc::new(origin.clone()),
+        OpenOptions::default(),
+        Box::new(move || Ok(stamp)),
+    )
+    .unwrap();
+    assert_eq!(c.start(), Start::Recovered);
+    let mut got = vec![0u8; 64 << 10];
+    c.read_at(0, &mut got).unwrap();
+    assert!(got == second, "the FUA write came back older");
+    c.close().unwrap();
+    origin.read_at(0, &mut got).unwrap();
+    assert!(got == second, "written back over by the older copy");
+}
