@@ -6,6 +6,12 @@ use crate::error::VolError;
 use cvol_format::cache::CacheMode;
 use std::sync::atomic::Ordering;
 
+/// A line a read missed, and its slot's generation then.
+struct Missing {
+    line: u64,
+    generation: u64,
+}
+
 /// Runs of equal values in `v`: (start, end, value).
 pub(super) fn runs(v: &[bool]) -> Vec<(usize, usize, bool)> {
     let mut out: Vec<(usize, usize, bool)> = Vec::new();
@@ -64,8 +70,11 @@ impl CacheVolume {
             let first = (lba + a as u64) / self.line_blocks;
             let last = (lba + b as u64 - 1) / self.line_blocks;
             for l in first..=last {
-                if missing_lines.last().is_none_or(|&(m, _)| m != l) {
-                    missing_lines.push((l, locks.generation(l)));
+                if missing_lines.last().is_none_or(|m: &Missing| m.line != l) {
+                    missing_lines.push(Missing {
+                        line: l,
+                        generation: locks.generation(l),
+                    });
                 }
             }
         }
@@ -83,16 +92,16 @@ impl CacheVolume {
         lba: u64,
         buf: &mut [u8],
         present: &[bool],
-        lines: &[(u64, u64)],
+        lines: &[Missing],
     ) -> Result<(), VolError> {
         let mut i = 0;
         while i < lines.len() {
             // Consecutive lines in one origin read.
             let mut j = i + 1;
-            while j < lines.len() && lines[j].0 == lines[j - 1].0 + 1 {
+            while j < lines.len() && lines[j].line == lines[j - 1].line + 1 {
                 j += 1;
             }
-            let (first_lba, nblocks) = self.line_span(lines[i].0, lines[j - 1].0 + 1);
+            let (first_lba, nblocks) = self.line_span(lines[i].line, lines[j - 1].line + 1);
             let mut data = vec![0u8; (nblocks * BS) as usize];
             self.origin_read(first_lba * BS, &mut data)?;
             for b in first_lba..first_lba + nblocks {
@@ -104,32 +113,57 @@ impl CacheVolume {
                 }
             }
             if !self.read_only {
-                self.queue_fills(&lines[i..j], first_lba, &data);
+                let asked = (lba, lba + present.len() as u64);
+                self.queue_fills(&lines[i..j], first_lba, &data, asked);
             }
             i = j;
         }
         Ok(())
     }
 
-    fn queue_fills(&self, lines: &[(u64, u64)], first_lba: u64, data: &[u8]) {
+    /// Queues the fills of `lines` (read from the origin from `first_lba`
+    /// into `data`): the whole line where reads show spatial locality
+    /// (`whole_line`), else only the blocks the client asked for (`asked`,
+    /// a range of blocks) — a random reader's one hot block does not bring
+    /// a line of cold ones into the cache.
+    fn queue_fills(&self, lines: &[Missing], first_lba: u64, data: &[u8], asked: (u64, u64)) {
         let mut q = self.fills.lock().unwrap_or_else(|e| e.into_inner());
-        for &(line, generation) in lines {
-            let (lba, n) = self.line_span(line, line + 1);
-            let at = ((lba - first_lba) * BS) as usize;
-            let bytes = n * BS;
+        for m in lines {
+            let (lba, n) = self.line_span(m.line, m.line + 1);
+            let (from, to) = match self.whole_line(m.line) {
+                true => (lba, lba + n),
+                false => (asked.0.max(lba), asked.1.min(lba + n)),
+            };
+            let bytes = (to - from) * BS;
             if q.1 + bytes > FILL_QUEUE_MAX_BYTES {
                 self.counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             q.1 += bytes;
+            let at = ((from - first_lba) * BS) as usize;
             q.0.push_back(Fill {
-                line,
-                generation,
+                line: m.line,
+                generation: m.generation,
+                first: from,
                 data: data[at..at + bytes as usize].to_vec(),
             });
         }
         drop(q);
         self.fill_ready.notify_one();
+    }
+
+    /// Whether a miss in `line` fills the whole line: it missed before, or
+    /// the line before it did, among the last `RECENT_MISSES` missed lines
+    /// (a sequential reader, or a second block wanted from the same line).
+    /// Notes the miss.
+    fn whole_line(&self, line: u64) -> bool {
+        let mut r = self.recent_misses.lock().unwrap_or_else(|e| e.into_inner());
+        let before = line.checked_sub(1);
+        let near = r.0.iter().any(|&m| m == line || Some(m) == before);
+        let at = r.1;
+        r.0[at] = line;
+        r.1 = (at + 1) % r.0.len();
+        near
     }
 
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolError> {

@@ -148,7 +148,8 @@ impl CacheVolume {
             self.counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        let (lba, n) = self.line_span(f.line, f.line + 1);
+        let (lba, n) = (f.first, f.data.len() as u64 / BS);
+        debug_assert!(self.line_span(f.line, f.line + 1).0 <= lba);
         let present = self.vol.mapped_blocks(lba, n as usize)?;
         let mut wrote = 0;
         for (a, b, held) in super::io_path_runs(&present) {

@@ -106,12 +106,17 @@ struct Counters {
     fills_dropped: AtomicU64,
 }
 
-/// A line read from the origin, to be written into the cache.
+/// Blocks of a line read from the origin, to be written into the cache.
 struct Fill {
     line: u64,
     generation: u64,
+    /// The first block `data` holds (inside `line`).
+    first: u64,
     data: Vec<u8>,
 }
+
+/// Missed lines remembered to tell spatial locality (`whole_line`).
+const RECENT_MISSES: usize = 64;
 
 pub struct CacheVolume {
     vol: Arc<Volume>,
@@ -141,6 +146,8 @@ pub struct CacheVolume {
     /// clears `unsynced` holds it alone.
     wb_gate: RwLock<()>,
     fills: Mutex<(VecDeque<Fill>, u64)>,
+    /// The last missed lines, a ring (and its next slot).
+    recent_misses: Mutex<([u64; RECENT_MISSES], usize)>,
     fill_ready: Condvar,
     /// CLOCK hands: eviction's and background write-back's.
     hand: Mutex<u64>,
@@ -355,6 +362,7 @@ impl CacheVolume {
             touched: Bits::new(lines),
             wb_gate: RwLock::new(()),
             fills: Mutex::new((VecDeque::new(), 0)),
+            recent_misses: Mutex::new(([u64::MAX; RECENT_MISSES], 0)),
             fill_ready: Condvar::new(),
             hand: Mutex::new(0),
             wb_hand: Mutex::new(0),

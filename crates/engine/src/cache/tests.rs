@@ -54,6 +54,13 @@ impl Setup {
     }
 }
 
+/// Two misses in line 0 (blocks 1 and 2): the second queues a fill of the
+/// whole line (spatial locality), holding the origin's block 0 as it is now.
+fn miss_line_0_twice(c: &CacheVolume) {
+    assert_eq!(read(c, 1), blk(1));
+    assert_eq!(read(c, 2), blk(2));
+}
+
 fn read(c: &CacheVolume, lba: u64) -> Vec<u8> {
     let mut b = vec![0u8; BS as usize];
     c.read_at(lba * BS, &mut b).unwrap();
@@ -70,7 +77,7 @@ fn regression_a_fill_does_not_land_after_its_line_was_written_back() {
     let s = Setup::new(CacheMode::WriteBack, 8);
     let c = s.open();
     c.write_at(0, &blk(200), false).unwrap(); // block 0 of line 0, dirty
-    assert_eq!(read(&c, 1), blk(1)); // a miss: line 0 queued, block 0 old
+    miss_line_0_twice(&c); // line 0 queued, with block 0 old
     assert!(c.evict_all().unwrap() >= 1); // written back, then trimmed
     c.run_maintenance().unwrap(); // the fill comes too late
     assert_eq!(
@@ -88,7 +95,8 @@ fn a_fill_read_before_a_write_keeps_the_write_and_fills_the_rest() {
     for mode in [CacheMode::WriteThrough, CacheMode::WriteBack] {
         let s = Setup::new(mode, 8);
         let c = s.open();
-        assert_eq!(read(&c, 5), blk(5));
+        let mut line = vec![0u8; 4 * BS as usize];
+        c.read_at(4 * BS, &mut line).unwrap(); // line 1 missed whole: filled whole
         c.write_at(5 * BS, &blk(99), false).unwrap();
         c.run_maintenance().unwrap();
         assert_eq!(read(&c, 5), blk(99), "{mode:?}");
@@ -108,7 +116,7 @@ fn a_fill_read_before_a_write_keeps_the_write_and_fills_the_rest() {
 fn a_fill_does_not_land_on_blocks_an_eviction_unmapped() {
     let s = Setup::new(CacheMode::WriteThrough, 8);
     let c = s.open();
-    assert_eq!(read(&c, 1), blk(1)); // a miss: line 0 queued, block 0 old
+    miss_line_0_twice(&c); // line 0 queued, with block 0 old
     c.write_at(0, &blk(200), false).unwrap(); // origin and cache
     assert!(c.evict_all().unwrap() >= 1);
     c.run_maintenance().unwrap();
