@@ -39,6 +39,8 @@ impl CacheVolume {
         let handle = std::thread::Builder::new()
             .name("cvol-cache".into())
             .spawn(move || {
+                // Fills are off every client's path: the idle codec.
+                crate::volume::mark_background_writer();
                 while !flag.load(Ordering::SeqCst) {
                     let Some(c) = weak.upgrade() else { return };
                     if let Err(e) = c.background_round(&flag) {

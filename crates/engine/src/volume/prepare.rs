@@ -75,6 +75,20 @@ pub(in crate::volume) fn is_zero(b: &[u8]) -> bool {
         && rest.iter().all(|&x| x == 0)
 }
 
+thread_local! {
+    /// Set on a thread whose writes are background work, off every
+    /// client's path (a cache's fills, `crate::cache`): policy `auto`
+    /// compresses them as when idle (EDC: the strong codec where the CPU
+    /// time is not a client's).
+    static BACKGROUND_WRITER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread's writes as background work (see
+/// `BACKGROUND_WRITER`); for the thread's lifetime.
+pub fn mark_background_writer() {
+    BACKGROUND_WRITER.with(|b| b.set(true));
+}
+
 impl Volume {
     /// The dedup fingerprint of each 4 KiB block of `data` (0 for a zero
     /// block, or every block when the volume has no dedup).
@@ -218,7 +232,10 @@ impl Volume {
             }
             CodecPolicy::Fixed(c) => Choice::Codec(c),
             CodecPolicy::Auto { .. } => {
-                let load = self.activity.load.load(&self.options.elastic);
+                let load = match BACKGROUND_WRITER.with(std::cell::Cell::get) {
+                    true => policy::Load::Idle,
+                    false => self.activity.load.load(&self.options.elastic),
+                };
                 if load == policy::Load::Busy
                     && n >= 2
                     && !self.activity.inline_budget.allows()
