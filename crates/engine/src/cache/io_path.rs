@@ -152,18 +152,20 @@ impl CacheVolume {
         self.fill_ready.notify_one();
     }
 
-    /// Whether a miss in `line` fills the whole line: it missed before, or
-    /// the line before it did, among the last `RECENT_MISSES` missed lines
-    /// (a sequential reader, or a second block wanted from the same line).
-    /// Notes the miss.
+    /// Whether a miss in `line` fills the whole line: the cache is under
+    /// `WHOLE_LINE_BELOW_PERCENT` full (prefetch is free), or the line, or
+    /// the one before it, missed among the last `RECENT_MISSES` missed
+    /// lines (a sequential reader, or a second block wanted from the same
+    /// line). Notes the miss.
     fn whole_line(&self, line: u64) -> bool {
+        let roomy = self.fullness_hint.load(Ordering::Relaxed) < super::WHOLE_LINE_BELOW_PERCENT;
         let mut r = self.recent_misses.lock().unwrap_or_else(|e| e.into_inner());
         let before = line.checked_sub(1);
         let near = r.0.iter().any(|&m| m == line || Some(m) == before);
         let at = r.1;
         r.0[at] = line;
         r.1 = (at + 1) % r.0.len();
-        near
+        roomy || near
     }
 
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolError> {

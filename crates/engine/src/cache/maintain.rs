@@ -121,7 +121,7 @@ impl CacheVolume {
             return Ok(());
         }
         self.check_ok()?;
-        self.evict_if_full()?;
+        self.evict_if_full()?; // also refreshes `fullness_hint`
         if self.mode == CacheMode::WriteBack {
             self.write_back_round(false)?;
         }
@@ -131,7 +131,9 @@ impl CacheVolume {
     /// Live bytes over the log's room for them, in percent.
     fn fullness_percent(&self) -> Result<u64, VolError> {
         let (live, room) = self.vol.live_and_room_bytes()?;
-        Ok(live * 100 / room.max(1))
+        let pct = live * 100 / room.max(1);
+        self.fullness_hint.store(pct, Ordering::Relaxed);
+        Ok(pct)
     }
 
     /// Writes a filled line's blocks the cache still lacks, unless blocks of

@@ -61,6 +61,10 @@ const BS: u64 = BLOCK_SIZE_BYTES;
 pub const EVICT_HIGH_PERCENT: u64 = 75;
 /// ...and stops at this one (the cleaner needs free segments to work in).
 pub const EVICT_LOW_PERCENT: u64 = 65;
+/// Below this share of the room, a miss fills its whole line whatever the
+/// reads look like: prefetching neighbours costs nothing while nothing has
+/// to be evicted for them.
+pub const WHOLE_LINE_BELOW_PERCENT: u64 = 50;
 /// Lines waiting to be filled, at most (bytes); beyond, a miss is not filled.
 const FILL_QUEUE_MAX_BYTES: u64 = 64 << 20;
 
@@ -150,6 +154,8 @@ pub struct CacheVolume {
     /// clears `unsynced` holds it alone.
     wb_gate: RwLock<()>,
     fills: Mutex<(VecDeque<Fill>, u64)>,
+    /// `fullness_percent` as the background thread last saw it.
+    fullness_hint: AtomicU64,
     /// The last missed lines, a ring (and its next slot).
     recent_misses: Mutex<([u64; RECENT_MISSES], usize)>,
     fill_ready: Condvar,
@@ -367,6 +373,7 @@ impl CacheVolume {
             wb_gate: RwLock::new(()),
             fills: Mutex::new((VecDeque::new(), 0)),
             recent_misses: Mutex::new(([u64::MAX; RECENT_MISSES], 0)),
+            fullness_hint: AtomicU64::new(0),
             fill_ready: Condvar::new(),
             hand: Mutex::new(0),
             wb_hand: Mutex::new(0),

@@ -107,6 +107,32 @@ fn a_fill_read_before_a_write_keeps_the_write_and_fills_the_rest() {
             misses,
             "{mode:?}: the rest was filled"
         );
+        // A full cache: a lone random miss fills only its block.
+        c.fullness_hint
+            .store(WHOLE_LINE_BELOW_PERCENT, Ordering::Relaxed);
+        assert_eq!(read(&c, 41), blk(41));
+        c.run_maintenance().unwrap();
+        c.fullness_hint
+            .store(WHOLE_LINE_BELOW_PERCENT, Ordering::Relaxed);
+        let misses = c.stats().cache_misses;
+        assert_eq!(read(&c, 41), blk(41));
+        assert_eq!(read(&c, 42), blk(42));
+        assert_eq!(
+            c.stats().cache_misses,
+            misses + 1,
+            "{mode:?}: only 41 filled"
+        );
+        // A roomy one: the whole line (prefetch is free).
+        c.fullness_hint.store(0, Ordering::Relaxed);
+        assert_eq!(read(&c, 81), blk(81));
+        c.run_maintenance().unwrap();
+        let misses = c.stats().cache_misses;
+        assert_eq!(read(&c, 82), blk(82));
+        assert_eq!(
+            c.stats().cache_misses,
+            misses,
+            "{mode:?}: line 20 filled whole"
+        );
     }
 }
 
