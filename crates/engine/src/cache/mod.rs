@@ -10,10 +10,11 @@
 //!   64 KiB, clipped at the origin's end): a miss reads the whole line,
 //!   answers the client, and queues blocks to be *filled* into the cache
 //!   by a background thread (FlaZ's asynchronous fill): the whole line
-//!   when reads show spatial locality (a second miss in the line, or a miss
-//!   in the line after a missed one, among the last 64 misses), else only
-//!   the blocks asked for, so a random reader's hot block does not bring a
-//!   line of cold ones into the cache. A fill writes only
+//!   while the cache is under half full (prefetch is free) or when reads
+//!   show spatial locality (a second miss in the line, or a miss in the
+//!   line after a missed one, among the last 64 misses), else only the
+//!   blocks asked for, so a random reader's hot block does not bring a line
+//!   of cold ones into a full cache. A fill writes only
 //!   blocks still unmapped, and only if nothing unmapped blocks of the line
 //!   or wrote it back since the miss (the line slot's generation,
 //!   `lines::Slots`).
