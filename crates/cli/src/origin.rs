@@ -6,7 +6,7 @@ use cvol_engine::cache::{OriginStamp, StampFn};
 use cvol_nbd::client::Client;
 use cvol_storage::{FileStorage, Storage};
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -96,7 +96,7 @@ pub fn open(origin: &str, read_only: bool) -> Result<Origin, String> {
     }
     let path = PathBuf::from(origin);
     let md = std::fs::metadata(&path).map_err(|e| format!("origin {origin}: {e}"))?;
-    if !md.is_file() && !md.file_type().is_block_device_like() {
+    if !md.is_file() && !md.file_type().is_block_device() {
         return Err(format!(
             "origin {origin} is neither a file, a block device nor an NBD URI \
              (nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH)"
@@ -108,17 +108,6 @@ pub fn open(origin: &str, read_only: bool) -> Result<Origin, String> {
     let size = store.len_bytes();
     let stamp: StampFn = Box::new(move || stamp_of(Some(&path), size));
     Ok(Origin { store, stamp })
-}
-
-trait BlockDeviceLike {
-    fn is_block_device_like(&self) -> bool;
-}
-
-impl BlockDeviceLike for std::fs::FileType {
-    fn is_block_device_like(&self) -> bool {
-        use std::os::unix::fs::FileTypeExt;
-        self.is_block_device()
-    }
 }
 
 #[cfg(test)]

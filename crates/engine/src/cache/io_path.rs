@@ -207,8 +207,10 @@ impl CacheVolume {
         }
         let first = offset.div_ceil(BS);
         let end = (offset + data.len() as u64) / BS;
-        for edge in [offset / BS, (offset + data.len() as u64 - 1) / BS] {
-            if edge < first || edge >= end {
+        let (head, tail) = (offset / BS, (offset + data.len() as u64 - 1) / BS);
+        for edge in [head, tail] {
+            // A block the write covers only in part (once, if both edges).
+            if (edge < first || edge >= end) && (edge == head || tail != head) {
                 self.invalidate(edge, 1, locks)?;
             }
         }

@@ -88,15 +88,17 @@ pub(super) struct WriteLocks<'a> {
     guards: Vec<(u64, RwLockWriteGuard<'a, u64>)>,
 }
 
+/// The guard of line `line`'s slot among `guards` (ascending by slot).
+fn held<G>(guards: &[(u64, G)], line: u64) -> &G {
+    let s = line % SLOTS;
+    let i = guards.binary_search_by_key(&s, |g| g.0).expect("slot held");
+    &guards[i].1
+}
+
 impl ReadLocks<'_> {
     /// The generation of line `line`'s slot.
     pub(super) fn generation(&self, line: u64) -> u64 {
-        let s = line % SLOTS;
-        let i = self
-            .guards
-            .binary_search_by_key(&s, |g| g.0)
-            .expect("slot held");
-        *self.guards[i].1
+        **held(&self.guards, line)
     }
 }
 
@@ -109,12 +111,7 @@ impl WriteLocks<'_> {
     }
 
     pub(super) fn generation(&self, line: u64) -> u64 {
-        let s = line % SLOTS;
-        let i = self
-            .guards
-            .binary_search_by_key(&s, |g| g.0)
-            .expect("slot held");
-        *self.guards[i].1
+        **held(&self.guards, line)
     }
 }
 
