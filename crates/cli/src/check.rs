@@ -25,6 +25,13 @@ fn print_problems(path: &Path, errors: &[String]) {
 }
 
 pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
+    if crate::objvol::url_of(path).is_some() {
+        return Err(format!(
+            "{}: check and repair work on local media; for a volume in an object store use \
+             `cvol scrub` (it verifies every block, served or not)",
+            path.display()
+        ));
+    }
     let (storage, kind) = volfile::open_store(path, Purpose::Check)?;
     let rep = match volfile::read_header(path, &storage, kind)? {
         Header::Short(problem) => early_report(problem),
@@ -86,6 +93,13 @@ pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
 }
 
 pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
+    if crate::objvol::url_of(path).is_some() {
+        return Err(format!(
+            "{}: check and repair work on local media; for a volume in an object store use \
+             `cvol scrub` (it verifies every block, served or not)",
+            path.display()
+        ));
+    }
     let (storage, kind) = volfile::open_store(path, Purpose::Repair)?;
     // A short store cannot be repaired from what is in it: say so, write nothing.
     if let Header::Short(problem) = volfile::read_header(path, &storage, kind)? {

@@ -13,10 +13,15 @@ use std::time::Duration;
 /// Socket path derived from the volume's device and inode, so any path to
 /// the same volume finds it. `CVOL_RUN_DIR` overrides the directory.
 pub fn socket_path(volume: &Path) -> Option<PathBuf> {
-    let md = std::fs::metadata(volume).ok()?;
     let dir = std::env::var_os("CVOL_RUN_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
+    if let Some(url) = crate::objvol::url_of(volume) {
+        // An object-store volume: named by a hash of its address.
+        let h = xxhash_rust::xxh3::xxh3_64(url.trim_end_matches('/').as_bytes());
+        return Some(dir.join(format!("cvol-s3-{h:016x}.ctl")));
+    }
+    let md = std::fs::metadata(volume).ok()?;
     let id = if md.file_type().is_file() {
         (md.dev(), md.ino())
     } else {

@@ -114,6 +114,8 @@ enum Target {
     File {
         len: u64,
     },
+    /// A volume in an object store (`s3://BUCKET/PREFIX`).
+    Object,
     BlockDevice {
         len: u64,
     },
@@ -176,7 +178,18 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
         }
         None => None,
     };
-    let target = find_target(path, a)?;
+    let target =
+        match crate::objvol::url_of(path) {
+            Some(_) if a.cache.is_some() || a.metadata_device.is_some() => return Err(
+                "--origin and --metadata-device are not supported for a volume in an object store"
+                    .into(),
+            ),
+            Some(u) => {
+                cvol_objstore::url::S3Url::parse(u)?;
+                Target::Object
+            }
+            None => find_target(path, a)?,
+        };
     let physical = match (a.physical_size, &target) {
         (Some(p), _) => size::parse_size(p).map_err(|e| format!("--physical-size: {e}"))?,
         (None, Target::BlockDevice { len }) => (*len).min(PHYSICAL_SIZE_MAX_BYTES),
@@ -441,6 +454,9 @@ fn write_volume(
     meta_undo: &mut Undo,
     cache: Option<&CachePlan>,
 ) -> Result<(), String> {
+    if let Some(url) = crate::objvol::url_of(path) {
+        return crate::objvol::create(url, opts, a.force);
+    }
     let storage = open_target(path, target, a, opts.physical_size_bytes, undo)?;
     if let Some(c) = cache {
         return cvol_engine::cache::create(Arc::new(storage), opts, &c.config, c.stamp)
@@ -476,6 +492,7 @@ fn open_target(
     };
     let storage = match target {
         Target::BlockDevice { .. } => FileStorage::open(path, true, true).map_err(here)?,
+        Target::Object => unreachable!("an object-store volume is written by objvol::create"),
         Target::NewFile => {
             let dir = parent(path);
             if a.make_parent && !dir.exists() {

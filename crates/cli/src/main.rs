@@ -8,6 +8,7 @@ mod check;
 mod control;
 mod control_server;
 mod create;
+mod objvol;
 mod origin;
 mod scrub;
 mod serve;

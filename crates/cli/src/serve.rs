@@ -73,6 +73,36 @@ pub struct ServeArgs {
     elastic: ElasticFlags,
     #[command(flatten)]
     limits: LimitFlags,
+    #[command(flatten)]
+    object: ObjectFlags,
+}
+
+/// A volume in an object store (`cvol serve s3://BUCKET/PREFIX`).
+#[derive(clap::Args)]
+struct ObjectFlags {
+    /// Object-store volume: the directory of its local cache (a sparse
+    /// file of the volume's physical size; started empty on every serve).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Object-store volume: bytes the local cache may hold; clean data
+    /// beyond it is evicted (default 1G).
+    #[arg(long)]
+    cache_size: Option<String>,
+    /// Object-store volume: a server whose lease did not change for this
+    /// many seconds is gone, and another may take the volume over.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    lease: f64,
+}
+
+impl ObjectFlags {
+    fn flags(&self, read_only: bool) -> crate::objvol::ServeFlags<'_> {
+        crate::objvol::ServeFlags {
+            cache_dir: self.cache_dir.as_deref(),
+            cache_size: self.cache_size.as_deref(),
+            lease: self.lease,
+            read_only,
+        }
+    }
 }
 
 /// The background cleaner: `OpenOptions::cleaner`.
@@ -302,6 +332,12 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     let purpose = Purpose::Serve {
         writable: !args.read_only,
     };
+    if let Some(p) = &args.volume {
+        crate::objvol::refuse_for_local(p, &args.object.flags(args.read_only))?;
+        if let Some(url) = crate::objvol::url_of(p) {
+            return serve_object(url, options, config, &args, &stop);
+        }
+    }
     let (path, store) = match &args.volume {
         Some(p) => (p.clone(), Some(volfile::open_volume_store(p, purpose)?)),
         None => {
@@ -369,6 +405,45 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         .map_err(|e| format!("final flush/checkpoint failed: {e}"));
     served?;
     closed?;
+    tracing::info!("stopped cleanly");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Serves a volume kept in an object store: claimed (fencing any older
+/// server), recovered from the objects, served, then closed (a manifest,
+/// the lease released).
+fn serve_object(
+    url: &str,
+    options: OpenOptions,
+    config: ServerConfig,
+    args: &ServeArgs,
+    stop: &AtomicBool,
+) -> Result<ExitCode, String> {
+    let listeners = bind_listeners(args.socket.as_deref(), args.listen.as_deref())?;
+    let store = crate::objvol::open(url, &args.object.flags(args.read_only))?;
+    let path = Path::new(url);
+    let mut options = options;
+    options.read_only = args.read_only;
+    let vol = match volfile::open_with_progress(path, store.clone(), options, Some(stop)) {
+        Opened::Volume(v) => Arc::new(*v),
+        Opened::Failed(e) => return Err(e),
+        Opened::Stopped => {
+            tracing::info!("stopped by a signal while opening {url}: nothing was served");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let backend = Arc::new(backend::VolumeBackend {
+        volume: vol.clone(),
+    });
+    let served = run(path, &vol, backend, None, listeners, config, args, stop);
+    let closed = vol
+        .close()
+        .map_err(|e| format!("final flush/checkpoint failed: {e}"));
+    drop(vol);
+    let stored = store.close();
+    served?;
+    closed?;
+    stored?;
     tracing::info!("stopped cleanly");
     Ok(ExitCode::SUCCESS)
 }

@@ -243,6 +243,9 @@ pub fn with_metadata(
 
 /// Opens a volume nobody serves, read-only (`stat`, offline `scrub`).
 pub fn open_read_only(path: &Path, read_cache_bytes: Option<u64>) -> Result<Volume, String> {
+    if let Some(url) = crate::objvol::url_of(path) {
+        return crate::objvol::open_read_only(url, read_cache_bytes);
+    }
     let storage = open_volume_store(path, Purpose::Read)?;
     let mut options = OpenOptions {
         read_only: true,

@@ -191,6 +191,69 @@ pub struct VolumeStats {
     pub scrub: ScrubStats,
     #[serde(flatten)]
     pub cache: CacheStats,
+    #[serde(flatten)]
+    pub object: ObjectStoreStats,
+}
+
+/// A volume kept in an object store (`cvol create s3://...`): zeros and a
+/// null `object_store` for a volume on local media. Counts since the
+/// server started.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ObjectStoreStats {
+    /// The volume's address, `s3://BUCKET/PREFIX` (null: local media).
+    pub object_store: Option<String>,
+    /// Objects the volume keeps in the store (chunks, deltas, manifest).
+    pub object_count: u64,
+    /// Bytes of those objects.
+    pub object_bytes: u64,
+    pub object_gets: u64,
+    pub object_get_bytes: u64,
+    pub object_puts: u64,
+    pub object_put_bytes: u64,
+    pub object_deletes: u64,
+    /// Reads served by the local cache alone, and reads that needed a GET.
+    pub object_cache_hits: u64,
+    pub object_cache_misses: u64,
+    /// hits / (hits + misses); 0 before the first read.
+    pub object_cache_hit_ratio: f64,
+    /// Bytes the local cache file holds, and may hold (`--cache-size`).
+    pub object_cache_bytes: u64,
+    pub object_cache_limit_bytes: u64,
+    pub object_cache_evictions: u64,
+    /// This server's epoch (fencing), and the number of its last delta.
+    pub object_epoch: u64,
+    pub object_seq: u64,
+}
+
+impl ObjectStoreStats {
+    pub fn from_storage(s: Option<cvol_storage::ObjectStats>) -> ObjectStoreStats {
+        let Some(s) = s else {
+            return ObjectStoreStats::default();
+        };
+        let lookups = s.cache_hits + s.cache_misses;
+        ObjectStoreStats {
+            object_store: Some(s.url),
+            object_count: s.objects,
+            object_bytes: s.bytes,
+            object_gets: s.gets,
+            object_get_bytes: s.get_bytes,
+            object_puts: s.puts,
+            object_put_bytes: s.put_bytes,
+            object_deletes: s.deletes,
+            object_cache_hits: s.cache_hits,
+            object_cache_misses: s.cache_misses,
+            object_cache_hit_ratio: if lookups == 0 {
+                0.0
+            } else {
+                s.cache_hits as f64 / lookups as f64
+            },
+            object_cache_bytes: s.cache_bytes,
+            object_cache_limit_bytes: s.cache_limit_bytes,
+            object_cache_evictions: s.cache_evictions,
+            object_epoch: s.epoch,
+            object_seq: s.seq,
+        }
+    }
 }
 
 /// A cache volume in front of an origin (`crate::cache`): zeros and a null

@@ -65,6 +65,37 @@ pub trait Storage: Send + Sync {
         check_range(offset, 0, self.len_bytes())?;
         Ok((offset < self.len_bytes()).then_some(offset))
     }
+    /// Counters of a store kept in an object store (None for local media).
+    fn object_stats(&self) -> Option<ObjectStats> {
+        None
+    }
+}
+
+/// What a volume kept in an object store did since it was opened, and
+/// holds (the `object_*` keys of `cvol stat --json`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObjectStats {
+    /// The volume's address (`s3://BUCKET/PREFIX`).
+    pub url: String,
+    /// Objects the volume keeps in the store (chunks, deltas, manifest).
+    pub objects: u64,
+    /// Bytes of those objects.
+    pub bytes: u64,
+    pub gets: u64,
+    pub get_bytes: u64,
+    pub puts: u64,
+    pub put_bytes: u64,
+    pub deletes: u64,
+    /// Reads served from the local cache alone, and reads that had to GET.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Bytes the local cache file holds, and may hold.
+    pub cache_bytes: u64,
+    pub cache_limit_bytes: u64,
+    pub cache_evictions: u64,
+    /// This server's epoch, and the last delta's number.
+    pub epoch: u64,
+    pub seq: u64,
 }
 
 pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {

@@ -209,6 +209,7 @@ impl Volume {
             poisoned: self.poisoned.load(Ordering::SeqCst),
             scrub: self.scrub_stats(),
             cache: self.cache_stats(),
+            object: crate::stats::ObjectStoreStats::from_storage(self.storage.object_stats()),
         }
     }
 
