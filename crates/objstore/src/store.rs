@@ -162,8 +162,6 @@ struct SyncState {
     last_manifest: Instant,
     /// Chunk objects replaced, with the delta that replaced them.
     superseded: Vec<(String, u64)>,
-    /// Objects no delta or manifest in use references: deleted now.
-    deletable: Vec<String>,
     /// Superseded by the last manifest: deletable once a delta lands after
     /// it (a server fenced meanwhile cannot land one, so never deletes
     /// what its successor recovered from).
@@ -194,6 +192,9 @@ struct Inner {
     /// Chunks with bytes only in deltas.
     logged: Mutex<BTreeSet<u32>>,
     sync: Mutex<SyncState>,
+    /// Objects no delta or manifest in use references: deleted soon.
+    /// (Its own lock: uploads add to it while a sync waits for them.)
+    garbage: Mutex<Vec<String>>,
     up: Mutex<Uploads>,
     up_cv: Condvar,
     failed: Mutex<Option<String>>,
@@ -400,9 +401,9 @@ impl ObjectStorage {
                 deltas: 0,
                 last_manifest: Instant::now(),
                 superseded: Vec::new(),
-                deletable: Vec::new(),
                 after_next_delta: Vec::new(),
             }),
+            garbage: Mutex::new(Vec::new()),
             up: Mutex::new(Uploads::default()),
             up_cv: Condvar::new(),
             failed: Mutex::new(None),
@@ -431,6 +432,14 @@ impl ObjectStorage {
                 .name("cvol-s3".into())
                 .spawn(move || inner.background(&tx))?,
         );
+        if !self.inner.read_only {
+            let inner = self.inner.clone();
+            t.push(
+                std::thread::Builder::new()
+                    .name("cvol-s3-lease".into())
+                    .spawn(move || inner.renew_lease())?,
+            );
+        }
         if !self.inner.read_only {
             for i in 0..self.inner.parallel {
                 let (inner, rx) = (self.inner.clone(), rx.clone());
@@ -798,7 +807,7 @@ impl Inner {
                         doomed.len()
                     );
                 }
-                lock(&self.sync).deletable.extend(doomed);
+                lock(&self.garbage).extend(doomed);
                 self.delete_ready();
             }
             Err(e) => tracing::warn!("{}: listing for garbage failed: {e}", self.label),
@@ -1011,7 +1020,7 @@ impl Inner {
 
     /// Reads the whole chunk for an upload, clearing its dirty sectors;
     /// None if it changed under us (discarded, or evicted meanwhile).
-    fn snapshot(&self, c: u32) -> io::Result<Option<(Vec<u8>, u64, Bits)>> {
+    fn snapshot(&self, c: u32) -> io::Result<Option<Snapshot>> {
         let n = self.sectors(c);
         self.ensure_valid(c, 0, n)?;
         let mut ch = lock(&self.chunks[c as usize]);
@@ -1023,7 +1032,12 @@ impl Inner {
         self.local.read_at(start, &mut buf)?;
         let dirty = std::mem::replace(&mut ch.dirty, Bits::None);
         ch.wrote_end = false;
-        Ok(Some((buf, ch.gen, dirty)))
+        Ok(Some(Snapshot {
+            body: buf,
+            gen: ch.gen,
+            dirty,
+            pending: ch.pending,
+        }))
     }
 
     fn new_id(&self) -> ObjId {
@@ -1055,7 +1069,10 @@ impl Inner {
     }
 
     fn upload_one(&self, c: u32) -> io::Result<()> {
-        let Some((body, gen, dirty)) = self.snapshot(c)? else {
+        let Some(Snapshot {
+            body, gen, dirty, ..
+        }) = self.snapshot(c)?
+        else {
             return Ok(());
         };
         let id = self.new_id();
@@ -1065,7 +1082,7 @@ impl Inner {
         match r {
             Ok(()) if ch.gen == gen => {
                 if let Some(Some(old)) = ch.pending.replace(Some(id)) {
-                    lock(&self.sync).deletable.push(self.names.chunk(c, old));
+                    lock(&self.garbage).push(self.names.chunk(c, old));
                 }
                 drop(ch);
                 lock(&self.changed).insert(c);
@@ -1073,7 +1090,7 @@ impl Inner {
             }
             Ok(()) => {
                 drop(ch);
-                lock(&self.sync).deletable.push(self.names.chunk(c, id));
+                lock(&self.garbage).push(self.names.chunk(c, id));
                 Ok(())
             }
             Err(e) => {
@@ -1121,8 +1138,8 @@ impl Inner {
         let mut todo: BTreeSet<u32> = std::mem::take(&mut *lock(&self.changed));
         if manifest {
             todo.extend(lock(&self.logged).iter().copied());
-            self.upload_for_manifest(&todo, &mut taken)?;
         }
+        self.upload_whole(&todo, manifest, &mut taken)?;
         for &c in &todo {
             if taken.iter().any(|t| t.chunk == c) {
                 continue;
@@ -1174,7 +1191,7 @@ impl Inner {
         // The delta landed: this server still owns the volume, and what
         // the last manifest superseded may go.
         let landed = std::mem::take(&mut st.after_next_delta);
-        st.deletable.extend(landed);
+        lock(&self.garbage).extend(landed);
         self.commit(&mut st, &taken, delta.seq);
         if manifest && lock(&self.logged).is_empty() {
             self.write_manifest(&mut st, delta.seq)?;
@@ -1184,23 +1201,52 @@ impl Inner {
         Ok(())
     }
 
-    /// For a manifest: uploads (in parallel) every chunk in `todo` that
-    /// has bytes only in the log or dirty, each to a fresh object.
-    fn upload_for_manifest(&self, todo: &BTreeSet<u32>, taken: &mut Vec<Taken>) -> io::Result<()> {
+    /// Uploads (in parallel) chunks of `todo` whole, each to a fresh
+    /// object the sync's delta then references: for a manifest, every
+    /// chunk with bytes only in the log or dirty; otherwise the chunks
+    /// mostly dirty or written to their end (filled segments the
+    /// background has not uploaded yet: whole objects, not delta ranges
+    /// uploaded again later).
+    fn upload_whole(
+        &self,
+        todo: &BTreeSet<u32>,
+        manifest: bool,
+        taken: &mut Vec<Taken>,
+    ) -> io::Result<()> {
         let mut jobs = Vec::new();
         for &c in todo {
+            let n = self.sectors(c);
             let needs = {
                 let ch = lock(&self.chunks[c as usize]);
-                ch.in_log || !ch.dirty.is_empty()
+                let dirty = ch.dirty.count(n);
+                if manifest {
+                    ch.in_log || dirty > 0
+                } else {
+                    dirty > 0 && (ch.wrote_end || dirty * 2 >= n)
+                }
             };
             if !needs {
                 continue;
             }
-            let Some((body, gen, dirty)) = self.snapshot(c)? else {
+            let Some(Snapshot {
+                body,
+                gen,
+                dirty,
+                pending,
+            }) = self.snapshot(c)?
+            else {
                 continue;
             };
+            {
+                let mut ch = lock(&self.chunks[c as usize]);
+                if ch.gen != gen {
+                    // Discarded since the snapshot: the plain path below
+                    // commits the discard instead.
+                    continue;
+                }
+                ch.pending = None;
+            }
             let id = self.new_id();
-            let pending = lock(&self.chunks[c as usize]).pending.take();
             taken.push(Taken {
                 chunk: c,
                 gen,
@@ -1297,7 +1343,7 @@ impl Inner {
                     }
                 }
                 if let Some((Some(Some(unused)), _)) = t.fresh {
-                    st.deletable.push(self.names.chunk(t.chunk, unused));
+                    lock(&self.garbage).push(self.names.chunk(t.chunk, unused));
                 }
                 ch.object = p;
                 ch.in_log = false;
@@ -1362,16 +1408,17 @@ impl Inner {
         }
         .encode();
         self.put_delta(seq, body)?;
+        // Not counted among the deltas a manifest is due for: an idle
+        // volume writes nothing more (the next manifest deletes it).
         st.next_seq += 1;
-        st.deltas += 1;
         let landed = std::mem::take(&mut st.after_next_delta);
-        st.deletable.extend(landed);
+        lock(&self.garbage).extend(landed);
         Ok(())
     }
 
     /// Deletes the objects nothing references any more.
     fn delete_ready(&self) {
-        let doomed: Vec<String> = std::mem::take(&mut lock(&self.sync).deletable);
+        let doomed: Vec<String> = std::mem::take(&mut *lock(&self.garbage));
         if doomed.is_empty() {
             return;
         }
@@ -1398,9 +1445,31 @@ impl Inner {
 
     // ---- background ---------------------------------------------------
 
-    fn background(&self, tx: &crossbeam_channel::Sender<u32>) {
+    /// Renews the lease every quarter of the lease time until stopped or
+    /// failed (a fenced server stops renewing).
+    fn renew_lease(&self) {
         let mut renewal = 0u64;
-        let mut last_lease = Instant::now();
+        let mut last = Instant::now();
+        while !self.stop.load(Ordering::SeqCst) && lock(&self.failed).is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+            if last.elapsed() < self.lease / 4 {
+                continue;
+            }
+            renewal += 1;
+            let r = self.block(put(
+                &*self.store,
+                &self.names.lease(self.epoch),
+                lease_body(self.epoch, renewal),
+                false,
+            ));
+            if let Err(e) = r {
+                tracing::warn!("{}: renewing the lease: {e}", self.label);
+            }
+            last = Instant::now();
+        }
+    }
+
+    fn background(&self, tx: &crossbeam_channel::Sender<u32>) {
         let mut last_evict = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(50));
@@ -1411,27 +1480,28 @@ impl Inner {
             if lock(&self.failed).is_some() {
                 continue;
             }
-            if last_lease.elapsed() >= self.lease / 4 {
-                renewal += 1;
-                let r = self.block(put(
-                    &*self.store,
-                    &self.names.lease(self.epoch),
-                    lease_body(self.epoch, renewal),
-                    false,
-                ));
-                if let Err(e) = r {
-                    tracing::warn!("{}: renewing the lease: {e}", self.label);
-                }
-                last_lease = Instant::now();
-            }
             self.queue_uploads(tx);
             if self.manifest_due() {
                 if let Err(e) = self.sync_inner(true) {
                     tracing::warn!("{}: writing a manifest: {e}", self.label);
                 }
             }
+            if self.garbage_waits() {
+                // Nothing else lands a delta while clients are idle: an
+                // empty one lets what the manifest superseded go.
+                match self.sync_marker() {
+                    Ok(()) => self.delete_ready(),
+                    Err(e) => tracing::warn!("{}: {e}", self.label),
+                }
+            }
             self.evict_if_needed(&mut last_evict);
         }
+    }
+
+    /// Objects wait for a delta after the last manifest (a second on).
+    fn garbage_waits(&self) -> bool {
+        let st = lock(&self.sync);
+        !st.after_next_delta.is_empty() && st.last_manifest.elapsed() >= Duration::from_secs(1)
     }
 
     fn manifest_due(&self) -> bool {
@@ -1546,6 +1616,16 @@ impl Inner {
             seq: st.next_seq.saturating_sub(1),
         }
     }
+}
+
+/// A chunk's bytes read for an upload, and its state at that moment.
+struct Snapshot {
+    body: Vec<u8>,
+    gen: u64,
+    /// The dirty sectors the snapshot cleared.
+    dirty: Bits,
+    /// The pending change the upload replaces.
+    pending: Option<Option<ObjId>>,
 }
 
 /// What a sync took from one chunk (to commit or put back).

@@ -42,6 +42,8 @@ struct Faults {
     dead: AtomicBool,
     /// Paused: every request waits (a server stopped by SIGSTOP).
     paused: AtomicBool,
+    /// Milliseconds each chunk PUT takes (a slow store).
+    chunk_put_ms: AtomicU64,
     rng: Mutex<Option<rand::rngs::StdRng>>,
 }
 
@@ -99,6 +101,10 @@ impl ObjectStore for FaultStore {
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
         self.gate().await?;
+        let delay = self.f.chunk_put_ms.load(Ordering::Relaxed);
+        if delay > 0 && location.as_ref().contains("/chunk/") {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         if self.f.roll(&self.f.put_fail) {
             return Err(injected("PUT failure"));
         }
@@ -307,6 +313,10 @@ fn run_seed(seed: u64) {
         faults
             .get_fail
             .store(rng.gen_range(0..10), Ordering::SeqCst);
+        // Some rounds on a slow store: syncs overlap uploads.
+        faults
+            .chunk_put_ms
+            .store([0, 0, 2, 10][rng.gen_range(0..4)], Ordering::SeqCst);
         let ops = rng.gen_range(200..1500);
         for _ in 0..ops {
             let at = rng.gen_range(0..BLOCKS / 8) * 8;
@@ -435,4 +445,75 @@ fn a_paused_server_is_taken_over_and_fenced() {
     drop(vol_c);
     st_c.close().expect("close");
     let _ = AtomicU64::new(0);
+}
+
+/// Regression: an upload that replaced a pending (uploaded, not yet
+/// committed) object queued the old one for deletion under the sync
+/// lock, while a sync held that lock waiting for uploads in flight: a
+/// deadlock. Whole chunks written over and over (each write ends the
+/// chunk, so each is uploaded at once) while another thread syncs.
+#[test]
+fn regression_uploads_replacing_pending_objects_do_not_deadlock_a_sync() {
+    let mem = Arc::new(InMemory::new());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (store, faults) = view(&mem);
+    // Uploads slow enough that syncs begin while they are in flight.
+    faults.chunk_put_ms.store(30, Ordering::SeqCst);
+    let cfg = config(store, &tmp.path().join("c"));
+    let d = Descriptor {
+        size_bytes: 8 * MIB,
+        head_bytes: MIB,
+        chunk_bytes: MIB,
+    };
+    cvol_objstore::create(&cfg, &d, false).expect("create");
+    let st = Arc::new(ObjectStorage::open(&cfg).expect("open"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let syncer = {
+        let (st, stop) = (st.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                cvol_storage::Storage::sync(&*st).expect("sync");
+                n += 1;
+                // Slower than uploads: a chunk is uploaded twice between syncs.
+                std::thread::sleep(Duration::from_millis(40 + n % 5 * 20));
+            }
+            n
+        })
+    };
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writer = {
+        let st = st.clone();
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            let mut v = 0u8;
+            while start.elapsed() < Duration::from_secs(2) {
+                v = v.wrapping_add(1);
+                for c in 1..4u64 {
+                    cvol_storage::Storage::write_at(&*st, c * MIB, &vec![v; MIB as usize])
+                        .expect("write");
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let _ = done_tx.send(());
+        })
+    };
+    done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the writer finishes: no deadlock");
+    writer.join().expect("writer");
+    stop.store(true, Ordering::SeqCst);
+    let syncs = syncer.join().expect("syncer");
+    assert!(syncs > 0);
+    st.close().expect("close");
+    // What the last sync made durable reads back.
+    let (store, _) = view(&mem);
+    let st2 = ObjectStorage::open(&config(store, &tmp.path().join("d"))).expect("reopen");
+    let mut a = vec![0u8; MIB as usize];
+    let mut b = vec![0u8; MIB as usize];
+    cvol_storage::Storage::read_at(&st2, MIB, &mut a).expect("read");
+    cvol_storage::Storage::read_at(&st2, 3 * MIB, &mut b).expect("read");
+    assert!(a.iter().all(|&x| x == a[0]) && a[0] != 0);
+    assert_eq!(a, b, "the close synced every chunk's last version");
+    st2.close().expect("close");
 }
