@@ -237,6 +237,9 @@ impl Report {
         if let Some(c) = &s.cache.cache {
             rows.extend(cache_rows(s, c, self.served));
         }
+        if s.object.object_store.is_some() {
+            rows.extend(object_rows(s, self.served));
+        }
         rows.extend([
             (
                 "reduction ratio",
@@ -540,8 +543,53 @@ fn cache_rows(
     rows
 }
 
+/// The rows of a volume in an object store: what the store holds, and
+/// (served) the requests and the local cache.
+fn object_rows(s: &VolumeStats, served: bool) -> Vec<(&'static str, String)> {
+    let b = human_bytes;
+    let o = &s.object;
+    let mut rows = vec![(
+        "object store",
+        format!("{} objects, {}", o.object_count, b(o.object_bytes)),
+    )];
+    if served {
+        rows.push((
+            "  requests",
+            format!(
+                "{} PUTs ({}), {} GETs ({}), {} deletes; epoch {}, delta {}",
+                o.object_puts,
+                b(o.object_put_bytes),
+                o.object_gets,
+                b(o.object_get_bytes),
+                o.object_deletes,
+                o.object_epoch,
+                o.object_seq
+            ),
+        ));
+        rows.push((
+            "  local cache",
+            format!(
+                "{} of {}; {:.1}% of reads without a GET ({} hits, {} misses), {} chunks evicted",
+                b(o.object_cache_bytes),
+                b(o.object_cache_limit_bytes),
+                o.object_cache_hit_ratio * 100.0,
+                o.object_cache_hits,
+                o.object_cache_misses,
+                o.object_cache_evictions
+            ),
+        ));
+    }
+    rows
+}
+
 fn host_holds(s: &VolumeStats) -> String {
     let used = human_bytes(s.physical_used_bytes);
+    if s.object.object_store.is_some() {
+        return format!(
+            "{used} (in the object store: {})",
+            human_bytes(s.object.object_bytes)
+        );
+    }
     match s.host_allocated_bytes {
         Some(du) => {
             let what = match s.metadata_device {

@@ -331,14 +331,24 @@ fn numbers(listed: &[(String, u64)]) -> Vec<u64> {
     v
 }
 
-fn lease_body(epoch: u64, n: u64) -> Vec<u8> {
+fn lease_body(epoch: u64, n: u64, lease: Duration) -> Vec<u8> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     format!(
-        "serving epoch={epoch} host={} pid={} renewal={n}\n",
+        "serving epoch={epoch} host={} pid={} lease_ms={} renewal={n}\n",
         host.trim(),
-        std::process::id()
+        std::process::id(),
+        lease.as_millis()
     )
     .into_bytes()
+}
+
+/// The lease time a lease body names (its server renews every quarter of it).
+fn lease_of(body: &[u8]) -> Option<Duration> {
+    let text = std::str::from_utf8(body).ok()?;
+    let ms = text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("lease_ms="))?;
+    Some(Duration::from_millis(ms.parse().ok()?))
 }
 
 const RELEASED: &[u8] = b"released\n";
@@ -553,12 +563,19 @@ async fn claim(
         };
         let first = read().await?;
         if first.as_deref() != Some(RELEASED) {
+            // Its server renews every quarter of *its* lease time: wait the
+            // longer of the two (capped at an hour).
+            let wait = first
+                .as_deref()
+                .and_then(lease_of)
+                .map_or(lease, |theirs| theirs.max(lease))
+                .min(Duration::from_secs(3600));
             tracing::info!(
                 "{label}: epoch {last} did not release its lease; waiting {} s to see \
                  whether its server still renews it",
-                lease.as_secs_f64()
+                wait.as_secs_f64()
             );
-            tokio::time::sleep(lease).await;
+            tokio::time::sleep(wait).await;
             let second = read().await?;
             if second != first {
                 let who = second
@@ -567,14 +584,21 @@ async fn claim(
                 return Err(format!(
                     "{label}: being served by another server ({who}; its lease changed within \
                      the last {} s); stop it first",
-                    lease.as_secs_f64()
+                    wait.as_secs_f64()
                 ));
             }
             tracing::info!("{label}: epoch {last}'s lease lapsed: taking the volume over");
         }
     }
     let epoch = last + 1;
-    match put(store, &names.epoch(epoch), lease_body(epoch, 0), true).await {
+    match put(
+        store,
+        &names.epoch(epoch),
+        lease_body(epoch, 0, lease),
+        true,
+    )
+    .await
+    {
         Ok(()) => {}
         Err(object_store::Error::AlreadyExists { .. }) => {
             return Err(format!(
@@ -583,9 +607,14 @@ async fn claim(
         }
         Err(e) => return Err(here(e)),
     }
-    put(store, &names.lease(epoch), lease_body(epoch, 0), false)
-        .await
-        .map_err(here)?;
+    put(
+        store,
+        &names.lease(epoch),
+        lease_body(epoch, 0, lease),
+        false,
+    )
+    .await
+    .map_err(here)?;
     Ok(epoch)
 }
 
@@ -907,30 +936,38 @@ impl Inner {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check_range(offset, buf.len())?;
+        let pieces = self.pieces(offset, buf.len() as u64);
         let mut hit = true;
-        for (c, a, b) in self.pieces(offset, buf.len() as u64) {
-            let (start, _) = self.d.chunk_range(c);
-            hit &= self.ensure_valid(c, (a - start) / SECTOR, (b - start).div_ceil(SECTOR))?;
-        }
-        let counter = if hit { &self.c.hits } else { &self.c.misses };
-        counter.fetch_add(1, Ordering::Relaxed);
-        // Valid sectors stay valid unless evicted, and only clean chunks
-        // not used for a while are: a race there is an eviction within
-        // this call, checked below.
-        self.local.read_at(offset, buf)?;
-        for (c, a, b) in self.pieces(offset, buf.len() as u64) {
-            let (start, _) = self.d.chunk_range(c);
-            let ch = lock(&self.chunks[c as usize]);
-            if !ch
-                .valid
-                .runs((a - start) / SECTOR, (b - start).div_ceil(SECTOR), false)
-                .is_empty()
-            {
-                drop(ch);
-                return self.read(offset, buf);
+        for _ in 0..100 {
+            for &(c, a, b) in &pieces {
+                let (start, _) = self.d.chunk_range(c);
+                hit &= self.ensure_valid(c, (a - start) / SECTOR, (b - start).div_ceil(SECTOR))?;
             }
+            // The local bytes are read under the chunks' locks (ascending:
+            // no other path holds two), so no eviction punches them meanwhile.
+            let guards: Vec<_> = pieces
+                .iter()
+                .map(|&(c, _, _)| lock(&self.chunks[c as usize]))
+                .collect();
+            let valid = pieces.iter().zip(&guards).all(|(&(c, a, b), ch)| {
+                let (start, _) = self.d.chunk_range(c);
+                ch.valid
+                    .runs((a - start) / SECTOR, (b - start).div_ceil(SECTOR), false)
+                    .is_empty()
+            });
+            if !valid {
+                // Evicted between the fill and the lock: fill again.
+                continue;
+            }
+            self.local.read_at(offset, buf)?;
+            drop(guards);
+            let counter = if hit { &self.c.hits } else { &self.c.misses };
+            counter.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
         }
-        Ok(())
+        Err(err(format!(
+            "read at {offset}: the cache kept evicting what it fetched (--cache-size too small?)"
+        )))
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
@@ -1459,7 +1496,7 @@ impl Inner {
             let r = self.block(put(
                 &*self.store,
                 &self.names.lease(self.epoch),
-                lease_body(self.epoch, renewal),
+                lease_body(self.epoch, renewal, self.lease),
                 false,
             ));
             if let Err(e) = r {
@@ -1681,5 +1718,23 @@ impl Storage for ObjectStorage {
 
     fn object_stats(&self) -> Option<ObjectStats> {
         Some(self.inner.stats())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_body_names_its_lease_time() {
+        let b = lease_body(3, 7, Duration::from_millis(2500));
+        assert_eq!(lease_of(&b), Some(Duration::from_millis(2500)));
+        assert_eq!(lease_of(RELEASED), None);
+        assert_eq!(lease_of(b"serving epoch=1 lease_ms=x"), None);
+    }
+
+    #[test]
+    fn cache_file_names_keep_only_safe_characters() {
+        assert_eq!(cache_name("s3://bkt/a/b c"), "bkt_a_b_c");
     }
 }
