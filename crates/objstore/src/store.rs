@@ -88,6 +88,48 @@ impl Config {
     }
 }
 
+/// An object-store error in words a user can act on: a missing bucket,
+/// missing or refused credentials, an unreachable endpoint.
+pub fn describe(label: &str, e: &object_store::Error) -> String {
+    let text = e.to_string();
+    let code = text
+        .split("<Code>")
+        .nth(1)
+        .and_then(|r| r.split("</Code>").next())
+        .unwrap_or("");
+    let endpoint =
+        std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS (no AWS_ENDPOINT_URL)".into());
+    if code == "NoSuchBucket" {
+        return format!(
+            "{label}: the bucket does not exist at {endpoint}; create it first (any S3 tool; \
+             `scripts/ceph-local mkbucket NAME` for the local Ceph)"
+        );
+    }
+    if matches!(
+        code,
+        "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "AccessDenied"
+    ) {
+        return format!(
+            "{label}: {endpoint} refused the credentials ({code}): check AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY"
+        );
+    }
+    if std::env::var_os("AWS_ACCESS_KEY_ID").is_none()
+        && (text.contains("169.254.169.254") || text.to_lowercase().contains("credential"))
+    {
+        return format!(
+            "{label}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and \
+             AWS_ENDPOINT_URL for a store other than AWS); the instance metadata service did not \
+             provide any"
+        );
+    }
+    if text.contains("error sending request") {
+        return format!("{label}: cannot reach the object store at {endpoint}: {text}");
+    }
+    let short: String = text.chars().take(400).collect();
+    format!("{label}: {short}")
+}
+
 fn err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
@@ -226,7 +268,7 @@ pub fn create(cfg: &Config, d: &Descriptor, force: bool) -> Result<(), String> {
     rt.block_on(async {
         let listed = list(&*store, &names.dir(""))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| describe(&cfg.label, &e))?;
         if !listed.is_empty() {
             if !force {
                 let what = if listed.iter().any(|(n, _)| *n == names.descriptor()) {
@@ -369,7 +411,7 @@ impl ObjectStorage {
                     "{label}: no cvol volume there (no `volume` object); create it with \
                      `cvol create {label} --size SIZE`"
                 )),
-                Err(e) => Err(format!("{label}: {e}")),
+                Err(e) => Err(describe(label, &e)),
             }
         })?;
         std::fs::create_dir_all(&cfg.cache_dir)
@@ -550,7 +592,7 @@ async fn claim(
     label: &str,
     lease: Duration,
 ) -> Result<u64, String> {
-    let here = |e: object_store::Error| format!("{label}: {e}");
+    let here = |e: object_store::Error| describe(label, &e);
     let epochs = numbers(&list(store, &names.dir("epoch")).await.map_err(here)?);
     let last = epochs.last().copied().unwrap_or(0);
     if last > 0 {
