@@ -244,6 +244,8 @@ struct Inner {
     c: Counters,
     start: Instant,
     stop: AtomicBool,
+    /// Stops the lease renewal (last: a clean close renews until done).
+    stop_lease: AtomicBool,
     parallel: usize,
 }
 
@@ -255,6 +257,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct ObjectStorage {
     inner: Arc<Inner>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    lease_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// Writes a new volume's descriptor and empty manifest. An existing
@@ -463,15 +466,43 @@ impl ObjectStorage {
             c: Counters::default(),
             start: Instant::now(),
             stop: AtomicBool::new(false),
+            stop_lease: AtomicBool::new(false),
             parallel: cfg.uploads.max(1),
         };
-        let inner = Arc::new(inner);
-        inner.recover().map_err(|e| format!("{label}: {e}"))?;
         let s = ObjectStorage {
-            inner: inner.clone(),
+            inner: Arc::new(inner),
             threads: Mutex::new(Vec::new()),
+            lease_thread: Mutex::new(None),
         };
-        s.start_threads().map_err(|e| format!("{label}: {e}"))?;
+        // The lease is renewed from the claim on: a long recovery must not
+        // look like a dead server.
+        if !cfg.read_only {
+            let inner = s.inner.clone();
+            let renewer = std::thread::Builder::new()
+                .name("cvol-s3-lease".into())
+                .spawn(move || inner.renew_lease())
+                .map_err(|e| format!("{label}: {e}"));
+            match renewer {
+                Ok(h) => *lock(&s.lease_thread) = Some(h),
+                Err(e) => {
+                    s.inner.release_lease();
+                    return Err(e);
+                }
+            }
+        }
+        let started = s
+            .inner
+            .recover()
+            .map_err(|e| format!("{label}: {e}"))
+            .and_then(|()| s.start_threads().map_err(|e| format!("{label}: {e}")));
+        if let Err(e) = started {
+            // Stop renewing and let the next server start at once.
+            s.stop_threads();
+            if !cfg.read_only {
+                s.inner.release_lease();
+            }
+            return Err(e);
+        }
         Ok(s)
     }
 
@@ -484,14 +515,6 @@ impl ObjectStorage {
                 .name("cvol-s3".into())
                 .spawn(move || inner.background(&tx))?,
         );
-        if !self.inner.read_only {
-            let inner = self.inner.clone();
-            t.push(
-                std::thread::Builder::new()
-                    .name("cvol-s3-lease".into())
-                    .spawn(move || inner.renew_lease())?,
-            );
-        }
         if !self.inner.read_only {
             for i in 0..self.inner.parallel {
                 let (inner, rx) = (self.inner.clone(), rx.clone());
@@ -519,19 +542,26 @@ impl ObjectStorage {
         for h in lock(&self.threads).drain(..) {
             let _ = h.join();
         }
+        let finish = || {
+            if let Some(f) = lock(&inner.failed).clone() {
+                return Err(format!("{}: not closed cleanly: {f}", inner.label));
+            }
+            let label = &inner.label;
+            inner
+                .sync_inner(true)
+                .map_err(|e| format!("{label}: final manifest: {e}"))?;
+            // An empty delta after the manifest lets its garbage go.
+            inner.sync_marker().map_err(|e| format!("{label}: {e}"))?;
+            inner.delete_ready();
+            Ok(())
+        };
+        let finished = if inner.read_only { Ok(()) } else { finish() };
+        self.stop_threads();
         if inner.read_only {
             return Ok(());
         }
-        if let Some(f) = lock(&inner.failed).clone() {
-            return Err(format!("{}: not closed cleanly: {f}", inner.label));
-        }
+        finished?;
         let label = &inner.label;
-        inner
-            .sync_inner(true)
-            .map_err(|e| format!("{label}: final manifest: {e}"))?;
-        // An empty delta after the manifest lets its garbage go.
-        inner.sync_marker().map_err(|e| format!("{label}: {e}"))?;
-        inner.delete_ready();
         inner
             .rt
             .block_on(put(
@@ -558,13 +588,24 @@ impl ObjectStorage {
     }
 }
 
-impl Drop for ObjectStorage {
-    fn drop(&mut self) {
+impl ObjectStorage {
+    /// Stops and joins every thread, the lease renewal last.
+    fn stop_threads(&self) {
         self.inner.stop.store(true, Ordering::SeqCst);
         self.inner.up_cv.notify_all();
         for h in lock(&self.threads).drain(..) {
             let _ = h.join();
         }
+        self.inner.stop_lease.store(true, Ordering::SeqCst);
+        if let Some(h) = lock(&self.lease_thread).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for ObjectStorage {
+    fn drop(&mut self) {
+        self.stop_threads();
     }
 }
 
@@ -1524,12 +1565,25 @@ impl Inner {
 
     // ---- background ---------------------------------------------------
 
+    /// Marks the lease released (best effort: an open that failed).
+    fn release_lease(&self) {
+        let r = self.block(put(
+            &*self.store,
+            &self.names.lease(self.epoch),
+            RELEASED.to_vec(),
+            false,
+        ));
+        if let Err(e) = r {
+            tracing::warn!("{}: releasing the lease: {e}", self.label);
+        }
+    }
+
     /// Renews the lease every quarter of the lease time until stopped or
     /// failed (a fenced server stops renewing).
     fn renew_lease(&self) {
         let mut renewal = 0u64;
         let mut last = Instant::now();
-        while !self.stop.load(Ordering::SeqCst) && lock(&self.failed).is_none() {
+        while !self.stop_lease.load(Ordering::SeqCst) && lock(&self.failed).is_none() {
             std::thread::sleep(Duration::from_millis(20));
             if last.elapsed() < self.lease / 4 {
                 continue;
