@@ -7,7 +7,7 @@
 //! | `volume`                     | [`Descriptor`]: size and chunking            | create-only, once |
 //! | `epoch/EEEEEEEEEEEEEEEE`     | a server's claim of epoch E (text)           | create-only |
 //! | `lease/EEEEEEEEEEEEEEEE`     | epoch E's heartbeat (text; `released` at a clean stop) | overwritten by E's server only |
-//! | `log/SSSSSSSSSSSSSSSS`       | [`Delta`] number S                           | create-only, S in order |
+//! | `log/SSSSSSSSSSSSSSSS`       | [`Delta`] number S (a fence delta is never deleted) | create-only, S in order |
 //! | `manifest/SSSSSSSSSSSSSSSS`  | [`Manifest`]: every chunk's object as of delta S | create-only |
 //! | `chunk/CCCCCCCC/EEEEEEEEEEEEEEEE-NNNNNNNNNNNNNNNN` | chunk C's bytes, uploaded by epoch E (its N-th upload) | create-only |
 //!
@@ -146,6 +146,9 @@ pub struct Range {
 pub struct Delta {
     pub seq: u64,
     pub epoch: u64,
+    /// The empty delta a server writes at open to fence older servers:
+    /// kept forever (a stale server's next delta is exactly this name).
+    pub fence: bool,
     pub refs: Vec<ChunkRef>,
     pub ranges: Vec<Range>,
 }
@@ -157,6 +160,7 @@ impl Delta {
         b.extend_from_slice(DELTA_MAGIC);
         b.extend_from_slice(&self.seq.to_le_bytes());
         b.extend_from_slice(&self.epoch.to_le_bytes());
+        b.extend_from_slice(&u32::from(self.fence).to_le_bytes());
         b.extend_from_slice(&(self.refs.len() as u32).to_le_bytes());
         b.extend_from_slice(&(self.ranges.len() as u32).to_le_bytes());
         for r in &self.refs {
@@ -175,10 +179,15 @@ impl Delta {
         let mut r = Reader::open(b, DELTA_MAGIC, "delta")?;
         let seq = r.u64()?;
         let epoch = r.u64()?;
+        let flags = r.u32()?;
+        if flags > 1 {
+            return Err(bad("delta: unknown flags"));
+        }
         let (nrefs, nranges) = (r.u32()?, r.u32()?);
         let mut d = Delta {
             seq,
             epoch,
+            fence: flags == 1,
             ..Delta::default()
         };
         for _ in 0..nrefs {
@@ -207,6 +216,8 @@ pub struct Manifest {
     pub seq: u64,
     pub epoch: u64,
     pub chunks: Vec<Option<ObjId>>,
+    /// The fence deltas at or before `seq` (never deleted).
+    pub fences: Vec<u64>,
 }
 
 impl Manifest {
@@ -220,6 +231,10 @@ impl Manifest {
             let (e, n) = c.map_or((0, 0), |o| (o.epoch, o.n));
             b.extend_from_slice(&e.to_le_bytes());
             b.extend_from_slice(&n.to_le_bytes());
+        }
+        b.extend_from_slice(&(self.fences.len() as u32).to_le_bytes());
+        for f in &self.fences {
+            b.extend_from_slice(&f.to_le_bytes());
         }
         seal(b)
     }
@@ -237,8 +252,21 @@ impl Manifest {
             let (e, k) = (r.u64()?, r.u64()?);
             chunks.push((k != 0).then_some(ObjId { epoch: e, n: k }));
         }
+        let nf = r.u32()? as usize;
+        if nf > r.left() / 8 {
+            return Err(bad("manifest: more fences than bytes"));
+        }
+        let mut fences = Vec::with_capacity(nf);
+        for _ in 0..nf {
+            fences.push(r.u64()?);
+        }
         r.done()?;
-        Ok(Manifest { seq, epoch, chunks })
+        Ok(Manifest {
+            seq,
+            epoch,
+            chunks,
+            fences,
+        })
     }
 }
 
@@ -414,6 +442,7 @@ mod tests {
         let delta = Delta {
             seq: 7,
             epoch: 2,
+            fence: false,
             refs: vec![
                 ChunkRef {
                     chunk: 1,
@@ -437,6 +466,7 @@ mod tests {
             seq: 3,
             epoch: 1,
             chunks: vec![None, Some(ObjId { epoch: 1, n: 2 })],
+            fences: vec![1, 3],
         };
         assert_eq!(Manifest::decode(&m.encode()), Ok(m));
         assert!(Manifest::decode(&d.encode()).is_err());

@@ -208,6 +208,9 @@ struct SyncState {
     /// it (a server fenced meanwhile cannot land one, so never deletes
     /// what its successor recovered from).
     after_next_delta: Vec<String>,
+    /// Fence deltas (kept forever: each is the one name a stale server
+    /// would write next).
+    fences: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -299,6 +302,7 @@ pub fn create(cfg: &Config, d: &Descriptor, force: bool) -> Result<(), String> {
             seq: 0,
             epoch: 0,
             chunks: vec![None; d.chunk_count() as usize],
+            fences: Vec::new(),
         };
         put(&*store, &names.manifest(0), m.encode(), true)
             .await
@@ -457,6 +461,7 @@ impl ObjectStorage {
                 last_manifest: Instant::now(),
                 superseded: Vec::new(),
                 after_next_delta: Vec::new(),
+                fences: Vec::new(),
             }),
             garbage: Mutex::new(Vec::new()),
             up: Mutex::new(Uploads::default()),
@@ -756,6 +761,7 @@ impl Inner {
                 let body = Delta {
                     seq,
                     epoch: self.epoch,
+                    fence: true,
                     ..Delta::default()
                 }
                 .encode();
@@ -773,6 +779,24 @@ impl Inner {
                 .block(list(store, &names.dir("manifest")))
                 .map_err(|e| e.to_string())?,
         );
+        let logs = numbers(
+            &self
+                .block(list(store, &names.dir("log")))
+                .map_err(|e| e.to_string())?,
+        );
+        if let Some(f) = fence {
+            // The fence must be the newest delta: one that landed in a gap
+            // (deltas deleted behind a newer manifest, while this server
+            // was slow to start) fences nothing.
+            let above = logs.last().is_some_and(|&top| top > f)
+                || manifests.last().is_some_and(|&top| top >= f);
+            if above {
+                return Err(format!(
+                    "another server wrote to the volume while this one was starting \
+                     (fence {f} is not the newest delta): start again"
+                ));
+            }
+        }
         let m = *manifests
             .last()
             .ok_or("no manifest: the volume was not created completely")?;
@@ -786,11 +810,8 @@ impl Inner {
         for (c, o) in man.chunks.iter().enumerate() {
             *lock(&self.chunks[c]) = Chunk::new(*o);
         }
-        let logs = numbers(
-            &self
-                .block(list(store, &names.dir("log")))
-                .map_err(|e| e.to_string())?,
-        );
+        let mut fences = man.fences.clone();
+        fences.extend(fence);
         let end = match fence {
             Some(f) => f,
             // Read-only: up to the first gap.
@@ -815,6 +836,9 @@ impl Inner {
             if delta.seq != seq {
                 return Err(format!("delta {seq} says it is number {}", delta.seq));
             }
+            if delta.fence {
+                fences.push(seq);
+            }
             self.apply(&delta)
                 .map_err(|e| format!("delta {seq}: {e}"))?;
         }
@@ -824,6 +848,9 @@ impl Inner {
             st.manifest_seq = m;
             st.log_bytes = log_bytes;
             st.deltas = end - m;
+            fences.sort_unstable();
+            fences.dedup();
+            st.fences = fences;
         }
         if fence.is_some() {
             self.collect_garbage(m, &man);
@@ -903,7 +930,9 @@ impl Inner {
             }
             for (dir, keep_from) in [("log", m + 1), ("manifest", m)] {
                 for (n, _) in list(store, &self.names.dir(dir)).await? {
-                    if Names::number(&n).is_some_and(|s| s < keep_from) {
+                    let old = Names::number(&n).filter(|&s| s < keep_from);
+                    let fence = dir == "log" && old.is_some_and(|s| man.fences.contains(&s));
+                    if old.is_some() && !fence {
                         doomed.push(n);
                     }
                 }
@@ -1444,7 +1473,12 @@ impl Inner {
                 "fenced: another server took the volume over (delta {seq} is theirs); \
                  this server's writes since its last flush are not in the volume"
             ))),
-            Err(object_store::Error::NotFound { .. }) => Err(err(format!("delta {seq}: {e}"))),
+            // Not there: not retried at this number later, as a newer
+            // server may have deleted a delta of ours there after its
+            // manifest; the engine refuses writes after a failed sync too.
+            Err(object_store::Error::NotFound { .. }) => {
+                Err(self.fail(format!("delta {seq} was not written: {e}")))
+            }
             Err(e2) => Err(self.fail(format!(
                 "delta {seq}: {e}; reading it back failed too ({e2}): its fate is unknown"
             ))),
@@ -1489,6 +1523,7 @@ impl Inner {
             seq,
             epoch: self.epoch,
             chunks,
+            fences: st.fences.clone(),
         };
         let body = m.encode();
         let len = body.len() as u64;
@@ -1500,7 +1535,10 @@ impl Inner {
         // chunk objects replaced up to it. Deleted after the next delta.
         let before = st.manifest_seq;
         for s in before + 1..=seq {
-            st.after_next_delta.push(self.names.delta(s));
+            // A fence stays: it is the name a stale server would write next.
+            if st.fences.binary_search(&s).is_err() {
+                st.after_next_delta.push(self.names.delta(s));
+            }
         }
         if before != seq {
             st.after_next_delta.push(self.names.manifest(before));

@@ -517,3 +517,76 @@ fn regression_uploads_replacing_pending_objects_do_not_deadlock_a_sync() {
     assert_eq!(a, b, "the close synced every chunk's last version");
     st2.close().expect("close");
 }
+
+/// Regression (found in review while scripts/e2e/s3.sh's `stale` step was
+/// written): the fence delta was deleted with the other deltas a manifest
+/// superseded, which freed the one name a stale server writes next: once
+/// resumed, its flush "succeeded" into a deleted slot behind the newest
+/// manifest (ignored by recovery: acknowledged and lost), and its later
+/// deletions could remove objects the new server uses. Fence deltas are
+/// kept forever now.
+#[test]
+fn regression_a_stale_server_stays_fenced_after_a_manifest() {
+    let mem = Arc::new(InMemory::new());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    new_volume(&mem, &tmp.path().join("c0"));
+    let (store_a, faults_a) = view(&mem);
+    let st_a =
+        Arc::new(ObjectStorage::open(&config(store_a, &tmp.path().join("a"))).expect("open A"));
+    let vol_a = open_volume(&st_a);
+    for lba in 0..64 {
+        vol_a
+            .write_at(lba * BS, &block(lba, 1), false)
+            .expect("A writes");
+    }
+    vol_a.flush().expect("A flushes");
+    faults_a.paused.store(true, Ordering::SeqCst);
+    let (store_b, _) = view(&mem);
+    let st_b = Arc::new(
+        ObjectStorage::open(&config(store_b, &tmp.path().join("b"))).expect("B takes over"),
+    );
+    let vol_b = open_volume(&st_b);
+    // Enough flushes for a manifest (every 512 deltas; a new version each
+    // time, as the same bytes would dedup into no delta at all), then time
+    // for the empty delta after it that lets the superseded deltas go.
+    for i in 0..600u64 {
+        let lba = i % 32;
+        vol_b
+            .write_at(lba * BS, &block(lba, 100 + i), false)
+            .expect("B writes");
+        vol_b.flush().expect("B flushes");
+    }
+    for lba in 0..32 {
+        vol_b
+            .write_at(lba * BS, &block(lba, 2), false)
+            .expect("B writes");
+    }
+    vol_b.flush().expect("B flushes");
+    std::thread::sleep(Duration::from_millis(2500));
+    faults_a.paused.store(false, Ordering::SeqCst);
+    for lba in 0..64 {
+        let _ = vol_a.write_at(lba * BS, &block(lba, 3), false);
+    }
+    assert!(
+        vol_a.flush().is_err(),
+        "a stale server's flush fails even once its fence is behind a manifest"
+    );
+    drop(vol_a);
+    drop(st_a);
+    vol_b.close().expect("B closes");
+    drop(vol_b);
+    st_b.close().expect("B's storage closes");
+    let (store_c, _) = view(&mem);
+    let st_c =
+        Arc::new(ObjectStorage::open(&config(store_c, &tmp.path().join("c"))).expect("open C"));
+    let vol_c = open_volume(&st_c);
+    for lba in 0..64 {
+        let mut got = vec![0u8; BS as usize];
+        vol_c.read_at(lba * BS, &mut got).expect("read");
+        let want = if lba < 32 { 2 } else { 1 };
+        assert_eq!(got, block(lba, want), "block {lba}");
+    }
+    vol_c.close().expect("close");
+    drop(vol_c);
+    st_c.close().expect("close");
+}
