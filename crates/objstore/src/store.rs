@@ -1149,17 +1149,16 @@ impl Inner {
         if offset >= self.d.size_bytes {
             return Ok(None);
         }
-        let mut c = self.d.chunk_of(offset);
-        while (c as u64) < self.d.chunk_count() {
+        // A chunk with an object may hold data anywhere; one without holds
+        // only what the cache file holds (written or applied from deltas).
+        let local = self.local.next_data(offset)?;
+        for c in self.d.chunk_of(offset)..self.d.chunk_count() as u32 {
             let (start, len) = self.d.chunk_range(c);
-            let from = offset.max(start);
             if lock(&self.chunks[c as usize]).object.is_some() {
-                return Ok(Some(from));
+                return Ok(Some(offset.max(start)));
             }
-            match self.local.next_data(from)? {
-                Some(x) if x < start + len => return Ok(Some(x)),
-                Some(x) => c = self.d.chunk_of(x).max(c + 1),
-                None => return Ok(None),
+            if let Some(x) = local.filter(|&x| x < start + len) {
+                return Ok(Some(x));
             }
         }
         Ok(None)
