@@ -30,7 +30,20 @@ impl Drop for ControlGuard {
 pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
     let path =
         control::socket_path(volume).ok_or("cannot stat the volume for its control socket")?;
-    // The volume is locked by this process: a socket there is stale.
+    // A local volume is locked by this process: a socket there is stale.
+    // An object-store volume is this server's once it fenced the older
+    // one, which may still listen here (stopped, on this host): its
+    // socket is replaced, so `stat` asks the server that owns the volume.
+    if crate::objvol::url_of(volume).is_some() {
+        use std::os::unix::fs::FileTypeExt;
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
+            tracing::info!(
+                "control socket {}: replacing the socket of the server this one took over from",
+                path.display()
+            );
+            let _ = std::fs::remove_file(&path);
+        }
+    }
     let (listener, socket) = sockfile::bind(&path, "control socket")?;
     let guard_vol = vol.clone();
     std::thread::Builder::new()

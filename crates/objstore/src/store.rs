@@ -51,6 +51,9 @@ const MANIFEST_DELTAS: u64 = 512;
 const MANIFEST_AGE: Duration = Duration::from_secs(30);
 /// ...or sooner when objects wait to be deleted (TRIM frees store space).
 const MANIFEST_GARBAGE_AGE: Duration = Duration::from_secs(5);
+/// Changes (uploads, discards, dirty bytes) no FLUSH committed for this
+/// long are committed by the background.
+const BACKGROUND_SYNC_AFTER: Duration = Duration::from_secs(3);
 /// Attempts at fencing the log (each lost to a racing writer's delta).
 const FENCE_TRIES: u64 = 1000;
 
@@ -211,6 +214,8 @@ struct SyncState {
     /// Fence deltas (kept forever: each is the one name a stale server
     /// would write next).
     fences: Vec<u64>,
+    /// When the last delta landed.
+    last_delta: Instant,
 }
 
 #[derive(Default)]
@@ -462,6 +467,7 @@ impl ObjectStorage {
                 superseded: Vec::new(),
                 after_next_delta: Vec::new(),
                 fences: Vec::new(),
+                last_delta: Instant::now(),
             }),
             garbage: Mutex::new(Vec::new()),
             up: Mutex::new(Uploads::default()),
@@ -1336,6 +1342,7 @@ impl Inner {
         st.next_seq += 1;
         st.log_bytes += len;
         st.deltas += 1;
+        st.last_delta = Instant::now();
         // The delta landed: this server still owns the volume, and what
         // the last manifest superseded may go.
         let landed = std::mem::take(&mut st.after_next_delta);
@@ -1651,6 +1658,14 @@ impl Inner {
                 continue;
             }
             self.queue_uploads(tx);
+            if self.sync_due() {
+                // Clients idle without a FLUSH: commit what waits (uploads,
+                // discarded segments, so the store can delete them; dirty
+                // bytes). A sync clients did not ask for is always allowed.
+                if let Err(e) = self.sync_inner(false) {
+                    tracing::warn!("{}: background sync: {e}", self.label);
+                }
+            }
             if self.manifest_due() {
                 if let Err(e) = self.sync_inner(true) {
                     tracing::warn!("{}: writing a manifest: {e}", self.label);
@@ -1666,6 +1681,12 @@ impl Inner {
             }
             self.evict_if_needed(&mut last_evict);
         }
+    }
+
+    /// Changes wait for a delta and none landed for a while.
+    fn sync_due(&self) -> bool {
+        let idle = lock(&self.sync).last_delta.elapsed() >= BACKGROUND_SYNC_AFTER;
+        idle && !lock(&self.changed).is_empty()
     }
 
     /// Objects wait for a delta after the last manifest (a second on).
