@@ -439,7 +439,14 @@ impl ObjectStorage {
         let epoch = if cfg.read_only {
             0
         } else {
-            rt.block_on(claim(&*store, &names, label, cfg.lease))?
+            match rt.block_on(claim(&*store, &names, label, cfg.lease)) {
+                Ok(e) => e,
+                Err(e) => {
+                    // Refused: the cache file (ours, locked, empty) goes.
+                    let _ = std::fs::remove_file(&file);
+                    return Err(e);
+                }
+            }
         };
         let chunks = (0..d.chunk_count())
             .map(|_| Mutex::new(Chunk::new(None)))
@@ -512,6 +519,7 @@ impl ObjectStorage {
             if !cfg.read_only {
                 s.inner.release_lease();
             }
+            let _ = std::fs::remove_file(&file);
             return Err(e);
         }
         Ok(s)
