@@ -222,7 +222,6 @@ struct SyncState {
 struct Uploads {
     in_flight: usize,
     paused: usize,
-    queued: BTreeSet<u32>,
 }
 
 struct Inner {
@@ -1051,13 +1050,7 @@ impl Inner {
     }
 
     fn check_range(&self, offset: u64, len: usize) -> io::Result<()> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= self.d.size_bytes => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("I/O at {offset}+{len} beyond the end of the volume"),
-            )),
-        }
+        cvol_storage::check_range(offset, len, self.d.size_bytes)
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -1226,7 +1219,6 @@ impl Inner {
         }
         let mut up = lock(&self.up);
         up.in_flight -= 1;
-        up.queued.remove(&c);
         self.up_cv.notify_all();
     }
 
@@ -1728,7 +1720,7 @@ impl Inner {
                 continue;
             }
             let mut up = lock(&self.up);
-            if up.paused > 0 || up.in_flight >= self.parallel * 2 || up.queued.contains(&c) {
+            if up.paused > 0 || up.in_flight >= self.parallel * 2 {
                 continue;
             }
             let mut ch = lock(&self.chunks[c as usize]);
@@ -1738,7 +1730,6 @@ impl Inner {
             ch.uploading = true;
             drop(ch);
             up.in_flight += 1;
-            up.queued.insert(c);
             drop(up);
             if tx.send(c).is_err() {
                 return;

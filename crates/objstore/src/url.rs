@@ -55,12 +55,6 @@ impl S3Url {
 
     /// The bucket's client, configured from the environment.
     pub fn store(&self) -> Result<Arc<dyn ObjectStore>, String> {
-        if std::env::var_os("AWS_REGION").is_none()
-            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
-        {
-            // object_store's default region; said so the user knows.
-            tracing::debug!("AWS_REGION unset: us-east-1");
-        }
         let s3 = AmazonS3Builder::from_env()
             .with_bucket_name(&self.bucket)
             .build()

@@ -379,15 +379,14 @@ fn flushed_data_survives_store_faults_and_crashes() {
     }
 }
 
-#[test]
-fn a_paused_server_is_taken_over_and_fenced() {
-    let mem = Arc::new(InMemory::new());
-    let tmp = tempfile::tempdir().expect("tempdir");
-    new_volume(&mem, &tmp.path().join("c0"));
-    // A serves and flushes version 1 everywhere.
-    let (store_a, faults_a) = view(&mem);
-    let st_a =
-        Arc::new(ObjectStorage::open(&config(store_a, &tmp.path().join("a"))).expect("open A"));
+/// Server A on a view of its own (to pause it), having written and
+/// flushed version 1 of blocks 0-63.
+fn a_flushes_version_1(
+    mem: &Arc<InMemory>,
+    dir: &std::path::Path,
+) -> (Volume, Arc<ObjectStorage>, Arc<Faults>) {
+    let (store_a, faults_a) = view(mem);
+    let st_a = Arc::new(ObjectStorage::open(&config(store_a, &dir.join("a"))).expect("open A"));
     let vol_a = open_volume(&st_a);
     for lba in 0..64 {
         vol_a
@@ -395,6 +394,32 @@ fn a_paused_server_is_taken_over_and_fenced() {
             .expect("A writes");
     }
     vol_a.flush().expect("A flushes");
+    (vol_a, st_a, faults_a)
+}
+
+/// A third server C recovers the volume after B took it over: B's
+/// version 2 in blocks 0-31, A's version 1 in 32-63.
+fn c_reads_b_over_a(mem: &Arc<InMemory>, dir: &std::path::Path) {
+    let (store_c, _) = view(mem);
+    let st_c = Arc::new(ObjectStorage::open(&config(store_c, &dir.join("c"))).expect("open C"));
+    let vol_c = open_volume(&st_c);
+    for lba in 0..64 {
+        let mut got = vec![0u8; BS as usize];
+        vol_c.read_at(lba * BS, &mut got).expect("read");
+        let want = if lba < 32 { 2 } else { 1 };
+        assert_eq!(got, block(lba, want), "block {lba}");
+    }
+    vol_c.close().expect("close");
+    drop(vol_c);
+    st_c.close().expect("close");
+}
+
+#[test]
+fn a_paused_server_is_taken_over_and_fenced() {
+    let mem = Arc::new(InMemory::new());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    new_volume(&mem, &tmp.path().join("c0"));
+    let (vol_a, st_a, faults_a) = a_flushes_version_1(&mem, tmp.path());
     // While A serves, B is refused.
     let (store_b, _) = view(&mem);
     let err = ObjectStorage::open(&config(store_b.clone(), &tmp.path().join("b")))
@@ -430,21 +455,7 @@ fn a_paused_server_is_taken_over_and_fenced() {
     vol_b.close().expect("B closes");
     drop(vol_b);
     st_b.close().expect("B's storage closes");
-    // C recovers B's volume: B's versions, and A's first for the rest.
-    let (store_c, _) = view(&mem);
-    let st_c =
-        Arc::new(ObjectStorage::open(&config(store_c, &tmp.path().join("c"))).expect("open C"));
-    let vol_c = open_volume(&st_c);
-    for lba in 0..64 {
-        let mut got = vec![0u8; BS as usize];
-        vol_c.read_at(lba * BS, &mut got).expect("read");
-        let want = if lba < 32 { 2 } else { 1 };
-        assert_eq!(got, block(lba, want), "block {lba}");
-    }
-    vol_c.close().expect("close");
-    drop(vol_c);
-    st_c.close().expect("close");
-    let _ = AtomicU64::new(0);
+    c_reads_b_over_a(&mem, tmp.path());
 }
 
 /// Regression: an upload that replaced a pending (uploaded, not yet
@@ -530,16 +541,7 @@ fn regression_a_stale_server_stays_fenced_after_a_manifest() {
     let mem = Arc::new(InMemory::new());
     let tmp = tempfile::tempdir().expect("tempdir");
     new_volume(&mem, &tmp.path().join("c0"));
-    let (store_a, faults_a) = view(&mem);
-    let st_a =
-        Arc::new(ObjectStorage::open(&config(store_a, &tmp.path().join("a"))).expect("open A"));
-    let vol_a = open_volume(&st_a);
-    for lba in 0..64 {
-        vol_a
-            .write_at(lba * BS, &block(lba, 1), false)
-            .expect("A writes");
-    }
-    vol_a.flush().expect("A flushes");
+    let (vol_a, st_a, faults_a) = a_flushes_version_1(&mem, tmp.path());
     faults_a.paused.store(true, Ordering::SeqCst);
     let (store_b, _) = view(&mem);
     let st_b = Arc::new(
@@ -576,19 +578,7 @@ fn regression_a_stale_server_stays_fenced_after_a_manifest() {
     vol_b.close().expect("B closes");
     drop(vol_b);
     st_b.close().expect("B's storage closes");
-    let (store_c, _) = view(&mem);
-    let st_c =
-        Arc::new(ObjectStorage::open(&config(store_c, &tmp.path().join("c"))).expect("open C"));
-    let vol_c = open_volume(&st_c);
-    for lba in 0..64 {
-        let mut got = vec![0u8; BS as usize];
-        vol_c.read_at(lba * BS, &mut got).expect("read");
-        let want = if lba < 32 { 2 } else { 1 };
-        assert_eq!(got, block(lba, want), "block {lba}");
-    }
-    vol_c.close().expect("close");
-    drop(vol_c);
-    st_c.close().expect("close");
+    c_reads_b_over_a(&mem, tmp.path());
 }
 
 /// Regression (found by scripts/bench/s3: every reopen of a volume with

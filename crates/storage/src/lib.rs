@@ -98,7 +98,8 @@ pub struct ObjectStats {
     pub seq: u64,
 }
 
-pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
+/// An `InvalidInput` error unless `[offset, offset + len)` lies within `size` bytes.
+pub fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
         _ => Err(io::Error::new(
