@@ -3,6 +3,7 @@
 use crate::{control, scrub, sockfile, stat};
 use cvol_engine::Volume;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -45,6 +46,11 @@ pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
         }
     }
     let (listener, socket) = sockfile::bind(&path, "control socket")?;
+    // Only this user (and root) may ask for stat or start a scrub: the
+    // mode keeps others from connecting, the peer check below covers the
+    // moment between bind and chmod.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("control socket {}: {e}", path.display()))?;
     let guard_vol = vol.clone();
     std::thread::Builder::new()
         .name("cvol-control".into())
@@ -61,6 +67,10 @@ pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
 }
 
 fn serve_one(conn: UnixStream, vol: &Arc<Volume>) -> std::io::Result<()> {
+    if !control::peer_trusted(&conn) {
+        tracing::warn!("control socket: a connection from another user refused");
+        return Ok(());
+    }
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut line = String::new();
     BufReader::new((&conn).take(256)).read_line(&mut line)?;

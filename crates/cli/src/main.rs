@@ -8,6 +8,7 @@ mod check;
 mod control;
 mod control_server;
 mod create;
+mod edge;
 mod objvol;
 mod origin;
 mod scrub;

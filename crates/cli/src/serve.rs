@@ -4,7 +4,7 @@
 //! SIGTERM/SIGINT at any point stop it cleanly (exit 0).
 use crate::create::{self, CreateArgs};
 use crate::volfile::{self, Opened, Purpose};
-use crate::{backend, control_server, origin, size, sockfile, words};
+use crate::{backend, control_server, edge, origin, size, sockfile, words};
 use cvol_engine::cache::{CacheLabel, CacheVolume};
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
@@ -73,6 +73,8 @@ pub struct ServeArgs {
     elastic: ElasticFlags,
     #[command(flatten)]
     limits: LimitFlags,
+    #[command(flatten)]
+    edge: edge::EdgeFlags,
     #[command(flatten)]
     object: ObjectFlags,
 }
@@ -196,13 +198,16 @@ impl ServeArgs {
         })
     }
 
-    /// How the NBD server runs. Checks the client limits.
+    /// How the NBD server runs. Checks the client limits, then TLS and
+    /// `--allow` (loading the certificates).
     fn server_config(&self) -> Result<ServerConfig, String> {
         let mut config = ServerConfig {
             export_name: self.export.clone(),
             ..ServerConfig::default()
         };
         self.limits.apply(&mut config)?;
+        let tcp = self.listen.is_some() || self.socket.is_none();
+        self.edge.apply(&mut config, tcp)?;
         if let Some(w) = self.workers {
             config.workers = w.max(1);
         }
@@ -324,6 +329,7 @@ fn bind_listeners(socket: Option<&Path>, listen: Option<&str>) -> Result<Listene
 pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     let options = args.open_options()?;
     let config = args.server_config()?;
+    crate::control::check_run_dir()?;
     // From here on SIGTERM/SIGINT raise `stop` instead of killing.
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -536,6 +542,15 @@ fn run(
 ) -> Result<(), String> {
     let export = &args.export;
     let ctl = control_server::start(path, vol.clone())?;
+    let reloader = edge::Reloader::install(&config)?;
+    let scheme = if args.edge.tls_enabled() {
+        "nbds"
+    } else {
+        "nbd"
+    };
+    if let Some(l) = &listeners.tcp {
+        edge::warn_if_exposed(l.local_addr().map_err(|e| e.to_string())?, &config);
+    }
     let server = Server::new(backend, config);
     let cache_worker = cache
         .filter(|_| !args.read_only)
@@ -545,14 +560,17 @@ fn run(
     if let Some((l, file)) = listeners.unix {
         server.serve_unix(l).map_err(|e| e.to_string())?;
         if let Some(sock) = &args.socket {
-            uris.push(format!("nbd+unix:///{export}?socket={}", sock.display()));
+            uris.push(format!(
+                "{scheme}+unix:///{export}?socket={}",
+                sock.display()
+            ));
         }
         socket_file = Some(file);
     }
     if let Some(l) = listeners.tcp {
         let local = l.local_addr().map_err(|e| e.to_string())?;
         server.serve_tcp(l).map_err(|e| e.to_string())?;
-        uris.push(format!("nbd://{local}/{export}"));
+        uris.push(format!("{scheme}://{local}/{export}"));
     }
     let background_cleaner = (!args.read_only).then(|| vol.start_background_cleaner());
     // Checkpoints a FLUSH finds due are written here: no request waits for one.
@@ -581,6 +599,9 @@ fn run(
     drop(out);
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(std::time::Duration::from_millis(50));
+        if let Some(r) = &reloader {
+            r.poll();
+        }
     }
     tracing::info!("stopping: finishing in-flight requests");
     server.shutdown();

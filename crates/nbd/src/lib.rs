@@ -5,7 +5,10 @@
 //! NetworkBlockDevice project): `NBD_OPT_GO`/`INFO`/`EXPORT_NAME`/`LIST`/
 //! `ABORT`, structured replies, the `base:allocation` metadata context and the
 //! commands READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, CACHE, DISC.
-//! TLS is not offered (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`).
+//! With [`ServerConfig::tls`] the server offers `NBD_OPT_STARTTLS` (rustls,
+//! x509 certificates, optional client certificates: [`tls`]), or requires
+//! it; without, `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`.
+//! [`ServerConfig::allow`] limits which TCP peers may connect.
 //! The crate also has a small synchronous NBD [`client`] (a pool of
 //! connections), used to read and write an origin device behind a cache.
 //!
@@ -77,6 +80,7 @@ pub mod proto;
 pub mod server;
 #[cfg(feature = "test-util")]
 pub mod test_util;
+pub mod tls;
 
 pub use server::Server;
 
@@ -173,6 +177,11 @@ pub struct ServerConfig {
     /// The whole handshake (greeting to NBD_OPT_GO/EXPORT_NAME) must finish
     /// within this time, or the connection is closed; default 30 s.
     pub handshake_timeout: std::time::Duration,
+    /// TLS offered or required (`None`: `NBD_OPT_STARTTLS` is refused).
+    pub tls: Option<tls::TlsSettings>,
+    /// TCP peers allowed to connect (`None`: any); others are closed at
+    /// once, before the greeting. Unix-socket clients are not filtered.
+    pub allow: Option<Vec<ipnet::IpNet>>,
 }
 
 impl Default for ServerConfig {
@@ -187,6 +196,8 @@ impl Default for ServerConfig {
             max_connections: 256,
             max_buffered_bytes: 256 * 1024 * 1024,
             handshake_timeout: std::time::Duration::from_secs(30),
+            tls: None,
+            allow: None,
         }
     }
 }

@@ -1,13 +1,14 @@
 //! Fixed-newstyle handshake (option haggling).
 
-use std::io::{self, Read};
+use std::io::{self, BufRead, BufReader, Read};
 use std::time::Instant;
 
 use tracing::{debug, warn};
 
 use super::socket::Socket;
-use super::{remaining, Inner};
+use super::{remaining, Inner, SocketReader};
 use crate::proto;
+use crate::tls::TlsMode;
 
 /// Most options a client may send before entering transmission.
 const MAX_OPTIONS_PER_CONNECTION: usize = 256;
@@ -39,6 +40,8 @@ struct Haggle<'a> {
 /// Outcome of one option: the handshake goes on, or transmission begins.
 enum Step {
     Continue,
+    /// `NBD_OPT_STARTTLS` was acknowledged: the TLS handshake comes next.
+    StartTls,
     Transmission(Negotiated),
 }
 
@@ -62,6 +65,12 @@ pub(crate) enum HandshakeError {
     UnknownExport,
     /// More than `MAX_OPTIONS_PER_CONNECTION` options.
     TooManyOptions,
+    /// `NBD_OPT_EXPORT_NAME` before TLS on a server that requires it (the
+    /// option has no error reply: the connection closes).
+    TlsRequired,
+    /// The TLS handshake failed (bad or missing client certificate, not
+    /// TLS at all, timeout); the TLS alert, if any, has been sent.
+    Tls(io::Error),
     /// The socket failed, the client went away or the deadline passed.
     Io(io::Error),
 }
@@ -90,6 +99,13 @@ impl HandshakeError {
                 warn!(conn, "NBD_OPT_EXPORT_NAME for an unknown export, closing")
             }
             HandshakeError::TooManyOptions => warn!(conn, "too many options, closing"),
+            HandshakeError::TlsRequired => {
+                warn!(
+                    conn,
+                    "NBD_OPT_EXPORT_NAME without TLS, which is required: closing"
+                )
+            }
+            HandshakeError::Tls(e) => warn!(conn, error = %e, "TLS handshake failed, closing"),
             HandshakeError::Io(e) => debug!(conn, error = %e, "handshake ended"),
         }
     }
@@ -107,7 +123,7 @@ fn send_by(socket: &Socket, deadline: Instant, bytes: &[u8]) -> io::Result<()> {
 pub(crate) fn negotiate(
     inner: &Inner,
     socket: &Socket,
-    reader: &mut impl Read,
+    reader: &mut BufReader<SocketReader>,
     conn: u64,
     deadline: Instant,
 ) -> Result<Negotiated, HandshakeError> {
@@ -139,8 +155,12 @@ pub(crate) fn negotiate(
         );
     }
     for _ in 0..MAX_OPTIONS_PER_CONNECTION {
-        match haggle.next_option(reader)? {
-            Step::Continue => {}
+        let step = match haggle.next_option(reader)? {
+            Step::StartTls => haggle.start_tls(reader)?,
+            step => step,
+        };
+        match step {
+            Step::Continue | Step::StartTls => {}
             Step::Transmission(n) => return Ok(n),
         }
     }
@@ -201,7 +221,28 @@ impl Haggle<'_> {
         Ok(Step::Continue)
     }
 
+    /// The server's TLS mode, if it offers TLS.
+    fn tls_mode(&self) -> Option<TlsMode> {
+        self.inner.config.tls.as_ref().map(|t| t.mode)
+    }
+
     fn handle_option(&mut self, option: u32, data: &[u8]) -> Result<Step, HandshakeError> {
+        let tls_required = self.tls_mode() == Some(TlsMode::Require) && !self.socket.is_tls();
+        if tls_required && !matches!(option, proto::NBD_OPT_STARTTLS | proto::NBD_OPT_ABORT) {
+            if option == proto::NBD_OPT_EXPORT_NAME {
+                return Err(HandshakeError::TlsRequired);
+            }
+            debug!(
+                conn = self.conn,
+                option, "option before TLS, which is required"
+            );
+            self.reply_error(
+                option,
+                proto::NBD_REP_ERR_TLS_REQD,
+                "TLS is required: use NBD_OPT_STARTTLS first",
+            )?;
+            return Ok(Step::Continue);
+        }
         match option {
             proto::NBD_OPT_EXPORT_NAME => self.export_name(data),
             proto::NBD_OPT_ABORT => {
@@ -210,18 +251,7 @@ impl Haggle<'_> {
                 Err(HandshakeError::Aborted)
             }
             proto::NBD_OPT_LIST => self.list(data),
-            proto::NBD_OPT_STARTTLS => {
-                if data.is_empty() {
-                    self.reply_error(
-                        option,
-                        proto::NBD_REP_ERR_POLICY,
-                        "TLS is not supported by this server",
-                    )?;
-                } else {
-                    self.reply_error(option, proto::NBD_REP_ERR_INVALID, "STARTTLS takes no data")?;
-                }
-                Ok(Step::Continue)
-            }
+            proto::NBD_OPT_STARTTLS => self.starttls(data),
             proto::NBD_OPT_INFO | proto::NBD_OPT_GO => self.info_or_go(option, data),
             proto::NBD_OPT_STRUCTURED_REPLY => self.structured_reply(data),
             proto::NBD_OPT_LIST_META_CONTEXT | proto::NBD_OPT_SET_META_CONTEXT => {
@@ -233,6 +263,45 @@ impl Haggle<'_> {
                 Ok(Step::Continue)
             }
         }
+    }
+
+    fn starttls(&mut self, data: &[u8]) -> Result<Step, HandshakeError> {
+        let option = proto::NBD_OPT_STARTTLS;
+        let (problem, message) = if !data.is_empty() {
+            (proto::NBD_REP_ERR_INVALID, "STARTTLS takes no data")
+        } else if self.tls_mode().is_none() {
+            (
+                proto::NBD_REP_ERR_POLICY,
+                "TLS is not enabled on this server",
+            )
+        } else if self.socket.is_tls() {
+            (proto::NBD_REP_ERR_INVALID, "TLS is already in use")
+        } else {
+            self.reply(option, proto::NBD_REP_ACK, &[])?;
+            return Ok(Step::StartTls);
+        };
+        self.reply_error(option, problem, message)?;
+        Ok(Step::Continue)
+    }
+
+    /// Runs the TLS handshake after the acknowledged `STARTTLS`. What was
+    /// negotiated in the clear is forgotten (the spec: the client must
+    /// negotiate again over TLS).
+    fn start_tls(&mut self, reader: &mut BufReader<SocketReader>) -> Result<Step, HandshakeError> {
+        let Some(tls) = &self.inner.config.tls else {
+            return Err(HandshakeError::Io(io::Error::other("TLS without settings")));
+        };
+        // Bytes the client sent without waiting for the acknowledgement.
+        let early = reader.buffer().to_vec();
+        reader.consume(early.len());
+        self.socket
+            .start_tls(tls.credentials.current(), &early)
+            .and_then(|()| self.socket.finish_tls_handshake(self.deadline))
+            .map_err(HandshakeError::Tls)?;
+        debug!(conn = self.conn, "TLS started");
+        self.structured_replies = false;
+        self.base_allocation = false;
+        Ok(Step::Continue)
     }
 
     fn reply(&self, option: u32, reply_type: u32, data: &[u8]) -> io::Result<()> {

@@ -197,6 +197,8 @@ pub(crate) struct Inner {
     pub(crate) payload_budget: Arc<PayloadBudget>,
     /// Connections closed at once because of `max_connections`.
     refused: AtomicU64,
+    /// TCP connections closed at once because their peer is not allowed.
+    disallowed: AtomicU64,
     shutting_down: AtomicBool,
     registry: Mutex<Registry>,
     registry_changed: Condvar,
@@ -240,7 +242,35 @@ impl Inner {
         self.registry_changed.notify_all();
     }
 
+    /// Whether `socket`'s peer may connect (`ServerConfig::allow`).
+    fn allowed(&self, socket: &Socket) -> bool {
+        let (Some(allow), Some(peer)) = (&self.config.allow, socket.peer_ip()) else {
+            return true;
+        };
+        let permitted = peer
+            .as_ref()
+            .is_ok_and(|ip| allow.iter().any(|net| net.contains(ip)));
+        if !permitted {
+            let n = self.disallowed.fetch_add(1, Ordering::Relaxed) + 1;
+            // Logged sparsely: a scan must not flood the log.
+            if n.is_power_of_two() || n.is_multiple_of(1000) {
+                match &peer {
+                    Ok(ip) => {
+                        warn!(peer = %ip, refused_total = n, "connection from outside the allowed networks closed")
+                    }
+                    Err(e) => {
+                        warn!(error = %e, refused_total = n, "connection without a peer address closed")
+                    }
+                }
+            }
+        }
+        permitted
+    }
+
     fn start_connection(self: &Arc<Self>, socket: Socket) {
+        if !self.allowed(&socket) {
+            return;
+        }
         if let Err(e) = socket.configure(WRITE_TIMEOUT) {
             debug!(error = %e, "cannot configure accepted socket");
             return;
@@ -330,6 +360,7 @@ fn run_connection(inner: &Arc<Inner>, socket: &Arc<Socket>, id: u64) {
         }
         Err(e) => e.log(id),
     }
+    socket.close_tls();
     socket.shutdown(Shutdown::Both);
     debug!(conn = id, %peer, "client disconnected");
 }
@@ -403,6 +434,7 @@ impl Server {
             },
             payload_budget,
             refused: AtomicU64::new(0),
+            disallowed: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
             registry: Mutex::new(Registry {
                 next_id: 1,
@@ -497,6 +529,12 @@ impl Server {
     /// Connections closed at once because `max_connections` were open.
     pub fn refused_connection_count(&self) -> u64 {
         self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// TCP connections closed at once because their peer was outside
+    /// `ServerConfig::allow`.
+    pub fn disallowed_connection_count(&self) -> u64 {
+        self.inner.disallowed.load(Ordering::Relaxed)
     }
 
     /// READ/WRITE payload bytes held by in-flight requests right now

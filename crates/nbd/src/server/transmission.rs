@@ -121,7 +121,9 @@ impl Conn {
         };
         if outbox.queue.is_empty() && !outbox.busy {
             match self.socket.send_nonblocking(&pending.bytes) {
-                Ok(n) if n == pending.bytes.len() => {
+                // Under TLS, ciphertext of a taken reply may wait in the
+                // session: the writer thread's next send pushes it out.
+                Ok(n) if n == pending.bytes.len() && !self.socket.has_unsent() => {
                     drop(outbox);
                     return; // `pending` releases its slot
                 }
