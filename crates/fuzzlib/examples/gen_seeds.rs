@@ -361,6 +361,56 @@ fn recovery_seeds(image: &[u8]) {
     write("recovery", "garbage-read-errors-write-budget", &s);
 }
 
+/// A rustls ClientHello for the test server (fresh randoms each run).
+fn client_hello() -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = rustls::pki_types::CertificateDer::from_pem_file(
+        test_util::tls_fixtures().join("ca/ca-cert.pem"),
+    )
+    .expect("CA fixture");
+    roots.add(ca).expect("CA");
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).expect("client");
+    let mut hello = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut hello).expect("write_tls");
+    }
+    hello
+}
+
+/// `nbd_tls`: byte 0 bit 0 = flags and STARTTLS first (see `nbd::tls`).
+fn nbd_tls_seeds() {
+    let hello = client_hello();
+    let with_starttls = |rest: &[u8]| [&[1u8][..], rest].concat();
+    write("nbd_tls", "client-hello", &with_starttls(&hello));
+    write("nbd_tls", "client-hello-cut", &with_starttls(&hello[..hello.len() / 2]));
+    write("nbd_tls", "garbage-instead-of-hello", &with_starttls(&[0u8; 64]));
+    let mut ab = hello.clone();
+    ab.extend_from_slice(&[21, 3, 3, 0, 2, 2, 40]);
+    write("nbd_tls", "hello-then-alert", &with_starttls(&ab));
+    // Options in the clear before TLS, then STARTTLS and a ClientHello.
+    let mut s = vec![0u8];
+    s.extend_from_slice(&proto::NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
+    option(&mut s, proto::NBD_OPT_LIST, &[]);
+    option(&mut s, proto::NBD_OPT_GO, &go_data("fuzz", &[]));
+    option(&mut s, proto::NBD_OPT_STRUCTURED_REPLY, &[]);
+    option(&mut s, proto::NBD_OPT_STARTTLS, b"x");
+    option(&mut s, proto::NBD_OPT_STARTTLS, &[]);
+    s.extend_from_slice(&hello);
+    write("nbd_tls", "options-before-starttls", &s);
+    let mut s = vec![0u8];
+    s.extend_from_slice(&proto::NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
+    option(&mut s, proto::NBD_OPT_EXPORT_NAME, b"fuzz");
+    write("nbd_tls", "export-name-in-the-clear", &s);
+}
+
 fn main() {
     let seeds_only = std::env::args().any(|a| a == "--seeds-only");
     let image = if seeds_only {
@@ -375,6 +425,7 @@ fn main() {
         image
     };
     nbd_seeds();
+    nbd_tls_seeds();
     format_seeds(&image);
     recovery_seeds(&image);
     for (target, _) in cvol_fuzzlib::TARGETS {

@@ -14,6 +14,7 @@
 //! | target | function | input |
 //! |---|---|---|
 //! | `nbd_handshake` | [`nbd::handshake`] | raw client bytes from the first byte after the greeting |
+//! | `nbd_tls` | [`nbd::tls`] | mode bit, then client bytes to a TLS-required server (after STARTTLS: the TLS stream) |
 //! | `nbd_request` | [`nbd::request`] | mode byte, then transmission-phase bytes after a generated handshake |
 //! | `format_decoders` | [`format::decoders`] | bytes for every on-disk decoder, also with checksums fixed up |
 //! | `recovery` | [`recovery::recovery`] | flags, then patch operations on a committed volume image |
@@ -32,6 +33,7 @@ pub type Body = fn(&[u8]);
 pub const TARGETS: &[(&str, Body)] = &[
     ("nbd_handshake", nbd::handshake),
     ("nbd_request", nbd::request),
+    ("nbd_tls", nbd::tls),
     ("format_decoders", format::decoders),
     ("recovery", recovery::recovery),
 ];

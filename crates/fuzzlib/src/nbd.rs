@@ -10,11 +10,12 @@ use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use cvol_nbd::proto::{self, RequestHeader, TransmissionContext};
-use cvol_nbd::test_util::{go_data, meta_context_data, option, MemBackend};
+use cvol_nbd::test_util::{go_data, meta_context_data, option, tls_fixtures, MemBackend};
+use cvol_nbd::tls::{TlsCredentials, TlsMode, TlsSettings};
 use cvol_nbd::{Extent, Server, ServerConfig};
 
 use crate::input::Input;
@@ -56,15 +57,21 @@ struct Fixture {
 }
 
 fn fixture(read_only: bool) -> &'static Fixture {
-    static FIXTURES: OnceLock<[Fixture; 2]> = OnceLock::new();
+    fixture_at(usize::from(read_only))
+}
+
+/// Fixtures: 0 writable, 1 read-only, 2 writable with TLS required.
+fn fixture_at(which: usize) -> &'static Fixture {
+    static FIXTURES: OnceLock<[Fixture; 3]> = OnceLock::new();
     let all = FIXTURES.get_or_init(|| {
         panics::install();
         // libFuzzer's main is not Rust's: SIGPIPE would kill the process
         // when the server closes a connection the client is still writing to.
         // SAFETY: setting a signal disposition to SIG_IGN is always sound.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-        [false, true].map(|ro| {
-            let name = format!("cvol-fuzz-nbd-{}-{ro}", std::process::id());
+        [0, 1, 2].map(|which| {
+            let ro = which == 1;
+            let name = format!("cvol-fuzz-nbd-{}-{which}", std::process::id());
             let addr = SocketAddr::from_abstract_name(name.as_bytes()).expect("socket name");
             let listener = UnixListener::bind_addr(&addr).expect("bind abstract socket");
             let config = ServerConfig {
@@ -74,21 +81,31 @@ fn fixture(read_only: bool) -> &'static Fixture {
                 workers: 2,
                 max_inflight_per_conn: 8,
                 max_connections: 64,
+                tls: (which == 2).then(|| TlsSettings {
+                    mode: TlsMode::Require,
+                    credentials: Arc::new(
+                        TlsCredentials::load(&tls_fixtures().join("server"), false)
+                            .expect("TLS fixtures"),
+                    ),
+                }),
                 ..ServerConfig::default()
             };
-            let server = Server::new(std::sync::Arc::new(backend(ro)), config);
+            let server = Server::new(Arc::new(backend(ro)), config);
             server.serve_unix(listener).expect("serve");
             Fixture { server, addr }
         })
     });
-    &all[usize::from(read_only)]
+    &all[which]
 }
 
 /// Sends `bytes` as the client, half-closes, and returns everything the
 /// server sent until it closed the connection. Panics if the server hangs
 /// or panicked.
 pub fn exchange(read_only: bool, bytes: &[u8]) -> Vec<u8> {
-    let f = fixture(read_only);
+    exchange_with(fixture(read_only), bytes)
+}
+
+fn exchange_with(f: &Fixture, bytes: &[u8]) -> Vec<u8> {
     let before = panics::count();
     let stream = UnixStream::connect_addr(&f.addr).expect("connect to the fuzzed server");
     stream
@@ -211,6 +228,80 @@ pub fn handshake(data: &[u8]) {
         ),
         "the server must always greet"
     );
+}
+
+/// Target `nbd_tls`: a server that requires TLS. If bit 0 of byte 0 is
+/// set, the client flags and `NBD_OPT_STARTTLS` come first, so the rest is
+/// what the client sends as TLS (its ClientHello and onwards); otherwise
+/// the rest is raw client bytes from the first after the greeting.
+///
+/// Oracle ("require: nothing is listed or served before TLS"): everything
+/// the server sends in the clear is the greeting, then option replies that
+/// are only errors (`TLS_REQD`, `INVALID`, `TOO_BIG`) or acknowledge
+/// `ABORT`/`STARTTLS`; after a `STARTTLS` acknowledgement, only TLS records.
+pub fn tls(data: &[u8]) {
+    let data = &data[..data.len().min(MAX_INPUT_BYTES)];
+    let mut stream = Vec::new();
+    if data.first().is_some_and(|b| b & 1 != 0) {
+        stream.extend_from_slice(&proto::NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes());
+        stream.extend(option(proto::NBD_OPT_STARTTLS, &[]));
+    }
+    stream.extend_from_slice(data.get(1..).unwrap_or_default());
+    let reply = exchange_with(fixture_at(2), &stream);
+    if let Err(e) = clear_text_reveals_nothing(&reply) {
+        panic!("the TLS-required server sent in the clear: {e}");
+    }
+}
+
+/// Checks the oracle of [`tls`] on what the server sent.
+fn clear_text_reveals_nothing(reply: &[u8]) -> Result<(), String> {
+    let greeting =
+        proto::encode_greeting(proto::NBD_FLAG_FIXED_NEWSTYLE | proto::NBD_FLAG_NO_ZEROES);
+    if reply.get(..greeting.len()) != Some(&greeting[..]) {
+        return Err("no greeting".into());
+    }
+    let mut rest = &reply[greeting.len()..];
+    while rest.len() >= 20 {
+        let magic = u64::from_be_bytes(rest[0..8].try_into().expect("8"));
+        let option = u32::from_be_bytes(rest[8..12].try_into().expect("4"));
+        let kind = u32::from_be_bytes(rest[12..16].try_into().expect("4"));
+        let length = u32::from_be_bytes(rest[16..20].try_into().expect("4")) as usize;
+        if magic != proto::OPTION_REPLY_MAGIC {
+            return Err(format!("{} bytes that are no option reply", rest.len()));
+        }
+        let acked = kind == proto::NBD_REP_ACK
+            && matches!(option, proto::NBD_OPT_ABORT | proto::NBD_OPT_STARTTLS);
+        let refused = matches!(
+            kind,
+            proto::NBD_REP_ERR_TLS_REQD | proto::NBD_REP_ERR_INVALID | proto::NBD_REP_ERR_TOO_BIG
+        );
+        if !acked && !refused {
+            return Err(format!("reply type {kind:#x} to option {option}"));
+        }
+        rest = rest.get(20 + length..).ok_or("a truncated option reply")?;
+        if acked && option == proto::NBD_OPT_STARTTLS {
+            return tls_records_only(rest);
+        }
+    }
+    if rest.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} trailing bytes", rest.len()))
+    }
+}
+
+/// Whether `bytes` are whole TLS records (the last may be cut short by
+/// the close), of the record types TLS defines.
+fn tls_records_only(mut bytes: &[u8]) -> Result<(), String> {
+    while bytes.len() >= 5 {
+        let (kind, major) = (bytes[0], bytes[1]);
+        let length = usize::from(u16::from_be_bytes([bytes[3], bytes[4]]));
+        if !(20..=23).contains(&kind) || major != 3 || length > 16384 + 2048 {
+            return Err(format!("a non-TLS record header {:?}", &bytes[..5]));
+        }
+        bytes = bytes.get(5 + length..).unwrap_or_default();
+    }
+    Ok(())
 }
 
 /// Option payload parsers on arbitrary bytes (and on every option of the

@@ -348,3 +348,10 @@ fn string32(s: &str) -> Vec<u8> {
     d.extend_from_slice(s.as_bytes());
     d
 }
+
+/// The TLS test fixtures (`tests/tls/` of this crate; see its make.sh):
+/// `server/`, `server2/` (credential directories), `ca/ca-cert.pem`, and
+/// client identities `client/`, `rogue/` (another CA), `expired/`.
+pub fn tls_fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tls")
+}
