@@ -81,14 +81,24 @@ pub fn peer_trusted(conn: &UnixStream) -> bool {
     rustix::net::sockopt::socket_peercred(conn).is_ok_and(|c| trusted(c.uid.as_raw()))
 }
 
+/// Where systemd's `cvol@.service` keeps control sockets
+/// (`CVOL_RUN_DIR=/run/cvol`): clients look there too.
+const SERVICE_RUN_DIR: &str = "/run/cvol";
+
+/// The socket of a running server of `volume`: in the run directory, or
+/// in the service's, made by this user or root.
+fn live_socket(volume: &Path) -> Option<PathBuf> {
+    let path = socket_path(volume)?;
+    let name = path.file_name()?.to_owned();
+    [path, Path::new(SERVICE_RUN_DIR).join(name)]
+        .into_iter()
+        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|md| trusted(md.uid())))
+}
+
 /// Sends one request line to a running server; its JSON reply, or `None`
 /// if none answers (or the socket is not one this user's server made).
 pub fn query(volume: &Path, request: &str) -> Option<serde_json::Value> {
-    let path = socket_path(volume)?;
-    let owner = std::fs::symlink_metadata(&path).ok()?.uid();
-    if !trusted(owner) {
-        return None;
-    }
+    let path = live_socket(volume)?;
     let mut conn = UnixStream::connect(path).ok()?;
     conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     conn.write_all(format!("{request}\n").as_bytes()).ok()?;

@@ -161,25 +161,22 @@ pub fn warn_if_exposed(addr: SocketAddr, config: &ServerConfig) {
     );
 }
 
-/// SIGHUP re-reads the certificates (while TLS is on; otherwise SIGHUP
-/// keeps its default meaning).
+/// SIGHUP (`systemctl reload`) re-reads the certificates; without TLS it
+/// is logged and ignored (a server does not die of it).
 pub struct Reloader {
-    credentials: Arc<TlsCredentials>,
+    credentials: Option<Arc<TlsCredentials>>,
     hup: Arc<AtomicBool>,
 }
 
 impl Reloader {
-    pub fn install(config: &ServerConfig) -> Result<Option<Reloader>, String> {
-        let Some(tls) = &config.tls else {
-            return Ok(None);
-        };
+    pub fn install(config: &ServerConfig) -> Result<Reloader, String> {
         let hup = Arc::new(AtomicBool::new(false));
         signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
             .map_err(|e| format!("SIGHUP handler: {e}"))?;
-        Ok(Some(Reloader {
-            credentials: tls.credentials.clone(),
+        Ok(Reloader {
+            credentials: config.tls.as_ref().map(|t| t.credentials.clone()),
             hup,
-        }))
+        })
     }
 
     /// Reloads if a SIGHUP came since the last call; a failed reload keeps
@@ -188,8 +185,12 @@ impl Reloader {
         if !self.hup.swap(false, Ordering::SeqCst) {
             return;
         }
-        let dir = self.credentials.dir().display();
-        match self.credentials.reload() {
+        let Some(credentials) = &self.credentials else {
+            tracing::info!("SIGHUP: nothing to reload (no TLS)");
+            return;
+        };
+        let dir = credentials.dir().display();
+        match credentials.reload() {
             Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded from {dir}"),
             Err(e) => tracing::error!(
                 "SIGHUP: TLS certificates not reloaded ({e}); the previous ones stay in use"

@@ -9,10 +9,12 @@ mod control;
 mod control_server;
 mod create;
 mod edge;
+mod metrics;
 mod objvol;
 mod origin;
 mod scrub;
 mod serve;
+mod service;
 mod size;
 mod sockfile;
 mod stat;
@@ -142,6 +144,39 @@ enum Command {
         #[arg(long, conflicts_with = "no_wait")]
         status: bool,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    ///
+    /// e.g. `cvol completions bash > /etc/bash_completion.d/cvol`.
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages (cvol.1 and one per command) into DIR.
+    Man {
+        /// An existing directory.
+        dir: PathBuf,
+    },
+}
+
+/// `cvol man DIR`: cvol.1 and cvol-COMMAND.1, from the clap definitions.
+fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, String> {
+    use clap::CommandFactory;
+    if !dir.is_dir() {
+        return Err(format!("{}: not a directory", dir.display()));
+    }
+    let cmd = Cli::command();
+    let mut pages = vec![(String::from("cvol"), cmd.clone())];
+    for sub in cmd.get_subcommands() {
+        let name = format!("cvol-{}", sub.get_name());
+        pages.push((name.clone(), sub.clone().name(name)));
+    }
+    for (name, page) in pages {
+        let path = dir.join(format!("{name}.1"));
+        let mut out = Vec::new();
+        clap_mangen::Man::new(page)
+            .render(&mut out)
+            .map_err(|e| e.to_string())?;
+        std::fs::write(&path, out).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("{}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -241,6 +276,17 @@ fn main() -> ExitCode {
                 status,
             },
         ),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "cvol", &mut script);
+            // A reader that stops early (`| head`) is not an error.
+            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.to_string()),
+                _ => Ok(ExitCode::SUCCESS),
+            }
+        }
+        Command::Man { dir } => write_man_pages(&dir),
     };
     match r {
         Ok(code) => code,

@@ -4,7 +4,7 @@
 //! SIGTERM/SIGINT at any point stop it cleanly (exit 0).
 use crate::create::{self, CreateArgs};
 use crate::volfile::{self, Opened, Purpose};
-use crate::{backend, control_server, edge, origin, size, sockfile, words};
+use crate::{backend, control_server, edge, metrics, origin, service, size, sockfile, words};
 use cvol_engine::cache::{CacheLabel, CacheVolume};
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// Listen on TCP ADDR:PORT (default 127.0.0.1:10809 when no --socket is given).
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (PORT alone:
+    /// on 127.0.0.1): request counts, latency histograms, every stat figure.
+    #[arg(long, value_name = "[ADDR:]PORT")]
+    metrics: Option<String>,
     /// Export name (clients asking for "" get it too).
     #[arg(long, default_value = "")]
     export: String,
@@ -299,9 +303,12 @@ impl LimitFlags {
 struct Listeners {
     unix: Option<(UnixListener, sockfile::SocketFile)>,
     tcp: Option<TcpListener>,
+    /// `--metrics`.
+    metrics: Option<TcpListener>,
 }
 
-fn bind_listeners(socket: Option<&Path>, listen: Option<&str>) -> Result<Listeners, String> {
+fn bind_listeners(args: &ServeArgs) -> Result<Listeners, String> {
+    let (socket, listen) = (args.socket.as_deref(), args.listen.as_deref());
     let unix = socket.map(|s| sockfile::bind(s, "--socket")).transpose()?;
     let tcp = if listen.is_some() || socket.is_none() {
         let addr = listen.unwrap_or(DEFAULT_LISTEN);
@@ -323,7 +330,8 @@ fn bind_listeners(socket: Option<&Path>, listen: Option<&str>) -> Result<Listene
     } else {
         None
     };
-    Ok(Listeners { unix, tcp })
+    let metrics = args.metrics.as_deref().map(metrics::bind).transpose()?;
+    Ok(Listeners { unix, tcp, metrics })
 }
 
 pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
@@ -356,7 +364,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
             (p, store)
         }
     };
-    let listeners = bind_listeners(args.socket.as_deref(), args.listen.as_deref())?;
+    let listeners = bind_listeners(&args)?;
     let store = match store {
         Some(s) => s,
         None => {
@@ -425,7 +433,7 @@ fn serve_object(
     args: &ServeArgs,
     stop: &AtomicBool,
 ) -> Result<ExitCode, String> {
-    let listeners = bind_listeners(args.socket.as_deref(), args.listen.as_deref())?;
+    let listeners = bind_listeners(args)?;
     let store = crate::objvol::open(url, &args.object.flags(args.read_only))?;
     let path = Path::new(url);
     let mut options = options;
@@ -543,6 +551,19 @@ fn run(
     let export = &args.export;
     let ctl = control_server::start(path, vol.clone())?;
     let reloader = edge::Reloader::install(&config)?;
+    let backend = match listeners.metrics {
+        Some(l) => {
+            let m = Arc::new(metrics::Metrics::new(
+                &path.display().to_string(),
+                vol.clone(),
+            ));
+            let local = l.local_addr().map_err(|e| e.to_string())?;
+            metrics::serve(l, m.clone())?;
+            tracing::info!("metrics at http://{local}/metrics");
+            m.wrap(backend)
+        }
+        None => backend,
+    };
     let scheme = if args.edge.tls_enabled() {
         "nbds"
     } else {
@@ -597,12 +618,13 @@ fn run(
     }
     out.flush().map_err(|e| e.to_string())?;
     drop(out);
+    let mut systemd = service::Systemd::ready(&uris);
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(std::time::Duration::from_millis(50));
-        if let Some(r) = &reloader {
-            r.poll();
-        }
+        reloader.poll();
+        systemd.tick(vol);
     }
+    systemd.stopping();
     tracing::info!("stopping: finishing in-flight requests");
     server.shutdown();
     drop(cache_worker);

@@ -377,7 +377,8 @@ fn client_hello() -> Vec<u8> {
         .with_root_certificates(roots)
         .with_no_client_auth();
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).expect("client");
+    let mut conn =
+        rustls::ClientConnection::new(std::sync::Arc::new(config), name).expect("client");
     let mut hello = Vec::new();
     while conn.wants_write() {
         conn.write_tls(&mut hello).expect("write_tls");
@@ -390,8 +391,16 @@ fn nbd_tls_seeds() {
     let hello = client_hello();
     let with_starttls = |rest: &[u8]| [&[1u8][..], rest].concat();
     write("nbd_tls", "client-hello", &with_starttls(&hello));
-    write("nbd_tls", "client-hello-cut", &with_starttls(&hello[..hello.len() / 2]));
-    write("nbd_tls", "garbage-instead-of-hello", &with_starttls(&[0u8; 64]));
+    write(
+        "nbd_tls",
+        "client-hello-cut",
+        &with_starttls(&hello[..hello.len() / 2]),
+    );
+    write(
+        "nbd_tls",
+        "garbage-instead-of-hello",
+        &with_starttls(&[0u8; 64]),
+    );
     let mut ab = hello.clone();
     ab.extend_from_slice(&[21, 3, 3, 0, 2, 2, 40]);
     write("nbd_tls", "hello-then-alert", &with_starttls(&ab));
