@@ -32,7 +32,7 @@ log "built $deb ($(stat -c %s "$deb") bytes)"
 dpkg-deb --info "$deb" | sed -n '1,20p'
 
 _purge() { dpkg -r cvol >/dev/null 2>&1 || true; }
-trap '_purge; _on_exit' EXIT
+trap 'rc=$?; _purge; (exit "$rc"); _on_exit' EXIT
 
 step "dpkg -i"
 dpkg -i "$deb" >"$E2E_TMP/dpkg.out" 2>&1 || fail "dpkg -i: $(cat "$E2E_TMP/dpkg.out")"
@@ -44,6 +44,8 @@ for f in /usr/bin/cvol /lib/systemd/system/cvol@.service \
     [[ -e "$f" ]] || fail "the package did not install $f"
 done
 /usr/bin/cvol --version | grep -q "^cvol " || fail "/usr/bin/cvol --version"
+size=$(stat -c %s /usr/bin/cvol)
+((size < 40 * 1024 * 1024)) || fail "/usr/bin/cvol is $size bytes: not stripped?"
 if command -v man >/dev/null 2>&1; then
     man -w cvol-serve >/dev/null 2>&1 || fail "man cannot find cvol-serve"
 fi
@@ -57,8 +59,8 @@ VOL=$E2E_TMP/pkg.cvol
 /usr/bin/cvol create "$VOL" --size 64M >/dev/null || fail "installed cvol create"
 SOCK=$E2E_TMP/pkg.sock
 cat >"$E2E_TMP/pkg.conf" <<EOF
-CVOL_VOLUME=$VOL
-CVOL_ARGS=--socket $SOCK
+CVOL_VOLUME="$VOL"
+CVOL_ARGS="--socket $SOCK"
 EOF
 (
     set -a
