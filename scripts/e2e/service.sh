@@ -9,6 +9,8 @@
 #    label, `promtool check metrics` when promtool is installed (Debian's
 #    prometheus package; scripts/test installs it); 404 elsewhere; bad
 #    `--metrics` values refused before the volume is touched;
+#  - `--trace FILE`: a session recorded, `cvol trace show` totals it,
+#    `cvol trace replay` runs the same requests on another volume;
 #  - `cvol man DIR` and `cvol completions SHELL`;
 #  - contrib/systemd/cvol@.service passes `systemd-analyze verify`.
 set -euo pipefail
@@ -156,6 +158,50 @@ timeout 20 "$CVOL" serve "$VOL" --socket "$E2E_TMP/bad.sock" --metrics "$BUSY" >
 [[ $rc -eq 2 ]] && grep -q "another exporter" "$E2E_TMP/bad.err" || fail "--metrics on a busy port: exit $rc: $(cat "$E2E_TMP/bad.err")"
 kill "$HOLDER" 2>/dev/null || true
 [[ $(sha256sum "$VOL" | cut -d' ' -f1) == "$sum_before" ]] || fail "a refused serve changed the volume"
+
+step "--trace: record a session, show it, replay it on another volume"
+TRACE=$E2E_TMP/session.trace
+start_server "$VOL" --trace "$TRACE"
+nbdcopy --flush "$E2E_TMP/data.bin" "$SRV_URI" || fail "nbdcopy in (traced)"
+nbdcopy "$SRV_URI" "$E2E_TMP/back2.bin" || fail "nbdcopy out (traced)"
+stop_server
+grep -q "trace .* written records=" "$SRV_ERR" || fail "no trace summary in the log: $(tail -n 3 "$SRV_ERR")"
+"$CVOL" trace show "$TRACE" --json >"$E2E_TMP/trace.json" || fail "cvol trace show"
+"$PY" - "$E2E_TMP/trace.json" <<'EOF' || fail "trace contents (see above)"
+import json, sys
+t = json.load(open(sys.argv[1]))
+c = t["by_command"]
+errors = []
+if t["volume_bytes"] != 128 << 20: errors.append("volume_bytes %r" % t["volume_bytes"])
+if c.get("write", {}).get("bytes", 0) < 16 << 20: errors.append("writes: %r" % c.get("write"))
+if c.get("read", {}).get("bytes", 0) < 16 << 20: errors.append("reads: %r" % c.get("read"))
+if "flush" not in c: errors.append("no flush (nbdcopy --flush)")
+if t["trailing_bytes"] != 0: errors.append("trailing bytes %r" % t["trailing_bytes"])
+for e in errors: print("  check failed:", e)
+sys.exit(1 if errors else 0)
+EOF
+"$CVOL" trace show "$TRACE" --limit 3 | head -n 8
+VOL2=$E2E_TMP/replay.cvol
+make_volume "$VOL2" 128M
+"$CVOL" trace replay "$TRACE" "$VOL2" --json >"$E2E_TMP/replay.json" || fail "cvol trace replay"
+"$PY" - "$E2E_TMP/trace.json" "$E2E_TMP/replay.json" <<'EOF' || fail "replay did not run the trace's requests"
+import json, sys
+t, r = (json.load(open(p)) for p in sys.argv[1:3])
+for cmd, v in t["by_command"].items():
+    got = r["by_command"].get(cmd, {})
+    if (got.get("requests"), got.get("bytes")) != (v["requests"], v["bytes"]):
+        sys.exit("%s: trace %r, replay %r" % (cmd, v, got))
+if r["errors"]: sys.exit("replay errors: %r" % r["errors"])
+print("replayed", r["requests"], "requests at", round(r["requests_per_second"]), "per second; stored",
+      r["volume"]["stored_bytes"], "bytes")
+EOF
+cvol_check "$VOL2"
+rc=0
+"$CVOL" serve "$VOL" --socket "$E2E_TMP/bad.sock" --trace "$TRACE" >/dev/null 2>"$E2E_TMP/bad.err" || rc=$?
+[[ $rc -eq 2 ]] && grep -q "exists; refusing" "$E2E_TMP/bad.err" || fail "--trace onto an existing file: exit $rc: $(cat "$E2E_TMP/bad.err")"
+rc=0
+"$CVOL" trace replay "$VOL" "$VOL2" >/dev/null 2>"$E2E_TMP/bad.err" || rc=$?
+[[ $rc -eq 2 ]] && grep -q "not a cvol trace" "$E2E_TMP/bad.err" || fail "replay of a non-trace: exit $rc: $(cat "$E2E_TMP/bad.err")"
 
 step "man pages and completions"
 mkdir -p "$E2E_TMP/man"

@@ -18,6 +18,7 @@ mod service;
 mod size;
 mod sockfile;
 mod stat;
+mod trace;
 mod volfile;
 mod words;
 
@@ -144,6 +145,9 @@ enum Command {
         #[arg(long, conflicts_with = "no_wait")]
         status: bool,
     },
+    /// Show or replay a request trace (`cvol serve --trace FILE`).
+    #[command(subcommand)]
+    Trace(TraceCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     ///
     /// e.g. `cvol completions bash > /etc/bash_completion.d/cvol`.
@@ -152,6 +156,45 @@ enum Command {
     Man {
         /// An existing directory.
         dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TraceCommand {
+    /// Print a trace: totals per command, then its requests.
+    Show {
+        /// The trace file.
+        file: PathBuf,
+        /// Print as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Requests listed at most (default: all).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Replay a trace against a volume that is not served (opened here,
+    /// as `serve` opens it); writes carry generated data. Exit 1 if a
+    /// request failed.
+    Replay {
+        /// The trace file.
+        file: PathBuf,
+        /// The volume (at least as large as the traced one).
+        volume: PathBuf,
+        /// Issue each request at its recorded time (default: as fast as
+        /// the queue depth allows).
+        #[arg(long)]
+        recorded_pace: bool,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 16)]
+        queue_depth: usize,
+        /// What writes carry: the percentage of each 4 KiB block that is
+        /// zeros after random bytes (fio's buffer_compress_percentage),
+        /// random or zero.
+        #[arg(long, default_value = "55")]
+        data: String,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -287,6 +330,31 @@ fn main() -> ExitCode {
             }
         }
         Command::Man { dir } => write_man_pages(&dir),
+        Command::Trace(TraceCommand::Show { file, json, limit }) => {
+            trace::cmd_show(&file, json, limit)
+        }
+        Command::Trace(TraceCommand::Replay {
+            file,
+            volume,
+            recorded_pace,
+            queue_depth,
+            data,
+            json,
+        }) => trace::DataKind::parse(&data).and_then(|data| {
+            if queue_depth == 0 {
+                return Err("--queue-depth must be at least 1".into());
+            }
+            trace::cmd_replay(
+                &file,
+                &volume,
+                &trace::ReplayArgs {
+                    recorded_pace,
+                    queue_depth,
+                    data,
+                    json,
+                },
+            )
+        }),
     };
     match r {
         Ok(code) => code,

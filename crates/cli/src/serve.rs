@@ -4,7 +4,9 @@
 //! SIGTERM/SIGINT at any point stop it cleanly (exit 0).
 use crate::create::{self, CreateArgs};
 use crate::volfile::{self, Opened, Purpose};
-use crate::{backend, control_server, edge, metrics, origin, service, size, sockfile, words};
+use crate::{
+    backend, control_server, edge, metrics, origin, service, size, sockfile, trace, words,
+};
 use cvol_engine::cache::{CacheLabel, CacheVolume};
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
@@ -46,6 +48,10 @@ pub struct ServeArgs {
     /// on 127.0.0.1): request counts, latency histograms, every stat figure.
     #[arg(long, value_name = "[ADDR:]PORT")]
     metrics: Option<String>,
+    /// Record every client request (time, command, offset, length, flags,
+    /// duration, result) into FILE, a new file (`cvol trace show|replay`).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Export name (clients asking for "" get it too).
     #[arg(long, default_value = "")]
     export: String,
@@ -338,6 +344,9 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     let options = args.open_options()?;
     let config = args.server_config()?;
     crate::control::check_run_dir()?;
+    if let Some(p) = &args.trace {
+        trace::check_new_file(p)?;
+    }
     // From here on SIGTERM/SIGINT raise `stop` instead of killing.
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -551,6 +560,15 @@ fn run(
     let export = &args.export;
     let ctl = control_server::start(path, vol.clone())?;
     let reloader = edge::Reloader::install(&config)?;
+    let recorder = args
+        .trace
+        .as_deref()
+        .map(|p| trace::Recorder::create(p, backend.size_bytes()).map(Arc::new))
+        .transpose()?;
+    let backend = match &recorder {
+        Some(r) => r.wrap(backend),
+        None => backend,
+    };
     let backend = match listeners.metrics {
         Some(l) => {
             let m = Arc::new(metrics::Metrics::new(
@@ -627,6 +645,9 @@ fn run(
     systemd.stopping();
     tracing::info!("stopping: finishing in-flight requests");
     server.shutdown();
+    if let Some(r) = &recorder {
+        r.finish();
+    }
     drop(cache_worker);
     drop(socket_file);
     drop(index_warmup);

@@ -25,6 +25,7 @@ pub mod pointer;
 pub mod record;
 pub mod superblock;
 pub mod tables;
+pub mod trace;
 
 pub use mapentry::{EntryState, MapEntry};
 pub use pointer::CheckpointPointer;
