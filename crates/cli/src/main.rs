@@ -204,7 +204,9 @@ fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, String> {
     if !dir.is_dir() {
         return Err(format!("{}: not a directory", dir.display()));
     }
-    let cmd = Cli::command();
+    let mut cmd = Cli::command();
+    // Global flags (--metadata-device) reach the commands only once built.
+    cmd.build();
     let mut pages = vec![(String::from("cvol"), cmd.clone())];
     for sub in cmd.get_subcommands() {
         let name = format!("cvol-{}", sub.get_name());
@@ -373,5 +375,29 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// Regression: each command's page was rendered without the global
+    /// flags, and clap's debug assertions refused `create` (its
+    /// --metadata-size requires the global --metadata-device).
+    #[test]
+    fn man_pages_render_for_every_command() {
+        let dir = tempfile::tempdir().unwrap();
+        write_man_pages(dir.path()).unwrap();
+        for page in [
+            "cvol",
+            "cvol-create",
+            "cvol-serve",
+            "cvol-trace",
+            "cvol-man",
+        ] {
+            let text = std::fs::read_to_string(dir.path().join(format!("{page}.1"))).unwrap();
+            assert!(text.contains(".TH"), "{page}.1");
+        }
+        let create = std::fs::read_to_string(dir.path().join("cvol-create.1")).unwrap();
+        assert!(
+            create.contains("metadata\\-device"),
+            "the global flag is on the page"
+        );
     }
 }
