@@ -103,7 +103,8 @@ if u is not None and u <= 0: errors.append("physical_used_bytes %s" % u)
 cw = value("cvol_client_bytes_written_total", v)
 if cw is not None and cw < 16 << 20: errors.append("client_bytes_written_total %s" % cw)
 value("cvol_blocks_by_codec", dict(v, codec="none"))
-value("cvol_volume_info", v)
+value("cvol_volume_info", dict(v, cleaner_policy="cost-benefit"))  # as `cvol stat` spells it
+value("cvol_load_level", v)
 for t in ("# TYPE cvol_requests_total counter", "# TYPE cvol_request_duration_seconds histogram",
           "# TYPE cvol_physical_used_bytes gauge", "# TYPE cvol_client_bytes_written_total counter"):
     if t not in text: errors.append("missing %r" % t)

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 pub const COUNTERS: &[&str] = &[
     "client_bytes_written",
     "media_bytes_written",
+    "padding_bytes",
     "corrupt_reads",
     "map_cache_hits",
     "map_cache_misses",
@@ -62,6 +63,8 @@ pub const COUNTERS: &[&str] = &[
     "auto_lz4_units",
     "auto_zstd_fast_units",
     "auto_zstd_strong_units",
+    "client_reads",
+    "store_pages_read",
     "bytes_read",
     "bytes_decoded",
     "unit_cache_hits",
@@ -143,8 +146,9 @@ impl RequestMetrics {
         let requests = Family::<CommandLabel, Counter>::default();
         let bytes = Family::<CommandLabel, Counter>::default();
         let seconds = Family::<CommandLabel, Histogram>::new_with_constructor(|| {
-            // 50 us to 6.5 s.
-            Histogram::new(exponential_buckets(50e-6, 2.0, 18))
+            // 2 us to 8.4 s: most requests the volume serves from memory
+            // take a few microseconds.
+            Histogram::new(exponential_buckets(2e-6, 2.0, 23))
         });
         let errors = Family::<ErrorLabels, Counter>::default();
         let in_flight = Gauge::default();
@@ -173,6 +177,13 @@ impl RequestMetrics {
             "Requests the volume is working on now",
             in_flight.clone(),
         );
+        // Every error series exists from the start (at 0), so that rate()
+        // and increase() see the first error.
+        for command in COMMANDS {
+            for error in ERRORS {
+                let _ = errors.get_or_create(&ErrorLabels { command, error });
+            }
+        }
         let per = COMMANDS
             .iter()
             .map(|&command| {
@@ -220,6 +231,16 @@ impl RequestMetrics {
         result
     }
 }
+
+/// The `error` label values.
+const ERRORS: [&str; 6] = [
+    "io",
+    "no_space",
+    "invalid",
+    "read_only",
+    "not_supported",
+    "overflow",
+];
 
 fn error_name(e: BackendError) -> &'static str {
     match e {
@@ -297,7 +318,7 @@ impl std::fmt::Debug for StatCollector {
 
 impl Collector for StatCollector {
     fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let stats = serde_json::to_value(self.vol.stats()).unwrap_or_default();
+        let stats = serde_json::to_value(crate::stat::shown(&self.vol)).unwrap_or_default();
         encode_stats(&stats, encoder)
     }
 }
@@ -324,6 +345,21 @@ fn encode_stats(stats: &serde_json::Value, mut encoder: DescriptorEncoder) -> st
             Value::Bool(b) => {
                 let g = ConstGauge::new(i64::from(*b));
                 g.encode(encoder.encode_descriptor(name, &help, None, g.metric_type())?)?;
+            }
+            // A level that changes would churn the info series: a gauge.
+            Value::String(s) if key == "load_level" => {
+                let level = match s.as_str() {
+                    "busy" => 2,
+                    "medium" => 1,
+                    _ => 0,
+                };
+                let g = ConstGauge::new(level);
+                g.encode(encoder.encode_descriptor(
+                    key,
+                    "cvol stat: load_level as the auto codec policy sees it: 0 idle, 1 medium, 2 busy",
+                    None,
+                    g.metric_type(),
+                )?)?;
             }
             Value::String(s) => info.push((key.clone(), s.clone())),
             Value::Object(parts) if key == "blocks_by_codec" => {
@@ -611,6 +647,9 @@ mod tests {
                 serde_json::Value::Number(_) | serde_json::Value::Bool(_) => {
                     format!("\ncvol_{key} ")
                 }
+                serde_json::Value::String(_) if key == "load_level" => {
+                    format!("\ncvol_{key} ")
+                }
                 serde_json::Value::String(_) => format!("{key}=\""),
                 serde_json::Value::Object(_) if key == "blocks_by_codec" => {
                     "\ncvol_blocks_by_codec{codec=\"lz4\"} ".to_string()
@@ -639,6 +678,7 @@ mod tests {
         assert!(text.contains("cvol_request_bytes_total{command=\"read\"} 8192"));
         assert!(text.contains("cvol_request_bytes_total{command=\"write\"} 0"));
         assert!(text.contains("cvol_request_errors_total{command=\"write\",error=\"no_space\"} 1"));
+        assert!(text.contains("cvol_request_errors_total{command=\"flush\",error=\"io\"} 0"));
         assert!(text.contains("cvol_request_duration_seconds_count{command=\"read\"} 2"));
         assert!(text.contains("cvol_requests_in_flight 0"));
     }

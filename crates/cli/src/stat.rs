@@ -15,13 +15,18 @@ pub const REQUEST: &str = "stat";
 /// The server's answer to [`REQUEST`]: its statistics as `stat --json`
 /// shows them, on one line.
 pub fn reply(vol: &Volume) -> String {
-    let mut stats = vol.stats();
-    normalize(&mut stats);
-    serde_json::to_value(&stats)
+    serde_json::to_value(shown(vol))
         .unwrap_or_else(
             |e| serde_json::json!({ "error": format!("cannot encode the statistics: {e}") }),
         )
         .to_string()
+}
+
+/// The volume's statistics as `stat` shows them (and the metrics export).
+pub fn shown(vol: &Volume) -> VolumeStats {
+    let mut stats = vol.stats();
+    normalize(&mut stats);
+    stats
 }
 
 /// Asks a running server for its statistics; `None` if none answers.

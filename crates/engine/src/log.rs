@@ -243,6 +243,9 @@ pub struct Log {
     pub media_bytes_written: u64,
     /// Bytes appended (records and padding) since open; only grows.
     pub appended_bytes: u64,
+    /// Of those, bytes no record holds: flush padding to a sector and the
+    /// tails of segments sealed before they were full.
+    pub padding_bytes: u64,
 }
 
 impl Log {
@@ -281,6 +284,7 @@ impl Log {
             next_seq,
             media_bytes_written: 0,
             appended_bytes: 0,
+            padding_bytes: 0,
         }
     }
 
@@ -517,6 +521,7 @@ impl Log {
         head.buf.zero(head.fill, padded); // may hold an earlier segment's bytes
         head.fill = padded;
         self.appended_bytes += pad;
+        self.padding_bytes += pad;
         self.write_range(storage, r, padded)?;
         let head = self.head_mut(r);
         head.wait_written()?;
@@ -534,6 +539,7 @@ impl Log {
         // must be there, and the buffer is reused for the next one.
         self.head_mut(r).wait_written()?;
         self.appended_bytes += self.segment_size - fill as u64;
+        self.padding_bytes += self.segment_size - fill as u64;
         let old = self.head_mut(r).segment;
         self.segments.seal(old);
         let next = self

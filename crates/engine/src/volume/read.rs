@@ -128,6 +128,10 @@ impl Volume {
         }
         self.activity.load.note(buf.len() as u64);
         let _inflight = self.activity.load.enter();
+        self.counters
+            .elastic
+            .client_reads
+            .fetch_add(1, Ordering::Relaxed);
         let first = offset / BLOCK_SIZE_BYTES;
         if offset.is_multiple_of(BLOCK_SIZE_BYTES) && buf.len().is_multiple_of(BS) {
             return self.read_blocks(first, buf);
@@ -313,6 +317,13 @@ impl Volume {
         self.storage
             .read_at(offset, &mut run)
             .map_err(VolError::Io)?;
+        if r.client {
+            let pages = (end - 1) / BLOCK_SIZE_BYTES - offset / BLOCK_SIZE_BYTES + 1;
+            self.counters
+                .elastic
+                .store_pages_read
+                .fetch_add(pages, Ordering::Relaxed);
+        }
         let fill_cache = j - i <= READ_CACHE_RUN_MAX;
         let mut current: Option<(u64, Arc<DecodedUnit>)> = None;
         for k in i..j {

@@ -49,7 +49,10 @@ pub(in crate::volume) struct ElasticCounters {
     /// Multi-block units written by client writes, and their blocks.
     pub(in crate::volume) units_written: AtomicU64,
     pub(in crate::volume) unit_blocks_written: AtomicU64,
-    /// Read path: bytes served, bytes decompressed to serve them.
+    /// Read path: client reads, bytes served, bytes decompressed to serve
+    /// them, 4 KiB pages of the store read for them.
+    pub(in crate::volume) client_reads: AtomicU64,
+    pub(in crate::volume) store_pages_read: AtomicU64,
     pub(in crate::volume) bytes_read: AtomicU64,
     pub(in crate::volume) bytes_decoded: AtomicU64,
     pub(in crate::volume) unit_cache_hits: AtomicU64,
@@ -185,10 +188,14 @@ impl Volume {
             client_bytes_written: client,
             media_bytes_written: st.log.media_bytes_written,
             write_amplification: ratio(st.log.media_bytes_written, client),
+            // The log writes whole 4 KiB pages of the store, each once.
+            pages_written_per_block: ratio(st.log.media_bytes_written, client),
+            padding_bytes: st.log.padding_bytes,
             cleaner: self.cleaner_stats(),
             corrupt_reads: get(&self.counters.corrupt_reads),
             lost_bytes: c.lost_blocks * bs,
             map_memory_bytes: st.live.map().memory_bytes(),
+            map_bytes_per_mapped_block: ratio(st.live.map().memory_bytes(), c.data_blocks),
             map_cache_hits: st.live.map().cache_counts().hits,
             map_cache_misses: st.live.map().cache_counts().misses,
             map_cache_bytes: st.live.map().cache_bytes(),
@@ -286,6 +293,9 @@ impl Volume {
             bytes_read: get(&es.bytes_read),
             bytes_decoded: get(&es.bytes_decoded),
             read_amplification: ratio(get(&es.bytes_decoded), get(&es.bytes_read)),
+            client_reads: get(&es.client_reads),
+            store_pages_read: get(&es.store_pages_read),
+            pages_read_per_read: ratio(get(&es.store_pages_read), get(&es.client_reads)),
             unit_cache_hits: get(&es.unit_cache_hits),
             unit_cache_misses: get(&es.unit_cache_misses),
             recompress: self.policy.is_auto() && self.options.elastic.recompress,
