@@ -13,7 +13,9 @@
 //!   and `cvol_volume_info{...} 1` carrying the text figures as labels.
 //!   Booleans are 0 or 1; figures a volume does not have (null) are left out.
 use cvol_engine::Volume;
-use cvol_nbd::{Backend, BackendError, Extent, WriteZeroesFlags};
+use cvol_nbd::{
+    Backend, BackendError, CommandKind, Extent, ObserverHandle, RequestObserver, WriteZeroesFlags,
+};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -398,10 +400,69 @@ fn encode_stats(stats: &serde_json::Value, mut encoder: DescriptorEncoder) -> st
     g.encode(family.encode_family(&info)?)
 }
 
+/// What the NBD server itself sees: each request from being read to its
+/// reply written (queues included), and the open connections.
+pub struct ServerMetrics {
+    seconds: Vec<Histogram>,
+    connections: Gauge,
+}
+
+impl ServerMetrics {
+    fn register(registry: &mut Registry) -> ServerMetrics {
+        let seconds = Family::<CommandLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(2e-6, 2.0, 23))
+        });
+        let connections = Gauge::default();
+        registry.register(
+            "nbd_request_duration_seconds",
+            "Time from reading a request to writing its reply, by command: the server's \
+             whole share of the client's latency (its queues, the volume, the reply)",
+            seconds.clone(),
+        );
+        registry.register(
+            "nbd_connections",
+            "NBD client connections open",
+            connections.clone(),
+        );
+        let seconds = COMMANDS
+            .iter()
+            .map(|&command| seconds.get_or_create(&CommandLabel { command }).clone())
+            .collect();
+        ServerMetrics {
+            seconds,
+            connections,
+        }
+    }
+}
+
+fn kind_index(kind: CommandKind) -> usize {
+    match kind {
+        CommandKind::Read => Command::Read as usize,
+        CommandKind::Write => Command::Write as usize,
+        CommandKind::Flush => Command::Flush as usize,
+        CommandKind::Trim => Command::Trim as usize,
+        CommandKind::WriteZeroes => Command::WriteZeroes as usize,
+        CommandKind::BlockStatus => Command::BlockStatus as usize,
+        CommandKind::Cache => Command::Cache as usize,
+    }
+}
+
+impl RequestObserver for ServerMetrics {
+    fn request_done(&self, command: CommandKind, elapsed: Duration) {
+        self.seconds[kind_index(command)].observe(elapsed.as_secs_f64());
+    }
+
+    fn connections(&self, open: usize) {
+        self.connections
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
+    }
+}
+
 /// The registry of one served volume.
 pub struct Metrics {
     registry: Registry,
     requests: Arc<RequestMetrics>,
+    server: Arc<ServerMetrics>,
 }
 
 impl Metrics {
@@ -412,11 +473,18 @@ impl Metrics {
             std::borrow::Cow::Owned(volume_label.to_string()),
         ));
         let requests = Arc::new(RequestMetrics::register(registry));
+        let server = Arc::new(ServerMetrics::register(registry));
         registry.register_collector(Box::new(StatCollector { vol }));
         Metrics {
             registry: root,
             requests,
+            server,
         }
+    }
+
+    /// What the NBD server reports to (`ServerConfig::observer`).
+    pub fn observer(&self) -> ObserverHandle {
+        ObserverHandle(self.server.clone())
     }
 
     /// `backend`, its calls measured.
@@ -681,6 +749,31 @@ mod tests {
         assert!(text.contains("cvol_request_errors_total{command=\"flush\",error=\"io\"} 0"));
         assert!(text.contains("cvol_request_duration_seconds_count{command=\"read\"} 2"));
         assert!(text.contains("cvol_requests_in_flight 0"));
+    }
+
+    #[test]
+    fn the_server_side_latency_and_connections_are_exported() {
+        let mut registry = Registry::with_prefix("cvol");
+        let m = ServerMetrics::register(&mut registry);
+        m.request_done(CommandKind::Flush, Duration::from_micros(300));
+        m.request_done(CommandKind::Read, Duration::from_micros(3));
+        m.connections(3);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("cvol_nbd_request_duration_seconds_count{command=\"flush\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "cvol_nbd_request_duration_seconds_bucket{le=\"0.000512\",command=\"flush\"} 1"
+            ) || text.contains(
+                "cvol_nbd_request_duration_seconds_bucket{command=\"flush\",le=\"0.000512\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("cvol_nbd_request_duration_seconds_count{command=\"read\"} 1"));
+        assert!(text.contains("cvol_nbd_connections 3"));
     }
 
     #[test]

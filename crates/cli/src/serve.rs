@@ -569,6 +569,7 @@ fn run(
         Some(r) => r.wrap(backend),
         None => backend,
     };
+    let mut config = config;
     let backend = match listeners.metrics {
         Some(l) => {
             let m = Arc::new(metrics::Metrics::new(
@@ -578,6 +579,7 @@ fn run(
             let local = l.local_addr().map_err(|e| e.to_string())?;
             metrics::serve(l, m.clone())?;
             tracing::info!("metrics at http://{local}/metrics");
+            config.observer = Some(m.observer());
             m.wrap(backend)
         }
         None => backend,

@@ -152,6 +152,32 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
+/// The NBD command a [`RequestObserver`] hears about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandKind {
+    Read,
+    Write,
+    Flush,
+    Trim,
+    WriteZeroes,
+    BlockStatus,
+    Cache,
+}
+
+/// Hears what the server does (metrics): each dispatched request once its
+/// reply has been written (or dropped with its connection), and
+/// connections opening and closing. Called on server threads: keep it
+/// cheap and non-blocking.
+pub trait RequestObserver: Send + Sync + 'static {
+    /// `elapsed`: from the request read (before it waited for the
+    /// ordering rules, the payload budget, the worker queues) to its
+    /// reply written: the server's whole share of the latency a client
+    /// sees.
+    fn request_done(&self, command: CommandKind, elapsed: std::time::Duration);
+    /// Open connections now (after one opened or closed).
+    fn connections(&self, open: usize);
+}
+
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -182,6 +208,18 @@ pub struct ServerConfig {
     /// TCP peers allowed to connect (`None`: any); others are closed at
     /// once, before the greeting. Unix-socket clients are not filtered.
     pub allow: Option<Vec<ipnet::IpNet>>,
+    /// Hears requests and connections (metrics); `None`: nobody.
+    pub observer: Option<ObserverHandle>,
+}
+
+/// A [`RequestObserver`] in a [`ServerConfig`].
+#[derive(Clone)]
+pub struct ObserverHandle(pub Arc<dyn RequestObserver>);
+
+impl std::fmt::Debug for ObserverHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ObserverHandle")
+    }
 }
 
 impl Default for ServerConfig {
@@ -198,6 +236,7 @@ impl Default for ServerConfig {
             handshake_timeout: std::time::Duration::from_secs(30),
             tls: None,
             allow: None,
+            observer: None,
         }
     }
 }

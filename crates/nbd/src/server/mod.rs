@@ -233,12 +233,18 @@ impl Inner {
         let id = reg.next_id;
         reg.next_id += 1;
         reg.sockets.insert(id, Arc::clone(socket));
+        if let Some(o) = &self.config.observer {
+            o.0.connections(reg.sockets.len());
+        }
         Some(id)
     }
 
     fn unregister(&self, id: u64) {
         let mut reg = lock(&self.registry);
         reg.sockets.remove(&id);
+        if let Some(o) = &self.config.observer {
+            o.0.connections(reg.sockets.len());
+        }
         self.registry_changed.notify_all();
     }
 

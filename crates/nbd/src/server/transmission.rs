@@ -7,6 +7,7 @@ use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 use tracing::{debug, warn};
 
@@ -14,7 +15,7 @@ use super::handshake::Negotiated;
 use super::socket::Socket;
 use super::{lock, Inner, Lane, PayloadBudget};
 use crate::proto::{self, Command, ProtoError, RequestError, RequestHeader, TransmissionContext};
-use crate::{Backend, BackendError, WriteZeroesFlags};
+use crate::{Backend, BackendError, CommandKind, WriteZeroesFlags};
 
 /// WRITE payloads above `max_request_bytes` but at most this size are read
 /// and discarded (reply `EINVAL`); larger ones end the connection.
@@ -99,6 +100,7 @@ pub(crate) struct Conn {
     inflight_changed: Condvar,
     max_inflight: usize,
     payload_budget_bytes: u64,
+    observer: Option<crate::ObserverHandle>,
     /// Server-wide budget of READ/WRITE payload bytes in flight.
     server_budget: Arc<PayloadBudget>,
 }
@@ -249,6 +251,7 @@ impl Conn {
         Release {
             conn: Arc::clone(self),
             id,
+            observed: None,
         }
     }
 
@@ -273,16 +276,35 @@ impl Conn {
     }
 }
 
-/// Releases an in-flight slot when dropped (also if a job panics).
+/// Releases an in-flight slot when dropped (also if a job panics), and
+/// tells the observer how long a dispatched request took.
 struct Release {
     conn: Arc<Conn>,
     id: u64,
+    observed: Option<(CommandKind, Instant)>,
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
         self.conn.release(self.id);
+        if let (Some((kind, started)), Some(o)) = (self.observed, &self.conn.observer) {
+            o.0.request_done(kind, started.elapsed());
+        }
     }
+}
+
+/// The observer's name for a dispatched command.
+fn command_kind(cmd: &Command) -> Option<CommandKind> {
+    Some(match cmd {
+        Command::Read { .. } => CommandKind::Read,
+        Command::Write { .. } => CommandKind::Write,
+        Command::Flush => CommandKind::Flush,
+        Command::Trim { .. } => CommandKind::Trim,
+        Command::WriteZeroes { .. } => CommandKind::WriteZeroes,
+        Command::BlockStatus { .. } => CommandKind::BlockStatus,
+        Command::Cache { .. } => CommandKind::Cache,
+        Command::Disconnect => return None,
+    })
 }
 
 /// Why a connection's reader stops reading requests (the requests in
@@ -353,6 +375,7 @@ pub(crate) fn serve(
         inflight_changed: Condvar::new(),
         max_inflight: inner.config.max_inflight_per_conn,
         payload_budget_bytes: connection_payload_budget_bytes(&inner.config),
+        observer: inner.config.observer.clone(),
         server_budget: Arc::clone(&inner.payload_budget),
     });
     let writer_conn = Arc::clone(&conn);
@@ -490,7 +513,9 @@ fn dispatch(
         Command::Read { length, .. } | Command::Write { length, .. } => u64::from(length),
         _ => 0,
     };
-    let release = conn.reserve(&cmd, payload_bytes);
+    let started = Instant::now();
+    let mut release = conn.reserve(&cmd, payload_bytes);
+    release.observed = command_kind(&cmd).map(|k| (k, started));
     let data = match cmd {
         Command::Write { length, .. } => {
             debug_assert!(length <= conn.ctx.max_request_bytes);
