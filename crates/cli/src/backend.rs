@@ -1,7 +1,7 @@
 //! Adapter from the engine's `Volume` to the NBD server's `Backend` trait.
 use cvol_engine::cache::CacheVolume;
 use cvol_engine::{VolError, Volume};
-use cvol_nbd::{Backend, BackendError, Extent, WriteZeroesFlags};
+use cvol_nbd::{Backend, BackendError, CommandKind, Extent, WriteZeroesFlags};
 use std::sync::Arc;
 
 pub struct VolumeBackend {
@@ -121,5 +121,102 @@ impl Backend for CacheBackend {
             }]),
             _ => Err(BackendError::Invalid),
         }
+    }
+}
+
+/// One call of a backend, as a [`Hook`] around it sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    pub kind: CommandKind,
+    pub offset: u64,
+    /// Bytes: a READ's or WRITE's payload, else the range (0 for FLUSH).
+    pub length: u64,
+    pub fua: bool,
+    /// WRITE_ZEROES only.
+    pub no_hole: bool,
+    pub fast_zero: bool,
+}
+
+/// Code run around every call of a wrapped backend (metrics, traces).
+pub trait Hook: Send + Sync + 'static {
+    fn around<T>(
+        &self,
+        call: Call,
+        f: impl FnOnce() -> Result<T, BackendError>,
+    ) -> Result<T, BackendError>;
+}
+
+impl<H: Hook> Hook for Arc<H> {
+    fn around<T>(
+        &self,
+        call: Call,
+        f: impl FnOnce() -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        (**self).around(call, f)
+    }
+}
+
+/// `inner` with `hook` around each of its calls.
+pub struct Hooked<H> {
+    pub inner: Arc<dyn Backend>,
+    pub hook: H,
+}
+
+fn call(kind: CommandKind, offset: u64, length: u64, fua: bool) -> Call {
+    Call {
+        kind,
+        offset,
+        length,
+        fua,
+        no_hole: false,
+        fast_zero: false,
+    }
+}
+
+impl<H: Hook> Backend for Hooked<H> {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        let c = call(CommandKind::Read, offset, buf.len() as u64, false);
+        self.hook.around(c, || self.inner.read(offset, buf))
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
+        let c = call(CommandKind::Write, offset, data.len() as u64, fua);
+        self.hook.around(c, || self.inner.write(offset, data, fua))
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        let c = call(CommandKind::Flush, 0, 0, false);
+        self.hook.around(c, || self.inner.flush())
+    }
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), BackendError> {
+        let c = call(CommandKind::Trim, offset, length, fua);
+        self.hook.around(c, || self.inner.trim(offset, length, fua))
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        flags: WriteZeroesFlags,
+    ) -> Result<(), BackendError> {
+        let c = Call {
+            no_hole: flags.no_hole,
+            fast_zero: flags.fast_zero,
+            ..call(CommandKind::WriteZeroes, offset, length, flags.fua)
+        };
+        self.hook
+            .around(c, || self.inner.write_zeroes(offset, length, flags))
+    }
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
+        let c = call(CommandKind::BlockStatus, offset, length, false);
+        self.hook
+            .around(c, || self.inner.block_status(offset, length))
+    }
+    fn cache(&self, offset: u64, length: u64) -> Result<(), BackendError> {
+        let c = call(CommandKind::Cache, offset, length, false);
+        self.hook.around(c, || self.inner.cache(offset, length))
     }
 }

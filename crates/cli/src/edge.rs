@@ -98,12 +98,10 @@ impl EdgeFlags {
         Ok(())
     }
 
-    fn tls_word(&self) -> &'static str {
-        match self.tls {
-            TlsFlag::Off => "off",
-            TlsFlag::On => "on",
-            TlsFlag::Require => "require",
-        }
+    /// `--tls`'s value as written on the command line.
+    fn tls_word(&self) -> String {
+        clap::ValueEnum::to_possible_value(&self.tls)
+            .map_or_else(String::new, |v| v.get_name().to_string())
     }
 
     pub fn tls_enabled(&self) -> bool {

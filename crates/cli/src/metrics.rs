@@ -3,7 +3,7 @@
 //!
 //! Two sources, every series labelled `volume`:
 //! * **Requests**, measured around each call of the volume by the NBD
-//!   server ([`Metered`]): `cvol_requests_total{command}`,
+//!   server (a [`Hook`] around its calls): `cvol_requests_total{command}`,
 //!   `cvol_request_bytes_total{command}`, `cvol_request_errors_total{command,error}`,
 //!   `cvol_request_duration_seconds{command}` (a histogram) and
 //!   `cvol_requests_in_flight` (the queue depth at the volume).
@@ -12,10 +12,9 @@
 //!   up from the server's start: [`COUNTERS`]), `cvol_blocks_by_codec{codec}`,
 //!   and `cvol_volume_info{...} 1` carrying the text figures as labels.
 //!   Booleans are 0 or 1; figures a volume does not have (null) are left out.
+use crate::backend::{Call, Hook, Hooked};
 use cvol_engine::Volume;
-use cvol_nbd::{
-    Backend, BackendError, CommandKind, Extent, ObserverHandle, RequestObserver, WriteZeroesFlags,
-};
+use cvol_nbd::{Backend, BackendError, CommandKind, ObserverHandle, RequestObserver};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -96,28 +95,6 @@ pub const COUNTERS: &[&str] = &[
     "object_cache_evictions",
 ];
 
-/// The NBD commands that reach the volume, as `command` label values.
-const COMMANDS: [&str; 7] = [
-    "read",
-    "write",
-    "flush",
-    "trim",
-    "write_zeroes",
-    "block_status",
-    "cache",
-];
-
-#[derive(Clone, Copy)]
-enum Command {
-    Read,
-    Write,
-    Flush,
-    Trim,
-    WriteZeroes,
-    BlockStatus,
-    Cache,
-}
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CommandLabel {
     command: &'static str,
@@ -181,15 +158,17 @@ impl RequestMetrics {
         );
         // Every error series exists from the start (at 0), so that rate()
         // and increase() see the first error.
-        for command in COMMANDS {
+        for command in CommandKind::ALL.map(CommandKind::name) {
             for error in ERRORS {
                 let _ = errors.get_or_create(&ErrorLabels { command, error });
             }
         }
-        let per = COMMANDS
+        let per = CommandKind::ALL
             .iter()
-            .map(|&command| {
-                let label = CommandLabel { command };
+            .map(|kind| {
+                let label = CommandLabel {
+                    command: kind.name(),
+                };
                 PerCommand {
                     requests: requests.get_or_create(&label).clone(),
                     bytes: bytes.get_or_create(&label).clone(),
@@ -203,28 +182,30 @@ impl RequestMetrics {
             in_flight,
         }
     }
+}
 
-    fn observe<T>(
+impl Hook for RequestMetrics {
+    fn around<T>(
         &self,
-        command: Command,
-        bytes: u64,
-        call: impl FnOnce() -> Result<T, BackendError>,
+        call: Call,
+        f: impl FnOnce() -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         self.in_flight.inc();
         let started = Instant::now();
-        let result = call();
+        let result = f();
         let seconds = started.elapsed().as_secs_f64();
         self.in_flight.dec();
-        let m = &self.per[command as usize];
+        let m = &self.per[call.kind as usize];
         m.requests.inc();
         m.seconds.observe(seconds);
         match &result {
-            Ok(_) => {
-                m.bytes.inc_by(bytes);
+            Ok(_) if matches!(call.kind, CommandKind::Read | CommandKind::Write) => {
+                m.bytes.inc_by(call.length);
             }
+            Ok(_) => {}
             Err(e) => {
                 let labels = ErrorLabels {
-                    command: COMMANDS[command as usize],
+                    command: call.kind.name(),
                     error: error_name(*e),
                 };
                 self.errors.get_or_create(&labels).inc();
@@ -252,58 +233,6 @@ fn error_name(e: BackendError) -> &'static str {
         BackendError::ReadOnly => "read_only",
         BackendError::NotSupported => "not_supported",
         BackendError::Overflow => "overflow",
-    }
-}
-
-/// A backend measured by [`RequestMetrics`].
-pub struct Metered {
-    inner: Arc<dyn Backend>,
-    metrics: Arc<RequestMetrics>,
-}
-
-impl Backend for Metered {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_only(&self) -> bool {
-        self.inner.read_only()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        let n = buf.len() as u64;
-        self.metrics
-            .observe(Command::Read, n, || self.inner.read(offset, buf))
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
-        let n = data.len() as u64;
-        self.metrics
-            .observe(Command::Write, n, || self.inner.write(offset, data, fua))
-    }
-    fn flush(&self) -> Result<(), BackendError> {
-        self.metrics
-            .observe(Command::Flush, 0, || self.inner.flush())
-    }
-    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), BackendError> {
-        self.metrics
-            .observe(Command::Trim, 0, || self.inner.trim(offset, length, fua))
-    }
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        length: u64,
-        flags: WriteZeroesFlags,
-    ) -> Result<(), BackendError> {
-        self.metrics.observe(Command::WriteZeroes, 0, || {
-            self.inner.write_zeroes(offset, length, flags)
-        })
-    }
-    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
-        self.metrics.observe(Command::BlockStatus, 0, || {
-            self.inner.block_status(offset, length)
-        })
-    }
-    fn cache(&self, offset: u64, length: u64) -> Result<(), BackendError> {
-        self.metrics
-            .observe(Command::Cache, 0, || self.inner.cache(offset, length))
     }
 }
 
@@ -424,9 +353,14 @@ impl ServerMetrics {
             "NBD client connections open",
             connections.clone(),
         );
-        let seconds = COMMANDS
+        let seconds = CommandKind::ALL
             .iter()
-            .map(|&command| seconds.get_or_create(&CommandLabel { command }).clone())
+            .map(|kind| {
+                let label = CommandLabel {
+                    command: kind.name(),
+                };
+                seconds.get_or_create(&label).clone()
+            })
             .collect();
         ServerMetrics {
             seconds,
@@ -435,21 +369,9 @@ impl ServerMetrics {
     }
 }
 
-fn kind_index(kind: CommandKind) -> usize {
-    match kind {
-        CommandKind::Read => Command::Read as usize,
-        CommandKind::Write => Command::Write as usize,
-        CommandKind::Flush => Command::Flush as usize,
-        CommandKind::Trim => Command::Trim as usize,
-        CommandKind::WriteZeroes => Command::WriteZeroes as usize,
-        CommandKind::BlockStatus => Command::BlockStatus as usize,
-        CommandKind::Cache => Command::Cache as usize,
-    }
-}
-
 impl RequestObserver for ServerMetrics {
     fn request_done(&self, command: CommandKind, elapsed: Duration) {
-        self.seconds[kind_index(command)].observe(elapsed.as_secs_f64());
+        self.seconds[command as usize].observe(elapsed.as_secs_f64());
     }
 
     fn connections(&self, open: usize) {
@@ -489,9 +411,9 @@ impl Metrics {
 
     /// `backend`, its calls measured.
     pub fn wrap(&self, backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
-        Arc::new(Metered {
+        Arc::new(Hooked {
             inner: backend,
-            metrics: self.requests.clone(),
+            hook: self.requests.clone(),
         })
     }
 
@@ -734,9 +656,18 @@ mod tests {
     fn requests_are_counted_timed_and_errors_named() {
         let mut registry = Registry::with_prefix("cvol");
         let m = RequestMetrics::register(&mut registry);
-        m.observe(Command::Read, 4096, || Ok(())).unwrap();
-        m.observe(Command::Read, 4096, || Ok(())).unwrap();
-        let _ = m.observe(Command::Write, 8192, || Err::<(), _>(BackendError::NoSpace));
+        let call = |kind, length| Call {
+            kind,
+            offset: 0,
+            length,
+            fua: false,
+            no_hole: false,
+            fast_zero: false,
+        };
+        m.around(call(CommandKind::Read, 4096), || Ok(())).unwrap();
+        m.around(call(CommandKind::Read, 4096), || Ok(())).unwrap();
+        let write = call(CommandKind::Write, 8192);
+        let _ = m.around(write, || Err::<(), _>(BackendError::NoSpace));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(

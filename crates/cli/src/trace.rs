@@ -7,7 +7,7 @@
 //! record into a bounded queue (never waiting: a full queue drops the
 //! record and counts it), and a thread of its own writes the file through
 //! a 1 MiB buffer, flushed every second and at the stop.
-use crate::backend::VolumeBackend;
+use crate::backend::{Call, Hook, Hooked, VolumeBackend};
 use crate::volfile::{self, Opened, Purpose};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use cvol_engine::{OpenOptions, Volume};
@@ -15,7 +15,7 @@ use cvol_format::trace::{
     TraceCommand, TraceHeader, TraceRecord, TRACE_FLAG_FAST_ZERO, TRACE_FLAG_FUA,
     TRACE_FLAG_NO_HOLE, TRACE_HEADER_BYTES, TRACE_RECORD_BYTES,
 };
-use cvol_nbd::{Backend, BackendError, Extent, WriteZeroesFlags};
+use cvol_nbd::{Backend, BackendError, CommandKind, WriteZeroesFlags};
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::Path;
@@ -130,9 +130,9 @@ impl Recorder {
 
     /// `backend`, its requests recorded.
     pub fn wrap(self: &Arc<Self>, backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
-        Arc::new(Traced {
+        Arc::new(Hooked {
             inner: backend,
-            recorder: self.clone(),
+            hook: self.clone(),
         })
     }
 
@@ -198,98 +198,41 @@ fn write_records(
     Ok(written)
 }
 
-/// A backend whose requests are recorded.
-struct Traced {
-    inner: Arc<dyn Backend>,
-    recorder: Arc<Recorder>,
+/// The trace's name of a command.
+fn trace_command(kind: CommandKind) -> TraceCommand {
+    match kind {
+        CommandKind::Read => TraceCommand::Read,
+        CommandKind::Write => TraceCommand::Write,
+        CommandKind::Flush => TraceCommand::Flush,
+        CommandKind::Trim => TraceCommand::Trim,
+        CommandKind::WriteZeroes => TraceCommand::WriteZeroes,
+        CommandKind::BlockStatus => TraceCommand::BlockStatus,
+        CommandKind::Cache => TraceCommand::Cache,
+    }
 }
 
-impl Traced {
-    fn run<T>(
+/// Each call becomes a record once it is done.
+impl Hook for Recorder {
+    fn around<T>(
         &self,
-        command: TraceCommand,
-        offset: u64,
-        length: u64,
-        flags: u8,
-        call: impl FnOnce() -> Result<T, BackendError>,
+        call: Call,
+        f: impl FnOnce() -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         let started = Instant::now();
-        let result = call();
-        let rec = &self.recorder;
-        rec.record(TraceRecord {
-            start_ns: started.saturating_duration_since(rec.started).as_nanos() as u64,
-            offset,
-            length: u32::try_from(length).unwrap_or(u32::MAX),
+        let result = f();
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        self.record(TraceRecord {
+            start_ns: started.saturating_duration_since(self.started).as_nanos() as u64,
+            offset: call.offset,
+            length: u32::try_from(call.length).unwrap_or(u32::MAX),
             duration_ns: u32::try_from(started.elapsed().as_nanos()).unwrap_or(u32::MAX),
-            command,
-            flags,
+            command: trace_command(call.kind),
+            flags: flag(call.fua, TRACE_FLAG_FUA)
+                | flag(call.no_hole, TRACE_FLAG_NO_HOLE)
+                | flag(call.fast_zero, TRACE_FLAG_FAST_ZERO),
             result: result.as_ref().err().map_or(0, |e| result_code(*e)),
         });
         result
-    }
-}
-
-fn fua_flag(fua: bool) -> u8 {
-    if fua {
-        TRACE_FLAG_FUA
-    } else {
-        0
-    }
-}
-
-impl Backend for Traced {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_only(&self) -> bool {
-        self.inner.read_only()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        let n = buf.len() as u64;
-        self.run(TraceCommand::Read, offset, n, 0, || {
-            self.inner.read(offset, buf)
-        })
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
-        let n = data.len() as u64;
-        self.run(TraceCommand::Write, offset, n, fua_flag(fua), || {
-            self.inner.write(offset, data, fua)
-        })
-    }
-    fn flush(&self) -> Result<(), BackendError> {
-        self.run(TraceCommand::Flush, 0, 0, 0, || self.inner.flush())
-    }
-    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), BackendError> {
-        self.run(TraceCommand::Trim, offset, length, fua_flag(fua), || {
-            self.inner.trim(offset, length, fua)
-        })
-    }
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        length: u64,
-        flags: WriteZeroesFlags,
-    ) -> Result<(), BackendError> {
-        let mut f = fua_flag(flags.fua);
-        if flags.no_hole {
-            f |= TRACE_FLAG_NO_HOLE;
-        }
-        if flags.fast_zero {
-            f |= TRACE_FLAG_FAST_ZERO;
-        }
-        self.run(TraceCommand::WriteZeroes, offset, length, f, || {
-            self.inner.write_zeroes(offset, length, flags)
-        })
-    }
-    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
-        self.run(TraceCommand::BlockStatus, offset, length, 0, || {
-            self.inner.block_status(offset, length)
-        })
-    }
-    fn cache(&self, offset: u64, length: u64) -> Result<(), BackendError> {
-        self.run(TraceCommand::Cache, offset, length, 0, || {
-            self.inner.cache(offset, length)
-        })
     }
 }
 
@@ -363,6 +306,42 @@ fn totals(records: &[TraceRecord]) -> Vec<(TraceCommand, Totals)> {
         .collect()
 }
 
+impl Totals {
+    fn mean_us(&self) -> f64 {
+        self.duration_ns as f64 / self.requests as f64 / 1000.0
+    }
+}
+
+/// Per-command totals as `show --json` and `replay --json` print them.
+fn totals_json(t: &[(TraceCommand, Totals)]) -> serde_json::Value {
+    t.iter()
+        .map(|(c, t)| {
+            let v = serde_json::json!({
+                "requests": t.requests, "bytes": t.bytes, "errors": t.errors,
+                "mean_duration_us": t.mean_us(),
+            });
+            (c.name().to_string(), v)
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Per-command totals, one line each, for the text reports.
+fn totals_lines(t: &[(TraceCommand, Totals)]) -> Vec<String> {
+    t.iter()
+        .map(|(c, t)| {
+            format!(
+                "  {:<12} {:>10} requests {:>14} bytes {:>6} errors  mean {:.1} us",
+                c.name(),
+                t.requests,
+                t.bytes,
+                t.errors,
+                t.mean_us()
+            )
+        })
+        .collect()
+}
+
 /// `cvol trace show FILE`: a summary, then the first `limit` records.
 pub fn cmd_show(path: &Path, json: bool, limit: Option<usize>) -> Result<ExitCode, String> {
     let trace = read_trace(path)?;
@@ -376,18 +355,7 @@ pub fn cmd_show(path: &Path, json: bool, limit: Option<usize>) -> Result<ExitCod
         }
     };
     if json {
-        let by_command: serde_json::Map<String, serde_json::Value> = totals(&trace.records)
-            .into_iter()
-            .map(|(c, t)| {
-                (
-                    c.name().to_string(),
-                    serde_json::json!({
-                        "requests": t.requests, "bytes": t.bytes, "errors": t.errors,
-                        "mean_duration_us": t.duration_ns as f64 / t.requests as f64 / 1000.0,
-                    }),
-                )
-            })
-            .collect();
+        let by_command = totals_json(&totals(&trace.records));
         let records: Vec<_> = shown
             .iter()
             .map(|r| {
@@ -428,18 +396,8 @@ pub fn cmd_show(path: &Path, json: bool, limit: Option<usize>) -> Result<ExitCod
             }
         ),
     )?;
-    for (c, t) in totals(&trace.records) {
-        w(
-            &mut out,
-            format!(
-                "  {:<12} {:>10} requests {:>14} bytes {:>6} errors  mean {:.1} us",
-                c.name(),
-                t.requests,
-                t.bytes,
-                t.errors,
-                t.duration_ns as f64 / t.requests as f64 / 1000.0
-            ),
-        )?;
+    for line in totals_lines(&totals(&trace.records)) {
+        w(&mut out, line)?;
     }
     for r in shown {
         w(
@@ -732,19 +690,7 @@ fn report(
         "media_bytes_written": stats.media_bytes_written,
     });
     if json {
-        let by_command: serde_json::Map<String, serde_json::Value> = r
-            .by_command
-            .iter()
-            .map(|(c, t)| {
-                (
-                    c.name().to_string(),
-                    serde_json::json!({
-                        "requests": t.requests, "bytes": t.bytes, "errors": t.errors,
-                        "mean_duration_us": t.duration_ns as f64 / t.requests as f64 / 1000.0,
-                    }),
-                )
-            })
-            .collect();
+        let by_command = totals_json(&r.by_command);
         let v = serde_json::json!({
             "requests": requests, "errors": r.errors, "seconds": secs,
             "requests_per_second": requests as f64 / secs,
@@ -760,15 +706,8 @@ fn report(
         bytes as f64 / secs / 1048576.0,
         r.errors
     );
-    for (c, t) in &r.by_command {
-        println!(
-            "  {:<12} {:>10} requests {:>14} bytes {:>6} errors  mean {:.1} us",
-            c.name(),
-            t.requests,
-            t.bytes,
-            t.errors,
-            t.duration_ns as f64 / t.requests as f64 / 1000.0
-        );
+    for line in totals_lines(&r.by_command) {
+        println!("{line}");
     }
     println!(
         "volume: stored {} bytes, physical used {} bytes, reduction {:.2}:1, write amplification {:.2}",

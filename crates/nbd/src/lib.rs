@@ -152,8 +152,9 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
-/// The NBD command a [`RequestObserver`] hears about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The NBD commands that reach a backend (what a [`RequestObserver`]
+/// hears about, and what metrics and traces are kept by).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CommandKind {
     Read,
     Write,
@@ -162,6 +163,32 @@ pub enum CommandKind {
     WriteZeroes,
     BlockStatus,
     Cache,
+}
+
+impl CommandKind {
+    /// Every kind, in declaration order (`kind as usize` indexes it).
+    pub const ALL: [CommandKind; 7] = [
+        CommandKind::Read,
+        CommandKind::Write,
+        CommandKind::Flush,
+        CommandKind::Trim,
+        CommandKind::WriteZeroes,
+        CommandKind::BlockStatus,
+        CommandKind::Cache,
+    ];
+
+    /// Lower-case name (`write_zeroes`), for labels and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            CommandKind::Read => "read",
+            CommandKind::Write => "write",
+            CommandKind::Flush => "flush",
+            CommandKind::Trim => "trim",
+            CommandKind::WriteZeroes => "write_zeroes",
+            CommandKind::BlockStatus => "block_status",
+            CommandKind::Cache => "cache",
+        }
+    }
 }
 
 /// Hears what the server does (metrics): each dispatched request once its

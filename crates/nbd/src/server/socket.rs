@@ -87,6 +87,15 @@ enum Fed {
     Eof,
 }
 
+/// Moves the session's pending records (encrypted data, handshake
+/// messages, alerts) onto the end of `out`.
+fn drain(conn: &mut rustls::ServerConnection, out: &mut Outgoing) -> io::Result<()> {
+    while conn.wants_write() {
+        conn.write_tls(&mut out.buf)?;
+    }
+    Ok(())
+}
+
 /// A TLS error as an I/O error (`InvalidData`), naming TLS.
 fn tls_error(e: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
@@ -285,19 +294,12 @@ impl Socket {
     ) -> io::Result<()> {
         let mut conn = lock(&tls.conn);
         conn.writer().write_all(plaintext)?;
-        while conn.wants_write() {
-            conn.write_tls(&mut out.buf)?;
-        }
-        Ok(())
+        drain(&mut conn, out)
     }
 
     /// Moves what the session wants to send (handshake, alerts) to `out`.
     fn tls_drain(&self, tls: &TlsSession, out: &mut Outgoing) -> io::Result<()> {
-        let mut conn = lock(&tls.conn);
-        while conn.wants_write() {
-            conn.write_tls(&mut out.buf)?;
-        }
-        Ok(())
+        drain(&mut lock(&tls.conn), out)
     }
 
     /// Sends all of `out`, blocking.
