@@ -6,7 +6,7 @@ use crate::words::{describe_policy, human_bytes};
 use crate::{origin, size, words};
 use cvol_engine::cache::{CacheConfig, CacheMode, OriginStamp, CACHE_LINE_DEFAULT_BYTES};
 use cvol_engine::{CreateOptions, Volume};
-use cvol_format::superblock::{SEGMENT_SIZE_MAX_BYTES, SEGMENT_SIZE_MIN_BYTES};
+use cvol_format::superblock::{Packing, SEGMENT_SIZE_MAX_BYTES, SEGMENT_SIZE_MIN_BYTES};
 use cvol_format::{DATA_OFFSET_BYTES, LOGICAL_SIZE_MAX_BYTES, PHYSICAL_SIZE_MAX_BYTES};
 use cvol_storage::{FileStorage, Storage};
 use std::path::{Path, PathBuf};
@@ -22,6 +22,8 @@ pub struct CreateArgs<'a> {
     pub codec: &'a str,
     pub force: bool,
     pub dedup: bool,
+    /// `--packing`.
+    pub packing: Packing,
     pub segment_size: Option<&'a str>,
     /// Create the missing parent directory (only for serve's default volume).
     pub make_parent: bool,
@@ -241,6 +243,7 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
         codec,
         segment_size_bytes,
         dedup: a.dedup,
+        packing: a.packing,
     };
     // Everything is checked: from here on, undo what a failure leaves.
     let (mut undo, mut meta_undo) = (Undo::default(), Undo::default());
@@ -278,8 +281,12 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
         ),
         None => on_meta,
     };
+    let packing = match a.packing {
+        Packing::Compact => String::new(),
+        p => format!(", packing {}", p.name()),
+    };
     Ok(format!(
-        "created {}: {} logical, {} physical, codec {}, dedup {}{on_meta}",
+        "created {}: {} logical, {} physical, codec {}, dedup {}{packing}{on_meta}",
         path.display(),
         human_bytes(logical),
         human_bytes(physical),

@@ -23,6 +23,7 @@ mod volfile;
 mod words;
 
 use clap::{Parser, Subcommand};
+use cvol_format::superblock::Packing;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -65,6 +66,14 @@ enum Command {
         /// Inline deduplication of 4 KiB blocks: on or off.
         #[arg(long, default_value = "on")]
         dedup: String,
+        /// How compressed records are laid out in the log (seed 004):
+        /// compact (back to back, byte-granular: the least space), page (a
+        /// record never straddles a 4 KiB page it need not: a block read
+        /// touches one page; first-fit bin-packing within each write) or
+        /// page-sorted (page, largest records placed first). Chunk-based
+        /// packing is serve's --unit-size. Fixed at create.
+        #[arg(long, default_value = "compact", value_parser = ["compact", "page", "page-sorted"])]
+        packing: String,
         /// Segment size (power of two, 1M to 1G; default 4M, or 1M below 1 GiB physical).
         #[arg(long, hide = true)]
         segment_size: Option<String>,
@@ -195,6 +204,9 @@ enum TraceCommand {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Largest merged compression unit, as `serve --unit-size` (4K to 64K).
+        #[arg(long, default_value = "16K")]
+        unit_size: String,
     },
 }
 
@@ -245,6 +257,7 @@ fn main() -> ExitCode {
             codec,
             force,
             dedup,
+            packing,
             segment_size,
             metadata_size,
             origin,
@@ -276,6 +289,7 @@ fn main() -> ExitCode {
                     codec: &codec,
                     force,
                     dedup,
+                    packing: Packing::parse(&packing).expect("clap checked the word"),
                     segment_size: segment_size.as_deref(),
                     make_parent: false,
                     metadata_device: metadata_device.as_deref(),
@@ -342,7 +356,9 @@ fn main() -> ExitCode {
             queue_depth,
             data,
             json,
+            unit_size,
         }) => trace::DataKind::parse(&data).and_then(|data| {
+            let unit_blocks = trace::parse_unit_size(&unit_size)?;
             if queue_depth == 0 {
                 return Err("--queue-depth must be at least 1".into());
             }
@@ -354,6 +370,7 @@ fn main() -> ExitCode {
                     queue_depth,
                     data,
                     json,
+                    unit_blocks,
                 },
             )
         }),

@@ -385,6 +385,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
                     codec: "auto",
                     force: false,
                     dedup: true,
+                    packing: cvol_format::superblock::Packing::Compact,
                     segment_size: None,
                     make_parent: true,
                     metadata_device: None,

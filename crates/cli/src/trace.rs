@@ -476,6 +476,21 @@ pub struct ReplayArgs {
     pub queue_depth: usize,
     pub data: DataKind,
     pub json: bool,
+    /// Blocks per merged compression unit (`--unit-size`, as `serve`'s:
+    /// `OpenOptions::elastic.unit_blocks`).
+    pub unit_blocks: u32,
+}
+
+/// `--unit-size SIZE` as `cvol serve` reads it: a power of two from 4K to
+/// 64K, returned in 4 KiB blocks.
+pub fn parse_unit_size(v: &str) -> Result<u32, String> {
+    let unit = crate::size::parse_size(v).map_err(|e| format!("--unit-size: {e}"))?;
+    if !(4096..=65536).contains(&unit) || !unit.is_power_of_two() {
+        return Err(format!(
+            "--unit-size {v} must be a power of two from 4K to 64K"
+        ));
+    }
+    Ok((unit / 4096) as u32)
 }
 
 /// Requests in flight, for FLUSH's barrier.
@@ -537,11 +552,13 @@ fn execute(
     }
 }
 
-/// Opens `volume` for writing, as `serve` does (it must not be served).
-fn open_for_replay(volume: &Path) -> Result<Arc<Volume>, String> {
+/// Opens `volume` for writing, as `serve` does (it must not be served),
+/// with merged compression units of `unit_blocks` blocks.
+fn open_for_replay(volume: &Path, unit_blocks: u32) -> Result<Arc<Volume>, String> {
     let purpose = Purpose::Serve { writable: true };
     let store = volfile::open_volume_store(volume, purpose)?;
     let mut options = OpenOptions::default();
+    options.elastic.unit_blocks = unit_blocks;
     let store = volfile::with_metadata(volume, store, purpose, &mut options)?;
     match volfile::open_with_progress(volume, store, options, None) {
         Opened::Volume(v) => Ok(Arc::new(*v)),
@@ -556,7 +573,7 @@ fn open_for_replay(volume: &Path) -> Result<Arc<Volume>, String> {
 /// the volume's space figures after a final flush.
 pub fn cmd_replay(trace_path: &Path, volume: &Path, args: &ReplayArgs) -> Result<ExitCode, String> {
     let trace = read_trace(trace_path)?;
-    let vol = open_for_replay(volume)?;
+    let vol = open_for_replay(volume, args.unit_blocks)?;
     if trace.header.volume_bytes > vol.size_bytes() {
         let size = vol.size_bytes();
         let _ = vol.close();
@@ -681,14 +698,7 @@ fn report(
         .filter(|(c, _)| matches!(c, TraceCommand::Read | TraceCommand::Write))
         .map(|(_, t)| t.bytes)
         .sum();
-    let space = serde_json::json!({
-        "stored_bytes": stats.stored_bytes,
-        "physical_used_bytes": stats.physical_used_bytes,
-        "host_allocated_bytes": stats.host_allocated_bytes,
-        "reduction_ratio": stats.reduction_ratio,
-        "write_amplification": stats.write_amplification,
-        "media_bytes_written": stats.media_bytes_written,
-    });
+    let space = volume_json(stats);
     if json {
         let by_command = totals_json(&r.by_command);
         let v = serde_json::json!({
@@ -709,11 +719,77 @@ fn report(
     for line in totals_lines(&r.by_command) {
         println!("{line}");
     }
-    println!(
-        "volume: stored {} bytes, physical used {} bytes, reduction {:.2}:1, write amplification {:.2}",
-        stats.stored_bytes, stats.physical_used_bytes, stats.reduction_ratio, stats.write_amplification
-    );
+    for line in volume_lines(stats) {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// The volume's figures after a replay (`replay --json`'s "volume"),
+/// named as `cvol stat --json` names them. Counts are since the replay
+/// opened the volume.
+fn volume_json(s: &cvol_engine::VolumeStats) -> serde_json::Value {
+    let (c, e) = (&s.cleaner, &s.elastic);
+    serde_json::json!({
+        "physical_size_bytes": s.physical_size_bytes,
+        "mapped_bytes": s.mapped_bytes,
+        "stored_bytes": s.stored_bytes,
+        "physical_used_bytes": s.physical_used_bytes,
+        "host_allocated_bytes": s.host_allocated_bytes,
+        "live_bytes": s.live_bytes,
+        "dead_bytes": s.dead_bytes,
+        "reduction_ratio": s.reduction_ratio,
+        "compression_ratio": s.compression_ratio,
+        "unit_blocks": e.unit_blocks,
+        "deferred_blocks": e.deferred_blocks,
+        "client_bytes_written": s.client_bytes_written,
+        "media_bytes_written": s.media_bytes_written,
+        "write_amplification": s.write_amplification,
+        "pages_written_per_block": s.pages_written_per_block,
+        "padding_bytes": s.padding_bytes,
+        "client_reads": e.client_reads,
+        "store_pages_read": e.store_pages_read,
+        "pages_read_per_read": e.pages_read_per_read,
+        "read_amplification": e.read_amplification,
+        "map_bytes_per_mapped_block": s.map_bytes_per_mapped_block,
+        "cleaner_segments_cleaned": c.cleaner_segments_cleaned,
+        "cleaner_records_relocated": c.cleaner_records_relocated,
+        "cleaner_bytes_relocated": c.cleaner_bytes_relocated,
+        "segments_reclaimed": c.segments_reclaimed,
+    })
+}
+
+/// The text report's lines about the volume.
+fn volume_lines(s: &cvol_engine::VolumeStats) -> Vec<String> {
+    let (c, e) = (&s.cleaner, &s.elastic);
+    let padding_percent = if s.physical_used_bytes > 0 {
+        100.0 * s.padding_bytes as f64 / s.physical_used_bytes as f64
+    } else {
+        0.0
+    };
+    vec![
+        format!(
+            "volume: stored {} bytes, physical used {} bytes, reduction {:.2}:1, write amplification {:.2}",
+            s.stored_bytes, s.physical_used_bytes, s.reduction_ratio, s.write_amplification
+        ),
+        format!(
+            "  written: {} client bytes, {} media bytes, {:.3} pages per block, padding {} bytes ({padding_percent:.2}% of physical used)",
+            s.client_bytes_written, s.media_bytes_written, s.pages_written_per_block, s.padding_bytes
+        ),
+        format!(
+            "  read: {} client reads, {} store pages, {:.3} pages per read, read amplification {:.2}",
+            e.client_reads, e.store_pages_read, e.pages_read_per_read, e.read_amplification
+        ),
+        format!(
+            "  map {:.2} bytes per mapped block; units of {} blocks; cleaner: {} segments cleaned, {} records ({} bytes) relocated, {} segments reclaimed",
+            s.map_bytes_per_mapped_block,
+            e.unit_blocks,
+            c.cleaner_segments_cleaned,
+            c.cleaner_records_relocated,
+            c.cleaner_bytes_relocated,
+            c.segments_reclaimed
+        ),
+    ]
 }
 
 #[cfg(test)]
@@ -736,6 +812,49 @@ mod tests {
         assert_ne!(a[..4096], a[4096..], "blocks differ");
         DataKind::Zero.fill(&mut b, 0, 2);
         assert!(b.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn unit_sizes_parse_as_serve_reads_them() {
+        assert_eq!(parse_unit_size("4K").unwrap(), 1);
+        assert_eq!(parse_unit_size("16K").unwrap(), 4);
+        assert_eq!(parse_unit_size("64K").unwrap(), 16);
+        for bad in ["3K", "2K", "128K", "0"] {
+            let e = parse_unit_size(bad).unwrap_err();
+            assert!(e.starts_with("--unit-size"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_volume_report_names_the_figures_as_stat_does() {
+        let mut s = cvol_engine::VolumeStats {
+            physical_used_bytes: 1 << 20,
+            padding_bytes: 1 << 18,
+            pages_written_per_block: 1.25,
+            map_bytes_per_mapped_block: 2.5,
+            ..Default::default()
+        };
+        s.elastic.client_reads = 10;
+        s.elastic.store_pages_read = 15;
+        s.elastic.pages_read_per_read = 1.5;
+        s.cleaner.cleaner_segments_cleaned = 3;
+        let v = volume_json(&s);
+        let stat = serde_json::to_value(&s).unwrap();
+        for (k, x) in v.as_object().unwrap() {
+            assert_eq!(
+                Some(x),
+                stat.get(k),
+                "{k} is not stat's figure of that name"
+            );
+        }
+        assert_eq!(v["pages_read_per_read"], 1.5);
+        assert_eq!(v["cleaner_segments_cleaned"], 3);
+        let text = volume_lines(&s).join("\n");
+        assert!(
+            text.contains("padding 262144 bytes (25.00% of physical used)"),
+            "{text}"
+        );
+        assert!(text.contains("1.500 pages per read") && text.contains("3 segments cleaned"));
     }
 
     #[test]

@@ -105,6 +105,7 @@ fn packing(c: &mut Criterion) {
             codec: Codec::Lz4.into(),
             segment_size_bytes: 1 << 20,
             dedup: false,
+            packing: Default::default(),
         },
     )
     .unwrap();
@@ -156,6 +157,7 @@ fn volume_io(c: &mut Criterion) {
                     codec: Codec::Lz4.into(),
                     segment_size_bytes: 0,
                     dedup,
+                    packing: Default::default(),
                 },
             )
             .unwrap(),

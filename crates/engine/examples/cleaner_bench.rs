@@ -45,6 +45,7 @@ fn run(
         codec: Codec::None.into(),
         segment_size_bytes: 1 << 20,
         dedup: false,
+        packing: Default::default(),
     };
     let st = Arc::new(FileStorage::create(&path, physical).expect("create backing file"));
     drop(Volume::create(st, &opts).expect("create volume"));

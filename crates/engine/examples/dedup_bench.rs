@@ -103,6 +103,7 @@ fn volume(dir: &std::path::Path, name: &str, size: u64, dedup: bool) -> Volume {
         codec: Codec::Lz4.into(),
         segment_size_bytes: 0,
         dedup,
+        packing: Default::default(),
     };
     drop(Volume::create(Arc::new(st), &opts).unwrap());
     let st = FileStorage::open(&path, true, true).unwrap();

@@ -115,6 +115,7 @@ fn unit_sizes(dir: &Path, img: &[u8]) {
                 codec: codec.into(),
                 segment_size_bytes: 0,
                 dedup: false,
+                packing: Default::default(),
             };
             Volume::create(Arc::new(storage), &opts)
                 .unwrap()

@@ -9,10 +9,12 @@ use crate::error::VolError;
 use crate::segments::{Region, SegState, SegmentTable};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAX_BYTES};
 use cvol_format::record::{REF_PAYLOAD_BYTES, SYNCED_PAYLOAD_BYTES, UNIT_BLOCKS_MAX};
+use cvol_format::superblock::Packing;
 use cvol_format::{align_up, CodecTag, Superblock, SECTOR_SIZE_BYTES};
 use cvol_storage::Storage;
 use std::sync::Arc;
 
+pub mod pack;
 mod segbuf;
 use segbuf::SegBuf;
 
@@ -243,9 +245,12 @@ pub struct Log {
     pub media_bytes_written: u64,
     /// Bytes appended (records and padding) since open; only grows.
     pub appended_bytes: u64,
-    /// Of those, bytes no record holds: flush padding to a sector and the
-    /// tails of segments sealed before they were full.
+    /// Of those, bytes no record holds: flush padding to a sector, page
+    /// padding (`Packing::Page*`) and the tails of segments sealed before
+    /// they were full.
     pub padding_bytes: u64,
+    /// How DATA records are placed (the superblock's).
+    pub packing: Packing,
 }
 
 impl Log {
@@ -285,6 +290,7 @@ impl Log {
             media_bytes_written: 0,
             appended_bytes: 0,
             padding_bytes: 0,
+            packing: sb.packing(),
         }
     }
 
@@ -397,6 +403,9 @@ impl Log {
             "record larger than a segment"
         );
         let r = self.head_for(storage, &shape, total)?;
+        if shape.kind == RecordKind::Data {
+            self.place_in_page(storage, r, total)?;
+        }
         let mut h = RecordHeader {
             kind: shape.kind,
             codec: shape.codec,
@@ -431,6 +440,38 @@ impl Log {
         self.write_behind(storage, r)?;
         self.assert_head();
         Ok(placed)
+    }
+
+    /// Page packing: moves head `r` to where a DATA record of `total`
+    /// bytes goes (`Packing::place`; the next segment if that is past the
+    /// open one's end), zeroing the gap. Compact packing: nothing to do.
+    fn place_in_page(
+        &mut self,
+        storage: &dyn Storage,
+        r: Region,
+        total: usize,
+    ) -> Result<(), VolError> {
+        let packing = self.packing;
+        let fill = self.head_mut(r).fill;
+        let at = packing.place(fill as u64, total as u64) as usize;
+        if at == fill {
+            return Ok(());
+        }
+        if at + total > self.segment_size as usize {
+            // A fresh segment starts at a page boundary.
+            return self.advance_segment(storage, r);
+        }
+        let head = self.head_mut(r);
+        assert!(
+            head.written <= fill,
+            "padding only bytes not yet handed out"
+        );
+        head.buf.zero(fill, at); // may hold an earlier segment's bytes
+        head.fill = at;
+        let pad = (at - fill) as u64;
+        self.appended_bytes += pad;
+        self.padding_bytes += pad;
+        Ok(())
     }
 
     /// The log heads' invariants: each open segment Open and in its

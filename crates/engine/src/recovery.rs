@@ -12,7 +12,8 @@ use cvol_format::pointer::POINTER_BYTES;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::tables::{table_count, TableGroup, TableRoot};
 use cvol_format::{
-    align_up, CheckpointPointer, CodecTag, EntryState, MapEntry, Superblock, SECTOR_SIZE_BYTES,
+    align_up, superblock::PACKING_PAGE_BYTES, CheckpointPointer, CodecTag, EntryState, MapEntry,
+    Superblock, SECTOR_SIZE_BYTES,
 };
 use cvol_storage::Storage;
 use std::collections::HashMap;
@@ -2091,6 +2092,12 @@ impl Cursor {
     fn aligned(&self) -> usize {
         align_up(self.pos as u64, SECTOR_SIZE_BYTES) as usize
     }
+
+    /// The next page boundary at or after the position (where a DATA
+    /// record of a page-packed volume follows page padding).
+    fn page_aligned(&self) -> usize {
+        align_up(self.pos as u64, PACKING_PAGE_BYTES) as usize
+    }
 }
 
 /// Where the roll-forward is: a cursor per stream of the log (the data
@@ -2173,13 +2180,20 @@ impl<'a> Chain<'a> {
     }
 
     /// The record continuing the chain at one of the cursors, at its
-    /// position or else at its next sector boundary: (cursor, where, header).
+    /// position or else at its next sector boundary, or (page packing:
+    /// only a DATA record) its next page boundary: (cursor, where, header).
     fn record_here(&self) -> Option<(usize, usize, RecordHeader)> {
         let tag = self.sb.volume_tag();
         let (expected, epoch) = (self.expected, self.epoch);
+        let paged = self.sb.packing().paged();
         self.cursors.iter().enumerate().find_map(|(i, c)| {
             let found = |at| chain_record_at(&c.buf, at, tag, expected, epoch).map(|h| (i, at, h));
-            found(c.pos).or_else(|| found(c.aligned()))
+            found(c.pos).or_else(|| found(c.aligned())).or_else(|| {
+                paged
+                    .then(|| found(c.page_aligned()))
+                    .flatten()
+                    .filter(|(_, _, h)| h.kind == RecordKind::Data)
+            })
         })
     }
 

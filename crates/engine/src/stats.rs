@@ -155,8 +155,11 @@ pub struct VolumeStats {
     /// the write amplification in pages).
     pub pages_written_per_block: f64,
     /// Log bytes holding no record since open: flush padding to a sector,
-    /// tails of segments sealed early.
+    /// page padding (packing page, page-sorted), tails of segments sealed
+    /// early.
     pub padding_bytes: u64,
+    /// How records are laid out: compact, page or page-sorted (`--packing`).
+    pub packing: String,
     #[serde(flatten)]
     pub cleaner: CleanerStats,
     pub corrupt_reads: u64,

@@ -22,6 +22,7 @@ fn volume_with_data(sim: &SimStorage) -> Volume {
         codec: Codec::Lz4.into(),
         segment_size_bytes: MIB,
         dedup: true,
+        packing: Default::default(),
     };
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
     for i in 0..64 {

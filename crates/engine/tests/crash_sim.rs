@@ -18,6 +18,7 @@ use common::sim::{self, h, Model};
 use common::stores::Stores;
 use cvol_engine::{check, Codec, OpenOptions, VolError, Volume};
 use cvol_format::record::RecordKind;
+use cvol_format::superblock::Packing;
 use cvol_storage::{SimConfig, SimStorage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::Arc;
@@ -240,6 +241,7 @@ struct Coverage {
     warm_table_fingerprints: u64,
     /// Seeds whose metadata was on a separate device.
     metadata_device_seeds: u64,
+    paged_seeds: u64,
     /// Fingerprint tables written between checkpoints.
     fingerprint_spills: u64,
 }
@@ -258,6 +260,7 @@ impl Coverage {
             tables_loaded,
             warm_table_fingerprints,
             metadata_device_seeds,
+            paged_seeds,
             fingerprint_spills,
         } = o;
         self.fingerprint_spills += fingerprint_spills;
@@ -272,6 +275,7 @@ impl Coverage {
         self.tables_loaded += tables_loaded;
         self.warm_table_fingerprints += warm_table_fingerprints;
         self.metadata_device_seeds += metadata_device_seeds;
+        self.paged_seeds += paged_seeds;
     }
 }
 
@@ -285,6 +289,12 @@ fn metadata_device_of(seed: u64) -> u64 {
     }
 }
 
+/// Seeds cycle through the packings (`--packing`) in threes, so that each
+/// meets the metadata device and each codec.
+fn packing_of(seed: u64) -> Packing {
+    Packing::ALL[(seed / 3 % 3) as usize]
+}
+
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut store = Stores::new(6 * MIB, metadata_device_of(seed));
@@ -292,9 +302,11 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     BASE.with(|b| b.set(base_of(seed)));
     let opts = common::options(&store.data, base_of(seed) + (LOGICAL_BLOCKS * BS) as u64)
         .with_codec(codec)
-        .with_dedup(rng.gen_ratio(3, 4));
+        .with_dedup(rng.gen_ratio(3, 4))
+        .with_packing(packing_of(seed));
     store.create(&opts).close().expect("close after create");
     cov.metadata_device_seeds += u64::from(store.has_meta());
+    cov.paged_seeds += u64::from(packing_of(seed).paged());
     // Odd seeds keep no clean map page in memory: nearly every operation
     // reads back the pages it touches (`base_of` spreads the blocks over
     // pages and directory blocks).
@@ -401,7 +413,7 @@ fn crash_simulation_seeds() {
          {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits, \
          {} units written, {} blocks recompressed, {} idle cleaning passes, \
          {} opens from persisted tables, {} fingerprints warmed from tables, \
-         {} seeds with a metadata device, {} fingerprint spills",
+         {} seeds with a metadata device, {} fingerprint spills, {} page-packed seeds",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
@@ -413,7 +425,8 @@ fn crash_simulation_seeds() {
         cov.tables_loaded,
         cov.warm_table_fingerprints,
         cov.metadata_device_seeds,
-        cov.fingerprint_spills
+        cov.fingerprint_spills,
+        cov.paged_seeds
     );
     assert!(
         cov.fingerprint_spills > 0,
@@ -436,6 +449,7 @@ fn crash_simulation_seeds() {
         cov.warm_table_fingerprints > 0,
         "no reopen warmed the index from fingerprint tables"
     );
+    assert!(cov.paged_seeds >= n / 2, "too few page-packed seeds");
     assert!(
         cov.metadata_device_seeds >= n / 4,
         "too few seeds with a metadata device"

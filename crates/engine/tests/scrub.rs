@@ -6,6 +6,7 @@ mod common;
 use common::{open, MIB};
 use cvol_engine::volume::{ScrubOptions, ScrubReport};
 use cvol_engine::Volume;
+use cvol_format::superblock::Packing;
 use cvol_storage::{SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::BTreeSet;
@@ -70,8 +71,15 @@ fn write_layout(vol: &Volume) -> Vec<(u64, Vec<u8>)> {
 
 #[test]
 fn scrub_names_exactly_the_blocks_of_damaged_records() {
+    for packing in Packing::ALL {
+        scrub_names_exactly(packing);
+    }
+}
+
+/// With every packing (page padding between records hides none of them).
+fn scrub_names_exactly(packing: Packing) {
     let sim = SimStorage::new(8 * MIB);
-    create(&sim, 4 * MIB);
+    common::create_closed(&sim, &common::options(&sim, 4 * MIB).with_packing(packing));
     let vol = open(&sim);
     let data = write_layout(&vol);
     let st = vol.stats();

@@ -42,6 +42,7 @@ fn create(sim: &SimStorage) {
         codec: Codec::Lz4.into(),
         segment_size_bytes: MIB,
         dedup: false,
+        packing: Default::default(),
     };
     Volume::create(Arc::new(sim.clone()), &opts)
         .unwrap()

@@ -10,7 +10,8 @@
 //!             (written outside the volume lock; set at create, and at
 //!             the first open for writing of an older volume); bits 3-7:
 //!             `FLAG_PAGED_MAP`, `FLAG_SEG_TABLES`, `FLAG_FP_TABLES`,
-//!             `FLAG_METADATA_DEVICE`, `FLAG_UNIT_WINDOWS`; bit 8 `FLAG_CACHE` (below); other
+//!             `FLAG_METADATA_DEVICE`, `FLAG_UNIT_WINDOWS`; bit 8 `FLAG_CACHE`; bits
+//!             9-10 `FLAG_PAGE_PACKING`, `FLAG_PAGE_SORTED` (below); other
 //!             bits 0
 //! 16     16   volume uuid (random)
 //! 32     8    logical_size_bytes   (multiple of 4096)
@@ -82,6 +83,17 @@ pub const FLAG_UNIT_WINDOWS: u32 = 128;
 /// block is not cached (read the origin), not zeros. Binaries that predate
 /// it refuse the volume instead of serving zeros for every miss.
 pub const FLAG_CACHE: u32 = 256;
+/// Records are placed by page packing (`Packing::Page`): a record never
+/// straddles a 4 KiB page of its segment unless it is longer than a page,
+/// so a log may hold zero padding up to a page boundary anywhere, and
+/// roll-forward also looks for the next record at the next page boundary.
+/// Binaries that predate it refuse the volume instead of ending the chain
+/// at the first page padding (and dropping the flushed records after it).
+pub const FLAG_PAGE_PACKING: u32 = 512;
+/// With `FLAG_PAGE_PACKING`: the records of one commit are placed largest
+/// first (`Packing::PageSorted`). A placement policy only: the log reads
+/// the same either way.
+pub const FLAG_PAGE_SORTED: u32 = 1024;
 const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_AUTO_CODEC
     | FLAG_RESUME_AT_SNAPSHOT
@@ -90,7 +102,74 @@ const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_FP_TABLES
     | FLAG_METADATA_DEVICE
     | FLAG_UNIT_WINDOWS
-    | FLAG_CACHE;
+    | FLAG_CACHE
+    | FLAG_PAGE_PACKING
+    | FLAG_PAGE_SORTED;
+
+/// The page records are packed into under `Packing::Page*` (flash's page).
+pub const PACKING_PAGE_BYTES: u64 = 4096;
+
+/// How records are laid out in a segment (seed 004's schemes; the
+/// chunk-based one is the merged compression unit, `--unit-size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Packing {
+    /// Back to back, byte-granular: a record may straddle two pages.
+    #[default]
+    Compact,
+    /// Bin-packing into 4 KiB page bins: a record that would straddle a
+    /// page boundary it need not straddle starts at the next page instead
+    /// (the gap is zeros), first fit over the records of one commit.
+    Page,
+    /// `Page`, with the records of one commit placed largest first
+    /// (first-fit decreasing: seed 004's re-ordering bin-packing).
+    PageSorted,
+}
+
+impl Packing {
+    pub const ALL: [Packing; 3] = [Packing::Compact, Packing::Page, Packing::PageSorted];
+
+    /// The name `--packing` takes and `cvol stat` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Packing::Compact => "compact",
+            Packing::Page => "page",
+            Packing::PageSorted => "page-sorted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Packing> {
+        Packing::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// Does it keep records inside pages?
+    pub fn paged(self) -> bool {
+        self != Packing::Compact
+    }
+
+    fn flags(self) -> u32 {
+        match self {
+            Packing::Compact => 0,
+            Packing::Page => FLAG_PAGE_PACKING,
+            Packing::PageSorted => FLAG_PAGE_PACKING | FLAG_PAGE_SORTED,
+        }
+    }
+
+    /// Where a record of `len` bytes goes in a log whose head is at `fill`:
+    /// `fill` itself, or (paged, when the record would touch more pages
+    /// from there than it must) the next page boundary.
+    pub fn place(self, fill: u64, len: u64) -> u64 {
+        if !self.paged() || len == 0 {
+            return fill;
+        }
+        let page = PACKING_PAGE_BYTES;
+        let touched = (fill + len - 1) / page - fill / page + 1;
+        if touched > len.div_ceil(page) {
+            align_up(fill, page)
+        } else {
+            fill
+        }
+    }
+}
 
 pub const SEGMENT_SIZE_MIN_BYTES: u64 = 1 << 20;
 pub const SEGMENT_SIZE_MAX_BYTES: u64 = 1 << 30;
@@ -115,6 +194,23 @@ impl Superblock {
     /// Is this volume a cache in front of an origin (`cache`)?
     pub fn is_cache(&self) -> bool {
         self.flags & FLAG_CACHE != 0
+    }
+
+    /// How the records of this volume are packed.
+    pub fn packing(&self) -> Packing {
+        match (
+            self.flags & FLAG_PAGE_PACKING != 0,
+            self.flags & FLAG_PAGE_SORTED != 0,
+        ) {
+            (false, _) => Packing::Compact,
+            (true, false) => Packing::Page,
+            (true, true) => Packing::PageSorted,
+        }
+    }
+
+    /// Sets the packing flags (at create).
+    pub fn set_packing(&mut self, p: Packing) {
+        self.flags = (self.flags & !(FLAG_PAGE_PACKING | FLAG_PAGE_SORTED)) | p.flags();
     }
 
     pub fn dedup(&self) -> bool {
@@ -209,6 +305,11 @@ impl Superblock {
         }
         if self.physical_size_bytes > PHYSICAL_SIZE_MAX_BYTES {
             return Err(FormatError::Invalid("physical size above 8 TiB"));
+        }
+        if self.flags & FLAG_PAGE_SORTED != 0 && self.flags & FLAG_PAGE_PACKING == 0 {
+            return Err(FormatError::Invalid(
+                "sorted page packing flag without the page packing flag",
+            ));
         }
         if (self.flags & FLAG_METADATA_DEVICE != 0) != (self.metadata_segments > 0) {
             return Err(FormatError::Invalid(
@@ -320,6 +421,41 @@ mod tests {
             flags: FLAG_DEDUP,
             metadata_segments: 0,
         }
+    }
+
+    #[test]
+    fn packing_roundtrips_and_a_sorted_flag_alone_is_refused() {
+        for p in Packing::ALL {
+            let mut sb = sample();
+            sb.set_packing(p);
+            let back = Superblock::decode(&sb.encode()).unwrap();
+            assert_eq!(back.packing(), p);
+            assert_eq!(Packing::parse(p.name()), Some(p));
+        }
+        let mut sb = sample();
+        sb.flags |= FLAG_PAGE_SORTED;
+        assert!(sb.validate().is_err());
+        assert_eq!(Packing::parse("pages"), None);
+    }
+
+    #[test]
+    fn page_packing_moves_only_records_that_would_straddle_a_page_needlessly() {
+        let (c, p) = (Packing::Compact, Packing::Page);
+        assert_eq!(c.place(4000, 200), 4000, "compact never moves a record");
+        assert_eq!(p.place(4000, 96), 4000, "ends exactly at the boundary");
+        assert_eq!(p.place(4000, 97), 4096, "would straddle: next page");
+        assert_eq!(p.place(4096, 4096), 4096);
+        // Longer than a page: it touches as few pages as it can.
+        assert_eq!(
+            p.place(4060, 4140),
+            4096,
+            "from 4060 it would touch 3 pages"
+        );
+        assert_eq!(p.place(100, 4140), 100, "from 100 it touches 2, the least");
+        assert_eq!(p.place(4096, 4140), 4096, "from a boundary it touches 2");
+        assert_eq!(p.place(50, 8000), 50, "from 50 it touches 2, the least");
+        assert_eq!(p.place(8192 + 4000, 0), 8192 + 4000, "nothing to place");
+        assert_eq!(Packing::PageSorted.place(4000, 97), 4096);
     }
 
     #[test]

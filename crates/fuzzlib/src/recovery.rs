@@ -108,6 +108,7 @@ pub fn build_image() -> Vec<u8> {
         codec: CodecPolicy::Fixed(Codec::Lz4),
         segment_size_bytes: SEGMENT_BYTES,
         dedup: true,
+        packing: Default::default(),
     };
     let w = |vol: &Volume, lba: u64, data: &[u8]| {
         vol.write_at(lba * BS as u64, data, false)

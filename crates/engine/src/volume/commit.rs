@@ -8,10 +8,11 @@ use super::prepare::{DupTarget, Prepared};
 use super::{space, State, Volume, BS};
 use crate::dedup::Fingerprint;
 use crate::error::VolError;
-use crate::log::Shape;
+use crate::log::{pack, Shape};
 use crate::records::{full_mask, unit_entry};
 use cvol_format::fprints::FpRow;
 use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES, REF_PAYLOAD_BYTES, REF_RECORD_BYTES};
+use cvol_format::superblock::{Packing, PACKING_PAGE_BYTES};
 use cvol_format::{EntryState, MapEntry, BLOCK_SIZE_BYTES};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -80,9 +81,11 @@ impl Volume {
         let mut items = self.prepare(lba, data)?;
         self.prefault(lba, lba + (data.len() / BS) as u64)?;
         loop {
-            let need: u64 = items.iter().map(record_bytes).sum();
+            let packing = self.sb.packing();
+            let need = log_bytes(&items, packing);
             let mut st = self.lock_with_space(space::commit_bytes(need))?;
             self.note_defer_room(&st);
+            items = packed(packing, st.log.head.fill, items);
             let mut done = Committed::new();
             let mut orphans = Vec::new();
             for item in items {
@@ -277,13 +280,55 @@ impl Volume {
     }
 }
 
-/// Log bytes a prepared item's record takes.
-fn record_bytes(p: &Prepared<'_>) -> u64 {
+/// Log bytes the records of `items` take, page padding included.
+pub(in crate::volume) fn log_bytes(items: &[Prepared<'_>], packing: Packing) -> u64 {
+    items.iter().map(|p| record_bytes(p, packing)).sum()
+}
+
+/// Log bytes a prepared item's record takes (with page packing, a DATA
+/// record's page padding at most).
+fn record_bytes(p: &Prepared<'_>, packing: Packing) -> u64 {
     match p {
-        Prepared::Data { payload, .. } => (RECORD_HEADER_BYTES + payload.len()) as u64,
+        Prepared::Data { payload, .. } => {
+            let pad = if packing.paged() {
+                PACKING_PAGE_BYTES - 1
+            } else {
+                0
+            };
+            (RECORD_HEADER_BYTES + payload.len()) as u64 + pad
+        }
         Prepared::Zero { .. } => RECORD_HEADER_BYTES as u64,
         Prepared::Dup { .. } => REF_RECORD_BYTES as u64,
     }
+}
+
+/// Page packing: the commit's DATA records in first-fit order
+/// (`log::pack`) from the head at `fill`, its other records (ZERO, REF:
+/// a REF may name a block committed before it in this write) after them
+/// in their order. The blocks of one write are distinct, so the order
+/// changes no block's content.
+pub(in crate::volume) fn packed(
+    packing: Packing,
+    fill: usize,
+    items: Vec<Prepared<'_>>,
+) -> Vec<Prepared<'_>> {
+    if !packing.paged() {
+        return items;
+    }
+    let (data, rest): (Vec<_>, Vec<_>) = items
+        .into_iter()
+        .partition(|p| matches!(p, Prepared::Data { .. }));
+    let sizes: Vec<usize> = data
+        .iter()
+        .map(|p| record_bytes(p, Packing::Compact) as usize)
+        .collect();
+    let mut slots: Vec<Option<Prepared<'_>>> = data.into_iter().map(Some).collect();
+    let mut out: Vec<Prepared<'_>> = pack::commit_order(packing, fill, &sizes)
+        .into_iter()
+        .map(|i| slots[i].take().expect("a permutation"))
+        .collect();
+    out.extend(rest);
+    out
 }
 
 /// A fingerprint table row: block `owner`'s fingerprint and entry.

@@ -69,7 +69,7 @@ pub(super) fn new_superblock(c: &CreateOptions) -> Superblock {
         s => s,
     };
     let flag = |on: bool, f: u32| if on { f } else { 0 };
-    Superblock {
+    let mut sb = Superblock {
         uuid: rand::random(),
         logical_size_bytes: c.logical_size_bytes,
         physical_size_bytes: c.physical_size_bytes,
@@ -88,7 +88,9 @@ pub(super) fn new_superblock(c: &CreateOptions) -> Superblock {
             | FLAG_FP_TABLES
             | FLAG_UNIT_WINDOWS,
         metadata_segments: 0,
-    }
+    };
+    sb.set_packing(c.packing);
+    sb
 }
 
 /// Writes both superblock copies, empty pointer slots and an empty first
@@ -166,6 +168,7 @@ impl Volume {
             codec: policy_of(&self.sb),
             segment_size_bytes: self.sb.segment_size_bytes,
             dedup: self.sb.dedup(),
+            packing: self.sb.packing(),
         }
     }
 

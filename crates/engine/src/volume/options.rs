@@ -2,6 +2,7 @@
 use super::jobs::cleaner::CleanerConfig;
 use crate::codec::Codec;
 use crate::policy::{CodecPolicy, ElasticConfig};
+use cvol_format::superblock::Packing;
 
 /// The largest default dedup index; `dedup_memory_default_bytes` scales it
 /// down for smaller volumes.
@@ -48,6 +49,8 @@ pub struct CreateOptions {
     pub segment_size_bytes: u64,
     /// Inline deduplication of 4 KiB blocks.
     pub dedup: bool,
+    /// How DATA records are laid out in segments (seed 004).
+    pub packing: Packing,
 }
 
 impl CreateOptions {
@@ -60,6 +63,7 @@ impl CreateOptions {
             codec: CodecPolicy::Fixed(Codec::Lz4),
             segment_size_bytes: 0,
             dedup: true,
+            packing: Packing::Compact,
         }
     }
 
@@ -82,6 +86,11 @@ impl CreateOptions {
     /// With inline deduplication on or off.
     pub fn with_dedup(self, dedup: bool) -> CreateOptions {
         CreateOptions { dedup, ..self }
+    }
+
+    /// With this packing of DATA records.
+    pub fn with_packing(self, packing: Packing) -> CreateOptions {
+        CreateOptions { packing, ..self }
     }
 }
 

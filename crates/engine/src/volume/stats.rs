@@ -191,6 +191,7 @@ impl Volume {
             // The log writes whole 4 KiB pages of the store, each once.
             pages_written_per_block: ratio(st.log.media_bytes_written, client),
             padding_bytes: st.log.padding_bytes,
+            packing: self.sb.packing().name().to_string(),
             cleaner: self.cleaner_stats(),
             corrupt_reads: get(&self.counters.corrupt_reads),
             lost_bytes: c.lost_blocks * bs,

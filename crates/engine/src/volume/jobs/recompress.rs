@@ -381,10 +381,12 @@ impl Volume {
             .iter()
             .enumerate()
             .any(|(k, e)| st.live.get(run.lba + k as u64) != *e);
-        if changed || st.log.free_bytes() < new_bytes + self.reserve_bytes(&st) {
+        let need = super::super::commit::log_bytes(&items, st.log.packing);
+        if changed || st.log.free_bytes() < need + self.reserve_bytes(&st) {
             rep.skipped += 1;
             return Ok(0);
         }
+        let items = super::super::commit::packed(st.log.packing, st.log.head.fill, items);
         let mut done = HashMap::new();
         for item in items {
             let again = self.commit_one(&mut st, item, &mut done)?;
