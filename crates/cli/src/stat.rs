@@ -265,6 +265,10 @@ impl Report {
                     s.codec.clone()
                 },
             ),
+            (
+                "packing",
+                format!("{} ({} padding since start)", s.packing, b(s.padding_bytes)),
+            ),
             ("logical size", b(s.logical_size_bytes)),
             ("physical size", b(s.physical_size_bytes)),
             ("mapped (non-zero data)", b(s.mapped_bytes)),

@@ -32,6 +32,7 @@ use common::stores::Stores;
 use common::{BS, MIB};
 use cvol_engine::{check, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume};
 use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::superblock::Packing;
 use cvol_format::{CheckpointPointer, RecordHeader, RecordKind};
 use cvol_storage::{SimConfig, SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -47,6 +48,17 @@ fn content(rng: &mut StdRng, len: usize) -> Vec<u8> {
     sim::content(rng, len, 6, |tag| format!("fault sim block {tag:08x} "))
 }
 
+/// Seeds 4 and 6 mod 7 are page-packed (`--packing page`, `page-sorted`);
+/// the named regressions' seeds (2392, 2935, 3456, 1751, 794) are not, so
+/// they keep the layout they failed with.
+fn packing_of(seed: u64) -> Packing {
+    match seed % 7 {
+        4 => Packing::Page,
+        6 => Packing::PageSorted,
+        _ => Packing::Compact,
+    }
+}
+
 /// The seed's configuration of a volume on `store`: codec policy, dedup,
 /// unit size, load level.
 fn setup(rng: &mut StdRng, store: &SimStorage, seed: u64) -> (CreateOptions, OpenOptions) {
@@ -54,7 +66,8 @@ fn setup(rng: &mut StdRng, store: &SimStorage, seed: u64) -> (CreateOptions, Ope
     let codec = sim::codec_policies()[rng.gen_range(0..4u32) as usize];
     let create = common::options(store, (BLOCKS * BS) as u64)
         .with_codec(codec)
-        .with_dedup(rng.gen_ratio(3, 4));
+        .with_dedup(rng.gen_ratio(3, 4))
+        .with_packing(packing_of(seed));
     let open = OpenOptions {
         elastic: ElasticConfig {
             recompress: false,
