@@ -742,6 +742,7 @@ fn volume_json(s: &cvol_engine::VolumeStats) -> serde_json::Value {
         "compression_ratio": s.compression_ratio,
         "unit_blocks": e.unit_blocks,
         "deferred_blocks": e.deferred_blocks,
+        "probe_raw_blocks": e.probe_raw_blocks,
         "client_bytes_written": s.client_bytes_written,
         "media_bytes_written": s.media_bytes_written,
         "write_amplification": s.write_amplification,
@@ -781,9 +782,11 @@ fn volume_lines(s: &cvol_engine::VolumeStats) -> Vec<String> {
             e.client_reads, e.store_pages_read, e.pages_read_per_read, e.read_amplification
         ),
         format!(
-            "  map {:.2} bytes per mapped block; units of {} blocks; cleaner: {} segments cleaned, {} records ({} bytes) relocated, {} segments reclaimed",
+            "  map {:.2} bytes per mapped block; units of {} blocks ({} blocks stored raw by the probe, {} deferred); cleaner: {} segments cleaned, {} records ({} bytes) relocated, {} segments reclaimed",
             s.map_bytes_per_mapped_block,
             e.unit_blocks,
+            e.probe_raw_blocks,
+            e.deferred_blocks,
             c.cleaner_segments_cleaned,
             c.cleaner_records_relocated,
             c.cleaner_bytes_relocated,

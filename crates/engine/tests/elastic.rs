@@ -411,16 +411,16 @@ fn deferred_units_are_stored_raw_then_recompressed_exactly() {
 
 #[test]
 fn a_deferred_unit_that_does_not_compress_is_settled_as_raw_blocks() {
-    // Data the probe passes (a repeated 32-byte run every 256 bytes) but
-    // no codec shrinks by 1/16: deferred, then rewritten once as raw
-    // single blocks, which no later pass visits.
+    // Data the probe passes (a repeated 32-byte run wherever the probe
+    // samples a 4-block unit) but no codec shrinks by 1/16: deferred,
+    // then rewritten once as raw single blocks, which no later pass visits.
     let sim = SimStorage::new(64 * MIB);
     let vol = volume(&sim, auto(), false, deferring(4));
     let mut image = random(13, MIB as usize);
     let run = image[..32].to_vec();
-    for block in image.chunks_mut(BS) {
-        for k in 0..16 {
-            block[k * 256..k * 256 + 32].copy_from_slice(&run);
+    for unit in image.chunks_mut(4 * BS) {
+        for at in cvol_engine::policy::probe_offsets(unit.len()) {
+            unit[at..at + 32].copy_from_slice(&run);
         }
     }
     vol.write_at(0, &image, false).unwrap();

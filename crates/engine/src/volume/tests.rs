@@ -298,3 +298,63 @@ fn regression_a_stale_unit_at_a_reused_place_is_not_served() {
     vol.read_at(128 * BS as u64, &mut one).unwrap();
     assert_eq!(one, data(1)[..BS]);
 }
+
+/// Regression (packing benchmark, 80% utilisation): with live data at 80%
+/// of the log, the background cleaner's 25% free target is out of reach;
+/// it took every segment as a victim and moved all the live data per
+/// pass. Its target is now capped at the free bytes plus half the dead
+/// bytes, so a pass moves a fraction of the live data.
+#[test]
+fn the_cleaners_target_stays_within_reach_at_80_percent_live() {
+    let sim = SimStorage::new(32 << 20);
+    let opts = CreateOptions::new(64 << 20, 32 << 20)
+        .with_codec(Codec::None)
+        .with_dedup(false)
+        .with_segment_size(1 << 20);
+    let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
+    let mut x = 1u64;
+    let mut noise = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    // 24 MiB live (of ~31 MiB of segments), then random overwrites until
+    // fewer than 10% of the segments are free.
+    let blocks = (24 << 20) / BS as u64;
+    for b in (0..blocks).step_by(64) {
+        vol.write_at(b * BS as u64, &noise(64 * BS), false).unwrap();
+    }
+    let mut lba = 7u64;
+    while vol.free_segments_below(10).unwrap().is_none() {
+        lba = (lba
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+            >> 17)
+            % blocks;
+        vol.write_at(lba * BS as u64, &noise(BS), false).unwrap();
+    }
+    vol.flush().unwrap();
+    let want = vol
+        .free_segments_below(10)
+        .unwrap()
+        .expect("below 10% free");
+    let st = vol.stats();
+    let threshold = st.segments_total * 25 / 100 * (1 << 20);
+    assert!(
+        want < threshold,
+        "want {want}: the 25% target is out of reach"
+    );
+    let live = st.live_bytes;
+    vol.clean(want, false).unwrap();
+    let moved = vol.stats().cleaner.cleaner_bytes_relocated;
+    assert!(moved > 0, "the cleaner ran");
+    assert!(
+        moved * 2 < live,
+        "a pass moved {moved} of {live} live bytes"
+    );
+}

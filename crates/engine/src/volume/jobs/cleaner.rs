@@ -757,18 +757,30 @@ impl Volume {
     }
 
     /// When fewer than `percent` of the segments are free: the free log bytes
-    /// the cleaner's stop threshold asks for.
+    /// the cleaner's stop threshold asks for, or (a volume so full of live
+    /// data that the threshold is out of reach) the free bytes plus half
+    /// the dead bytes of the sealed segments. Without that cap a pass at
+    /// 80% live data took every segment as a victim, chasing a free share
+    /// no cleaning can reach: all the live data moved per pass, for the
+    /// few percent the writes since had used.
     pub(in crate::volume) fn free_segments_below(
         &self,
         percent: u64,
     ) -> Result<Option<u64>, VolError> {
-        let (free, total) = {
+        let (free, total, free_bytes, dead) = {
             let st = self.lock_state()?;
-            (st.log.segments.free_count(), st.log.segments.count())
+            let size = self.sb.segment_size_bytes;
+            let dead = idle_dead_bytes(&st.log.segments, st.live.usage(), size);
+            (
+                st.log.segments.free_count(),
+                st.log.segments.count(),
+                st.log.free_bytes(),
+                dead,
+            )
         };
         let high = self.options.cleaner.high_free_percent;
-        Ok((free * 100 < percent * total)
-            .then(|| (high * total).div_ceil(100) * self.sb.segment_size_bytes))
+        let threshold = (high * total).div_ceil(100) * self.sb.segment_size_bytes;
+        Ok((free * 100 < percent * total).then(|| threshold.min(free_bytes + dead / 2)))
     }
 }
 
