@@ -207,6 +207,11 @@ enum TraceCommand {
         /// Largest merged compression unit, as `serve --unit-size` (4K to 64K).
         #[arg(long, default_value = "16K")]
         unit_size: String,
+        /// Open the volume's file with direct I/O (O_DIRECT: past the page
+        /// cache, so reads and writes reach the device, as a benchmark of
+        /// the device's pages wants).
+        #[arg(long)]
+        direct: bool,
     },
 }
 
@@ -357,6 +362,7 @@ fn main() -> ExitCode {
             data,
             json,
             unit_size,
+            direct,
         }) => trace::DataKind::parse(&data).and_then(|data| {
             let unit_blocks = trace::parse_unit_size(&unit_size)?;
             if queue_depth == 0 {
@@ -371,6 +377,7 @@ fn main() -> ExitCode {
                     data,
                     json,
                     unit_blocks,
+                    direct,
                 },
             )
         }),

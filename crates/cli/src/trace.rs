@@ -479,6 +479,8 @@ pub struct ReplayArgs {
     /// Blocks per merged compression unit (`--unit-size`, as `serve`'s:
     /// `OpenOptions::elastic.unit_blocks`).
     pub unit_blocks: u32,
+    /// `--direct`: the volume's file with O_DIRECT.
+    pub direct: bool,
 }
 
 /// `--unit-size SIZE` as `cvol serve` reads it: a power of two from 4K to
@@ -554,9 +556,15 @@ fn execute(
 
 /// Opens `volume` for writing, as `serve` does (it must not be served),
 /// with merged compression units of `unit_blocks` blocks.
-fn open_for_replay(volume: &Path, unit_blocks: u32) -> Result<Arc<Volume>, String> {
+fn open_for_replay(volume: &Path, args: &ReplayArgs) -> Result<Arc<Volume>, String> {
     let purpose = Purpose::Serve { writable: true };
-    let store = volfile::open_volume_store(volume, purpose)?;
+    let mut store = volfile::open_volume_store(volume, purpose)?;
+    if args.direct {
+        store
+            .set_direct()
+            .map_err(|e| format!("{}: --direct: {e}", volume.display()))?;
+    }
+    let unit_blocks = args.unit_blocks;
     let mut options = OpenOptions::default();
     options.elastic.unit_blocks = unit_blocks;
     let store = volfile::with_metadata(volume, store, purpose, &mut options)?;
@@ -573,7 +581,7 @@ fn open_for_replay(volume: &Path, unit_blocks: u32) -> Result<Arc<Volume>, Strin
 /// the volume's space figures after a final flush.
 pub fn cmd_replay(trace_path: &Path, volume: &Path, args: &ReplayArgs) -> Result<ExitCode, String> {
     let trace = read_trace(trace_path)?;
-    let vol = open_for_replay(volume, args.unit_blocks)?;
+    let vol = open_for_replay(volume, args)?;
     if trace.header.volume_bytes > vol.size_bytes() {
         let size = vol.size_bytes();
         let _ = vol.close();
