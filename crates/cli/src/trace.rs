@@ -620,6 +620,8 @@ pub fn cmd_replay(trace_path: &Path, volume: &Path, args: &ReplayArgs) -> Result
 struct Replayed {
     by_command: Vec<(TraceCommand, Totals)>,
     errors: u64,
+    /// Failed requests by what they failed with (ENOSPC, EIO...).
+    errors_by_result: std::collections::BTreeMap<&'static str, u64>,
     elapsed: Duration,
 }
 
@@ -685,9 +687,14 @@ fn replay_records(
     let done = done.lock().unwrap_or_else(|e| e.into_inner());
     let by_command = totals(&done);
     let errors = by_command.iter().map(|(_, t)| t.errors).sum();
+    let mut errors_by_result = std::collections::BTreeMap::new();
+    for r in done.iter().filter(|r| r.result != 0) {
+        *errors_by_result.entry(result_name(r.result)).or_insert(0) += 1;
+    }
     Replayed {
         by_command,
         errors,
+        errors_by_result,
         elapsed,
     }
 }
@@ -710,7 +717,8 @@ fn report(
     if json {
         let by_command = totals_json(&r.by_command);
         let v = serde_json::json!({
-            "requests": requests, "errors": r.errors, "seconds": secs,
+            "requests": requests, "errors": r.errors,
+            "errors_by_result": r.errors_by_result, "seconds": secs,
             "requests_per_second": requests as f64 / secs,
             "bytes_per_second": bytes as f64 / secs,
             "by_command": by_command, "volume": space,
@@ -724,6 +732,14 @@ fn report(
         bytes as f64 / secs / 1048576.0,
         r.errors
     );
+    if !r.errors_by_result.is_empty() {
+        let kinds: Vec<String> = r
+            .errors_by_result
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        println!("  errors: {}", kinds.join(", "));
+    }
     for line in totals_lines(&r.by_command) {
         println!("{line}");
     }

@@ -16,6 +16,8 @@ const PAGE: usize = crate::map::PAGE_BLOCKS;
 
 /// Storage reads of adjacent records are merged up to this size.
 pub(in crate::volume) const READ_MERGE_MAX_BYTES: u64 = 1 << 20;
+/// Padding a merged read reads along rather than split in two reads.
+const READ_MERGE_GAP_BYTES: u64 = 4096;
 /// Extra attempts at a read whose record failed verification.
 const READ_RETRIES: u32 = 2;
 /// Reads of at most this many adjacent records fill the read cache; longer
@@ -292,6 +294,11 @@ impl Volume {
         None
     }
 
+    /// Do these two volume offsets lie in one segment?
+    fn same_segment(&self, a: u64, b: u64) -> bool {
+        matches!((self.sb.locate(a), self.sb.locate(b)), (Some((x, _)), Some((y, _))) if x == y)
+    }
+
     /// Reads the records of blocks `i..` that lie next to each other on the
     /// store (and further blocks of the same unit) in one read, and decodes
     /// them. Returns the next block to serve.
@@ -305,9 +312,16 @@ impl Volume {
         {
             match r.data(j) {
                 Some((o, _, _)) if o == last => {}
-                Some((o, l, _)) if o == end => {
+                // Next to the run, or after padding (a flush's, or page
+                // packing's before a record that did not fit its page) in
+                // the same segment: one read, the padding read along.
+                Some((o, l, _))
+                    if o >= end
+                        && o - end < READ_MERGE_GAP_BYTES
+                        && self.same_segment(end - 1, o) =>
+                {
                     last = o;
-                    end += u64::from(l);
+                    end = o + u64::from(l);
                 }
                 _ => break,
             }
