@@ -60,7 +60,7 @@ impl FileStorage {
 
     /// Switches to direct I/O (O_DIRECT: the page cache is bypassed, as a
     /// benchmark of what reaches the device wants). Fails on a file system
-    /// without it (tmpfs) or a size that is not a multiple of 4096.
+    /// without it or a size that is not a multiple of 4096.
     pub fn set_direct(&mut self) -> io::Result<()> {
         if !self.size_bytes.is_multiple_of(DIRECT_ALIGN_BYTES) {
             return Err(io::Error::new(
@@ -296,7 +296,7 @@ mod tests {
         let size = 1u64 << 20;
         let mut s = FileStorage::create(&p, size).unwrap();
         if let Err(e) = s.set_direct() {
-            // tmpfs: nothing to test here, say so.
+            // A file system without O_DIRECT: nothing to test here, say so.
             eprintln!("no O_DIRECT under {}: {e}", dir.display());
             std::fs::remove_dir_all(&dir).unwrap();
             return;
