@@ -308,7 +308,7 @@ impl InlineBudget {
     }
 }
 
-/// Bytes sampled per probe: 16 runs of 32 bytes spread over the data.
+/// Bytes sampled per probe: twice 16 runs of 32 bytes spread over the data.
 const PROBE_RUNS: usize = 16;
 const PROBE_RUN_BYTES: usize = 32;
 /// Shannon entropy (bits per byte, x100) at or above which a sample is
@@ -325,32 +325,38 @@ pub fn probe_compressible(data: &[u8]) -> bool {
         return true;
     }
     let mut hist = [0u16; 256];
-    let mut prev: &[u8] = &[];
-    let mut repeats = 0;
-    for at in probe_offsets(data.len()) {
-        let run = &data[at..at + PROBE_RUN_BYTES];
-        repeats += usize::from(run == prev);
-        prev = run;
-        for &b in run {
+    let mut repeats = [0usize; 2];
+    let offsets: Vec<usize> = probe_offsets(data.len()).collect();
+    let run = |k: usize| &data[offsets[k]..offsets[k] + PROBE_RUN_BYTES];
+    for k in 0..offsets.len() {
+        // A run equal to an earlier one of its set: a pattern.
+        let set = k / PROBE_RUNS * PROBE_RUNS;
+        repeats[k / PROBE_RUNS] += usize::from((set..k).any(|j| run(j) == run(k)));
+        for &b in run(k) {
             hist[b as usize] += 1;
         }
     }
-    if repeats >= PROBE_RUNS / 4 {
+    if repeats.iter().any(|&r| r >= PROBE_RUNS / 4) {
         return true;
     }
-    entropy_x100(&hist, (PROBE_RUNS * PROBE_RUN_BYTES) as u32) < PROBE_ENTROPY_MAX_X100
+    entropy_x100(&hist, (2 * PROBE_RUNS * PROBE_RUN_BYTES) as u32) < PROBE_ENTROPY_MAX_X100
 }
 
 /// Where the probe's runs of `PROBE_RUN_BYTES` start in data of `len`
-/// bytes (at least `PROBE_RUNS * PROBE_RUN_BYTES`): one per sixteenth,
-/// each a sixteenth further into its stride, so that over a unit of whole
-/// blocks they land at 16 different offsets of a block (at `r * stride`
-/// alone, a 64 KiB unit's runs were all its blocks' first bytes: random
-/// heads followed by zeros looked random).
+/// bytes (at least `PROBE_RUNS * PROBE_RUN_BYTES`): two sets of
+/// `PROBE_RUNS`, each run judged with its set for repeats. The first at
+/// the start of each sixteenth (a period that divides the stride shows as
+/// repeats: blocks made of one 1 KiB run repeated); the second each a
+/// sixteenth further into its stride, so that over a unit of whole blocks
+/// they land at 16 different offsets of a block (the first set alone saw
+/// only a 64 KiB unit's blocks' first bytes: random heads followed by
+/// zeros looked random).
 pub fn probe_offsets(len: usize) -> impl Iterator<Item = usize> {
     let stride = len / PROBE_RUNS;
-    (0..PROBE_RUNS)
-        .map(move |r| r * stride + (r * stride / PROBE_RUNS).min(stride - PROBE_RUN_BYTES))
+    let plain = (0..PROBE_RUNS).map(move |r| r * stride);
+    let shifted = (0..PROBE_RUNS)
+        .map(move |r| r * stride + (r * stride / PROBE_RUNS).min(stride - PROBE_RUN_BYTES));
+    plain.chain(shifted)
 }
 
 /// Shannon entropy of a histogram of `n` samples, in bits per byte x100.
@@ -417,6 +423,18 @@ mod tests {
     /// zeros (fio's buffer_compress_percentage layout, lz4 ~2:1) merged
     /// into a 16-block unit were judged incompressible: every run sampled
     /// a block's first bytes, and 85% of a file copy's blocks went raw.
+    /// Regression (e2e overwrite): blocks of a 1 KiB random run repeated
+    /// four times compress 4x; only runs at a multiple of the period show
+    /// the repeats, so the first set of runs must stay at `r * stride`.
+    #[test]
+    fn probe_sees_a_period_that_divides_its_stride() {
+        for blocks in [1, 4, 16] {
+            // As the e2e client writes: one 1 KiB run through the unit.
+            let unit = pseudo_random(1024, 3).repeat(4 * blocks);
+            assert!(probe_compressible(&unit), "{blocks} blocks");
+        }
+    }
+
     #[test]
     fn probe_sees_the_zeros_after_each_blocks_random_head() {
         for blocks in [1, 2, 4, 16] {
