@@ -246,19 +246,14 @@ impl CleanerFlags {
 impl ElasticFlags {
     fn config(&self) -> Result<ElasticConfig, String> {
         let (unit_size, busy_iops, idle_iops) = (&self.unit_size, self.busy_iops, self.idle_iops);
-        let unit = size::parse_size(unit_size).map_err(|e| format!("--unit-size: {e}"))?;
-        if !(4096..=65536).contains(&unit) || !unit.is_power_of_two() {
-            return Err(format!(
-                "--unit-size {unit_size} must be a power of two from 4K to 64K"
-            ));
-        }
+        let unit_blocks = crate::trace::parse_unit_size(unit_size)?;
         if idle_iops >= busy_iops {
             return Err(format!(
                 "--idle-iops {idle_iops} must be below --busy-iops {busy_iops}"
             ));
         }
         Ok(ElasticConfig {
-            unit_blocks: (unit / 4096) as u32,
+            unit_blocks,
             busy_iops,
             idle_iops,
             recompress: words::on_off("--recompress", &self.recompress)?,

@@ -483,7 +483,7 @@ pub struct ReplayArgs {
     pub direct: bool,
 }
 
-/// `--unit-size SIZE` as `cvol serve` reads it: a power of two from 4K to
+/// `--unit-size SIZE` (`cvol serve`, `cvol trace replay`): a power of two from 4K to
 /// 64K, returned in 4 KiB blocks.
 pub fn parse_unit_size(v: &str) -> Result<u32, String> {
     let unit = crate::size::parse_size(v).map_err(|e| format!("--unit-size: {e}"))?;

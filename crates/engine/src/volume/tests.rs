@@ -8,8 +8,13 @@ fn block(tag: u8) -> Vec<u8> {
 }
 
 fn volume(sim: &SimStorage) -> Volume {
-    let opts = CreateOptions::new(1 << 20, 8 << 20)
-        .with_codec(Codec::Lz4)
+    volume_of(sim, 1 << 20, Codec::Lz4)
+}
+
+/// A volume of `logical` bytes on all of `sim`, 1 MiB segments.
+fn volume_of(sim: &SimStorage, logical: u64, codec: Codec) -> Volume {
+    let opts = CreateOptions::new(logical, sim.len_bytes())
+        .with_codec(codec)
         .with_segment_size(1 << 20);
     Volume::create(Arc::new(sim.clone()), &opts).unwrap()
 }
@@ -126,10 +131,7 @@ fn stats_serialize_flat_in_field_order() {
 #[test]
 fn pages_read_per_read_counts_the_store_pages_a_read_touches() {
     let sim = SimStorage::new(16 << 20);
-    let opts = CreateOptions::new(8 << 20, 16 << 20)
-        .with_codec(Codec::Lz4)
-        .with_segment_size(1 << 20);
-    let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
+    let vol = volume_of(&sim, 8 << 20, Codec::Lz4);
     // 3 MiB of incompressible blocks (stored raw, a record a little over a
     // page) seal the first segments, whose records are then read from the
     // store, not from the open segment's buffer.
@@ -189,10 +191,7 @@ fn stats_read_back_from_json() {
 #[test]
 fn regression_a_flush_with_nothing_to_sync_frees_no_segment() {
     let sim = SimStorage::new(16 << 20);
-    let opts = CreateOptions::new(4 << 20, 16 << 20)
-        .with_codec(Codec::None)
-        .with_segment_size(1 << 20);
-    let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
+    let vol = volume_of(&sim, 4 << 20, Codec::None);
     let old = |l: u64| -> Vec<u8> { format!("old {l} ").bytes().cycle().take(BS).collect() };
     for l in 0..600 {
         vol.write_at(l * BS as u64, &old(l), false).unwrap();
@@ -312,16 +311,12 @@ fn the_cleaners_target_stays_within_reach_at_80_percent_live() {
         .with_dedup(false)
         .with_segment_size(1 << 20);
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
-    let mut x = 1u64;
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let mut noise = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        let mut v = vec![0u8; n];
+        rng.fill(&mut v[..]);
+        v
     };
     // 24 MiB live (of ~31 MiB of segments), then random overwrites until
     // fewer than 10% of the segments are free.

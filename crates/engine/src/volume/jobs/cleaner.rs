@@ -767,20 +767,16 @@ impl Volume {
         &self,
         percent: u64,
     ) -> Result<Option<u64>, VolError> {
-        let (free, total, free_bytes, dead) = {
-            let st = self.lock_state()?;
-            let size = self.sb.segment_size_bytes;
-            let dead = idle_dead_bytes(&st.log.segments, st.live.usage(), size);
-            (
-                st.log.segments.free_count(),
-                st.log.segments.count(),
-                st.log.free_bytes(),
-                dead,
-            )
-        };
-        let high = self.options.cleaner.high_free_percent;
-        let threshold = (high * total).div_ceil(100) * self.sb.segment_size_bytes;
-        Ok((free * 100 < percent * total).then(|| threshold.min(free_bytes + dead / 2)))
+        let st = self.lock_state()?;
+        let (free, total) = (st.log.segments.free_count(), st.log.segments.count());
+        if free * 100 >= percent * total {
+            return Ok(None);
+        }
+        // Only now (the scan is over every segment): what cleaning can reach.
+        let size = self.sb.segment_size_bytes;
+        let dead = idle_dead_bytes(&st.log.segments, st.live.usage(), size);
+        let threshold = (self.options.cleaner.high_free_percent * total).div_ceil(100) * size;
+        Ok(Some(threshold.min(st.log.free_bytes() + dead / 2)))
     }
 }
 
