@@ -134,6 +134,30 @@ impl DedupIndex {
         &mut self.slots[i..i + WAYS]
     }
 
+    /// Starts loading `fp`'s set into the CPU cache. The index is far larger
+    /// than the cache, so each lookup or insert of a random fingerprint is a
+    /// cache miss (with dedup on, 10-15% of a real-data sequential write's
+    /// CPU went to waiting for them); prefetching a request's sets before
+    /// the first lookup overlaps the misses instead.
+    pub fn prefetch(&self, fp: Fingerprint) {
+        let i = ((fp >> 64) as u64 & self.set_mask) as usize * WAYS;
+        let set = &self.slots[i..i + WAYS];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let start = set.as_ptr().cast::<i8>();
+            let bytes = std::mem::size_of_val(set);
+            for off in (0..bytes).step_by(64).chain(std::iter::once(bytes - 1)) {
+                // SAFETY: a prefetch is a hint that never faults; the
+                // address lies inside the set anyway.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch(start.add(off), std::arch::x86_64::_MM_HINT_T0)
+                };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = set;
+    }
+
     /// The slot for `fp`, made most recently used.
     pub fn lookup(&mut self, fp: Fingerprint) -> Option<(MapEntry, u64)> {
         let set = self.set(fp);

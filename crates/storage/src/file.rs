@@ -14,6 +14,58 @@ pub struct FileStorage {
     /// through an aligned bounce buffer, and writes that cover part of a
     /// page read the page and write it whole, one at a time (the lock).
     direct: Option<Mutex<()>>,
+    /// Held across each buffered write and hole punch of a regular file.
+    /// The kernel serializes them on the inode lock anyway (ext4, xfs),
+    /// but its waiters *spin* while the holder copies a 1 MiB write-behind
+    /// into the page cache: 5% of a sequential write's CPU went to that
+    /// spinning. Waiting here parks the thread instead.
+    inode_writes: TicketLock,
+}
+
+/// A first-come, first-served lock: `std::sync::Mutex` lets a thread that
+/// just released it take it again ahead of a parked one, which tripled a
+/// sequential write's p99 latency where the kernel's lock hands off.
+#[derive(Default)]
+struct TicketLock {
+    /// (next ticket to hand out, ticket being served)
+    tickets: Mutex<(u64, u64)>,
+    turn: std::sync::Condvar,
+}
+
+struct Ticket<'a>(&'a TicketLock);
+
+impl TicketLock {
+    fn lock(&self) -> Ticket<'_> {
+        let mut t = self
+            .tickets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mine = t.0;
+        t.0 += 1;
+        while t.1 != mine {
+            t = self
+                .turn
+                .wait(t)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        Ticket(self)
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        let mut t = self
+            .0
+            .tickets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.1 += 1;
+        let waiting = t.0 != t.1;
+        drop(t);
+        if waiting {
+            self.0.turn.notify_all();
+        }
+    }
 }
 
 /// The alignment O_DIRECT I/O is done at (offsets, lengths, buffers).
@@ -28,6 +80,11 @@ fn aligned_buffer(len: usize) -> (Vec<u8>, usize) {
 }
 
 impl FileStorage {
+    /// The lock a buffered write or hole punch holds (`inode_writes`).
+    fn lock_inode_writes(&self) -> Ticket<'_> {
+        self.inode_writes.lock()
+    }
+
     /// Opens `path`. With `lock_exclusive` the call fails at once when another
     /// process holds the volume (advisory `flock`); otherwise a shared lock is
     /// taken, which also fails while a writer holds it.
@@ -55,6 +112,7 @@ impl FileStorage {
             size_bytes,
             is_block_device,
             direct: None,
+            inode_writes: TicketLock::default(),
         })
     }
 
@@ -173,6 +231,7 @@ impl Storage for FileStorage {
         if let Some(rmw) = &self.direct {
             return self.write_direct(offset, data, rmw);
         }
+        let _serial = (!self.is_block_device).then(|| self.lock_inode_writes());
         self.file.write_all_at(data, offset)
     }
 
@@ -209,6 +268,7 @@ impl Storage for FileStorage {
         if self.is_block_device {
             return blk_discard(&self.file, offset, len);
         }
+        let _serial = self.lock_inode_writes();
         rustix::fs::fallocate(
             &self.file,
             rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
@@ -238,6 +298,53 @@ fn blk_discard(file: &File, offset: u64, len: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lock around buffered writes excludes, and serves in arrival
+    /// order: a thread that queued behind a holder gets it before the
+    /// holder can take it again.
+    #[test]
+    fn ticket_lock_excludes_and_serves_in_order() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let lock = TicketLock::default();
+        let held = AtomicBool::new(false);
+        let overlaps = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..6 {
+                s.spawn(|| {
+                    for _ in 0..2000 {
+                        let _t = lock.lock();
+                        if held.swap(true, Ordering::SeqCst) {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        std::hint::spin_loop();
+                        held.store(false, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+
+        // Order: the holder releases and at once asks again; the waiter
+        // that queued first must have been served in between.
+        let order = Mutex::new(Vec::new());
+        let first = lock.lock();
+        let issued = lock.tickets.lock().unwrap().0;
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let _t = lock.lock();
+                order.lock().unwrap().push("waiter");
+            });
+            while lock.tickets.lock().unwrap().0 == issued {
+                std::thread::yield_now(); // until the waiter holds a ticket
+            }
+            drop(first);
+            let _again = lock.lock();
+            order.lock().unwrap().push("holder again");
+            drop(_again);
+            waiter.join().unwrap();
+        });
+        assert_eq!(*order.lock().unwrap(), ["waiter", "holder again"]);
+    }
 
     #[test]
     fn next_data_skips_holes() {

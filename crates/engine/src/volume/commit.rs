@@ -195,16 +195,31 @@ impl Volume {
         let shape = Shape::data(codec, level, lba, nblocks, full_mask(nblocks));
         let p = self.append_with_crc(st, shape, &payload, payload_crc)?;
         assert_eq!(p.len as usize, RECORD_HEADER_BYTES + payload.len());
+        let mut indexed = Vec::new();
         for (k, &fp) in fps.iter().enumerate() {
             let e = unit_entry(codec, p.offset, p.len, p.crc, nblocks, k as u32);
             let l = lba + k as u64;
             st.set_entry(l, e, 0);
             if fp != 0 {
-                if let Some(mut ix) = self.lock_index()? {
-                    ix.insert(fp, e, l);
-                    done.insert(l, e);
-                    st.live.fp_note(fp_row(fp, e, l));
-                }
+                indexed.push((fp, e, l));
+            }
+        }
+        if indexed.is_empty() {
+            return Ok(());
+        }
+        // One hold of the index lock per record, its sets prefetched first
+        // so that their cache misses overlap.
+        if let Some(mut ix) = self.lock_index()? {
+            for &(fp, ..) in &indexed {
+                ix.prefetch(fp);
+            }
+            for &(fp, e, l) in &indexed {
+                ix.insert(fp, e, l);
+            }
+            drop(ix);
+            for (fp, e, l) in indexed {
+                done.insert(l, e);
+                st.live.fp_note(fp_row(fp, e, l));
             }
         }
         Ok(())

@@ -185,6 +185,9 @@ impl Volume {
         let mut candidates = Vec::new();
         {
             let mut ix = self.note_poison(d.index.lock())?;
+            for &fp in dups.fps.iter().filter(|&&fp| fp != 0) {
+                ix.prefetch(fp);
+            }
             let mut first: HashMap<Fingerprint, usize> = HashMap::new();
             for (i, &fp) in dups.fps.iter().enumerate().filter(|(_, &fp)| fp != 0) {
                 if nblocks > 1 {
