@@ -275,6 +275,7 @@ impl Report {
             ("zero", b(s.zero_bytes)),
             ("stored payload", b(s.stored_bytes)),
             ("physical free", b(s.physical_free_bytes)),
+            ("free, space kept", b(s.warm_free_bytes)),
             ("metadata device", metadata_device(s)),
             (
                 "more data that fits",

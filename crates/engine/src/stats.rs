@@ -99,12 +99,19 @@ pub struct VolumeStats {
     pub stored_bytes: u64,
     /// Backing bytes occupied: metadata area plus every segment in use
     /// (free segments are returned to the host), i.e. what `du` of the
-    /// backing file shows, give or take the open segment's unwritten tail.
+    /// backing file shows, give or take the open segment's unwritten tail
+    /// and warm_free_bytes.
     /// (With a metadata device: both stores', the metadata device's label
     /// area and its segments in use included.)
     pub physical_used_bytes: u64,
     /// Free log bytes of the data store (room for client data).
     pub physical_free_bytes: u64,
+    /// Free segments that still hold their host space: kept for the log
+    /// head to write over (cheaper for the host than filling holes), at
+    /// most 512 MiB or 1/16 of the data store, returned once clients are
+    /// idle for a second and at close. `du` of the backing may exceed
+    /// physical_used_bytes by this much meanwhile.
+    pub warm_free_bytes: u64,
     /// The metadata device's path: where it was opened
     /// (`OpenOptions::metadata_device_path`), else as recorded at create;
     /// null without one.

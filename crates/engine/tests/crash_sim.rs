@@ -189,8 +189,11 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
             false,
         ),
         // Background recompression (policy auto; a no-op otherwise).
+        // (Also returns the warm segments' space, as idle time does.)
         97 => (
-            vol.recompress_pass(u64::MAX, false).map(|_| Durable::None),
+            vol.recompress_pass(u64::MAX, false)
+                .and_then(|_| vol.punch_warm(false))
+                .map(|_| Durable::None),
             None,
             false,
         ),
@@ -244,6 +247,8 @@ struct Coverage {
     paged_seeds: u64,
     /// Fingerprint tables written between checkpoints.
     fingerprint_spills: u64,
+    /// Freed segments written over without a punch in between.
+    warm_reuses: u64,
 }
 
 impl Coverage {
@@ -262,8 +267,10 @@ impl Coverage {
             metadata_device_seeds,
             paged_seeds,
             fingerprint_spills,
+            warm_reuses,
         } = o;
         self.fingerprint_spills += fingerprint_spills;
+        self.warm_reuses += warm_reuses;
         self.cleaner_records_moved += cleaner_records_moved;
         self.cut_mid_run += cut_mid_run;
         self.blocks_rolled_back += blocks_rolled_back;
@@ -318,6 +325,10 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             0 => 512,
             _ => OpenOptions::default().fingerprint_spill_bytes,
         },
+        // Half the seeds keep freed segments' space for the log head to
+        // write over: stale records of their earlier lives lie behind the
+        // new ones, and the space is returned later.
+        warm_segments: (seed % 4 < 2).then_some(3),
         ..OpenOptions::default()
     };
     let mut vol = store.open(options()).expect("open");
@@ -337,6 +348,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         cov.cleaner_records_moved += st.cleaner.cleaner_records_relocated;
         cov.dedup_hits += st.dedup.dedup_hits;
         cov.fingerprint_spills += st.fingerprint_spills;
+        cov.warm_reuses += vol.warm_reuses();
         cov.units_written += st.elastic.units_written;
         cov.recompressed_blocks += st.elastic.recompressed_blocks;
         cov.idle_clean_passes += st.cleaner.idle_clean_passes;
@@ -413,7 +425,8 @@ fn crash_simulation_seeds() {
          {} unflushed blocks kept, {} records moved by the cleaner, {} dedup hits, \
          {} units written, {} blocks recompressed, {} idle cleaning passes, \
          {} opens from persisted tables, {} fingerprints warmed from tables, \
-         {} seeds with a metadata device, {} fingerprint spills, {} page-packed seeds",
+         {} seeds with a metadata device, {} fingerprint spills, {} page-packed seeds, \
+         {} freed segments written over unpunched",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
@@ -426,7 +439,12 @@ fn crash_simulation_seeds() {
         cov.warm_table_fingerprints,
         cov.metadata_device_seeds,
         cov.fingerprint_spills,
-        cov.paged_seeds
+        cov.paged_seeds,
+        cov.warm_reuses
+    );
+    assert!(
+        cov.warm_reuses > 0,
+        "no freed segment was written over unpunched"
     );
     assert!(
         cov.fingerprint_spills > 0,

@@ -239,6 +239,10 @@ impl Storage for FileStorage {
         self.file.sync_data()
     }
 
+    fn overwrite_is_cheaper(&self) -> bool {
+        !self.is_block_device
+    }
+
     fn allocated_bytes(&self) -> Option<u64> {
         use std::os::unix::fs::MetadataExt;
         if self.is_block_device {

@@ -50,6 +50,13 @@ pub trait Storage: Send + Sync {
         }
         Ok(())
     }
+    /// Whether writing over space the store already holds costs the host
+    /// less than filling a hole (a file on a file system: no block or page
+    /// allocation), so that freed segments are worth keeping for reuse a
+    /// while before their space is returned. False: return it at once.
+    fn overwrite_is_cheaper(&self) -> bool {
+        false
+    }
     /// Bytes the host has allocated for the store (`du` of a backing file),
     /// when the store can tell; None for a block device or a simulation.
     fn allocated_bytes(&self) -> Option<u64> {

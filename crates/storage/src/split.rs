@@ -82,6 +82,11 @@ impl Storage for SplitStorage {
         Some(self.data.allocated_bytes()? + self.meta.allocated_bytes()?)
     }
 
+    /// Warm segments are data segments: the data store decides.
+    fn overwrite_is_cheaper(&self) -> bool {
+        self.data.overwrite_is_cheaper()
+    }
+
     fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
         check_range(offset, 0, self.len_bytes())?;
         if offset < self.base {

@@ -572,11 +572,15 @@ impl Volume {
                 .filter(|&s| st.log.segments.is_sealed_empty(usage, s))
                 .collect()
         };
-        self.release_segments(&empty);
+        // Up to the warm pool's room keep their host space: the log head
+        // reuses them first (`SegmentTable::split_warm`).
+        let (warm, punch) = self.lock_state()?.log.segments.split_warm(&empty);
+        self.release_segments(&punch);
         let freed = {
             let mut st = self.lock_state()?;
             let State { log, live, .. } = &mut *st;
             let freed = log.segments.free_empty(live.usage(), &empty);
+            log.segments.add_warm(&warm);
             live.fp_segments_freed(&freed);
             freed
         };
@@ -589,6 +593,27 @@ impl Volume {
             tracing::debug!(segments = freed.len(), "segments reclaimed");
         }
         Ok(())
+    }
+
+    /// Returns the host space of the free segments the warm pool kept
+    /// (`SegmentTable::split_warm`), oldest first, each under the state
+    /// lock so that the log head cannot open it meanwhile. With
+    /// `stop_at_client` it stops at the first client request. Returns how
+    /// many were punched.
+    pub fn punch_warm(&self, stop_at_client: bool) -> Result<u64, VolError> {
+        let mut n = 0;
+        loop {
+            if stop_at_client && self.activity.clients_busy() {
+                return Ok(n);
+            }
+            let mut st = self.lock_state()?;
+            let Some(s) = st.log.segments.take_warm() else {
+                return Ok(n);
+            };
+            self.release_segments(&[s]);
+            drop(st);
+            n += 1;
+        }
     }
 
     /// Returns freed segments' space to the host (hole punch / discard).

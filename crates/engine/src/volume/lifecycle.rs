@@ -235,8 +235,13 @@ impl Volume {
         storage: Arc<dyn Storage>,
         sb: Superblock,
         options: OpenOptions,
-        state: State,
+        mut state: State,
     ) -> Volume {
+        match options.warm_segments {
+            Some(n) => state.log.segments.set_warm_max(n),
+            None if !storage.overwrite_is_cheaper() => state.log.segments.set_warm_max(0),
+            None => {}
+        }
         let max_useful = sb.physical_size_bytes * DEDUP_INDEX_USEFUL_RATIO / BLOCK_SIZE_BYTES;
         let dedup = (sb.dedup() && !options.read_only).then(|| Dedup {
             seed: dedup::volume_seed(&sb.uuid),
@@ -281,6 +286,15 @@ impl Volume {
         }
     }
 
+    /// Freed segments the log head wrote over without a hole punched in
+    /// between (`OpenOptions::warm_segments`), since open.
+    #[doc(hidden)]
+    pub fn warm_reuses(&self) -> u64 {
+        self.lock_state()
+            .map(|st| st.log.segments.warm_reused)
+            .unwrap_or(0)
+    }
+
     /// Whether open took the liveness tables the checkpoint persisted
     /// (no map change to replay) instead of rebuilding them from the map.
     #[doc(hidden)]
@@ -304,6 +318,7 @@ impl Volume {
             return Ok(());
         }
         self.flush()?;
+        self.punch_warm(false)?;
         let unchanged = {
             let st = self.lock_state()?;
             st.live.changes() == st.changes_at_checkpoint

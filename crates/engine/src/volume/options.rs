@@ -134,6 +134,11 @@ pub struct OpenOptions {
     /// The path the metadata device was opened at, for `stat` (None: the
     /// one recorded at create, or no metadata device).
     pub metadata_device_path: Option<String>,
+    /// Freed data segments that keep their host space for the log head to
+    /// write over (`SegmentTable::split_warm`); None: 512 MiB or 1/16 of
+    /// the data store, whichever is less (0 on a small volume; the
+    /// simulations set it).
+    pub warm_segments: Option<usize>,
 }
 
 impl Default for OpenOptions {
@@ -150,6 +155,7 @@ impl Default for OpenOptions {
             elastic: ElasticConfig::default(),
             rebuild_from_log: false,
             metadata_device_path: None,
+            warm_segments: None,
         }
     }
 }

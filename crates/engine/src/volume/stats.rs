@@ -164,6 +164,7 @@ impl Volume {
             stored_bytes: c.stored_payload_bytes,
             physical_used_bytes: used,
             physical_free_bytes: st.log.free_bytes(),
+            warm_free_bytes: st.log.segments.warm_count() * self.sb.segment_size_bytes,
             metadata_device: meta.path,
             metadata_size_bytes: meta.size,
             metadata_used_bytes: meta.used,

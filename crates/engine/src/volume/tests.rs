@@ -120,7 +120,7 @@ fn stats_serialize_flat_in_field_order() {
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(at("scrub_runs") < at("cache_hits"));
     assert!(at("cache_dirty_bytes") < at("object_store"));
-    assert_eq!(json.as_object().unwrap().len(), 146);
+    assert_eq!(json.as_object().unwrap().len(), 147);
     assert!(json["cache"].is_null(), "not a cache");
     assert!(json["object_store"].is_null(), "not in an object store");
     assert!(json["blocks_by_codec"]["lz4"].is_u64());

@@ -92,6 +92,9 @@ const ROUNDS_MAX: usize = 64;
 const MOVE_BATCH: usize = 64;
 /// How often the background cleaner looks at the free segments.
 const BACKGROUND_PERIOD: Duration = Duration::from_millis(100);
+/// Clients idle this long: the free segments kept warm for the log head
+/// give their host space back (`Volume::punch_warm`).
+const WARM_PUNCH_IDLE_MS: u64 = 1000;
 
 /// A victim segment read into memory, its DATA records, the map entries
 /// holding its shared records (by record offset), and the fingerprints of
@@ -632,6 +635,11 @@ impl Volume {
             },
             Ok(None) => {}
             Err(e) => tracing::warn!("background cleaner: {e}"),
+        }
+        if self.activity.idle_ms() >= WARM_PUNCH_IDLE_MS {
+            if let Err(e) = self.punch_warm(true) {
+                tracing::warn!("returning warm segments' space: {e}");
+            }
         }
         if !cfg.idle
             || self.activity.idle_ms() < self.options.elastic.recompress_idle_ms
