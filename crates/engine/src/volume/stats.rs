@@ -144,7 +144,7 @@ impl Volume {
         let st = self.state.lock_for_report();
         let c = st.live.counters();
         let bs = BLOCK_SIZE_BYTES;
-        let mapped = c.data_blocks * bs;
+        let (mapped, zero) = (c.data_blocks * bs, c.zero_blocks * bs);
         let unique = (c.data_blocks - st.live.shared().extra_refs) * bs;
         let meta = self.metadata_use(&st);
         let used = self.sb.data_offset_bytes + st.log.used_bytes() + meta.used;
@@ -156,15 +156,12 @@ impl Volume {
             logical_size_bytes: self.sb.logical_size_bytes,
             physical_size_bytes: self.sb.physical_size_bytes,
             mapped_bytes: mapped,
-            zero_bytes: c.zero_blocks * bs,
-            unmapped_bytes: self.sb.logical_size_bytes
-                - mapped
-                - c.zero_blocks * bs
-                - c.lost_blocks * bs,
+            zero_bytes: zero,
+            unmapped_bytes: self.sb.logical_size_bytes - mapped - zero - c.lost_blocks * bs,
             stored_bytes: c.stored_payload_bytes,
             physical_used_bytes: used,
             physical_free_bytes: st.log.free_bytes(),
-            warm_free_bytes: st.log.segments.warm_count() * self.sb.segment_size_bytes,
+            warm_free_bytes: segs.warm_count() * self.sb.segment_size_bytes,
             metadata_device: meta.path,
             metadata_size_bytes: meta.size,
             metadata_used_bytes: meta.used,
