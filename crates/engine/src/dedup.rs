@@ -128,9 +128,14 @@ impl DedupIndex {
         self.slots.len() as u64 * SLOT_BYTES
     }
 
+    /// The first slot of `fp`'s set: the high bits pick the set (the
+    /// fingerprint is uniform).
+    fn set_start(&self, fp: Fingerprint) -> usize {
+        ((fp >> 64) as u64 & self.set_mask) as usize * WAYS
+    }
+
     fn set(&mut self, fp: Fingerprint) -> &mut [Slot] {
-        // The high bits pick the set; the fingerprint is uniform.
-        let i = ((fp >> 64) as u64 & self.set_mask) as usize * WAYS;
+        let i = self.set_start(fp);
         &mut self.slots[i..i + WAYS]
     }
 
@@ -140,7 +145,7 @@ impl DedupIndex {
     /// CPU went to waiting for them); prefetching a request's sets before
     /// the first lookup overlaps the misses instead.
     pub fn prefetch(&self, fp: Fingerprint) {
-        let i = ((fp >> 64) as u64 & self.set_mask) as usize * WAYS;
+        let i = self.set_start(fp);
         let set = &self.slots[i..i + WAYS];
         #[cfg(target_arch = "x86_64")]
         {

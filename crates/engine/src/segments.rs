@@ -205,28 +205,38 @@ impl SegmentTable {
 
     /// Takes the next free segment of region `r` (round-robin) and opens it.
     pub fn open_next_in(&mut self, r: Region) -> Option<u64> {
-        if r == Region::Data {
-            while let Some(s) = self.warm.pop_back() {
-                if self.state[s as usize] == SegState::Free {
-                    self.set_state(s, SegState::Open);
-                    self.max_seq[s as usize] = 0;
-                    self.warm_reused += 1;
-                    return Some(s);
-                }
+        let found = match self.pop_warm(r) {
+            Some(s) => s,
+            None => {
+                let range = self.range(r);
+                let n = range.end - range.start;
+                let at = self.cursor[r as usize] - range.start;
+                let s = (0..n)
+                    .map(|i| range.start + (at + i) % n)
+                    .find(|&s| self.state[s as usize] == SegState::Free)?;
+                self.cursor[r as usize] = range.start + (s - range.start + 1) % n;
+                s
             }
-        }
-        let range = self.range(r);
-        let n = range.end - range.start;
-        let at = self.cursor[r as usize] - range.start;
-        let found = (0..n)
-            .map(|i| range.start + (at + i) % n)
-            .find(|&s| self.state[s as usize] == SegState::Free)?;
+        };
         let free_before = self.free[r as usize];
         self.set_state(found, SegState::Open);
         assert_eq!(self.free[r as usize] + 1, free_before);
         self.max_seq[found as usize] = 0;
-        self.cursor[r as usize] = range.start + (found - range.start + 1) % n;
         Some(found)
+    }
+
+    /// The most recently freed warm segment of `r` still free, if any.
+    fn pop_warm(&mut self, r: Region) -> Option<u64> {
+        if r != Region::Data {
+            return None;
+        }
+        while let Some(s) = self.warm.pop_back() {
+            if self.state(s) == SegState::Free {
+                self.warm_reused += 1;
+                return Some(s);
+            }
+        }
+        None
     }
 
     pub fn seal(&mut self, s: u64) {

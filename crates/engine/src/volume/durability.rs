@@ -563,18 +563,19 @@ impl Volume {
         // and a hole punched after that would zero the new records. Sealed
         // segments never gain live bytes, and every reclaim runs under the
         // flush lock, so the ones empty now are still empty below.
-        let empty: Vec<u64> = {
+        // Up to the warm pool's room keep their host space: the log head
+        // reuses them first (`SegmentTable::split_warm`).
+        let (empty, warm, punch) = {
             let st = self.lock_state()?;
             let usage = st.live.usage();
-            candidates
+            let empty: Vec<u64> = candidates
                 .iter()
                 .copied()
                 .filter(|&s| st.log.segments.is_sealed_empty(usage, s))
-                .collect()
+                .collect();
+            let (warm, punch) = st.log.segments.split_warm(&empty);
+            (empty, warm, punch)
         };
-        // Up to the warm pool's room keep their host space: the log head
-        // reuses them first (`SegmentTable::split_warm`).
-        let (warm, punch) = self.lock_state()?.log.segments.split_warm(&empty);
         self.release_segments(&punch);
         let freed = {
             let mut st = self.lock_state()?;
