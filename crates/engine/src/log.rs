@@ -177,6 +177,10 @@ pub struct Head {
     /// The open segment's bytes; reads of records in it are served from
     /// here. Shared with the write-behinds of its claimed ranges.
     pub buf: Arc<SegBuf>,
+    /// Bytes of the open segment known to be written on the store (the
+    /// records and the zeros `Log::zero_ahead` wrote past them): writes
+    /// below it land on space the host already holds.
+    pub prepared: usize,
 }
 
 impl Head {
@@ -186,6 +190,7 @@ impl Head {
             fill,
             written: fill,
             buf: Arc::new(SegBuf::new(segment_size as usize)),
+            prepared: fill,
         }
     }
 
@@ -251,6 +256,13 @@ pub struct Log {
     pub padding_bytes: u64,
     /// How DATA records are placed (the superblock's).
     pub packing: Packing,
+    /// Bytes of zeros a flush writes past the data head when what it has
+    /// prepared there runs short (0: none): see `prepare_ahead`.
+    pub zero_ahead: usize,
+    /// Zero bytes written that way since open (also in `media_bytes_written`).
+    pub zero_ahead_bytes: u64,
+    /// Where the data head was padded last (segment, fill).
+    padded_at: (u64, usize),
 }
 
 impl Log {
@@ -291,6 +303,9 @@ impl Log {
             appended_bytes: 0,
             padding_bytes: 0,
             packing: sb.packing(),
+            zero_ahead: 0,
+            zero_ahead_bytes: 0,
+            padded_at: (segment, fill),
         }
     }
 
@@ -567,6 +582,50 @@ impl Log {
         let head = self.head_mut(r);
         head.wait_written()?;
         assert!(head.written == head.fill && (head.fill as u64).is_multiple_of(SECTOR_SIZE_BYTES));
+        head.prepared = head.prepared.max(head.written);
+        if r == Region::Data {
+            self.prepare_ahead(storage)?;
+        }
+        Ok(())
+    }
+
+    /// Writes zeros past the data head, up to the next multiple of
+    /// `zero_ahead` at least `zero_ahead` on, when less than half of that
+    /// is prepared and the head moved less than a quarter of it since the
+    /// last pad (flushes come often: a rare one, after megabytes of
+    /// writes, would only add zeros). The flushes that follow then write their records over
+    /// space the host holds: a sync of a file whose blocks were allocated
+    /// since the last one commits the host file system's journal (twice the
+    /// latency and CPU of a sync of overwritten blocks on ext4), and a log
+    /// that pads every flush to a sector would allocate a block per flush.
+    /// The zeros lie past every record, in a segment opened free, so they
+    /// only replace bytes no record needs: recovery stops at them as it
+    /// stops at a hole (docs/FORMAT.md "Zeros ahead of the head").
+    fn prepare_ahead(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        let (chunk, size) = (self.zero_ahead, self.segment_size as usize);
+        let (fill, prepared) = (self.head.fill, self.head.prepared);
+        let last = std::mem::replace(&mut self.padded_at, (self.head.segment, fill));
+        // (The head may have come back to the segment since, lower in it.)
+        let often =
+            last.0 == self.head.segment && fill.checked_sub(last.1).is_some_and(|d| d < chunk / 4);
+        if chunk == 0 || fill >= size || prepared >= fill + chunk / 2 || !often {
+            return Ok(());
+        }
+        let base = self.base_of(self.head.segment);
+        let end = ((fill + chunk).div_ceil(chunk) * chunk).min(size);
+        let mut at = prepared.max(fill);
+        while at < end {
+            let n = (end - at).min(ZEROS.len());
+            storage
+                .write_at(base + at as u64, &ZEROS[..n])
+                .map_err(VolError::Io)?;
+            at += n;
+        }
+        let n = (end - prepared.max(fill)) as u64;
+        self.media_bytes_written += n;
+        self.zero_ahead_bytes += n;
+        self.head.prepared = end;
         Ok(())
     }
 
@@ -594,6 +653,7 @@ impl Log {
         head.segment = next;
         head.fill = 0;
         head.written = 0;
+        head.prepared = 0;
         Ok(())
     }
 

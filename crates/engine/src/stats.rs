@@ -158,13 +158,18 @@ pub struct VolumeStats {
     /// media_bytes_written / client_bytes_written since the server started.
     pub write_amplification: f64,
     /// 4 KiB pages of the store written per 4 KiB block clients wrote
-    /// (seed 004's flash figure; the log writes each page once, so it is
-    /// the write amplification in pages).
+    /// (seed 004's flash figure; the log writes each page once, but for
+    /// the zeros ahead of its head, so it is the write amplification in
+    /// pages).
     pub pages_written_per_block: f64,
     /// Log bytes holding no record since open: flush padding to a sector,
     /// page padding (packing page, page-sorted), tails of segments sealed
     /// early.
     pub padding_bytes: u64,
+    /// Zeros written past the log head since open, so that the flushes
+    /// after them write over space the host holds (a backing file only;
+    /// counted in media_bytes_written too).
+    pub zero_ahead_bytes: u64,
     /// How records are laid out: compact, page or page-sorted (`--packing`).
     pub packing: String,
     #[serde(flatten)]

@@ -249,6 +249,8 @@ struct Coverage {
     fingerprint_spills: u64,
     /// Freed segments written over without a punch in between.
     warm_reuses: u64,
+    /// Zeros written past the log head by flushes.
+    zero_ahead_bytes: u64,
 }
 
 impl Coverage {
@@ -268,7 +270,9 @@ impl Coverage {
             paged_seeds,
             fingerprint_spills,
             warm_reuses,
+            zero_ahead_bytes,
         } = o;
+        self.zero_ahead_bytes += zero_ahead_bytes;
         self.fingerprint_spills += fingerprint_spills;
         self.warm_reuses += warm_reuses;
         self.cleaner_records_moved += cleaner_records_moved;
@@ -329,6 +333,9 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         // write over: stale records of their earlier lives lie behind the
         // new ones, and the space is returned later.
         warm_segments: (seed % 4 < 2).then_some(3),
+        // Three seeds in five have flushes write zeros past the log head,
+        // which later records then overwrite: recovery must stop at them.
+        zero_ahead_bytes: (seed % 5 < 3).then_some(8 << 10),
         ..OpenOptions::default()
     };
     let mut vol = store.open(options()).expect("open");
@@ -349,6 +356,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         cov.dedup_hits += st.dedup.dedup_hits;
         cov.fingerprint_spills += st.fingerprint_spills;
         cov.warm_reuses += vol.warm_reuses();
+        cov.zero_ahead_bytes += st.zero_ahead_bytes;
         cov.units_written += st.elastic.units_written;
         cov.recompressed_blocks += st.elastic.recompressed_blocks;
         cov.idle_clean_passes += st.cleaner.idle_clean_passes;
@@ -426,7 +434,7 @@ fn crash_simulation_seeds() {
          {} units written, {} blocks recompressed, {} idle cleaning passes, \
          {} opens from persisted tables, {} fingerprints warmed from tables, \
          {} seeds with a metadata device, {} fingerprint spills, {} page-packed seeds, \
-         {} freed segments written over unpunched",
+         {} freed segments written over unpunched, {} bytes of zeros ahead of the head",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
@@ -440,7 +448,12 @@ fn crash_simulation_seeds() {
         cov.metadata_device_seeds,
         cov.fingerprint_spills,
         cov.paged_seeds,
-        cov.warm_reuses
+        cov.warm_reuses,
+        cov.zero_ahead_bytes
+    );
+    assert!(
+        cov.zero_ahead_bytes > 0,
+        "no flush wrote zeros ahead of the log head"
     );
     assert!(
         cov.warm_reuses > 0,

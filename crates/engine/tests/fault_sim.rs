@@ -85,6 +85,8 @@ fn setup(rng: &mut StdRng, store: &SimStorage, seed: u64) -> (CreateOptions, Ope
         // write over: stale records of their earlier lives lie behind the
         // new ones, and the space is returned later.
         warm_segments: (seed % 4 < 2).then_some(3),
+        // Three seeds in five write zeros past the log head at flushes.
+        zero_ahead_bytes: (seed % 5 < 3).then_some(8 << 10),
         ..OpenOptions::default()
     };
     (create, open)

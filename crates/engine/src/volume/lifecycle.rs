@@ -242,6 +242,13 @@ impl Volume {
             None if !storage.overwrite_is_cheaper() => state.log.segments.set_warm_max(0),
             None => {}
         }
+        state.log.zero_ahead =
+            options
+                .zero_ahead_bytes
+                .unwrap_or(match storage.overwrite_is_cheaper() {
+                    true => super::options::ZERO_AHEAD_DEFAULT_BYTES,
+                    false => 0,
+                });
         let max_useful = sb.physical_size_bytes * DEDUP_INDEX_USEFUL_RATIO / BLOCK_SIZE_BYTES;
         let dedup = (sb.dedup() && !options.read_only).then(|| Dedup {
             seed: dedup::volume_seed(&sb.uuid),

@@ -139,7 +139,16 @@ pub struct OpenOptions {
     /// the data store, whichever is less (0 on a small volume; the
     /// simulations set it).
     pub warm_segments: Option<usize>,
+    /// Zeros a flush writes past the data head so that the next flushes
+    /// write over space the host holds (`Log::prepare_ahead`); None:
+    /// `ZERO_AHEAD_DEFAULT_BYTES` where an overwrite is cheaper (a file),
+    /// else 0. The simulations set it.
+    pub zero_ahead_bytes: Option<usize>,
 }
+
+/// The zeros a flush writes past the data head, by default, on a store
+/// where writing over held space is cheaper than filling a hole.
+pub const ZERO_AHEAD_DEFAULT_BYTES: usize = 256 << 10;
 
 impl Default for OpenOptions {
     fn default() -> Self {
@@ -156,6 +165,7 @@ impl Default for OpenOptions {
             rebuild_from_log: false,
             metadata_device_path: None,
             warm_segments: None,
+            zero_ahead_bytes: None,
         }
     }
 }

@@ -189,6 +189,7 @@ impl Volume {
             // The log writes whole 4 KiB pages of the store, each once.
             pages_written_per_block: ratio(st.log.media_bytes_written, client),
             padding_bytes: st.log.padding_bytes,
+            zero_ahead_bytes: st.log.zero_ahead_bytes,
             packing: self.sb.packing().name().to_string(),
             cleaner: self.cleaner_stats(),
             corrupt_reads: get(&self.counters.corrupt_reads),
