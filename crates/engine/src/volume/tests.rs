@@ -391,7 +391,12 @@ fn frequent_flushes_write_zeros_ahead_of_the_head() {
         let st = vol.lock_state().unwrap();
         let (head, base) = (&st.log.head, st.log.segment_base());
         assert!(zeros >= CHUNK as u64, "{zeros}");
-        assert!(head.prepared >= head.fill + CHUNK / 2, "{} {}", head.prepared, head.fill);
+        assert!(
+            head.prepared >= head.fill + CHUNK / 2,
+            "{} {}",
+            head.prepared,
+            head.fill
+        );
         assert!(head.prepared % CHUNK == 0 || head.prepared == 1 << 20);
         // Past the head the store holds zeros, up to what was prepared.
         let mut past = vec![0xffu8; head.prepared - head.fill];
@@ -406,7 +411,11 @@ fn frequent_flushes_write_zeros_ahead_of_the_head() {
     let big = noise(128, 0x9e37_79b9_7f4a_7c15);
     vol.write_at(64 * BS as u64, &big, false).unwrap();
     vol.flush().unwrap();
-    assert_eq!(vol.stats().zero_ahead_bytes, zeros, "a rare flush wrote zeros");
+    assert_eq!(
+        vol.stats().zero_ahead_bytes,
+        zeros,
+        "a rare flush wrote zeros"
+    );
     // Then often again, with an unsynced tail for the crash to tear.
     for t in 40..60u8 {
         vol.write_at(u64::from(t) * BS as u64, &block(t), false)

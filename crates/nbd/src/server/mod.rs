@@ -2,6 +2,7 @@
 //! The handshake and transmission phases live in the submodules.
 
 mod handshake;
+mod jobs;
 mod socket;
 mod transmission;
 
@@ -14,10 +15,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
 use tracing::{debug, info, warn};
 
 use crate::{Backend, ServerConfig};
+pub(crate) use jobs::{JobQueue, Lane};
 use socket::{Listener, Socket};
 
 /// How often an accept loop checks for shutdown.
@@ -35,108 +36,6 @@ const JOBS_QUEUED_PER_WORKER: usize = 16;
 /// critical section in this crate is panic-free).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A unit of work for the worker pool.
-pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
-
-enum WorkerMessage {
-    Run(Job),
-    Stop,
-}
-
-/// Which queue a job goes to: workers take read work first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lane {
-    /// READ and BLOCK_STATUS: a client waits on them and they are cheap.
-    Read,
-    /// WRITE, TRIM, WRITE_ZEROES: compression and log work.
-    Write,
-    /// FLUSH: threads of their own (`flusher_loop`). Flushes wait for one
-    /// another (a backend syncs one at a time); on the write lane, a
-    /// client that queued a FLUSH in every free slot (fio with `fsync=N`
-    /// does) parked every worker on the first one's sync, and every other
-    /// connection's writes waited that long (55 ms at 128 GiB mapped). As
-    /// many flushers as workers: flushes waiting together are covered by
-    /// one sync (the backend's group commit), not one sync each.
-    Flush,
-}
-
-/// Reads a worker takes in a row while write work waits, so that a flood of
-/// reads delays writes but never starves them.
-const READS_IN_A_ROW_MAX: u32 = 8;
-
-/// Handle used by connections to hand jobs to the worker pool.
-#[derive(Clone)]
-pub(crate) struct JobQueue {
-    reads: Sender<WorkerMessage>,
-    writes: Sender<WorkerMessage>,
-    flushes: Sender<WorkerMessage>,
-}
-
-impl JobQueue {
-    /// Queues a job, blocking while its lane is full. If the pool is gone
-    /// (never while connections exist), the job runs on the caller's thread.
-    pub(crate) fn submit(&self, lane: Lane, job: Job) {
-        let tx = match lane {
-            Lane::Read => &self.reads,
-            Lane::Write => &self.writes,
-            Lane::Flush => &self.flushes,
-        };
-        if let Err(e) = tx.send(WorkerMessage::Run(job)) {
-            if let WorkerMessage::Run(job) = e.into_inner() {
-                job();
-            }
-        }
-    }
-}
-
-/// Runs jobs, read lane first (000 §2.1.5: reads are latency-critical,
-/// writes are acknowledged from memory), until a Stop arrives on the write
-/// lane, which is sent only once no connection is left.
-fn worker_loop(reads: Receiver<WorkerMessage>, writes: Receiver<WorkerMessage>) {
-    let mut reads_in_a_row = 0u32;
-    loop {
-        let first = if reads_in_a_row < READS_IN_A_ROW_MAX {
-            reads.try_recv().ok()
-        } else {
-            None
-        };
-        let msg = match first {
-            Some(m) => {
-                reads_in_a_row += 1;
-                Some(m)
-            }
-            None => {
-                reads_in_a_row = 0;
-                match writes.try_recv() {
-                    Ok(m) => Some(m),
-                    Err(_) => crossbeam_channel::select! {
-                        recv(reads) -> m => m.ok(),
-                        recv(writes) -> m => m.ok(),
-                    },
-                }
-            }
-        };
-        match msg {
-            Some(WorkerMessage::Run(job)) => job(),
-            Some(WorkerMessage::Stop) | None => {
-                // Nothing is queued once connections are gone; run anything
-                // left rather than drop a reply.
-                while let Ok(WorkerMessage::Run(job)) = reads.try_recv() {
-                    job();
-                }
-                return;
-            }
-        }
-    }
-}
-
-/// Runs FLUSH jobs one after another until a Stop (or the queue's end).
-fn flusher_loop(flushes: Receiver<WorkerMessage>) {
-    while let Ok(WorkerMessage::Run(job)) = flushes.recv() {
-        job();
-    }
 }
 
 /// A server-wide budget of READ/WRITE payload bytes held by in-flight
@@ -408,24 +307,22 @@ impl Server {
     /// Creates the server and starts its worker pool. No socket is opened.
     pub fn new(backend: Arc<dyn Backend>, config: ServerConfig) -> Server {
         let config = normalize_config(config);
-        let (reads_tx, reads_rx) = bounded(config.workers * JOBS_QUEUED_PER_WORKER);
-        let (writes_tx, writes_rx) = bounded(config.workers * JOBS_QUEUED_PER_WORKER);
+        let jobs = JobQueue::new(config.workers * JOBS_QUEUED_PER_WORKER);
         let workers = (0..config.workers)
             .map(|i| {
-                let (reads, writes) = (reads_rx.clone(), writes_rx.clone());
+                let jobs = jobs.clone();
                 std::thread::Builder::new()
                     .name(format!("nbd-worker-{i}"))
-                    .spawn(move || worker_loop(reads, writes))
+                    .spawn(move || jobs.worker_loop())
                     .expect("spawn NBD worker thread")
             })
             .collect();
-        let (flushes_tx, flushes_rx) = bounded(config.workers * JOBS_QUEUED_PER_WORKER);
         let flushers = (0..config.workers)
             .map(|i| {
-                let flushes = flushes_rx.clone();
+                let jobs = jobs.clone();
                 std::thread::Builder::new()
                     .name(format!("nbd-flusher-{i}"))
-                    .spawn(move || flusher_loop(flushes))
+                    .spawn(move || jobs.flusher_loop())
                     .expect("spawn NBD flusher thread")
             })
             .collect();
@@ -433,11 +330,7 @@ impl Server {
         let inner = Inner {
             backend,
             config,
-            jobs: JobQueue {
-                reads: reads_tx,
-                writes: writes_tx,
-                flushes: flushes_tx,
-            },
+            jobs,
             payload_budget,
             refused: AtomicU64::new(0),
             disallowed: AtomicU64::new(0),
@@ -509,16 +402,12 @@ impl Server {
         }
         drop(reg);
         let workers: Vec<_> = lock(&inner.workers).drain(..).collect();
-        for _ in &workers {
-            let _ = inner.jobs.writes.send(WorkerMessage::Stop);
-        }
+        inner.jobs.stop_workers();
         for handle in workers {
             let _ = handle.join();
         }
         let flushers: Vec<_> = lock(&inner.flushers).drain(..).collect();
-        for _ in &flushers {
-            let _ = inner.jobs.flushes.send(WorkerMessage::Stop);
-        }
+        inner.jobs.stop_flushers();
         for handle in flushers {
             let _ = handle.join();
         }
@@ -575,94 +464,4 @@ fn normalize_config(mut config: ServerConfig) -> ServerConfig {
         config.handshake_timeout = Duration::from_secs(1);
     }
     config
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Queues `lanes` behind a job that holds the only worker, then lets it
-    /// go and returns the order in which the queued jobs ran.
-    fn run_order(lanes: &[Lane]) -> Vec<usize> {
-        let (reads_tx, reads_rx) = bounded(64);
-        let (writes_tx, writes_rx) = bounded(64);
-        let q = JobQueue {
-            reads: reads_tx,
-            writes: writes_tx,
-            flushes: bounded(1).0,
-        };
-        let worker = std::thread::spawn(move || worker_loop(reads_rx, writes_rx));
-        let (gate_tx, gate_rx) = bounded::<()>(0);
-        let (held_tx, held_rx) = bounded::<()>(1);
-        q.submit(
-            Lane::Write,
-            Box::new(move || {
-                held_tx.send(()).unwrap();
-                let _ = gate_rx.recv();
-            }),
-        );
-        held_rx.recv().unwrap(); // the worker is busy: everything below queues
-        let order = Arc::new(Mutex::new(Vec::new()));
-        for (i, &lane) in lanes.iter().enumerate() {
-            let order = Arc::clone(&order);
-            q.submit(lane, Box::new(move || lock(&order).push(i)));
-        }
-        gate_tx.send(()).unwrap();
-        q.writes.send(WorkerMessage::Stop).unwrap();
-        worker.join().unwrap();
-        let v = lock(&order).clone();
-        v
-    }
-
-    #[test]
-    fn a_flush_waiting_on_its_sync_holds_no_write_worker() {
-        // One worker, one flusher: writes queued behind flushes that block
-        // (a backend sync) still run. On the write lane they waited for
-        // every flush ahead of them.
-        let (reads_tx, reads_rx) = bounded(64);
-        let (writes_tx, writes_rx) = bounded(64);
-        let (flushes_tx, flushes_rx) = bounded(64);
-        let q = JobQueue {
-            reads: reads_tx,
-            writes: writes_tx,
-            flushes: flushes_tx,
-        };
-        let worker = std::thread::spawn(move || worker_loop(reads_rx, writes_rx));
-        let flusher = std::thread::spawn(move || flusher_loop(flushes_rx));
-        let (gate_tx, gate_rx) = bounded::<()>(0);
-        q.submit(
-            Lane::Flush,
-            Box::new(move || {
-                let _ = gate_rx.recv();
-            }),
-        );
-        let (done_tx, done_rx) = bounded::<()>(1);
-        q.submit(Lane::Write, Box::new(move || done_tx.send(()).unwrap()));
-        let ran = done_rx.recv_timeout(Duration::from_secs(30));
-        gate_tx.send(()).unwrap();
-        assert!(ran.is_ok(), "the write waited for the flush");
-        q.writes.send(WorkerMessage::Stop).unwrap();
-        q.flushes.send(WorkerMessage::Stop).unwrap();
-        worker.join().unwrap();
-        flusher.join().unwrap();
-    }
-
-    #[test]
-    fn queued_reads_run_before_queued_writes() {
-        use Lane::{Read, Write};
-        assert_eq!(
-            run_order(&[Write, Write, Write, Read, Read]),
-            vec![3, 4, 0, 1, 2]
-        );
-    }
-
-    #[test]
-    fn a_flood_of_reads_does_not_starve_a_write() {
-        let mut lanes = vec![Lane::Write];
-        lanes.extend(std::iter::repeat_n(Lane::Read, 30));
-        let order = run_order(&lanes);
-        let at = order.iter().position(|&i| i == 0).unwrap();
-        assert_eq!(at, READS_IN_A_ROW_MAX as usize, "{order:?}");
-        assert_eq!(order.len(), 31);
-    }
 }
