@@ -34,6 +34,7 @@ pub const COUNTERS: &[&str] = &[
     "client_bytes_written",
     "media_bytes_written",
     "padding_bytes",
+    "zero_ahead_bytes",
     "corrupt_reads",
     "map_cache_hits",
     "map_cache_misses",

@@ -584,7 +584,7 @@ impl Log {
         assert!(head.written == head.fill && (head.fill as u64).is_multiple_of(SECTOR_SIZE_BYTES));
         head.prepared = head.prepared.max(head.written);
         if r == Region::Data {
-            self.prepare_ahead(storage)?;
+            self.prepare_ahead(storage);
         }
         Ok(())
     }
@@ -601,7 +601,7 @@ impl Log {
     /// The zeros lie past every record, in a segment opened free, so they
     /// only replace bytes no record needs: recovery stops at them as it
     /// stops at a hole (docs/FORMAT.md "Zeros ahead of the head").
-    fn prepare_ahead(&mut self, storage: &dyn Storage) -> Result<(), VolError> {
+    fn prepare_ahead(&mut self, storage: &dyn Storage) {
         static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
         let (chunk, size) = (self.zero_ahead, self.segment_size as usize);
         let (fill, prepared) = (self.head.fill, self.head.prepared);
@@ -610,23 +610,27 @@ impl Log {
         let often =
             last.0 == self.head.segment && fill.checked_sub(last.1).is_some_and(|d| d < chunk / 4);
         if chunk == 0 || fill >= size || prepared >= fill + chunk / 2 || !often {
-            return Ok(());
+            return;
         }
         let base = self.base_of(self.head.segment);
         let end = ((fill + chunk).div_ceil(chunk) * chunk).min(size);
         let mut at = prepared.max(fill);
         while at < end {
             let n = (end - at).min(ZEROS.len());
-            storage
-                .write_at(base + at as u64, &ZEROS[..n])
-                .map_err(VolError::Io)?;
+            if let Err(e) = storage.write_at(base + at as u64, &ZEROS[..n]) {
+                // Only an optimization failed (a full host file system,
+                // say): the bytes past the head matter to no one, whatever
+                // part landed. No more zeros until the volume is reopened;
+                // the flush goes on, and its own writes report real errors.
+                tracing::warn!(error = %e, "zeros ahead of the log head not written; not trying again until reopened");
+                self.zero_ahead = 0;
+                break;
+            }
+            self.media_bytes_written += n as u64;
+            self.zero_ahead_bytes += n as u64;
             at += n;
+            self.head.prepared = at;
         }
-        let n = (end - prepared.max(fill)) as u64;
-        self.media_bytes_written += n;
-        self.zero_ahead_bytes += n;
-        self.head.prepared = end;
-        Ok(())
     }
 
     fn advance_segment(&mut self, storage: &dyn Storage, r: Region) -> Result<(), VolError> {

@@ -437,3 +437,55 @@ fn frequent_flushes_write_zeros_ahead_of_the_head() {
         assert!(got == big, "seed {seed}: the large write");
     }
 }
+
+/// A store whose writes of 64 KiB of zeros fail (a host file system out of
+/// space, for the zeros ahead of the log head only).
+struct NoZeros(SimStorage);
+
+impl cvol_storage::Storage for NoZeros {
+    fn len_bytes(&self) -> u64 {
+        self.0.len_bytes()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        if data.len() >= 64 << 10 && data.iter().all(|&b| b == 0) {
+            return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        self.0.write_at(offset, data)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.0.sync()
+    }
+}
+
+/// Zeros ahead of the head that cannot be written fail no flush and
+/// poison nothing: they are only an optimization, and are not tried again.
+#[test]
+fn zeros_ahead_that_fail_do_not_fail_the_flush() {
+    let sim = SimStorage::new(16 << 20);
+    volume(&sim).close().unwrap();
+    let opts = OpenOptions {
+        zero_ahead_bytes: Some(64 << 10),
+        ..OpenOptions::default()
+    };
+    let vol = Volume::open(Arc::new(NoZeros(sim.clone())), opts).unwrap();
+    for t in 0..20u8 {
+        vol.write_at(u64::from(t) * BS as u64, &block(t), false)
+            .unwrap();
+        vol.flush().unwrap();
+    }
+    let s = vol.stats();
+    assert!(!s.poisoned);
+    assert_eq!(s.zero_ahead_bytes, 0);
+    assert_eq!(vol.lock_state().unwrap().log.zero_ahead, 0, "tried again");
+    vol.close().unwrap();
+    drop(vol);
+    let vol = Volume::open(Arc::new(sim.crash(7)), OpenOptions::default()).unwrap();
+    let mut got = vec![0u8; BS];
+    for t in 0..20u8 {
+        vol.read_at(u64::from(t) * BS as u64, &mut got).unwrap();
+        assert!(got == block(t), "block {t}");
+    }
+}
