@@ -45,6 +45,11 @@ struct Lanes {
     flushes: VecDeque<Job>,
     /// Readers waiting for room in a full lane.
     waiting_for_room: usize,
+    /// Workers and flushers waiting for a job: a submit wakes one only if
+    /// there is one (a wake is a syscall; busy threads look at the lanes
+    /// before they wait).
+    idle_workers: usize,
+    idle_flushers: usize,
     /// Set at shutdown: workers (flushers) run what is queued and return;
     /// a job submitted after that runs on the submitter's thread.
     workers_stopped: bool,
@@ -116,8 +121,13 @@ impl JobQueue {
             return;
         }
         lanes.lane(lane).push_back(job);
+        let idle = match lane {
+            Lane::Read | Lane::Write => lanes.idle_workers,
+            Lane::Flush => lanes.idle_flushers,
+        };
         drop(lanes);
         match lane {
+            _ if idle == 0 => {}
             Lane::Read | Lane::Write => q.work.notify_one(),
             Lane::Flush => q.flush_work.notify_one(),
         }
@@ -145,7 +155,9 @@ impl JobQueue {
                 if lanes.workers_stopped {
                     break None;
                 }
+                lanes.idle_workers += 1;
                 lanes = q.work.wait(lanes).unwrap_or_else(|e| e.into_inner());
+                lanes.idle_workers -= 1;
             };
             let room = lanes.waiting_for_room > 0;
             drop(lanes);
@@ -172,7 +184,9 @@ impl JobQueue {
                 if lanes.flushers_stopped {
                     break None;
                 }
+                lanes.idle_flushers += 1;
                 lanes = q.flush_work.wait(lanes).unwrap_or_else(|e| e.into_inner());
+                lanes.idle_flushers -= 1;
             };
             let room = lanes.waiting_for_room > 0;
             drop(lanes);
@@ -327,6 +341,65 @@ mod tests {
         q.stop_workers();
         worker.join().unwrap();
         assert_eq!(*lock(&ran), vec![0, 1, 2, 3, 4]);
+    }
+
+    /// Many submitters, small lanes, workers and flushers going idle and
+    /// busy all the time: every job runs exactly once and nothing hangs (a
+    /// wake skipped while a thread was about to wait would leave a job
+    /// queued and its submitter, or the stop, waiting forever).
+    #[test]
+    fn no_job_is_lost_between_busy_and_idle_threads() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        const PER_SUBMITTER: u64 = 20_000;
+        let (done_tx, done_rx) = sync_channel(1);
+        std::thread::spawn(move || {
+            let q = JobQueue::new(4);
+            let ran = Arc::new(AtomicU64::new(0));
+            let mut threads: Vec<_> = (0..3)
+                .map(|_| {
+                    let q = q.clone();
+                    std::thread::spawn(move || q.worker_loop())
+                })
+                .collect();
+            threads.extend((0..2).map(|_| {
+                let q = q.clone();
+                std::thread::spawn(move || q.flusher_loop())
+            }));
+            let submitters: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let (q, ran) = (q.clone(), Arc::clone(&ran));
+                    std::thread::spawn(move || {
+                        for i in 0..PER_SUBMITTER {
+                            let lane =
+                                [Lane::Read, Lane::Write, Lane::Flush][((i + t) % 3) as usize];
+                            let ran = Arc::clone(&ran);
+                            q.submit(
+                                lane,
+                                Box::new(move || {
+                                    ran.fetch_add(1, Ordering::Relaxed);
+                                }),
+                            );
+                            if i % 1000 == 0 {
+                                std::thread::sleep(Duration::from_millis(1)); // let them idle
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for s in submitters {
+                s.join().unwrap();
+            }
+            q.stop_workers();
+            q.stop_flushers();
+            for t in threads {
+                t.join().unwrap();
+            }
+            done_tx.send(ran.load(Ordering::Relaxed)).unwrap();
+        });
+        let ran = done_rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the pool hung");
+        assert_eq!(ran, 3 * PER_SUBMITTER);
     }
 
     /// After the pool stopped, a job runs on the submitter's thread.

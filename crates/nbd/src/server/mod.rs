@@ -44,15 +44,23 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// one request always fits when nothing else is held.
 pub(crate) struct PayloadBudget {
     limit_bytes: u64,
-    used_bytes: Mutex<u64>,
+    state: Mutex<BudgetState>,
     freed: Condvar,
+}
+
+#[derive(Default)]
+struct BudgetState {
+    used_bytes: u64,
+    /// Readers waiting for bytes to be freed: a release wakes them only if
+    /// there are any (a wake is a syscall, and every reply releases).
+    waiters: usize,
 }
 
 impl PayloadBudget {
     fn new(limit_bytes: u64) -> PayloadBudget {
         PayloadBudget {
             limit_bytes,
-            used_bytes: Mutex::new(0),
+            state: Mutex::new(BudgetState::default()),
             freed: Condvar::new(),
         }
     }
@@ -61,24 +69,30 @@ impl PayloadBudget {
         if bytes == 0 {
             return;
         }
-        let mut used = lock(&self.used_bytes);
-        while *used > 0 && *used + bytes > self.limit_bytes {
-            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.state);
+        while st.used_bytes > 0 && st.used_bytes + bytes > self.limit_bytes {
+            st.waiters += 1;
+            st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiters -= 1;
         }
-        *used += bytes;
+        st.used_bytes += bytes;
     }
 
     pub(crate) fn release(&self, bytes: u64) {
         if bytes == 0 {
             return;
         }
-        let mut used = lock(&self.used_bytes);
-        *used -= bytes;
-        self.freed.notify_all();
+        let mut st = lock(&self.state);
+        st.used_bytes -= bytes;
+        let wake = st.waiters > 0;
+        drop(st);
+        if wake {
+            self.freed.notify_all();
+        }
     }
 
     fn used(&self) -> u64 {
-        *lock(&self.used_bytes)
+        lock(&self.state).used_bytes
     }
 }
 

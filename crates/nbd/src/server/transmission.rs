@@ -40,6 +40,10 @@ struct Inflight {
     next_id: u64,
     entries: Vec<Entry>,
     payload_bytes: u64,
+    /// Threads waiting on `inflight_changed` (the reader, or a close
+    /// waiting for idle): a release wakes them only if there are any
+    /// (a wake is a syscall, and every reply releases a slot).
+    waiters: usize,
 }
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -229,10 +233,12 @@ impl Conn {
             if room && !conflicts(&state) {
                 break;
             }
+            state.waiters += 1;
             state = self
                 .inflight_changed
                 .wait(state)
                 .unwrap_or_else(|e| e.into_inner());
+            state.waiters -= 1;
         }
         let id = state.next_id;
         state.next_id += 1;
@@ -262,16 +268,22 @@ impl Conn {
             state.payload_bytes -= entry.payload_bytes;
             self.server_budget.release(entry.payload_bytes);
         }
-        self.inflight_changed.notify_all();
+        let wake = state.waiters > 0;
+        drop(state);
+        if wake {
+            self.inflight_changed.notify_all();
+        }
     }
 
     fn wait_idle(&self) {
         let mut state = lock(&self.inflight);
         while !state.entries.is_empty() {
+            state.waiters += 1;
             state = self
                 .inflight_changed
                 .wait(state)
                 .unwrap_or_else(|e| e.into_inner());
+            state.waiters -= 1;
         }
     }
 }
@@ -721,6 +733,7 @@ mod tests {
             next_id: 2,
             entries: vec![entry(1, (0, 4096), false)],
             payload_bytes: 0,
+            waiters: 0,
         };
         let read = Command::Read {
             offset: 0,
@@ -745,6 +758,7 @@ mod tests {
             next_id: 2,
             entries: vec![entry(1, (0, 4096), true)],
             payload_bytes: 0,
+            waiters: 0,
         };
         assert!(state.conflicts(&read));
         assert!(state.conflicts(&Command::Flush));
