@@ -384,10 +384,14 @@ impl Report {
             (
                 "write amplification",
                 format!(
-                    "{:.2} ({} written by clients, {} to media)",
+                    "{:.2} ({} written by clients, {} to media{})",
                     s.write_amplification,
                     b(s.client_bytes_written),
-                    b(s.media_bytes_written)
+                    b(s.media_bytes_written),
+                    match s.zero_ahead_bytes {
+                        0 => String::new(),
+                        z => format!(", {} of it zeros ahead of the log head", b(z)),
+                    }
                 ),
             ),
             (
