@@ -593,11 +593,12 @@ impl Log {
     /// `zero_ahead` at least `zero_ahead` on, when less than half of that
     /// is prepared and the head moved less than a quarter of it since the
     /// last pad (flushes come often: a rare one, after megabytes of
-    /// writes, would only add zeros). The flushes that follow then write their records over
-    /// space the host holds: a sync of a file whose blocks were allocated
-    /// since the last one commits the host file system's journal (twice the
-    /// latency and CPU of a sync of overwritten blocks on ext4), and a log
-    /// that pads every flush to a sector would allocate a block per flush.
+    /// writes, would only add zeros). The flushes that follow then write
+    /// their records over space the host holds: a sync of a file whose
+    /// blocks were allocated since the last one also writes its allocation
+    /// metadata (twice the latency and CPU of a sync of overwritten blocks
+    /// on ext4), and a log that pads every flush to a sector would
+    /// allocate a block every few flushes.
     /// The zeros lie past every record, in a segment opened free, so they
     /// only replace bytes no record needs: recovery stops at them as it
     /// stops at a hole (docs/FORMAT.md "Zeros ahead of the head").
