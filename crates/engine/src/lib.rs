@@ -37,6 +37,8 @@ mod locks;
 pub mod records;
 pub mod recovery;
 pub mod stats;
+#[cfg(test)]
+mod test_util;
 pub mod volume;
 pub use volume::CleanerConfig;
 

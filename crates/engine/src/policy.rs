@@ -394,18 +394,7 @@ fn entropy_x100(hist: &[u16; 256]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    use crate::test_util::pseudo_random;
 
     #[test]
     fn entropy_from_the_table_equals_the_formula() {

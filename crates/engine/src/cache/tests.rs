@@ -178,14 +178,7 @@ fn a_write_the_cache_has_no_room_for_goes_to_the_origin() {
         // Three segments: the cache fills at once.
         let s = Setup::new(mode, 4);
         let c = s.open();
-        let mut x = 7u64;
-        let mut data = vec![0u8; ORIGIN_BYTES as usize];
-        for b in &mut data {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
+        let data = crate::test_util::pseudo_random(ORIGIN_BYTES as usize, 7);
         for (k, chunk) in data.chunks(256 << 10).enumerate() {
             c.write_at((k as u64) << 18, chunk, false).unwrap();
             c.run_maintenance().unwrap();

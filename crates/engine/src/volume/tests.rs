@@ -1,5 +1,6 @@
 use super::*;
 use crate::segments::SegState;
+use crate::test_util::pseudo_random;
 use cvol_format::EntryState;
 use cvol_storage::SimStorage;
 
@@ -135,17 +136,9 @@ fn pages_read_per_read_counts_the_store_pages_a_read_touches() {
     // 3 MiB of incompressible blocks (stored raw, a record a little over a
     // page) seal the first segments, whose records are then read from the
     // store, not from the open segment's buffer.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for b in 0..768u64 {
-        let data: Vec<u8> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        vol.write_at(b * 4096, &data, false).unwrap();
+    let noise = pseudo_random(768 * 4096, 0x9e37_79b9_7f4a_7c15);
+    for (b, data) in (0u64..).zip(noise.chunks(4096)) {
+        vol.write_at(b * 4096, data, false).unwrap();
     }
     vol.flush().unwrap();
     let before = vol.stats();
@@ -255,15 +248,7 @@ fn regression_a_stale_unit_at_a_reused_place_is_not_served() {
     vol.write_at(0, &data(1), false).unwrap();
     vol.write_at(64 * BS as u64, &data(2), false).unwrap();
     // Incompressible filler seals their segment: reads go to the store.
-    let mut x = 1u64;
-    let filler: Vec<u8> = (0..400 * BS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let filler = pseudo_random(400 * BS, 1);
     vol.write_at(256 * BS as u64, &filler, false).unwrap();
     vol.flush().unwrap();
     let place = |lba: u64| match entry(&vol, lba).state_valid() {
@@ -354,18 +339,6 @@ fn the_cleaners_target_stays_within_reach_at_80_percent_live() {
     );
 }
 
-/// Blocks of random (incompressible) bytes.
-fn noise(blocks: usize, mut x: u64) -> Vec<u8> {
-    (0..blocks * BS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Flushes that come often write zeros past the data head (a chunk at a
 /// time, when less than half of one is left), so that the flushes after
 /// them write over space the store holds; a flush after a long run of
@@ -408,7 +381,7 @@ fn frequent_flushes_write_zeros_ahead_of_the_head() {
         assert!(zeros <= bound, "{zeros} > {bound}");
     }
     // A flush after 512 KiB of incompressible writes: no zeros.
-    let big = noise(128, 0x9e37_79b9_7f4a_7c15);
+    let big = pseudo_random(128 * BS, 0x9e37_79b9_7f4a_7c15);
     vol.write_at(64 * BS as u64, &big, false).unwrap();
     vol.flush().unwrap();
     assert_eq!(

@@ -38,6 +38,18 @@ pub(crate) enum Lane {
 /// reads delays writes but never starves them.
 pub(crate) const READS_IN_A_ROW_MAX: u32 = 8;
 
+/// The two pools: workers (read and write lanes) and flushers.
+const WORKERS: usize = 0;
+const FLUSHERS: usize = 1;
+
+/// The pool that runs a lane's jobs.
+fn pool(lane: Lane) -> usize {
+    match lane {
+        Lane::Read | Lane::Write => WORKERS,
+        Lane::Flush => FLUSHERS,
+    }
+}
+
 #[derive(Default)]
 struct Lanes {
     reads: VecDeque<Job>,
@@ -45,15 +57,13 @@ struct Lanes {
     flushes: VecDeque<Job>,
     /// Readers waiting for room in a full lane.
     waiting_for_room: usize,
-    /// Workers and flushers waiting for a job: a submit wakes one only if
+    /// Threads of each pool waiting for a job: a submit wakes one only if
     /// there is one (a wake is a syscall; busy threads look at the lanes
     /// before they wait).
-    idle_workers: usize,
-    idle_flushers: usize,
-    /// Set at shutdown: workers (flushers) run what is queued and return;
-    /// a job submitted after that runs on the submitter's thread.
-    workers_stopped: bool,
-    flushers_stopped: bool,
+    idle: [usize; 2],
+    /// Set at shutdown, per pool: its threads run what is queued and
+    /// return; a job submitted after that runs on the submitter's thread.
+    stopped: [bool; 2],
 }
 
 impl Lanes {
@@ -64,21 +74,12 @@ impl Lanes {
             Lane::Flush => &mut self.flushes,
         }
     }
-
-    fn stopped(&self, lane: Lane) -> bool {
-        match lane {
-            Lane::Read | Lane::Write => self.workers_stopped,
-            Lane::Flush => self.flushers_stopped,
-        }
-    }
 }
 
 struct Queues {
     lanes: Mutex<Lanes>,
-    /// A read or write job was queued, or the workers are stopped.
-    work: Condvar,
-    /// A flush was queued, or the flushers are stopped.
-    flush_work: Condvar,
+    /// Per pool: a job for it was queued, or it was stopped.
+    work: [Condvar; 2],
     /// A job left a lane.
     room: Condvar,
     /// Jobs each lane holds before readers wait.
@@ -97,8 +98,7 @@ impl JobQueue {
         JobQueue {
             q: Arc::new(Queues {
                 lanes: Mutex::new(Lanes::default()),
-                work: Condvar::new(),
-                flush_work: Condvar::new(),
+                work: [Condvar::new(), Condvar::new()],
                 room: Condvar::new(),
                 capacity: capacity.max(1),
             }),
@@ -108,28 +108,23 @@ impl JobQueue {
     /// Queues a job, blocking while its lane is full. If the pool is gone
     /// (never while connections exist), the job runs on the caller's thread.
     pub(crate) fn submit(&self, lane: Lane, job: Job) {
-        let q = &self.q;
+        let (q, p) = (&self.q, pool(lane));
         let mut lanes = lock(&q.lanes);
-        while !lanes.stopped(lane) && lanes.lane(lane).len() >= q.capacity {
+        while !lanes.stopped[p] && lanes.lane(lane).len() >= q.capacity {
             lanes.waiting_for_room += 1;
             lanes = q.room.wait(lanes).unwrap_or_else(|e| e.into_inner());
             lanes.waiting_for_room -= 1;
         }
-        if lanes.stopped(lane) {
+        if lanes.stopped[p] {
             drop(lanes);
             job();
             return;
         }
         lanes.lane(lane).push_back(job);
-        let idle = match lane {
-            Lane::Read | Lane::Write => lanes.idle_workers,
-            Lane::Flush => lanes.idle_flushers,
-        };
+        let idle = lanes.idle[p];
         drop(lanes);
-        match lane {
-            _ if idle == 0 => {}
-            Lane::Read | Lane::Write => q.work.notify_one(),
-            Lane::Flush => q.flush_work.notify_one(),
+        if idle > 0 {
+            q.work[p].notify_one();
         }
     }
 
@@ -137,56 +132,41 @@ impl JobQueue {
     /// writes are acknowledged from memory), until the workers are stopped
     /// and nothing is queued on their lanes.
     pub(crate) fn worker_loop(&self) {
-        let q = &self.q;
         let mut reads_in_a_row = 0u32;
-        loop {
-            let mut lanes = lock(&q.lanes);
-            let job = loop {
-                if reads_in_a_row < READS_IN_A_ROW_MAX {
-                    if let Some(job) = lanes.reads.pop_front() {
-                        reads_in_a_row += 1;
-                        break Some(job);
-                    }
+        self.run(WORKERS, |lanes| {
+            if reads_in_a_row < READS_IN_A_ROW_MAX {
+                if let Some(job) = lanes.reads.pop_front() {
+                    reads_in_a_row += 1;
+                    return Some(job);
                 }
-                reads_in_a_row = 0;
-                if let Some(job) = lanes.writes.pop_front().or_else(|| lanes.reads.pop_front()) {
-                    break Some(job);
-                }
-                if lanes.workers_stopped {
-                    break None;
-                }
-                lanes.idle_workers += 1;
-                lanes = q.work.wait(lanes).unwrap_or_else(|e| e.into_inner());
-                lanes.idle_workers -= 1;
-            };
-            let room = lanes.waiting_for_room > 0;
-            drop(lanes);
-            if room {
-                q.room.notify_all();
             }
-            match job {
-                Some(job) => job(),
-                None => return,
-            }
-        }
+            reads_in_a_row = 0;
+            lanes.writes.pop_front().or_else(|| lanes.reads.pop_front())
+        });
     }
 
     /// Runs FLUSH jobs one after another until the flushers are stopped
     /// and none is queued.
     pub(crate) fn flusher_loop(&self) {
+        self.run(FLUSHERS, |lanes| lanes.flushes.pop_front());
+    }
+
+    /// A pool thread: runs what `next` takes from the lanes, waiting while
+    /// it takes nothing, until the pool is stopped and `next` finds nothing.
+    fn run(&self, p: usize, mut next: impl FnMut(&mut Lanes) -> Option<Job>) {
         let q = &self.q;
         loop {
             let mut lanes = lock(&q.lanes);
             let job = loop {
-                if let Some(job) = lanes.flushes.pop_front() {
+                if let Some(job) = next(&mut lanes) {
                     break Some(job);
                 }
-                if lanes.flushers_stopped {
+                if lanes.stopped[p] {
                     break None;
                 }
-                lanes.idle_flushers += 1;
-                lanes = q.flush_work.wait(lanes).unwrap_or_else(|e| e.into_inner());
-                lanes.idle_flushers -= 1;
+                lanes.idle[p] += 1;
+                lanes = q.work[p].wait(lanes).unwrap_or_else(|e| e.into_inner());
+                lanes.idle[p] -= 1;
             };
             let room = lanes.waiting_for_room > 0;
             drop(lanes);
@@ -202,15 +182,17 @@ impl JobQueue {
 
     /// Lets the workers return once their lanes are empty.
     pub(crate) fn stop_workers(&self) {
-        lock(&self.q.lanes).workers_stopped = true;
-        self.q.work.notify_all();
-        self.q.room.notify_all();
+        self.stop(WORKERS);
     }
 
     /// Lets the flushers return once their lane is empty.
     pub(crate) fn stop_flushers(&self) {
-        lock(&self.q.lanes).flushers_stopped = true;
-        self.q.flush_work.notify_all();
+        self.stop(FLUSHERS);
+    }
+
+    fn stop(&self, p: usize) {
+        lock(&self.q.lanes).stopped[p] = true;
+        self.q.work[p].notify_all();
         self.q.room.notify_all();
     }
 }
