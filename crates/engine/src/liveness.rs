@@ -15,7 +15,7 @@
 //! segment's live bytes and in the stored bytes.
 use crate::dedup::{Fingerprint, OffsetMap, Shared, SharedTable, UnitLive};
 use crate::map::{BlockMap, Page, PageSource};
-use crate::segments::{SegState, SegmentTable, SegmentUsage};
+use crate::segments::{CompactionHints, SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
 use cvol_format::record::RECORD_HEADER_BYTES;
@@ -80,6 +80,8 @@ pub(crate) struct LiveMap {
     loaded_tables: bool,
     /// Why the checkpoint's tables could not be used, if they could not.
     tables_rejected: Option<String>,
+    /// What compacting each segment's units would save (memory only).
+    hints: CompactionHints,
 }
 
 impl LiveMap {
@@ -96,6 +98,7 @@ impl LiveMap {
             fps: FpBooks::new(sb),
             loaded_tables: false,
             tables_rejected: None,
+            hints: CompactionHints::new(sb.segment_count()),
         }
     }
 
@@ -134,6 +137,7 @@ impl LiveMap {
             fps: FpBooks::new(sb),
             loaded_tables,
             tables_rejected: None,
+            hints: CompactionHints::new(sb.segment_count()),
         };
         (live, tables.segments.table)
     }
@@ -353,6 +357,41 @@ impl LiveMap {
             self.record_born(segs, o, u.len, u.codec);
         } else if was && !is {
             self.record_died(o, u.len, u.codec);
+        }
+        self.note_compaction(o, &u, old.is_unit_owner_of(o), (was, is));
+    }
+
+    /// Keeps the compaction hints of the unit `u`'s segment: a raw unit
+    /// born or dead, a block of a live unit gone (`lost_owner`).
+    fn note_compaction(
+        &mut self,
+        o: u64,
+        u: &UnitBefore,
+        lost_owner: bool,
+        (was, is): (bool, bool),
+    ) {
+        let s = self.geometry.segment_of(o);
+        let raw = u.codec == CodecTag::None;
+        match (was, is) {
+            (false, true) if raw => self.hints.raw_born(s, u64::from(u.len)),
+            (true, false) if raw => self.hints.raw_died(s, u64::from(u.len)),
+            (true, true) if lost_owner && u.refs == 0 && !raw => {
+                let share = u64::from(u.len) / u64::from(u.owners.max(1));
+                self.hints.unit_block_died(s, share);
+            }
+            _ => {}
+        }
+    }
+
+    /// What compacting each segment's units would save (the cleaner's).
+    pub(crate) fn hints(&self) -> &CompactionHints {
+        &self.hints
+    }
+
+    /// The segments were cleaned or freed: their hints go.
+    pub(crate) fn hints_reset(&mut self, segments: &[u64]) {
+        for &s in segments {
+            self.hints.reset(s);
         }
     }
 

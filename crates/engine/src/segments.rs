@@ -303,6 +303,24 @@ impl SegmentTable {
         self.candidates_in(Region::Data, usage)
     }
 
+    /// Sealed data segments whose live bytes less what compacting them
+    /// saves (`saving`) are below a segment, as (segment, those bytes, max
+    /// seq): the cleaner's candidates when it compacts units.
+    pub fn candidates_after(
+        &self,
+        usage: &SegmentUsage,
+        saving: impl Fn(u64, u64) -> u64,
+    ) -> Vec<(u64, u64, u64)> {
+        self.range(Region::Data)
+            .filter(|&s| self.state(s) == SegState::Sealed)
+            .map(|s| {
+                let live = usage.live_bytes(s);
+                (s, live - saving(s, live).min(live), self.max_seq(s))
+            })
+            .filter(|&(_, left, _)| left < self.segment_size)
+            .collect()
+    }
+
     /// Sealed segments of `r` with some dead space.
     pub fn candidates_in(&self, r: Region, usage: &SegmentUsage) -> Vec<(u64, u64, u64)> {
         self.range(r)
@@ -397,6 +415,78 @@ impl VictimPolicy {
             }
         }
         c.into_iter().map(|(s, _, _)| s).collect()
+    }
+}
+
+/// What cleaning a segment would save beyond its dead bytes, estimated
+/// per segment, in memory only (rebuilt by nothing: a reopened volume
+/// starts without hints, and background recompression finds the raw units
+/// itself): merged units some of whose blocks were overwritten (the unit
+/// stays wholly live until its last block dies, and the cleaner rewrites
+/// it as a record of its live blocks), and raw units that deferred
+/// compression wrote (the cleaner compresses them as it moves them). The
+/// cleaner ranks victims by live bytes less this saving, so a segment
+/// full of such units is a victim like one full of dead records. A hint
+/// may overstate (a unit that died after losing blocks keeps its share):
+/// it is capped at the segment's live bytes and dropped when the segment
+/// is cleaned or freed.
+#[derive(Debug, Clone, Default)]
+pub struct CompactionHints {
+    /// Bytes of overwritten blocks' shares of units still live.
+    partial: Vec<u64>,
+    /// Bytes of live raw units (deferred compression).
+    raw: Vec<u64>,
+    raw_total: u64,
+}
+
+impl CompactionHints {
+    pub fn new(count: u64) -> CompactionHints {
+        CompactionHints {
+            partial: vec![0; count as usize],
+            raw: vec![0; count as usize],
+            raw_total: 0,
+        }
+    }
+
+    /// A block of a unit in segment `s` died while the unit stays live;
+    /// `share` is its part of the unit's bytes.
+    pub fn unit_block_died(&mut self, s: u64, share: u64) {
+        self.partial[s as usize] += share;
+    }
+
+    /// A raw unit of `len` bytes in segment `s` became live / died.
+    pub fn raw_born(&mut self, s: u64, len: u64) {
+        self.raw[s as usize] += len;
+        self.raw_total += len;
+    }
+
+    pub fn raw_died(&mut self, s: u64, len: u64) {
+        let r = &mut self.raw[s as usize];
+        let d = len.min(*r);
+        *r -= d;
+        self.raw_total -= d;
+    }
+
+    /// Segment `s` was cleaned or freed: nothing of it is left to compact.
+    pub fn reset(&mut self, s: u64) {
+        self.partial[s as usize] = 0;
+        self.raw_total -= self.raw[s as usize];
+        self.raw[s as usize] = 0;
+    }
+
+    /// Bytes cleaning `s` (with `live` live bytes) is expected to save
+    /// beyond its dead bytes: the overwritten shares, and half the raw
+    /// units (the probe judged their data compressible, and lz4 stores
+    /// such data in about half: a guess the cleaner checks when it reads
+    /// the segment, copying a unit that does not shrink as it is).
+    pub fn saving(&self, s: u64, live: u64) -> u64 {
+        (self.partial[s as usize] + self.raw[s as usize] / 2).min(live)
+    }
+
+    /// Bytes of live raw units in the whole log (what deferral borrowed,
+    /// at most).
+    pub fn raw_total(&self) -> u64 {
+        self.raw_total
     }
 }
 

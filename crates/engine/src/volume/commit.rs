@@ -121,11 +121,16 @@ impl Volume {
     }
 
     /// Notes whether the log has room to defer compression: at least the
-    /// cleaner's stop threshold of segments free (deferred units take
-    /// their raw size until background recompression shrinks them).
+    /// cleaner's stop threshold of segments free, and the raw units
+    /// deferral already wrote at most half the usable free bytes (deferred
+    /// units take their raw size until background recompression, or the
+    /// cleaner when space runs short, compresses them: what deferral
+    /// borrows stays well inside what is free, so a long burst cannot
+    /// fill a thin volume with data it would have had room for compressed).
     pub(super) fn note_defer_room(&self, st: &State) {
         let (free, total) = (st.log.segments.free_count(), st.log.segments.count());
-        let room = free * 100 >= self.options.cleaner.high_free_percent * total;
+        let room = free * 100 >= self.options.cleaner.high_free_percent * total
+            && st.live.hints().raw_total() <= self.usable_bytes(st) / 2;
         if self.activity.defer_room.load(Ordering::Relaxed) != room {
             self.activity.defer_room.store(room, Ordering::Relaxed);
         }

@@ -249,9 +249,18 @@ impl Volume {
     }
 
     /// Whether the fingerprint rows in memory call for a spill
-    /// (`OpenOptions::fingerprint_spill_bytes`).
+    /// (`OpenOptions::fingerprint_spill_bytes`, at most 1/128 of the data
+    /// store: the reserve every write keeps free counts the rows' tables,
+    /// and on a small thin volume 32 MiB of rows, which random overwrites
+    /// and the cleaner's moves add to, kept 15% of the log from the
+    /// writers until the next checkpoint).
     fn fp_spill_due(&self, st: &State) -> bool {
-        st.live.fp_pending_bytes() > self.options.fingerprint_spill_bytes
+        let store = self.sb.data_segment_count() * self.sb.segment_size_bytes;
+        let limit = self
+            .options
+            .fingerprint_spill_bytes
+            .min((store / FP_SPILL_STORE_DIVISOR).max(FP_SPILL_MIN_BYTES));
+        st.live.fp_pending_bytes() > limit
     }
 
     /// Writes a checkpoint of the map and makes it the recovery start.
@@ -583,6 +592,7 @@ impl Volume {
             let freed = log.segments.free_empty(live.usage(), &empty);
             log.segments.add_warm(&warm);
             live.fp_segments_freed(&freed);
+            live.hints_reset(&freed);
             freed
         };
         assert_eq!(freed, empty, "reclaims run one at a time");
@@ -630,6 +640,12 @@ impl Volume {
         }
     }
 }
+
+/// Fingerprint rows wait in memory for at most this share of the data
+/// store (`fp_spill_due`)...
+const FP_SPILL_STORE_DIVISOR: u64 = 128;
+/// ...but for at least this many bytes (a spill has a fixed cost).
+const FP_SPILL_MIN_BYTES: u64 = 1 << 20;
 
 /// Whether a checkpoint writes the liveness tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -37,8 +37,11 @@ const _: () = assert!(RECORD_HEADER_ALLOWANCE_BYTES >= RECORD_HEADER_BYTES as u6
 /// Checkpoint growth per block turned into a ZERO entry: one map entry,
 /// plus lz4's byte.
 const ZERO_ENTRY_CHECKPOINT_BYTES: u64 = MAP_ENTRY_BYTES as u64 + 1;
-/// Most clean-and-retry turns of a write short of space.
-const SPACE_TURNS_MAX: u32 = 16;
+/// Most clean-and-retry turns of a write short of space (each turn that
+/// gains nothing counts towards `SPACE_IDLE_TURNS_MAX` as well; this only
+/// bounds a writer that other writers keep beating to the room cleaning
+/// makes).
+const SPACE_TURNS_MAX: u32 = 1024;
 /// Turns in a row that gained too little before a write gives up (NoSpace).
 const SPACE_IDLE_TURNS_MAX: u32 = 2;
 /// A cleaning turn that gains less than 1/16 of a segment gained nothing
@@ -201,17 +204,26 @@ impl Volume {
                 return Ok(st);
             }
             drop(st);
-            // Whether this call or a concurrent one (the background cleaner)
-            // made the room, the check above decides on the next turn. Give
-            // up when cleaning stops gaining a useful amount (a full volume
-            // only yields segment tails).
+            // Whether this call or a concurrent one (the background cleaner,
+            // another writer) made the room, the check above decides on the
+            // next turn. Give up when cleaning stops gaining a useful amount
+            // (a full volume only yields segment tails). The gain is what
+            // cleaning reclaimed less what it moved, by whoever cleaned
+            // meanwhile: not the change in free bytes, which the other
+            // writers consume as fast as the cleaner frees them.
             if idle_turns == SPACE_IDLE_TURNS_MAX {
                 break;
             }
-            let cleaned = self.clean_for_space(want);
+            let before = self.cleaning_progress();
+            self.clean_for_space(want)?;
+            let gained = self
+                .cleaning_progress()
+                .gain_since(&before, self.sb.segment_size_bytes);
             let useful = self.sb.segment_size_bytes / CLEAN_GAIN_USEFUL_DIVISOR;
-            idle_turns = if cleaned? < useful { idle_turns + 1 } else { 0 };
+            idle_turns = if gained < useful { idle_turns + 1 } else { 0 };
+            self.counters.space_waits.fetch_add(1, Ordering::Relaxed);
         }
+        self.counters.space_refusals.fetch_add(1, Ordering::Relaxed);
         Err(VolError::NoSpace)
     }
 

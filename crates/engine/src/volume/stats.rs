@@ -31,6 +31,10 @@ pub(in crate::volume) struct Counters {
     pub(in crate::volume) fp_spills: AtomicU64,
     pub(in crate::volume) fp_spill_bytes: AtomicU64,
     pub(in crate::volume) map_records_moved: AtomicU64,
+    /// Turns writers spent waiting for the cleaner to make room, and
+    /// writes refused for space (ENOSPC).
+    pub(in crate::volume) space_waits: AtomicU64,
+    pub(in crate::volume) space_refusals: AtomicU64,
 }
 
 /// Counters of elastic compression, for `stat`.

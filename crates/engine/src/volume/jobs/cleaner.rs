@@ -10,17 +10,19 @@
 //! is durable. Until then a crash recovers the old map, which still finds the
 //! old records where they were.
 use super::{Next, Worker};
+use crate::codec::Codec;
 use crate::dedup::Fingerprint;
 use crate::error::VolError;
 use crate::log::Shape;
-use crate::records::{data_records, walk_segment, DecodedUnit, Found};
+use crate::policy::{self, CodecPolicy};
+use crate::records::{data_records, full_mask, walk_segment, DecodedUnit, Found};
 use crate::segments::{pack_order, VictimPolicy};
 use crate::volume::commit::fp_row;
 use crate::volume::space::{self, CLEAN_GAIN_USEFUL_DIVISOR};
 use crate::volume::{State, Volume};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
-use cvol_format::{EntryState, MapEntry};
+use cvol_format::{CodecTag, EntryState, MapEntry};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -64,6 +66,10 @@ pub(in crate::volume) struct CleanerStats {
     /// pages they scanned (the others were skipped by their summaries).
     pub(in crate::volume) holder_scans: AtomicU64,
     pub(in crate::volume) holder_pages_scanned: AtomicU64,
+    /// Units rewritten smaller as they moved (live blocks only, or raw
+    /// units compressed), and the log bytes that saved.
+    pub(in crate::volume) units_compacted: AtomicU64,
+    pub(in crate::volume) compaction_bytes_saved: AtomicU64,
 }
 
 /// Idle cleaning leaves at most this share (percent) of the live bytes as
@@ -84,6 +90,27 @@ pub struct IdleCleanReport {
     pub segments_reclaimed: u64,
     /// The pass stopped early for a client request.
     pub yielded: bool,
+}
+
+/// Cleaning's counters at one moment (`Volume::cleaning_progress`).
+#[derive(Debug, Clone, Copy)]
+pub(in crate::volume) struct CleaningProgress {
+    reclaimed: u64,
+    relocated: u64,
+}
+
+impl CleaningProgress {
+    /// Log bytes gained since `before`: the segments reclaimed, less what
+    /// was moved to empty them (the cost of the moves; a checkpoint's new
+    /// map records replace old ones, which die).
+    pub(in crate::volume) fn gain_since(
+        &self,
+        before: &CleaningProgress,
+        segment_size: u64,
+    ) -> u64 {
+        let freed = (self.reclaimed - before.reclaimed) * segment_size;
+        freed.saturating_sub(self.relocated - before.relocated)
+    }
 }
 
 /// Most clean-then-checkpoint rounds one `clean` call runs.
@@ -108,6 +135,22 @@ struct Victim {
     map_records: Vec<(usize, RecordHeader)>,
     holders: HashMap<u64, Vec<u64>>,
     fps: Vec<Vec<Fingerprint>>,
+    /// Records that do not verify (left where they are).
+    damaged: usize,
+    /// Per found record, its compacted form, if it has one (`Compacted`).
+    compact: Vec<Option<Compacted>>,
+}
+
+/// A unit rewritten as the cleaner moves it: the blocks that were live when
+/// the victim was read (`mask`; the others zeroed) compressed with the
+/// cleaner's codec. Used only if it is smaller than the record by at least
+/// 1/16 and its live blocks are still a subset of `mask` at the move.
+struct Compacted {
+    codec: CodecTag,
+    level: u8,
+    payload: Vec<u8>,
+    crc: u32,
+    mask: u16,
 }
 
 impl Victim {
@@ -130,10 +173,10 @@ impl Volume {
         self.check_writable()?;
         let mut gained = 0;
         for _ in 0..ROUNDS_MAX {
-            let before = self.lock_state()?.log.free_bytes();
-            if before >= want_free_bytes {
+            if self.lock_state()?.log.free_bytes() >= want_free_bytes {
                 break;
             }
+            let before = self.cleaning_progress();
             let emptied = self.relocate_round(want_free_bytes, yield_to_clients)?;
             if emptied == 0 {
                 break; // nothing to gain: no checkpoint either
@@ -152,13 +195,35 @@ impl Volume {
                 // checkpoint that rewrote them is durable: reuse them now.
                 self.flush()?;
             }
-            let after = self.lock_state()?.log.free_bytes();
-            gained += after.saturating_sub(before);
-            if after < before + self.sb.segment_size_bytes / CLEAN_GAIN_USEFUL_DIVISOR {
+            let round = self
+                .cleaning_progress()
+                .gain_since(&before, self.sb.segment_size_bytes);
+            gained += round;
+            if round < self.sb.segment_size_bytes / CLEAN_GAIN_USEFUL_DIVISOR {
                 break; // only segment tails left to gain: the live data is dense
+            }
+            if yield_to_clients && self.activity.space_wanted() {
+                // Background cleaning hands the lock to the writers short
+                // of room: each takes what the round freed, or cleans for
+                // its own need, rather than wait out this pass's target.
+                break;
             }
         }
         Ok(gained)
+    }
+
+    /// What cleaning has done so far (segments reclaimed, bytes it moved):
+    /// its gain between two readings is measured from these, not from the
+    /// free bytes, which concurrent client writes consume meanwhile (under
+    /// 32 random writers a round that freed 20 segments showed as no gain,
+    /// and the writer waiting for room gave up with ENOSPC while the
+    /// cleaner was keeping up).
+    pub(in crate::volume) fn cleaning_progress(&self) -> CleaningProgress {
+        let c = &self.counters.cleaner;
+        CleaningProgress {
+            reclaimed: c.segments_reclaimed.load(Ordering::SeqCst),
+            relocated: c.bytes_relocated.load(Ordering::SeqCst),
+        }
     }
 
     /// Are emptied segments waiting for a checkpoint to be reused, or
@@ -194,25 +259,39 @@ impl Volume {
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
+            if yield_to_clients && !done.is_empty() && self.activity.space_wanted() {
+                break; // writers wait for the lock: end the round (see `clean`)
+            }
             let Some((victim, live)) = self.pick_victim(&done, want_free_bytes)? else {
                 break;
             };
             done.insert(victim);
-            let mut map_bytes = 0;
             if live > 0 {
-                map_bytes = self.relocate_segment(victim)?;
+                // Writers may take the free space down to the reserve while
+                // the victim moves: a move that finds no room for itself
+                // and a checkpoint ends the round (every move so far is
+                // whole), and the flush and checkpoint after it reclaim
+                // what it emptied.
+                let damaged = match self.relocate_segment(victim) {
+                    Ok(d) => d,
+                    Err(VolError::NoSpace) => break,
+                    Err(e) => return Err(e),
+                };
                 self.counters
                     .cleaner
                     .segments_cleaned
                     .fetch_add(1, Ordering::Relaxed);
-            }
-            let left = self.lock_state()?.live.usage().live_bytes(victim);
-            if left > map_bytes {
-                tracing::warn!(
-                    segment = victim,
-                    live_bytes = left,
-                    "cleaner could not empty a segment (unreadable records?)"
-                );
+                // Map records a checkpoint retired stay live until its
+                // commit: only damaged records are worth a warning.
+                if damaged > 0 {
+                    let left = self.lock_state()?.live.usage().live_bytes(victim);
+                    tracing::warn!(
+                        segment = victim,
+                        live_bytes = left,
+                        damaged_records = damaged,
+                        "cleaner could not move damaged records (`cvol scrub` names them)"
+                    );
+                }
             }
         }
         Ok(done.len() as u64)
@@ -226,18 +305,19 @@ impl Volume {
         want_free_bytes: u64,
     ) -> Result<Option<(u64, u64)>, VolError> {
         let st = self.lock_state()?;
-        let (segs, usage) = (&st.log.segments, st.live.usage());
+        let usage = st.live.usage();
         let ckpt = self.checkpoint_estimate_bytes(&st);
         let projected = st.log.free_bytes() + done.len() as u64 * self.sb.segment_size_bytes;
         if projected >= want_free_bytes.saturating_add(ckpt) {
             return Ok(None);
         }
         let budget = space::cleaner_budget(st.log.free_bytes(), ckpt);
-        let candidates: Vec<_> = segs
-            .candidates(usage)
+        let candidates: Vec<_> = self
+            .cleaning_candidates(&st)
             .into_iter()
             .filter(|c| !done.contains(&c.0))
             .collect();
+        let left: HashMap<u64, u64> = candidates.iter().map(|&(s, l, _)| (s, l)).collect();
         let order = self.options.cleaner.policy.order(
             candidates,
             self.sb.segment_size_bytes,
@@ -245,23 +325,40 @@ impl Volume {
         );
         Ok(order
             .into_iter()
-            .map(|s| (s, usage.live_bytes(s)))
-            .find(|&(_, live)| live <= budget))
+            .find(|s| left[s] <= budget)
+            .map(|s| (s, usage.live_bytes(s))))
     }
 
-    /// Moves every live record of `victim` to the log head.
-    pub(super) fn relocate_segment(&self, victim: u64) -> Result<u64, VolError> {
+    /// The sealed data segments cleaning would gain from, as (segment,
+    /// bytes left after cleaning it, max seq): live bytes less what
+    /// compacting its units is expected to save (`CompactionHints`).
+    fn cleaning_candidates(&self, st: &State) -> Vec<(u64, u64, u64)> {
+        let compacts = self.compaction_codec().is_some();
+        let hints = st.live.hints();
+        st.log
+            .segments
+            .candidates_after(st.live.usage(), |s, live| match compacts {
+                true => hints.saving(s, live),
+                false => 0,
+            })
+    }
+
+    /// Moves every live record of `victim` to the log head. Returns how
+    /// many damaged records (that do not verify) it found.
+    pub(super) fn relocate_segment(&self, victim: u64) -> Result<usize, VolError> {
         // No new dedup reference may point into the victim from here on, so
         // the holders of its shared records found below stay complete.
         self.lock_state()?.cleaning.insert(victim);
         let r = self.relocate_segment_marked(victim);
-        self.lock_state()?.cleaning.remove(&victim);
+        let mut st = self.lock_state()?;
+        st.cleaning.remove(&victim);
+        st.live.hints_reset(&[victim]);
         r
     }
 
-    fn relocate_segment_marked(&self, victim: u64) -> Result<u64, VolError> {
+    fn relocate_segment_marked(&self, victim: u64) -> Result<usize, VolError> {
         let (v, space) = self.read_victim(victim)?;
-        let map_bytes = self.rewrite_map_records(&v)?;
+        self.rewrite_map_records(&v)?;
         let sizes: Vec<(u64, u64)> = v
             .found
             .iter()
@@ -285,7 +382,7 @@ impl Volume {
                 }
             }
         }
-        Ok(map_bytes)
+        Ok(v.damaged)
     }
 
     /// Brings into memory the map pages a move of `f` reads and changes:
@@ -389,19 +486,33 @@ impl Volume {
             })
             .copied()
             .collect();
+        let damaged = walk.damaged.len();
         let found = data_records(&buf, self.sb.volume_tag());
-        // Outside every lock: decompressing is the slow part.
-        let fps = match self.dedup {
-            Some(_) => found
-                .iter()
-                .map(|f| {
-                    DecodedUnit::decode(f.bytes(&buf))
+        let masks = self.unit_live_masks(base, &found)?;
+        // Outside every lock: decompressing and compressing are the slow
+        // part.
+        let codec = self.compaction_codec();
+        let mut fps = Vec::new();
+        let mut compact = Vec::with_capacity(found.len());
+        for (f, &mask) in found.iter().zip(&masks) {
+            let wanted = mask.is_some() && codec.is_some();
+            if self.dedup.is_none() && !wanted {
+                compact.push(None);
+                continue;
+            }
+            let unit = DecodedUnit::decode(f.bytes(&buf)).ok();
+            if self.dedup.is_some() {
+                fps.push(
+                    unit.as_ref()
                         .map(|u| self.fingerprints(&u.data))
-                        .unwrap_or_default()
-                })
-                .collect(),
-            None => Vec::new(),
-        };
+                        .unwrap_or_default(),
+                );
+            }
+            compact.push(match (unit, mask, codec) {
+                (Some(u), Some(mask), Some(c)) => compacted(f, u.data, mask, c),
+                _ => None,
+            });
+        }
         // The pages of the owners of the records with dedup references (a
         // record's owner entries lie at its header's LBA, a unit's in its
         // window, inside one page).
@@ -430,8 +541,50 @@ impl Volume {
             map_records,
             holders,
             fps,
+            damaged,
+            compact,
         };
         Ok((v, space))
+    }
+
+    /// The codec the cleaner compacts units with: the volume's fixed
+    /// codec, or under policy auto the one for the current load (lz4 while
+    /// clients are busy); None for a volume that stores everything raw.
+    fn compaction_codec(&self) -> Option<Codec> {
+        match self.policy {
+            CodecPolicy::Fixed(Codec::None) => None,
+            CodecPolicy::Fixed(c) => Some(c),
+            CodecPolicy::Auto { .. } => Some(policy::auto_codec(
+                self.activity.load.load(&self.options.elastic),
+            )),
+        }
+    }
+
+    /// For each found record of `base`'s victim: for a unit no dedup
+    /// reference points into, which of its blocks the map still points at,
+    /// if compacting it may pay (some are dead, or it is raw); else None.
+    fn unit_live_masks(&self, base: u64, found: &[Found]) -> Result<Vec<Option<u16>>, VolError> {
+        let mut st = self.lock_state()?;
+        let mut out = Vec::with_capacity(found.len());
+        for f in found {
+            let h = &f.header;
+            let off = base + f.at as u64;
+            let end = h.lba + u64::from(h.nblocks);
+            if h.nblocks < 2 || end > st.live.blocks() || st.live.shared().unit(off).is_some() {
+                out.push(None);
+                continue;
+            }
+            self.fault(&mut st, h.lba, end)?;
+            let len = h.total_len() as u32;
+            let mask = (0..h.nblocks)
+                .filter(|&k| {
+                    st.live.get(h.lba + u64::from(k)) == MapEntry::unit(h.codec, off, len, h.crc, k)
+                })
+                .fold(0u16, |m, k| m | (1 << k));
+            let worth = mask != 0 && (mask != full_mask(h.nblocks) || h.codec == CodecTag::None);
+            out.push(worth.then_some(mask));
+        }
+        Ok(out)
     }
 
     /// Refuses a move that could leave no room for a checkpoint.
@@ -476,18 +629,29 @@ impl Volume {
             u32::from(mask) >> h.nblocks == 0,
             "live mask beyond the unit"
         );
-        let new = self.copy_record(st, v, f, h.lba, mask)?;
-        let EntryState::Data { offset, len, .. } = new.state_valid() else {
+        // Compacted only if every block still live is in it (blocks only
+        // die while the segment is cleaned: no reference may point in).
+        let compact = v.compact[i]
+            .as_ref()
+            .filter(|c| refs.is_empty() && mask & !c.mask == 0);
+        let new = match compact {
+            Some(c) => self.append_compacted(st, h, c, mask)?,
+            None => self.copy_record(st, v, f, h.lba, mask)?,
+        };
+        let EntryState::Data {
+            offset, len, codec, ..
+        } = new.state_valid()
+        else {
             unreachable!("copy is data")
         };
         let crc = new.block_in(0);
         let mut moved: Vec<u32> = owners.clone();
         for &k in &owners {
-            let e = MapEntry::unit(h.codec, offset, len, crc, k);
+            let e = MapEntry::unit(codec, offset, len, crc, k);
             st.set_entry(h.lba + u64::from(k), e, 0);
         }
         for (l, k) in refs {
-            let e = MapEntry::unit(h.codec, offset, len, crc, k);
+            let e = MapEntry::unit(codec, offset, len, crc, k);
             self.commit_ref(st, l, e, 0, Some(h.lba))?;
             moved.push(k);
         }
@@ -497,7 +661,7 @@ impl Volume {
         for k in moved {
             let (from, to) = (
                 MapEntry::unit(h.codec, off, h.total_len() as u32, h.crc, k),
-                MapEntry::unit(h.codec, offset, len, crc, k),
+                MapEntry::unit(codec, offset, len, crc, k),
             );
             self.reindex_moved(st, v.fp(i, k), &from, to, h.lba + u64::from(k))?;
         }
@@ -609,6 +773,30 @@ impl Volume {
         Ok(MapEntry::data(h.codec, p.offset, p.len, p.crc))
     }
 
+    /// Appends the compacted form of the unit `h` (live mask `mask`).
+    /// Returns the copy's owner map entry (of block 0).
+    fn append_compacted(
+        &self,
+        st: &mut State,
+        h: &RecordHeader,
+        c: &Compacted,
+        mask: u16,
+    ) -> Result<MapEntry, VolError> {
+        let shape = Shape::data(c.codec, c.level, h.lba, h.nblocks, mask);
+        let p = self.append_with_crc(st, shape, &c.payload, c.crc)?;
+        let stats = &self.counters.cleaner;
+        stats.records_relocated.fetch_add(1, Ordering::Relaxed);
+        stats
+            .bytes_relocated
+            .fetch_add(u64::from(p.len), Ordering::Relaxed);
+        stats.units_compacted.fetch_add(1, Ordering::Relaxed);
+        stats.compaction_bytes_saved.fetch_add(
+            (h.total_len() as u64).saturating_sub(u64::from(p.len)),
+            Ordering::Relaxed,
+        );
+        Ok(MapEntry::data(c.codec, p.offset, p.len, p.crc))
+    }
+
     /// Starts the background cleaner thread: between the configured
     /// thresholds of free segments it cleans, yielding to clients; when
     /// clients are idle (and background recompression has nothing left to
@@ -629,7 +817,11 @@ impl Volume {
         }
         let cfg = self.options.cleaner;
         match self.free_segments_below(cfg.low_free_percent) {
-            Ok(Some(want)) => match self.clean(want, true) {
+            // Below half the start threshold the cleaner no longer waits for
+            // clients to pause: under a steady stream of writes they would
+            // never pause, and every writer would end up cleaning in the
+            // foreground instead.
+            Ok(Some(want)) => match self.clean(want, !self.free_segments_urgent()) {
                 Ok(n) => tracing::debug!(freed = n, "background cleaning pass"),
                 Err(e) => tracing::warn!("background cleaner: {e}"),
             },
@@ -727,15 +919,16 @@ impl Volume {
     /// dead space in sealed segments down to the idle target.
     fn idle_victims(&self) -> Result<Vec<u64>, VolError> {
         let st = self.lock_state()?;
-        let (segs, usage) = (&st.log.segments, st.live.usage());
+        let usage = st.live.usage();
         let size = self.sb.segment_size_bytes;
         let target = usage.total_live_bytes() * IDLE_DEAD_PERCENT / 100;
-        let mut dead = idle_dead_bytes(segs, usage, size);
-        let candidates: Vec<_> = segs
-            .candidates(usage)
+        let all = self.cleaning_candidates(&st);
+        let mut dead: u64 = all.iter().map(|&(_, left, _)| size - left).sum();
+        let candidates: Vec<_> = all
             .into_iter()
-            .filter(|&(_, live, _)| live * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
+            .filter(|&(_, left, _)| left * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
             .collect();
+        let left: HashMap<u64, u64> = candidates.iter().map(|&(s, l, _)| (s, l)).collect();
         let order = self
             .options
             .cleaner
@@ -746,7 +939,7 @@ impl Volume {
             if dead <= target {
                 break;
             }
-            dead -= size - usage.live_bytes(s);
+            dead -= size - left[&s];
             out.push(s);
         }
         Ok(out)
@@ -755,13 +948,22 @@ impl Volume {
     /// Dead bytes idle cleaning would collect now: the dead space of sealed
     /// segments it may move (for `stat`).
     pub(in crate::volume) fn idle_reclaimable_bytes(&self, st: &State) -> u64 {
-        let (segs, usage) = (&st.log.segments, st.live.usage());
         let size = self.sb.segment_size_bytes;
-        segs.candidates(usage)
+        self.cleaning_candidates(st)
             .into_iter()
-            .filter(|&(_, live, _)| live * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
-            .map(|(_, live, _)| size - live)
+            .filter(|&(_, left, _)| left * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
+            .map(|(_, left, _)| size - left)
             .sum()
+    }
+
+    /// Fewer than half the cleaner's start threshold of segments free: the
+    /// background cleaner works without yielding to clients.
+    fn free_segments_urgent(&self) -> bool {
+        let Ok(st) = self.lock_state() else {
+            return false;
+        };
+        let (free, total) = (st.log.segments.free_count(), st.log.segments.count());
+        free * 200 < self.options.cleaner.low_free_percent * total
     }
 
     /// When fewer than `percent` of the segments are free: the free log bytes
@@ -782,24 +984,12 @@ impl Volume {
         }
         // Only now (the scan is over every segment): what cleaning can reach.
         let size = self.sb.segment_size_bytes;
-        let dead = idle_dead_bytes(&st.log.segments, st.live.usage(), size);
+        let dead: u64 = (self.cleaning_candidates(&st).iter())
+            .map(|&(_, left, _)| size - left)
+            .sum();
         let threshold = (self.options.cleaner.high_free_percent * total).div_ceil(100) * size;
         Ok(Some(threshold.min(st.log.free_bytes() + dead / 2)))
     }
-}
-
-/// Dead bytes of the sealed segments (segment tails and old checkpoints
-/// included): what the host holds beyond the live records, the open
-/// segment aside.
-fn idle_dead_bytes(
-    segs: &crate::segments::SegmentTable,
-    usage: &crate::segments::SegmentUsage,
-    size: u64,
-) -> u64 {
-    segs.candidates(usage)
-        .into_iter()
-        .map(|(_, live, _)| size - live)
-        .sum()
 }
 
 /// The block of the unit at `off` (crc `crc`, `nblocks`) that ref entry
@@ -814,4 +1004,26 @@ fn unit_ref_block(e: MapEntry, off: u64, crc: u32, nblocks: u32) -> Option<u32> 
         } if offset == off && e.block_in(crc) < nblocks => Some(e.block_in(crc)),
         _ => None,
     }
+}
+
+/// The compacted form of the unit `f` (decoded: `data`): the blocks of
+/// `mask` kept, the others zeroed (they compress to almost nothing),
+/// compressed with `codec`; None unless it saves 1/16 of the record.
+fn compacted(f: &Found, mut data: Vec<u8>, mask: u16, codec: Codec) -> Option<Compacted> {
+    const BS: usize = cvol_format::BLOCK_SIZE_BYTES as usize;
+    for (k, block) in data.chunks_mut(BS).enumerate() {
+        if mask & (1 << k) == 0 {
+            block.fill(0);
+        }
+    }
+    let payload = codec.compress(&data)?;
+    let old = f.header.total_len();
+    let new = RECORD_HEADER_BYTES + payload.len();
+    (new + old / 16 <= old).then(|| Compacted {
+        codec: codec.tag(),
+        level: codec.level(),
+        crc: crc32c::crc32c(&payload),
+        payload,
+        mask,
+    })
 }
