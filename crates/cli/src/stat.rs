@@ -47,6 +47,25 @@ fn query_served(path: &Path) -> Option<Result<VolumeStats, String>> {
     })
 }
 
+/// The `space pressure` line: what the volume is doing about room, what
+/// deferral borrowed, and what waited or was refused.
+fn space_pressure(s: &VolumeStats) -> String {
+    let what = match s.space_pressure.as_str() {
+        "cleaning" => "low: the cleaner collects dead space and compacts units",
+        "writers-waiting" => "high: writes wait for the cleaner to make room",
+        _ => "none",
+    };
+    let c = &s.cleaner;
+    format!(
+        "{what}; {} more expected from compaction; deferred raw data {} ({}); {} writes waited, {} refused",
+        human_bytes(s.compactable_bytes),
+        human_bytes(s.deferred_pending_bytes),
+        if s.deferral_room { "deferral on" } else { "deferral paused" },
+        c.space_waits,
+        c.space_refusals
+    )
+}
+
 /// Words and bounds the engine leaves raw: the cleaner policy as its flag
 /// spells it, and no more "data that fits" than the volume has room for.
 /// Idempotent (also applied to what an older server sends).
@@ -436,13 +455,16 @@ impl Report {
             (
                 "cleaner",
                 format!(
-                    "{}: {} cleaned, {} relocated, {} reclaimed",
+                    "{}: {} cleaned, {} relocated, {} reclaimed, {} compacted (saved {})",
                     c.cleaner_policy,
                     count(c.cleaner_segments_cleaned, "segment", "segments"),
                     b(c.cleaner_bytes_relocated),
-                    count(c.segments_reclaimed, "segment", "segments")
+                    count(c.segments_reclaimed, "segment", "segments"),
+                    count(c.cleaner_units_compacted, "unit", "units"),
+                    b(c.cleaner_compaction_saved_bytes)
                 ),
             ),
+            ("space pressure", space_pressure(s)),
             (
                 "map cache",
                 format!(

@@ -153,6 +153,25 @@ pub struct VolumeStats {
     pub estimated_free_logical_bytes: u64,
     /// ...and if nothing more compresses (the conservative figure).
     pub worst_case_free_logical_bytes: u64,
+    /// How short of room the log is: `none`; `cleaning` (free segments
+    /// below the cleaner's start threshold: it collects dead space and
+    /// compacts units while clients write, without waiting for them to
+    /// pause once below half the threshold); `writers-waiting` (writes are
+    /// waiting for the cleaner to make room now).
+    pub space_pressure: String,
+    /// Live bytes of raw units that deferred compression wrote since the
+    /// server started and nothing has compressed yet: what deferral
+    /// borrowed (compressed in the background when idle, or by the cleaner
+    /// when space runs short)...
+    pub deferred_pending_bytes: u64,
+    /// ...and whether deferral may write more now (a quarter of the
+    /// segments free and what it borrowed at most half the usable room).
+    pub deferral_room: bool,
+    /// Log bytes cleaning is expected to save besides the dead bytes, by
+    /// compacting units (partly overwritten units rewritten as their live
+    /// blocks, deferred raw units compressed); counted as free in
+    /// estimated_free_logical_bytes.
+    pub compactable_bytes: u64,
     pub client_bytes_written: u64,
     pub media_bytes_written: u64,
     /// media_bytes_written / client_bytes_written since the server started.
@@ -339,6 +358,15 @@ pub struct CleanerStats {
     /// whose reference summary may name the victim, and its owners'.
     pub cleaner_holder_scans: u64,
     pub cleaner_holder_pages_scanned: u64,
+    /// Units the cleaner rewrote smaller as it moved them (live blocks
+    /// only, or deferred raw units compressed), and the log bytes saved.
+    pub cleaner_units_compacted: u64,
+    pub cleaner_compaction_saved_bytes: u64,
+    /// Times a write waited for cleaning to make room (each a turn of
+    /// foreground cleaning), and writes refused for space (ENOSPC: the
+    /// live data, compacted, does not fit).
+    pub space_waits: u64,
+    pub space_refusals: u64,
 }
 
 /// Deduplication, what each kind of reduction saved, and the read cache

@@ -154,6 +154,7 @@ impl Volume {
         let used = self.sb.data_offset_bytes + st.log.used_bytes() + meta.used;
         let live = st.live.usage().total_live_bytes();
         let usable = self.usable_bytes(&st);
+        let compactable = self.compactable_bytes(&st);
         let client = get(&self.counters.client_bytes_written);
         let segs = &st.log.segments;
         VolumeStats {
@@ -185,8 +186,16 @@ impl Volume {
             dead_bytes: (st.log.used_bytes() + st.log.meta_used_bytes()).saturating_sub(live),
             reclaimable_bytes: self.idle_reclaimable_bytes(&st),
             host_allocated_bytes: self.storage.allocated_bytes(),
-            estimated_free_logical_bytes: (usable as f64 * ratio(mapped, live).max(1.0)) as u64,
+            // Deferred raw units and partly overwritten units hold room
+            // that cleaning gives back: free at the ratio they will reach.
+            estimated_free_logical_bytes: ((usable + compactable) as f64
+                * ratio(mapped, live.saturating_sub(compactable)).max(1.0))
+                as u64,
             worst_case_free_logical_bytes: space::worst_case_free_logical_bytes(usable),
+            space_pressure: self.space_pressure(&st).to_string(),
+            deferred_pending_bytes: st.live.hints().raw_total(),
+            deferral_room: self.activity.defer_room.load(Ordering::Relaxed),
+            compactable_bytes: compactable,
             client_bytes_written: client,
             media_bytes_written: st.log.media_bytes_written,
             write_amplification: ratio(st.log.media_bytes_written, client),
@@ -237,6 +246,10 @@ impl Volume {
             idle_clean_bytes_relocated: get(&cs.idle_bytes_relocated),
             cleaner_holder_scans: get(&cs.holder_scans),
             cleaner_holder_pages_scanned: get(&cs.holder_pages_scanned),
+            cleaner_units_compacted: get(&cs.units_compacted),
+            cleaner_compaction_saved_bytes: get(&cs.compaction_bytes_saved),
+            space_waits: get(&self.counters.space_waits),
+            space_refusals: get(&self.counters.space_refusals),
         }
     }
 

@@ -956,6 +956,31 @@ impl Volume {
             .sum()
     }
 
+    /// Log bytes cleaning is expected to save besides the dead bytes
+    /// (`CompactionHints`), for `stat`.
+    pub(in crate::volume) fn compactable_bytes(&self, st: &State) -> u64 {
+        if self.compaction_codec().is_none() {
+            return 0;
+        }
+        let (segs, usage) = (&st.log.segments, st.live.usage());
+        (0..segs.count())
+            .filter(|&s| segs.state(s) == crate::segments::SegState::Sealed)
+            .map(|s| st.live.hints().saving(s, usage.live_bytes(s)))
+            .sum()
+    }
+
+    /// How short of room the log is, in `stat`'s words.
+    pub(in crate::volume) fn space_pressure(&self, st: &State) -> &'static str {
+        let (free, total) = (st.log.segments.free_count(), st.log.segments.count());
+        if self.activity.space_wanted() {
+            "writers-waiting"
+        } else if free * 100 < self.options.cleaner.low_free_percent * total {
+            "cleaning"
+        } else {
+            "none"
+        }
+    }
+
     /// Fewer than half the cleaner's start threshold of segments free: the
     /// background cleaner works without yielding to clients.
     fn free_segments_urgent(&self) -> bool {
