@@ -104,6 +104,12 @@ struct ObjectFlags {
     /// many seconds is gone, and another may take the volume over.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     lease: f64,
+    /// Object-store volume: serve it even if the store does not honour
+    /// create-only PUTs (If-None-Match), which fencing a second server
+    /// out needs. Unsafe: run only one server of the volume, ever at a
+    /// time, and make sure an old one is gone before starting another.
+    #[arg(long)]
+    unsafe_no_fencing: bool,
 }
 
 impl ObjectFlags {
@@ -113,6 +119,7 @@ impl ObjectFlags {
             cache_size: self.cache_size.as_deref(),
             lease: self.lease,
             read_only,
+            unsafe_no_fencing: self.unsafe_no_fencing,
         }
     }
 }
@@ -386,6 +393,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
                     metadata_device: None,
                     metadata_size: None,
                     cache: None,
+                    unsafe_no_fencing: false,
                 },
             )?;
             tracing::info!("{made}");
@@ -586,7 +594,8 @@ fn run(
         "nbd"
     };
     if let Some(l) = &listeners.tcp {
-        edge::warn_if_exposed(l.local_addr().map_err(|e| e.to_string())?, &config);
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        args.edge.warn_if_exposed(addr, args.read_only);
     }
     let server = Server::new(backend, config);
     let cache_worker = cache
