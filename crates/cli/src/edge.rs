@@ -64,6 +64,15 @@ impl Reach {
             Reach::Network
         }
     }
+
+    /// The reach of a listener on every one of `addrs` (what `--listen`
+    /// resolves to): the network if any is not loopback.
+    pub fn of_all(addrs: impl IntoIterator<Item = SocketAddr>) -> Reach {
+        match addrs.into_iter().all(|a| Reach::of(a) == Reach::Loopback) {
+            true => Reach::Loopback,
+            false => Reach::Network,
+        }
+    }
 }
 
 /// The edge flags as the checks see them (no files read): what
@@ -91,10 +100,12 @@ pub fn check(p: &EdgePlan, tcp: bool) -> Result<(), String> {
         );
     }
     match (p.tls, p.certificates) {
-        (TlsFlag::On | TlsFlag::Require, false) => return Err(format!(
+        (TlsFlag::On | TlsFlag::Require, false) => {
+            return Err(format!(
             "--tls {}: needs --tls-certificates DIR (ca-cert.pem, server-cert.pem, server-key.pem)",
             tls_word(p.tls)
-        )),
+        ))
+        }
         (TlsFlag::Off, true) => {
             return Err("--tls-certificates: TLS is off; add --tls require (or --tls on)".into())
         }
@@ -167,11 +178,12 @@ pub fn exposure(p: &EdgePlan, reach: Reach, addr: &str) -> Option<String> {
     ))
 }
 
-/// [`check`], then the warnings a start would log: the table the tests
-/// go through.
-pub fn assess(p: &EdgePlan, reach: Reach) -> Result<Vec<String>, String> {
+/// Judges the edge flags of a start whose TCP listener `addr` has reach
+/// `reach`: refused ([`check`]'s reason), or served with these warnings
+/// ([`exposure`]).
+pub fn assess(p: &EdgePlan, reach: Reach, addr: &str) -> Result<Vec<String>, String> {
     check(p, reach != Reach::NoTcp)?;
-    Ok(exposure(p, reach, "ADDR").into_iter().collect())
+    Ok(exposure(p, reach, addr).into_iter().collect())
 }
 
 /// `--tls`'s value as written on the command line.
@@ -191,11 +203,19 @@ impl EdgeFlags {
         }
     }
 
-    /// Checks the flags ([`check`]) and loads the certificates into
-    /// `config`. `tcp`: whether a TCP listener is served (`--allow`
-    /// filters only TCP).
-    pub fn apply(&self, config: &mut ServerConfig, tcp: bool) -> Result<(), String> {
-        check(&self.plan(false), tcp)?;
+    /// Judges the flags ([`assess`]; its warnings are logged, loudly, on
+    /// stderr) and loads the certificates into `config`. `reach` and
+    /// `addr`: the TCP listener's (`--listen`).
+    pub fn apply(
+        &self,
+        config: &mut ServerConfig,
+        read_only: bool,
+        reach: Reach,
+        addr: &str,
+    ) -> Result<(), String> {
+        for w in assess(&self.plan(read_only), reach, addr)? {
+            tracing::warn!("{w}");
+        }
         let mode = match self.tls {
             TlsFlag::Off => None,
             TlsFlag::On => Some(TlsMode::On),
@@ -217,14 +237,6 @@ impl EdgeFlags {
 
     pub fn tls_enabled(&self) -> bool {
         self.tls != TlsFlag::Off
-    }
-
-    /// Warns loudly (stderr) when the bound TCP listener `addr` serves
-    /// other machines without authenticating clients ([`exposure`]).
-    pub fn warn_if_exposed(&self, addr: SocketAddr, read_only: bool) {
-        if let Some(w) = exposure(&self.plan(read_only), Reach::of(addr), &addr.to_string()) {
-            tracing::warn!("{w}");
-        }
     }
 }
 
@@ -453,7 +465,7 @@ mod tests {
         for (flags, reach, want) in table {
             let cmd = Cmd::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))
                 .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
-            let got = assess(&cmd.edge.plan(cmd.read_only), *reach);
+            let got = assess(&cmd.edge.plan(cmd.read_only), *reach, "ADDR");
             let ok = match (&got, want) {
                 (Err(e), Refused(why)) => e.contains(why),
                 (Ok(w), Warned(why)) => w.len() == 1 && w[0].contains(why),
@@ -499,6 +511,9 @@ mod tests {
         ] {
             assert_eq!(Reach::of(a.parse().unwrap()), r, "{a}");
         }
+        let all = |a: &[&str]| Reach::of_all(a.iter().map(|a| a.parse().unwrap()));
+        assert_eq!(all(&["127.0.0.1:1", "[::1]:1"]), Loopback);
+        assert_eq!(all(&["127.0.0.1:1", "10.0.0.1:1"]), Network);
     }
 
     #[test]
