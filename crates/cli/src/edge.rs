@@ -1,6 +1,7 @@
 //! `cvol serve`'s network edge: TLS (`--tls`, `--tls-certificates`,
 //! `--tls-verify-peer`), which TCP peers may connect (`--allow`), the
-//! warning when a volume is served to the network in the clear, and the
+//! warning when a volume is served to the network without client
+//! authentication (no TLS, or TLS without client certificates), and the
 //! reload of certificates on SIGHUP. The flags and their meaning follow
 //! nbdkit's, so scripts and certificates carry over.
 use cvol_nbd::tls::{TlsCredentials, TlsMode, TlsSettings};
