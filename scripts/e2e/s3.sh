@@ -22,7 +22,10 @@
 #             create on an existing volume without --force (the volume still
 #             serves its data), a bad bucket name, no prefix, a missing
 #             bucket, serve of a prefix with no volume (naming `cvol create`),
-#             --cache-dir for a local volume
+#             --cache-dir and --unsafe-no-fencing for a local volume. And the
+#             probe of create-only PUTs (fencing rests on them): RGW passes
+#             it (create and serve work; no probe object is left behind), and
+#             a serve with --unsafe-no-fencing says fencing stays on
 #   takeover  A writes 0x11 (and 8 MiB of 0x44) + flush; kill -STOP A; B
 #             (same host, same run dir for control sockets) takes over after
 #             the lease ("lease lapsed: taking the volume over"); B writes
@@ -619,6 +622,10 @@ step_errors() {
     s3_serve "$url"
     qio "write 0x77" "$SRV_URI" "write -P 0x77 0 1M" flush
     stop_server
+    [[ -z $(rgw_names "$BUCKET" errors/probe/) ]] || fail "the create-only probes left objects behind"
+    s3_serve "$url" --unsafe-no-fencing
+    expect_log "$SRV_ERR" "fencing stays on" "serve --unsafe-no-fencing on a store that honours create-only PUTs"
+    stop_server
     refused "serve without --cache-dir" "--cache-dir" \
         "$CVOL" serve "$url" --socket "$E2E_TMP/e1.sock"
     [[ ! -e "$E2E_TMP/e1.sock" ]] || fail "serve without --cache-dir left its socket behind"
@@ -639,6 +646,11 @@ step_errors() {
     "$CVOL" create "$E2E_TMP/local.cvol" --size 64M >/dev/null 2>&1 || fail "cvol create of a local volume failed"
     refused "--cache-dir for a local volume" "--cache-dir" \
         "$CVOL" serve "$E2E_TMP/local.cvol" --cache-dir "$E2E_TMP/cache-local" --socket "$E2E_TMP/e3.sock"
+    refused "serve --unsafe-no-fencing of a local volume" "--unsafe-no-fencing" \
+        "$CVOL" serve "$E2E_TMP/local.cvol" --unsafe-no-fencing --socket "$E2E_TMP/e4.sock"
+    refused "create --unsafe-no-fencing of a local volume" "--unsafe-no-fencing" \
+        "$CVOL" create "$E2E_TMP/local2.cvol" --size 64M --unsafe-no-fencing
+    [[ ! -e "$E2E_TMP/local2.cvol" ]] || fail "the refused create left $E2E_TMP/local2.cvol behind"
     end_step
 }
 

@@ -22,7 +22,9 @@
 #              the default (no --tls): nbds:// refused, nbd:// served
 #   badconf    refused at start (exit 2 for cvol, message naming the
 #              problem): a missing certificate directory, a garbage
-#              server-key.pem, --tls bogus
+#              server-key.pem, --tls bogus; (cvol) --tls on with
+#              --tls-verify-peer (plain clients would skip the certificate
+#              check: "use --tls require")
 #   rotate     (cvol) SIGHUP re-reads the certificates: a copy of
 #              server-rotated/ over the served directory, kill -HUP: new
 #              connections get the new certificate (the probe's fingerprint),
@@ -35,8 +37,12 @@
 #              socket still served; --allow 10.0.0.0/8,127.0.0.0/8 served;
 #              --allow nonsense and 10.0.0.0/33 refused at start (exit 2,
 #              message naming --allow)
-#   warn       (cvol) --listen 0.0.0.0:PORT without TLS warns on stderr (a line
-#              with "warning" and "TLS", any case)
+#   warn       (cvol) a network listener (--listen 0.0.0.0:PORT) whose clients
+#              are not authenticated warns on stderr: without TLS (a line
+#              with "warning" and "TLS", recommending --tls-verify-peer), with
+#              --tls require but no --tls-verify-peer ("no client
+#              certificates"); with --tls require --tls-verify-peer: no
+#              warning, and a client with a certificate is served
 #   ctl        (cvol) the control socket (cvol-*.ctl in $CVOL_RUN_DIR, a 0755
 #              temp dir here) is mode 0600, or sits in a 0700 directory of
 #              its own
@@ -483,6 +489,10 @@ step_badconf() {
     start_refused "a garbage server-key.pem" 'key|cert|tls' \
         --tls require --tls-certificates "$E2E_TMP/badcerts"
     start_refused "--tls bogus" 'tls' --tls bogus --tls-certificates "$CERTS"
+    if is_cvol; then
+        start_refused "--tls on with --tls-verify-peer" 'with --tls on.*use --tls require' \
+            --tls on --tls-certificates "$CERTS" --tls-verify-peer
+    fi
 }
 
 step_rotate() {
@@ -610,31 +620,56 @@ step_allow() {
     start_refused "--allow 10.0.0.0/33" '--allow' --allow 10.0.0.0/33
 }
 
-step_warn() {
-    if ! is_cvol; then
-        skip_step "the warning for a non-loopback listener without TLS (cvol's)"
-        return 0
-    fi
-    step "a non-loopback listener without TLS warns"
-    local port out err pid deadline
+# warn_start URI-CERTDIR ARGS... -- cvol serve $VOL --listen 0.0.0.0:PORT ARGS,
+# served to a client (with $PKI/URI-CERTDIR's certificate over TLS, or plain
+# if "-"), then stopped; its stderr (colours stripped) in $WARN_ERR
+warn_start() {
+    local certdir=$1 port out err pid deadline uri
+    shift
     port=$(free_port)
     out=$E2E_TMP/warn.out
     err=$E2E_TMP/warn.err
-    "$CVOL" serve "$VOL" --listen "0.0.0.0:$port" >"$out" 2>"$err" &
+    "$CVOL" serve "$VOL" --listen "0.0.0.0:$port" "$@" >"$out" 2>"$err" &
     pid=$!
     reg_pid "$pid"
     deadline=$(($(date +%s) + E2E_READY_TIMEOUT))
     until grep -qE '^nbds?://' "$out"; do
-        _alive "$pid" || fail "cvol serve --listen 0.0.0.0:$port exited: $(cat "$err")"
-        (($(date +%s) < deadline)) || fail "cvol serve --listen 0.0.0.0:$port printed no URI"
+        _alive "$pid" || fail "cvol serve --listen 0.0.0.0:$port $* exited: $(cat "$err")"
+        (($(date +%s) < deadline)) || fail "cvol serve --listen 0.0.0.0:$port $* printed no URI"
         sleep 0.05
     done
-    served "nbd://127.0.0.1 via 0.0.0.0" "nbd://127.0.0.1:$port/"
+    if [[ "$certdir" == - ]]; then
+        uri="nbd://127.0.0.1:$port/"
+    else
+        uri="nbds://localhost:$port/?tls-certificates=$PKI/$certdir"
+    fi
+    served "$uri via 0.0.0.0 ($*)" "$uri"
     stop_server "$pid"
+    WARN_ERR=$E2E_TMP/warn.clean
+    sed 's/\x1b\[[0-9;]*m//g' "$err" >"$WARN_ERR"
+}
+
+step_warn() {
+    if ! is_cvol; then
+        skip_step "the warning for a non-loopback listener without client authentication (cvol's)"
+        return 0
+    fi
+    step "a non-loopback listener without client authentication warns"
     local w
-    w=$(sed 's/\x1b\[[0-9;]*m//g' "$err" | grep -i 'warn' | grep -i 'tls' | head -n 1 || true)
-    [[ -n "$w" ]] || fail "--listen 0.0.0.0 without TLS: no warning line mentioning TLS on stderr: $(cat "$err")"
+    warn_start -
+    w=$(grep -i 'warn' "$WARN_ERR" | grep -i 'tls' | head -n 1 || true)
+    [[ -n "$w" ]] || fail "--listen 0.0.0.0 without TLS: no warning line mentioning TLS on stderr: $(cat "$WARN_ERR")"
+    [[ "$w" == *"--tls-verify-peer"* ]] ||
+        fail "--listen 0.0.0.0 without TLS: the warning does not recommend client certificates (--tls-verify-peer): $w"
     log "ok: warned: ${w:0:200}"
+    warn_start noca-client --tls require --tls-certificates "$CERTS"
+    w=$(grep -i 'warn' "$WARN_ERR" | grep -i 'no client certificates' | head -n 1 || true)
+    [[ -n "$w" ]] || fail "--tls require without --tls-verify-peer on 0.0.0.0: no warning: $(cat "$WARN_ERR")"
+    log "ok: warned: ${w:0:200}"
+    warn_start client --tls require --tls-certificates "$CERTS" --tls-verify-peer
+    ! grep -qi 'warn' "$WARN_ERR" ||
+        fail "--tls require --tls-verify-peer on 0.0.0.0 warned: $(grep -i 'warn' "$WARN_ERR")"
+    log "ok: --tls require --tls-verify-peer on 0.0.0.0: served, no warning"
 }
 
 for s in $STEPS; do

@@ -33,6 +33,8 @@ pub struct CreateArgs<'a> {
     pub metadata_size: Option<&'a str>,
     /// A cache in front of an origin (`--origin`); `size` is then unused.
     pub cache: Option<CacheArgs<'a>>,
+    /// Object store: `--unsafe-no-fencing`.
+    pub unsafe_no_fencing: bool,
 }
 
 /// `--origin`, `--cache-mode`, `--line-size`.
@@ -462,7 +464,7 @@ fn write_volume(
     cache: Option<&CachePlan>,
 ) -> Result<(), String> {
     if let Some(url) = crate::objvol::url_of(path) {
-        return crate::objvol::create(url, opts, a.force);
+        return crate::objvol::create(url, opts, a.force, a.unsafe_no_fencing);
     }
     let storage = open_target(path, target, a, opts.physical_size_bytes, undo)?;
     if let Some(c) = cache {

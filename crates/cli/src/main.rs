@@ -94,6 +94,12 @@ enum Command {
         /// The unit a miss reads from the origin and fills (power of two, 4K to 1M).
         #[arg(long)]
         line_size: Option<String>,
+        /// Object-store volume: create it even if the store does not honour
+        /// create-only PUTs (If-None-Match), which single-writer fencing
+        /// needs. Unsafe: only one server may then ever write the volume
+        /// at a time (serve needs the flag too).
+        #[arg(long)]
+        unsafe_no_fencing: bool,
     },
     /// Serve a volume over NBD (default: ./cvol-data/default.cvol, created if absent).
     Serve(Box<serve::ServeArgs>),
@@ -268,7 +274,15 @@ fn main() -> ExitCode {
             origin,
             cache_mode,
             line_size,
+            unsafe_no_fencing,
         } => words::on_off("--dedup", &dedup).and_then(|dedup| {
+            if unsafe_no_fencing && objvol::url_of(&volume).is_none() {
+                return Err(format!(
+                    "--unsafe-no-fencing is for a volume in an object store (s3://BUCKET/PREFIX), \
+                     not {}",
+                    volume.display()
+                ));
+            }
             // `--size` conflicts with `--origin`, so clap's `requires`
             // cannot be used for these: checked here.
             if origin.is_none() {
@@ -299,6 +313,7 @@ fn main() -> ExitCode {
                     make_parent: false,
                     metadata_device: metadata_device.as_deref(),
                     metadata_size: metadata_size.as_deref(),
+                    unsafe_no_fencing,
                 },
             )
         }),

@@ -41,9 +41,15 @@ pub fn config(url: &str, cache_dir: PathBuf) -> Result<Config, String> {
 /// Writes a new volume at `url`: descriptor and empty manifest, then the
 /// engine's format through the store. A failure deletes what it wrote
 /// (nothing is touched when the prefix holds objects and --force is not given).
-pub fn create(url: &str, opts: &CreateOptions, force: bool) -> Result<(), String> {
+pub fn create(
+    url: &str,
+    opts: &CreateOptions,
+    force: bool,
+    unsafe_no_fencing: bool,
+) -> Result<(), String> {
     let tmp = TempCache::new("create");
-    let cfg = config(url, tmp.0.clone())?;
+    let mut cfg = config(url, tmp.0.clone())?;
+    cfg.unsafe_no_fencing = unsafe_no_fencing;
     let d = Descriptor {
         size_bytes: opts.physical_size_bytes,
         head_bytes: DATA_OFFSET_BYTES,
@@ -69,6 +75,8 @@ pub struct ServeFlags<'a> {
     pub cache_size: Option<&'a str>,
     pub lease: f64,
     pub read_only: bool,
+    /// `--unsafe-no-fencing`.
+    pub unsafe_no_fencing: bool,
 }
 
 /// Default `--cache-size`.
@@ -92,16 +100,19 @@ pub fn open(url: &str, f: &ServeFlags) -> Result<Arc<ObjectStorage>, String> {
     }
     cfg.lease = Duration::from_secs_f64(f.lease);
     cfg.read_only = f.read_only;
+    cfg.unsafe_no_fencing = f.unsafe_no_fencing;
     Ok(Arc::new(ObjectStorage::open(&cfg)?))
 }
 
 /// Flags that only mean something for an object-store volume, refused
 /// for a volume on local media.
 pub fn refuse_for_local(path: &Path, f: &ServeFlags) -> Result<(), String> {
-    if url_of(path).is_none() && (f.cache_dir.is_some() || f.cache_size.is_some()) {
+    if url_of(path).is_none()
+        && (f.cache_dir.is_some() || f.cache_size.is_some() || f.unsafe_no_fencing)
+    {
         return Err(format!(
-            "--cache-dir and --cache-size are for a volume in an object store (s3://BUCKET/PREFIX), \
-             not {}",
+            "--cache-dir, --cache-size and --unsafe-no-fencing are for a volume in an object \
+             store (s3://BUCKET/PREFIX), not {}",
             path.display()
         ));
     }

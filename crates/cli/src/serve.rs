@@ -104,6 +104,12 @@ struct ObjectFlags {
     /// many seconds is gone, and another may take the volume over.
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     lease: f64,
+    /// Object-store volume: serve it even if the store does not honour
+    /// create-only PUTs (If-None-Match), which fencing a second server
+    /// out needs. Unsafe: run only one server of the volume, ever at a
+    /// time, and make sure an old one is gone before starting another.
+    #[arg(long)]
+    unsafe_no_fencing: bool,
 }
 
 impl ObjectFlags {
@@ -113,6 +119,7 @@ impl ObjectFlags {
             cache_size: self.cache_size.as_deref(),
             lease: self.lease,
             read_only,
+            unsafe_no_fencing: self.unsafe_no_fencing,
         }
     }
 }
@@ -216,12 +223,28 @@ impl ServeArgs {
             ..ServerConfig::default()
         };
         self.limits.apply(&mut config)?;
-        let tcp = self.listen.is_some() || self.socket.is_none();
-        self.edge.apply(&mut config, tcp)?;
+        let (reach, addr) = self.tcp_reach();
+        self.edge.apply(&mut config, self.read_only, reach, addr)?;
         if let Some(w) = self.workers {
             config.workers = w.max(1);
         }
         Ok(config)
+    }
+}
+
+impl ServeArgs {
+    /// Whom the TCP listener reaches, and its address (as given): none
+    /// with only `--socket`. An address that does not resolve counts as
+    /// loopback here (the bind refuses it).
+    fn tcp_reach(&self) -> (edge::Reach, &str) {
+        if self.listen.is_none() && self.socket.is_some() {
+            return (edge::Reach::NoTcp, "");
+        }
+        let addr = self.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+        let reach = addr
+            .to_socket_addrs()
+            .map_or(edge::Reach::Loopback, edge::Reach::of_all);
+        (reach, addr)
     }
 }
 
@@ -386,6 +409,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
                     metadata_device: None,
                     metadata_size: None,
                     cache: None,
+                    unsafe_no_fencing: false,
                 },
             )?;
             tracing::info!("{made}");
@@ -585,9 +609,6 @@ fn run(
     } else {
         "nbd"
     };
-    if let Some(l) = &listeners.tcp {
-        edge::warn_if_exposed(l.local_addr().map_err(|e| e.to_string())?, &config);
-    }
     let server = Server::new(backend, config);
     let cache_worker = cache
         .filter(|_| !args.read_only)
@@ -726,6 +747,25 @@ mod tests {
         assert!(err(&["--max-connections", "0"]).contains("--max-connections"));
         assert!(err(&["--max-buffered", "4K"]).contains("--max-buffered 4K"));
         assert!(err(&["--handshake-timeout", "0"]).contains("--handshake-timeout"));
+        let e = err(&[
+            "--tls",
+            "on",
+            "--tls-certificates",
+            "/p",
+            "--tls-verify-peer",
+        ]);
+        assert!(e.contains("use --tls require"), "{e}");
+        assert!(err(&["--socket", "/s", "--allow", "::1"]).starts_with("--allow"));
+        let reach = |flags: &[&str]| {
+            let args = parse(flags);
+            let (r, a) = args.tcp_reach();
+            (r, a.to_string())
+        };
+        assert_eq!(reach(&[]), (edge::Reach::Loopback, DEFAULT_LISTEN.into()));
+        assert_eq!(reach(&["--socket", "/s"]).0, edge::Reach::NoTcp);
+        assert_eq!(reach(&["--listen", "[::1]:9"]).0, edge::Reach::Loopback);
+        let r = reach(&["--listen", "0.0.0.0:9", "--socket", "/s"]);
+        assert_eq!(r, (edge::Reach::Network, "0.0.0.0:9".into()));
         // The cleaner is checked first, as it always was.
         assert!(err(&["--unit-size", "3K", "--clean-stop", "95"]).contains("--clean-start"));
         let a = parse(&["--workers", "0", "--export", "x", "--read-only"]);

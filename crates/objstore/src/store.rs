@@ -26,6 +26,11 @@
 //!   *fences* the log: a create-only empty delta at the next number. A
 //!   stale server's next delta then collides and it stops (its later
 //!   uploads are never referenced).
+//! - Fencing rests on the store honouring create-only PUTs
+//!   (`If-None-Match: *`). `create` and a writable `open` probe that first
+//!   ([`probe_create_only`]) and refuse a store that does not, unless
+//!   [`Config::unsafe_no_fencing`] (then every PUT overwrites, and only one
+//!   server may ever write the volume at a time).
 use crate::bits::Bits;
 use crate::format::{ChunkRef, Delta, Descriptor, Manifest, Names, ObjId, Range, SECTOR};
 use bytes::Bytes;
@@ -74,6 +79,10 @@ pub struct Config {
     pub lease: Duration,
     /// Background PUTs at once.
     pub uploads: usize,
+    /// Create and serve even when the store does not honour create-only
+    /// PUTs (`--unsafe-no-fencing`): nothing then stops a second server
+    /// from writing the volume at the same time.
+    pub unsafe_no_fencing: bool,
 }
 
 impl Config {
@@ -87,6 +96,7 @@ impl Config {
             read_only: false,
             lease: Duration::from_secs(10),
             uploads: 8,
+            unsafe_no_fencing: false,
         }
     }
 }
@@ -233,6 +243,9 @@ struct Inner {
     local: FileStorage,
     cache_bytes: u64,
     read_only: bool,
+    /// PUTs meant create-only are (false: `--unsafe-no-fencing` on a store
+    /// that does not honour them; every PUT overwrites).
+    create_only: bool,
     epoch: u64,
     lease: Duration,
     chunks: Vec<Mutex<Chunk>>,
@@ -299,7 +312,8 @@ pub fn create(cfg: &Config, d: &Descriptor, force: bool) -> Result<(), String> {
                     .map_err(|e| format!("{}: deleting {n}: {e}", cfg.label))?;
             }
         }
-        put(&*store, &names.descriptor(), d.encode(), true)
+        let create_only = settle_fencing(&*store, &names, cfg).await?;
+        put(&*store, &names.descriptor(), d.encode(), create_only)
             .await
             .map_err(|e| format!("{}: {e}", cfg.label))?;
         let m = Manifest {
@@ -308,7 +322,7 @@ pub fn create(cfg: &Config, d: &Descriptor, force: bool) -> Result<(), String> {
             chunks: vec![None; d.chunk_count() as usize],
             fences: Vec::new(),
         };
-        put(&*store, &names.manifest(0), m.encode(), true)
+        put(&*store, &names.manifest(0), m.encode(), create_only)
             .await
             .map_err(|e| format!("{}: {e}", cfg.label))
     })
@@ -330,6 +344,102 @@ pub fn destroy(cfg: &Config) -> Result<(), String> {
         }
         Ok(())
     })
+}
+
+/// What a store does with create-only PUTs (`PutMode::Create`, S3's
+/// `If-None-Match: *`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateOnly {
+    /// A second create-only PUT of an object fails: fencing holds.
+    Honoured,
+    /// It does not (the reason, in words): a stale server's delta would
+    /// silently replace its successor's.
+    NotHonoured(String),
+}
+
+/// Probes whether `store` honours create-only PUTs: PUTs a new probe
+/// object under the volume's prefix create-only, then again, and expects
+/// "already exists"; the probe is deleted. Errors are the store's (no
+/// access, no bucket), not an answer.
+pub async fn probe_create_only(
+    store: &dyn ObjectStore,
+    names: &Names,
+) -> object_store::Result<CreateOnly> {
+    static PROBES: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let name = names.dir(&format!(
+        "probe/{}-{nanos:x}-{}",
+        std::process::id(),
+        PROBES.fetch_add(1, Ordering::Relaxed)
+    ));
+    let body = || b"cvol create-only probe\n".to_vec();
+    let answer = match put(store, &name, body(), true).await {
+        Ok(()) => match put(store, &name, body(), true).await {
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(CreateOnly::Honoured),
+            Ok(()) => Ok(CreateOnly::NotHonoured(
+                "a second create-only PUT of the same object succeeded".into(),
+            )),
+            Err(e) => Ok(CreateOnly::NotHonoured(format!(
+                "a second create-only PUT of the same object failed with another error than \
+                 \"already exists\": {e}"
+            ))),
+        },
+        Err(e @ object_store::Error::NotImplemented { .. }) => {
+            return Ok(CreateOnly::NotHonoured(format!(
+                "{e} (is AWS_CONDITIONAL_PUT set to disabled?)"
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    if let Err(e) = store.delete(&ObjPath::from(name.as_str())).await {
+        tracing::warn!("deleting the probe object {name}: {e}");
+    }
+    answer
+}
+
+/// Probes the store ([`probe_create_only`]) before anything is written;
+/// true: PUTs meant create-only are (fencing holds). A store that does
+/// not honour them is refused, unless `cfg.unsafe_no_fencing` (then
+/// false: every PUT overwrites, which such a store may be doing anyway).
+async fn settle_fencing(
+    store: &dyn ObjectStore,
+    names: &Names,
+    cfg: &Config,
+) -> Result<bool, String> {
+    let label = &cfg.label;
+    let why = match probe_create_only(store, names)
+        .await
+        .map_err(|e| describe(label, &e))?
+    {
+        CreateOnly::Honoured => {
+            if cfg.unsafe_no_fencing {
+                tracing::info!(
+                    "{label}: the store honours create-only PUTs, so fencing stays on \
+                     (--unsafe-no-fencing is not needed)"
+                );
+            }
+            return Ok(true);
+        }
+        CreateOnly::NotHonoured(why) => why,
+    };
+    if cfg.unsafe_no_fencing {
+        tracing::warn!(
+            "WARNING: {label}: fencing is OFF (--unsafe-no-fencing): the store does not honour \
+             create-only PUTs ({why}). Nothing stops a second server from writing this volume \
+             at the same time, which corrupts it: run one writer only, and make sure an old \
+             server is gone before a new one starts."
+        );
+        return Ok(false);
+    }
+    Err(format!(
+        "{label}: the object store does not honour create-only PUTs (If-None-Match: *): {why}. \
+         cvol's single-writer fencing rests on them: without it, a server taken over after a \
+         pause could go on writing and corrupt the volume. Use a store that honours them \
+         (AWS S3 and Ceph RGW do), or, if only one server will ever write this volume at a \
+         time (an old one always gone before a new one starts), pass --unsafe-no-fencing."
+    ))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
@@ -425,6 +535,8 @@ impl ObjectStorage {
                 Err(e) => Err(describe(label, &e)),
             }
         })?;
+        // Nothing is written read-only; a writer needs fencing to hold.
+        let create_only = cfg.read_only || rt.block_on(settle_fencing(&*store, &names, cfg))?;
         std::fs::create_dir_all(&cfg.cache_dir)
             .map_err(|e| format!("--cache-dir {}: {e}", cfg.cache_dir.display()))?;
         let file = cfg.cache_dir.join(format!("{}.cache", cache_name(label)));
@@ -438,7 +550,7 @@ impl ObjectStorage {
         let epoch = if cfg.read_only {
             0
         } else {
-            match rt.block_on(claim(&*store, &names, label, cfg.lease)) {
+            match rt.block_on(claim(&*store, &names, label, cfg.lease, create_only)) {
                 Ok(e) => e,
                 Err(e) => {
                     // Refused: the cache file (ours, locked, empty) goes.
@@ -459,6 +571,7 @@ impl ObjectStorage {
             local,
             cache_bytes: cfg.cache_bytes,
             read_only: cfg.read_only,
+            create_only,
             epoch,
             lease: cfg.lease,
             chunks,
@@ -650,6 +763,7 @@ async fn claim(
     names: &Names,
     label: &str,
     lease: Duration,
+    create_only: bool,
 ) -> Result<u64, String> {
     let here = |e: object_store::Error| describe(label, &e);
     let epochs = numbers(&list(store, &names.dir("epoch")).await.map_err(here)?);
@@ -696,7 +810,7 @@ async fn claim(
         store,
         &names.epoch(epoch),
         lease_body(epoch, 0, lease),
-        true,
+        create_only,
     )
     .await
     {
@@ -778,7 +892,7 @@ impl Inner {
                     ..Delta::default()
                 }
                 .encode();
-                match self.block(put(store, &names.delta(seq), body, true)) {
+                match self.block(put(store, &names.delta(seq), body, self.create_only)) {
                     Ok(()) => break Some(seq),
                     Err(object_store::Error::AlreadyExists { .. }) => continue,
                     Err(e) => return Err(format!("fencing the log: {e}")),
@@ -1204,7 +1318,12 @@ impl Inner {
 
     fn put_chunk(&self, c: u32, id: ObjId, body: Vec<u8>) -> object_store::Result<()> {
         let len = body.len() as u64;
-        self.block(put(&*self.store, &self.names.chunk(c, id), body, true))?;
+        self.block(put(
+            &*self.store,
+            &self.names.chunk(c, id),
+            body,
+            self.create_only,
+        ))?;
         self.c.puts.fetch_add(1, Ordering::Relaxed);
         self.c.put_bytes.fetch_add(len, Ordering::Relaxed);
         Ok(())
@@ -1413,10 +1532,11 @@ impl Inner {
         }
         let store = self.store.clone();
         let names = self.names.clone();
+        let create_only = self.create_only;
         let results: Vec<object_store::Result<()>> = self.block(
             futures::stream::iter(jobs.into_iter().map(|(c, id, body)| {
                 let (store, name) = (store.clone(), names.chunk(c, id));
-                async move { put(&*store, &name, body, true).await }
+                async move { put(&*store, &name, body, create_only).await }
             }))
             .buffer_unordered(self.parallel)
             .collect(),
@@ -1466,7 +1586,7 @@ impl Inner {
     fn put_delta(&self, seq: u64, body: Vec<u8>) -> io::Result<()> {
         let name = self.names.delta(seq);
         let len = body.len() as u64;
-        let r = self.block(put(&*self.store, &name, body.clone(), true));
+        let r = self.block(put(&*self.store, &name, body.clone(), self.create_only));
         self.c.puts.fetch_add(1, Ordering::Relaxed);
         self.c.put_bytes.fetch_add(len, Ordering::Relaxed);
         let e = match r {
@@ -1533,8 +1653,13 @@ impl Inner {
         };
         let body = m.encode();
         let len = body.len() as u64;
-        self.block(put(&*self.store, &self.names.manifest(seq), body, true))
-            .map_err(|e| self.fail(format!("manifest {seq}: {e}")))?;
+        self.block(put(
+            &*self.store,
+            &self.names.manifest(seq),
+            body,
+            self.create_only,
+        ))
+        .map_err(|e| self.fail(format!("manifest {seq}: {e}")))?;
         self.c.puts.fetch_add(1, Ordering::Relaxed);
         self.c.put_bytes.fetch_add(len, Ordering::Relaxed);
         // Superseded by this manifest: older deltas and manifest, and the
