@@ -251,6 +251,11 @@ struct Coverage {
     warm_reuses: u64,
     /// Zeros written past the log head by flushes.
     zero_ahead_bytes: u64,
+    /// Seeds on a store small enough to run near full, units the cleaner
+    /// compacted as it moved them, writes refused for space.
+    near_full_seeds: u64,
+    units_compacted: u64,
+    space_refusals: u64,
 }
 
 impl Coverage {
@@ -271,6 +276,9 @@ impl Coverage {
             fingerprint_spills,
             warm_reuses,
             zero_ahead_bytes,
+            near_full_seeds,
+            units_compacted,
+            space_refusals,
         } = o;
         self.zero_ahead_bytes += zero_ahead_bytes;
         self.fingerprint_spills += fingerprint_spills;
@@ -287,6 +295,9 @@ impl Coverage {
         self.warm_table_fingerprints += warm_table_fingerprints;
         self.metadata_device_seeds += metadata_device_seeds;
         self.paged_seeds += paged_seeds;
+        self.near_full_seeds += near_full_seeds;
+        self.units_compacted += units_compacted;
+        self.space_refusals += space_refusals;
     }
 }
 
@@ -306,9 +317,23 @@ fn packing_of(seed: u64) -> Packing {
     Packing::ALL[(seed / 3 % 3) as usize]
 }
 
+/// Seeds 3, 7, 11, ... run near full: a data store of three segments
+/// beside the superblocks, where the live data (up to 1.5 MiB, half of it
+/// incompressible) and the reserve leave the cleaner little room, and the
+/// writes that deferral leaves raw (busy seeds) must be compacted by the
+/// cleaner for the rest to fit.
+fn data_store_of(seed: u64) -> u64 {
+    if seed % 4 == 3 {
+        4 * MIB
+    } else {
+        6 * MIB
+    }
+}
+
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut store = Stores::new(6 * MIB, metadata_device_of(seed));
+    let mut store = Stores::new(data_store_of(seed), metadata_device_of(seed));
+    cov.near_full_seeds += u64::from(data_store_of(seed) < 6 * MIB);
     let codec = sim::codec_policies()[rng.gen_range(0..4)];
     BASE.with(|b| b.set(base_of(seed)));
     let opts = common::options(&store.data, base_of(seed) + (LOGICAL_BLOCKS * BS) as u64)
@@ -360,6 +385,8 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         cov.units_written += st.elastic.units_written;
         cov.recompressed_blocks += st.elastic.recompressed_blocks;
         cov.idle_clean_passes += st.cleaner.idle_clean_passes;
+        cov.units_compacted += st.cleaner.cleaner_units_compacted;
+        cov.space_refusals += st.cleaner.space_refusals;
         vol.verify_refcounts()
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: before the crash: {e}"));
         let crashed = store.crash(rng.gen());
@@ -434,7 +461,8 @@ fn crash_simulation_seeds() {
          {} units written, {} blocks recompressed, {} idle cleaning passes, \
          {} opens from persisted tables, {} fingerprints warmed from tables, \
          {} seeds with a metadata device, {} fingerprint spills, {} page-packed seeds, \
-         {} freed segments written over unpunched, {} bytes of zeros ahead of the head",
+         {} freed segments written over unpunched, {} bytes of zeros ahead of the head, \
+         {} near-full seeds, {} units compacted by the cleaner, {} writes refused for space",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
@@ -449,7 +477,14 @@ fn crash_simulation_seeds() {
         cov.fingerprint_spills,
         cov.paged_seeds,
         cov.warm_reuses,
-        cov.zero_ahead_bytes
+        cov.zero_ahead_bytes,
+        cov.near_full_seeds,
+        cov.units_compacted,
+        cov.space_refusals
+    );
+    assert!(
+        cov.units_compacted > 0,
+        "the cleaner never compacted a unit"
     );
     assert!(
         cov.zero_ahead_bytes > 0,
