@@ -230,6 +230,26 @@ pub struct ServerConfig {
     /// The whole handshake (greeting to NBD_OPT_GO/EXPORT_NAME) must finish
     /// within this time, or the connection is closed; default 30 s.
     pub handshake_timeout: std::time::Duration,
+    /// Connections one TCP peer address may hold at once (handshaking or
+    /// established); beyond, its new connections are closed at once
+    /// (counted in [`Server::refused_connection_count`]). Unix-socket
+    /// clients are exempt (the socket file's permissions decide who may
+    /// connect). Default 16.
+    pub max_connections_per_address: usize,
+    /// Connections still in the handshake (before NBD_OPT_GO, TLS included)
+    /// at once; beyond, new connections are closed at once, so clients
+    /// that never finish the handshake cannot take the slots of
+    /// established ones. Default 64 (a quarter of the default
+    /// `max_connections`); at most `max_connections`.
+    pub max_handshaking: usize,
+    /// An established connection with no request in flight that sends
+    /// nothing for this long is closed; `None` (the default): never.
+    pub idle_timeout: Option<std::time::Duration>,
+    /// A reply must be sent within this time plus its size at
+    /// [`MIN_REPLY_BYTES_PER_SEC`] from when its sending starts, and every
+    /// send must make progress within this time, or the connection is
+    /// closed (a client that stops reading, or trickles). Default 60 s.
+    pub send_timeout: std::time::Duration,
     /// TLS offered or required (`None`: `NBD_OPT_STARTTLS` is refused).
     pub tls: Option<tls::TlsSettings>,
     /// TCP peers allowed to connect (`None`: any); others are closed at
@@ -261,12 +281,21 @@ impl Default for ServerConfig {
             max_connections: 256,
             max_buffered_bytes: 256 * 1024 * 1024,
             handshake_timeout: std::time::Duration::from_secs(30),
+            max_connections_per_address: 16,
+            max_handshaking: 64,
+            idle_timeout: None,
+            send_timeout: std::time::Duration::from_secs(60),
             tls: None,
             allow: None,
             observer: None,
         }
     }
 }
+
+/// The slowest a reply may be read by its client, on average, beyond
+/// [`ServerConfig::send_timeout`]: 64 KiB/s (a 32 MiB reply has 60 s +
+/// 512 s).
+pub const MIN_REPLY_BYTES_PER_SEC: u64 = 64 * 1024;
 
 /// Convenience alias for the backend handle the server holds.
 pub type SharedBackend = Arc<dyn Backend>;
