@@ -246,10 +246,13 @@ pub struct ServerConfig {
     /// nothing for this long is closed; `None` (the default): never.
     pub idle_timeout: Option<std::time::Duration>,
     /// A reply must be sent within this time plus its size at
-    /// [`MIN_REPLY_BYTES_PER_SEC`] from when its sending starts, and every
+    /// `min_reply_bytes_per_sec` from when its sending starts, and every
     /// send must make progress within this time, or the connection is
     /// closed (a client that stops reading, or trickles). Default 60 s.
     pub send_timeout: std::time::Duration,
+    /// The slowest a client may read a reply, on average, beyond
+    /// `send_timeout`; default 64 KiB/s (a 32 MiB reply has 60 s + 512 s).
+    pub min_reply_bytes_per_sec: u64,
     /// TLS offered or required (`None`: `NBD_OPT_STARTTLS` is refused).
     pub tls: Option<tls::TlsSettings>,
     /// TCP peers allowed to connect (`None`: any); others are closed at
@@ -285,17 +288,13 @@ impl Default for ServerConfig {
             max_handshaking: 64,
             idle_timeout: None,
             send_timeout: std::time::Duration::from_secs(60),
+            min_reply_bytes_per_sec: 64 * 1024,
             tls: None,
             allow: None,
             observer: None,
         }
     }
 }
-
-/// The slowest a reply may be read by its client, on average, beyond
-/// [`ServerConfig::send_timeout`]: 64 KiB/s (a 32 MiB reply has 60 s +
-/// 512 s).
-pub const MIN_REPLY_BYTES_PER_SEC: u64 = 64 * 1024;
 
 /// Convenience alias for the backend handle the server holds.
 pub type SharedBackend = Arc<dyn Backend>;

@@ -23,6 +23,9 @@ use socket::{Listener, Socket};
 
 /// How often an accept loop checks for shutdown.
 const ACCEPT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a connection may be in the handshake before a new connection
+/// may take its place when every handshake slot is taken.
+const HANDSHAKE_EVICTION_AGE: Duration = Duration::from_secs(2);
 /// What "never" means for deadlines whose time overflows (about 30 years).
 const FAR_FUTURE: Duration = Duration::from_secs(1 << 30);
 /// Read buffer of a connection's reader.
@@ -162,6 +165,30 @@ struct Slot {
     /// The TCP peer address, counted in `per_address`.
     address: Option<IpAddr>,
     handshaking: bool,
+    /// When the connection was accepted.
+    since: Instant,
+}
+
+/// With every handshake slot taken, a new connection closes the oldest
+/// connection still in the handshake if that has been at it for at least
+/// [`HANDSHAKE_EVICTION_AGE`], and takes its slot: clients that open
+/// connections and never finish the handshake then keep new clients out
+/// only by opening `max_handshaking` connections per that time, not one
+/// per handshake timeout. Returns whether a slot was freed.
+fn evict_stale_handshake(reg: &mut Registry) -> bool {
+    let oldest = reg
+        .slots
+        .values_mut()
+        .filter(|slot| slot.handshaking && slot.since.elapsed() >= HANDSHAKE_EVICTION_AGE)
+        .min_by_key(|slot| slot.since);
+    let Some(slot) = oldest else {
+        return false;
+    };
+    // Its thread sees the socket fail and unregisters; the slot is free now.
+    slot.handshaking = false;
+    slot.socket.shutdown(Shutdown::Both);
+    reg.handshaking -= 1;
+    true
 }
 
 /// Why a new connection was closed at once.
@@ -205,7 +232,7 @@ impl Inner {
         let config = &self.config;
         let refusal = if reg.slots.len() >= config.max_connections {
             Some(Refusal::Total)
-        } else if reg.handshaking >= config.max_handshaking {
+        } else if reg.handshaking >= config.max_handshaking && !evict_stale_handshake(&mut reg) {
             Some(Refusal::Handshaking)
         } else if address.is_some_and(|a| {
             reg.per_address.get(&a).copied().unwrap_or(0) >= config.max_connections_per_address
@@ -227,6 +254,7 @@ impl Inner {
                 socket: Arc::clone(socket),
                 address,
                 handshaking: true,
+                since: Instant::now(),
             },
         );
         reg.handshaking += 1;

@@ -111,6 +111,8 @@ pub(crate) struct Conn {
     budget_share: BudgetShare,
     /// `ServerConfig::send_timeout`.
     send_timeout: Duration,
+    /// `ServerConfig::min_reply_bytes_per_sec`.
+    min_reply_bytes_per_sec: u64,
 }
 
 impl Conn {
@@ -177,7 +179,11 @@ impl Conn {
             drop(outbox);
             if !self.broken.load(Ordering::Acquire) {
                 let bytes = &pending.bytes[pending.sent..];
-                let deadline = deadline_after(reply_time_allowed(self.send_timeout, bytes.len()));
+                let deadline = deadline_after(reply_time_allowed(
+                    self.send_timeout,
+                    self.min_reply_bytes_per_sec,
+                    bytes.len(),
+                ));
                 if let Err(e) = self.socket.send_all_by(bytes, deadline, self.send_timeout) {
                     self.fail(&e);
                 }
@@ -407,6 +413,7 @@ pub(crate) fn serve(
         server_budget: Arc::clone(&inner.payload_budget),
         budget_share: BudgetShare::default(),
         send_timeout: inner.config.send_timeout,
+        min_reply_bytes_per_sec: inner.config.min_reply_bytes_per_sec,
     });
     let writer_conn = Arc::clone(&conn);
     let writer = std::thread::Builder::new()
@@ -428,8 +435,9 @@ pub(crate) fn serve(
 
 /// How long a reply of `bytes` may take to send once its sending starts:
 /// the send timeout plus its size at the slowest rate allowed.
-fn reply_time_allowed(send_timeout: Duration, bytes: usize) -> Duration {
-    let at_min_rate = Duration::from_secs(bytes as u64 / crate::MIN_REPLY_BYTES_PER_SEC);
+fn reply_time_allowed(send_timeout: Duration, bytes_per_sec: u64, bytes: usize) -> Duration {
+    let at_min_rate = Duration::try_from_secs_f64(bytes as f64 / bytes_per_sec.max(1) as f64)
+        .unwrap_or(Duration::MAX);
     send_timeout.saturating_add(at_min_rate)
 }
 
