@@ -515,9 +515,9 @@ pub fn bind(v: &str) -> Result<TcpListener, String> {
 const MAX_HEAD_BYTES: u64 = 8192;
 
 /// Scrapes answered at once; connections beyond are closed at once.
-const MAX_CONCURRENT_SCRAPES: usize = 8;
+const MAX_CONCURRENT_SCRAPES: usize = 16;
 /// A whole exchange (request read, answer sent) must end within this.
-const SCRAPE_DEADLINE: Duration = Duration::from_secs(10);
+const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Serves `/metrics` on `listener` until the process ends: each
 /// connection on a thread of its own, at most [`MAX_CONCURRENT_SCRAPES`]
