@@ -593,7 +593,8 @@ struct ByDeadline<'a> {
 
 impl Read for ByDeadline<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.conn.set_read_timeout(Some(time_left(self.deadline)?))?;
+        self.conn
+            .set_read_timeout(Some(time_left(self.deadline)?))?;
         (&mut &*self.conn).read(buf)
     }
 }

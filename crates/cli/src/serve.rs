@@ -309,7 +309,9 @@ impl LimitFlags {
         if self.max_connections_per_address == 0 {
             return Err("--max-connections-per-address must be at least 1".into());
         }
-        let max_handshaking = self.max_handshaking.unwrap_or((self.max_connections / 4).max(1));
+        let max_handshaking = self
+            .max_handshaking
+            .unwrap_or((self.max_connections / 4).max(1));
         if max_handshaking == 0 || max_handshaking > self.max_connections {
             return Err(format!(
                 "--max-handshaking {max_handshaking} must be from 1 to --max-connections ({})",
@@ -727,7 +729,10 @@ mod tests {
         assert_eq!(c.max_connections, dc.max_connections);
         assert_eq!(c.max_buffered_bytes, dc.max_buffered_bytes);
         assert_eq!(c.handshake_timeout, dc.handshake_timeout);
-        assert_eq!(c.max_connections_per_address, dc.max_connections_per_address);
+        assert_eq!(
+            c.max_connections_per_address,
+            dc.max_connections_per_address
+        );
         assert_eq!(c.max_handshaking, dc.max_handshaking);
         assert_eq!(c.idle_timeout, None);
         assert_eq!(c.export_name, "");
@@ -768,7 +773,10 @@ mod tests {
         let e = err(&["--max-connections-per-address", "0"]);
         assert!(e.contains("--max-connections-per-address"), "{e}");
         let e = err(&["--max-handshaking", "300"]);
-        assert!(e.contains("--max-handshaking 300") && e.contains("(256)"), "{e}");
+        assert!(
+            e.contains("--max-handshaking 300") && e.contains("(256)"),
+            "{e}"
+        );
         for bad in ["0", "-1", "soon", "18446744073709551616"] {
             let e = err(&["--idle-timeout", bad]);
             assert!(e.contains(&format!("--idle-timeout {bad}")), "{e}");

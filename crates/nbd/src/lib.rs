@@ -58,16 +58,27 @@
 //!   is bounded by the same limits.
 //! * At most `max_buffered_bytes` (default 256 MiB) of READ/WRITE payload
 //!   in flight server-wide; a reader whose request does not fit waits.
-//! * At most `max_connections` connections; beyond that new connections are
+//!   Each connection slot has a floor of `max_buffered_bytes / (2 ×
+//!   max_connections)` set aside for it; beyond its floor a connection
+//!   draws on the shared rest, at most half of it, so connections that do
+//!   not read their replies never take what another needs to progress.
+//! * At most `max_connections` connections, `max_connections_per_address`
+//!   per TCP peer address and `max_handshaking` still in the handshake
+//!   (when those are all taken, one that has been in the handshake for 2 s
+//!   gives its place to a new one); beyond that new connections are
 //!   closed at once (counted, logged sparsely). Handshake options are
 //!   limited in size (64 KiB buffered, up to 1 MiB skipped) and in number
 //!   (256) per connection, and the whole handshake must finish within
-//!   `handshake_timeout` (default 30 s).
+//!   `handshake_timeout` (default 30 s). With `idle_timeout`, an
+//!   established connection with nothing in flight that sends nothing for
+//!   that long is closed.
 //! * Every queue is bounded; nothing is allocated from a client-supplied
 //!   length before it has been validated against these limits.
-//! * A socket write that blocks for longer than the write timeout (the client
-//!   does not read its replies) ends the connection, so a stuck client cannot
-//!   hold a worker forever.
+//! * A socket write that blocks for longer than `send_timeout` (the client
+//!   does not read its replies), or a reply not sent within `send_timeout`
+//!   plus its size at `min_reply_bytes_per_sec` (the client trickles),
+//!   ends the connection, so a stuck client cannot hold a worker or its
+//!   payload forever.
 //!
 //! Client input never panics the server; a protocol violation (such as a bad
 //! request magic) ends only the offending connection, after its in-flight

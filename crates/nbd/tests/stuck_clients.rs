@@ -355,7 +355,10 @@ fn idle_connections_and_trickling_readers_are_closed() {
     // The server drops the trickling reader (what the kernel already holds
     // for it still trickles out to it, so the server's count tells).
     while ts.server.connection_count() > 1 {
-        assert!(started.elapsed() < Duration::from_secs(15), "trickler never cut off");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "trickler never cut off"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!("trickling reader cut off after {:?}", started.elapsed());
