@@ -273,10 +273,9 @@ impl Socket {
         *lock(&self.send_deadline) = Some((deadline, timeout));
         let result = self.send_all(bytes);
         *lock(&self.send_deadline) = None;
-        if result.is_err() {
-            return result;
-        }
-        self.set_write_timeout(Some(timeout))
+        // Other blocking sends (TLS records the reader answers) get the
+        // whole timeout again, not what this deadline left.
+        result.and_then(|()| self.set_write_timeout(Some(timeout)))
     }
 
     /// Writes as much of `bytes` as the socket takes without blocking and
