@@ -315,15 +315,16 @@ fn connections_per_address_are_capped() {
 
 /// With an idle limit, a connection with nothing in flight that sends
 /// nothing is closed; one that keeps sending requests is not. A client
-/// that reads its replies too slowly is cut off at the reply deadline.
+/// that reads its replies steadily but too slowly is cut off at the reply
+/// deadline.
 #[test]
 fn idle_connections_and_trickling_readers_are_closed() {
     let _serial = serial();
     let ts = start(ServerConfig {
-        max_request_bytes: MIB,
+        max_request_bytes: 4 * MIB,
         idle_timeout: Some(Duration::from_millis(500)),
-        send_timeout: Duration::from_secs(1),
-        min_reply_bytes_per_sec: u64::from(MIB),
+        send_timeout: Duration::from_secs(2),
+        min_reply_bytes_per_sec: 8 * u64::from(MIB),
         // Absurd, and harmless: the deadline does not overflow.
         handshake_timeout: Duration::MAX,
         ..ServerConfig::default()
@@ -331,16 +332,17 @@ fn idle_connections_and_trickling_readers_are_closed() {
     let local = addr(0, 4, 1);
     let mut idle = connect_ready(local, &ts, None);
     let mut busy = connect_ready(local, &ts, None);
-    // 16 MiB of replies read at 40 KiB/s: each 1 MiB reply has 2 s.
-    let mut trickler = connect_ready(local, &ts, Some(4096));
-    pipeline_reads(&mut trickler, 16, MIB);
+    // 32 MiB of replies read at 1.25 MiB/s: a 4 MiB reply takes 3.2 s
+    // once the socket buffers are full, and has 2.5 s.
+    let mut trickler = connect_ready(local, &ts, None);
+    pipeline_reads(&mut trickler, 8, 4 * MIB);
     let stop = Arc::new(AtomicBool::new(false));
     let trickle = {
         let stop = Arc::clone(&stop);
         std::thread::spawn(move || {
-            let mut chunk = [0u8; 4096];
-            while !stop.load(Ordering::Relaxed) && trickler.read(&mut chunk).is_ok_and(|n| n > 0) {
-                std::thread::sleep(Duration::from_millis(100));
+            let mut chunk = vec![0u8; 256 * 1024];
+            while !stop.load(Ordering::Relaxed) && trickler.read_exact(&mut chunk).is_ok() {
+                std::thread::sleep(Duration::from_millis(200));
             }
         })
     };
@@ -364,5 +366,4 @@ fn idle_connections_and_trickling_readers_are_closed() {
     eprintln!("trickling reader cut off after {:?}", started.elapsed());
     stop.store(true, Ordering::Relaxed);
     trickle.join().unwrap();
-    round_trip(&mut busy, 10);
 }
