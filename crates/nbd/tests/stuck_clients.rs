@@ -185,6 +185,16 @@ fn is_closed(s: &mut TcpStream) -> bool {
     }
 }
 
+/// Stops a hostile client thread when the test ends (also by a failed
+/// assertion: the server's shutdown waits for its connection).
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 fn addr(a: u8, b: u8, c: u8) -> Ipv4Addr {
     Ipv4Addr::new(127, a, b, c)
 }
@@ -215,6 +225,7 @@ fn stuck_slow_idle_and_half_open_clients_do_not_stall_a_well_behaved_one() {
     let mut slow = connect_ready(local, &ts, Some(4096));
     pipeline_reads(&mut slow, 128, MIB);
     let stop = Arc::new(AtomicBool::new(false));
+    let _stop_on_exit = StopOnDrop(Arc::clone(&stop));
     let slow_reader = {
         let stop = Arc::clone(&stop);
         std::thread::spawn(move || {
@@ -238,6 +249,7 @@ fn stuck_slow_idle_and_half_open_clients_do_not_stall_a_well_behaved_one() {
     // takes 64 into the handshake and closes the rest at once (the
     // handshake limit, and 16 per address).
     let refused_before = ts.server.refused_connection_count();
+    let flood_started = Instant::now();
     let mut half_open = Vec::new();
     for i in 0..300u16 {
         half_open.push(connect_from(addr(0, 2, 1 + (i / 20) as u8), ts.addr, None));
@@ -270,7 +282,12 @@ fn stuck_slow_idle_and_half_open_clients_do_not_stall_a_well_behaved_one() {
     assert!(worst < REPLY_BOUND, "a reply took {worst:?}");
     // The stuck and slow connections did hold payload (so the test tests).
     assert!(held >= 16 << 20, "only {held} bytes held");
-    assert!(ts.server.refused_connection_count() - refused_before >= 300 - 64);
+    // All but 64 refused, unless the flood itself took 2 s (a loaded
+    // machine): then newer connections replaced older ones instead.
+    let refused = ts.server.refused_connection_count() - refused_before;
+    if flooded.duration_since(flood_started) < Duration::from_millis(1500) {
+        assert!(refused >= 300 - 64, "{refused} refused");
+    }
 
     // A new client gets in: once every handshake slot has been held for
     // 2 s, a new connection takes the oldest one's.
@@ -323,7 +340,7 @@ fn idle_connections_and_trickling_readers_are_closed() {
     let ts = start(ServerConfig {
         max_request_bytes: 4 * MIB,
         idle_timeout: Some(Duration::from_millis(500)),
-        send_timeout: Duration::from_secs(2),
+        send_timeout: Duration::from_secs(3),
         min_reply_bytes_per_sec: 8 * u64::from(MIB),
         // Absurd, and harmless: the deadline does not overflow.
         handshake_timeout: Duration::MAX,
@@ -332,17 +349,20 @@ fn idle_connections_and_trickling_readers_are_closed() {
     let local = addr(0, 4, 1);
     let mut idle = connect_ready(local, &ts, None);
     let mut busy = connect_ready(local, &ts, None);
-    // 32 MiB of replies read at 1.25 MiB/s: a 4 MiB reply takes 3.2 s
-    // once the socket buffers are full, and has 2.5 s.
-    let mut trickler = connect_ready(local, &ts, None);
+    // 32 MiB of replies read at 850 KiB/s: once the socket buffers are
+    // full a 4 MiB reply takes 4.8 s to go out, and has 3.5 s; each send
+    // makes progress well within the 3 s send timeout, so only the
+    // deadline stops it (without, it would take 38 s).
+    let mut trickler = connect_ready(local, &ts, Some(64 * 1024));
     pipeline_reads(&mut trickler, 8, 4 * MIB);
     let stop = Arc::new(AtomicBool::new(false));
+    let _stop_on_exit = StopOnDrop(Arc::clone(&stop));
     let trickle = {
         let stop = Arc::clone(&stop);
         std::thread::spawn(move || {
             let mut chunk = vec![0u8; 256 * 1024];
             while !stop.load(Ordering::Relaxed) && trickler.read_exact(&mut chunk).is_ok() {
-                std::thread::sleep(Duration::from_millis(200));
+                std::thread::sleep(Duration::from_millis(300));
             }
         })
     };
@@ -355,8 +375,9 @@ fn idle_connections_and_trickling_readers_are_closed() {
     idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     assert!(is_closed(&mut idle), "idle connection still open");
     // The server drops the trickling reader (what the kernel already holds
-    // for it still trickles out to it, so the server's count tells).
-    while ts.server.connection_count() > 1 {
+    // for it still trickles out to it, so the server's count tells; the
+    // busy client, silent now, is closed as idle).
+    while ts.server.connection_count() > 0 {
         assert!(
             started.elapsed() < Duration::from_secs(15),
             "trickler never cut off"
