@@ -162,6 +162,10 @@ struct ElasticFlags {
     inline_cpu: String,
 }
 
+/// `--max-handshaking` is at least this by default (or `--max-connections`
+/// if lower): clients open their connections in parallel (nbdcopy, four).
+const MIN_DEFAULT_HANDSHAKING: usize = 16;
+
 /// What clients may hold of the NBD server: part of its `ServerConfig`.
 #[derive(clap::Args)]
 struct LimitFlags {
@@ -180,8 +184,10 @@ struct LimitFlags {
     #[arg(long, default_value_t = ServerConfig::default().max_connections_per_address)]
     max_connections_per_address: usize,
     /// Connections still in the handshake (before TLS and the export are
-    /// agreed) at once; more are refused, so they cannot take the slots of
-    /// established clients [default: a quarter of --max-connections]
+    /// agreed) at once, so that they cannot take the slots of established
+    /// clients; when all are taken, one that has been in the handshake for
+    /// 2 s or more is closed to make room, else the newcomer is refused
+    /// [default: a quarter of --max-connections, at least 16]
     #[arg(long)]
     max_handshaking: Option<usize>,
     /// Seconds a connected client with no request in flight may send
@@ -309,9 +315,9 @@ impl LimitFlags {
         if self.max_connections_per_address == 0 {
             return Err("--max-connections-per-address must be at least 1".into());
         }
-        let max_handshaking = self
-            .max_handshaking
-            .unwrap_or((self.max_connections / 4).max(1));
+        let max_handshaking = self.max_handshaking.unwrap_or(
+            (self.max_connections / 4).max(self.max_connections.min(MIN_DEFAULT_HANDSHAKING)),
+        );
         if max_handshaking == 0 || max_handshaking > self.max_connections {
             return Err(format!(
                 "--max-handshaking {max_handshaking} must be from 1 to --max-connections ({})",
@@ -783,7 +789,9 @@ mod tests {
         }
         let limits = |flags: &[&str]| parse(flags).server_config().unwrap();
         let c = limits(&["--max-connections", "40", "--idle-timeout", "600"]);
-        assert_eq!(c.max_handshaking, 10);
+        assert_eq!(c.max_handshaking, 16);
+        assert_eq!(limits(&["--max-connections", "8"]).max_handshaking, 8);
+        assert_eq!(limits(&["--max-connections", "400"]).max_handshaking, 100);
         assert_eq!(c.idle_timeout, Some(std::time::Duration::from_secs(600)));
         // The cleaner is checked first, as it always was.
         assert!(err(&["--unit-size", "3K", "--clean-stop", "95"]).contains("--clean-start"));
