@@ -236,7 +236,11 @@ pub struct ServerConfig {
     /// Server-wide cap on READ/WRITE payload bytes held by in-flight
     /// requests (WRITE data read but not yet written to the backend, READ
     /// replies not yet sent); default 256 MiB, at least `max_request_bytes`.
-    /// A reader whose request does not fit waits (stops reading).
+    /// A reader whose request does not fit waits (stops reading). Each
+    /// connection slot has `max_buffered_bytes / (2 × max_connections)` of
+    /// it set aside (its floor); beyond that a connection may hold at most
+    /// half of the rest, so clients that do not read their replies cannot
+    /// stall the others.
     pub max_buffered_bytes: u64,
     /// The whole handshake (greeting to NBD_OPT_GO/EXPORT_NAME) must finish
     /// within this time, or the connection is closed; default 30 s.
