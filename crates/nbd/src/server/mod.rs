@@ -101,29 +101,36 @@ impl PayloadBudget {
         held.saturating_sub(self.floor_bytes)
     }
 
+    /// The shared bytes a connection holding `held` needs to take `bytes`
+    /// more, if they are available now.
+    fn shared_needed(&self, st: &BudgetState, held: u64, bytes: u64) -> Option<u64> {
+        let after = self.shared_part(held + bytes);
+        let extra = after - self.shared_part(held);
+        let fits = extra == 0
+            || st.shared_used_bytes == 0
+            || (st.shared_used_bytes + extra <= self.shared_bytes
+                && after <= self.max_shared_per_conn_bytes);
+        fits.then_some(extra)
+    }
+
+    /// Takes `bytes` for the connection of `share`, waiting until they fit.
     pub(crate) fn acquire(&self, share: &BudgetShare, bytes: u64) {
         if bytes == 0 {
             return;
         }
         let mut st = lock(&self.state);
-        let (held, extra) = loop {
+        loop {
             let held = share.held_bytes.load(Ordering::Relaxed);
-            let after = self.shared_part(held + bytes);
-            let extra = after - self.shared_part(held);
-            let fits = extra == 0
-                || st.shared_used_bytes == 0
-                || (st.shared_used_bytes + extra <= self.shared_bytes
-                    && after <= self.max_shared_per_conn_bytes);
-            if fits {
-                break (held, extra);
+            if let Some(extra) = self.shared_needed(&st, held, bytes) {
+                share.held_bytes.store(held + bytes, Ordering::Relaxed);
+                st.shared_used_bytes += extra;
+                st.used_bytes += bytes;
+                return;
             }
             st.waiters += 1;
             st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
             st.waiters -= 1;
-        };
-        share.held_bytes.store(held + bytes, Ordering::Relaxed);
-        st.shared_used_bytes += extra;
-        st.used_bytes += bytes;
+        }
     }
 
     pub(crate) fn release(&self, share: &BudgetShare, bytes: u64) {
@@ -666,4 +673,85 @@ fn normalize_config(mut config: ServerConfig) -> ServerConfig {
         config.handshake_timeout = Duration::from_secs(1);
     }
     config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl PayloadBudget {
+        /// `acquire` without waiting: whether the bytes were taken.
+        fn try_acquire(&self, share: &BudgetShare, bytes: u64) -> bool {
+            let mut st = lock(&self.state);
+            let held = share.held_bytes.load(Ordering::Relaxed);
+            let Some(extra) = self.shared_needed(&st, held, bytes) else {
+                return false;
+            };
+            share.held_bytes.store(held + bytes, Ordering::Relaxed);
+            st.shared_used_bytes += extra;
+            st.used_bytes += bytes;
+            true
+        }
+    }
+
+    const MIB: u64 = 1024 * 1024;
+
+    /// Takes `chunk` bytes for `share` until the budget refuses; the total.
+    fn fill(budget: &PayloadBudget, share: &BudgetShare, chunk: u64) -> u64 {
+        let mut taken = 0;
+        while budget.try_acquire(share, chunk) {
+            taken += chunk;
+        }
+        taken
+    }
+
+    #[test]
+    fn connections_that_hold_their_replies_leave_every_floor_free() {
+        // 64 MiB for 64 connections: 512 KiB floors, 32 MiB shared.
+        let budget = PayloadBudget::new(64 * MIB, 64);
+        assert_eq!(
+            (budget.floor_bytes, budget.shared_bytes),
+            (MIB / 2, 32 * MIB)
+        );
+        let stuck: Vec<BudgetShare> = (0..10).map(|_| BudgetShare::default()).collect();
+        // One connection: at most its floor and half the shared part.
+        assert_eq!(fill(&budget, &stuck[0], MIB / 4), MIB / 2 + 16 * MIB);
+        // The others together: the rest of the shared part, and their floors.
+        let rest: u64 = stuck[1..].iter().map(|s| fill(&budget, s, MIB / 4)).sum();
+        assert_eq!(rest, 16 * MIB + 9 * MIB / 2);
+        assert!(budget.used() <= 64 * MIB);
+        // A newcomer still has its floor, in small requests or one.
+        let good = BudgetShare::default();
+        assert!(budget.try_acquire(&good, 4096));
+        assert!(budget.try_acquire(&good, MIB / 2 - 4096));
+        assert!(!budget.try_acquire(&good, 4096), "beyond its floor");
+        budget.release(&good, MIB / 2);
+        assert!(
+            !budget.try_acquire(&good, MIB),
+            "a request beyond the floor waits"
+        );
+        // Once a stuck connection lets go, shared bytes are there again.
+        budget.release(&stuck[0], 8 * MIB);
+        assert!(budget.try_acquire(&good, MIB));
+        budget.release(&good, MIB);
+        for s in &stuck {
+            let held = s.held_bytes.load(Ordering::Relaxed);
+            budget.release(s, held);
+        }
+        assert_eq!(budget.used(), 0);
+        assert_eq!(lock(&budget.state).shared_used_bytes, 0);
+    }
+
+    #[test]
+    fn one_request_fits_while_nobody_holds_shared_bytes() {
+        // A budget of one request (the smallest allowed) for 256 slots.
+        let budget = PayloadBudget::new(32 * MIB, 256);
+        let share = BudgetShare::default();
+        assert!(budget.try_acquire(&share, 32 * MIB));
+        let other = BudgetShare::default();
+        assert!(!budget.try_acquire(&other, MIB));
+        assert!(budget.try_acquire(&other, budget.floor_bytes));
+        budget.release(&share, 32 * MIB);
+        assert!(budget.try_acquire(&other, 16 * MIB));
+    }
 }
