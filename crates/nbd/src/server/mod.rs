@@ -55,7 +55,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   bytes.
 ///
 /// So one connection that never reads its replies holds at most its floor
-/// plus a quarter of the budget; any number of them cannot take the floors
+/// plus half the shared part (a quarter of the budget by default); any number of them cannot take the floors
 /// of the others. A request waits (its connection's reader waits) until
 /// its bytes fit.
 pub(crate) struct PayloadBudget {
