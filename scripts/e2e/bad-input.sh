@@ -199,6 +199,9 @@ run_table <<'EOF'
 2 | max-connections      | --max-connections 0                               | serve other.cvol --socket s.sock --max-connections 0
 2 | max-buffered         | --max-buffered below one request                  | serve other.cvol --socket s.sock --max-buffered 1M
 2 | handshake-timeout    | --handshake-timeout 0                             | serve other.cvol --socket s.sock --handshake-timeout 0
+2 | per-address          | --max-connections-per-address 0                   | serve other.cvol --socket s.sock --max-connections-per-address 0
+2 | max-handshaking      | --max-handshaking above --max-connections         | serve other.cvol --socket s.sock --max-connections 8 --max-handshaking 9
+2 | idle-timeout         | --idle-timeout not a number of seconds            | serve other.cvol --socket s.sock --idle-timeout 5m
 2 | idle-iops            | --idle-iops above --busy-iops                     | serve other.cvol --socket s.sock --idle-iops 50000
 2 | dedup-memory         | --dedup-memory not a size                         | serve other.cvol --socket s.sock --dedup-memory lots
 EOF

@@ -8,7 +8,8 @@
 #    request counters, latency histograms, stat figures with the `volume`
 #    label, `promtool check metrics` when promtool is installed (Debian's
 #    prometheus package; scripts/test installs it); 404 elsewhere; bad
-#    `--metrics` values refused before the volume is touched;
+#    `--metrics` values refused before the volume is touched; stuck
+#    scrapers delay no other scrape and are closed at the deadline;
 #  - `--trace FILE`: a session recorded, `cvol trace show` totals it,
 #    `cvol trace replay` runs the same requests on another volume;
 #  - `cvol man DIR` and `cvol completions SHELL`;
@@ -131,6 +132,36 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/nope")
 [[ "$code" == 404 ]] || fail "GET /nope answered $code, expected 404"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$PORT/metrics")
 [[ "$code" == 405 ]] || fail "POST /metrics answered $code, expected 405"
+# Stuck scrapers (silent, or trickling a byte every 300 ms) delay no other
+# scrape, and each is closed at the per-scrape deadline (5 s).
+"$PY" - "$PORT" >"$E2E_TMP/stuck-scrapers.log" 2>&1 <<'EOF' &
+import socket, sys, time
+port = int(sys.argv[1])
+silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+trickler = socket.create_connection(("127.0.0.1", port))
+trickler.settimeout(0.3)
+start = time.monotonic()
+while time.monotonic() - start < 20:
+    try:
+        trickler.send(b"G")
+        if trickler.recv(1) == b"":
+            break
+    except socket.timeout:
+        continue
+    except OSError:
+        break
+print(f"trickler closed after {time.monotonic() - start:.1f} s")
+EOF
+STUCK_PID=$!
+sleep 0.5
+for i in 1 2 3; do
+    curl -fsS --max-time 2 "http://127.0.0.1:$PORT/metrics" >/dev/null || fail "scrape $i while scrapers are stuck"
+done
+wait "$STUCK_PID" || fail "stuck scrapers: $(cat "$E2E_TMP/stuck-scrapers.log")"
+log "$(cat "$E2E_TMP/stuck-scrapers.log")"
+closed_after=$(awk '/trickler closed/ {print int($4)}' "$E2E_TMP/stuck-scrapers.log")
+[[ -n "$closed_after" && "$closed_after" -le 10 ]] ||
+    fail "the trickling scraper was not closed at the deadline: $(cat "$E2E_TMP/stuck-scrapers.log")"
 
 step "SIGHUP without TLS is logged, not fatal"
 kill -HUP "$SRV_PID"

@@ -24,6 +24,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -517,20 +518,106 @@ pub fn bind(v: &str) -> Result<TcpListener, String> {
 /// Most bytes of a request's head; more ends the connection.
 const MAX_HEAD_BYTES: u64 = 8192;
 
-/// Serves `/metrics` on `listener` on a thread of its own, one connection
-/// at a time (a scrape is a few milliseconds), until the process ends.
+/// Scrapes answered at once; connections beyond are closed at once.
+const MAX_CONCURRENT_SCRAPES: usize = 16;
+/// A whole exchange (request read, answer sent) must end within this.
+const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Serves `/metrics` on `listener` until the process ends: each
+/// connection on a thread of its own, at most [`MAX_CONCURRENT_SCRAPES`]
+/// at once, each ended after [`SCRAPE_DEADLINE`], so a slow or stuck
+/// client delays no other scrape.
 pub fn serve(listener: TcpListener, metrics: Arc<Metrics>) -> Result<(), String> {
     std::thread::Builder::new()
         .name("cvol-metrics".into())
-        .spawn(move || {
-            for conn in listener.incoming().flatten() {
-                if let Err(e) = answer(conn, &metrics) {
-                    tracing::debug!("metrics: {e}");
-                }
-            }
-        })
+        .spawn(move || accept_scrapes(&listener, &metrics))
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+fn accept_scrapes(listener: &TcpListener, metrics: &Arc<Metrics>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut refused: u64 = 0;
+    for conn in listener.incoming() {
+        let conn = match conn {
+            Ok(conn) => conn,
+            Err(e) => {
+                // E.g. EMFILE: back off instead of spinning.
+                tracing::debug!("metrics: accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONCURRENT_SCRAPES {
+            active.fetch_sub(1, Ordering::AcqRel);
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    refused_total = refused,
+                    "metrics: {MAX_CONCURRENT_SCRAPES} scrapes already in progress, closing new connections"
+                );
+            }
+            continue;
+        }
+        let (metrics, done) = (Arc::clone(metrics), Arc::clone(&active));
+        let spawned = std::thread::Builder::new()
+            .name("cvol-scrape".into())
+            .spawn(move || {
+                let deadline = Instant::now() + SCRAPE_DEADLINE;
+                if let Err(e) = answer(&conn, &metrics, deadline) {
+                    tracing::debug!("metrics: {e}");
+                }
+                done.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            active.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!("metrics: cannot start a thread: {e}");
+        }
+    }
+}
+
+/// Time left until `deadline`, as an I/O error once it has passed.
+fn time_left(deadline: Instant) -> std::io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the scrape took too long",
+        ));
+    }
+    Ok(left)
+}
+
+/// Reads from a scrape's connection, each read waiting at most until the
+/// deadline.
+struct ByDeadline<'a> {
+    conn: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Read for ByDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.conn
+            .set_read_timeout(Some(time_left(self.deadline)?))?;
+        (&mut &*self.conn).read(buf)
+    }
+}
+
+/// Writes all of `bytes`, each write waiting at most until the deadline.
+fn write_by(conn: &TcpStream, deadline: Instant, bytes: &[u8]) -> std::io::Result<()> {
+    for chunk in bytes.chunks(64 * 1024) {
+        let mut chunk = chunk;
+        while !chunk.is_empty() {
+            conn.set_write_timeout(Some(time_left(deadline)?))?;
+            match (&mut &*conn).write(chunk) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => chunk = &chunk[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether the scraper asks for OpenMetrics (Prometheus does, in `Accept`).
@@ -544,11 +631,10 @@ fn accepts_openmetrics(headers: &[String]) -> bool {
 }
 
 /// One HTTP/1.x exchange: `GET /metrics` gets the text, `/` a pointer to
-/// it, anything else 404 (405 for other methods). The connection closes.
-fn answer(conn: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    conn.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut head = BufReader::new((&conn).take(MAX_HEAD_BYTES));
+/// it, anything else 404 (405 for other methods). The connection closes;
+/// the whole exchange ends by `deadline`.
+fn answer(conn: &TcpStream, metrics: &Metrics, deadline: Instant) -> std::io::Result<()> {
+    let mut head = BufReader::new(ByDeadline { conn, deadline }.take(MAX_HEAD_BYTES));
     let mut request_line = String::new();
     head.read_line(&mut request_line)?;
     // The rest of the head (headers) up to the blank line.
@@ -587,16 +673,14 @@ fn answer(conn: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
             "only GET\n".to_string(),
         ),
     };
-    let mut out = &conn;
-    write!(
-        out,
+    let mut reply = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    )?;
+    );
     if method != "HEAD" {
-        out.write_all(body.as_bytes())?;
+        reply.push_str(&body);
     }
-    out.flush()
+    write_by(conn, deadline, reply.as_bytes())
 }
 
 #[cfg(test)]

@@ -169,6 +169,10 @@ struct ElasticFlags {
     inline_cpu: String,
 }
 
+/// `--max-handshaking` is at least this by default (or `--max-connections`
+/// if lower): clients open their connections in parallel (nbdcopy, four).
+const MIN_DEFAULT_HANDSHAKING: usize = 16;
+
 /// What clients may hold of the NBD server: part of its `ServerConfig`.
 #[derive(clap::Args)]
 struct LimitFlags {
@@ -182,6 +186,21 @@ struct LimitFlags {
     /// Seconds a client has for the whole handshake.
     #[arg(long, default_value_t = 30)]
     handshake_timeout: u64,
+    /// Connections one client IP address may hold at once (TCP; clients
+    /// of --socket are not limited); more are refused.
+    #[arg(long, default_value_t = ServerConfig::default().max_connections_per_address)]
+    max_connections_per_address: usize,
+    /// Connections still in the handshake (before TLS and the export are
+    /// agreed) at once, so that they cannot take the slots of established
+    /// clients; when all are taken, one that has been in the handshake for
+    /// 2 s or more is closed to make room, else the newcomer is refused
+    /// [default: a quarter of --max-connections, at least 16]
+    #[arg(long)]
+    max_handshaking: Option<usize>,
+    /// Seconds a connected client with no request in flight may send
+    /// nothing before it is disconnected, or off (never).
+    #[arg(long, default_value = "off")]
+    idle_timeout: String,
 }
 
 impl ServeArgs {
@@ -316,6 +335,31 @@ impl LimitFlags {
         if self.handshake_timeout == 0 {
             return Err("--handshake-timeout must be at least 1 second".into());
         }
+        if self.max_connections_per_address == 0 {
+            return Err("--max-connections-per-address must be at least 1".into());
+        }
+        let max_handshaking = self.max_handshaking.unwrap_or(
+            (self.max_connections / 4).max(self.max_connections.min(MIN_DEFAULT_HANDSHAKING)),
+        );
+        if max_handshaking == 0 || max_handshaking > self.max_connections {
+            return Err(format!(
+                "--max-handshaking {max_handshaking} must be from 1 to --max-connections ({})",
+                self.max_connections
+            ));
+        }
+        config.idle_timeout = match self.idle_timeout.as_str() {
+            "off" => None,
+            v => match v.parse::<u64>() {
+                Ok(secs) if secs > 0 => Some(std::time::Duration::from_secs(secs)),
+                _ => {
+                    return Err(format!(
+                        "--idle-timeout {v}: expected a number of seconds (at least 1), or off"
+                    ))
+                }
+            },
+        };
+        config.max_connections_per_address = self.max_connections_per_address;
+        config.max_handshaking = max_handshaking;
         config.max_connections = self.max_connections;
         config.max_buffered_bytes = max_buffered_bytes;
         config.handshake_timeout = std::time::Duration::from_secs(self.handshake_timeout);
@@ -712,6 +756,12 @@ mod tests {
         assert_eq!(c.max_connections, dc.max_connections);
         assert_eq!(c.max_buffered_bytes, dc.max_buffered_bytes);
         assert_eq!(c.handshake_timeout, dc.handshake_timeout);
+        assert_eq!(
+            c.max_connections_per_address,
+            dc.max_connections_per_address
+        );
+        assert_eq!(c.max_handshaking, dc.max_handshaking);
+        assert_eq!(c.idle_timeout, None);
         assert_eq!(c.export_name, "");
     }
 
@@ -766,6 +816,23 @@ mod tests {
         assert_eq!(reach(&["--listen", "[::1]:9"]).0, edge::Reach::Loopback);
         let r = reach(&["--listen", "0.0.0.0:9", "--socket", "/s"]);
         assert_eq!(r, (edge::Reach::Network, "0.0.0.0:9".into()));
+        let e = err(&["--max-connections-per-address", "0"]);
+        assert!(e.contains("--max-connections-per-address"), "{e}");
+        let e = err(&["--max-handshaking", "300"]);
+        assert!(
+            e.contains("--max-handshaking 300") && e.contains("(256)"),
+            "{e}"
+        );
+        for bad in ["0", "soon", "1.5", "18446744073709551616"] {
+            let e = err(&["--idle-timeout", bad]);
+            assert!(e.contains(&format!("--idle-timeout {bad}")), "{e}");
+        }
+        let limits = |flags: &[&str]| parse(flags).server_config().unwrap();
+        let c = limits(&["--max-connections", "40", "--idle-timeout", "600"]);
+        assert_eq!(c.max_handshaking, 16);
+        assert_eq!(limits(&["--max-connections", "8"]).max_handshaking, 8);
+        assert_eq!(limits(&["--max-connections", "400"]).max_handshaking, 100);
+        assert_eq!(c.idle_timeout, Some(std::time::Duration::from_secs(600)));
         // The cleaner is checked first, as it always was.
         assert!(err(&["--unit-size", "3K", "--clean-stop", "95"]).contains("--clean-start"));
         let a = parse(&["--workers", "0", "--export", "x", "--read-only"]);

@@ -58,16 +58,27 @@
 //!   is bounded by the same limits.
 //! * At most `max_buffered_bytes` (default 256 MiB) of READ/WRITE payload
 //!   in flight server-wide; a reader whose request does not fit waits.
-//! * At most `max_connections` connections; beyond that new connections are
+//!   Each connection slot has a floor of `max_buffered_bytes / (2 ×
+//!   max_connections)` set aside for it; beyond its floor a connection
+//!   draws on the shared rest, at most half of it, so connections that do
+//!   not read their replies never take what another needs to progress.
+//! * At most `max_connections` connections, `max_connections_per_address`
+//!   per TCP peer address and `max_handshaking` still in the handshake
+//!   (when those are all taken, one that has been in the handshake for 2 s
+//!   gives its place to a new one); beyond that new connections are
 //!   closed at once (counted, logged sparsely). Handshake options are
 //!   limited in size (64 KiB buffered, up to 1 MiB skipped) and in number
 //!   (256) per connection, and the whole handshake must finish within
-//!   `handshake_timeout` (default 30 s).
+//!   `handshake_timeout` (default 30 s). With `idle_timeout`, an
+//!   established connection with nothing in flight that sends nothing for
+//!   that long is closed.
 //! * Every queue is bounded; nothing is allocated from a client-supplied
 //!   length before it has been validated against these limits.
-//! * A socket write that blocks for longer than the write timeout (the client
-//!   does not read its replies) ends the connection, so a stuck client cannot
-//!   hold a worker forever.
+//! * A socket write that blocks for longer than `send_timeout` (the client
+//!   does not read its replies), or a reply not sent within `send_timeout`
+//!   plus its size at `min_reply_bytes_per_sec` (the client trickles),
+//!   ends the connection, so a stuck client cannot hold a worker or its
+//!   payload forever.
 //!
 //! Client input never panics the server; a protocol violation (such as a bad
 //! request magic) ends only the offending connection, after its in-flight
@@ -225,11 +236,38 @@ pub struct ServerConfig {
     /// Server-wide cap on READ/WRITE payload bytes held by in-flight
     /// requests (WRITE data read but not yet written to the backend, READ
     /// replies not yet sent); default 256 MiB, at least `max_request_bytes`.
-    /// A reader whose request does not fit waits (stops reading).
+    /// A reader whose request does not fit waits (stops reading). Each
+    /// connection slot has `max_buffered_bytes / (2 × max_connections)` of
+    /// it set aside (its floor); beyond that a connection may hold at most
+    /// half of the rest, so clients that do not read their replies cannot
+    /// stall the others.
     pub max_buffered_bytes: u64,
     /// The whole handshake (greeting to NBD_OPT_GO/EXPORT_NAME) must finish
     /// within this time, or the connection is closed; default 30 s.
     pub handshake_timeout: std::time::Duration,
+    /// Connections one TCP peer address may hold at once (handshaking or
+    /// established); beyond, its new connections are closed at once
+    /// (counted in [`Server::refused_connection_count`]). Unix-socket
+    /// clients are exempt (the socket file's permissions decide who may
+    /// connect). Default 16.
+    pub max_connections_per_address: usize,
+    /// Connections still in the handshake (before NBD_OPT_GO, TLS included)
+    /// at once; beyond, new connections are closed at once, so clients
+    /// that never finish the handshake cannot take the slots of
+    /// established ones. Default 64 (a quarter of the default
+    /// `max_connections`); at most `max_connections`.
+    pub max_handshaking: usize,
+    /// An established connection with no request in flight that sends
+    /// nothing for this long is closed; `None` (the default): never.
+    pub idle_timeout: Option<std::time::Duration>,
+    /// A reply must be sent within this time plus its size at
+    /// `min_reply_bytes_per_sec` from when its sending starts, and every
+    /// send must make progress within this time, or the connection is
+    /// closed (a client that stops reading, or trickles). Default 60 s.
+    pub send_timeout: std::time::Duration,
+    /// The slowest a client may read a reply, on average, beyond
+    /// `send_timeout`; default 64 KiB/s (a 32 MiB reply has 60 s + 512 s).
+    pub min_reply_bytes_per_sec: u64,
     /// TLS offered or required (`None`: `NBD_OPT_STARTTLS` is refused).
     pub tls: Option<tls::TlsSettings>,
     /// TCP peers allowed to connect (`None`: any); others are closed at
@@ -261,6 +299,11 @@ impl Default for ServerConfig {
             max_connections: 256,
             max_buffered_bytes: 256 * 1024 * 1024,
             handshake_timeout: std::time::Duration::from_secs(30),
+            max_connections_per_address: 16,
+            max_handshaking: 64,
+            idle_timeout: None,
+            send_timeout: std::time::Duration::from_secs(60),
+            min_reply_bytes_per_sec: 64 * 1024,
             tls: None,
             allow: None,
             observer: None,

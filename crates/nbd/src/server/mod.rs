@@ -8,7 +8,7 @@ mod transmission;
 
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
-use std::net::{Shutdown, TcpListener};
+use std::net::{IpAddr, Shutdown, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -23,8 +23,11 @@ use socket::{Listener, Socket};
 
 /// How often an accept loop checks for shutdown.
 const ACCEPT_POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// A send that makes no progress for this long ends the connection.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a connection may be in the handshake before a new connection
+/// may take its place when every handshake slot is taken.
+const HANDSHAKE_EVICTION_AGE: Duration = Duration::from_secs(2);
+/// What "never" means for deadlines whose time overflows (about 30 years).
+const FAR_FUTURE: Duration = Duration::from_secs(1 << 30);
 /// Read buffer of a connection's reader.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// Smallest accepted `max_request_bytes` (the preferred block size).
@@ -38,12 +41,27 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A server-wide budget of READ/WRITE payload bytes held by in-flight
-/// requests (WRITE data read from clients, READ replies not yet sent).
-/// A request waits (its connection's reader waits) until its bytes fit;
-/// one request always fits when nothing else is held.
+/// The server-wide budget of READ/WRITE payload bytes held by in-flight
+/// requests (WRITE data read from clients, READ replies not yet sent),
+/// shared so that no connection can take what another needs to progress:
+///
+/// * Every connection has a **floor** of `limit / (2 × max_connections)`
+///   bytes (512 KiB by default) that is its own: the floors of all
+///   connection slots together are set aside, so a connection holding at
+///   most its floor never waits for anybody.
+/// * What connections hold beyond their floors comes from the **shared**
+///   rest of the budget (at least half of it), of which one connection may
+///   hold at most half; one request always fits when nobody holds shared
+///   bytes.
+///
+/// So one connection that never reads its replies holds at most its floor
+/// plus half the shared part (a quarter of the budget by default); any number of them cannot take the floors
+/// of the others. A request waits (its connection's reader waits) until
+/// its bytes fit.
 pub(crate) struct PayloadBudget {
-    limit_bytes: u64,
+    floor_bytes: u64,
+    shared_bytes: u64,
+    max_shared_per_conn_bytes: u64,
     state: Mutex<BudgetState>,
     freed: Condvar,
 }
@@ -51,38 +69,79 @@ pub(crate) struct PayloadBudget {
 #[derive(Default)]
 struct BudgetState {
     used_bytes: u64,
+    shared_used_bytes: u64,
     /// Readers waiting for bytes to be freed: a release wakes them only if
     /// there are any (a wake is a syscall, and every reply releases).
     waiters: usize,
 }
 
+/// One connection's holding in the [`PayloadBudget`]; changed only under
+/// the budget's lock.
+#[derive(Default)]
+pub(crate) struct BudgetShare {
+    held_bytes: AtomicU64,
+}
+
 impl PayloadBudget {
-    fn new(limit_bytes: u64) -> PayloadBudget {
+    fn new(limit_bytes: u64, max_connections: usize) -> PayloadBudget {
+        let slots = (max_connections.max(1) as u64).saturating_mul(2);
+        let floor_bytes = limit_bytes / slots;
+        let shared_bytes = limit_bytes - floor_bytes * (slots / 2);
         PayloadBudget {
-            limit_bytes,
+            floor_bytes,
+            shared_bytes,
+            max_shared_per_conn_bytes: shared_bytes / 2,
             state: Mutex::new(BudgetState::default()),
             freed: Condvar::new(),
         }
     }
 
-    pub(crate) fn acquire(&self, bytes: u64) {
+    /// Bytes of a holding of `held` that are beyond the floor.
+    fn shared_part(&self, held: u64) -> u64 {
+        held.saturating_sub(self.floor_bytes)
+    }
+
+    /// The shared bytes a connection holding `held` needs to take `bytes`
+    /// more, if they are available now.
+    fn shared_needed(&self, st: &BudgetState, held: u64, bytes: u64) -> Option<u64> {
+        let after = self.shared_part(held + bytes);
+        let extra = after - self.shared_part(held);
+        let fits = extra == 0
+            || st.shared_used_bytes == 0
+            || (st.shared_used_bytes + extra <= self.shared_bytes
+                && after <= self.max_shared_per_conn_bytes);
+        fits.then_some(extra)
+    }
+
+    /// Takes `bytes` for the connection of `share`, waiting until they fit.
+    pub(crate) fn acquire(&self, share: &BudgetShare, bytes: u64) {
         if bytes == 0 {
             return;
         }
         let mut st = lock(&self.state);
-        while st.used_bytes > 0 && st.used_bytes + bytes > self.limit_bytes {
+        loop {
+            let held = share.held_bytes.load(Ordering::Relaxed);
+            if let Some(extra) = self.shared_needed(&st, held, bytes) {
+                share.held_bytes.store(held + bytes, Ordering::Relaxed);
+                st.shared_used_bytes += extra;
+                st.used_bytes += bytes;
+                return;
+            }
             st.waiters += 1;
             st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
             st.waiters -= 1;
         }
-        st.used_bytes += bytes;
     }
 
-    pub(crate) fn release(&self, bytes: u64) {
+    pub(crate) fn release(&self, share: &BudgetShare, bytes: u64) {
         if bytes == 0 {
             return;
         }
         let mut st = lock(&self.state);
+        let held = share.held_bytes.load(Ordering::Relaxed);
+        let left = held - bytes;
+        share.held_bytes.store(left, Ordering::Relaxed);
+        st.shared_used_bytes -= self.shared_part(held) - self.shared_part(left);
         st.used_bytes -= bytes;
         let wake = st.waiters > 0;
         drop(st);
@@ -96,11 +155,55 @@ impl PayloadBudget {
     }
 }
 
-/// Connections currently registered, for counting and for shutdown.
+/// Connections currently registered, for counting, the per-address and
+/// handshake limits, and shutdown.
 struct Registry {
     next_id: u64,
-    sockets: HashMap<u64, Arc<Socket>>,
+    slots: HashMap<u64, Slot>,
+    /// Connections still in the handshake.
+    handshaking: usize,
+    /// Connections per TCP peer address.
+    per_address: HashMap<IpAddr, usize>,
     stopped: bool,
+}
+
+struct Slot {
+    socket: Arc<Socket>,
+    /// The TCP peer address, counted in `per_address`.
+    address: Option<IpAddr>,
+    handshaking: bool,
+    /// When the connection was accepted.
+    since: Instant,
+}
+
+/// With every handshake slot taken, a new connection closes the oldest
+/// connection still in the handshake if that has been at it for at least
+/// [`HANDSHAKE_EVICTION_AGE`], and takes its slot: clients that open
+/// connections and never finish the handshake then keep new clients out
+/// only by opening `max_handshaking` connections per that time, not one
+/// per handshake timeout. Returns whether a slot was freed.
+fn evict_stale_handshake(reg: &mut Registry) -> bool {
+    let oldest = reg
+        .slots
+        .values_mut()
+        .filter(|slot| slot.handshaking && slot.since.elapsed() >= HANDSHAKE_EVICTION_AGE)
+        .min_by_key(|slot| slot.since);
+    let Some(slot) = oldest else {
+        return false;
+    };
+    // Its thread sees the socket fail and unregisters; the slot is free now.
+    slot.handshaking = false;
+    slot.socket.shutdown(Shutdown::Both);
+    reg.handshaking -= 1;
+    true
+}
+
+/// Why a new connection was closed at once.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    Total,
+    Handshaking,
+    PerAddress,
 }
 
 pub(crate) struct Inner {
@@ -126,37 +229,108 @@ impl Inner {
     }
 
     fn register(&self, socket: &Arc<Socket>) -> Option<u64> {
+        // Unix-socket clients are exempt from the per-address cap (the
+        // socket file's permissions decide who connects at all).
+        let address = socket.peer_ip().and_then(Result::ok);
         let mut reg = lock(&self.registry);
         if reg.stopped {
             return None;
         }
-        if reg.sockets.len() >= self.config.max_connections {
+        let config = &self.config;
+        let refusal = if reg.slots.len() >= config.max_connections {
+            Some(Refusal::Total)
+        } else if reg.handshaking >= config.max_handshaking && !evict_stale_handshake(&mut reg) {
+            Some(Refusal::Handshaking)
+        } else if address.is_some_and(|a| {
+            reg.per_address.get(&a).copied().unwrap_or(0) >= config.max_connections_per_address
+        }) {
+            Some(Refusal::PerAddress)
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
             drop(reg);
-            let refused = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
-            // Logged sparsely: a flood of connections must not flood the log.
-            if refused.is_power_of_two() || refused.is_multiple_of(1000) {
-                warn!(
-                    limit = self.config.max_connections,
-                    refused_total = refused,
-                    "connection limit reached, closing new connections"
-                );
-            }
+            self.refuse(refusal, address);
             return None;
         }
         let id = reg.next_id;
         reg.next_id += 1;
-        reg.sockets.insert(id, Arc::clone(socket));
-        if let Some(o) = &self.config.observer {
-            o.0.connections(reg.sockets.len());
+        reg.slots.insert(
+            id,
+            Slot {
+                socket: Arc::clone(socket),
+                address,
+                handshaking: true,
+                since: Instant::now(),
+            },
+        );
+        reg.handshaking += 1;
+        if let Some(a) = address {
+            *reg.per_address.entry(a).or_insert(0) += 1;
+        }
+        if let Some(o) = &config.observer {
+            o.0.connections(reg.slots.len());
         }
         Some(id)
     }
 
+    /// Counts and logs (sparsely: a flood of connections must not flood
+    /// the log) a connection closed at once.
+    fn refuse(&self, refusal: Refusal, address: Option<IpAddr>) {
+        let refused = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        if !(refused.is_power_of_two() || refused.is_multiple_of(1000)) {
+            return;
+        }
+        let config = &self.config;
+        match refusal {
+            Refusal::Total => warn!(
+                limit = config.max_connections,
+                refused_total = refused,
+                "connection limit reached, closing new connections"
+            ),
+            Refusal::Handshaking => warn!(
+                limit = config.max_handshaking,
+                refused_total = refused,
+                "too many connections in the handshake, closing new connections"
+            ),
+            Refusal::PerAddress => warn!(
+                peer = %address.map_or_else(String::new, |a| a.to_string()),
+                limit = config.max_connections_per_address,
+                refused_total = refused,
+                "connection limit per address reached, closing its new connections"
+            ),
+        }
+    }
+
+    /// The connection finished its handshake: its handshake slot is free.
+    fn established(&self, id: u64) {
+        let mut reg = lock(&self.registry);
+        let was_handshaking = reg
+            .slots
+            .get_mut(&id)
+            .map(|slot| std::mem::replace(&mut slot.handshaking, false));
+        if was_handshaking == Some(true) {
+            reg.handshaking -= 1;
+        }
+    }
+
     fn unregister(&self, id: u64) {
         let mut reg = lock(&self.registry);
-        reg.sockets.remove(&id);
+        if let Some(slot) = reg.slots.remove(&id) {
+            if slot.handshaking {
+                reg.handshaking -= 1;
+            }
+            if let Some(a) = slot.address {
+                if let Some(n) = reg.per_address.get_mut(&a) {
+                    *n -= 1;
+                    if *n == 0 {
+                        reg.per_address.remove(&a);
+                    }
+                }
+            }
+        }
         if let Some(o) = &self.config.observer {
-            o.0.connections(reg.sockets.len());
+            o.0.connections(reg.slots.len());
         }
         self.registry_changed.notify_all();
     }
@@ -190,7 +364,7 @@ impl Inner {
         if !self.allowed(&socket) {
             return;
         }
-        if let Err(e) = socket.configure(WRITE_TIMEOUT) {
+        if let Err(e) = socket.configure(self.config.send_timeout) {
             debug!(error = %e, "cannot configure accepted socket");
             return;
         }
@@ -243,13 +417,21 @@ impl Read for SocketReader {
     }
 }
 
+/// `timeout` from now, or very far in the future if that overflows.
+pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
+}
+
 /// Time left until `deadline`, or `TimedOut` once it has passed.
 pub(crate) fn remaining(deadline: Instant) -> std::io::Result<Duration> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            "handshake deadline passed",
+            "deadline passed",
         ));
     }
     Ok(left)
@@ -258,7 +440,7 @@ pub(crate) fn remaining(deadline: Instant) -> std::io::Result<Duration> {
 fn run_connection(inner: &Arc<Inner>, socket: &Arc<Socket>, id: u64) {
     let peer = socket.peer();
     debug!(conn = id, %peer, "client connected");
-    let deadline = Instant::now() + inner.config.handshake_timeout;
+    let deadline = deadline_after(inner.config.handshake_timeout);
     let mut reader = BufReader::with_capacity(
         READ_BUFFER_BYTES,
         SocketReader {
@@ -268,10 +450,12 @@ fn run_connection(inner: &Arc<Inner>, socket: &Arc<Socket>, id: u64) {
     );
     match handshake::negotiate(inner, socket, &mut reader, id, deadline) {
         Ok(negotiated) => {
+            inner.established(id);
             reader.get_mut().deadline = None;
+            // With an idle limit, reads wake up to check for idleness.
             let restored = socket
-                .set_read_timeout(None)
-                .and_then(|()| socket.set_write_timeout(Some(WRITE_TIMEOUT)));
+                .set_read_timeout(inner.config.idle_timeout)
+                .and_then(|()| socket.set_write_timeout(Some(inner.config.send_timeout)));
             match restored {
                 Ok(()) => transmission::serve(inner, socket, &mut reader, negotiated, id),
                 Err(e) => debug!(conn = id, error = %e, "cannot reset socket timeouts"),
@@ -340,7 +524,10 @@ impl Server {
                     .expect("spawn NBD flusher thread")
             })
             .collect();
-        let payload_budget = Arc::new(PayloadBudget::new(config.max_buffered_bytes));
+        let payload_budget = Arc::new(PayloadBudget::new(
+            config.max_buffered_bytes,
+            config.max_connections,
+        ));
         let inner = Inner {
             backend,
             config,
@@ -351,7 +538,9 @@ impl Server {
             shutting_down: AtomicBool::new(false),
             registry: Mutex::new(Registry {
                 next_id: 1,
-                sockets: HashMap::new(),
+                slots: HashMap::new(),
+                handshaking: 0,
+                per_address: HashMap::new(),
                 stopped: false,
             }),
             registry_changed: Condvar::new(),
@@ -398,9 +587,9 @@ impl Server {
         {
             let mut reg = lock(&inner.registry);
             reg.stopped = true;
-            for socket in reg.sockets.values() {
+            for slot in reg.slots.values() {
                 // Wakes readers blocked in read(); replies can still be sent.
-                socket.shutdown(Shutdown::Read);
+                slot.socket.shutdown(Shutdown::Read);
             }
         }
         let listeners: Vec<_> = lock(&inner.listeners).drain(..).collect();
@@ -408,7 +597,7 @@ impl Server {
             let _ = handle.join();
         }
         let mut reg = lock(&inner.registry);
-        while !reg.sockets.is_empty() {
+        while !reg.slots.is_empty() {
             reg = inner
                 .registry_changed
                 .wait(reg)
@@ -432,7 +621,7 @@ impl Server {
 
     /// Number of open client connections (handshake or transmission).
     pub fn connection_count(&self) -> usize {
-        lock(&self.inner.registry).sockets.len()
+        lock(&self.inner.registry).slots.len()
     }
 
     /// Connections closed at once because `max_connections` were open.
@@ -470,6 +659,12 @@ fn normalize_config(mut config: ServerConfig) -> ServerConfig {
     config.workers = config.workers.max(1);
     config.max_inflight_per_conn = config.max_inflight_per_conn.max(1);
     config.max_connections = config.max_connections.max(1);
+    config.max_handshaking = config.max_handshaking.clamp(1, config.max_connections);
+    config.max_connections_per_address = config.max_connections_per_address.max(1);
+    if config.send_timeout.is_zero() {
+        config.send_timeout = Duration::from_secs(1);
+    }
+    config.idle_timeout = config.idle_timeout.filter(|t| !t.is_zero());
     // One request of each kind must always fit.
     config.max_buffered_bytes = config
         .max_buffered_bytes
@@ -478,4 +673,85 @@ fn normalize_config(mut config: ServerConfig) -> ServerConfig {
         config.handshake_timeout = Duration::from_secs(1);
     }
     config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl PayloadBudget {
+        /// `acquire` without waiting: whether the bytes were taken.
+        fn try_acquire(&self, share: &BudgetShare, bytes: u64) -> bool {
+            let mut st = lock(&self.state);
+            let held = share.held_bytes.load(Ordering::Relaxed);
+            let Some(extra) = self.shared_needed(&st, held, bytes) else {
+                return false;
+            };
+            share.held_bytes.store(held + bytes, Ordering::Relaxed);
+            st.shared_used_bytes += extra;
+            st.used_bytes += bytes;
+            true
+        }
+    }
+
+    const MIB: u64 = 1024 * 1024;
+
+    /// Takes `chunk` bytes for `share` until the budget refuses; the total.
+    fn fill(budget: &PayloadBudget, share: &BudgetShare, chunk: u64) -> u64 {
+        let mut taken = 0;
+        while budget.try_acquire(share, chunk) {
+            taken += chunk;
+        }
+        taken
+    }
+
+    #[test]
+    fn connections_that_hold_their_replies_leave_every_floor_free() {
+        // 64 MiB for 64 connections: 512 KiB floors, 32 MiB shared.
+        let budget = PayloadBudget::new(64 * MIB, 64);
+        assert_eq!(
+            (budget.floor_bytes, budget.shared_bytes),
+            (MIB / 2, 32 * MIB)
+        );
+        let stuck: Vec<BudgetShare> = (0..10).map(|_| BudgetShare::default()).collect();
+        // One connection: at most its floor and half the shared part.
+        assert_eq!(fill(&budget, &stuck[0], MIB / 4), MIB / 2 + 16 * MIB);
+        // The others together: the rest of the shared part, and their floors.
+        let rest: u64 = stuck[1..].iter().map(|s| fill(&budget, s, MIB / 4)).sum();
+        assert_eq!(rest, 16 * MIB + 9 * MIB / 2);
+        assert!(budget.used() <= 64 * MIB);
+        // A newcomer still has its floor, in small requests or one.
+        let good = BudgetShare::default();
+        assert!(budget.try_acquire(&good, 4096));
+        assert!(budget.try_acquire(&good, MIB / 2 - 4096));
+        assert!(!budget.try_acquire(&good, 4096), "beyond its floor");
+        budget.release(&good, MIB / 2);
+        assert!(
+            !budget.try_acquire(&good, MIB),
+            "a request beyond the floor waits"
+        );
+        // Once a stuck connection lets go, shared bytes are there again.
+        budget.release(&stuck[0], 8 * MIB);
+        assert!(budget.try_acquire(&good, MIB));
+        budget.release(&good, MIB);
+        for s in &stuck {
+            let held = s.held_bytes.load(Ordering::Relaxed);
+            budget.release(s, held);
+        }
+        assert_eq!(budget.used(), 0);
+        assert_eq!(lock(&budget.state).shared_used_bytes, 0);
+    }
+
+    #[test]
+    fn one_request_fits_while_nobody_holds_shared_bytes() {
+        // A budget of one request (the smallest allowed) for 256 slots.
+        let budget = PayloadBudget::new(32 * MIB, 256);
+        let share = BudgetShare::default();
+        assert!(budget.try_acquire(&share, 32 * MIB));
+        let other = BudgetShare::default();
+        assert!(!budget.try_acquire(&other, MIB));
+        assert!(budget.try_acquire(&other, budget.floor_bytes));
+        budget.release(&share, 32 * MIB);
+        assert!(budget.try_acquire(&other, 16 * MIB));
+    }
 }

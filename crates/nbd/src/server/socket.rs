@@ -17,7 +17,7 @@ use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::lock;
 
@@ -37,6 +37,9 @@ pub(crate) enum Raw {
 pub(crate) struct Socket {
     raw: Raw,
     tls: OnceLock<TlsSession>,
+    /// While a reply is sent by [`Socket::send_all_by`]: its deadline and
+    /// the longest a single send may block.
+    send_deadline: Mutex<Option<(Instant, Duration)>>,
 }
 
 /// A TLS session on a socket, started by `NBD_OPT_STARTTLS`.
@@ -106,6 +109,7 @@ impl Socket {
         Socket {
             raw,
             tls: OnceLock::new(),
+            send_deadline: Mutex::new(None),
         }
     }
 
@@ -257,6 +261,23 @@ impl Socket {
         Ok(())
     }
 
+    /// [`Socket::send_all`] that also gives up (`TimedOut`) once `deadline`
+    /// has passed, however slowly the client keeps reading; each send
+    /// blocks at most `timeout`.
+    pub(crate) fn send_all_by(
+        &self,
+        bytes: &[u8],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        *lock(&self.send_deadline) = Some((deadline, timeout));
+        let result = self.send_all(bytes);
+        *lock(&self.send_deadline) = None;
+        // Other blocking sends (TLS records the reader answers) get the
+        // whole timeout again, not what this deadline left.
+        result.and_then(|()| self.set_write_timeout(Some(timeout)))
+    }
+
     /// Writes as much of `bytes` as the socket takes without blocking and
     /// returns how much that was (`WouldBlock` is not an error here).
     /// Under TLS the count is of plaintext taken: its ciphertext may still
@@ -370,8 +391,18 @@ impl Socket {
     }
 
     fn raw_send_all(&self, bytes: &[u8]) -> io::Result<()> {
+        let deadline = *lock(&self.send_deadline);
         let mut sent = 0;
         while sent < bytes.len() {
+            if let Some((deadline, timeout)) = deadline {
+                let left = super::remaining(deadline).map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client read the reply too slowly",
+                    )
+                })?;
+                self.set_write_timeout(Some(left.min(timeout)))?;
+            }
             sent += self.send_once(&bytes[sent..], 0)?;
         }
         Ok(())

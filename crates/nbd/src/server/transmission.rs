@@ -7,13 +7,13 @@ use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
 use super::handshake::Negotiated;
 use super::socket::Socket;
-use super::{lock, Inner, Lane, PayloadBudget};
+use super::{deadline_after, lock, BudgetShare, Inner, Lane, PayloadBudget};
 use crate::proto::{self, Command, ProtoError, RequestError, RequestHeader, TransmissionContext};
 use crate::{Backend, BackendError, CommandKind, WriteZeroesFlags};
 
@@ -107,6 +107,12 @@ pub(crate) struct Conn {
     observer: Option<crate::ObserverHandle>,
     /// Server-wide budget of READ/WRITE payload bytes in flight.
     server_budget: Arc<PayloadBudget>,
+    /// This connection's holding in `server_budget`.
+    budget_share: BudgetShare,
+    /// `ServerConfig::send_timeout`.
+    send_timeout: Duration,
+    /// `ServerConfig::min_reply_bytes_per_sec`.
+    min_reply_bytes_per_sec: u64,
 }
 
 impl Conn {
@@ -172,7 +178,13 @@ impl Conn {
             outbox.busy = true;
             drop(outbox);
             if !self.broken.load(Ordering::Acquire) {
-                if let Err(e) = self.socket.send_all(&pending.bytes[pending.sent..]) {
+                let bytes = &pending.bytes[pending.sent..];
+                let deadline = deadline_after(reply_time_allowed(
+                    self.send_timeout,
+                    self.min_reply_bytes_per_sec,
+                    bytes.len(),
+                ));
+                if let Err(e) = self.socket.send_all_by(bytes, deadline, self.send_timeout) {
                     self.fail(&e);
                 }
             }
@@ -253,7 +265,8 @@ impl Conn {
         drop(state);
         // Then the server-wide budget (never while holding the lock above:
         // releases need it). Only this reader waits here.
-        self.server_budget.acquire(payload_bytes);
+        self.server_budget
+            .acquire(&self.budget_share, payload_bytes);
         Release {
             conn: Arc::clone(self),
             id,
@@ -266,13 +279,19 @@ impl Conn {
         if let Some(pos) = state.entries.iter().position(|e| e.id == id) {
             let entry = state.entries.swap_remove(pos);
             state.payload_bytes -= entry.payload_bytes;
-            self.server_budget.release(entry.payload_bytes);
+            self.server_budget
+                .release(&self.budget_share, entry.payload_bytes);
         }
         let wake = state.waiters > 0;
         drop(state);
         if wake {
             self.inflight_changed.notify_all();
         }
+    }
+
+    /// Whether no request is in flight (none read and not yet answered).
+    fn is_idle(&self) -> bool {
+        lock(&self.inflight).entries.is_empty()
     }
 
     fn wait_idle(&self) {
@@ -333,6 +352,8 @@ enum Stop {
     BadMagic(ProtoError),
     /// An invalid WRITE whose payload is too large to read and discard.
     PayloadTooLarge { length_bytes: u64 },
+    /// Nothing was sent for the idle timeout while no request was in flight.
+    Idle,
     /// Reading a request header failed.
     Io(io::Error),
     /// Reading a request's payload failed.
@@ -351,6 +372,7 @@ impl Stop {
                 conn,
                 length_bytes, "WRITE payload too large, closing connection"
             ),
+            Stop::Idle => debug!(conn, "connection idle for too long, closing"),
             Stop::Io(e) => debug!(conn, error = %e, "connection read ended"),
             Stop::IoMidRequest(e) => {
                 debug!(conn, error = %e, "connection read ended mid-request")
@@ -389,6 +411,9 @@ pub(crate) fn serve(
         payload_budget_bytes: connection_payload_budget_bytes(&inner.config),
         observer: inner.config.observer.clone(),
         server_budget: Arc::clone(&inner.payload_budget),
+        budget_share: BudgetShare::default(),
+        send_timeout: inner.config.send_timeout,
+        min_reply_bytes_per_sec: inner.config.min_reply_bytes_per_sec,
     });
     let writer_conn = Arc::clone(&conn);
     let writer = std::thread::Builder::new()
@@ -406,6 +431,14 @@ pub(crate) fn serve(
     conn.wait_idle();
     conn.close_outbox();
     let _ = writer.join();
+}
+
+/// How long a reply of `bytes` may take to send once its sending starts:
+/// the send timeout plus its size at the slowest rate allowed.
+fn reply_time_allowed(send_timeout: Duration, bytes_per_sec: u64, bytes: usize) -> Duration {
+    let at_min_rate = Duration::try_from_secs_f64(bytes as f64 / bytes_per_sec.max(1) as f64)
+        .unwrap_or(Duration::MAX);
+    send_timeout.saturating_add(at_min_rate)
 }
 
 /// Per-connection budget of buffered READ/WRITE payload bytes.
@@ -431,7 +464,7 @@ fn next_request(
     reader: &mut impl Read,
     discard_cap_bytes: u64,
 ) -> Result<(), Stop> {
-    let header = read_request_header(reader)?;
+    let header = read_request_header(conn, reader, inner.config.idle_timeout.is_some())?;
     if inner.is_shutting_down() {
         conn.send_error(
             header.handle,
@@ -443,13 +476,36 @@ fn next_request(
     handle_request(inner, conn, reader, header, discard_cap_bytes)
 }
 
-/// Reads and decodes a request header.
-fn read_request_header(reader: &mut impl Read) -> Result<RequestHeader, Stop> {
+/// Reads and decodes a request header. With an idle limit (`idle`), the
+/// socket's read timeout is that limit: a read that times out ends the
+/// connection if no request is in flight, and is retried otherwise.
+fn read_request_header(
+    conn: &Conn,
+    reader: &mut impl Read,
+    idle: bool,
+) -> Result<RequestHeader, Stop> {
     let mut bytes = [0u8; proto::REQUEST_HEADER_BYTES];
-    reader.read_exact(&mut bytes).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => Stop::Eof,
-        _ => Stop::Io(e),
-    })?;
+    let mut filled = 0;
+    while filled < bytes.len() {
+        match reader.read(&mut bytes[filled..]) {
+            Ok(0) if filled == 0 => return Err(Stop::Eof),
+            Ok(0) => return Err(Stop::Io(io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if idle
+                    && matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+            {
+                if conn.is_idle() {
+                    return Err(Stop::Idle);
+                }
+            }
+            Err(e) => return Err(Stop::Io(e)),
+        }
+    }
     proto::parse_request_header(&bytes).map_err(Stop::BadMagic)
 }
 
