@@ -8,12 +8,12 @@
 //! each fails on the engine before those fixes.
 mod common;
 use common::{BS, MIB};
-use cvol_engine::{ElasticConfig, OpenOptions, VolError, Volume};
-use cvol_storage::SimStorage;
+use cvol_engine::{Codec, CodecPolicy, ElasticConfig, OpenOptions, VolError, Volume};
+use cvol_storage::{SimStorage, Storage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::sync::Arc;
 
-/// Compressible (about 3:1) content unique to (lba, version).
+/// Compressible (about 2.2:1 with lz4) content unique to (lba, version).
 fn block(lba: u64, version: u32) -> Vec<u8> {
     let mut r = StdRng::seed_from_u64(lba * 1_000_003 + u64::from(version));
     let words = ["alpha ", "bravo ", "charlie ", "delta ", "echo ", "golf "];
@@ -32,14 +32,34 @@ fn blocks(lba: u64, n: u64, version: u32) -> Vec<u8> {
     (lba..lba + n).flat_map(|l| block(l, version)).collect()
 }
 
-fn open(sim: &SimStorage, logical: u64, elastic: ElasticConfig) -> Volume {
-    common::create_closed(sim, &common::options(sim, logical));
+fn open(sim: &SimStorage, logical: u64, codec: CodecPolicy, elastic: ElasticConfig) -> Volume {
+    common::create_closed(sim, &common::options(sim, logical).with_codec(codec));
     common::open_with(
         sim,
         OpenOptions {
             elastic,
             ..OpenOptions::default()
         },
+    )
+}
+
+/// The space figures, for a failure's message.
+fn summary(vol: &Volume) -> String {
+    let s = vol.stats();
+    format!(
+        "live {} free {} segments free {} of {}, stored {}, deferred {} units, \
+         {} pending raw bytes, compactable {}, {} cleaned, {} compacted, {} waits",
+        s.live_bytes,
+        s.physical_free_bytes,
+        s.segments_free,
+        s.segments_total,
+        s.stored_bytes,
+        s.elastic.deferred_units,
+        s.deferred_pending_bytes,
+        s.compactable_bytes,
+        s.cleaner.cleaner_segments_cleaned,
+        s.cleaner.cleaner_units_compacted,
+        s.cleaner.space_waits
     )
 }
 
@@ -61,7 +81,7 @@ fn partly_overwritten_units_shrink_when_the_cleaner_moves_them() {
         unit_blocks: 16,
         ..ElasticConfig::default()
     };
-    let vol = open(&sim, n * BS as u64, elastic);
+    let vol = open(&sim, n * BS as u64, Codec::Lz4.into(), elastic);
     let mut versions = vec![1u32; n as usize];
     for lba in (0..n).step_by(16) {
         vol.write_at(lba * BS as u64, &blocks(lba, 16, 1), false)
@@ -119,7 +139,7 @@ fn partly_overwritten_units_shrink_when_the_cleaner_moves_them() {
 #[test]
 fn deferred_raw_units_never_fill_a_thin_volume() {
     let sim = SimStorage::new(8 * MIB);
-    let n = 4096u64; // 16 MiB logical, ~5.5 MiB compressed, 16 MiB raw
+    let n = 2560u64; // 10 MiB logical, ~4.5 MiB compressed: raw, it does not fit
     let elastic = ElasticConfig {
         unit_blocks: 16,
         // Always busy, inline compression never within its budget: every
@@ -130,10 +150,13 @@ fn deferred_raw_units_never_fill_a_thin_volume() {
         inline_cpu_percent: Some(0),
         ..ElasticConfig::default()
     };
-    let vol = open(&sim, n * BS as u64, elastic);
+    let auto = CodecPolicy::Auto {
+        strong: Codec::Zstd(3),
+    };
+    let vol = open(&sim, n * BS as u64, auto, elastic);
     for lba in (0..n).step_by(16) {
         vol.write_at(lba * BS as u64, &blocks(lba, 16, 1), false)
-            .unwrap_or_else(|e| panic!("write at lba {lba}: {e}"));
+            .unwrap_or_else(|e| panic!("write at lba {lba}: {e}: {}", summary(&vol)));
     }
     vol.flush().unwrap();
     let st = vol.stats();
@@ -149,38 +172,42 @@ fn deferred_raw_units_never_fill_a_thin_volume() {
     verify(&vol, &vec![1; n as usize]);
 }
 
-/// A volume at 80% live data overwritten at random by four writers at
-/// once, three times its physical size: no write is refused.
+/// A volume at 70% live data, growing to 75% (single-block records
+/// compress less than the units they replace), overwritten at random by
+/// four writers at once, three times its physical size: no write is
+/// refused.
 #[test]
-fn random_overwrites_at_80_percent_live_are_never_refused() {
-    let sim = SimStorage::new(8 * MIB);
-    let n = 4096u64; // 16 MiB logical of 3:1 data: ~5.4 MiB live
+fn random_overwrites_at_75_percent_live_are_never_refused() {
+    let sim = SimStorage::new(32 * MIB);
+    let n = 12288u64; // 48 MiB logical: ~22 MiB live in 31 data segments
     let elastic = ElasticConfig {
         unit_blocks: 4,
         ..ElasticConfig::default()
     };
-    let vol = Arc::new(open(&sim, n * BS as u64, elastic));
+    let vol = Arc::new(open(&sim, n * BS as u64, Codec::Lz4.into(), elastic));
     for lba in (0..n).step_by(64) {
         vol.write_at(lba * BS as u64, &blocks(lba, 64, 1), false)
-            .unwrap();
+            .unwrap_or_else(|e| panic!("fill at lba {lba}: {e}: {}", summary(&vol)));
     }
     let live = vol.stats().live_bytes;
     eprintln!("live after the fill: {live} of {} bytes", sim.len_bytes());
-    assert!(live * 100 > sim.len_bytes() * 60, "fill too small: {live}");
+    assert!(live * 100 > sim.len_bytes() * 55, "fill too small: {live}");
     let writers: Vec<_> = (0..4u64)
         .map(|t| {
             let vol = Arc::clone(&vol);
             std::thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(t);
                 let mut writes = Vec::new();
-                for i in 0..1500u32 {
+                for i in 0..6000u32 {
                     // Each writer owns the LBAs congruent to t mod 4, so
                     // the last write of each is known.
                     let lba = rng.gen_range(0..n / 4) * 4 + t;
                     let version = 2 + i;
                     match vol.write_at(lba * BS as u64, &block(lba, version), false) {
                         Ok(()) => writes.push((lba, version)),
-                        Err(VolError::NoSpace) => panic!("writer {t}: ENOSPC at write {i}"),
+                        Err(VolError::NoSpace) => {
+                            panic!("writer {t}: ENOSPC at write {i}: {}", summary(&vol))
+                        }
                         Err(e) => panic!("writer {t}: {e}"),
                     }
                 }
