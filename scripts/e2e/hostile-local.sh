@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A hostile local user: `nobody` (through runuser) attacks what root (and a
+# A hostile local user: `nobody` (through setpriv) attacks what root (and a
 # second user, `daemon`, as an unprivileged victim) do with cvol on the same
 # machine. Steps (E2E_HOSTILE_STEPS, in this order by default):
 #
@@ -40,14 +40,22 @@ set -euo pipefail
 
 is_cvol || skip "cvol only (file modes, locks and the control socket)"
 need_root
-need runuser flock python3 sha256sum stat timeout
+need setpriv flock python3 sha256sum stat timeout
 need_server
 
 STEPS=${E2E_HOSTILE_STEPS:-tmp perms lock ctl flags}
+TMPD=$E2E_TMP/tmp
+# The other users' python: one they can run (not a shim under /root).
+OPY=/usr/bin/python3
+[[ -x $OPY ]] || skip "$OPY missing (the other users' python)"
 has_step() { [[ " $STEPS " == *" $1 "* ]]; }
 
-as_nobody() { runuser -u nobody -- "$@"; }
-as_daemon() { runuser -u daemon -- env -u XDG_RUNTIME_DIR TMPDIR="$TMPD" "$@"; }
+# setpriv execs the command itself (no process in between), so the pid of
+# a background one ("${AS_NOBODY[@]}" CMD &) is the command's and signals
+# reach it.
+AS_NOBODY=(setpriv --reuid="$(id -u nobody)" --regid="$(id -g nobody)" --clear-groups --)
+AS_DAEMON=(setpriv --reuid="$(id -u daemon)" --regid="$(id -g daemon)" --clear-groups --
+    env -u XDG_RUNTIME_DIR TMPDIR="$TMPD")
 mode_of() { stat -c %a "$1"; }
 fingerprint() { stat -c '%s %Y %a %U' "$1" && sha256sum <"$1"; }
 
@@ -57,7 +65,6 @@ fingerprint() { stat -c '%s %Y %a %U' "$1" && sha256sum <"$1"; }
 # binary copied where the other users can run it.
 chmod 0711 "$E2E_TMP"
 PUB=$E2E_TMP/pub
-TMPD=$E2E_TMP/tmp
 mkdir -p "$PUB" "$TMPD" "$E2E_TMP/bin"
 chmod 0755 "$PUB" "$E2E_TMP/bin"
 chmod 1777 "$TMPD"
@@ -87,7 +94,7 @@ if has_step tmp; then
     # nobody plants for the next 3000 process ids (the cache file is named
     # after the volume: bkt_vol.cache, bkt_vol2.cache).
     first=$(($(cat /proc/sys/kernel/ns_last_pid) + 1))
-    as_nobody python3 - "$TMPD" "$victim" "$first" 3000 <<'EOF'
+    "${AS_NOBODY[@]}" "$OPY" - "$TMPD" "$victim" "$first" 3000 <<'EOF'
 import os, sys
 tmp, victim, first, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 for pid in range(first, first + n):
@@ -138,13 +145,13 @@ if has_step perms; then
     for f in vol.cvol mvol.cvol meta.md cache.cvol dflt/cvol-data/default.cvol; do
         m=$(mode_of "$PUB/$f")
         [[ $m == 600 ]] || fail "$f is mode $m (umask 022), expected 600"
-        if as_nobody cat "$PUB/$f" >/dev/null 2>&1; then
+        if "${AS_NOBODY[@]}" cat "$PUB/$f" >/dev/null 2>&1; then
             fail "nobody can read $f"
         fi
     done
     m=$(mode_of "$PUB/dflt/cvol-data")
     [[ $m == 700 ]] || fail "serve's ./cvol-data is mode $m, expected 700"
-    if as_nobody flock -n -s "$PUB/vol.cvol" true 2>/dev/null; then
+    if "${AS_NOBODY[@]}" flock -n -s "$PUB/vol.cvol" true 2>/dev/null; then
         fail "nobody could open and lock vol.cvol"
     fi
     log "ok: volume, metadata device, cache, default volume 0600, cvol-data 0700; nobody can neither read nor lock them"
@@ -154,11 +161,15 @@ fi
 if has_step lock; then
     step "lock: nobody's shared flock on a readable volume does not stop the server"
     chmod 0644 "$PUB/vol.cvol"
-    as_nobody flock -n -s "$PUB/vol.cvol" sleep 60 &
+    # flock(1)'s -s, in one process (so that killing it lets go).
+    "${AS_NOBODY[@]}" "$OPY" -c 'import fcntl, sys, time
+f = open(sys.argv[1])
+fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+open(sys.argv[2], "w").write("held\n")
+time.sleep(120)' "$PUB/vol.cvol" "$TMPD/held" &
     holder=$!
     reg_pid "$holder"
-    sleep 0.5
-    _alive "$holder" || fail "nobody's flock -s on a 0644 volume did not hold"
+    wait_until 10 "nobody's shared flock" test -s "$TMPD/held"
     start_server "$PUB/vol.cvol"
     grep -q "mode 0644: other users may read it" "$SRV_ERR" ||
         fail "no warning about a volume others can read: $(head -n 5 "$SRV_ERR")"
@@ -175,7 +186,7 @@ if has_step ctl; then
     step "ctl: root's stat never talks to a socket nobody made"
     vid=$(printf 'cvol-%x-%x.ctl' "$(stat -c %d "$PUB/vol.cvol")" "$(stat -c %i "$PUB/vol.cvol")")
     # nobody listens at the old name, logging every connection.
-    as_nobody python3 - "$TMPD/$vid" "$TMPD/fake.log" <<'EOF' &
+    "${AS_NOBODY[@]}" "$OPY" - "$TMPD/$vid" "$TMPD/fake.log" <<'EOF' &
 import os, socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.bind(sys.argv[1])
@@ -208,19 +219,19 @@ EOF
     mkdir -p "$DMN"
     chown daemon: "$DMN"
     chmod 0755 "$DMN"
-    as_daemon "$CVOL" create "$DMN/d.cvol" --size 64M >/dev/null
+    "${AS_DAEMON[@]}" "$CVOL" create "$DMN/d.cvol" --size 64M >/dev/null
     before=$(fingerprint "$DMN/d.cvol")
     squat=$TMPD/cvol-$(id -u daemon)
-    as_nobody mkdir -m 0777 "$squat"
+    "${AS_NOBODY[@]}" mkdir -m 0777 "$squat"
     rc=0
-    as_daemon timeout 30 "$CVOL" serve "$DMN/d.cvol" --socket "$DMN/d.sock" >/dev/null 2>"$E2E_TMP/squat1.err" || rc=$?
+    "${AS_DAEMON[@]}" timeout 30 "$CVOL" serve "$DMN/d.cvol" --socket "$DMN/d.sock" >/dev/null 2>"$E2E_TMP/squat1.err" || rc=$?
     ((rc == 2)) || fail "daemon's serve with nobody's $squat exited $rc, expected 2: $(cat "$E2E_TMP/squat1.err")"
     grep -q "belongs to another user" "$E2E_TMP/squat1.err" || fail "no reason given: $(cat "$E2E_TMP/squat1.err")"
     rmdir "$squat"
-    as_nobody mkdir -m 0700 "$TMPD/nobodys"
-    as_nobody ln -s "$TMPD/nobodys" "$squat"
+    "${AS_NOBODY[@]}" mkdir -m 0700 "$TMPD/nobodys"
+    "${AS_NOBODY[@]}" ln -s "$TMPD/nobodys" "$squat"
     rc=0
-    as_daemon timeout 30 "$CVOL" serve "$DMN/d.cvol" --socket "$DMN/d.sock" >/dev/null 2>"$E2E_TMP/squat2.err" || rc=$?
+    "${AS_DAEMON[@]}" timeout 30 "$CVOL" serve "$DMN/d.cvol" --socket "$DMN/d.sock" >/dev/null 2>"$E2E_TMP/squat2.err" || rc=$?
     ((rc == 2)) || fail "daemon's serve with a symbolic link at $squat exited $rc, expected 2: $(cat "$E2E_TMP/squat2.err")"
     grep -q "symbolic link" "$E2E_TMP/squat2.err" || fail "no reason given: $(cat "$E2E_TMP/squat2.err")"
     [[ "$(fingerprint "$DMN/d.cvol")" == "$before" ]] || fail "a refused serve changed the volume"
@@ -229,13 +240,13 @@ EOF
     log "ok: refused (exit 2) with nobody's directory and with a symbolic link, volume unchanged: $(head -n 1 "$E2E_TMP/squat1.err")"
 
     step "ctl: daemon's own directory is private, and its stat reaches its server"
-    as_daemon "$CVOL" serve "$DMN/d.cvol" --socket "$DMN/d.sock" >"$E2E_TMP/d.out" 2>"$E2E_TMP/d.err" &
+    "${AS_DAEMON[@]}" "$CVOL" serve "$DMN/d.cvol" --socket "$DMN/d.sock" >"$E2E_TMP/d.out" 2>"$E2E_TMP/d.err" &
     dpid=$!
     reg_pid "$dpid"
     wait_until 30 "daemon's serve to start" grep -q '^nbd+unix://' "$E2E_TMP/d.out"
     [[ "$(stat -c '%a %U' "$squat")" == "700 daemon" ]] || fail "$squat is $(stat -c '%a %U' "$squat"), expected 700 daemon"
-    if as_nobody ls "$squat" >/dev/null 2>&1; then fail "nobody can list $squat"; fi
-    as_daemon "$CVOL" stat "$DMN/d.cvol" --json >"$E2E_TMP/d.json" 2>"$E2E_TMP/dstat.err" ||
+    if "${AS_NOBODY[@]}" ls "$squat" >/dev/null 2>&1; then fail "nobody can list $squat"; fi
+    "${AS_DAEMON[@]}" "$CVOL" stat "$DMN/d.cvol" --json >"$E2E_TMP/d.json" 2>"$E2E_TMP/dstat.err" ||
         fail "daemon's stat exited $?: $(cat "$E2E_TMP/dstat.err")"
     grep -q '"served": *true' "$E2E_TMP/d.json" || fail "daemon's stat did not reach its server"
     stop_server "$dpid"
@@ -259,7 +270,7 @@ if has_step flags; then
     if has_step ctl; then
         before=$(fingerprint "$DMN/d.cvol")
         rc=0
-        as_daemon bash -c 'ulimit -u 40 && exec timeout 30 "$0" serve "$1" --socket "$2" --workers 200' \
+        "${AS_DAEMON[@]}" bash -c 'ulimit -u 40 && exec timeout 30 "$0" serve "$1" --socket "$2" --workers 200' \
             "$CVOL" "$DMN/d.cvol" "$DMN/f.sock" >/dev/null 2>"$E2E_TMP/nproc.err" || rc=$?
         ((rc == 2)) || fail "serve --workers 200 under ulimit -u 40 exited $rc, expected 2: $(cat "$E2E_TMP/nproc.err")"
         grep -q "lower --workers" "$E2E_TMP/nproc.err" || fail "no reason given: $(cat "$E2E_TMP/nproc.err")"

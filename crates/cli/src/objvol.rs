@@ -22,8 +22,11 @@ pub struct TempCache(tempfile::TempDir);
 
 impl TempCache {
     pub fn new(what: &str) -> Result<TempCache, String> {
+        use std::os::unix::fs::PermissionsExt;
         tempfile::Builder::new()
             .prefix(&format!("cvol-{what}-"))
+            // mkdir with mode 0700 (tempfile's default leaves it to the umask).
+            .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir()
             .map(TempCache)
             .map_err(|e| {
