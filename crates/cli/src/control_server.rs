@@ -27,17 +27,27 @@ impl Drop for ControlGuard {
     }
 }
 
-/// Binds the control socket of `volume` and answers it on a thread of its own.
-pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
-    let path =
-        control::socket_path(volume).ok_or("cannot stat the volume for its control socket")?;
+/// A bound control socket not answered yet (the volume is not open).
+pub struct Bound {
+    listener: std::os::unix::net::UnixListener,
+    socket: sockfile::SocketFile,
+}
+
+/// Binds the control socket of `volume` in `dir` (from
+/// `control::prepare_run_dir`): a local volume's before it is opened, once
+/// its lock is held; an object-store volume's once the server claimed it.
+pub fn bind(dir: &Path, volume: &Path) -> Result<Bound, String> {
+    let path = control::socket_path_in(dir, volume)
+        .ok_or("cannot stat the volume for its control socket")?;
     // A local volume is locked by this process: a socket there is stale.
     // An object-store volume is this server's once it fenced the older
     // one, which may still listen here (stopped, on this host): its
     // socket is replaced, so `stat` asks the server that owns the volume.
     if crate::objvol::url_of(volume).is_some() {
-        use std::os::unix::fs::FileTypeExt;
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| {
+            m.file_type().is_socket() && m.uid() == rustix::process::geteuid().as_raw()
+        }) {
             tracing::info!(
                 "control socket {}: replacing the socket of the server this one took over from",
                 path.display()
@@ -47,10 +57,16 @@ pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
     }
     let (listener, socket) = sockfile::bind(&path, "control socket")?;
     // Only this user (and root) may ask for stat or start a scrub: the
-    // mode keeps others from connecting, the peer check below covers the
-    // moment between bind and chmod.
+    // directory is the user's, the mode keeps others from connecting, and
+    // the peer check below covers the moment between bind and chmod.
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("control socket {}: {e}", path.display()))?;
+    Ok(Bound { listener, socket })
+}
+
+/// Answers the bound control socket for `vol` on a thread of its own.
+pub fn start(bound: Bound, vol: Arc<Volume>) -> Result<ControlGuard, String> {
+    let Bound { listener, socket } = bound;
     let guard_vol = vol.clone();
     std::thread::Builder::new()
         .name("cvol-control".into())
@@ -59,7 +75,7 @@ pub fn start(volume: &Path, vol: Arc<Volume>) -> Result<ControlGuard, String> {
                 let _ = serve_one(conn, &vol);
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("cannot start the control socket's thread: {e}"))?;
     Ok(ControlGuard {
         _socket: socket,
         vol: guard_vol,

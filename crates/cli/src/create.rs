@@ -266,6 +266,19 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
         }
     }
     r?;
+    // The new names reach the disk with the data: fsync each directory a
+    // file (or directory) was made in.
+    for (u, p) in [
+        (&undo, Some(path)),
+        (&meta_undo, meta.as_ref().map(|m| m.path.as_path())),
+    ] {
+        if let (Some(p), true) = (p, u.made_file) {
+            sync_dir(&parent(p))?;
+            if let Some(d) = &u.made_dir {
+                sync_dir(&parent(d))?;
+            }
+        }
+    }
     let on_meta = match &meta {
         Some(m) => format!(
             ", metadata on {} ({})",
@@ -338,6 +351,13 @@ fn plan_metadata(
         (_, Some(s)) => s,
         (_, None) => default_metadata_bytes(logical, segment_size),
     };
+    if asked.is_some() && size > PHYSICAL_SIZE_MAX_BYTES {
+        return Err(format!(
+            "--metadata-size {} is above the largest, {} TiB",
+            a.metadata_size.unwrap_or(""),
+            PHYSICAL_SIZE_MAX_BYTES >> 40
+        ));
+    }
     let min = DATA_OFFSET_BYTES + 2 * segment_size;
     if size < min {
         return Err(format!(
@@ -408,6 +428,13 @@ fn find_target(path: &Path, a: &CreateArgs) -> Result<Target, String> {
             })
         }
     }
+}
+
+/// fsync of a directory, so the entries made in it are durable.
+fn sync_dir(dir: &Path) -> Result<(), String> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("{}: fsync of the directory: {e}", dir.display()))
 }
 
 fn parent(path: &Path) -> PathBuf {
@@ -505,18 +532,19 @@ fn open_target(
         Target::NewFile => {
             let dir = parent(path);
             if a.make_parent && !dir.exists() {
-                std::fs::create_dir(&dir)
+                use std::os::unix::fs::DirBuilderExt;
+                // Private: only its owner may list or add files there.
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&dir)
                     .map_err(|e| format!("creating {}: {e}", dir.display()))?;
                 undo.made_dir = Some(dir);
             }
-            // create_new: a file that appeared meanwhile is not ours to remove.
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .map_err(here)?;
+            // O_EXCL|O_NOFOLLOW, mode 0600: a file (or link) that appeared
+            // meanwhile is not ours to touch or remove.
+            let st = FileStorage::create_new(path, size).map_err(here)?;
             undo.made_file = true;
-            FileStorage::create(path, size).map_err(here)?
+            st
         }
         Target::File { len } => {
             // Grown only once the lock is ours (a refused lock changes nothing).

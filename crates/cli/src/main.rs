@@ -380,8 +380,10 @@ fn main() -> ExitCode {
             direct,
         }) => trace::DataKind::parse(&data).and_then(|data| {
             let unit_blocks = trace::parse_unit_size(&unit_size)?;
-            if queue_depth == 0 {
-                return Err("--queue-depth must be at least 1".into());
+            if !(1..=1024).contains(&queue_depth) {
+                return Err(format!(
+                    "--queue-depth {queue_depth}: give from 1 to 1024 requests"
+                ));
             }
             trace::cmd_replay(
                 &file,

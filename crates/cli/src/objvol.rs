@@ -15,19 +15,41 @@ pub fn url_of(path: &Path) -> Option<&str> {
 }
 
 /// A directory of its own for a command that needs a cache only briefly
-/// (create, an offline stat): removed on drop.
-pub struct TempCache(pub PathBuf);
+/// (create, an offline stat): made fresh in the temporary directory under
+/// an unpredictable name, mode 0700 (mkdtemp), so no other user can have
+/// planted anything in it; removed on drop.
+pub struct TempCache(tempfile::TempDir);
 
 impl TempCache {
-    pub fn new(what: &str) -> TempCache {
-        TempCache(std::env::temp_dir().join(format!("cvol-{what}-{}", std::process::id())))
+    pub fn new(what: &str) -> Result<TempCache, String> {
+        use std::os::unix::fs::PermissionsExt;
+        tempfile::Builder::new()
+            .prefix(&format!("cvol-{what}-"))
+            // mkdir with mode 0700 (tempfile's default leaves it to the umask).
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .map(TempCache)
+            .map_err(|e| {
+                format!(
+                    "cannot make a temporary cache directory in {}: {e}",
+                    std::env::temp_dir().display()
+                )
+            })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
     }
 }
 
-impl Drop for TempCache {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// Makes `--cache-dir` if it is missing, private to this user (0700).
+fn make_cache_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("--cache-dir {}: {e}", dir.display()))
 }
 
 /// The store's configuration for `url`.
@@ -47,8 +69,8 @@ pub fn create(
     force: bool,
     unsafe_no_fencing: bool,
 ) -> Result<(), String> {
-    let tmp = TempCache::new("create");
-    let mut cfg = config(url, tmp.0.clone())?;
+    let tmp = TempCache::new("create")?;
+    let mut cfg = config(url, tmp.path().to_path_buf())?;
     cfg.unsafe_no_fencing = unsafe_no_fencing;
     let d = Descriptor {
         size_bytes: opts.physical_size_bytes,
@@ -79,6 +101,9 @@ pub struct ServeFlags<'a> {
     pub unsafe_no_fencing: bool,
 }
 
+/// Least `--cache-size`: a few chunks.
+const CACHE_MIN_BYTES: u64 = 16 << 20;
+
 /// Default `--cache-size`.
 pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
 
@@ -89,7 +114,16 @@ pub fn open(url: &str, f: &ServeFlags) -> Result<Arc<ObjectStorage>, String> {
     })?;
     let mut cfg = config(url, dir.to_path_buf())?;
     cfg.cache_bytes = match f.cache_size {
-        Some(s) => crate::size::parse_size(s).map_err(|e| format!("--cache-size: {e}"))?,
+        Some(s) => {
+            let b = crate::size::parse_size(s).map_err(|e| format!("--cache-size: {e}"))?;
+            if !(CACHE_MIN_BYTES..=cvol_format::PHYSICAL_SIZE_MAX_BYTES).contains(&b) {
+                return Err(format!(
+                    "--cache-size {s}: give from 16M to {} TiB",
+                    cvol_format::PHYSICAL_SIZE_MAX_BYTES >> 40
+                ));
+            }
+            b
+        }
         None => DEFAULT_CACHE_BYTES,
     };
     if !(0.1..=3600.0).contains(&f.lease) {
@@ -101,6 +135,7 @@ pub fn open(url: &str, f: &ServeFlags) -> Result<Arc<ObjectStorage>, String> {
     cfg.lease = Duration::from_secs_f64(f.lease);
     cfg.read_only = f.read_only;
     cfg.unsafe_no_fencing = f.unsafe_no_fencing;
+    make_cache_dir(dir)?;
     Ok(Arc::new(ObjectStorage::open(&cfg)?))
 }
 
@@ -122,8 +157,8 @@ pub fn refuse_for_local(path: &Path, f: &ServeFlags) -> Result<(), String> {
 /// Opens `url` read-only for a command that only reads (stat, an offline
 /// scrub), with a cache directory of its own that goes with the command.
 pub fn open_read_only(url: &str, read_cache_bytes: Option<u64>) -> Result<Volume, String> {
-    let tmp = TempCache::new("read");
-    let mut cfg = config(url, tmp.0.clone())?;
+    let tmp = TempCache::new("read")?;
+    let mut cfg = config(url, tmp.path().to_path_buf())?;
     cfg.read_only = true;
     let st = Arc::new(ObjectStorage::open(&cfg)?);
     // The cache file stays open (and readable) once its directory is gone.
@@ -134,4 +169,50 @@ pub fn open_read_only(url: &str, read_cache_bytes: Option<u64>) -> Result<Volume
         ..cvol_engine::OpenOptions::default()
     };
     Volume::open(st, options).map_err(|e| format!("{url}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// The temporary cache directory is made fresh (never one that is
+    /// already there, as another user could have planted it), private,
+    /// under a name nobody can guess, and removed when done.
+    #[test]
+    fn temp_cache_dirs_are_fresh_private_and_unpredictable() {
+        // What another user would plant at the name cvol once used.
+        let old = std::env::temp_dir().join(format!("cvol-read-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&old);
+        std::fs::create_dir(&old).unwrap();
+        let a = TempCache::new("read").unwrap();
+        let b = TempCache::new("read").unwrap();
+        assert_ne!(a.path(), old.as_path());
+        assert_ne!(a.path(), b.path());
+        let name = a.path().file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with("cvol-read-") && name.len() >= "cvol-read-".len() + 6);
+        let md = std::fs::symlink_metadata(a.path()).unwrap();
+        assert!(md.is_dir());
+        assert_eq!(md.permissions().mode() & 0o777, 0o700);
+        assert_eq!(md.uid(), rustix::process::geteuid().as_raw());
+        let kept = a.path().to_path_buf();
+        drop(a);
+        assert!(!kept.exists(), "removed on drop");
+        std::fs::remove_dir(&old).unwrap();
+    }
+
+    /// `--cache-size` has a range.
+    #[test]
+    fn cache_size_is_bounded() {
+        let f = |s| ServeFlags {
+            cache_dir: Some(Path::new("/nonexistent-cvol-cache")),
+            cache_size: Some(s),
+            lease: 10.0,
+            read_only: true,
+        };
+        for bad in ["0", "1M", "99999T"] {
+            let e = open("s3://bkt/vol", &f(bad)).err().unwrap();
+            assert!(e.contains("--cache-size") && e.contains("16M"), "{e}");
+        }
+    }
 }

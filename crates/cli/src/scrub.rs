@@ -35,8 +35,18 @@ pub fn parse_rate(rate: &str) -> Result<u64, String> {
         .strip_suffix("/s")
         .or_else(|| t.strip_suffix("/S"))
         .unwrap_or(t);
-    size::parse_size(t).map_err(|e| format!("--rate: {e}"))
+    let r = size::parse_size(t).map_err(|e| format!("--rate: {e}"))?;
+    if r != 0 && !(RATE_MIN..=RATE_MAX).contains(&r) {
+        return Err(format!(
+            "--rate {rate}: give 0 (no limit) or from 1M/s to 1P/s"
+        ));
+    }
+    Ok(r)
 }
+
+/// `--rate`'s range (0 aside: no limit).
+const RATE_MIN: u64 = 1 << 20;
+const RATE_MAX: u64 = 1 << 50;
 
 /// Answers a control socket request about scrubbing, if `line` is one.
 pub fn serve_request(vol: &Arc<Volume>, line: &str) -> Option<String> {
@@ -322,6 +332,10 @@ mod tests {
         assert_eq!(parse_rate("64M/s").unwrap(), 64 << 20);
         assert_eq!(parse_rate("0").unwrap(), 0);
         assert!(parse_rate("fast").is_err());
+        for absurd in ["1", "512K/s", "99999T", "2P"] {
+            let e = parse_rate(absurd).unwrap_err();
+            assert!(e.contains("1M/s to 1P/s"), "{e}");
+        }
     }
 
     #[test]

@@ -17,6 +17,10 @@ use cvol_storage::{FileStorage, Storage};
 
 /// Least `--map-cache`: ten map pages (the tests use it to page all the time).
 const MAP_CACHE_MIN_BYTES: u64 = 64 << 10;
+/// Most `--workers`.
+const WORKERS_MAX: usize = 1024;
+/// Most `--handshake-timeout`: an hour.
+const HANDSHAKE_TIMEOUT_MAX_SECS: u64 = 3600;
 use cvol_nbd::{Server, ServerConfig};
 use std::io::Write;
 use std::net::{TcpListener, ToSocketAddrs};
@@ -208,20 +212,15 @@ impl ServeArgs {
     /// memory budgets and elastic compression, in that order.
     fn open_options(&self) -> Result<OpenOptions, String> {
         let cleaner = self.cleaner.config()?;
-        let optional_size = |flag: &str, v: &Option<String>| {
+        // Memory budgets: from a floor that still works to this machine's memory.
+        let memory = |flag: &str, v: &Option<String>, min: u64, zero_ok: bool| {
             v.as_deref()
-                .map(size::parse_size)
+                .map(|s| size::parse_memory(flag, s, min, zero_ok))
                 .transpose()
-                .map_err(|e| format!("{flag}: {e}"))
         };
-        let dedup_memory_bytes = optional_size("--dedup-memory", &self.dedup_memory)?;
-        let read_cache_bytes = optional_size("--read-cache", &self.read_cache)?;
-        let map_cache_bytes = optional_size("--map-cache", &self.map_cache)?;
-        if let Some(b) = map_cache_bytes.filter(|&b| b < MAP_CACHE_MIN_BYTES) {
-            return Err(format!(
-                "--map-cache: {b} bytes is too little for the block map (at least 64K)"
-            ));
-        }
+        let dedup_memory_bytes = memory("--dedup-memory", &self.dedup_memory, 1 << 20, false)?;
+        let read_cache_bytes = memory("--read-cache", &self.read_cache, 64 << 10, true)?;
+        let map_cache_bytes = memory("--map-cache", &self.map_cache, MAP_CACHE_MIN_BYTES, false)?;
         Ok(OpenOptions {
             read_only: self.read_only,
             sync_writes: self.sync,
@@ -245,6 +244,11 @@ impl ServeArgs {
         let (reach, addr) = self.tcp_reach();
         self.edge.apply(&mut config, self.read_only, reach, addr)?;
         if let Some(w) = self.workers {
+            if w > WORKERS_MAX {
+                return Err(format!(
+                    "--workers {w}: at most {WORKERS_MAX} worker threads"
+                ));
+            }
             config.workers = w.max(1);
         }
         Ok(config)
@@ -332,8 +336,12 @@ impl LimitFlags {
                 "--max-buffered {max_buffered} must be at least one request ({min} bytes)"
             ));
         }
-        if self.handshake_timeout == 0 {
-            return Err("--handshake-timeout must be at least 1 second".into());
+        size::parse_memory("--max-buffered", max_buffered, min, false)?;
+        if !(1..=HANDSHAKE_TIMEOUT_MAX_SECS).contains(&self.handshake_timeout) {
+            return Err(format!(
+                "--handshake-timeout {}: give seconds from 1 to {HANDSHAKE_TIMEOUT_MAX_SECS}",
+                self.handshake_timeout
+            ));
         }
         if self.max_connections_per_address == 0 {
             return Err("--max-connections-per-address must be at least 1".into());
@@ -405,7 +413,11 @@ fn bind_listeners(args: &ServeArgs) -> Result<Listeners, String> {
 pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     let options = args.open_options()?;
     let config = args.server_config()?;
-    crate::control::check_run_dir()?;
+    // Before the volume is touched: the control socket's directory, and
+    // the threads the server will need (a process limit fails here, not
+    // after the volume was opened).
+    let run_dir = crate::control::prepare_run_dir()?;
+    probe_threads(2 * config.workers.max(CACHE_WORKERS_MIN) + 16)?;
     if let Some(p) = &args.trace {
         trace::check_new_file(p)?;
     }
@@ -420,7 +432,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     if let Some(p) = &args.volume {
         crate::objvol::refuse_for_local(p, &args.object.flags(args.read_only))?;
         if let Some(url) = crate::objvol::url_of(p) {
-            return serve_object(url, options, config, &args, &stop);
+            return serve_object(url, options, config, &args, &run_dir, &stop);
         }
     }
     let (path, store) = match &args.volume {
@@ -460,13 +472,16 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
             volfile::open_volume_store(&path, purpose)?
         }
     };
+    // Bound before the volume opens: a squatted path refuses the start
+    // with the volume untouched.
+    let ctl = control_server::bind(&run_dir, &path)?;
     if stop.load(Ordering::SeqCst) {
         tracing::info!("stopped by a signal before opening {}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(label) = cache_label(&store) {
         return serve_cache(
-            &path, store, &label, options, listeners, config, &args, &stop,
+            &path, store, &label, options, listeners, config, &args, ctl, &stop,
         );
     }
     let mut options = options;
@@ -486,7 +501,9 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
     let backend = Arc::new(backend::VolumeBackend {
         volume: vol.clone(),
     });
-    let served = run(&path, &vol, backend, None, listeners, config, &args, &stop);
+    let served = run(
+        &path, &vol, backend, None, listeners, config, &args, ctl, &stop,
+    );
     let closed = vol
         .close()
         .map_err(|e| format!("final flush/checkpoint failed: {e}"));
@@ -504,11 +521,14 @@ fn serve_object(
     options: OpenOptions,
     config: ServerConfig,
     args: &ServeArgs,
+    run_dir: &Path,
     stop: &AtomicBool,
 ) -> Result<ExitCode, String> {
     let listeners = bind_listeners(args)?;
     let store = crate::objvol::open(url, &args.object.flags(args.read_only))?;
     let path = Path::new(url);
+    // Once claimed: a stopped older server's socket here is replaced.
+    let ctl = control_server::bind(run_dir, path)?;
     let mut options = options;
     options.read_only = args.read_only;
     let vol = match volfile::open_with_progress(path, store.clone(), options, Some(stop)) {
@@ -522,7 +542,9 @@ fn serve_object(
     let backend = Arc::new(backend::VolumeBackend {
         volume: vol.clone(),
     });
-    let served = run(path, &vol, backend, None, listeners, config, args, stop);
+    let served = run(
+        path, &vol, backend, None, listeners, config, args, ctl, stop,
+    );
     let closed = vol
         .close()
         .map_err(|e| format!("final flush/checkpoint failed: {e}"));
@@ -533,6 +555,40 @@ fn serve_object(
     stored?;
     tracing::info!("stopped cleanly");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts `n` threads (small stacks, parked until all are up) and ends
+/// them: refused with the reason when the process may not have that many
+/// (a process limit such as `ulimit -u`), before anything is opened.
+fn probe_threads(n: usize) -> Result<(), String> {
+    let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+    let mut started = Vec::with_capacity(n);
+    let mut failed = None;
+    for _ in 0..n {
+        let rx = rx.clone();
+        match std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || while rx.recv().is_ok() {})
+        {
+            Ok(h) => started.push(h),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let got = started.len();
+    for h in started {
+        let _ = h.join();
+    }
+    match failed {
+        None => Ok(()),
+        Some(e) => Err(format!(
+            "cannot start the server's threads: {got} of the {n} needed started ({e}); \
+             lower --workers or raise the process limit (ulimit -u)"
+        )),
+    }
 }
 
 /// Worker threads of a cache's server at least (`--workers` overrides).
@@ -566,6 +622,7 @@ fn serve_cache(
     listeners: Listeners,
     config: ServerConfig,
     args: &ServeArgs,
+    ctl: control_server::Bound,
     stop: &AtomicBool,
 ) -> Result<ExitCode, String> {
     let label = label
@@ -598,6 +655,7 @@ fn serve_cache(
         listeners,
         config,
         args,
+        ctl,
         stop,
     );
     let closed = cache
@@ -619,10 +677,11 @@ fn run(
     listeners: Listeners,
     config: ServerConfig,
     args: &ServeArgs,
+    ctl: control_server::Bound,
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let export = &args.export;
-    let ctl = control_server::start(path, vol.clone())?;
+    let ctl = control_server::start(ctl, vol.clone())?;
     let reloader = edge::Reloader::install(&config)?;
     let recorder = args
         .trace
@@ -835,9 +894,37 @@ mod tests {
         assert_eq!(c.idle_timeout, Some(std::time::Duration::from_secs(600)));
         // The cleaner is checked first, as it always was.
         assert!(err(&["--unit-size", "3K", "--clean-stop", "95"]).contains("--clean-start"));
+        // Absurd numbers are refused with the range, never a panic.
+        let e = err(&["--handshake-timeout", "18446744073709551615"]);
+        assert!(e.contains("from 1 to 3600"), "{e}");
+        assert!(err(&["--workers", "5000"]).contains("at most 1024"));
+        for (flag, v) in [
+            ("--read-cache", "99999T"),
+            ("--dedup-memory", "0"),
+            ("--dedup-memory", "99999T"),
+            ("--map-cache", "99999T"),
+            ("--max-buffered", "99999T"),
+        ] {
+            let e = err(&[flag, v]);
+            assert!(e.starts_with(&format!("{flag} {v}: ")), "{e}");
+        }
+        assert_eq!(
+            parse(&["--read-cache", "0"])
+                .open_options()
+                .unwrap()
+                .read_cache_bytes,
+            Some(0)
+        );
         let a = parse(&["--workers", "0", "--export", "x", "--read-only"]);
         assert_eq!(a.server_config().unwrap().workers, 1);
         assert_eq!(a.server_config().unwrap().export_name, "x");
         assert!(a.open_options().unwrap().read_only);
+    }
+
+    /// The thread probe starts and ends its threads (a process limit is
+    /// tried end to end: scripts/e2e/hostile-local.sh).
+    #[test]
+    fn thread_probe_starts_and_ends_its_threads() {
+        probe_threads(64).unwrap();
     }
 }

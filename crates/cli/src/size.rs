@@ -39,6 +39,57 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// This machine's memory (MemTotal in /proc/meminfo), if it can be read.
+pub fn memory_bytes() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
+/// A memory budget (`--read-cache`, `--dedup-memory`, ...): `s` parsed,
+/// refused below `min` (0 allowed when `zero_ok`: it turns the thing off)
+/// or above this machine's memory.
+pub fn parse_memory(flag: &str, s: &str, min: u64, zero_ok: bool) -> Result<u64, String> {
+    let b = parse_size(s).map_err(|e| format!("{flag}: {e}"))?;
+    check_memory(flag, s, b, min, zero_ok, memory_bytes())
+}
+
+fn check_memory(
+    flag: &str,
+    s: &str,
+    b: u64,
+    min: u64,
+    zero_ok: bool,
+    total: Option<u64>,
+) -> Result<u64, String> {
+    if b == 0 && zero_ok {
+        return Ok(0);
+    }
+    if b < min {
+        return Err(format!(
+            "{flag} {s}: at least {} is needed{}",
+            crate::words::human_bytes(min),
+            if zero_ok { " (or 0 for none)" } else { "" }
+        ));
+    }
+    // Without /proc/meminfo, 16 TiB stands for "more than any machine".
+    let total = total.unwrap_or(16 << 40);
+    if b > total {
+        return Err(format!(
+            "{flag} {s}: more than this machine's memory ({})",
+            crate::words::human_bytes(total)
+        ));
+    }
+    Ok(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +106,30 @@ mod tests {
         for bad in ["", "G", "12X", "-5M", "99999999999999999999T", "1..5G"] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn memory_budgets_have_a_range() {
+        let g = 1u64 << 30;
+        let c = |s: &str, min, zero_ok| {
+            check_memory(
+                "--read-cache",
+                s,
+                parse_size(s).unwrap(),
+                min,
+                zero_ok,
+                Some(8 * g),
+            )
+        };
+        assert_eq!(c("0", 1 << 20, true).unwrap(), 0);
+        assert_eq!(c("64M", 1 << 20, true).unwrap(), 64 << 20);
+        assert_eq!(c("8G", 1 << 20, true).unwrap(), 8 * g);
+        let e = c("0", 1 << 20, false).unwrap_err();
+        assert!(e.contains("--read-cache 0: at least 1.0 MiB"), "{e}");
+        let e = c("99999T", 1 << 20, true).unwrap_err();
+        assert!(e.contains("more than this machine's memory"), "{e}");
+        assert!(c("9G", 0, true).is_err());
+        assert!(memory_bytes().is_some_and(|m| m > 0), "/proc/meminfo");
+        assert!(parse_memory("--read-cache", "99999T", 0, true).is_err());
     }
 }

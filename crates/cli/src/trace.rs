@@ -88,9 +88,12 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn create(path: &Path, volume_bytes: u64) -> Result<Recorder, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Private like a volume: the trace shows what clients did.
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::AlreadyExists => format!(

@@ -149,7 +149,40 @@ pub fn open_store(path: &Path, purpose: Purpose) -> Result<(FileStorage, Kind), 
         },
         _ => format!("{}: {e}", path.display()),
     })?;
+    if let Purpose::Serve { .. } = purpose {
+        warn_if_shared(path, &st, kind);
+    }
     Ok((st, kind))
+}
+
+/// Logs a warning when other users may read or write a volume file a
+/// server opened: they can read the stored data, and a process that can
+/// open the file can hold a lock that keeps the next server from starting
+/// (`cvol create` makes files 0600). A block device is judged by what
+/// users outside its group may do (group `disk` is the norm).
+fn warn_if_shared(path: &Path, st: &FileStorage, kind: Kind) {
+    let Ok(mode) = st.mode() else { return };
+    let shared = match kind {
+        Kind::File => mode & 0o066,
+        Kind::BlockDevice => mode & 0o006,
+    };
+    if shared != 0 {
+        tracing::warn!(
+            "{} is mode {mode:04o}: other users may {} it (its data, and a lock that keeps a \
+             server from starting); make it private: chmod {} {}",
+            path.display(),
+            if shared & 0o022 != 0 {
+                "read and write"
+            } else {
+                "read"
+            },
+            match kind {
+                Kind::File => "600",
+                Kind::BlockDevice => "o-rw",
+            },
+            path.display()
+        );
+    }
 }
 
 /// Opens the store and refuses (exit 2) what is not a volume, is shorter

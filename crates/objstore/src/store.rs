@@ -540,13 +540,14 @@ impl ObjectStorage {
         std::fs::create_dir_all(&cfg.cache_dir)
             .map_err(|e| format!("--cache-dir {}: {e}", cfg.cache_dir.display()))?;
         let file = cfg.cache_dir.join(format!("{}.cache", cache_name(label)));
-        let local = FileStorage::create(&file, d.size_bytes).map_err(|e| match e.kind() {
-            io::ErrorKind::WouldBlock => format!(
-                "{}: the cache file is in use by another cvol process",
-                file.display()
-            ),
-            _ => format!("{}: {e}", file.display()),
-        })?;
+        let local =
+            FileStorage::create_private(&file, d.size_bytes).map_err(|e| match e.kind() {
+                io::ErrorKind::WouldBlock => format!(
+                    "{}: the cache file is in use by another cvol process",
+                    file.display()
+                ),
+                _ => format!("{}: {e}", file.display()),
+            })?;
         let epoch = if cfg.read_only {
             0
         } else {

@@ -90,26 +90,19 @@ impl FileStorage {
         self.inode_writes.lock()
     }
 
-    /// Opens `path`. With `lock_exclusive` the call fails at once when another
-    /// process holds the volume (advisory `flock`); otherwise a shared lock is
-    /// taken, which also fails while a writer holds it.
+    /// Opens `path` and locks it: a writable open takes a write lock, which
+    /// fails at once while any other process holds a lock on the file; a
+    /// read-only open takes a read lock, which fails only while a writer
+    /// holds it. (`lock_exclusive` asks for the write lock; a read-only
+    /// descriptor can only hold a read lock, see [`lock`].)
     pub fn open(path: &Path, writable: bool, lock_exclusive: bool) -> io::Result<FileStorage> {
-        let mut file = OpenOptions::new().read(true).write(writable).open(path)?;
-        let mode = if lock_exclusive {
-            rustix::fs::FlockOperation::NonBlockingLockExclusive
-        } else {
-            rustix::fs::FlockOperation::NonBlockingLockShared
-        };
-        rustix::fs::flock(&file, mode).map_err(|e| {
-            if e == rustix::io::Errno::WOULDBLOCK {
-                io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    "in use by another cvol process (locked)".to_string(),
-                )
-            } else {
-                io::Error::from(e)
-            }
-        })?;
+        let file = OpenOptions::new().read(true).write(writable).open(path)?;
+        FileStorage::from_file(file, writable && lock_exclusive)
+    }
+
+    /// Locks `file` (see [`lock`]) and takes it as the store.
+    fn from_file(mut file: File, write_lock: bool) -> io::Result<FileStorage> {
+        lock(&file, write_lock)?;
         let is_block_device = file.metadata()?.file_type().is_block_device();
         let size_bytes = file.seek(SeekFrom::End(0))?;
         Ok(FileStorage {
@@ -119,6 +112,75 @@ impl FileStorage {
             direct: None,
             inode_writes: TicketLock::default(),
         })
+    }
+
+    /// Creates the new file `path` of `size_bytes` (sparse), mode 0600,
+    /// with O_CREAT|O_EXCL|O_NOFOLLOW: fails if anything is there (a file,
+    /// a symbolic link, even one to nowhere), so nothing is ever followed
+    /// or truncated.
+    pub fn create_new(path: &Path, size_bytes: u64) -> io::Result<FileStorage> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)?;
+        let mut st = FileStorage::from_file(file, true)?;
+        st.file.set_len(size_bytes)?;
+        st.size_bytes = size_bytes;
+        Ok(st)
+    }
+
+    /// Creates the local cache file `path` of `size_bytes` for a store
+    /// whose data lives elsewhere: a new file as [`FileStorage::create_new`]
+    /// makes it. An existing one (a cache a previous run left in a
+    /// directory of the user's choosing) is reused, emptied, only when it
+    /// is a regular file of this user with no other link, opened without
+    /// following a symbolic link; anything else is refused.
+    pub fn create_private(path: &Path, size_bytes: u64) -> io::Result<FileStorage> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        match FileStorage::create_new(path, size_bytes) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            r => return r,
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "a symbolic link is there; refusing to follow it",
+                ),
+                _ => e,
+            })?;
+        let md = file.metadata()?;
+        let me = rustix::process::geteuid().as_raw();
+        if !md.file_type().is_file() || md.uid() != me || md.nlink() != 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "exists and is not a cache file of this user (a regular file owned by \
+                     uid {me} with one link); refusing to use it"
+                ),
+            ));
+        }
+        // Made private, as a new one would be.
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        let mut st = FileStorage::from_file(file, true)?;
+        st.file.set_len(0)?;
+        st.file.set_len(size_bytes)?;
+        st.size_bytes = size_bytes;
+        Ok(st)
+    }
+
+    /// The file's permission bits (e.g. 0o600).
+    pub fn mode(&self) -> io::Result<u32> {
+        use std::os::unix::fs::PermissionsExt;
+        Ok(self.file.metadata()?.permissions().mode() & 0o7777)
     }
 
     /// Switches to direct I/O (O_DIRECT: the page cache is bypassed, as a
@@ -180,20 +242,20 @@ impl FileStorage {
     }
 
     /// Creates (or truncates, for a file) a backing store of `size_bytes`.
-    /// A regular file is created sparse; a block device must be large enough.
+    /// A regular file is created sparse, mode 0600 (only its owner reads
+    /// the data or can lock it); a block device must be large enough.
     pub fn create(path: &Path, size_bytes: u64) -> io::Result<FileStorage> {
-        let exists = path.exists();
-        let is_block = exists && std::fs::metadata(path)?.file_type().is_block_device();
-        if !is_block {
-            // Create without truncating: the old contents go only once the lock is ours.
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(path)?;
-        }
-        let mut st = FileStorage::open(path, true, true)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Create without truncating: the old contents go only once the lock is ours.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?;
+        let is_block = file.metadata()?.file_type().is_block_device();
+        let mut st = FileStorage::from_file(file, true)?;
         if !is_block {
             st.file.set_len(0)?;
             st.file.set_len(size_bytes)?;
@@ -290,6 +352,58 @@ impl Storage for FileStorage {
         )
         .map_err(io::Error::from)
     }
+}
+
+/// Takes an open file description lock (fcntl F_OFD_SETLK) on the whole of
+/// `file`, without waiting: a write lock when `write` (the descriptor must
+/// be open for writing), else a read lock. Write locks exclude each other
+/// and read locks; read locks share.
+///
+/// Why not `flock`: flock's shared lock needs only a descriptor open for
+/// reading, and `flock -s` by any user who can read the file kept a
+/// server from starting. Locks of the two kinds do not see each other on
+/// Linux, so flock(1) can no longer get in the way, and a write lock
+/// needs write access. A process that can open the file at all can still
+/// hold an fcntl read lock on it, and no advisory lock on a file can
+/// shut out a reader, so volumes are created mode 0600 (only the owner
+/// and root can open them) and `cvol serve` warns about a volume file
+/// others can read. The error names which kind of lock is in the way.
+pub fn lock(file: &File, write: bool) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut fl = whole_file_lock(if write { libc::F_WRLCK } else { libc::F_RDLCK });
+    // SAFETY: F_OFD_SETLK reads one `struct flock`, which `fl` is.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) {
+        return Err(e);
+    }
+    // Who is in the way: a writer (another server) or a reader.
+    let mut q = whole_file_lock(if write { libc::F_WRLCK } else { libc::F_RDLCK });
+    // SAFETY: F_OFD_GETLK reads and fills in one `struct flock`.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut q) };
+    let held_by_reader = rc == 0 && i32::from(q.l_type) == libc::F_RDLCK;
+    Err(io::Error::new(
+        io::ErrorKind::WouldBlock,
+        if held_by_reader {
+            "in use: a process that reads it holds a lock on it (cvol stat or check, or any \
+             process of a user who can open the file)"
+        } else {
+            "in use by another cvol process (locked)"
+        },
+    ))
+}
+
+/// A `struct flock` over the whole file, of type `kind`.
+fn whole_file_lock(kind: libc::c_int) -> libc::flock {
+    // SAFETY: `struct flock` is plain integers; all-zero is a valid value
+    // (start 0, length 0: the whole file; l_pid must be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl
 }
 
 /// Passes a discard down to a block device (BLKDISCARD). Devices without
@@ -402,6 +516,90 @@ mod tests {
         assert_eq!(&b, b"abc", "a refused create must not touch the volume");
         drop(s);
         FileStorage::open(&p, false, false).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Files are created 0600, and the cache file of a store is never a
+    /// planted link: a symbolic link (dangling or to a victim) is refused
+    /// and its target untouched, and so is a hard link or another user's file.
+    #[test]
+    fn created_files_are_private_and_links_are_never_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("cvol-storage-private-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let v = dir.join("vol");
+        drop(FileStorage::create(&v, 1 << 20).unwrap());
+        assert_eq!(mode(&v), 0o600);
+        let n = dir.join("new");
+        drop(FileStorage::create_new(&n, 1 << 20).unwrap());
+        assert_eq!(mode(&n), 0o600);
+        assert!(FileStorage::create_new(&n, 1 << 20).is_err(), "exists");
+
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let link = dir.join("link.cache");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let e = FileStorage::create_private(&link, 4 << 20).err().unwrap();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(FileStorage::create_new(&link, 4 << 20).is_err());
+        let dangling = dir.join("dangling.cache");
+        std::os::unix::fs::symlink(dir.join("nowhere"), &dangling).unwrap();
+        assert!(FileStorage::create_private(&dangling, 4 << 20).is_err());
+        assert!(
+            !dir.join("nowhere").exists(),
+            "nothing created through the link"
+        );
+        let hard = dir.join("hard.cache");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        let e = FileStorage::create_private(&hard, 4 << 20).err().unwrap();
+        assert!(e.to_string().contains("refusing"), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+
+        // A cache a previous run left is reused, emptied.
+        let c = dir.join("ok.cache");
+        FileStorage::create_private(&c, 1 << 20)
+            .unwrap()
+            .write_at(0, b"old")
+            .unwrap();
+        let st = FileStorage::create_private(&c, 2 << 20).unwrap();
+        assert_eq!(st.len_bytes(), 2 << 20);
+        let mut b = [9u8; 3];
+        st.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [0; 3]);
+        assert_eq!(st.mode().unwrap(), 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The lock: writers exclude each other and readers; readers share;
+    /// a flock(2) of the file (`flock -s`, by any reader) does not stop a
+    /// writer; and a refusal says whether a writer or a reader is in the way.
+    #[test]
+    fn write_locks_exclude_and_flock_does_not_interfere() {
+        let dir = std::env::temp_dir().join(format!("cvol-storage-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("vol");
+        drop(FileStorage::create(&p, 1 << 20).unwrap());
+        // Someone holds a shared flock: a writer opens anyway.
+        let reader = File::open(&p).unwrap();
+        rustix::fs::flock(&reader, rustix::fs::FlockOperation::NonBlockingLockShared).unwrap();
+        let w = FileStorage::open(&p, true, true).unwrap();
+        let e = FileStorage::open(&p, true, true).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert!(e.to_string().contains("another cvol process"), "{e}");
+        assert!(
+            FileStorage::open(&p, false, false).is_err(),
+            "a writer holds it"
+        );
+        drop(w);
+        let r1 = FileStorage::open(&p, false, false).unwrap();
+        let _r2 = FileStorage::open(&p, false, true).unwrap();
+        let e = FileStorage::open(&p, true, true).err().unwrap();
+        assert!(e.to_string().contains("reads it"), "{e}");
+        drop((r1, _r2, reader));
+        FileStorage::open(&p, true, true).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
