@@ -154,7 +154,12 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
             let mut written = None;
             // Only a write that fits without the cleaner (it would wait
             // for the checkpoint's flush lock).
-            let fits = vol.stats().worst_case_free_logical_bytes >= 2 * (nb * BS) as u64;
+            // The checkpoint appends its records before the write runs:
+            // room for the write must remain after them, or it would clean,
+            // which waits for this very checkpoint.
+            let st = vol.stats();
+            let margin = 2 * st.checkpoint_last_bytes.max(st.segment_size_bytes);
+            let fits = st.worst_case_free_logical_bytes >= 2 * (nb * BS) as u64 + margin;
             // (`at` before the closure: it runs on another thread.)
             let target = at(off);
             let r = vol.checkpoint_interleaved(|| {

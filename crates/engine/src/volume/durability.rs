@@ -338,6 +338,7 @@ impl Volume {
         let c = &self.counters;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
         c.checkpoint_last_bytes.store(bytes, Ordering::Relaxed);
+        c.checkpoint_bytes_total.fetch_add(bytes, Ordering::Relaxed);
         let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         c.checkpoint_last_micros.store(micros, Ordering::Relaxed);
         tracing::debug!(

@@ -42,8 +42,9 @@ const ZERO_ENTRY_CHECKPOINT_BYTES: u64 = MAP_ENTRY_BYTES as u64 + 1;
 /// bounds a writer that other writers keep beating to the room cleaning
 /// makes).
 const SPACE_TURNS_MAX: u32 = 1024;
-/// Turns in a row that gained too little before a write gives up (NoSpace).
-const SPACE_IDLE_TURNS_MAX: u32 = 2;
+/// A write gives up (NoSpace) when cleaning gained too little over this
+/// many turns together.
+const SPACE_WINDOW_TURNS: usize = 3;
 /// A cleaning turn that gains less than 1/16 of a segment gained nothing
 /// useful: only segment tails are left to collect.
 pub(super) const CLEAN_GAIN_USEFUL_DIVISOR: u64 = 16;
@@ -195,7 +196,8 @@ impl Volume {
     /// the cleaner first if the log is short of space. NoSpace only when
     /// cleaning cannot make room: the live data truly does not fit.
     pub(super) fn lock_with_space(&self, need: u64) -> Result<StateGuard<'_>, VolError> {
-        let mut idle_turns = 0;
+        // Cleaning's progress at the start of each of the last turns.
+        let mut window = std::collections::VecDeque::with_capacity(SPACE_WINDOW_TURNS + 1);
         for _ in 0..SPACE_TURNS_MAX {
             let st = self.lock_state()?;
             self.check_writable()?;
@@ -207,20 +209,25 @@ impl Volume {
             // Whether this call or a concurrent one (the background cleaner,
             // another writer) made the room, the check above decides on the
             // next turn. Give up when cleaning stops gaining a useful amount
-            // (a full volume only yields segment tails). The gain is what
-            // cleaning reclaimed less what it moved, by whoever cleaned
-            // meanwhile: not the change in free bytes, which the other
-            // writers consume as fast as the cleaner frees them.
-            if idle_turns == SPACE_IDLE_TURNS_MAX {
-                break;
+            // over the last turns (a full volume only yields segment tails,
+            // and the old map records each checkpoint leaves for the next).
+            // The gain is what cleaning reclaimed less what it moved and
+            // the checkpoints it wrote, by whoever cleaned meanwhile: not
+            // the change in free bytes, which the other writers consume as
+            // fast as the cleaner frees them. It is summed over a window of
+            // turns because a turn's moves are often reclaimed in the next.
+            window.push_back(self.cleaning_progress());
+            if window.len() > SPACE_WINDOW_TURNS {
+                let oldest = window.pop_front().expect("a full window");
+                let gained = window
+                    .back()
+                    .expect("a full window")
+                    .gain_since(&oldest, self.sb.segment_size_bytes);
+                if gained < self.sb.segment_size_bytes / CLEAN_GAIN_USEFUL_DIVISOR {
+                    break;
+                }
             }
-            let before = self.cleaning_progress();
             self.clean_for_space(want)?;
-            let gained = self
-                .cleaning_progress()
-                .gain_since(&before, self.sb.segment_size_bytes);
-            let useful = self.sb.segment_size_bytes / CLEAN_GAIN_USEFUL_DIVISOR;
-            idle_turns = if gained < useful { idle_turns + 1 } else { 0 };
             self.counters.space_waits.fetch_add(1, Ordering::Relaxed);
         }
         self.counters.space_refusals.fetch_add(1, Ordering::Relaxed);

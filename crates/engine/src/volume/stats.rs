@@ -26,6 +26,8 @@ pub(in crate::volume) struct Counters {
     pub(in crate::volume) cleaner: CleanerCounters,
     pub(in crate::volume) checkpoints: AtomicU64,
     pub(in crate::volume) checkpoint_last_bytes: AtomicU64,
+    /// Log bytes of every checkpoint since open (cleaning's cost).
+    pub(in crate::volume) checkpoint_bytes_total: AtomicU64,
     pub(in crate::volume) checkpoint_last_micros: AtomicU64,
     /// Fingerprint tables written between checkpoints: spills, bytes.
     pub(in crate::volume) fp_spills: AtomicU64,

@@ -101,8 +101,11 @@ pub(in crate::volume) struct CleaningProgress {
 
 impl CleaningProgress {
     /// Log bytes gained since `before`: the segments reclaimed, less what
-    /// was moved to empty them (the cost of the moves; a checkpoint's new
-    /// map records replace old ones, which die).
+    /// was moved to empty them and the checkpoints written meanwhile (the
+    /// map records a checkpoint replaces die, and come back as reclaimed
+    /// segments later: a volume full of live data, whose cleaning only
+    /// collects the last checkpoint's old records to write the next,
+    /// gains nothing).
     pub(in crate::volume) fn gain_since(
         &self,
         before: &CleaningProgress,
@@ -220,9 +223,18 @@ impl Volume {
     /// cleaner was keeping up).
     pub(in crate::volume) fn cleaning_progress(&self) -> CleaningProgress {
         let c = &self.counters.cleaner;
+        // Checkpoints and fingerprint spills cost the data log only when
+        // it holds the metadata too.
+        let metadata = match self.sb.has_metadata_device() {
+            true => 0,
+            false => {
+                self.counters.checkpoint_bytes_total.load(Ordering::SeqCst)
+                    + self.counters.fp_spill_bytes.load(Ordering::SeqCst)
+            }
+        };
         CleaningProgress {
             reclaimed: c.segments_reclaimed.load(Ordering::SeqCst),
-            relocated: c.bytes_relocated.load(Ordering::SeqCst),
+            relocated: c.bytes_relocated.load(Ordering::SeqCst) + metadata,
         }
     }
 
