@@ -40,7 +40,7 @@ SECS=${E2E_THIN_SECONDS:-30}
 LIVE_PCT=${E2E_THIN_LIVE:-80}
 VERIFY_SIZE=${E2E_THIN_VERIFY:-64M}
 MIN_IOPS=${E2E_THIN_MIN_IOPS:-200}
-LOGICAL=1G
+LOGICAL=${E2E_THIN_LOGICAL:-1G}
 
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
@@ -164,7 +164,8 @@ part_copy() {
 part_overwrite() {
     local unit=$1
     shift
-    local phys_mb=300 phys=$((300 * 1048576))
+    local phys_mb=${E2E_THIN_PHYS_MB:-300} phys
+    phys=$((phys_mb * 1048576))
     VOL=$E2E_TMP/ow-$unit.cvol
     step "$unit: $LOGICAL volume of ${phys_mb} MiB, --inline-cpu off $*, fill to ${LIVE_PCT}% live"
     make_volume "$VOL" "$LOGICAL" --physical-size "${phys_mb}M"
