@@ -7,6 +7,9 @@
 #         the physical size, stored in ~62% of it when compressed inline: the
 #         physical size is derived from a measured --inline-cpu off copy) must
 #         succeed and read back exact; cvol check.
+#   copy-defer  the same served --inline-cpu 0: every unit is written raw
+#         while the client is busy (the worst case of deferral, whatever the
+#         machine's speed): still must fit.
 #   4k    --inline-cpu off --unit-size 4K: fio fills 60%-compressible data to
 #         ~80% of the physical size live, then random 4 KiB overwrites of that
 #         range at iodepth 32 for E2E_THIN_SECONDS: no error; IOPS and write
@@ -17,7 +20,7 @@
 #         the overwrites at most 1.15x live_bytes after the fill (a unit with
 #         one block overwritten must not stay wholly live).
 #
-#   E2E_THIN_PARTS     parts to run (default "copy 4k 16k")
+#   E2E_THIN_PARTS     parts to run (default "copy copy-defer 4k 16k")
 #   E2E_THIN_MB        real data for the copy, MiB (default 480)
 #   E2E_THIN_SECONDS   random-overwrite time per unit size (default 30)
 #   E2E_THIN_LIVE      live percentage of the physical size to fill to (default 80)
@@ -34,7 +37,7 @@ fio --enghelp=nbd >/dev/null 2>&1 || skip "this fio has no nbd ioengine"
 need_server
 is_cvol || skip "cvol only: a thin volume has no stand-in"
 
-PARTS=${E2E_THIN_PARTS:-copy 4k 16k}
+PARTS=${E2E_THIN_PARTS:-copy copy-defer 4k 16k}
 MB=${E2E_THIN_MB:-480}
 SECS=${E2E_THIN_SECONDS:-30}
 LIVE_PCT=${E2E_THIN_LIVE:-80}
@@ -102,7 +105,10 @@ PYEOF
 }
 
 # ------------------------------------------------------------------ copy ----
-part_copy() {
+COPY_IMG="" COPY_PHYS_MB=""
+# copy_measure -- make the data and size the copy's volume (once)
+copy_measure() {
+    [[ -z "$COPY_IMG" ]] || return 0
     local dirs=() d
     for d in /usr/include /usr/share/javascript /usr/share/package-lists /usr/share/doc \
         /usr/lib/python3* /usr/share/perl /usr/share/vim /usr/share/i18n /usr/share/locale \
@@ -110,13 +116,13 @@ part_copy() {
         [[ -d "$d" ]] && dirs+=("$d")
     done
     tar_image thin-usr "$MB" "${dirs[@]}"
-    local img=$TAR_IMAGE bytes=$((MB * 1048576))
+    COPY_IMG=$TAR_IMAGE
 
     step "copy: measure what $MB MiB of real data takes compressed inline (--inline-cpu off)"
     VOL=$E2E_TMP/measure.cvol
     make_volume "$VOL" "$LOGICAL"
     start_server "$VOL" --inline-cpu off
-    nbdcopy --flush "$img" "$SRV_URI" || fail_at "copy (measuring)" "nbdcopy into a roomy volume failed"
+    nbdcopy --flush "$COPY_IMG" "$SRV_URI" || fail_at "copy (measuring)" "nbdcopy into a roomy volume failed"
     stat_to "$E2E_TMP/measure.json" || fail "cvol stat: $(cat "$E2E_TMP/measure.json.err")"
     show_stat "compressed inline" "$E2E_TMP/measure.json"
     local used
@@ -124,39 +130,46 @@ part_copy() {
     stop_server
     rm -f "$VOL"
     # Physical size: the inline-compressed copy takes 62% of it.
-    local phys_mb=$(((used * 100 / 62 + 1048575) / 1048576))
+    COPY_PHYS_MB=$(((used * 100 / 62 + 1048575) / 1048576))
     local ratio
-    ratio=$(awk -v a="$bytes" -v p="$phys_mb" 'BEGIN { printf "%.2f", a / (p * 1048576) }')
-    log "copy: physical size ${phys_mb} MiB: the data is ${ratio}x it, compressed inline $(mib "$used")"
+    ratio=$(awk -v a="$((MB * 1048576))" -v p="$COPY_PHYS_MB" 'BEGIN { printf "%.2f", a / (p * 1048576) }')
+    log "copy: physical size ${COPY_PHYS_MB} MiB: the data is ${ratio}x it, compressed inline $(mib "$used")"
     awk -v r="$ratio" 'BEGIN { exit !(r >= 1.5) }' ||
         log "note: this machine's /usr compresses poorly; the copy puts less pressure on the volume than intended"
+}
 
-    step "copy: $MB MiB into a $LOGICAL volume of ${phys_mb} MiB, default flags, nbdcopy --flush"
-    VOL=$E2E_TMP/copy.cvol
+# part_copy NAME [serve args...] -- the copy into the thin volume, read back, check
+part_copy() {
+    local name=$1
+    shift
+    copy_measure
+    local img=$COPY_IMG phys_mb=$COPY_PHYS_MB bytes=$((MB * 1048576)) flags=${*:-default flags}
+    step "$name: $MB MiB into a $LOGICAL volume of ${phys_mb} MiB, $flags, nbdcopy --flush"
+    VOL=$E2E_TMP/$name.cvol
     make_volume "$VOL" "$LOGICAL" --physical-size "${phys_mb}M"
-    start_server "$VOL"
+    start_server "$VOL" "$@"
     local t0 t1 rc=0
     t0=$(now)
     nbdcopy --flush "$img" "$SRV_URI" 2>"$E2E_TMP/nbdcopy.err" || rc=$?
     t1=$(now)
     if ((rc != 0)); then
         sed 's/^/    /' "$E2E_TMP/nbdcopy.err"
-        fail_at "copy (nbdcopy --flush of $MB MiB into ${phys_mb} MiB, default flags)" "nbdcopy exited $rc"
+        fail_at "$name (nbdcopy --flush of $MB MiB into ${phys_mb} MiB, $flags)" "nbdcopy exited $rc"
     fi
     local secs
     secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
     stat_to "$E2E_TMP/copy.json" || fail "cvol stat: $(cat "$E2E_TMP/copy.json.err")"
     show_stat "after the copy" "$E2E_TMP/copy.json"
-    log "copy: $MB MiB in ${secs}s ($(mbps "$bytes" "$secs") MiB/s)"
+    log "RESULT $name: $MB MiB in ${secs}s ($(mbps "$bytes" "$secs") MiB/s), $(json_get "$E2E_TMP/copy.json" deferred_units) units deferred"
 
-    step "copy: read back exact"
-    nbdcopy "$SRV_URI" "$E2E_TMP/out.img" || fail_at "copy (read back)" "nbdcopy out failed"
-    cmp -n "$bytes" "$img" "$E2E_TMP/out.img" || fail "copy: data reads back wrong"
+    step "$name: read back exact"
+    nbdcopy "$SRV_URI" "$E2E_TMP/out.img" || fail_at "$name (read back)" "nbdcopy out failed"
+    cmp -n "$bytes" "$img" "$E2E_TMP/out.img" || fail "$name: data reads back wrong"
     rm -f "$E2E_TMP/out.img"
     stop_server
     cvol_check "$VOL"
     rm -f "$VOL"
-    log "copy: passed"
+    log "$name: passed"
 }
 
 # --------------------------------------------------- random overwrites ----
@@ -243,10 +256,11 @@ part_overwrite() {
 
 for p in $PARTS; do
     case $p in
-        copy) part_copy ;;
+        copy) part_copy copy ;;
+        copy-defer) part_copy copy-defer --inline-cpu 0 ;;
         4k) part_overwrite 4k --unit-size 4K ;;
         16k) part_overwrite 16k ;;
-        *) fail "unknown part '$p' in E2E_THIN_PARTS (known: copy 4k 16k)" ;;
+        *) fail "unknown part '$p' in E2E_THIN_PARTS (known: copy copy-defer 4k 16k)" ;;
     esac
 done
 pass "$PARTS"
