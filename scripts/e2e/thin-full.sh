@@ -15,7 +15,7 @@
 #         range at iodepth 32 for E2E_THIN_SECONDS: no error; IOPS and write
 #         amplification printed; then a bounded random-overwrite pass with
 #         fio's crc32c verify (every block's last write read back after the
-#         cleaner moved data around), restart, cvol check.
+#         cleaner moved data around), again after a restart, cvol check.
 #   16k   the same with the default 16 KiB units; besides: live_bytes after
 #         the overwrites at most 1.15x live_bytes after the fill (a unit with
 #         one block overwritten must not stay wholly live).
@@ -244,10 +244,15 @@ part_overwrite() {
     fi
 
     step "$unit: $VERIFY_SIZE of random 4 KiB overwrites, then fio verifies every block's last write"
-    fio_run "verify-$unit" "$unit (verified overwrites)" --rw=randwrite --bs=4k --iodepth=32 \
-        --offset=0 --size="$fill" --io_size="$VERIFY_SIZE" --randseed=46 \
-        --verify=crc32c --verify_fatal=1 --verify_dump=0 --do_verify=1 --verify_state_save=0
+    local vargs=(--rw=randwrite --bs=4k --iodepth=32 --offset=0 --size="$fill" --io_size="$VERIFY_SIZE"
+        --randseed=46 --verify=crc32c --verify_fatal=1 --verify_dump=0 --do_verify=1 --verify_state_save=0)
+    fio_run "verify-$unit" "$unit (verified overwrites)" "${vargs[@]}"
     log "$unit: verified $(fio_field "verify-$unit" 'j["read"]["total_ios"]') blocks"
+    step "$unit: restart, the same blocks verified again"
+    stop_server
+    start_server "$VOL" --inline-cpu off "$@"
+    fio_run "reverify-$unit" "$unit (verify after a restart)" "${vargs[@]}" --verify_only=1
+    log "$unit: verified $(fio_field "reverify-$unit" 'j["read"]["total_ios"]') blocks after the restart"
     stop_server
     cvol_check "$VOL"
     rm -f "$VOL"
