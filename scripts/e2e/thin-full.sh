@@ -3,7 +3,7 @@
 # has room for: data that fits compressed is taken, whatever inline
 # compression deferred and however live the log is (issue 46, scaled down).
 #
-#   copy  default flags: nbdcopy --flush of real data (a tar of /usr, ~1.9x
+#   copy  default flags: nbdcopy --flush of real data (a tar of /usr, ~1.8x
 #         the physical size, stored in ~62% of it when compressed inline: the
 #         physical size is derived from a measured --inline-cpu off copy) must
 #         succeed and read back exact; cvol check.
@@ -27,6 +27,8 @@
 #   E2E_THIN_VERIFY    bytes of the verified overwrite pass (default 64M)
 #   E2E_THIN_GROWTH    16k: live after the overwrites at most this percentage
 #                      of live after the fill (default 115)
+#   E2E_THIN_LOGICAL   logical size of every volume (default 1G)
+#   E2E_THIN_PHYS_MB   physical size of the 4k/16k volumes, MiB (default 300)
 #   E2E_THIN_MIN_IOPS  floor for the overwrites' IOPS (default 200; a roomy
 #                      volume does tens of thousands here: below the floor the
 #                      volume is stuck, not slow)
