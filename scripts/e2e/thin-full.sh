@@ -10,7 +10,7 @@
 #   copy-defer  the same served --inline-cpu 0: every unit is written raw
 #         while the client is busy (the worst case of deferral, whatever the
 #         machine's speed): still must fit.
-#   4k    --inline-cpu off --unit-size 4K: fio fills 60%-compressible data to
+#   4k    a 2G volume of 600M, --inline-cpu off --unit-size 4K: fio fills 60%-compressible data to
 #         ~80% of the physical size live, then random 4 KiB overwrites of that
 #         range at iodepth 32 for E2E_THIN_SECONDS: no error; IOPS and write
 #         amplification printed; then a bounded random-overwrite pass with
@@ -27,8 +27,10 @@
 #   E2E_THIN_VERIFY    bytes of the verified overwrite pass (default 64M)
 #   E2E_THIN_GROWTH    16k: live after the overwrites at most this percentage
 #                      of live after the fill (default 115)
-#   E2E_THIN_LOGICAL   logical size of every volume (default 1G)
-#   E2E_THIN_PHYS_MB   physical size of the 4k/16k volumes, MiB (default 300)
+#   E2E_THIN_LOGICAL   logical size of the copy's volumes (default 1G)
+#   E2E_THIN_OW_LOGICAL, E2E_THIN_PHYS_MB  logical size and physical MiB of
+#                      the 4k/16k volumes (default 2G and 600, the issue's
+#                      shape: at 1G/300M one build passed that failed here)
 #   E2E_THIN_MIN_IOPS  floor for the overwrites' IOPS (default 200; a roomy
 #                      volume does tens of thousands here: below the floor the
 #                      volume is stuck, not slow)
@@ -49,6 +51,7 @@ VERIFY_SIZE=${E2E_THIN_VERIFY:-64M}
 MIN_IOPS=${E2E_THIN_MIN_IOPS:-200}
 GROWTH=${E2E_THIN_GROWTH:-115}
 LOGICAL=${E2E_THIN_LOGICAL:-1G}
+OW_LOGICAL=${E2E_THIN_OW_LOGICAL:-2G}
 
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
@@ -94,7 +97,10 @@ fio_run() {
         2>"$E2E_TMP/$name.err" || rc=$?
     if ((rc != 0)) || grep -qiE 'verify: bad|bad magic|crc32c: verify failed' "$E2E_TMP/$name.err"; then
         grep -vE '^\s*$' "$E2E_TMP/$name.err" | head -n 15 | sed 's/^/    fio: /'
-        fail_at "$stepname" "fio exited $rc"
+        local done_
+        done_=$(fio_field "$name" '"%.1f MiB written in %.1f s" % (j["write"]["io_bytes"] / 2**20, j["write"]["runtime"] / 1000)' 2>/dev/null) ||
+            done_="fio wrote no report"
+        fail_at "$stepname" "fio exited $rc ($done_)"
     fi
 }
 
@@ -182,11 +188,11 @@ part_copy() {
 part_overwrite() {
     local unit=$1
     shift
-    local phys_mb=${E2E_THIN_PHYS_MB:-300} phys
+    local phys_mb=${E2E_THIN_PHYS_MB:-600} phys
     phys=$((phys_mb * 1048576))
     VOL=$E2E_TMP/ow-$unit.cvol
-    step "$unit: $LOGICAL volume of ${phys_mb} MiB, --inline-cpu off $*, fill to ${LIVE_PCT}% live"
-    make_volume "$VOL" "$LOGICAL" --physical-size "${phys_mb}M"
+    step "$unit: $OW_LOGICAL volume of ${phys_mb} MiB, --inline-cpu off $*, fill to ${LIVE_PCT}% live"
+    make_volume "$VOL" "$OW_LOGICAL" --physical-size "${phys_mb}M"
     start_server "$VOL" --inline-cpu off "$@"
 
     # Fill in rounds, each sized from the live bytes per byte written in the
@@ -202,7 +208,7 @@ part_overwrite() {
         next=$(awk -v f="$fill" -v l="$live" -v pf="$prev_fill" -v pl="$prev_live" -v t="$target" \
             'BEGIN { r = (l - pl) / (f - pf); if (r <= 0) r = l / f
                      n = f + (t - l) / r; n = int(n / 4194304) * 4194304; print n }')
-        ((next <= $(to_bytes "$LOGICAL"))) || next=$(to_bytes "$LOGICAL")
+        ((next <= $(to_bytes "$OW_LOGICAL"))) || next=$(to_bytes "$OW_LOGICAL")
         log "$unit: filled $(mib "$fill"): $(mib "$live") live"
         ((live * 100 < target * 98 && next > fill)) || break
     done
