@@ -209,6 +209,7 @@ mod tests {
             cache_size: Some(s),
             lease: 10.0,
             read_only: true,
+            unsafe_no_fencing: false,
         };
         for bad in ["0", "1M", "99999T"] {
             let e = open("s3://bkt/vol", &f(bad)).err().unwrap();

@@ -50,17 +50,17 @@ fn query_served(path: &Path) -> Option<Result<VolumeStats, String>> {
 /// The `space pressure` line: what the volume is doing about room, what
 /// deferral borrowed, and what waited or was refused.
 fn space_pressure(s: &VolumeStats) -> String {
-    let what = match s.space_pressure.as_str() {
+    let (sp, c) = (&s.space, &s.cleaner);
+    let what = match sp.space_pressure.as_str() {
         "cleaning" => "low: the cleaner collects dead space and compacts units",
         "writers-waiting" => "high: writes wait for the cleaner to make room",
         _ => "none",
     };
-    let c = &s.cleaner;
     format!(
         "{what}; {} more expected from compaction; deferred raw data {} ({}); {} writes waited, {} refused",
-        human_bytes(s.compactable_bytes),
-        human_bytes(s.deferred_pending_bytes),
-        if s.deferral_room { "deferral on" } else { "deferral paused" },
+        human_bytes(sp.compactable_bytes),
+        human_bytes(sp.deferred_pending_bytes),
+        if sp.deferral_room { "deferral on" } else { "deferral paused" },
         c.space_waits,
         c.space_refusals
     )

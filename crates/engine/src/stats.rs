@@ -153,25 +153,8 @@ pub struct VolumeStats {
     pub estimated_free_logical_bytes: u64,
     /// ...and if nothing more compresses (the conservative figure).
     pub worst_case_free_logical_bytes: u64,
-    /// How short of room the log is: `none`; `cleaning` (free segments
-    /// below the cleaner's start threshold: it collects dead space and
-    /// compacts units while clients write, without waiting for them to
-    /// pause once below half the threshold); `writers-waiting` (writes are
-    /// waiting for the cleaner to make room now).
-    pub space_pressure: String,
-    /// Live bytes of raw units that deferred compression wrote since the
-    /// server started and nothing has compressed yet: what deferral
-    /// borrowed (compressed in the background when idle, or by the cleaner
-    /// when space runs short)...
-    pub deferred_pending_bytes: u64,
-    /// ...and whether deferral may write more now (a quarter of the
-    /// segments free and what it borrowed at most half the usable room).
-    pub deferral_room: bool,
-    /// Log bytes cleaning is expected to save besides the dead bytes, by
-    /// compacting units (partly overwritten units rewritten as their live
-    /// blocks, deferred raw units compressed); counted as free in
-    /// estimated_free_logical_bytes.
-    pub compactable_bytes: u64,
+    #[serde(flatten)]
+    pub space: SpaceStats,
     pub client_bytes_written: u64,
     pub media_bytes_written: u64,
     /// media_bytes_written / client_bytes_written since the server started.
@@ -336,6 +319,30 @@ pub struct CacheInfo {
     /// changed origin or a crash in write-through), `recovered` (write-back
     /// after a crash: every cached line counted dirty), or `offline`.
     pub start: String,
+}
+
+/// Space pressure: what the volume does about room.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SpaceStats {
+    /// How short of room the log is: `none`; `cleaning` (free segments
+    /// below the cleaner's start threshold: it collects dead space and
+    /// compacts units while clients write, without waiting for them to
+    /// pause once below half the threshold); `writers-waiting` (writes are
+    /// waiting for the cleaner to make room now).
+    pub space_pressure: String,
+    /// Live bytes of raw units that deferred compression wrote since the
+    /// server started and nothing has compressed yet: what deferral
+    /// borrowed (compressed in the background when idle, or by the cleaner
+    /// when space runs short)...
+    pub deferred_pending_bytes: u64,
+    /// ...and whether deferral may write more now (a quarter of the
+    /// segments free and what it borrowed at most half the usable room).
+    pub deferral_room: bool,
+    /// Log bytes cleaning is expected to save besides the dead bytes, by
+    /// compacting units (partly overwritten units rewritten as their live
+    /// blocks, deferred raw units compressed); counted as free in
+    /// estimated_free_logical_bytes.
+    pub compactable_bytes: u64,
 }
 
 /// The cleaner: its policy and what it did since open.

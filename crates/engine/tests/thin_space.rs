@@ -55,8 +55,8 @@ fn summary(vol: &Volume) -> String {
         s.segments_total,
         s.stored_bytes,
         s.elastic.deferred_units,
-        s.deferred_pending_bytes,
-        s.compactable_bytes,
+        s.space.deferred_pending_bytes,
+        s.space.compactable_bytes,
         s.cleaner.cleaner_segments_cleaned,
         s.cleaner.cleaner_units_compacted,
         s.cleaner.space_waits

@@ -7,7 +7,7 @@ use crate::dedup::DedupIndex;
 use crate::policy::Load;
 use crate::segments::Region;
 use crate::stats::VolumeStats;
-use crate::stats::{CleanerStats, CodecBlocks, DedupStats, ElasticStats, ScrubStats};
+use crate::stats::{CleanerStats, CodecBlocks, DedupStats, ElasticStats, ScrubStats, SpaceStats};
 use cvol_format::{CodecTag, BLOCK_SIZE_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -74,6 +74,14 @@ pub(in crate::volume) struct ElasticCounters {
 
 fn get(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
+}
+
+/// More logical data that fits at the current ratio: the usable bytes,
+/// and the room deferred raw units and partly overwritten units hold that
+/// cleaning gives back, at the ratio the data will reach once compacted.
+fn estimated_free(usable: u64, compactable: u64, mapped: u64, live: u64) -> u64 {
+    ((usable + compactable) as f64 * ratio(mapped, live.saturating_sub(compactable)).max(1.0))
+        as u64
 }
 
 /// a / b, or 1.0 when there is nothing to reduce (a is 0).
@@ -155,8 +163,7 @@ impl Volume {
         let meta = self.metadata_use(&st);
         let used = self.sb.data_offset_bytes + st.log.used_bytes() + meta.used;
         let live = st.live.usage().total_live_bytes();
-        let usable = self.usable_bytes(&st);
-        let compactable = self.compactable_bytes(&st);
+        let (usable, compactable) = (self.usable_bytes(&st), self.compactable_bytes(&st));
         let client = get(&self.counters.client_bytes_written);
         let segs = &st.log.segments;
         VolumeStats {
@@ -188,16 +195,9 @@ impl Volume {
             dead_bytes: (st.log.used_bytes() + st.log.meta_used_bytes()).saturating_sub(live),
             reclaimable_bytes: self.idle_reclaimable_bytes(&st),
             host_allocated_bytes: self.storage.allocated_bytes(),
-            // Deferred raw units and partly overwritten units hold room
-            // that cleaning gives back: free at the ratio they will reach.
-            estimated_free_logical_bytes: ((usable + compactable) as f64
-                * ratio(mapped, live.saturating_sub(compactable)).max(1.0))
-                as u64,
+            estimated_free_logical_bytes: estimated_free(usable, compactable, mapped, live),
             worst_case_free_logical_bytes: space::worst_case_free_logical_bytes(usable),
-            space_pressure: self.space_pressure(&st).to_string(),
-            deferred_pending_bytes: st.live.hints().raw_total(),
-            deferral_room: self.activity.defer_room.load(Ordering::Relaxed),
-            compactable_bytes: compactable,
+            space: self.space_stats(&st, compactable),
             client_bytes_written: client,
             media_bytes_written: st.log.media_bytes_written,
             write_amplification: ratio(st.log.media_bytes_written, client),
@@ -232,6 +232,15 @@ impl Volume {
             scrub: self.scrub_stats(),
             cache: self.cache_stats(),
             object: crate::stats::ObjectStoreStats::from_storage(self.storage.object_stats()),
+        }
+    }
+
+    fn space_stats(&self, st: &State, compactable: u64) -> SpaceStats {
+        SpaceStats {
+            space_pressure: self.space_pressure(st).to_string(),
+            deferred_pending_bytes: st.live.hints().raw_total(),
+            deferral_room: self.activity.defer_room.load(Ordering::Relaxed),
+            compactable_bytes: compactable,
         }
     }
 
