@@ -12,19 +12,7 @@ use std::sync::Arc;
 
 /// Compressible (about 3:1) content unique to (lba, version).
 fn block(lba: u64, version: u32) -> Vec<u8> {
-    let mut r = StdRng::seed_from_u64(lba * 1_000_003 + u64::from(version));
-    let words = [
-        "alpha ", "bravo ", "charlie ", "delta ", "echo ", "foxtrot ", "golf ",
-    ];
-    let mut v = format!("lba {lba} version {version} ").into_bytes();
-    while v.len() < BS {
-        v.extend_from_slice(words[r.gen_range(0..words.len())].as_bytes());
-        if r.gen_ratio(1, 8) {
-            v.push(r.gen());
-        }
-    }
-    v.truncate(BS);
-    v
+    common::wordy_block(lba, version)
 }
 
 fn volume(sim: &SimStorage, logical: u64, policy: VictimPolicy) -> Volume {
