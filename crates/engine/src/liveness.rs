@@ -376,17 +376,11 @@ impl LiveMap {
             (false, true) if raw => self.hints.raw_born(s, u64::from(u.len)),
             (true, false) if raw => self.hints.raw_died(s, u64::from(u.len)),
             (true, true) if lost_owner && u.refs == 0 && !raw => {
-                self.hints.unit_block_died(s, u64::from(u.len))
+                let share = u64::from(u.len) / u64::from(u.owners.max(1));
+                self.hints.unit_block_died(s, share);
             }
-            (true, false) if !raw => self.hints.unit_died(s, u64::from(u.len)),
             _ => {}
         }
-    }
-
-    /// Units are taken to be of `n` blocks (the volume's unit size) when
-    /// their overwritten shares are estimated (`CompactionHints`).
-    pub(crate) fn set_unit_blocks(&mut self, n: u32) {
-        self.hints.set_unit_blocks(n);
     }
 
     /// What compacting each segment's units would save (the cleaner's).

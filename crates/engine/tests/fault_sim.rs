@@ -449,10 +449,10 @@ impl Coverage {
 
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
-    // Seeds 3, 7, 11, ... run near full (three data segments beside the
+    // Seeds 3, 7, 11, ... run nearer full (four data segments beside the
     // superblocks): faults meet the cleaner compacting and writes short of
     // room.
-    let phys = if seed % 4 == 3 { 4 * MIB } else { PHYS };
+    let phys = if seed % 4 == 3 { 5 * MIB } else { PHYS };
     let mut store = Stores::new(phys, if seed % 3 == 2 { 4 * MIB } else { 0 });
     cov.metadata_device_seeds += u64::from(store.has_meta());
     let (create, open) = setup(&mut rng, &store.data, seed);

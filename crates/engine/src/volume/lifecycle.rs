@@ -249,11 +249,6 @@ impl Volume {
                     true => super::options::ZERO_AHEAD_DEFAULT_BYTES,
                     false => 0,
                 });
-        let unit = options
-            .elastic
-            .unit_blocks
-            .clamp(1, cvol_format::record::UNIT_BLOCKS_MAX);
-        state.live.set_unit_blocks(1 << unit.ilog2());
         let max_useful = sb.physical_size_bytes * DEDUP_INDEX_USEFUL_RATIO / BLOCK_SIZE_BYTES;
         let dedup = (sb.dedup() && !options.read_only).then(|| Dedup {
             seed: dedup::volume_seed(&sb.uuid),

@@ -4,7 +4,8 @@
 //!
 //! The promise (docs/FORMAT.md "Space"): a client write proceeds only if,
 //! after it, the log still has the *reserve* free: room for a checkpoint of
-//! the current map, one segment for the cleaner to move live data into, and
+//! the current map, room for the cleaner to move live data into (a
+//! segment, or 1/64 of the data segments), and
 //! two whole units. So a checkpoint, a reopen (its EPOCH record) and the
 //! cleaner always find room, whatever the clients wrote.
 use super::{State, StateGuard, Volume};
@@ -37,6 +38,9 @@ const _: () = assert!(RECORD_HEADER_ALLOWANCE_BYTES >= RECORD_HEADER_BYTES as u6
 /// Checkpoint growth per block turned into a ZERO entry: one map entry,
 /// plus lz4's byte.
 const ZERO_ENTRY_CHECKPOINT_BYTES: u64 = MAP_ENTRY_BYTES as u64 + 1;
+/// The cleaner's part of the reserve is this share of the data segments
+/// (at least one segment).
+const CLEANER_ROOM_DIVISOR: u64 = 64;
 /// Most clean-and-retry turns of a write short of space (each turn that
 /// gains nothing counts towards `SPACE_IDLE_TURNS_MAX` as well; this only
 /// bounds a writer that other writers keep beating to the room cleaning
@@ -167,15 +171,25 @@ impl Volume {
     }
 
     /// Log bytes kept back from client writes: room for a checkpoint of the
-    /// map, one segment for the cleaner to move live data into, and two
-    /// whole units.
+    /// map, room for the cleaner to move live data into, and two whole
+    /// units.
     /// (A checkpoint on a metadata device takes no room here.)
     pub(super) fn reserve_bytes(&self, st: &State) -> u64 {
         let checkpoint = match self.sb.has_metadata_device() {
             true => 0,
             false => self.checkpoint_estimate_bytes(st),
         };
-        checkpoint + self.sb.segment_size_bytes + 2 * UNIT_RECORD_MAX_BYTES as u64
+        checkpoint + self.cleaner_room_bytes() + 2 * UNIT_RECORD_MAX_BYTES as u64
+    }
+
+    /// The cleaner's part of the reserve: a segment, or 1/64 of the data
+    /// segments if more, so that a writer short of room leaves the cleaner
+    /// enough to move several victims per round (at 80% live and with a
+    /// single segment, the cleaner could move one victim, often none, and
+    /// writes failed with 8% of the log dead).
+    fn cleaner_room_bytes(&self) -> u64 {
+        let segments = (self.sb.data_segment_count() / CLEANER_ROOM_DIVISOR).max(1);
+        segments * self.sb.segment_size_bytes
     }
 
     /// Log bytes free beyond the reserve.
@@ -196,8 +210,8 @@ impl Volume {
     /// the cleaner first if the log is short of space. NoSpace only when
     /// cleaning cannot make room: the live data truly does not fit.
     pub(super) fn lock_with_space(&self, need: u64) -> Result<StateGuard<'_>, VolError> {
-        // Cleaning's progress at the start of each of the last turns.
-        let mut window = std::collections::VecDeque::with_capacity(SPACE_WINDOW_TURNS + 1);
+        // Cleaning's progress before each of the last turns that cleaned.
+        let mut turns = std::collections::VecDeque::with_capacity(SPACE_WINDOW_TURNS + 1);
         for _ in 0..SPACE_TURNS_MAX {
             let st = self.lock_state()?;
             self.check_writable()?;
@@ -207,43 +221,66 @@ impl Volume {
             }
             drop(st);
             // Whether this call or a concurrent one (the background cleaner,
-            // another writer) made the room, the check above decides on the
-            // next turn. Give up when cleaning stops gaining a useful amount
-            // over the last turns (a full volume only yields segment tails,
-            // and the old map records each checkpoint leaves for the next).
-            // The gain is what cleaning reclaimed less what it moved and
-            // the checkpoints it wrote, by whoever cleaned meanwhile: not
-            // the change in free bytes, which the other writers consume as
-            // fast as the cleaner frees them. It is summed over a window of
-            // turns because a turn's moves are often reclaimed in the next.
-            window.push_back(self.cleaning_progress());
-            if window.len() > SPACE_WINDOW_TURNS {
-                let oldest = window.pop_front().expect("a full window");
-                let gained = window
-                    .back()
-                    .expect("a full window")
+            // another writer) made the room, the check above decides. Give
+            // up when cleaning gained too little over the last turns that
+            // cleaned (a full volume only yields segment tails, and the old
+            // map records each of its checkpoints leaves for the next). The
+            // gain is what cleaning reclaimed less what it moved and the
+            // checkpoints it wrote, by whoever cleaned meanwhile: not the
+            // change in free bytes, which the other writers consume as fast
+            // as the cleaner frees them. It is summed over a window of
+            // turns because a turn's moves are often reclaimed in the next;
+            // a turn that found the room already made (and then taken by
+            // other writers) is no sign of a full volume, and does not count.
+            if turns.len() == SPACE_WINDOW_TURNS {
+                let oldest = turns.pop_front().expect("a full window");
+                let gained = self
+                    .cleaning_progress()
                     .gain_since(&oldest, self.sb.segment_size_bytes);
                 if gained < self.sb.segment_size_bytes / CLEAN_GAIN_USEFUL_DIVISOR {
+                    self.log_refusal(need, gained);
                     break;
                 }
             }
-            self.clean_for_space(want)?;
+            let before = self.cleaning_progress();
+            if self.clean_for_space(want)? {
+                turns.push_back(before);
+            }
             self.counters.space_waits.fetch_add(1, Ordering::Relaxed);
         }
         self.counters.space_refusals.fetch_add(1, Ordering::Relaxed);
         Err(VolError::NoSpace)
     }
 
+    /// Says why a write is refused for space (debug level: the client
+    /// sees ENOSPC; `stat` counts the refusals).
+    fn log_refusal(&self, need: u64, gained: u64) {
+        if let Ok(st) = self.lock_state() {
+            tracing::warn!(
+                need,
+                gained,
+                free = st.log.free_bytes(),
+                reserve = self.reserve_bytes(&st),
+                checkpoint = self.checkpoint_estimate_bytes(&st),
+                fp_rows = st.live.fp_bytes_bound(),
+                tables = st.live.table_bytes_bound(),
+                live = st.live.usage().total_live_bytes(),
+                "write refused for space: cleaning gained too little"
+            );
+        }
+    }
+
     /// Foreground cleaning for a writer that needs `want` bytes free: a
-    /// little beyond the need, so one clean serves many writes.
-    fn clean_for_space(&self, want: u64) -> Result<u64, VolError> {
+    /// little beyond the need, so one clean serves many writes. Whether it
+    /// cleaned at all (`clean_rounds`).
+    fn clean_for_space(&self, want: u64) -> Result<bool, VolError> {
         let waiters = &self.activity.space_waiters;
         waiters.fetch_add(1, Ordering::SeqCst);
         let count = self.sb.segment_count();
         let slack = (count / 20).max(2).min(count / 4) * self.sb.segment_size_bytes;
-        let cleaned = self.clean(want + slack, false);
+        let cleaned = self.clean_rounds(want + slack, false);
         waiters.fetch_sub(1, Ordering::SeqCst);
-        cleaned
+        cleaned.map(|(ran, _)| ran)
     }
 }
 

@@ -69,6 +69,8 @@ pub(in crate::volume) struct CleanerStats {
     /// Units rewritten smaller as they moved (live blocks only, or raw
     /// units compressed), and the log bytes that saved.
     pub(in crate::volume) units_compacted: AtomicU64,
+    /// Log bytes of the checkpoints cleaning wrote to reclaim its victims.
+    pub(in crate::volume) checkpoint_bytes: AtomicU64,
     pub(in crate::volume) compaction_bytes_saved: AtomicU64,
 }
 
@@ -101,7 +103,7 @@ pub(in crate::volume) struct CleaningProgress {
 
 impl CleaningProgress {
     /// Log bytes gained since `before`: the segments reclaimed, less what
-    /// was moved to empty them and the checkpoints written meanwhile (the
+    /// was moved to empty them and the checkpoints cleaning wrote (the
     /// map records a checkpoint replaces die, and come back as reclaimed
     /// segments later: a volume full of live data, whose cleaning only
     /// collects the last checkpoint's old records to write the next,
@@ -172,27 +174,46 @@ impl Volume {
     /// be gained. With `yield_to_clients` it pauses while clients are busy.
     /// Returns the log bytes gained.
     pub fn clean(&self, want_free_bytes: u64, yield_to_clients: bool) -> Result<u64, VolError> {
+        self.clean_rounds(want_free_bytes, yield_to_clients)
+            .map(|(_, gained)| gained)
+    }
+
+    /// `clean`; also says whether it ran a round at all (false: the room
+    /// was there when it got the cleaner, made by whoever held it before).
+    pub(in crate::volume) fn clean_rounds(
+        &self,
+        want_free_bytes: u64,
+        yield_to_clients: bool,
+    ) -> Result<(bool, u64), VolError> {
         let _c = self.lock_cleaner()?;
         self.check_writable()?;
-        let mut gained = 0;
+        let (mut gained, mut ran, mut checkpointed) = (0, false, false);
         for _ in 0..ROUNDS_MAX {
             if self.lock_state()?.log.free_bytes() >= want_free_bytes {
                 break;
             }
+            ran = true;
             let before = self.cleaning_progress();
             let emptied = self.relocate_round(want_free_bytes, yield_to_clients)?;
             if emptied == 0 {
-                break; // nothing to gain: no checkpoint either
+                // No victim fits beside the reserve. Fingerprint rows
+                // waiting for their tables count in it (the client writes
+                // and the moves add them): a checkpoint writes them, and
+                // gives that part of the reserve back to the cleaner, once.
+                if checkpointed || !self.fp_rows_hold_room()? {
+                    break; // nothing to gain: no checkpoint either
+                }
+                checkpointed = true;
+                self.cleaner_checkpoint()?;
+                continue;
             }
             // Victims older than the durable checkpoint are free once the
             // moves are durable; newer ones need a checkpoint first.
             self.flush()?;
             let free = self.lock_state()?.log.free_bytes();
             if free < want_free_bytes && self.checkpoint_frees_segments()? {
-                match self.checkpoint() {
-                    Ok(()) => {}
-                    Err(VolError::NoSpace) => break,
-                    Err(e) => return Err(e),
+                if !self.cleaner_checkpoint()? {
+                    break;
                 }
                 // Victims that held map records are empty once the
                 // checkpoint that rewrote them is durable: reuse them now.
@@ -212,7 +233,7 @@ impl Volume {
                 break;
             }
         }
-        Ok(gained)
+        Ok((ran, gained))
     }
 
     /// What cleaning has done so far (segments reclaimed, bytes it moved):
@@ -223,19 +244,43 @@ impl Volume {
     /// cleaner was keeping up).
     pub(in crate::volume) fn cleaning_progress(&self) -> CleaningProgress {
         let c = &self.counters.cleaner;
-        // Checkpoints and fingerprint spills cost the data log only when
-        // it holds the metadata too.
+        // Its checkpoints cost the data log only when it holds the
+        // metadata too. (Those the clients' writes call for, and their
+        // fingerprint spills, are the writes' cost, not cleaning's.)
         let metadata = match self.sb.has_metadata_device() {
             true => 0,
-            false => {
-                self.counters.checkpoint_bytes_total.load(Ordering::SeqCst)
-                    + self.counters.fp_spill_bytes.load(Ordering::SeqCst)
-            }
+            false => c.checkpoint_bytes.load(Ordering::SeqCst),
         };
         CleaningProgress {
             reclaimed: c.segments_reclaimed.load(Ordering::SeqCst),
             relocated: c.bytes_relocated.load(Ordering::SeqCst) + metadata,
         }
+    }
+
+    /// A checkpoint for cleaning, its bytes counted as cleaning's cost.
+    /// Returns false when there was no room for it.
+    fn cleaner_checkpoint(&self) -> Result<bool, VolError> {
+        let total = &self.counters.checkpoint_bytes_total;
+        let before = total.load(Ordering::SeqCst);
+        let r = self.checkpoint();
+        let bytes = total.load(Ordering::SeqCst) - before;
+        self.counters
+            .cleaner
+            .checkpoint_bytes
+            .fetch_add(bytes, Ordering::SeqCst);
+        match r {
+            Ok(()) => Ok(true),
+            Err(VolError::NoSpace) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Do fingerprint rows waiting for their tables hold a useful part of
+    /// the reserve?
+    fn fp_rows_hold_room(&self) -> Result<bool, VolError> {
+        let st = self.lock_state()?;
+        Ok(!self.sb.has_metadata_device()
+            && st.live.fp_bytes_bound() > self.sb.segment_size_bytes / CLEAN_GAIN_USEFUL_DIVISOR)
     }
 
     /// Are emptied segments waiting for a checkpoint to be reused, or
@@ -961,10 +1006,9 @@ impl Volume {
     /// segments it may move (for `stat`).
     pub(in crate::volume) fn idle_reclaimable_bytes(&self, st: &State) -> u64 {
         let size = self.sb.segment_size_bytes;
-        self.cleaning_candidates(st)
-            .into_iter()
-            .filter(|&(_, left, _)| left * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
-            .map(|(_, left, _)| size - left)
+        (st.log.segments.candidates(st.live.usage()).into_iter())
+            .filter(|&(_, live, _)| live * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
+            .map(|(_, live, _)| size - live)
             .sum()
     }
 
