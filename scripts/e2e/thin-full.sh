@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A thin volume (physical size below the logical size) accepts the writes it
 # has room for: data that fits compressed is taken, whatever inline
-# compression deferred and however live the log is (issue 46, scaled down).
+# compression deferred and however live the log is (the reported shapes, scaled down).
 #
 #   copy  default flags: nbdcopy --flush of real data (a tar of /usr, ~1.8x
 #         the physical size, stored in ~62% of it when compressed inline: the

@@ -15,7 +15,7 @@ use crate::dedup::Fingerprint;
 use crate::error::VolError;
 use crate::log::Shape;
 use crate::policy::{self, CodecPolicy};
-use crate::records::{data_records, full_mask, walk_segment, DecodedUnit, Found};
+use crate::records::{full_mask, walk_segment, DecodedUnit, Found};
 use crate::segments::{pack_order, VictimPolicy};
 use crate::volume::commit::fp_row;
 use crate::volume::space::{self, CLEAN_GAIN_USEFUL_DIVISOR};
@@ -544,7 +544,11 @@ impl Volume {
             .copied()
             .collect();
         let damaged = walk.damaged.len();
-        let found = data_records(&buf, self.sb.volume_tag());
+        // The same walk's DATA records (`data_records` would walk again).
+        let found: Vec<Found> = (walk.records.iter())
+            .filter(|(_, h)| h.kind == RecordKind::Data)
+            .map(|&(at, header)| Found { at, header })
+            .collect();
         let masks = self.unit_live_masks(base, &found)?;
         // Outside every lock: decompressing and compressing are the slow
         // part.
