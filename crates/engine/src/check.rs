@@ -271,7 +271,7 @@ fn check_segment_records(
             }
         }
         // The map's own records (pages, directory blocks) live there too.
-        for (at, h) in crate::recovery::walk_segment(&buf, tag).records {
+        for (at, h) in crate::records::walk_segment(&buf, tag).records {
             let is_map = matches!(
                 h.kind,
                 RecordKind::MapChunk | RecordKind::MapDir | RecordKind::MapTable
@@ -406,7 +406,7 @@ fn verify_one(
     len: u32,
     out: &mut [u8],
 ) -> Result<(), String> {
-    recovery::check_entry_location(sb, e)?;
+    crate::logread::check_entry_location(sb, e)?;
     let mut rec = vec![0u8; len as usize];
     storage
         .read_at(offset, &mut rec)

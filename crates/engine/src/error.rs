@@ -103,7 +103,7 @@ impl std::error::Error for VolError {}
 
 impl std::error::Error for OpenError {}
 
-/// Why recovery (`recovery.rs`: reading the superblock, loading a
+/// Why recovery (`recovery/`: reading the superblock, loading a
 /// checkpoint, the roll-forward, salvage, superblock repair) could not
 /// produce a map. The messages are user-facing (`cvol serve`, `cvol check`)
 /// and name the repair where there is one. docs/FORMAT.md "Recovery"
@@ -294,6 +294,345 @@ impl fmt::Display for RecoveryError {
 
 // Like VolError: Display includes the underlying error.
 impl std::error::Error for RecoveryError {}
+
+/// Why a record read back from the store at a place a map entry, a pointer
+/// or a directory names is unusable (`logread::read_record`).
+#[derive(Debug)]
+pub enum RecordError {
+    /// The offset lies before the data area.
+    InMetadataArea,
+    /// The record would cross a segment boundary (or lie past the last
+    /// segment).
+    CrossesSegment { offset: u64, len: u32 },
+    /// The record would end past the volume's physical size.
+    BeyondPhysicalSize { offset: u64, len: u32 },
+    /// Reading it failed.
+    Read(io::Error),
+    /// Its header or checksum does not verify.
+    Invalid(FormatError),
+    /// It verifies but is another volume's, or not of the length expected.
+    NotExpected,
+}
+
+/// Why a map entry's place is not one a data record may have
+/// (`logread::check_entry_location`).
+#[derive(Debug)]
+pub enum EntryLocationError {
+    /// The entry does not decode.
+    Invalid(FormatError),
+    /// It points before the data area.
+    InMetadataArea,
+    /// It points past the data area or across a segment boundary.
+    OutsideDataArea { offset: u64, len: u32 },
+    /// It points into a segment of the metadata device.
+    OnMetadataDevice { offset: u64, len: u32 },
+}
+
+/// Why a MAP_CHUNK record (a checkpoint's map in runs, or one map page)
+/// is unusable (`logread::LogPages`).
+#[derive(Debug)]
+pub enum ChunkError {
+    /// The record does not read or verify.
+    Record(RecordError),
+    /// It verifies but is not the record that was named.
+    NotNamed { offset: u64 },
+    /// Its lz4 payload does not decompress.
+    Decompress(lz4_flex::block::DecompressError),
+    /// Map records are never zstd-compressed.
+    Zstd,
+    /// Its runs do not decode.
+    Runs(FormatError),
+    /// An entry it holds points outside the data area.
+    Entry { lba: u64, why: EntryLocationError },
+}
+
+/// Why a verified record of the chain cannot be applied to the map
+/// (`recovery`'s roll-forward; reported as `RecoveryError::BadRecord`).
+#[derive(Debug)]
+pub enum ApplyError {
+    /// Its LBA range runs past the volume.
+    BeyondVolume { lba: u64, end: u64 },
+    /// A DATA record of more blocks than a compression unit holds.
+    UnitTooLarge { nblocks: u32, max: u32 },
+    /// A REF record whose payload is no map entry.
+    RefUndecodable(FormatError),
+    /// A REF record whose entry is not a shared data entry.
+    RefNotShared,
+    /// A REF record whose entry points outside the data area.
+    RefLocation(EntryLocationError),
+}
+
+/// Why a checkpoint cannot be recovered from: its commit record, where its
+/// roll-forward starts, or the map records it names (`recovery`'s
+/// checkpoint load; the search notes it and tries the next one).
+#[derive(Debug)]
+pub enum CheckpointError {
+    /// The commit record does not read or verify.
+    Commit(RecordError),
+    /// The record the pointer names is not its commit record.
+    NotItsCommit,
+    /// The commit's payload does not decode.
+    CommitPayload(FormatError),
+    /// The checkpoint is of another logical size.
+    OtherLogicalSize,
+    /// The commit's resume position lies outside the log.
+    ResumeOutsideLog { segment: u64, offset: u64 },
+    /// The commit's snapshot seq is not below its own seq.
+    SnapshotNotBeforeCommit,
+    /// The commit record lies outside the data area.
+    CommitOutsideData,
+    /// The commit's metadata resume position is not on the metadata device.
+    MetaResumeOutside { segment: u64, offset: u64 },
+    /// The commit's resume segment is on the metadata device.
+    ResumeOnMetadataDevice { segment: u64 },
+    /// No record of the map the commit names reads.
+    NoMapRecordReads,
+    /// A MAP_CHUNK of a map kept in runs.
+    Chunk(ChunkError),
+    /// A MAP_DIR record.
+    Dir(DirError),
+    /// The commit names its directory blocks out of order.
+    DirsOutOfOrder,
+    /// A map page a directory names.
+    Page { page: u64, why: PageError },
+    /// A map page (read to verify a fallback's map) is unusable.
+    MapPages(String),
+    /// An entry of the map names no intact record holding its block.
+    NamesNoRecord { lba: u64, offset: u64 },
+}
+
+/// Why a MAP_DIR record a commit names is unusable.
+#[derive(Debug)]
+pub enum DirError {
+    /// The record does not read or verify.
+    Record(RecordError),
+    /// It is not the directory block the commit names.
+    NotNamed { offset: u64 },
+    /// Its directory block lies beyond the volume's slots.
+    BeyondVolume { offset: u64 },
+    /// Its lz4 payload does not decompress.
+    Decompress(lz4_flex::block::DecompressError),
+    /// Map records are never zstd-compressed.
+    Zstd,
+    /// Its payload does not decode.
+    Payload(FormatError),
+    /// It names a page beyond the volume's slots.
+    PageBeyondVolume,
+}
+
+/// Why one map page record a directory names is unusable.
+#[derive(Debug)]
+pub enum PageError {
+    /// The record does not read or verify (lazy load: only its header is
+    /// checked).
+    Record(RecordError),
+    /// It is not the record the directory names.
+    NotNamed,
+    /// Its entries do not decode.
+    Chunk(ChunkError),
+    /// It holds another page's entries.
+    OtherPage,
+}
+
+/// Why the liveness tables a checkpoint names cannot be used (they are
+/// then rebuilt from the map).
+#[derive(Debug)]
+pub enum TableError {
+    /// The record does not read or verify.
+    Record(RecordError),
+    /// Table `table` is not the record the directory names.
+    NotNamed { table: usize },
+    /// Table `table` has a codec tables are never written with.
+    Codec {
+        table: usize,
+        codec: cvol_format::CodecTag,
+    },
+    /// Table `table` does not decompress.
+    Decompress {
+        table: usize,
+        source: lz4_flex::block::DecompressError,
+    },
+    /// The root table does not decode.
+    Root(FormatError),
+    /// Table `table` (a group) does not decode.
+    Group { table: usize, source: FormatError },
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordError::InMetadataArea => write!(f, "record offset inside the metadata area"),
+            RecordError::CrossesSegment { offset, len } => {
+                write!(f, "record at {offset} (+{len}) crosses a segment boundary")
+            }
+            RecordError::BeyondPhysicalSize { offset, len } => {
+                write!(f, "record at {offset} (+{len}) beyond the physical size")
+            }
+            RecordError::Read(e) => write!(f, "{e}"),
+            RecordError::Invalid(e) => write!(f, "{e}"),
+            RecordError::NotExpected => {
+                write!(f, "record belongs to another volume or has another length")
+            }
+        }
+    }
+}
+
+impl fmt::Display for EntryLocationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryLocationError::Invalid(e) => write!(f, "{e}"),
+            EntryLocationError::InMetadataArea => write!(f, "points into the metadata area"),
+            EntryLocationError::OutsideDataArea { offset, len } => {
+                write!(f, "points outside the data area ({offset}+{len})")
+            }
+            EntryLocationError::OnMetadataDevice { offset, len } => {
+                write!(f, "points into the metadata device ({offset}+{len})")
+            }
+        }
+    }
+}
+
+impl fmt::Display for ChunkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChunkError::Record(e) => write!(f, "{e}"),
+            ChunkError::NotNamed { offset } => write!(
+                f,
+                "map chunk at {offset} is not the one the checkpoint names"
+            ),
+            ChunkError::Decompress(e) => write!(f, "map chunk: {e}"),
+            ChunkError::Zstd => write!(f, "map chunk with zstd codec"),
+            ChunkError::Runs(e) => write!(f, "{e}"),
+            ChunkError::Entry { lba, why } => write!(f, "lba {lba}: {why}"),
+        }
+    }
+}
+
+impl fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApplyError::BeyondVolume { lba, end } => {
+                write!(f, "lba range {lba}..{end} beyond the volume")
+            }
+            ApplyError::UnitTooLarge { nblocks, max } => {
+                write!(f, "data record of {nblocks} blocks (at most {max})")
+            }
+            ApplyError::RefUndecodable(e) => write!(f, "ref record: {e}"),
+            ApplyError::RefNotShared => {
+                write!(f, "ref record does not name a shared data entry")
+            }
+            ApplyError::RefLocation(e) => write!(f, "ref record {e}"),
+        }
+    }
+}
+
+impl fmt::Display for CheckpointError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckpointError::Commit(e) => write!(f, "{e}"),
+            CheckpointError::NotItsCommit => write!(f, "pointer does not name its commit record"),
+            CheckpointError::CommitPayload(e) => write!(f, "{e}"),
+            CheckpointError::OtherLogicalSize => {
+                write!(f, "checkpoint is for another logical size")
+            }
+            CheckpointError::ResumeOutsideLog { segment, offset } => {
+                write!(f, "resume position {segment}+{offset} outside the log")
+            }
+            CheckpointError::SnapshotNotBeforeCommit => {
+                write!(f, "snapshot seq not before its commit")
+            }
+            CheckpointError::CommitOutsideData => write!(f, "commit outside the data area"),
+            CheckpointError::MetaResumeOutside { segment, offset } => write!(
+                f,
+                "metadata resume position {segment}+{offset} outside the metadata device"
+            ),
+            CheckpointError::ResumeOnMetadataDevice { segment } => {
+                write!(f, "resume segment {segment} is on the metadata device")
+            }
+            CheckpointError::NoMapRecordReads => {
+                write!(f, "no map record of the checkpoint reads")
+            }
+            CheckpointError::Chunk(e) => write!(f, "{e}"),
+            CheckpointError::Dir(e) => write!(f, "{e}"),
+            CheckpointError::DirsOutOfOrder => write!(f, "map directory blocks out of order"),
+            CheckpointError::Page { page, why } => write!(f, "map page {page}: {why}"),
+            CheckpointError::MapPages(e) => write!(f, "{e}"),
+            CheckpointError::NamesNoRecord { lba, offset } => {
+                write!(f, "lba {lba} names no intact record at byte {offset}")
+            }
+        }
+    }
+}
+
+impl fmt::Display for DirError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DirError::Record(e) => write!(f, "{e}"),
+            DirError::NotNamed { offset } => write!(
+                f,
+                "map directory at {offset} is not the one the checkpoint names"
+            ),
+            DirError::BeyondVolume { offset } => {
+                write!(f, "map directory at {offset} beyond the volume")
+            }
+            DirError::Decompress(e) => write!(f, "map directory: {e}"),
+            DirError::Zstd => write!(f, "map directory with zstd codec"),
+            DirError::Payload(e) => write!(f, "{e}"),
+            DirError::PageBeyondVolume => {
+                write!(f, "map directory names a page beyond the volume")
+            }
+        }
+    }
+}
+
+impl fmt::Display for PageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PageError::Record(e) => write!(f, "{e}"),
+            PageError::NotNamed => write!(f, "not the record the directory names"),
+            PageError::Chunk(e) => write!(f, "{e}"),
+            PageError::OtherPage => write!(f, "a page record of another page"),
+        }
+    }
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableError::Record(e) => write!(f, "{e}"),
+            TableError::NotNamed { table } => {
+                write!(f, "table {table}: not the record the directory names")
+            }
+            TableError::Codec { table, codec } => write!(f, "table {table}: codec {codec:?}"),
+            TableError::Decompress { table, source } => write!(f, "table {table}: {source}"),
+            TableError::Root(e) => write!(f, "{e}"),
+            TableError::Group { table, source } => write!(f, "table {table}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for RecordError {}
+impl std::error::Error for EntryLocationError {}
+impl std::error::Error for ChunkError {}
+impl std::error::Error for ApplyError {}
+impl std::error::Error for CheckpointError {}
+impl std::error::Error for DirError {}
+impl std::error::Error for PageError {}
+impl std::error::Error for TableError {}
+
+// Callers that still report errors as strings (`check`'s block
+// verification, the fingerprint tables) use `?` on these.
+impl From<RecordError> for String {
+    fn from(e: RecordError) -> String {
+        e.to_string()
+    }
+}
+
+impl From<EntryLocationError> for String {
+    fn from(e: EntryLocationError) -> String {
+        e.to_string()
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,8 @@
 //! - `codec`: lz4 / zstd / none; `policy`: which codec a write gets (elastic)
 //! - `records`: record decoding shared by every reader of the log
 //! - `map`: the in-memory block map (12 bytes per written block)
+//! - `logread`: records read back from the store (`read_record`), the
+//!   empty map of a volume, the map pages of the log (`LogPages`)
 //! - `segments`: segment allocation, segment usage, victim policies
 //! - `dedup`: fingerprints, the fingerprint index, the shared-record table
 //! - `stats`: `VolumeStats` (what `stat` shows) and the map's counters
@@ -15,7 +17,8 @@
 //!   exact by its one mutator
 //! - `log`: the open segment buffer and record placement
 //! - `locks`: the lock order (checked in debug builds) and poisoning
-//! - `recovery`: checkpoint load and roll-forward; `check`: offline
+//! - `recovery`: superblock, checkpoint search and load, roll-forward,
+//!   salvage (one file per stage in `recovery/`); `check`: offline
 //!   verification and repair
 //! - `volume`: the public API, one file per stage, background jobs in
 //!   `volume/jobs`
@@ -34,6 +37,7 @@ pub mod dedup;
 pub mod error;
 mod liveness;
 mod locks;
+mod logread;
 pub mod records;
 pub mod recovery;
 pub mod stats;

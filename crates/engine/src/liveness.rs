@@ -88,7 +88,7 @@ impl LiveMap {
     /// The empty map of a new volume (one change: it needs a checkpoint).
     pub(crate) fn empty(sb: &Superblock) -> LiveMap {
         LiveMap {
-            map: crate::recovery::volume_map(sb),
+            map: crate::logread::volume_map(sb),
             counters: MapCounters::default(),
             shared: SharedTable::new(sb.data_offset_bytes, sb.segment_size_bytes),
             usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),

@@ -353,7 +353,7 @@ pub(crate) fn read_fp_table(
     t: usize,
     r: &PageRef,
 ) -> Result<Vec<FpRow>, String> {
-    let (h, rec) = crate::recovery::read_record(storage, sb, r.offset, r.len)?;
+    let (h, rec) = crate::logread::read_record(storage, sb, r.offset, r.len)?;
     let books = FpBooks::new(sb);
     let (s, k) = books.part_of(t).ok_or("not a fingerprint table")?;
     let slot = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS) + t as u64;

@@ -479,7 +479,7 @@ fn recovered_tables(
     let clean = r.replayed_map_records == 0 || r.warnings.is_empty();
     let mut rejected = None;
     if let Some(t) = r.tables.take().filter(|_| clean) {
-        let pages = recovery::LogPages {
+        let pages = crate::logread::LogPages {
             storage,
             sb,
             buffered: None,
@@ -512,7 +512,7 @@ fn recovered_tables(
         }
     }
     map.take_originals();
-    let src = recovery::LogPages {
+    let src = crate::logread::LogPages {
         storage,
         sb,
         buffered: None,

@@ -194,7 +194,7 @@ impl Volume {
         if missing.is_empty() {
             return Ok(());
         }
-        let src = crate::recovery::LogPages {
+        let src = crate::logread::LogPages {
             storage: &*self.storage,
             sb: &self.sb,
             buffered: None,
@@ -219,7 +219,7 @@ impl Volume {
     fn fault(&self, st: &mut State, first: u64, end: u64) -> Result<(), VolError> {
         let State { live, log, .. } = st;
         let buffered = |offset: u64, len: usize| log.buffered(offset, len).map(<[u8]>::to_vec);
-        let src = crate::recovery::LogPages {
+        let src = crate::logread::LogPages {
             storage: &*self.storage,
             sb: &self.sb,
             buffered: Some(&buffered),
@@ -337,7 +337,7 @@ impl Volume {
     pub fn verify_refcounts(&self) -> Result<(), String> {
         let st = self.lock_state().map_err(|e| e.to_string())?;
         let buffered = |offset: u64, len: usize| st.log.buffered(offset, len).map(<[u8]>::to_vec);
-        let src = crate::recovery::LogPages {
+        let src = crate::logread::LogPages {
             storage: &*self.storage,
             sb: &self.sb,
             buffered: Some(&buffered),

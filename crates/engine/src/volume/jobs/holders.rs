@@ -17,8 +17,8 @@
 //! record was superseded and its space reused meanwhile fails to verify and
 //! is read again under the lock.
 use crate::error::VolError;
+use crate::logread::LogPages;
 use crate::map::{page_end, ref_summary, PageSource, PAGE_BLOCKS};
-use crate::recovery::LogPages;
 use crate::volume::Volume;
 use cvol_format::checkpoint::PageRef;
 use cvol_format::{EntryState, MapEntry};

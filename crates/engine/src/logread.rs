@@ -1,0 +1,144 @@
+//! Reading records back from the store, for every room that reads the log
+//! after it was written: the empty map of a volume (`volume_map`), one
+//! verified record at a place a map entry, pointer or directory names
+//! (`read_record`), where a data entry may point (`check_entry_location`),
+//! and the map pages of the log (`LogPages`, the map's `PageSource`).
+//!
+//! It depends on `error`, `map` and `cvol-format`/`cvol-storage` only, so
+//! `liveness`, `recovery`, `check` and the volume share it without
+//! depending on each other.
+use crate::error::{ChunkError, EntryLocationError, RecordError};
+use crate::map::{BlockMap, PageSource};
+use cvol_format::checkpoint::{decode_runs, PageRef};
+use cvol_format::fprints::directory_tables;
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
+use cvol_storage::Storage;
+
+/// An empty map of the volume, with directory slots for its tables.
+pub(crate) fn volume_map(sb: &Superblock) -> BlockMap {
+    let tables = directory_tables(sb.segment_count(), sb.segment_size_bytes);
+    BlockMap::with_tables(sb.logical_blocks(), tables as usize)
+}
+
+/// Reads and verifies one whole record at a physical offset.
+pub(crate) fn read_record(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    offset: u64,
+    len: u32,
+) -> Result<(RecordHeader, Vec<u8>), RecordError> {
+    let seg_rel = offset
+        .checked_sub(sb.data_offset_bytes)
+        .ok_or(RecordError::InMetadataArea)?;
+    if (len as usize) < RECORD_HEADER_BYTES
+        || seg_rel / sb.segment_size_bytes >= sb.segment_count()
+        || seg_rel % sb.segment_size_bytes + u64::from(len) > sb.segment_size_bytes
+    {
+        return Err(RecordError::CrossesSegment { offset, len });
+    }
+    if offset
+        .checked_add(u64::from(len))
+        .is_none_or(|end| end > sb.segment_offset_end())
+    {
+        return Err(RecordError::BeyondPhysicalSize { offset, len });
+    }
+    let mut b = vec![0u8; len as usize];
+    storage.read_at(offset, &mut b).map_err(RecordError::Read)?;
+    let (h, _) = RecordHeader::decode_verified(&b).map_err(RecordError::Invalid)?;
+    if h.volume_tag != sb.volume_tag() || h.total_len() != len as usize {
+        return Err(RecordError::NotExpected);
+    }
+    Ok((h, b))
+}
+
+/// A data entry must point inside one segment of the data area.
+pub(crate) fn check_entry_location(sb: &Superblock, e: MapEntry) -> Result<(), EntryLocationError> {
+    if let EntryState::Data { offset, len, .. } = e.state().map_err(EntryLocationError::Invalid)? {
+        let rel = offset
+            .checked_sub(sb.data_offset_bytes)
+            .ok_or(EntryLocationError::InMetadataArea)?;
+        let segment = rel / sb.segment_size_bytes;
+        if segment >= sb.segment_count()
+            || rel % sb.segment_size_bytes + u64::from(len) > sb.segment_size_bytes
+        {
+            return Err(EntryLocationError::OutsideDataArea { offset, len });
+        }
+        if sb.is_metadata_segment(segment) {
+            return Err(EntryLocationError::OnMetadataDevice { offset, len });
+        }
+    }
+    Ok(())
+}
+
+/// The page records of a volume's log, read on a map cache miss: from the
+/// open segment's buffer while they are still there (`buffered`), else
+/// from the store.
+pub(crate) struct LogPages<'a> {
+    pub(crate) storage: &'a dyn Storage,
+    pub(crate) sb: &'a Superblock,
+    pub(crate) buffered: Option<&'a dyn Fn(u64, usize) -> Option<Vec<u8>>>,
+}
+
+impl LogPages<'_> {
+    /// The entries of the page record `r` names, verified.
+    pub(crate) fn entries(&self, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, ChunkError> {
+        let copy = self.buffered.and_then(|f| f(r.offset, r.len as usize));
+        let Some(rec) = copy else {
+            return read_chunk(self.storage, self.sb, r.offset, r.len, r.crc);
+        };
+        let (h, _) = RecordHeader::decode_verified(&rec)
+            .map_err(|e| ChunkError::Record(RecordError::Invalid(e)))?;
+        if h.volume_tag != self.sb.volume_tag() || h.total_len() != r.len as usize {
+            return Err(ChunkError::Record(RecordError::NotExpected));
+        }
+        chunk_entries(self.sb, &h, &rec, r.offset, r.crc)
+    }
+}
+
+impl PageSource for LogPages<'_> {
+    fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String> {
+        self.entries(r).map_err(|e| e.to_string())
+    }
+}
+
+/// The entries of one MAP_CHUNK record, verified.
+pub(crate) fn read_chunk(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    offset: u64,
+    len: u32,
+    crc: u32,
+) -> Result<Vec<(u64, MapEntry)>, ChunkError> {
+    let (ch, rec) = read_record(storage, sb, offset, len).map_err(ChunkError::Record)?;
+    chunk_entries(sb, &ch, &rec, offset, crc)
+}
+
+/// The entries of a MAP_CHUNK record read whole (`rec`, its header `ch`).
+fn chunk_entries(
+    sb: &Superblock,
+    ch: &RecordHeader,
+    rec: &[u8],
+    offset: u64,
+    crc: u32,
+) -> Result<Vec<(u64, MapEntry)>, ChunkError> {
+    if ch.kind != RecordKind::MapChunk || ch.crc != crc {
+        return Err(ChunkError::NotNamed { offset });
+    }
+    let raw = match ch.codec {
+        CodecTag::Lz4 => lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
+            .map_err(ChunkError::Decompress)?,
+        CodecTag::None => rec[RECORD_HEADER_BYTES..].to_vec(),
+        CodecTag::Zstd => return Err(ChunkError::Zstd),
+    };
+    let mut out = Vec::new();
+    let mut bad = None;
+    decode_runs(&raw, sb.logical_blocks(), |lba, e| {
+        if let Err(why) = check_entry_location(sb, e) {
+            bad.get_or_insert(ChunkError::Entry { lba, why });
+        }
+        out.push((lba, e));
+    })
+    .map_err(ChunkError::Runs)?;
+    bad.map_or(Ok(out), Err)
+}

@@ -1,0 +1,503 @@
+//! Reading one checkpoint: the candidates (`Source`: a pointer slot, or a
+//! commit record a scan found, `scanned_commits`), its commit record and
+//! where the roll-forward from it starts (`load_checkpoint`,
+//! `checkpoint_start`), its map (MAP_CHUNKs of runs, or MAP_DIRs and the
+//! pages they name) and liveness tables, whole or (salvage) keeping what
+//! reads (`Load`), and the records a pointer names that the roll-forward
+//! may step over when damaged (`known_checkpoint_records`). Uses `chain`
+//! (`Start`) and `scan` (the records a scan found).
+use super::chain::Start;
+use super::scan::{LogScan, Scanned};
+use crate::error::{CheckpointError, DirError, PageError, TableError};
+use crate::liveness::LoadedTables;
+use crate::logread::{read_chunk, read_record, volume_map, LogPages};
+use crate::map::{BlockMap, Page};
+use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirPayload, PageRef};
+use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
+use cvol_format::fprints::directory_tables;
+use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::tables::{table_count, TableGroup, TableRoot};
+use cvol_format::{CheckpointPointer, CodecTag, Superblock};
+use cvol_storage::Storage;
+use std::collections::HashMap;
+
+/// Where a candidate checkpoint comes from: a pointer slot, or a commit
+/// record found by scanning the log.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    Pointer,
+    Scan,
+}
+
+impl Source {
+    /// How messages name the checkpoint `p` from this source.
+    pub(super) fn name(self, p: &CheckpointPointer) -> String {
+        match self {
+            Source::Pointer => format!("checkpoint generation {}", p.generation),
+            Source::Scan => format!("checkpoint found in the log (commit seq {})", p.commit_seq),
+        }
+    }
+}
+
+/// The intact CKPT_COMMIT records a scan found, newest (highest seq) first,
+/// as pointers (generation 0): the fallbacks once the pointer slots fail.
+pub(super) fn scanned_commits(sb: &Superblock, scan: &LogScan) -> Vec<CheckpointPointer> {
+    let mut commits: Vec<&Scanned> = scan
+        .records
+        .iter()
+        .filter(|r| r.header.kind == RecordKind::CkptCommit)
+        .collect();
+    commits.sort_by_key(|r| std::cmp::Reverse(r.header.seq));
+    commits
+        .into_iter()
+        .map(|c| CheckpointPointer {
+            generation: 0,
+            commit_offset: sb.segment_offset(c.segment) + c.at as u64,
+            commit_len: c.header.total_len() as u32,
+            commit_epoch: c.header.epoch,
+            commit_seq: c.header.seq,
+        })
+        .collect()
+}
+
+/// Records a pointer names that recovery may step over when damaged,
+/// because they change no block: the MAP_CHUNK and CKPT_COMMIT records of
+/// the checkpoints the slots name (chunks have the seqs just below their
+/// commit's). Keyed by seq: (physical offset, length, epoch).
+pub(super) fn known_checkpoint_records(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    ptrs: &[CheckpointPointer],
+) -> HashMap<u64, (u64, u32, u32)> {
+    let mut known = HashMap::new();
+    for p in ptrs {
+        known.insert(
+            p.commit_seq,
+            (p.commit_offset, p.commit_len, p.commit_epoch),
+        );
+        let Ok((h, rec)) = read_record(storage, sb, p.commit_offset, p.commit_len) else {
+            continue;
+        };
+        if h.kind != RecordKind::CkptCommit || h.seq != p.commit_seq {
+            continue;
+        }
+        let Ok(cp) = CommitPayload::decode(&rec[RECORD_HEADER_BYTES..]) else {
+            continue;
+        };
+        let dirs: Vec<Result<DirRead, DirError>> =
+            cp.chunks.iter().map(|c| read_dir(storage, sb, c)).collect();
+        if !dirs.iter().any(Result::is_ok) {
+            // MAP_CHUNKs of the whole map, appended just before the commit.
+            let n = cp.chunks.len() as u64;
+            for (i, c) in cp.chunks.iter().enumerate() {
+                if let Some(seq) = (p.commit_seq + i as u64).checked_sub(n) {
+                    known.insert(seq, (c.offset, c.len, p.commit_epoch));
+                }
+            }
+            continue;
+        }
+        // A paged map: the directory blocks and pages this checkpoint wrote
+        // (after its snapshot) lie among the records roll-forward passes
+        // over; their seqs are in the directory.
+        for (_, d, pages) in dirs.into_iter().flatten() {
+            for r in std::iter::once(d).chain(pages.into_iter().map(|(_, r)| r)) {
+                if r.seq > cp.snapshot_seq && r.seq < p.commit_seq {
+                    known.insert(r.seq, (r.offset, r.len, p.commit_epoch));
+                }
+            }
+        }
+    }
+    known
+}
+
+/// A checkpoint read: its map, where the roll-forward from it starts, its
+/// liveness tables (whole loads), and the LBA spans of its damaged map
+/// records (partial loads).
+pub(super) struct LoadedCheckpoint {
+    pub(super) map: BlockMap,
+    pub(super) start: Start,
+    pub(super) tables: Option<LoadedTables>,
+    pub(super) lost_spans: Vec<(u64, u64)>,
+}
+
+/// Reads the checkpoint pointer `p` names: its commit record (which must
+/// verify) and the map it names, per `load`.
+pub(super) fn load_checkpoint(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    p: &CheckpointPointer,
+    load: Load,
+) -> Result<LoadedCheckpoint, CheckpointError> {
+    let (h, rec) =
+        read_record(storage, sb, p.commit_offset, p.commit_len).map_err(CheckpointError::Commit)?;
+    if h.kind != RecordKind::CkptCommit || h.seq != p.commit_seq || h.epoch != p.commit_epoch {
+        return Err(CheckpointError::NotItsCommit);
+    }
+    let commit = CommitPayload::decode(&rec[RECORD_HEADER_BYTES..])
+        .map_err(CheckpointError::CommitPayload)?;
+    if commit.logical_blocks != sb.logical_blocks() {
+        return Err(CheckpointError::OtherLogicalSize);
+    }
+    let loaded = load_commit_map(storage, sb, p, &commit, load)?;
+    let mut checkpoint_segments = HashMap::new();
+    let records = loaded.records.iter().copied();
+    for (off, seq) in records.chain([(p.commit_offset, p.commit_seq)]) {
+        if let Some((seg, _)) = sb.locate(off) {
+            let m = checkpoint_segments.entry(seg).or_insert(0);
+            *m = seq.max(*m);
+        }
+    }
+    Ok(LoadedCheckpoint {
+        map: loaded.map,
+        start: checkpoint_start(sb, p, &commit, checkpoint_segments)?,
+        tables: loaded.tables,
+        lost_spans: loaded.lost_spans,
+    })
+}
+
+/// Where roll-forward from the checkpoint of `p` starts: at the log head
+/// of its snapshot when the commit names it (the checkpoint was written
+/// outside the volume lock: client records may lie between the snapshot
+/// and the commit, and the checkpoint's own records are passed over),
+/// else right after the commit record.
+fn checkpoint_start(
+    sb: &Superblock,
+    p: &CheckpointPointer,
+    commit: &CommitPayload,
+    checkpoint_segments: HashMap<u64, u64>,
+) -> Result<Start, CheckpointError> {
+    let (segment, offset, expected_seq) = match commit.resume {
+        Some(r) => {
+            if r.segment >= sb.segment_count() || r.offset > sb.segment_size_bytes {
+                return Err(CheckpointError::ResumeOutsideLog {
+                    segment: r.segment,
+                    offset: r.offset,
+                });
+            }
+            if commit.snapshot_seq >= p.commit_seq {
+                return Err(CheckpointError::SnapshotNotBeforeCommit);
+            }
+            (r.segment, r.offset as usize, commit.snapshot_seq + 1)
+        }
+        None => {
+            let (segment, at) = sb
+                .locate(p.commit_offset)
+                .ok_or(CheckpointError::CommitOutsideData)?;
+            (segment, at + p.commit_len as usize, p.commit_seq + 1)
+        }
+    };
+    let meta = match (commit.resume, commit.meta_resume) {
+        (Some(_), Some(m)) => {
+            if !(sb.is_metadata_segment(m.segment) && m.segment < sb.segment_count())
+                || m.offset > sb.segment_size_bytes
+            {
+                return Err(CheckpointError::MetaResumeOutside {
+                    segment: m.segment,
+                    offset: m.offset,
+                });
+            }
+            Some((m.segment, m.offset as usize))
+        }
+        _ => None,
+    };
+    if sb.is_metadata_segment(segment) {
+        return Err(CheckpointError::ResumeOnMetadataDevice { segment });
+    }
+    Ok(Start {
+        segment,
+        offset,
+        meta,
+        expected_seq,
+        epoch: p.commit_epoch,
+        snapshot_seq: commit.snapshot_seq,
+        checkpoint_segments,
+    })
+}
+
+/// How to read a checkpoint's map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Load {
+    /// Every record must read; `lazy`: pages are verified, not kept.
+    Whole { lazy: bool },
+    /// A damaged record loses the LBAs it held (`lost_spans`) instead of
+    /// failing the load.
+    Partial,
+}
+
+/// A checkpoint's map, read from the records its commit names.
+struct LoadedMap {
+    map: BlockMap,
+    /// Its liveness tables, if it names a root and every table reads.
+    tables: Option<LoadedTables>,
+    /// LBA spans whose entries were in damaged records (partial loads).
+    lost_spans: Vec<(u64, u64)>,
+    /// (offset, seq) of the records read: segments recovery needs.
+    records: Vec<(u64, u64)>,
+}
+
+/// Reads the map a commit names: MAP_CHUNKs of runs (the whole map), or
+/// MAP_DIRs and the page records they name (a paged map), told apart by
+/// the kind of the first record that reads.
+fn load_commit_map(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    p: &CheckpointPointer,
+    commit: &CommitPayload,
+    load: Load,
+) -> Result<LoadedMap, CheckpointError> {
+    let partial = load == Load::Partial;
+    let kind = commit
+        .chunks
+        .iter()
+        .find_map(|c| read_record(storage, sb, c.offset, c.len).ok())
+        .map(|(h, _)| h.kind);
+    let mut loaded = LoadedMap {
+        map: volume_map(sb),
+        tables: None,
+        lost_spans: Vec::new(),
+        records: Vec::new(),
+    };
+    match kind {
+        None if commit.chunks.is_empty() => {}
+        None if partial => loaded.lost_spans.push((0, sb.logical_blocks())),
+        None => return Err(CheckpointError::NoMapRecordReads),
+        Some(RecordKind::MapDir) => load_paged(storage, sb, commit, load, &mut loaded)?,
+        Some(_) => load_flat(storage, sb, p.commit_seq, commit, partial, &mut loaded)?,
+    }
+    Ok(loaded)
+}
+
+/// The spans of the damaged items of a sequence in LBA order, each from the
+/// end of the intact item before it to the start of the one after it;
+/// `spans[i]`: Some(span of item i, if it holds entries) when intact.
+fn damaged_spans(spans: &[Option<Option<(u64, u64)>>], logical_blocks: u64) -> Vec<(u64, u64)> {
+    let mut lost: Vec<(u64, u64)> = Vec::new();
+    for (i, sp) in spans.iter().enumerate() {
+        if sp.is_some() {
+            continue;
+        }
+        let from = spans[..i]
+            .iter()
+            .rev()
+            .flatten()
+            .flatten()
+            .next()
+            .map_or(0, |s| s.1);
+        let to = spans[i + 1..]
+            .iter()
+            .flatten()
+            .flatten()
+            .next()
+            .map_or(logical_blocks, |s| s.0);
+        if lost.last().is_none_or(|&(_, e)| e < from) {
+            lost.push((from, to));
+        }
+    }
+    lost
+}
+
+/// `load_commit_map` for MAP_CHUNKs holding the whole map in runs. Their
+/// segments are needed up to the commit's seq: the map names none of
+/// these records (its pages have none until the first paged checkpoint),
+/// so nothing else keeps a segment holding only chunks from being reused
+/// while this checkpoint is the durable one.
+fn load_flat(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    commit_seq: u64,
+    commit: &CommitPayload,
+    partial: bool,
+    loaded: &mut LoadedMap,
+) -> Result<(), CheckpointError> {
+    // Chunks hold runs in LBA order: a damaged chunk's span lies between
+    // the intact chunks around it.
+    let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
+    for c in &commit.chunks {
+        loaded.records.push((c.offset, commit_seq));
+        match read_chunk(storage, sb, c.offset, c.len, c.crc) {
+            Ok(v) => {
+                spans.push(Some(v.first().map(|f| (f.0, v[v.len() - 1].0 + 1))));
+                v.into_iter().for_each(|(lba, e)| {
+                    loaded.map.set(lba, e);
+                });
+            }
+            Err(e) if !partial => return Err(CheckpointError::Chunk(e)),
+            Err(_) => spans.push(None),
+        }
+    }
+    loaded.lost_spans = damaged_spans(&spans, sb.logical_blocks());
+    Ok(())
+}
+
+/// `load_commit_map` for MAP_DIRs and the pages they name: every page is
+/// read (the map is whole in memory after open; the volume drops clean
+/// pages down to its cache size afterwards).
+fn load_paged(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    commit: &CommitPayload,
+    load: Load,
+    loaded: &mut LoadedMap,
+) -> Result<(), CheckpointError> {
+    let partial = load == Load::Partial;
+    let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
+    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+    let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
+    let mut dirs = Vec::new();
+    let mut tables: Vec<(usize, PageRef)> = Vec::new();
+    for c in &commit.chunks {
+        let (b, r, pages) = match read_dir(storage, sb, c) {
+            Ok(d) if dirs.last().is_none_or(|&(last, _)| last < d.0) => d,
+            Ok(_) => return Err(CheckpointError::DirsOutOfOrder),
+            Err(e) if !partial => return Err(CheckpointError::Dir(e)),
+            Err(_) => {
+                spans.push(None);
+                continue;
+            }
+        };
+        loaded.records.push((r.offset, r.seq));
+        dirs.push((b, r));
+        let first = (b as u64 * block_blocks).min(sb.logical_blocks());
+        let end = (first + block_blocks).min(sb.logical_blocks());
+        spans.push(Some(Some((first, end))));
+        for (p, r) in pages {
+            loaded.records.push((r.offset, r.seq));
+            if p >= npages {
+                tables.push(((p - npages) as usize, r));
+                continue;
+            }
+            if let Err(e) = load_page(storage, sb, p, r, load, &mut loaded.map) {
+                if !partial {
+                    return Err(CheckpointError::Page { page: p, why: e });
+                }
+                let first = p * MAP_PAGE_BLOCKS;
+                let end = (first + MAP_PAGE_BLOCKS).min(sb.logical_blocks());
+                loaded.lost_spans.push((first, end));
+            }
+        }
+    }
+    for &(t, r) in &tables {
+        loaded.map.set_table_ref(t, Some(r));
+    }
+    for (b, r) in dirs {
+        loaded.map.install_dir_record(b, r);
+    }
+    if load == (Load::Whole { lazy: true }) {
+        loaded.map.record_originals();
+    }
+    if !partial {
+        loaded.tables = read_tables(storage, sb, &tables)
+            .map_err(|e| tracing::warn!("liveness tables unusable ({e}): rebuilt from the map"))
+            .ok()
+            .flatten();
+    }
+    loaded
+        .lost_spans
+        .extend(damaged_spans(&spans, sb.logical_blocks()));
+    loaded.lost_spans.sort_unstable();
+    Ok(())
+}
+
+/// Reads page `p`'s record `r` into `map`: whole, or (lazy) verified and
+/// left on disk.
+fn load_page(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    p: u64,
+    r: PageRef,
+    load: Load,
+    map: &mut BlockMap,
+) -> Result<(), PageError> {
+    if load == (Load::Whole { lazy: true }) {
+        let (h, _) = read_record(storage, sb, r.offset, r.len).map_err(PageError::Record)?;
+        if h.kind != RecordKind::MapChunk || h.crc != r.crc || h.lba != p * MAP_PAGE_BLOCKS {
+            return Err(PageError::NotNamed);
+        }
+        map.install_unread(p as usize, r);
+        return Ok(());
+    }
+    let src = LogPages {
+        storage,
+        sb,
+        buffered: None,
+    };
+    let entries = src.entries(&r).map_err(PageError::Chunk)?;
+    let page = Page::from_entries(p, &entries).ok_or(PageError::OtherPage)?;
+    map.install_loaded(p as usize, page, r);
+    Ok(())
+}
+
+/// The liveness tables a directory names (by table index), if it names a
+/// root: None without one (a checkpoint whose tables were incomplete, or
+/// of an older cvol).
+fn read_tables(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    tables: &[(usize, PageRef)],
+) -> Result<Option<LoadedTables>, TableError> {
+    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+    let mut root = None;
+    let mut groups = Vec::new();
+    // Fingerprint tables are read by the index warm-up, not at open.
+    let liveness = table_count(sb.segment_count()) as usize;
+    for &(t, r) in tables.iter().filter(|(t, _)| *t < liveness) {
+        let (h, rec) = read_record(storage, sb, r.offset, r.len).map_err(TableError::Record)?;
+        let slot = npages + t as u64;
+        if h.kind != RecordKind::MapTable || h.crc != r.crc || h.lba != slot * MAP_PAGE_BLOCKS {
+            return Err(TableError::NotNamed { table: t });
+        }
+        if h.codec != CodecTag::Lz4 {
+            return Err(TableError::Codec {
+                table: t,
+                codec: h.codec,
+            });
+        }
+        let raw = lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
+            .map_err(|source| TableError::Decompress { table: t, source })?;
+        let segments = sb.segment_count();
+        if t == 0 {
+            root = Some(TableRoot::decode(&raw, segments).map_err(TableError::Root)?);
+        } else {
+            let g = TableGroup::decode(&raw, t as u64 - 1, segments);
+            groups.push(g.map_err(|source| TableError::Group { table: t, source })?);
+        }
+    }
+    Ok(root.map(|root| LoadedTables { root, groups }))
+}
+
+/// A directory block read: its index, its record, the pages it lists.
+type DirRead = (usize, PageRef, Vec<(u64, PageRef)>);
+
+/// One MAP_DIR record a commit names, verified: its directory block, its
+/// reference, and the pages it lists.
+fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirRead, DirError> {
+    let (h, rec) = read_record(storage, sb, c.offset, c.len).map_err(DirError::Record)?;
+    let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
+    if h.kind != RecordKind::MapDir || h.crc != c.crc || h.lba % block_blocks != 0 {
+        return Err(DirError::NotNamed { offset: c.offset });
+    }
+    // Directory slots: the map's pages, then its tables.
+    let slots = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS)
+        + directory_tables(sb.segment_count(), sb.segment_size_bytes);
+    if h.lba / MAP_PAGE_BLOCKS >= slots {
+        return Err(DirError::BeyondVolume { offset: c.offset });
+    }
+    let raw = match h.codec {
+        CodecTag::Lz4 => lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
+            .map_err(DirError::Decompress)?,
+        CodecTag::None => rec[RECORD_HEADER_BYTES..].to_vec(),
+        CodecTag::Zstd => return Err(DirError::Zstd),
+    };
+    let block = h.lba / block_blocks;
+    let d = DirPayload::decode(&raw, block).map_err(DirError::Payload)?;
+    if d.pages.last().is_some_and(|&(p, _)| p >= slots) {
+        return Err(DirError::PageBeyondVolume);
+    }
+    let r = PageRef {
+        offset: c.offset,
+        len: c.len,
+        crc: c.crc,
+        seq: h.seq,
+    };
+    Ok((block as usize, r, d.pages))
+}
