@@ -763,4 +763,63 @@ mod tests {
             (damaged(notes), &with_notes),
         ]);
     }
+
+    // Recovery's internal errors were strings; the notes a refusal lists
+    // (and `cvol check` prints) read as before.
+    #[test]
+    fn record_and_checkpoint_messages_are_unchanged() {
+        let location = EntryLocationError::OutsideDataArea {
+            offset: 4096,
+            len: 100,
+        };
+        let cases: Vec<(Box<dyn std::error::Error>, &str)> = vec![
+            (
+                Box::new(RecordError::CrossesSegment {
+                    offset: 8192,
+                    len: 64,
+                }),
+                "record at 8192 (+64) crosses a segment boundary",
+            ),
+            (
+                Box::new(RecordError::NotExpected),
+                "record belongs to another volume or has another length",
+            ),
+            (
+                Box::new(ChunkError::Entry {
+                    lba: 3,
+                    why: location,
+                }),
+                "lba 3: points outside the data area (4096+100)",
+            ),
+            (
+                Box::new(ApplyError::RefLocation(EntryLocationError::InMetadataArea)),
+                "ref record points into the metadata area",
+            ),
+            (
+                Box::new(CheckpointError::Page {
+                    page: 2,
+                    why: PageError::NotNamed,
+                }),
+                "map page 2: not the record the directory names",
+            ),
+            (
+                Box::new(CheckpointError::ResumeOutsideLog {
+                    segment: 9,
+                    offset: 512,
+                }),
+                "resume position 9+512 outside the log",
+            ),
+            (
+                Box::new(CheckpointError::Dir(DirError::NotNamed { offset: 77 })),
+                "map directory at 77 is not the one the checkpoint names",
+            ),
+            (
+                Box::new(TableError::NotNamed { table: 4 }),
+                "table 4: not the record the directory names",
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.to_string(), want);
+        }
+    }
 }

@@ -12,9 +12,8 @@ use super::checkpoint::{
     known_checkpoint_records, load_checkpoint, scanned_commits, Load, LoadedCheckpoint, Source,
 };
 use super::outcome::Recovered;
-use super::scan::LogScan;
 use super::scan::{
-    first_record_index, read_segment, read_segment_around, scan_log, synced_payload,
+    first_record_index, read_segment, read_segment_around, scan_log, synced_payload, LogScan,
 };
 use super::superblock::{damaged_pointer_slots, pointers_newest_first};
 use crate::error::{CheckpointError, RecoveryError, ShortRollForward};
