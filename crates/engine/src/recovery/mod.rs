@@ -87,3 +87,6 @@ pub fn salvage(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Reco
     }
     Ok(r)
 }
+
+#[cfg(test)]
+mod tests;
