@@ -27,7 +27,6 @@ pub mod map;
 pub mod policy;
 pub mod segments;
 
-pub mod cache;
 pub mod check;
 pub mod codec;
 pub mod dedup;

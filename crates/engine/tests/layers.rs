@@ -184,14 +184,21 @@ fn upward_edges(g: &BTreeMap<String, BTreeSet<String>>, order: &[&str]) -> Vec<S
 fn every_room_uses_only_rooms_below_it() {
     let g = graph(&src_dir());
     let bad = upward_edges(&g, LAYERS);
-    assert!(bad.is_empty(), "layer order broken:\n  {}", bad.join("\n  "));
+    assert!(
+        bad.is_empty(),
+        "layer order broken:\n  {}",
+        bad.join("\n  ")
+    );
 }
 
 #[test]
 fn layers_names_only_rooms_that_exist() {
     let all = rooms(&src_dir());
     for r in LAYERS {
-        assert!(all.contains(*r), "LAYERS names `{r}`, which src/ does not have");
+        assert!(
+            all.contains(*r),
+            "LAYERS names `{r}`, which src/ does not have"
+        );
     }
 }
 

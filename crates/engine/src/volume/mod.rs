@@ -70,8 +70,8 @@ pub(crate) use crate::liveness::rebuild as rebuild_liveness;
 pub(crate) use crate::records::data_records as parse_segment;
 pub use crate::records::{block_index, decode_block_record};
 
-/// What `stat` asks a served cache for (`crate::cache`).
-pub(crate) type CacheStatsHook = Box<dyn Fn() -> crate::stats::CacheStats + Send + Sync>;
+/// What `stat` asks the cache layer above a volume for (`cvol_cache`).
+pub type CacheStatsHook = Box<dyn Fn() -> crate::stats::CacheStats + Send + Sync>;
 
 /// Handle of the background cleaner thread (stops when dropped).
 pub type BackgroundCleaner = Worker;
@@ -164,7 +164,7 @@ pub struct Volume {
     caches: read::Caches,
     counters: stats::Counters,
     jobs: jobs::JobsState,
-    /// A cache volume's counters, once `crate::cache` serves it.
+    /// The cache layer's counters (`cvol_cache`), when one is above.
     cache_stats: std::sync::OnceLock<CacheStatsHook>,
 }
 

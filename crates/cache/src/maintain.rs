@@ -2,7 +2,7 @@
 //! the physical size, write-back of dirty lines, and the clean close.
 use super::lines::WriteLocks;
 use super::{CacheVolume, Fill, Start, BS, EVICT_HIGH_PERCENT, EVICT_LOW_PERCENT};
-use crate::error::VolError;
+use cvol_engine::error::VolError;
 use cvol_format::cache::CacheMode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -40,7 +40,7 @@ impl CacheVolume {
             .name("cvol-cache".into())
             .spawn(move || {
                 // Fills are off every client's path: the idle codec.
-                crate::volume::mark_background_writer();
+                cvol_engine::volume::mark_background_writer();
                 while !flag.load(Ordering::SeqCst) {
                     let Some(c) = weak.upgrade() else { return };
                     if let Err(e) = c.background_round(&flag) {
