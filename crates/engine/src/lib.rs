@@ -28,6 +28,7 @@ pub mod policy;
 pub mod segments;
 
 pub mod check;
+pub mod clock;
 pub mod codec;
 pub mod dedup;
 pub mod error;

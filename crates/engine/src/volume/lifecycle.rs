@@ -278,6 +278,7 @@ impl Volume {
                 (policy_of(&sb).is_auto() && options.elastic.recompress && !options.read_only)
                     .then_some(options.elastic.inline_cpu_percent)
                     .flatten(),
+                &options.clock,
             ),
             caches: Caches::new(
                 options

@@ -50,6 +50,7 @@ mod stats;
 mod tests;
 
 use crate::dedup::Fingerprint;
+pub use commit::Writer;
 pub use jobs::checkpointer::Checkpointer;
 pub use jobs::cleaner::CleanerConfig;
 pub use jobs::recompress::RecompressReport;
@@ -62,7 +63,6 @@ pub use options::{
     dedup_memory_default_bytes, map_cache_pages, read_cache_default_bytes, CreateOptions,
     OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, MAP_CACHE_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
 };
-pub use prepare::mark_background_writer;
 pub use read::Extent;
 // Record decoding lives in crate::records; these paths stay for the tools
 // that used them here.
