@@ -34,7 +34,7 @@ pub mod dedup;
 pub mod error;
 mod liveness;
 mod locks;
-pub mod records;
+mod records;
 pub mod recovery;
 pub mod stats;
 #[cfg(test)]

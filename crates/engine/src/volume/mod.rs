@@ -64,11 +64,6 @@ pub use options::{
     OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, MAP_CACHE_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
 };
 pub use read::Extent;
-// Record decoding lives in crate::records; these paths stay for the tools
-// that used them here.
-pub(crate) use crate::liveness::rebuild as rebuild_liveness;
-pub(crate) use crate::records::data_records as parse_segment;
-pub use crate::records::{block_index, decode_block_record};
 
 /// What `stat` asks the cache layer above a volume for (`cvol_cache`).
 pub type CacheStatsHook = Box<dyn Fn() -> crate::stats::CacheStats + Send + Sync>;
