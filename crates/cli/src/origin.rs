@@ -2,7 +2,7 @@
 //! block device, or an NBD export (`nbd://HOST[:PORT]/EXPORT`,
 //! `nbd+unix:///EXPORT?socket=PATH`) read and written through
 //! `cvol_nbd::client`.
-use cvol_engine::cache::{OriginStamp, StampFn};
+use cvol_cache::{OriginStamp, StampFn};
 use cvol_nbd::client::Client;
 use cvol_storage::{FileStorage, Storage};
 use std::io;

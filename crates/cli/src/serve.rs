@@ -7,7 +7,7 @@ use crate::volfile::{self, Opened, Purpose};
 use crate::{
     backend, control_server, edge, metrics, origin, service, size, sockfile, trace, words,
 };
-use cvol_engine::cache::{CacheLabel, CacheVolume};
+use cvol_cache::{CacheLabel, CacheVolume};
 use cvol_engine::segments::VictimPolicy;
 use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions, Volume};
 use cvol_format::superblock::{Superblock, SUPERBLOCK_BYTES};
@@ -605,7 +605,7 @@ fn cache_label(store: &FileStorage) -> Option<Result<CacheLabel, String>> {
             Superblock::decode(&b).ok()
         })?;
     sb.is_cache()
-        .then(|| cvol_engine::cache::read_label(store, &sb).map_err(|e| e.to_string()))
+        .then(|| cvol_cache::read_label(store, &sb).map_err(|e| e.to_string()))
 }
 
 /// Serves a cache volume: its origin opened, the cache opened (warm, cold

@@ -100,6 +100,7 @@ pub fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
         Some(stats) => (stats?, true),
         None => {
             let vol = volfile::open_read_only(path, None)?;
+            cvol_cache::describe_offline(&vol);
             (vol.stats(), false)
         }
     };
