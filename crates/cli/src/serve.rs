@@ -274,7 +274,7 @@ impl ServeArgs {
 impl CleanerFlags {
     fn config(&self) -> Result<CleanerConfig, String> {
         let (start, stop) = (self.clean_start, self.clean_stop);
-        let policy = VictimPolicy::parse(&self.cleaner)?;
+        let policy = VictimPolicy::parse(&self.cleaner).map_err(|e| e.to_string())?;
         if start >= stop || stop > 90 {
             return Err(format!(
                 "--clean-start {start} must be below --clean-stop {stop}, which must be at most 90"

@@ -2,8 +2,8 @@
 //! checkpoint, the whole log chain, every mapped record (checksum, owner,
 //! decompression), and the checkpointed map against a full replay of the log.
 use crate::map::BlockMap;
-use crate::recovery::{self, Recovered};
 use crate::records::decode_block_record;
+use crate::recovery::{self, Recovered};
 use cvol_format::superblock::SUPERBLOCK_BYTES;
 use cvol_format::{EntryState, MapEntry, RecordKind, Superblock, BLOCK_SIZE_BYTES};
 use cvol_storage::Storage;

@@ -1,7 +1,8 @@
 //! Opening a volume: newest valid checkpoint, then roll-forward along the
 //! chain of records (seq + 1, same epoch or a newer EPOCH record) through the
 //! segments written after it. See docs/FORMAT.md "Recovery".
-pub use crate::error::{RecoveryError, ShortRollForward, SuperblockCopyError};
+pub use crate::error::MetaError;
+use crate::error::{RecoveryError, ShortRollForward, SuperblockCopyError};
 use crate::liveness::LoadedTables;
 use crate::map::{BlockMap, Page, PageSource};
 pub use crate::records::{walk_segment, SegmentWalk};
@@ -721,7 +722,8 @@ fn verify_map_records(
                 bad = Some(format!("lba {lba} names no intact record at byte {offset}"));
             }
         }
-    })?;
+    })
+    .map_err(|e| e.to_string())?;
     bad.map_or(Ok(()), Err)
 }
 
@@ -1240,9 +1242,13 @@ fn load_page(
         sb,
         buffered: None,
     };
-    let page = src.load(p, &r).and_then(|v| {
-        Page::from_entries(p, &v).ok_or_else(|| "a page record of another page".to_string())
-    })?;
+    let page = src
+        .load(p, &r)
+        .and_then(|v| {
+            Page::from_entries(p, &v)
+                .ok_or_else(|| MetaError::Damaged("a page record of another page".into()))
+        })
+        .map_err(|e| e.to_string())?;
     map.install_loaded(p as usize, page, r);
     Ok(())
 }
@@ -1332,16 +1338,20 @@ pub struct LogPages<'a> {
 }
 
 impl PageSource for LogPages<'_> {
-    fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String> {
+    fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, MetaError> {
         let copy = self.buffered.and_then(|f| f(r.offset, r.len as usize));
         let Some(rec) = copy else {
-            return read_chunk(self.storage, self.sb, r.offset, r.len, r.crc);
+            return read_chunk(self.storage, self.sb, r.offset, r.len, r.crc)
+                .map_err(MetaError::Damaged);
         };
-        let (h, _) = RecordHeader::decode_verified(&rec).map_err(|e| e.to_string())?;
+        let (h, _) =
+            RecordHeader::decode_verified(&rec).map_err(|e| MetaError::Damaged(e.to_string()))?;
         if h.volume_tag != self.sb.volume_tag() || h.total_len() != r.len as usize {
-            return Err("record belongs to another volume or has another length".into());
+            return Err(MetaError::Damaged(
+                "record belongs to another volume or has another length".into(),
+            ));
         }
-        chunk_entries(self.sb, &h, &rec, r.offset, r.crc)
+        chunk_entries(self.sb, &h, &rec, r.offset, r.crc).map_err(MetaError::Damaged)
     }
 }
 
@@ -2224,7 +2234,8 @@ impl<'a> Chain<'a> {
                 buffered: None,
             };
             let end = h.lba.saturating_add(u64::from(h.nblocks));
-            map.fault_in(h.lba, end, &src).map_err(bad)?;
+            map.fault_in(h.lba, end, &src)
+                .map_err(|e| bad(e.to_string()))?;
         }
         apply(map, self.sb, h, offset, payload).map_err(bad)?;
         if h.kind == RecordKind::Data {
