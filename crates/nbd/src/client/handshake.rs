@@ -73,7 +73,7 @@ impl Conn {
         Ok((conn, info))
     }
 
-    pub(super) fn handshake(&mut self, export: &str) -> io::Result<ExportInfo> {
+    fn handshake(&mut self, export: &str) -> io::Result<ExportInfo> {
         let magic = u64::from_be_bytes(read_array(&mut self.stream)?);
         let style = u64::from_be_bytes(read_array(&mut self.stream)?);
         if magic != proto::NBD_MAGIC || style != proto::IHAVEOPT {
@@ -98,7 +98,7 @@ impl Conn {
         self.opt_export_name(export, no_zeroes)
     }
 
-    pub(super) fn send_option(&mut self, option: u32, data: &[u8]) -> io::Result<()> {
+    fn send_option(&mut self, option: u32, data: &[u8]) -> io::Result<()> {
         let length = u32::try_from(data.len()).map_err(|_| invalid_data("option too long"))?;
         let mut m = Vec::with_capacity(16 + data.len());
         m.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
@@ -109,7 +109,7 @@ impl Conn {
     }
 
     /// One option reply to `option`: (reply type, data).
-    pub(super) fn option_reply(&mut self, option: u32) -> io::Result<(u32, Vec<u8>)> {
+    fn option_reply(&mut self, option: u32) -> io::Result<(u32, Vec<u8>)> {
         let header: [u8; 20] = read_array(&mut self.stream)?;
         let field =
             |i: usize| u32::from_be_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
@@ -132,7 +132,7 @@ impl Conn {
     }
 
     /// `NBD_OPT_GO`; `None` if the server answers `NBD_REP_ERR_UNSUP`.
-    pub(super) fn opt_go(&mut self, export: &str) -> io::Result<Option<ExportInfo>> {
+    fn opt_go(&mut self, export: &str) -> io::Result<Option<ExportInfo>> {
         let name_bytes = u32::try_from(export.len()).map_err(|_| invalid_data("long name"))?;
         let mut data = name_bytes.to_be_bytes().to_vec();
         data.extend_from_slice(export.as_bytes());
@@ -164,7 +164,7 @@ impl Conn {
     }
 
     /// `NBD_OPT_EXPORT_NAME` (no error reply: an unknown export closes).
-    pub(super) fn opt_export_name(&mut self, export: &str, no_zeroes: bool) -> io::Result<ExportInfo> {
+    fn opt_export_name(&mut self, export: &str, no_zeroes: bool) -> io::Result<ExportInfo> {
         self.send_option(proto::NBD_OPT_EXPORT_NAME, export.as_bytes())?;
         let reply: [u8; 10] = read_array(&mut self.stream).map_err(|e| {
             io::Error::new(

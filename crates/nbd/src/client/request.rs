@@ -37,7 +37,11 @@ impl From<io::Error> for Failure {
 impl Conn {
     /// Sends `req` and reads its simple reply; READ data goes to `data_in`
     /// (whose length is `req.length`, empty for other commands).
-    pub(super) fn transact(&mut self, req: &Request<'_>, data_in: &mut [u8]) -> Result<(), Failure> {
+    pub(super) fn transact(
+        &mut self,
+        req: &Request<'_>,
+        data_in: &mut [u8],
+    ) -> Result<(), Failure> {
         let handle = self.next_handle;
         self.next_handle = self.next_handle.wrapping_add(1);
         let header = proto::encode_request_header(&RequestHeader {
