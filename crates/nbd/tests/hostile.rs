@@ -153,32 +153,21 @@ enum Expect {
     Reply(u32),
 }
 
-/// Every malformed handshake message after the greeting, one connection
-/// each; the server answers or closes as the spec says, and a client that
-/// connected before keeps working after each.
-#[test]
-fn handshake_malformed_messages() {
-    let _serial = serial();
-    let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
-    let mut good = Client::ready(&ts, true);
+/// A hostile handshake message: what it is, its bytes, what must happen.
+type Case = (&'static str, Vec<u8>, Expect);
+
+/// An option message: header and data.
+fn with(option: u32, data: &[u8]) -> Vec<u8> {
+    let mut m = option_header(option, data.len() as u32);
+    m.extend_from_slice(data);
+    m
+}
+
+/// Bad magic, unknown options, options that take no data, declared
+/// lengths beyond every limit.
+fn option_cases() -> Vec<Case> {
     let opt = option_header;
-    let with = |option: u32, data: &[u8]| {
-        let mut m = opt(option, data.len() as u32);
-        m.extend_from_slice(data);
-        m
-    };
-    let mut name_5000 = 5000u32.to_be_bytes().to_vec();
-    name_5000.extend_from_slice(&[b'a'; 5000]);
-    name_5000.extend_from_slice(&[0, 0]);
-    let mut info_count_lies = go_data("", &[]);
-    info_count_lies.truncate(info_count_lies.len() - 2);
-    info_count_lies.extend_from_slice(&[0xff, 0xff, 0, 1]); // 65535 infos, 1 given
-    let mut meta_count_huge = 0u32.to_be_bytes().to_vec();
-    meta_count_huge.extend_from_slice(&u32::MAX.to_be_bytes());
-    let mut meta_query_huge = 0u32.to_be_bytes().to_vec();
-    meta_query_huge.extend_from_slice(&1u32.to_be_bytes());
-    meta_query_huge.extend_from_slice(&u32::MAX.to_be_bytes());
-    let cases: Vec<(&str, Vec<u8>, Expect)> = vec![
+    vec![
         (
             "bad option magic",
             b"IHAVEOPX\0\0\0\x07\0\0\0\0".to_vec(),
@@ -214,6 +203,22 @@ fn handshake_malformed_messages() {
             opt(99, (1 << 20) + 1),
             Expect::Closed,
         ),
+    ]
+}
+
+/// Junk export names, lying INFO/GO counts, a metadata-context option
+/// before structured replies.
+fn name_and_info_cases() -> Vec<Case> {
+    let opt = option_header;
+    let mut name_5000 = 5000u32.to_be_bytes().to_vec();
+    name_5000.extend_from_slice(&[b'a'; 5000]);
+    name_5000.extend_from_slice(&[0, 0]);
+    let mut info_count_lies = go_data("", &[]);
+    info_count_lies.truncate(info_count_lies.len() - 2);
+    info_count_lies.extend_from_slice(&[0xff, 0xff, 0, 1]); // 65535 infos, 1 given
+    let mut meta_count_huge = 0u32.to_be_bytes().to_vec();
+    meta_count_huge.extend_from_slice(&u32::MAX.to_be_bytes());
+    vec![
         (
             "EXPORT_NAME of 64 KiB + 1",
             opt(NBD_OPT_EXPORT_NAME, (64 << 10) + 1),
@@ -259,8 +264,18 @@ fn handshake_malformed_messages() {
             with(NBD_OPT_LIST_META_CONTEXT, &meta_count_huge),
             Expect::Reply(NBD_REP_ERR_INVALID),
         ),
-    ];
-    let structured_cases: Vec<(&str, Vec<u8>, Expect)> = vec![
+    ]
+}
+
+/// Metadata-context options with huge counts and lengths (sent after
+/// structured replies were negotiated).
+fn structured_cases() -> Vec<Case> {
+    let mut meta_count_huge = 0u32.to_be_bytes().to_vec();
+    meta_count_huge.extend_from_slice(&u32::MAX.to_be_bytes());
+    let mut meta_query_huge = 0u32.to_be_bytes().to_vec();
+    meta_query_huge.extend_from_slice(&1u32.to_be_bytes());
+    meta_query_huge.extend_from_slice(&u32::MAX.to_be_bytes());
+    vec![
         (
             "meta context count u32::MAX",
             with(NBD_OPT_SET_META_CONTEXT, &meta_count_huge),
@@ -271,27 +286,46 @@ fn handshake_malformed_messages() {
             with(NBD_OPT_LIST_META_CONTEXT, &meta_query_huge),
             Expect::Reply(NBD_REP_ERR_INVALID),
         ),
-    ];
+    ]
+}
+
+/// Sends one hostile message on a new connection (after negotiating
+/// structured replies if `structured`) and checks what the server did.
+fn send_hostile(ts: &TestServer, structured: bool, (what, bytes, expect): &Case) {
+    let mut c = Client::connect(ts);
+    c.greet(CLIENT_FLAGS);
+    if structured {
+        c.send_option(NBD_OPT_STRUCTURED_REPLY, &[]);
+        assert_eq!(c.option_reply().1, NBD_REP_ACK);
+    }
+    c.s.write_all(bytes).unwrap();
+    match expect {
+        Expect::Closed => assert!(c.is_closed(), "{what}: not closed"),
+        Expect::Reply(t) => {
+            assert_eq!(c.option_reply().1, *t, "{what}");
+            // Still in the handshake: it can go on to transmission.
+            c.go("");
+            c.structured = structured;
+            assert_eq!(c.read(1, 0, 8).unwrap().len(), 8, "{what}");
+        }
+    }
+}
+
+/// Every malformed handshake message after the greeting, one connection
+/// each; the server answers or closes as the spec says, and a client that
+/// connected before keeps working after each.
+#[test]
+fn handshake_malformed_messages() {
+    let _serial = serial();
+    let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
+    let mut good = Client::ready(&ts, true);
+    let opt = option_header;
+    let mut cases = option_cases();
+    cases.extend(name_and_info_cases());
     let mut round = 0;
-    for (structured, list) in [(false, &cases), (true, &structured_cases)] {
-        for (what, bytes, expect) in list {
-            let mut c = Client::connect(&ts);
-            c.greet(CLIENT_FLAGS);
-            if structured {
-                c.send_option(NBD_OPT_STRUCTURED_REPLY, &[]);
-                assert_eq!(c.option_reply().1, NBD_REP_ACK);
-            }
-            c.s.write_all(bytes).unwrap();
-            match expect {
-                Expect::Closed => assert!(c.is_closed(), "{what}: not closed"),
-                Expect::Reply(t) => {
-                    assert_eq!(c.option_reply().1, *t, "{what}");
-                    // Still in the handshake: it can go on to transmission.
-                    c.go("");
-                    c.structured = structured;
-                    assert_eq!(c.read(1, 0, 8).unwrap().len(), 8, "{what}");
-                }
-            }
+    for (structured, list) in [(false, cases), (true, structured_cases())] {
+        for case in &list {
+            send_hostile(&ts, structured, case);
             round += 1;
             round_trip(&mut good, round);
         }
@@ -360,6 +394,113 @@ fn regression_handshake_that_trickles_bytes_is_cut_off_at_the_deadline() {
     round_trip(&mut good, 1);
 }
 
+/// One connection of the malformed-request sweep and its next handle.
+struct Sweep {
+    c: Client,
+    handle: u64,
+}
+
+impl Sweep {
+    /// Sends one request (and `payload`), expects `error` in its reply, then
+    /// checks the connection is still usable: a write and a read back.
+    fn expect_error(
+        &mut self,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+        error: u32,
+    ) {
+        self.handle += 1;
+        let handle = self.handle;
+        let mut m = Client::header(command, flags, handle, offset, length);
+        m.extend_from_slice(payload);
+        self.c.s.write_all(&m).unwrap();
+        let (h, e, _) = self.c.reply_one(0);
+        assert_eq!(
+            (h, e),
+            (handle, error),
+            "cmd {command} flags {flags:#x} off {offset} len {length}"
+        );
+        let data = pattern(512, handle as u8);
+        self.handle += 1;
+        assert_eq!(self.c.write(self.handle, 4096, &data), 0);
+        self.handle += 1;
+        assert_eq!(self.c.read(self.handle, 4096, 512).unwrap(), data);
+    }
+}
+
+/// Every unknown command type, and every single flag bit a command does
+/// not accept.
+fn sweep_commands_and_flags(s: &mut Sweep, structured: bool) {
+    for command in (8..=16).chain([0x100, 0x7fff, 0xffff]) {
+        s.expect_error(command, 0, 0, 0, &[], NBD_EINVAL);
+    }
+    // Flags: every single bit a command does not accept.
+    let accepted: [(u16, u16); 7] = [
+        (
+            NBD_CMD_READ,
+            NBD_CMD_FLAG_FUA | if structured { NBD_CMD_FLAG_DF } else { 0 },
+        ),
+        (NBD_CMD_WRITE, NBD_CMD_FLAG_FUA),
+        (NBD_CMD_FLUSH, NBD_CMD_FLAG_FUA),
+        (NBD_CMD_TRIM, NBD_CMD_FLAG_FUA),
+        (NBD_CMD_CACHE, NBD_CMD_FLAG_FUA),
+        (
+            NBD_CMD_WRITE_ZEROES,
+            NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO,
+        ),
+        (NBD_CMD_DISC, NBD_CMD_FLAG_FUA),
+    ];
+    for (command, ok) in accepted {
+        for bit in 0..16 {
+            let flag = 1u16 << bit;
+            if ok & flag != 0 {
+                continue;
+            }
+            let payload = if command == NBD_CMD_WRITE {
+                vec![9u8; 100]
+            } else {
+                Vec::new()
+            };
+            let length = payload.len().max(1) as u32;
+            s.expect_error(command, flag, 0, length, &payload, NBD_EINVAL);
+        }
+    }
+}
+
+/// Lengths beyond the limit, offsets overflowing u64 or past the end, for
+/// every command with a range.
+fn sweep_lengths_and_offsets(s: &mut Sweep) {
+    // Lengths beyond the limit (a WRITE's payload is consumed).
+    let max = MAX_REQUEST_BYTES;
+    s.expect_error(NBD_CMD_READ, 0, 0, max + 1, &[], NBD_EINVAL);
+    s.expect_error(NBD_CMD_READ, 0, 0, u32::MAX, &[], NBD_EINVAL);
+    s.expect_error(NBD_CMD_CACHE, 0, 0, u32::MAX, &[], NBD_EINVAL);
+    s.expect_error(
+        NBD_CMD_WRITE,
+        0,
+        0,
+        2 * max,
+        &vec![1; 2 * max as usize],
+        NBD_EINVAL,
+    );
+    s.expect_error(NBD_CMD_TRIM, 0, 0, u32::MAX, &[], NBD_EINVAL);
+    s.expect_error(NBD_CMD_WRITE_ZEROES, 0, 0, u32::MAX, &[], NBD_ENOSPC);
+    // Offsets: overflow and past the end, for every command with a range.
+    for offset in [u64::MAX, u64::MAX - 10, SIZE_BYTES, SIZE_BYTES + 1, 1 << 63] {
+        s.expect_error(NBD_CMD_READ, 0, offset, 512, &[], NBD_EINVAL);
+        s.expect_error(NBD_CMD_WRITE, 0, offset, 512, &[7; 512], NBD_ENOSPC);
+        s.expect_error(NBD_CMD_TRIM, 0, offset, 512, &[], NBD_EINVAL);
+        s.expect_error(NBD_CMD_CACHE, 0, offset, 512, &[], NBD_EINVAL);
+        s.expect_error(NBD_CMD_WRITE_ZEROES, 0, offset, 512, &[], NBD_ENOSPC);
+    }
+    // In range at the start, overflowing at the end.
+    s.expect_error(NBD_CMD_TRIM, 0, SIZE_BYTES - 1, 2, &[], NBD_EINVAL);
+    s.expect_error(NBD_CMD_CACHE, 0, SIZE_BYTES - 1, 2, &[], NBD_EINVAL);
+}
+
 /// Malformed requests in transmission, on one connection that must stay
 /// usable after every one (simple and structured replies): every unknown
 /// command type, every flag a command does not accept, lengths beyond the
@@ -369,109 +510,11 @@ fn transmission_malformed_requests_sweep() {
     let _serial = serial();
     let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
     for structured in [false, true] {
-        let mut c = Client::ready(&ts, structured);
-        let mut handle = 0u64;
-        let mut expect_error = |c: &mut Client,
-                                command: u16,
-                                flags: u16,
-                                offset: u64,
-                                length: u32,
-                                payload: &[u8],
-                                error: u32| {
-            handle += 1;
-            let mut m = Client::header(command, flags, handle, offset, length);
-            m.extend_from_slice(payload);
-            c.s.write_all(&m).unwrap();
-            let (h, e, _) = c.reply_one(0);
-            assert_eq!(
-                (h, e),
-                (handle, error),
-                "cmd {command} flags {flags:#x} off {offset} len {length}"
-            );
-            // Usable after each: a write and a read back.
-            let data = pattern(512, handle as u8);
-            handle += 1;
-            assert_eq!(c.write(handle, 4096, &data), 0);
-            handle += 1;
-            assert_eq!(c.read(handle, 4096, 512).unwrap(), data);
-        };
-        for command in (8..=16).chain([0x100, 0x7fff, 0xffff]) {
-            expect_error(&mut c, command, 0, 0, 0, &[], NBD_EINVAL);
-        }
-        // Flags: every single bit a command does not accept.
-        let accepted: [(u16, u16); 7] = [
-            (
-                NBD_CMD_READ,
-                NBD_CMD_FLAG_FUA | if structured { NBD_CMD_FLAG_DF } else { 0 },
-            ),
-            (NBD_CMD_WRITE, NBD_CMD_FLAG_FUA),
-            (NBD_CMD_FLUSH, NBD_CMD_FLAG_FUA),
-            (NBD_CMD_TRIM, NBD_CMD_FLAG_FUA),
-            (NBD_CMD_CACHE, NBD_CMD_FLAG_FUA),
-            (
-                NBD_CMD_WRITE_ZEROES,
-                NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO,
-            ),
-            (NBD_CMD_DISC, NBD_CMD_FLAG_FUA),
-        ];
-        for (command, ok) in accepted {
-            for bit in 0..16 {
-                let flag = 1u16 << bit;
-                if ok & flag != 0 {
-                    continue;
-                }
-                let payload = if command == NBD_CMD_WRITE {
-                    vec![9u8; 100]
-                } else {
-                    Vec::new()
-                };
-                let length = payload.len().max(1) as u32;
-                expect_error(&mut c, command, flag, 0, length, &payload, NBD_EINVAL);
-            }
-        }
-        // Lengths beyond the limit (a WRITE's payload is consumed).
-        let max = MAX_REQUEST_BYTES;
-        expect_error(&mut c, NBD_CMD_READ, 0, 0, max + 1, &[], NBD_EINVAL);
-        expect_error(&mut c, NBD_CMD_READ, 0, 0, u32::MAX, &[], NBD_EINVAL);
-        expect_error(&mut c, NBD_CMD_CACHE, 0, 0, u32::MAX, &[], NBD_EINVAL);
-        expect_error(
-            &mut c,
-            NBD_CMD_WRITE,
-            0,
-            0,
-            2 * max,
-            &vec![1; 2 * max as usize],
-            NBD_EINVAL,
-        );
-        expect_error(&mut c, NBD_CMD_TRIM, 0, 0, u32::MAX, &[], NBD_EINVAL);
-        expect_error(
-            &mut c,
-            NBD_CMD_WRITE_ZEROES,
-            0,
-            0,
-            u32::MAX,
-            &[],
-            NBD_ENOSPC,
-        );
-        // Offsets: overflow and past the end, for every command with a range.
-        for offset in [u64::MAX, u64::MAX - 10, SIZE_BYTES, SIZE_BYTES + 1, 1 << 63] {
-            expect_error(&mut c, NBD_CMD_READ, 0, offset, 512, &[], NBD_EINVAL);
-            expect_error(&mut c, NBD_CMD_WRITE, 0, offset, 512, &[7; 512], NBD_ENOSPC);
-            expect_error(&mut c, NBD_CMD_TRIM, 0, offset, 512, &[], NBD_EINVAL);
-            expect_error(&mut c, NBD_CMD_CACHE, 0, offset, 512, &[], NBD_EINVAL);
-            expect_error(
-                &mut c,
-                NBD_CMD_WRITE_ZEROES,
-                0,
-                offset,
-                512,
-                &[],
-                NBD_ENOSPC,
-            );
-        }
-        // In range at the start, overflowing at the end.
-        expect_error(&mut c, NBD_CMD_TRIM, 0, SIZE_BYTES - 1, 2, &[], NBD_EINVAL);
-        expect_error(&mut c, NBD_CMD_CACHE, 0, SIZE_BYTES - 1, 2, &[], NBD_EINVAL);
+        let c = Client::ready(&ts, structured);
+        let mut s = Sweep { c, handle: 0 };
+        sweep_commands_and_flags(&mut s, structured);
+        sweep_lengths_and_offsets(&mut s);
+        let c = &mut s.c;
         // Nothing above reached the backend as a write beyond 4096..4608.
         assert!(ts.backend.contents(0, 4096).iter().all(|&b| b == 0));
         // A WRITE announcing more than the discard cap closes the connection.
