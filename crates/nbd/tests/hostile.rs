@@ -1,4 +1,4 @@
-//! Hostile clients at the edge (issue 7): malformed input of every kind,
+//! Hostile clients at the edge: malformed input of every kind,
 //! huge lengths, clients that stop reading or disconnect mid-request,
 //! thousands of connections opened and dropped, and the memory and thread
 //! bounds that must hold meanwhile. Complements `raw.rs` (which covers the
@@ -748,30 +748,22 @@ fn connections_beyond_the_limit_are_refused_and_counted() {
     round_trip(&mut good, 1000);
 }
 
-/// Many connections pipelining maximum-size WRITEs into a stalled backend,
-/// then READs whose replies they do not read: the heap held by the server
-/// stays within `max_buffered_bytes` (not connections × per-connection
-/// budget), and every request completes correctly once things move again.
-#[test]
-fn buffered_payload_is_bounded_server_wide() {
-    let _serial = serial();
-    const CONNS: usize = 12;
-    const REQUESTS: u64 = 64; // = max_inflight_per_conn
-    const LIMIT: u64 = 4 * 1024 * 1024;
-    let max = MAX_REQUEST_BYTES as usize;
-    // Unbounded, the server would hold CONNS × 64 × 256 KiB = 192 MiB.
-    let ts = TestServer::start(
-        MemBackend::new(32 * 1024 * 1024, false),
-        ServerConfig {
-            max_buffered_bytes: LIMIT,
-            ..config()
-        },
-    );
-    let payload: Arc<Vec<u8>> = Arc::new(pattern(max, 0x5a));
-    let clients: Vec<Client> = (0..CONNS).map(|i| Client::ready(&ts, i % 2 == 0)).collect();
-    let live_before = live_bytes();
-    PEAK_BYTES.store(live_before, Ordering::Relaxed);
+/// Requests in flight per connection in the budget test
+/// (= `max_inflight_per_conn`).
+const BUDGET_REQUESTS: u64 = 64;
+/// `max_buffered_bytes` of the budget test.
+const BUDGET_LIMIT: u64 = 4 * 1024 * 1024;
 
+/// Phase 1 of the budget test: every client pipelines maximum-size WRITEs
+/// into a backend that holds them; returns the clients once every write
+/// completed, and the heap's peak above its level before.
+fn pipelined_writes_into_a_held_backend(
+    ts: &TestServer,
+    clients: Vec<Client>,
+    payload: &Arc<Vec<u8>>,
+    live_before: usize,
+) -> (Vec<Client>, usize) {
+    let max = MAX_REQUEST_BYTES as usize;
     // Phase 1: writes into a backend that holds them (released on any
     // exit, so that a failed assertion cannot leave shutdown hanging).
     struct Unhold(Arc<MemBackend>);
@@ -786,15 +778,15 @@ fn buffered_payload_is_bounded_server_wide() {
         .into_iter()
         .enumerate()
         .map(|(i, mut c)| {
-            let payload = Arc::clone(&payload);
+            let payload = Arc::clone(payload);
             std::thread::spawn(move || {
-                for h in 0..REQUESTS {
-                    let offset = ((i as u64 * REQUESTS + h) % 128) * max as u64;
+                for h in 0..BUDGET_REQUESTS {
+                    let offset = ((i as u64 * BUDGET_REQUESTS + h) % 128) * max as u64;
                     let header = Client::header(NBD_CMD_WRITE, 0, h, offset, max as u32);
                     c.s.write_all(&header).unwrap();
                     c.s.write_all(&payload).unwrap();
                 }
-                for _ in 0..REQUESTS {
+                for _ in 0..BUDGET_REQUESTS {
                     let (_, error, _) = c.reply_one(0);
                     assert_eq!(error, 0);
                 }
@@ -805,28 +797,41 @@ fn buffered_payload_is_bounded_server_wide() {
     // Requests this large come from the shared half of the budget (the
     // other half is set aside as every connection slot's floor).
     wait_until("the write budget to fill", || {
-        ts.server.buffered_payload_bytes() + max as u64 > LIMIT / 2
+        ts.server.buffered_payload_bytes() + max as u64 > BUDGET_LIMIT / 2
     });
     std::thread::sleep(Duration::from_millis(300)); // let any excess show
     let peak_writes = PEAK_BYTES.load(Ordering::Relaxed) - live_before;
     let buffered_writes = ts.server.buffered_payload_bytes();
     ts.backend.hold_writes(false);
-    assert!(buffered_writes <= LIMIT, "{buffered_writes} bytes buffered");
+    assert!(
+        buffered_writes <= BUDGET_LIMIT,
+        "{buffered_writes} bytes buffered"
+    );
     let clients: Vec<Client> = writers.into_iter().map(|t| t.join().unwrap()).collect();
-    assert!(ts.backend.contents(0, max) == *payload);
+    assert!(ts.backend.contents(0, max) == **payload);
+    (clients, peak_writes)
+}
 
+/// Phase 2 of the budget test: every client pipelines maximum-size READs
+/// and reads none of the replies until the budget is full; returns the
+/// heap's peak above its level before.
+fn pipelined_reads_nobody_reads(
+    ts: &TestServer,
+    mut clients: Vec<Client>,
+    payload: &Arc<Vec<u8>>,
+) -> usize {
+    let max = MAX_REQUEST_BYTES as usize;
     // Phase 2: reads whose replies nobody reads yet.
     PEAK_BYTES.store(live_bytes(), Ordering::Relaxed);
     let live_before_reads = live_bytes();
-    let mut clients = clients;
     for c in &mut clients {
-        let burst: Vec<u8> = (0..REQUESTS)
+        let burst: Vec<u8> = (0..BUDGET_REQUESTS)
             .flat_map(|h| Client::header(NBD_CMD_READ, 0, h, 0, max as u32))
             .collect();
         c.s.write_all(&burst).unwrap();
     }
     wait_until("the read budget to fill", || {
-        ts.server.buffered_payload_bytes() + max as u64 > LIMIT / 2
+        ts.server.buffered_payload_bytes() + max as u64 > BUDGET_LIMIT / 2
     });
     std::thread::sleep(Duration::from_millis(300));
     let peak_reads = PEAK_BYTES.load(Ordering::Relaxed) - live_before_reads;
@@ -835,9 +840,9 @@ fn buffered_payload_is_bounded_server_wide() {
     let readers: Vec<_> = clients
         .into_iter()
         .map(|mut c| {
-            let payload = Arc::clone(&payload);
+            let payload = Arc::clone(payload);
             std::thread::spawn(move || {
-                for _ in 0..REQUESTS {
+                for _ in 0..BUDGET_REQUESTS {
                     let (_, error, data) = c.reply_one(max);
                     assert_eq!(error, 0);
                     assert!(data == *payload, "READ returned wrong data");
@@ -848,9 +853,37 @@ fn buffered_payload_is_bounded_server_wide() {
     for r in readers {
         r.join().unwrap();
     }
+    peak_reads
+}
+
+/// Many connections pipelining maximum-size WRITEs into a stalled backend,
+/// then READs whose replies they do not read: the heap held by the server
+/// stays within `max_buffered_bytes` (not connections × per-connection
+/// budget), and every request completes correctly once things move again.
+#[test]
+fn buffered_payload_is_bounded_server_wide() {
+    let _serial = serial();
+    const CONNS: usize = 12;
+    let max = MAX_REQUEST_BYTES as usize;
+    // Unbounded, the server would hold CONNS × 64 × 256 KiB = 192 MiB.
+    let ts = TestServer::start(
+        MemBackend::new(32 * 1024 * 1024, false),
+        ServerConfig {
+            max_buffered_bytes: BUDGET_LIMIT,
+            ..config()
+        },
+    );
+    let payload: Arc<Vec<u8>> = Arc::new(pattern(max, 0x5a));
+    let clients: Vec<Client> = (0..CONNS).map(|i| Client::ready(&ts, i % 2 == 0)).collect();
+    let live_before = live_bytes();
+    PEAK_BYTES.store(live_before, Ordering::Relaxed);
+
+    let (clients, peak_writes) =
+        pipelined_writes_into_a_held_backend(&ts, clients, &payload, live_before);
+    let peak_reads = pipelined_reads_nobody_reads(&ts, clients, &payload);
     // Slack: request/reply headers, in-flight bookkeeping, 64 KiB read
     // buffers, a few reads a worker allocated before its reply waited.
-    let bound = LIMIT as usize + 4 * max + 4 * 1024 * 1024;
+    let bound = BUDGET_LIMIT as usize + 4 * max + 4 * 1024 * 1024;
     eprintln!(
         "peak heap above baseline: writes {peak_writes} B, reads {peak_reads} B (bound {bound})"
     );
