@@ -3,9 +3,12 @@
 //! thousands of connections opened and dropped, and the memory and thread
 //! bounds that must hold meanwhile. Complements `raw.rs` (which covers the
 //! basic malformed messages); every test here keeps a well-behaved client
-//! working while the hostile ones do their worst.
+//! working while the hostile ones do their worst. The table of hostile
+//! handshake messages is in `hostile/handshake_cases.rs`.
 
 mod common;
+#[path = "hostile/handshake_cases.rs"]
+mod handshake_cases;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
@@ -19,6 +22,7 @@ use common::{config, pattern, MemBackend, TestServer, MAX_REQUEST_BYTES};
 use cvol_nbd::proto::*;
 use cvol_nbd::test_util::{go_data, option_header};
 use cvol_nbd::ServerConfig;
+use handshake_cases::{name_and_info_cases, option_cases, structured_cases, Case, Expect};
 
 /// Counts live heap bytes of the whole test process (server and clients),
 /// so memory bounds are checked exactly rather than through RSS.
@@ -142,151 +146,6 @@ fn regression_client_that_never_reads_replies_does_not_stall_other_clients() {
         .collect();
     handles.sort();
     assert_eq!(handles, (0..64).collect::<Vec<_>>());
-}
-
-/// What the server must do with a hostile message.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Expect {
-    /// Close the connection.
-    Closed,
-    /// Answer the option with this reply type and stay in the handshake.
-    Reply(u32),
-}
-
-/// A hostile handshake message: what it is, its bytes, what must happen.
-type Case = (&'static str, Vec<u8>, Expect);
-
-/// An option message: header and data.
-fn with(option: u32, data: &[u8]) -> Vec<u8> {
-    let mut m = option_header(option, data.len() as u32);
-    m.extend_from_slice(data);
-    m
-}
-
-/// Bad magic, unknown options, options that take no data, declared
-/// lengths beyond every limit.
-fn option_cases() -> Vec<Case> {
-    let opt = option_header;
-    vec![
-        (
-            "bad option magic",
-            b"IHAVEOPX\0\0\0\x07\0\0\0\0".to_vec(),
-            Expect::Closed,
-        ),
-        (
-            "unknown option 0",
-            with(0, &[]),
-            Expect::Reply(NBD_REP_ERR_UNSUP),
-        ),
-        (
-            "unknown option u32::MAX",
-            with(u32::MAX, b"x"),
-            Expect::Reply(NBD_REP_ERR_UNSUP),
-        ),
-        (
-            "STARTTLS with data",
-            with(NBD_OPT_STARTTLS, b"x"),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "STRUCTURED_REPLY with data",
-            with(NBD_OPT_STRUCTURED_REPLY, b"x"),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "declared length u32::MAX",
-            opt(NBD_OPT_GO, u32::MAX),
-            Expect::Closed,
-        ),
-        (
-            "declared length 1 MiB + 1",
-            opt(99, (1 << 20) + 1),
-            Expect::Closed,
-        ),
-    ]
-}
-
-/// Junk export names, lying INFO/GO counts, a metadata-context option
-/// before structured replies.
-fn name_and_info_cases() -> Vec<Case> {
-    let opt = option_header;
-    let mut name_5000 = 5000u32.to_be_bytes().to_vec();
-    name_5000.extend_from_slice(&[b'a'; 5000]);
-    name_5000.extend_from_slice(&[0, 0]);
-    let mut info_count_lies = go_data("", &[]);
-    info_count_lies.truncate(info_count_lies.len() - 2);
-    info_count_lies.extend_from_slice(&[0xff, 0xff, 0, 1]); // 65535 infos, 1 given
-    let mut meta_count_huge = 0u32.to_be_bytes().to_vec();
-    meta_count_huge.extend_from_slice(&u32::MAX.to_be_bytes());
-    vec![
-        (
-            "EXPORT_NAME of 64 KiB + 1",
-            opt(NBD_OPT_EXPORT_NAME, (64 << 10) + 1),
-            Expect::Closed,
-        ),
-        (
-            "EXPORT_NAME not UTF-8",
-            with(NBD_OPT_EXPORT_NAME, &[0xff, 0xfe]),
-            Expect::Closed,
-        ),
-        (
-            "EXPORT_NAME with NUL",
-            with(NBD_OPT_EXPORT_NAME, b"\0"),
-            Expect::Closed,
-        ),
-        (
-            "EXPORT_NAME of 5000 bytes",
-            with(NBD_OPT_EXPORT_NAME, &[b'a'; 5000]),
-            Expect::Closed,
-        ),
-        (
-            "GO with empty data",
-            with(NBD_OPT_GO, &[]),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "GO with a 5000-byte name",
-            with(NBD_OPT_GO, &name_5000),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "GO with a lying info count",
-            with(NBD_OPT_GO, &info_count_lies),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "INFO with name length u32::MAX",
-            with(NBD_OPT_INFO, &[0xff; 6]),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "LIST_META_CONTEXT before structured replies",
-            with(NBD_OPT_LIST_META_CONTEXT, &meta_count_huge),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-    ]
-}
-
-/// Metadata-context options with huge counts and lengths (sent after
-/// structured replies were negotiated).
-fn structured_cases() -> Vec<Case> {
-    let mut meta_count_huge = 0u32.to_be_bytes().to_vec();
-    meta_count_huge.extend_from_slice(&u32::MAX.to_be_bytes());
-    let mut meta_query_huge = 0u32.to_be_bytes().to_vec();
-    meta_query_huge.extend_from_slice(&1u32.to_be_bytes());
-    meta_query_huge.extend_from_slice(&u32::MAX.to_be_bytes());
-    vec![
-        (
-            "meta context count u32::MAX",
-            with(NBD_OPT_SET_META_CONTEXT, &meta_count_huge),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "meta context query length u32::MAX",
-            with(NBD_OPT_LIST_META_CONTEXT, &meta_query_huge),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-    ]
 }
 
 /// Sends one hostile message on a new connection (after negotiating
