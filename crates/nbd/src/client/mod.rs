@@ -115,6 +115,7 @@ pub const DEFAULT_PORT: u16 = 10809;
 const MAX_TRIM_ZERO_BYTES: u64 = 1 << 30;
 /// Largest zero buffer written when the server has no WRITE_ZEROES.
 const ZERO_BUFFER_BYTES: u32 = 1024 * 1024;
+
 /// A pool of connections to one NBD export; see the [module docs](self).
 pub struct Client {
     uri: String,
