@@ -8,4 +8,5 @@ pub mod store;
 pub mod url;
 
 pub use format::Descriptor;
-pub use store::{create, destroy, Config, ObjectStorage};
+pub use store::{create, destroy, Config, Error, ObjectStorage, RecoveryError};
+pub use url::UrlError;
