@@ -1,7 +1,7 @@
 //! cvol's object-store backend: a [`cvol_storage::Storage`] whose bytes live
 //! in an S3-compatible object store (through the `object_store` crate),
 //! served through a bounded local cache. See [`store`] for the protocol
-//! and [`format`] for the objects; docs/FORMAT.md "Object store".
+//! and [`format`](mod@format) for the objects; docs/FORMAT.md "Object store".
 mod bits;
 pub mod format;
 pub mod store;
