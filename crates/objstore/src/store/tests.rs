@@ -29,11 +29,12 @@ fn cache_file_names_keep_only_safe_characters() {
 }
 
 /// A store whose chunk PUTs wait until `open` (a store slower than the
-/// writers), counting those waiting.
+/// writers), counting those waiting, or fail while `fail`.
 #[derive(Debug, Default)]
 struct Gate {
     open: AtomicBool,
     waiting: AtomicUsize,
+    fail: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -56,6 +57,12 @@ impl ObjectStore for SlowStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
+        if location.as_ref().contains("/chunk/") && self.gate.fail.load(Ordering::SeqCst) {
+            return Err(object_store::Error::Generic {
+                store: "SlowStore",
+                source: "injected chunk PUT failure".into(),
+            });
+        }
         if location.as_ref().contains("/chunk/") {
             self.gate.waiting.fetch_add(1, Ordering::SeqCst);
             while !self.gate.open.load(Ordering::SeqCst) {
@@ -130,27 +137,35 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
-/// With every chunk PUT held by a slow store, the background takes no
-/// more chunks for upload than the workers run plus the queue holds: the
-/// rest wait (dirty, in the cache file) instead of piling up in the queue.
-/// Once the store answers, a FLUSH commits everything.
-#[test]
-fn a_slow_store_holds_uploads_to_the_queue_bound() {
-    const MIB: u64 = 1 << 20;
-    let gate = Arc::new(Gate::default());
+const MIB: u64 = 1 << 20;
+
+/// A store in front of `gate`, a volume of 24 chunks of 1 MiB on it, and
+/// its config (`uploads` workers).
+fn gated_volume(gate: &Arc<Gate>, dir: &std::path::Path, uploads: usize) -> (Config, Descriptor) {
     let store = Arc::new(SlowStore {
         inner: InMemory::new(),
         gate: gate.clone(),
     });
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let mut cfg = Config::new(store, "vols/slow", dir.path().to_path_buf());
-    cfg.uploads = 2;
+    let mut cfg = Config::new(store, "vols/slow", dir.to_path_buf());
+    cfg.uploads = uploads;
     let d = Descriptor {
         size_bytes: 24 * MIB,
         head_bytes: MIB,
         chunk_bytes: MIB,
     };
     create(&cfg, &d, false).expect("create");
+    (cfg, d)
+}
+
+/// With every chunk PUT held by a slow store, the background takes no
+/// more chunks for upload than the workers run plus the queue holds: the
+/// rest wait (dirty, in the cache file) instead of piling up in the queue.
+/// Once the store answers, a FLUSH commits everything.
+#[test]
+fn a_slow_store_holds_uploads_to_the_queue_bound() {
+    let gate = Arc::new(Gate::default());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (cfg, d) = gated_volume(&gate, dir.path(), 2);
     let st = ObjectStorage::open(&cfg).expect("open");
     let inner = &st.inner;
     let filled: Vec<u32> = (1..17).collect();
@@ -197,5 +212,37 @@ fn a_slow_store_holds_uploads_to_the_queue_bound() {
         st.read_at(start, &mut buf).expect("read");
         assert!(buf.iter().all(|&b| b == c as u8), "chunk {c} reads back");
     }
+    st.close().expect("close");
+}
+
+/// A FLUSH whose whole-chunk upload fails keeps every change it had not
+/// taken yet for the next one (a small write in another chunk was once
+/// dropped from the set of changed chunks, so the next FLUSH succeeded
+/// without it and it was lost at the next open).
+#[test]
+fn a_failed_flush_leaves_every_change_to_the_next() {
+    let gate = Arc::new(Gate {
+        open: AtomicBool::new(true),
+        ..Gate::default()
+    });
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (cfg, d) = gated_volume(&gate, dir.path(), 2);
+    let st = ObjectStorage::open(&cfg).expect("open");
+    gate.fail.store(true, Ordering::SeqCst);
+    let (whole, _) = d.chunk_range(3);
+    st.write_at(whole, &vec![3u8; MIB as usize]).expect("write");
+    let (small, _) = d.chunk_range(5);
+    st.write_at(small + 4096, &[5u8; 4096]).expect("write");
+    st.sync().expect_err("the whole chunk's PUT fails");
+    gate.fail.store(false, Ordering::SeqCst);
+    st.sync().expect("flush");
+    st.close().expect("close");
+    drop(st);
+    let st = ObjectStorage::open(&cfg).expect("reopen");
+    let mut buf = vec![0u8; 4096];
+    st.read_at(small + 4096, &mut buf).expect("read");
+    assert!(buf.iter().all(|&b| b == 5), "the small write survives");
+    st.read_at(whole, &mut buf).expect("read");
+    assert!(buf.iter().all(|&b| b == 3), "the whole chunk survives");
     st.close().expect("close");
 }
