@@ -110,31 +110,32 @@ impl ObjectStorage {
             threads: Mutex::new(Vec::new()),
             lease_thread: Mutex::new(None),
         };
-        let started = s.start_lease().and_then(|()| {
-            s.inner
-                .recover()
-                .map_err(|source| Error::Recovery {
-                    label: label.clone(),
-                    source,
-                })
-                .and_then(|()| {
-                    background::spawn(&s.inner, uploads, &mut lock(&s.threads)).map_err(|source| {
-                        Error::Io {
-                            label: label.clone(),
-                            source,
-                        }
-                    })
-                })
-        });
-        if let Err(e) = started {
+        if let Err(e) = s.start(uploads) {
             s.abandon(&file);
             return Err(e);
         }
         Ok(s)
     }
 
-    /// Starts renewing the lease (writable): from the claim on, so a long
-    /// recovery does not look like a dead server.
+    /// Renews the lease from the claim on (a long recovery must not look
+    /// like a dead server), recovers, then starts the background threads
+    /// (`uploads`: the upload queue's sending end).
+    fn start(&self, uploads: crossbeam_channel::Sender<u32>) -> Result<(), Error> {
+        let label = || self.inner.label.clone();
+        self.start_lease()?;
+        self.inner.recover().map_err(|source| Error::Recovery {
+            label: label(),
+            source,
+        })?;
+        background::spawn(&self.inner, uploads, &mut lock(&self.threads)).map_err(|source| {
+            Error::Io {
+                label: label(),
+                source,
+            }
+        })
+    }
+
+    /// Starts renewing the lease (writable).
     fn start_lease(&self) -> Result<(), Error> {
         if self.inner.read_only {
             return Ok(());
