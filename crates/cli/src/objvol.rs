@@ -83,7 +83,7 @@ pub fn create(
         let vol = Volume::create(st.clone(), opts).map_err(|e| format!("{url}: {e}"))?;
         vol.close().map_err(|e| format!("{url}: {e}"))?;
         drop(vol);
-        st.close()
+        Ok(st.close()?)
     })();
     if r.is_err() {
         let _ = cvol_objstore::destroy(&cfg);
