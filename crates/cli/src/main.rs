@@ -66,7 +66,7 @@ enum Command {
         /// Inline deduplication of 4 KiB blocks: on or off.
         #[arg(long, default_value = "on")]
         dedup: String,
-        /// How compressed records are laid out in the log (seed 004):
+        /// How compressed records are laid out in the log:
         /// compact (back to back, byte-granular: the least space), page (a
         /// record never straddles a 4 KiB page it need not: a block read
         /// touches one page; first-fit bin-packing within each write) or
