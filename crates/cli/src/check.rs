@@ -1,7 +1,7 @@
 //! `cvol check [--repair]`: exit 0 only for a volume that is consistent
 //! and opens, 1 with the problems found, 2 when it cannot run (not a
 //! volume, served, unreadable path).
-use crate::volfile::{self, Header, Purpose};
+use crate::volfile::{self, Globals, Header, Purpose};
 use cvol_engine::check::CheckReport;
 use cvol_engine::{OpenOptions, Volume};
 use std::io::IsTerminal;
@@ -24,7 +24,7 @@ fn print_problems(path: &Path, errors: &[String]) {
     }
 }
 
-pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
+pub fn cmd_check(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, String> {
     if crate::objvol::url_of(path).is_some() {
         return Err(format!(
             "{}: check and repair work on local media; for a volume in an object store use \
@@ -40,9 +40,13 @@ pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
             // check says what is wrong with them.
             let storage: Arc<dyn cvol_storage::Storage> = match header {
                 Header::Damaged => Arc::new(storage),
-                _ => {
-                    volfile::with_metadata(path, storage, Purpose::Check, &mut Default::default())?
-                }
+                _ => volfile::with_metadata(
+                    path,
+                    storage,
+                    Purpose::Check,
+                    globals,
+                    &mut Default::default(),
+                )?,
             };
             let bar = std::io::stderr().is_terminal().then(|| {
                 let pb = indicatif::ProgressBar::new(0);
@@ -92,7 +96,7 @@ pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
     })
 }
 
-pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
+pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, String> {
     if crate::objvol::url_of(path).is_some() {
         return Err(format!(
             "{}: check and repair work on local media; for a volume in an object store use \
@@ -119,7 +123,13 @@ pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
         }
         return Ok(ExitCode::from(1));
     }
-    let storage = volfile::with_metadata(path, storage, Purpose::Repair, &mut Default::default())?;
+    let storage = volfile::with_metadata(
+        path,
+        storage,
+        Purpose::Repair,
+        globals,
+        &mut Default::default(),
+    )?;
     let mut rep = cvol_engine::check::repair_volume(storage.clone());
     // Consistent records are not enough: the volume must also open.
     if rep.after.consistent() {

@@ -1,7 +1,7 @@
 //! `cvol create`: every limit is checked before any file is touched, and a
 //! create that fails leaves nothing behind (no file, no directory, an
 //! empty file it was given stays empty).
-use crate::volfile::{self, Kind};
+use crate::volfile::{self, Globals, Kind};
 use crate::words::{describe_policy, human_bytes};
 use crate::{origin, size, words};
 use cvol_engine::cache::{CacheConfig, CacheMode, OriginStamp, CACHE_LINE_DEFAULT_BYTES};
@@ -15,6 +15,141 @@ use std::sync::Arc;
 
 /// Metadata area plus two 1 MiB segments.
 const MIN_PHYSICAL_BYTES: u64 = DATA_OFFSET_BYTES + 2 * SEGMENT_SIZE_MIN_BYTES;
+
+/// `cvol create`'s command line.
+#[derive(clap::Args)]
+pub struct CreateFlags {
+    /// The file to create (its directory must exist) or block device to format.
+    pub volume: PathBuf,
+    /// Logical size clients see (e.g. 64M, 16G, 1T); may exceed the physical size.
+    /// A cache (--origin) takes its origin's size instead.
+    #[arg(long, required_unless_present = "origin", conflicts_with = "origin")]
+    pub size: Option<String>,
+    /// Backing bytes the volume may use (default: the file's --size, or the device size).
+    #[arg(long)]
+    pub physical_size: Option<String>,
+    #[arg(long, default_value = "auto", help = words::codec_help())]
+    pub codec: String,
+    /// Overwrite an existing volume or non-empty file.
+    #[arg(long)]
+    pub force: bool,
+    /// Inline deduplication of 4 KiB blocks: on or off.
+    #[arg(long, default_value = "on", value_parser = words::choice::<words::OnOff>())]
+    pub dedup: words::OnOff,
+    /// How compressed records are laid out in the log:
+    /// compact (back to back, byte-granular: the least space), page (a
+    /// record never straddles a 4 KiB page it need not: a block read
+    /// touches one page; first-fit bin-packing within each write) or
+    /// page-sorted (page, largest records placed first). Chunk-based
+    /// packing is serve's --unit-size. Fixed at create.
+    #[arg(long, default_value = "compact", value_parser = words::choice::<PackingWord>())]
+    pub packing: PackingWord,
+    /// Segment size (power of two, 1M to 1G; default 4M, or 1M below 1 GiB physical).
+    #[arg(long, hide = true)]
+    pub segment_size: Option<String>,
+    /// Size of a --metadata-device file (default: 1/64 of --size, at
+    /// least 16 segments); a block device is used whole.
+    #[arg(long, requires = "metadata_device")]
+    pub metadata_size: Option<String>,
+    /// Make a compressed cache in front of this slow origin: a file, a
+    /// block device, or an NBD URI (nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH). Its logical size is the
+    /// origin's; --physical-size is the cache's room on this device.
+    #[arg(long, value_name = "ORIGIN")]
+    pub origin: Option<String>,
+    /// write-through (default: the origin gets every write first) or
+    /// write-back (writes stay in the cache until written back).
+    #[arg(long, value_parser = words::choice::<CacheModeWord>())]
+    pub cache_mode: Option<CacheModeWord>,
+    /// The unit a miss reads from the origin and fills (power of two, 4K to 1M).
+    #[arg(long)]
+    pub line_size: Option<String>,
+    /// Object-store volume: create it even if the store does not honour
+    /// create-only PUTs (If-None-Match), which single-writer fencing
+    /// needs. Unsafe: only one server may then ever write the volume
+    /// at a time (serve needs the flag too).
+    #[arg(long)]
+    pub unsafe_no_fencing: bool,
+}
+
+/// `--packing`'s words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PackingWord {
+    Compact,
+    Page,
+    PageSorted,
+}
+
+impl PackingWord {
+    fn packing(self) -> Packing {
+        match self {
+            PackingWord::Compact => Packing::Compact,
+            PackingWord::Page => Packing::Page,
+            PackingWord::PageSorted => Packing::PageSorted,
+        }
+    }
+}
+
+/// `--cache-mode`'s words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheModeWord {
+    WriteThrough,
+    WriteBack,
+}
+
+impl CacheModeWord {
+    fn mode(self) -> CacheMode {
+        match self {
+            CacheModeWord::WriteThrough => CacheMode::WriteThrough,
+            CacheModeWord::WriteBack => CacheMode::WriteBack,
+        }
+    }
+}
+
+/// `cvol create`: checks the flags that need each other, then creates.
+pub fn cmd_create(f: &CreateFlags, globals: &Globals) -> Result<ExitCode, String> {
+    if f.unsafe_no_fencing && crate::objvol::url_of(&f.volume).is_none() {
+        return Err(format!(
+            "--unsafe-no-fencing is for a volume in an object store (s3://BUCKET/PREFIX), \
+             not {}",
+            f.volume.display()
+        ));
+    }
+    // `--size` conflicts with `--origin`, so clap's `requires`
+    // cannot be used for these: checked here.
+    if f.origin.is_none() {
+        for (flag, given) in [
+            ("--cache-mode", f.cache_mode.is_some()),
+            ("--line-size", f.line_size.is_some()),
+        ] {
+            if given {
+                return Err(format!("{flag} is for a cache: give --origin too"));
+            }
+        }
+    }
+    let args = CreateArgs {
+        size: f.size.as_deref().unwrap_or_default(),
+        cache: f.origin.as_deref().map(|o| CacheArgs {
+            origin: o,
+            mode: f
+                .cache_mode
+                .map_or(CacheMode::WriteThrough, CacheModeWord::mode),
+            line_size: f.line_size.as_deref(),
+        }),
+        physical_size: f.physical_size.as_deref(),
+        codec: &f.codec,
+        force: f.force,
+        dedup: f.dedup.on(),
+        packing: f.packing.packing(),
+        segment_size: f.segment_size.as_deref(),
+        make_parent: false,
+        metadata_device: globals.metadata_device.as_deref(),
+        metadata_size: f.metadata_size.as_deref(),
+        unsafe_no_fencing: f.unsafe_no_fencing,
+    };
+    println!("{}", create_volume(&f.volume, &args)?);
+    Ok(ExitCode::SUCCESS)
+}
 
 pub struct CreateArgs<'a> {
     pub size: &'a str,
@@ -40,7 +175,7 @@ pub struct CreateArgs<'a> {
 /// `--origin`, `--cache-mode`, `--line-size`.
 pub struct CacheArgs<'a> {
     pub origin: &'a str,
-    pub mode: &'a str,
+    pub mode: CacheMode,
     pub line_size: Option<&'a str>,
 }
 
@@ -53,12 +188,7 @@ struct CachePlan {
 /// Checks the cache flags and reads the origin's size and stamp (the origin
 /// is only read: a create never writes it).
 fn plan_cache(path: &Path, c: &CacheArgs) -> Result<(u64, CachePlan), String> {
-    let mode = CacheMode::parse(c.mode).ok_or_else(|| {
-        format!(
-            "--cache-mode {}: expected write-through or write-back",
-            c.mode
-        )
-    })?;
+    let mode = c.mode;
     let line = match c.line_size {
         Some(s) => size::parse_size(s).map_err(|e| format!("--line-size: {e}"))?,
         None => u64::from(CACHE_LINE_DEFAULT_BYTES),
@@ -123,11 +253,6 @@ enum Target {
     BlockDevice {
         len: u64,
     },
-}
-
-pub fn cmd_create(path: &Path, a: &CreateArgs) -> Result<ExitCode, String> {
-    println!("{}", create_volume(path, a)?);
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Creates the volume; what was created, in words.

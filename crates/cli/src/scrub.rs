@@ -4,6 +4,7 @@
 //! socket requests `scrub RATE`, `scrub-status`, `scrub-cancel`, one JSON
 //! line each) and this command polls its progress until the report is
 //! there. Volume not served: it is opened read-only and scrubbed here.
+use crate::volfile::Globals;
 use crate::{control, size};
 use cvol_engine::volume::{ScrubOptions, ScrubProgress, ScrubReport};
 use cvol_engine::Volume;
@@ -84,7 +85,7 @@ pub fn serve_request(vol: &Arc<Volume>, line: &str) -> Option<String> {
     Some(reply.to_string())
 }
 
-pub fn cmd_scrub(path: &Path, args: ScrubArgs) -> Result<ExitCode, String> {
+pub fn cmd_scrub(path: &Path, args: ScrubArgs, globals: &Globals) -> Result<ExitCode, String> {
     let rate = args.rate.map(parse_rate).transpose()?;
     if control::query(path, "scrub-status").is_some() {
         let rate = match rate {
@@ -99,7 +100,7 @@ pub fn cmd_scrub(path: &Path, args: ScrubArgs) -> Result<ExitCode, String> {
             path.display()
         ));
     }
-    scrub_offline(path, rate.unwrap_or(0), args.json)
+    scrub_offline(path, rate.unwrap_or(0), args.json, globals)
 }
 
 fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, String> {
@@ -162,8 +163,13 @@ fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, St
     finish(path, true, report, args.json)
 }
 
-fn scrub_offline(path: &Path, rate: u64, json: bool) -> Result<ExitCode, String> {
-    let vol = crate::volfile::open_read_only(path, Some(0))?;
+fn scrub_offline(
+    path: &Path,
+    rate: u64,
+    json: bool,
+    globals: &Globals,
+) -> Result<ExitCode, String> {
+    let vol = crate::volfile::open_read_only(path, Some(0), globals)?;
     let bar = progress_bar();
     let progress = |p: &ScrubProgress| {
         if let Some(pb) = &bar {

@@ -3,7 +3,8 @@
 //! listener is bound before the volume is opened (opening writes it).
 //! SIGTERM/SIGINT at any point stop it cleanly (exit 0).
 use crate::create::{self, CreateArgs};
-use crate::volfile::{self, Opened, Purpose};
+use crate::volfile::{self, Globals, Opened, Purpose};
+use crate::words::OnOff;
 use crate::{
     backend, control_server, edge, metrics, origin, service, size, sockfile, trace, words,
 };
@@ -132,8 +133,8 @@ impl ObjectFlags {
 #[derive(clap::Args)]
 struct CleanerFlags {
     /// Cleaner victim policy: cost-benefit (LFS) or greedy (fewest live bytes).
-    #[arg(long, default_value = "cost-benefit")]
-    cleaner: String,
+    #[arg(long, default_value = "cost-benefit", value_parser = words::choice::<CleanerPolicy>())]
+    cleaner: CleanerPolicy,
     /// The background cleaner starts when free segments fall below this percentage...
     #[arg(long, default_value_t = 10)]
     clean_start: u64,
@@ -143,8 +144,24 @@ struct CleanerFlags {
     /// Idle cleaning: once clients are idle and background recompression is
     /// done, collect dead space (segments at most 90% live) until it is at
     /// most 5% of the live data, so the host gets it back: on or off.
-    #[arg(long, default_value = "on")]
-    idle_clean: String,
+    #[arg(long, default_value = "on", value_parser = words::choice::<OnOff>())]
+    idle_clean: OnOff,
+}
+
+/// `--cleaner`'s words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum CleanerPolicy {
+    CostBenefit,
+    Greedy,
+}
+
+impl CleanerPolicy {
+    fn policy(self) -> VictimPolicy {
+        match self {
+            CleanerPolicy::CostBenefit => VictimPolicy::CostBenefit,
+            CleanerPolicy::Greedy => VictimPolicy::Greedy,
+        }
+    }
 }
 
 /// Elastic compression: `OpenOptions::elastic`.
@@ -162,8 +179,8 @@ struct ElasticFlags {
     /// Codec policy auto: rewrite cold lz4 data and small units with the
     /// strong codec (zstd:9, or the LEVEL of auto:zstd:LEVEL) while clients
     /// are idle (on or off).
-    #[arg(long, default_value = "on")]
-    recompress: String,
+    #[arg(long, default_value = "on", value_parser = words::choice::<OnOff>())]
+    recompress: OnOff,
     /// Codec policy auto with --recompress on: the share of the machine's
     /// CPU (percent of all cores) inline compression may use while the
     /// load is busy; beyond it, units are written raw and compressed by
@@ -274,7 +291,7 @@ impl ServeArgs {
 impl CleanerFlags {
     fn config(&self) -> Result<CleanerConfig, String> {
         let (start, stop) = (self.clean_start, self.clean_stop);
-        let policy = VictimPolicy::parse(&self.cleaner)?;
+        let policy = self.cleaner.policy();
         if start >= stop || stop > 90 {
             return Err(format!(
                 "--clean-start {start} must be below --clean-stop {stop}, which must be at most 90"
@@ -284,7 +301,7 @@ impl CleanerFlags {
             policy,
             low_free_percent: start,
             high_free_percent: stop,
-            idle: words::on_off("--idle-clean", &self.idle_clean)?,
+            idle: self.idle_clean.on(),
         })
     }
 }
@@ -302,7 +319,7 @@ impl ElasticFlags {
             unit_blocks,
             busy_iops,
             idle_iops,
-            recompress: words::on_off("--recompress", &self.recompress)?,
+            recompress: self.recompress.on(),
             inline_cpu_percent: inline_cpu(&self.inline_cpu)?,
             ..ElasticConfig::default()
         })
@@ -410,7 +427,7 @@ fn bind_listeners(args: &ServeArgs) -> Result<Listeners, String> {
     Ok(Listeners { unix, tcp, metrics })
 }
 
-pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
+pub fn cmd_serve(args: ServeArgs, globals: &Globals) -> Result<ExitCode, String> {
     let options = args.open_options()?;
     let config = args.server_config()?;
     // Before the volume is touched: the control socket's directory, and
@@ -485,7 +502,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<ExitCode, String> {
         );
     }
     let mut options = options;
-    let store = volfile::with_metadata(&path, store, purpose, &mut options)?;
+    let store = volfile::with_metadata(&path, store, purpose, globals, &mut options)?;
     let vol = match volfile::open_with_progress(&path, store, options, Some(&stop)) {
         Opened::Volume(v) => Arc::new(*v),
         Opened::Failed(e) => return Err(e),
@@ -852,7 +869,17 @@ mod tests {
         assert!(err(&["--map-cache", "lots"]).starts_with("--map-cache"));
         assert!(err(&["--unit-size", "3K"]).contains("--unit-size 3K"));
         assert!(err(&["--idle-iops", "9", "--busy-iops", "9"]).contains("--idle-iops 9"));
-        assert!(err(&["--recompress", "yes"]).contains("--recompress takes on or off"));
+        let refused = |flags: &[&str]| {
+            let args = std::iter::once("serve").chain(flags.iter().copied());
+            Cmd::try_parse_from(args).err().unwrap().to_string()
+        };
+        let e = refused(&["--recompress", "yes"]);
+        assert!(
+            e.contains("--recompress takes on or off, not \"yes\""),
+            "{e}"
+        );
+        let e = refused(&["--cleaner", "fifo"]);
+        assert!(e.contains("--cleaner takes cost-benefit or greedy"), "{e}");
         assert!(err(&["--max-connections", "0"]).contains("--max-connections"));
         assert!(err(&["--max-buffered", "4K"]).contains("--max-buffered 4K"));
         assert!(err(&["--handshake-timeout", "0"]).contains("--handshake-timeout"));

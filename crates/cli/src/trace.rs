@@ -8,7 +8,7 @@
 //! record and counts it), and a thread of its own writes the file through
 //! a 1 MiB buffer, flushed every second and at the stop.
 use crate::backend::{Call, Hook, Hooked, VolumeBackend};
-use crate::volfile::{self, Opened, Purpose};
+use crate::volfile::{self, Globals, Opened, Purpose};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use cvol_engine::{OpenOptions, Volume};
 use cvol_format::trace::{
@@ -559,7 +559,11 @@ fn execute(
 
 /// Opens `volume` for writing, as `serve` does (it must not be served),
 /// with merged compression units of `unit_blocks` blocks.
-fn open_for_replay(volume: &Path, args: &ReplayArgs) -> Result<Arc<Volume>, String> {
+fn open_for_replay(
+    volume: &Path,
+    args: &ReplayArgs,
+    globals: &Globals,
+) -> Result<Arc<Volume>, String> {
     let purpose = Purpose::Serve { writable: true };
     let mut store = volfile::open_volume_store(volume, purpose)?;
     if args.direct {
@@ -570,7 +574,7 @@ fn open_for_replay(volume: &Path, args: &ReplayArgs) -> Result<Arc<Volume>, Stri
     let unit_blocks = args.unit_blocks;
     let mut options = OpenOptions::default();
     options.elastic.unit_blocks = unit_blocks;
-    let store = volfile::with_metadata(volume, store, purpose, &mut options)?;
+    let store = volfile::with_metadata(volume, store, purpose, globals, &mut options)?;
     match volfile::open_with_progress(volume, store, options, None) {
         Opened::Volume(v) => Ok(Arc::new(*v)),
         Opened::Failed(e) => Err(e),
@@ -582,9 +586,14 @@ fn open_for_replay(volume: &Path, args: &ReplayArgs) -> Result<Arc<Volume>, Stri
 /// order, `queue_depth` at a time; a FLUSH waits for everything before it
 /// (as a client's FLUSH covers what completed). Prints what it did and
 /// the volume's space figures after a final flush.
-pub fn cmd_replay(trace_path: &Path, volume: &Path, args: &ReplayArgs) -> Result<ExitCode, String> {
+pub fn cmd_replay(
+    trace_path: &Path,
+    volume: &Path,
+    args: &ReplayArgs,
+    globals: &Globals,
+) -> Result<ExitCode, String> {
     let trace = read_trace(trace_path)?;
-    let vol = open_for_replay(volume, args)?;
+    let vol = open_for_replay(volume, args, globals)?;
     if trace.header.volume_bytes > vol.size_bytes() {
         let size = vol.size_bytes();
         let _ = vol.close();

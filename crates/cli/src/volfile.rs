@@ -10,7 +10,7 @@ use cvol_storage::{FileStorage, Storage};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a volume may live on.
@@ -201,17 +201,14 @@ pub fn open_volume_store(path: &Path, purpose: Purpose) -> Result<FileStorage, S
     }
 }
 
-/// `--metadata-device`, when given: the metadata device to open instead of
-/// the path the volume recorded at create (a device renamed since).
-static METADATA_DEVICE: OnceLock<PathBuf> = OnceLock::new();
-
-pub fn set_metadata_device(path: PathBuf) {
-    let _ = METADATA_DEVICE.set(path);
-}
-
-/// `--metadata-device`, if given.
-pub fn metadata_device_override() -> Option<&'static Path> {
-    METADATA_DEVICE.get().map(PathBuf::as_path)
+/// The global flags, which every command is given with its own
+/// (`cvol --metadata-device PATH COMMAND ...`).
+#[derive(Clone, Debug, Default)]
+pub struct Globals {
+    /// `--metadata-device`, when given: with `create`, where the metadata
+    /// goes; else the metadata device to open instead of the path the
+    /// volume recorded at create (a device renamed since).
+    pub metadata_device: Option<PathBuf>,
 }
 
 /// Do two paths name the same file (device and inode)?
@@ -231,9 +228,10 @@ pub fn with_metadata(
     path: &Path,
     data: FileStorage,
     purpose: Purpose,
+    globals: &Globals,
     options: &mut OpenOptions,
 ) -> Result<Arc<dyn Storage>, String> {
-    let given = metadata_device_override();
+    let given = globals.metadata_device.as_deref();
     let mut asked = false;
     let mut opened = None;
     let joined = cvol_engine::volume::metadev::open_stores(Arc::new(data), |recorded| {
@@ -275,7 +273,11 @@ pub fn with_metadata(
 }
 
 /// Opens a volume nobody serves, read-only (`stat`, offline `scrub`).
-pub fn open_read_only(path: &Path, read_cache_bytes: Option<u64>) -> Result<Volume, String> {
+pub fn open_read_only(
+    path: &Path,
+    read_cache_bytes: Option<u64>,
+    globals: &Globals,
+) -> Result<Volume, String> {
     if let Some(url) = crate::objvol::url_of(path) {
         return crate::objvol::open_read_only(url, read_cache_bytes);
     }
@@ -285,7 +287,7 @@ pub fn open_read_only(path: &Path, read_cache_bytes: Option<u64>) -> Result<Volu
         read_cache_bytes,
         ..OpenOptions::default()
     };
-    let storage = with_metadata(path, storage, Purpose::Read, &mut options)?;
+    let storage = with_metadata(path, storage, Purpose::Read, globals, &mut options)?;
     match open_with_progress(path, storage, options, None) {
         Opened::Volume(v) => Ok(*v),
         Opened::Failed(e) => Err(e),
