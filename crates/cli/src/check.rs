@@ -1,6 +1,7 @@
 //! `cvol check [--repair]`: exit 0 only for a volume that is consistent
 //! and opens, 1 with the problems found, 2 when it cannot run (not a
 //! volume, served, unreadable path).
+use crate::error::Error;
 use crate::volfile::{self, Globals, Header, Purpose};
 use cvol_engine::check::CheckReport;
 use cvol_engine::{OpenOptions, Volume};
@@ -24,13 +25,13 @@ fn print_problems(path: &Path, errors: &[String]) {
     }
 }
 
-pub fn cmd_check(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, String> {
+pub fn cmd_check(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, Error> {
     if crate::objvol::url_of(path).is_some() {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "{}: check and repair work on local media; for a volume in an object store use \
              `cvol scrub` (it verifies every block, served or not)",
             path.display()
-        ));
+        )));
     }
     let (storage, kind) = volfile::open_store(path, Purpose::Check)?;
     let rep = match volfile::read_header(path, &storage, kind)? {
@@ -76,7 +77,7 @@ pub fn cmd_check(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode,
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&rep).map_err(|e| Error::Refused(e.to_string()))?
         );
     } else if rep.consistent() {
         println!(
@@ -96,13 +97,13 @@ pub fn cmd_check(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode,
     })
 }
 
-pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, String> {
+pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, Error> {
     if crate::objvol::url_of(path).is_some() {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "{}: check and repair work on local media; for a volume in an object store use \
              `cvol scrub` (it verifies every block, served or not)",
             path.display()
-        ));
+        )));
     }
     let (storage, kind) = volfile::open_store(path, Purpose::Repair)?;
     // A short store cannot be repaired from what is in it: say so, write nothing.
@@ -116,7 +117,7 @@ pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode
             };
             println!(
                 "{}",
-                serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+                serde_json::to_string_pretty(&rep).map_err(|e| Error::Refused(e.to_string()))?
             );
         } else {
             print_problems(path, &[problem]);
@@ -148,7 +149,7 @@ pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&rep).map_err(|e| Error::Refused(e.to_string()))?
         );
     } else {
         if rep.actions.is_empty() && rep.after.consistent() {

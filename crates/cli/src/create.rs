@@ -1,6 +1,7 @@
 //! `cvol create`: every limit is checked before any file is touched, and a
 //! create that fails leaves nothing behind (no file, no directory, an
 //! empty file it was given stays empty).
+use crate::error::Error;
 use crate::volfile::{self, Globals, Kind};
 use crate::words::{describe_policy, human_bytes};
 use crate::{origin, size, words};
@@ -107,13 +108,13 @@ impl CacheModeWord {
 }
 
 /// `cvol create`: checks the flags that need each other, then creates.
-pub fn cmd_create(f: &CreateFlags, globals: &Globals) -> Result<ExitCode, String> {
+pub fn cmd_create(f: &CreateFlags, globals: &Globals) -> Result<ExitCode, Error> {
     if f.unsafe_no_fencing && crate::objvol::url_of(&f.volume).is_none() {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--unsafe-no-fencing is for a volume in an object store (s3://BUCKET/PREFIX), \
              not {}",
             f.volume.display()
-        ));
+        )));
     }
     // `--size` conflicts with `--origin`, so clap's `requires`
     // cannot be used for these: checked here.
@@ -123,7 +124,9 @@ pub fn cmd_create(f: &CreateFlags, globals: &Globals) -> Result<ExitCode, String
             ("--line-size", f.line_size.is_some()),
         ] {
             if given {
-                return Err(format!("{flag} is for a cache: give --origin too"));
+                return Err(Error::Refused(format!(
+                    "{flag} is for a cache: give --origin too"
+                )));
             }
         }
     }
@@ -187,41 +190,41 @@ struct CachePlan {
 
 /// Checks the cache flags and reads the origin's size and stamp (the origin
 /// is only read: a create never writes it).
-fn plan_cache(path: &Path, c: &CacheArgs) -> Result<(u64, CachePlan), String> {
+fn plan_cache(path: &Path, c: &CacheArgs) -> Result<(u64, CachePlan), Error> {
     let mode = c.mode;
     let line = match c.line_size {
-        Some(s) => size::parse_size(s).map_err(|e| format!("--line-size: {e}"))?,
+        Some(s) => size::parse_size(s).map_err(|e| Error::Usage(format!("--line-size: {e}")))?,
         None => u64::from(CACHE_LINE_DEFAULT_BYTES),
     };
     if !line.is_power_of_two() || !(4096..=1 << 20).contains(&line) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--line-size {} must be a power of two from 4K to 1M",
             c.line_size.unwrap_or("")
-        ));
+        )));
     }
     if !origin::is_uri(c.origin) && volfile::same_file(path, Path::new(c.origin)) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--origin {} is the cache itself: name the slow device the cache sits in front of",
             c.origin
-        ));
+        )));
     }
     let o = origin::open(c.origin, true)?;
     let size = o.store.len_bytes();
     if size == 0 || !size.is_multiple_of(4096) || size > LOGICAL_SIZE_MAX_BYTES {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "origin {} is {size} bytes: a cache needs an origin of a non-zero multiple of \
              4096 bytes, at most {} TiB",
             c.origin,
             LOGICAL_SIZE_MAX_BYTES >> 40
-        ));
+        )));
     }
-    let stamp = (o.stamp)().map_err(|e| format!("origin {}: {e}", c.origin))?;
+    let stamp = (o.stamp)().map_err(|e| Error::Refused(format!("origin {}: {e}", c.origin)))?;
     // A path is recorded absolute (serve may run elsewhere), like
     // --metadata-device's.
     let recorded = match origin::is_uri(c.origin) {
         true => c.origin.to_string(),
         false => std::path::absolute(c.origin)
-            .map_err(|e| format!("--origin {}: {e}", c.origin))?
+            .map_err(|e| Error::Usage(format!("--origin {}: {e}", c.origin)))?
             .to_string_lossy()
             .into_owned(),
     };
@@ -256,77 +259,83 @@ enum Target {
 }
 
 /// Creates the volume; what was created, in words.
-pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
+pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
     let (logical, cache) = match &a.cache {
         Some(c) => {
             if a.metadata_device.is_some() {
-                return Err("--metadata-device is not supported for a cache (--origin)".into());
+                return Err(Error::Usage(
+                    "--metadata-device is not supported for a cache (--origin)".into(),
+                ));
             }
             if a.physical_size.is_none()
                 && !matches!(volfile::existing_kind(path), Ok(Kind::BlockDevice))
             {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "a cache on a file needs --physical-size: how much of the fast device it \
                      may use (the origin is {})",
                     c.origin
-                ));
+                )));
             }
             let (size, plan) = plan_cache(path, c)?;
             (size, Some(plan))
         }
         None => (
-            size::parse_size(a.size).map_err(|e| format!("--size: {e}"))?,
+            size::parse_size(a.size).map_err(|e| Error::Usage(format!("--size: {e}")))?,
             None,
         ),
     };
     if logical == 0 || !logical.is_multiple_of(4096) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--size {} must be a non-zero multiple of 4096 bytes",
             a.size
-        ));
+        )));
     }
     if logical > LOGICAL_SIZE_MAX_BYTES {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--size {} is above the largest logical size, {} TiB",
             a.size,
             LOGICAL_SIZE_MAX_BYTES >> 40
-        ));
+        )));
     }
     let codec = words::parse_codec(a.codec)?;
     let segment_size = match a.segment_size {
         Some(s) => {
-            let b = size::parse_size(s).map_err(|e| format!("--segment-size: {e}"))?;
+            let b =
+                size::parse_size(s).map_err(|e| Error::Usage(format!("--segment-size: {e}")))?;
             if !b.is_power_of_two()
                 || !(SEGMENT_SIZE_MIN_BYTES..=SEGMENT_SIZE_MAX_BYTES).contains(&b)
             {
-                return Err(format!(
+                return Err(Error::Usage(format!(
                     "--segment-size {s} must be a power of two from 1M to 1G"
-                ));
+                )));
             }
             Some(b)
         }
         None => None,
     };
-    let target =
-        match crate::objvol::url_of(path) {
-            Some(_) if a.cache.is_some() || a.metadata_device.is_some() => return Err(
+    let target = match crate::objvol::url_of(path) {
+        Some(_) if a.cache.is_some() || a.metadata_device.is_some() => {
+            return Err(Error::Usage(
                 "--origin and --metadata-device are not supported for a volume in an object store"
                     .into(),
-            ),
-            Some(u) => {
-                cvol_objstore::url::S3Url::parse(u)?;
-                Target::Object
-            }
-            None => find_target(path, a)?,
-        };
+            ))
+        }
+        Some(u) => {
+            cvol_objstore::url::S3Url::parse(u).map_err(|e| Error::Usage(e.to_string()))?;
+            Target::Object
+        }
+        None => find_target(path, a)?,
+    };
     let physical = match (a.physical_size, &target) {
-        (Some(p), _) => size::parse_size(p).map_err(|e| format!("--physical-size: {e}"))?,
+        (Some(p), _) => {
+            size::parse_size(p).map_err(|e| Error::Usage(format!("--physical-size: {e}")))?
+        }
         (None, Target::BlockDevice { len }) => (*len).min(PHYSICAL_SIZE_MAX_BYTES),
         // A tiny file volume still needs its metadata and two segments.
         (None, _) => logical.max(MIN_PHYSICAL_BYTES),
     };
     if physical > PHYSICAL_SIZE_MAX_BYTES {
-        return Err(match a.physical_size {
+        return Err(Error::Usage(match a.physical_size {
             Some(p) => format!(
                 "--physical-size {p} is above the largest physical size, {} TiB",
                 PHYSICAL_SIZE_MAX_BYTES >> 40
@@ -337,27 +346,27 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, String> {
                 a.size,
                 PHYSICAL_SIZE_MAX_BYTES >> 40
             ),
-        });
+        }));
     }
     let segment_size_bytes =
         segment_size.unwrap_or_else(|| cvol_engine::volume::default_segment_size(physical));
     let min = DATA_OFFSET_BYTES + 2 * segment_size_bytes;
     if physical < min {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--physical-size {} is too small: a volume needs at least {} ({min} bytes: \
              its metadata and two {} segments)",
             a.physical_size.unwrap_or(a.size),
             human_bytes(min),
             human_bytes(segment_size_bytes)
-        ));
+        )));
     }
     if let Target::BlockDevice { len } = target {
         if physical > len {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "{}: --physical-size {} is larger than the device ({len} bytes)",
                 path.display(),
                 human_bytes(physical)
-            ));
+            )));
         }
     }
     let meta = match a.metadata_device {
@@ -452,46 +461,49 @@ fn plan_metadata(
     a: &CreateArgs,
     logical: u64,
     segment_size: u64,
-) -> Result<MetaPlan, String> {
-    let abs = std::path::absolute(m).map_err(|e| format!("{}: {e}", m.display()))?;
+) -> Result<MetaPlan, Error> {
+    let abs =
+        std::path::absolute(m).map_err(|e| Error::Refused(format!("{}: {e}", m.display())))?;
     if volfile::same_file(volume, m) || std::path::absolute(volume).is_ok_and(|v| v == abs) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--metadata-device {} is the volume itself: name another file or device",
             m.display()
-        ));
+        )));
     }
-    let target = find_target(m, a).map_err(|e| format!("--metadata-device: {e}"))?;
+    let target = find_target(m, a).map_err(|e| Error::Usage(format!("--metadata-device: {e}")))?;
     let asked = match a.metadata_size {
-        Some(s) => Some(size::parse_size(s).map_err(|e| format!("--metadata-size: {e}"))?),
+        Some(s) => {
+            Some(size::parse_size(s).map_err(|e| Error::Usage(format!("--metadata-size: {e}")))?)
+        }
         None => None,
     };
     let size = match (&target, asked) {
         (Target::BlockDevice { .. }, Some(_)) => {
-            return Err(format!(
+            return Err(Error::Usage(format!(
                 "--metadata-size is for a file: the block device {} is used whole",
                 m.display()
-            ))
+            )))
         }
         (Target::BlockDevice { len }, None) => *len,
         (_, Some(s)) => s,
         (_, None) => default_metadata_bytes(logical, segment_size),
     };
     if asked.is_some() && size > PHYSICAL_SIZE_MAX_BYTES {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--metadata-size {} is above the largest, {} TiB",
             a.metadata_size.unwrap_or(""),
             PHYSICAL_SIZE_MAX_BYTES >> 40
-        ));
+        )));
     }
     let min = DATA_OFFSET_BYTES + 2 * segment_size;
     if size < min {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--metadata-size {} is too small: a metadata device needs at least {} \
              (1 MiB and two {} segments)",
             human_bytes(size),
             human_bytes(min),
             human_bytes(segment_size)
-        ));
+        )));
     }
     Ok(MetaPlan {
         path: abs,
@@ -500,21 +512,21 @@ fn plan_metadata(
     })
 }
 
-fn find_target(path: &Path, a: &CreateArgs) -> Result<Target, String> {
+fn find_target(path: &Path, a: &CreateArgs) -> Result<Target, Error> {
     match std::fs::metadata(path) {
         Ok(md) => {
             let kind = volfile::kind_of(path, &md)?;
             let len = match kind {
                 Kind::File => md.len(),
                 Kind::BlockDevice => FileStorage::open(path, false, false)
-                    .map_err(|e| format!("{}: {e}", path.display()))?
+                    .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?
                     .len_bytes(),
             };
             if !a.force && (looks_like_volume(path) || (kind == Kind::File && len > 0)) {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "{} already exists; pass --force to overwrite it",
                     path.display()
-                ));
+                )));
             }
             Ok(match kind {
                 Kind::File => Target::File { len },
@@ -523,43 +535,48 @@ fn find_target(path: &Path, a: &CreateArgs) -> Result<Target, String> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if std::fs::symlink_metadata(path).is_ok() {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "{} is a symbolic link to a missing file",
                     path.display()
-                ));
+                )));
             }
             let dir = parent(path);
             match std::fs::metadata(&dir) {
                 Ok(md) if md.is_dir() => {}
-                Ok(_) => return Err(format!("{} is not a directory", dir.display())),
+                Ok(_) => {
+                    return Err(Error::Refused(format!(
+                        "{} is not a directory",
+                        dir.display()
+                    )))
+                }
                 Err(_) if a.make_parent => {}
                 Err(_) => {
-                    return Err(format!(
+                    return Err(Error::Refused(format!(
                         "{}: directory {} does not exist",
                         path.display(),
                         dir.display()
-                    ))
+                    )))
                 }
             }
             Ok(Target::NewFile)
         }
         Err(e) => {
             let dir = parent(path);
-            Err(match std::fs::metadata(&dir) {
+            Err(Error::Refused(match std::fs::metadata(&dir) {
                 Ok(md) if !md.is_dir() => {
                     format!("{}: {} is not a directory", path.display(), dir.display())
                 }
                 _ => format!("{}: {e}", path.display()),
-            })
+            }))
         }
     }
 }
 
 /// fsync of a directory, so the entries made in it are durable.
-fn sync_dir(dir: &Path) -> Result<(), String> {
+fn sync_dir(dir: &Path) -> Result<(), Error> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| format!("{}: fsync of the directory: {e}", dir.display()))
+        .map_err(|e| Error::Refused(format!("{}: fsync of the directory: {e}", dir.display())))
 }
 
 fn parent(path: &Path) -> PathBuf {
@@ -614,14 +631,14 @@ fn write_volume(
     meta: Option<&MetaPlan>,
     meta_undo: &mut Undo,
     cache: Option<&CachePlan>,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     if let Some(url) = crate::objvol::url_of(path) {
         return crate::objvol::create(url, opts, a.force, a.unsafe_no_fencing);
     }
     let storage = open_target(path, target, a, opts.physical_size_bytes, undo)?;
     if let Some(c) = cache {
         return cvol_engine::cache::create(Arc::new(storage), opts, &c.config, c.stamp)
-            .map_err(|e| format!("{}: {e}", path.display()));
+            .map_err(|e| Error::Refused(format!("{}: {e}", path.display())));
     }
     let vol = match meta {
         None => Volume::create(Arc::new(storage), opts),
@@ -631,8 +648,9 @@ fn write_volume(
             Volume::create_with_metadata(Arc::new(storage), Arc::new(meta_store), &recorded, opts)
         }
     }
-    .map_err(|e| format!("{}: {e}", path.display()))?;
-    vol.close().map_err(|e| format!("{}: {e}", path.display()))
+    .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?;
+    vol.close()
+        .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))
 }
 
 /// Opens (making or growing a file to `size`) what a create writes to.
@@ -642,14 +660,14 @@ fn open_target(
     a: &CreateArgs,
     size: u64,
     undo: &mut Undo,
-) -> Result<FileStorage, String> {
+) -> Result<FileStorage, Error> {
     let here = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::FileTooLarge => format!(
+        std::io::ErrorKind::FileTooLarge => Error::Refused(format!(
             "{}: the file system cannot hold a file of {} ({e})",
             path.display(),
             human_bytes(size)
-        ),
-        _ => format!("{}: {e}", path.display()),
+        )),
+        _ => Error::io(path.display(), e),
     };
     let storage = match target {
         Target::BlockDevice { .. } => FileStorage::open(path, true, true).map_err(here)?,
@@ -662,7 +680,7 @@ fn open_target(
                 std::fs::DirBuilder::new()
                     .mode(0o700)
                     .create(&dir)
-                    .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                    .map_err(|e| Error::Refused(format!("creating {}: {e}", dir.display())))?;
                 undo.made_dir = Some(dir);
             }
             // O_EXCL|O_NOFOLLOW, mode 0600: a file (or link) that appeared

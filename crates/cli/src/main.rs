@@ -3,12 +3,14 @@
 //! Exit codes: 0 success, 1 `check`/`scrub` found problems, 2 cannot run
 //! (the message on stderr names the problem). No command changes a file
 //! it was not asked to change; a failed `create` leaves nothing behind.
+use crate::error::Error;
 mod backend;
 mod check;
 mod control;
 mod control_server;
 mod create;
 mod edge;
+mod error;
 mod metrics;
 mod objvol;
 mod origin;
@@ -173,10 +175,13 @@ struct ReplayFlags {
 }
 
 /// `cvol man DIR`: cvol.1 and cvol-COMMAND.1, from the clap definitions.
-fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, String> {
+fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, Error> {
     use clap::CommandFactory;
     if !dir.is_dir() {
-        return Err(format!("{}: not a directory", dir.display()));
+        return Err(Error::Refused(format!(
+            "{}: not a directory",
+            dir.display()
+        )));
     }
     let mut cmd = Cli::command();
     // Global flags (--metadata-device) reach the commands only once built.
@@ -191,8 +196,9 @@ fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, String> {
         let mut out = Vec::new();
         clap_mangen::Man::new(page)
             .render(&mut out)
-            .map_err(|e| e.to_string())?;
-        std::fs::write(&path, out).map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| Error::Refused(e.to_string()))?;
+        std::fs::write(&path, out)
+            .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?;
         println!("{}", path.display());
     }
     Ok(ExitCode::SUCCESS)
@@ -220,7 +226,7 @@ fn main() -> ExitCode {
 }
 
 /// Runs one command with the global flags.
-fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, String> {
+fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, Error> {
     match command {
         Command::Create(flags) => create::cmd_create(&flags, globals),
         Command::Serve(args) => serve::cmd_serve(*args, globals),
@@ -269,19 +275,19 @@ fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, String>
 }
 
 /// `cvol completions SHELL`.
-fn write_completions(shell: clap_complete::Shell) -> Result<ExitCode, String> {
+fn write_completions(shell: clap_complete::Shell) -> Result<ExitCode, Error> {
     use clap::CommandFactory;
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "cvol", &mut script);
     // A reader that stops early (`| head`) is not an error.
     match std::io::Write::write_all(&mut std::io::stdout(), &script) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.to_string()),
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::io("stdout", e)),
         _ => Ok(ExitCode::SUCCESS),
     }
 }
 
 /// `cvol trace replay`: its flags checked, then the replay.
-fn run_replay(flags: ReplayFlags, globals: &volfile::Globals) -> Result<ExitCode, String> {
+fn run_replay(flags: ReplayFlags, globals: &volfile::Globals) -> Result<ExitCode, Error> {
     let ReplayFlags {
         file,
         volume,
@@ -295,9 +301,9 @@ fn run_replay(flags: ReplayFlags, globals: &volfile::Globals) -> Result<ExitCode
     let data = trace::DataKind::parse(&data)?;
     let unit_blocks = trace::parse_unit_size(&unit_size)?;
     if !(1..=1024).contains(&queue_depth) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--queue-depth {queue_depth}: give from 1 to 1024 requests"
-        ));
+        )));
     }
     let args = trace::ReplayArgs {
         recorded_pace,

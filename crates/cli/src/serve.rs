@@ -3,6 +3,7 @@
 //! listener is bound before the volume is opened (opening writes it).
 //! SIGTERM/SIGINT at any point stop it cleanly (exit 0).
 use crate::create::{self, CreateArgs};
+use crate::error::Error;
 use crate::volfile::{self, Globals, Opened, Purpose};
 use crate::words::OnOff;
 use crate::{
@@ -227,7 +228,7 @@ struct LimitFlags {
 impl ServeArgs {
     /// How the volume is opened. Checks the flags of the cleaner, the
     /// memory budgets and elastic compression, in that order.
-    fn open_options(&self) -> Result<OpenOptions, String> {
+    fn open_options(&self) -> Result<OpenOptions, Error> {
         let cleaner = self.cleaner.config()?;
         // Memory budgets: from a floor that still works to this machine's memory.
         let memory = |flag: &str, v: &Option<String>, min: u64, zero_ok: bool| {
@@ -252,7 +253,7 @@ impl ServeArgs {
 
     /// How the NBD server runs. Checks the client limits, then TLS and
     /// `--allow` (loading the certificates).
-    fn server_config(&self) -> Result<ServerConfig, String> {
+    fn server_config(&self) -> Result<ServerConfig, Error> {
         let mut config = ServerConfig {
             export_name: self.export.clone(),
             ..ServerConfig::default()
@@ -262,9 +263,9 @@ impl ServeArgs {
         self.edge.apply(&mut config, self.read_only, reach, addr)?;
         if let Some(w) = self.workers {
             if w > WORKERS_MAX {
-                return Err(format!(
+                return Err(Error::Usage(format!(
                     "--workers {w}: at most {WORKERS_MAX} worker threads"
-                ));
+                )));
             }
             config.workers = w.max(1);
         }
@@ -289,13 +290,13 @@ impl ServeArgs {
 }
 
 impl CleanerFlags {
-    fn config(&self) -> Result<CleanerConfig, String> {
+    fn config(&self) -> Result<CleanerConfig, Error> {
         let (start, stop) = (self.clean_start, self.clean_stop);
         let policy = self.cleaner.policy();
         if start >= stop || stop > 90 {
-            return Err(format!(
+            return Err(Error::Usage(format!(
                 "--clean-start {start} must be below --clean-stop {stop}, which must be at most 90"
-            ));
+            )));
         }
         Ok(CleanerConfig {
             policy,
@@ -307,13 +308,13 @@ impl CleanerFlags {
 }
 
 impl ElasticFlags {
-    fn config(&self) -> Result<ElasticConfig, String> {
+    fn config(&self) -> Result<ElasticConfig, Error> {
         let (unit_size, busy_iops, idle_iops) = (&self.unit_size, self.busy_iops, self.idle_iops);
         let unit_blocks = crate::trace::parse_unit_size(unit_size)?;
         if idle_iops >= busy_iops {
-            return Err(format!(
+            return Err(Error::Usage(format!(
                 "--idle-iops {idle_iops} must be below --busy-iops {busy_iops}"
-            ));
+            )));
         }
         Ok(ElasticConfig {
             unit_blocks,
@@ -327,59 +328,61 @@ impl ElasticFlags {
 }
 
 /// `--inline-cpu PERCENT|off`.
-fn inline_cpu(v: &str) -> Result<Option<u32>, String> {
+fn inline_cpu(v: &str) -> Result<Option<u32>, Error> {
     if v == "off" {
         return Ok(None);
     }
     match v.trim_end_matches('%').parse::<u32>() {
         Ok(p) if p <= 100 => Ok(Some(p)),
-        _ => Err(format!(
+        _ => Err(Error::Usage(format!(
             "--inline-cpu {v}: expected a percentage from 0 to 100, or off"
-        )),
+        ))),
     }
 }
 
 impl LimitFlags {
-    fn apply(&self, config: &mut ServerConfig) -> Result<(), String> {
+    fn apply(&self, config: &mut ServerConfig) -> Result<(), Error> {
         let max_buffered = &self.max_buffered;
-        let max_buffered_bytes =
-            size::parse_size(max_buffered).map_err(|e| format!("--max-buffered: {e}"))?;
+        let max_buffered_bytes = size::parse_size(max_buffered)
+            .map_err(|e| Error::Usage(format!("--max-buffered: {e}")))?;
         let min = u64::from(config.max_request_bytes);
         if self.max_connections == 0 {
-            return Err("--max-connections must be at least 1".into());
+            return Err(Error::Usage("--max-connections must be at least 1".into()));
         }
         if max_buffered_bytes < min {
-            return Err(format!(
+            return Err(Error::Usage(format!(
                 "--max-buffered {max_buffered} must be at least one request ({min} bytes)"
-            ));
+            )));
         }
         size::parse_memory("--max-buffered", max_buffered, min, false)?;
         if !(1..=HANDSHAKE_TIMEOUT_MAX_SECS).contains(&self.handshake_timeout) {
-            return Err(format!(
+            return Err(Error::Usage(format!(
                 "--handshake-timeout {}: give seconds from 1 to {HANDSHAKE_TIMEOUT_MAX_SECS}",
                 self.handshake_timeout
-            ));
+            )));
         }
         if self.max_connections_per_address == 0 {
-            return Err("--max-connections-per-address must be at least 1".into());
+            return Err(Error::Usage(
+                "--max-connections-per-address must be at least 1".into(),
+            ));
         }
         let max_handshaking = self.max_handshaking.unwrap_or(
             (self.max_connections / 4).max(self.max_connections.min(MIN_DEFAULT_HANDSHAKING)),
         );
         if max_handshaking == 0 || max_handshaking > self.max_connections {
-            return Err(format!(
+            return Err(Error::Usage(format!(
                 "--max-handshaking {max_handshaking} must be from 1 to --max-connections ({})",
                 self.max_connections
-            ));
+            )));
         }
         config.idle_timeout = match self.idle_timeout.as_str() {
             "off" => None,
             v => match v.parse::<u64>() {
                 Ok(secs) if secs > 0 => Some(std::time::Duration::from_secs(secs)),
                 _ => {
-                    return Err(format!(
+                    return Err(Error::Usage(format!(
                         "--idle-timeout {v}: expected a number of seconds (at least 1), or off"
-                    ))
+                    )))
                 }
             },
         };
@@ -400,7 +403,7 @@ struct Listeners {
     metrics: Option<TcpListener>,
 }
 
-fn bind_listeners(args: &ServeArgs) -> Result<Listeners, String> {
+fn bind_listeners(args: &ServeArgs) -> Result<Listeners, Error> {
     let (socket, listen) = (args.socket.as_deref(), args.listen.as_deref());
     let unix = socket.map(|s| sockfile::bind(s, "--socket")).transpose()?;
     let tcp = if listen.is_some() || socket.is_none() {
@@ -408,16 +411,20 @@ fn bind_listeners(args: &ServeArgs) -> Result<Listeners, String> {
         let addrs: Vec<_> = addr
             .to_socket_addrs()
             .map_err(|e| {
-                format!("--listen {addr}: {e} (expected ADDR:PORT, e.g. {DEFAULT_LISTEN})")
+                Error::Usage({
+                    format!("--listen {addr}: {e} (expected ADDR:PORT, e.g. {DEFAULT_LISTEN})")
+                })
             })?
             .collect();
-        let l = TcpListener::bind(&addrs[..]).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AddrInUse => {
-                format!(
+        let l = TcpListener::bind(&addrs[..]).map_err(|e| {
+            Error::Refused(match e.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    format!(
                     "listening on {addr}: {e} (another server? choose another port with --listen)"
                 )
-            }
-            _ => format!("listening on {addr}: {e}"),
+                }
+                _ => format!("listening on {addr}: {e}"),
+            })
         })?;
         Some(l)
     } else {
@@ -427,7 +434,7 @@ fn bind_listeners(args: &ServeArgs) -> Result<Listeners, String> {
     Ok(Listeners { unix, tcp, metrics })
 }
 
-pub fn cmd_serve(args: ServeArgs, globals: &Globals) -> Result<ExitCode, String> {
+pub fn cmd_serve(args: ServeArgs, globals: &Globals) -> Result<ExitCode, Error> {
     let options = args.open_options()?;
     let config = args.server_config()?;
     // Before the volume is touched: the control socket's directory, and
@@ -441,7 +448,8 @@ pub fn cmd_serve(args: ServeArgs, globals: &Globals) -> Result<ExitCode, String>
     // From here on SIGTERM/SIGINT raise `stop` instead of killing.
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
+        signal_hook::flag::register(sig, stop.clone())
+            .map_err(|e| Error::Refused(e.to_string()))?;
     }
     let purpose = Purpose::Serve {
         writable: !args.read_only,
@@ -523,7 +531,7 @@ pub fn cmd_serve(args: ServeArgs, globals: &Globals) -> Result<ExitCode, String>
     );
     let closed = vol
         .close()
-        .map_err(|e| format!("final flush/checkpoint failed: {e}"));
+        .map_err(|e| Error::Refused(format!("final flush/checkpoint failed: {e}")));
     served?;
     closed?;
     tracing::info!("stopped cleanly");
@@ -540,7 +548,7 @@ fn serve_object(
     args: &ServeArgs,
     run_dir: &Path,
     stop: &AtomicBool,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, Error> {
     let listeners = bind_listeners(args)?;
     let store = crate::objvol::open(url, &args.object.flags(args.read_only))?;
     let path = Path::new(url);
@@ -564,9 +572,9 @@ fn serve_object(
     );
     let closed = vol
         .close()
-        .map_err(|e| format!("final flush/checkpoint failed: {e}"));
+        .map_err(|e| Error::Refused(format!("final flush/checkpoint failed: {e}")));
     drop(vol);
-    let stored = store.close();
+    let stored = store.close().map_err(|e| Error::Refused(e.to_string()));
     served?;
     closed?;
     stored?;
@@ -577,7 +585,7 @@ fn serve_object(
 /// Starts `n` threads (small stacks, parked until all are up) and ends
 /// them: refused with the reason when the process may not have that many
 /// (a process limit such as `ulimit -u`), before anything is opened.
-fn probe_threads(n: usize) -> Result<(), String> {
+fn probe_threads(n: usize) -> Result<(), Error> {
     let (tx, rx) = crossbeam_channel::bounded::<()>(0);
     let mut started = Vec::with_capacity(n);
     let mut failed = None;
@@ -601,10 +609,10 @@ fn probe_threads(n: usize) -> Result<(), String> {
     }
     match failed {
         None => Ok(()),
-        Some(e) => Err(format!(
+        Some(e) => Err(Error::Refused(format!(
             "cannot start the server's threads: {got} of the {n} needed started ({e}); \
              lower --workers or raise the process limit (ulimit -u)"
-        )),
+        ))),
     }
 }
 
@@ -613,7 +621,7 @@ const CACHE_WORKERS_MIN: usize = 16;
 
 /// The label of a cache volume (None: an ordinary volume, or a store
 /// whose superblock the engine's open will judge).
-fn cache_label(store: &FileStorage) -> Option<Result<CacheLabel, String>> {
+fn cache_label(store: &FileStorage) -> Option<Result<CacheLabel, Error>> {
     let sb = [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET]
         .iter()
         .find_map(|&at| {
@@ -621,8 +629,9 @@ fn cache_label(store: &FileStorage) -> Option<Result<CacheLabel, String>> {
             store.read_at(at, &mut b).ok()?;
             Superblock::decode(&b).ok()
         })?;
-    sb.is_cache()
-        .then(|| cvol_engine::cache::read_label(store, &sb).map_err(|e| e.to_string()))
+    sb.is_cache().then(|| {
+        cvol_engine::cache::read_label(store, &sb).map_err(|e| Error::Refused(e.to_string()))
+    })
 }
 
 /// Serves a cache volume: its origin opened, the cache opened (warm, cold
@@ -634,17 +643,17 @@ fn cache_label(store: &FileStorage) -> Option<Result<CacheLabel, String>> {
 fn serve_cache(
     path: &Path,
     store: FileStorage,
-    label: &Result<CacheLabel, String>,
+    label: &Result<CacheLabel, Error>,
     options: OpenOptions,
     listeners: Listeners,
     config: ServerConfig,
     args: &ServeArgs,
     ctl: control_server::Bound,
     stop: &AtomicBool,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, Error> {
     let label = label
         .as_ref()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?;
     // A miss holds a worker while the origin answers (milliseconds for a
     // disk or a remote server): more workers keep hits flowing meanwhile.
     let mut config = config;
@@ -653,7 +662,7 @@ fn serve_cache(
     }
     let origin = origin::open(&label.origin, args.read_only)?;
     let cache = CacheVolume::open(Arc::new(store), origin.store, options, origin.stamp)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?;
     tracing::info!(
         origin = %label.origin,
         mode = cache.mode().name(),
@@ -677,7 +686,7 @@ fn serve_cache(
     );
     let closed = cache
         .close()
-        .map_err(|e| format!("final write-back/flush/checkpoint failed: {e}"));
+        .map_err(|e| Error::Refused(format!("final write-back/flush/checkpoint failed: {e}")));
     served?;
     closed?;
     tracing::info!("stopped cleanly");
@@ -696,7 +705,7 @@ fn run(
     args: &ServeArgs,
     ctl: control_server::Bound,
     stop: &AtomicBool,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let export = &args.export;
     let ctl = control_server::start(ctl, vol.clone())?;
     let reloader = edge::Reloader::install(&config)?;
@@ -716,7 +725,7 @@ fn run(
                 &path.display().to_string(),
                 vol.clone(),
             ));
-            let local = l.local_addr().map_err(|e| e.to_string())?;
+            let local = l.local_addr().map_err(|e| Error::Refused(e.to_string()))?;
             metrics::serve(l, m.clone())?;
             tracing::info!("metrics at http://{local}/metrics");
             config.observer = Some(m.observer());
@@ -736,7 +745,9 @@ fn run(
     let mut uris = Vec::new();
     let mut socket_file = None;
     if let Some((l, file)) = listeners.unix {
-        server.serve_unix(l).map_err(|e| e.to_string())?;
+        server
+            .serve_unix(l)
+            .map_err(|e| Error::Refused(e.to_string()))?;
         if let Some(sock) = &args.socket {
             uris.push(format!(
                 "{scheme}+unix:///{export}?socket={}",
@@ -746,8 +757,10 @@ fn run(
         socket_file = Some(file);
     }
     if let Some(l) = listeners.tcp {
-        let local = l.local_addr().map_err(|e| e.to_string())?;
-        server.serve_tcp(l).map_err(|e| e.to_string())?;
+        let local = l.local_addr().map_err(|e| Error::Refused(e.to_string()))?;
+        server
+            .serve_tcp(l)
+            .map_err(|e| Error::Refused(e.to_string()))?;
         uris.push(format!("{scheme}://{local}/{export}"));
     }
     let background_cleaner = (!args.read_only).then(|| vol.start_background_cleaner());
@@ -771,9 +784,9 @@ fn run(
     );
     let mut out = std::io::stdout().lock();
     for u in &uris {
-        writeln!(out, "{u}").map_err(|e| e.to_string())?;
+        writeln!(out, "{u}").map_err(|e| Error::Refused(e.to_string()))?;
     }
-    out.flush().map_err(|e| e.to_string())?;
+    out.flush().map_err(|e| Error::Refused(e.to_string()))?;
     drop(out);
     let mut systemd = service::Systemd::ready(&uris);
     while !stop.load(Ordering::SeqCst) {
@@ -848,7 +861,7 @@ mod tests {
         assert_eq!(pct("0").unwrap().elastic.inline_cpu_percent, Some(0));
         assert_eq!(pct("45%").unwrap().elastic.inline_cpu_percent, Some(45));
         for bad in ["101", "1.5", "of", ""] {
-            let e = pct(bad).unwrap_err();
+            let e = pct(bad).unwrap_err().to_string();
             assert!(e.contains("--inline-cpu") && e.contains("0 to 100"), "{e}");
         }
     }
@@ -861,6 +874,7 @@ mod tests {
                 .and_then(|_| a.server_config().map(|_| OpenOptions::default()))
                 .err()
                 .unwrap()
+                .to_string()
         };
         assert!(err(&["--clean-start", "30"]).contains("--clean-start 30"));
         assert!(err(&["--read-cache", "lots"]).starts_with("--read-cache"));

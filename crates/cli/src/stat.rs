@@ -2,6 +2,7 @@
 //! Both ends of the control socket request `stat`: the server answers
 //! with `VolumeStats` as JSON, `cvol stat` reads it back into the struct.
 use crate::control;
+use crate::error::Error;
 use crate::volfile::{self, Globals};
 use crate::words::{count, human_bytes};
 use cvol_engine::stats::ScrubStats;
@@ -31,19 +32,21 @@ pub fn shown(vol: &Volume) -> VolumeStats {
 }
 
 /// Asks a running server for its statistics; `None` if none answers.
-fn query_served(path: &Path) -> Option<Result<VolumeStats, String>> {
+fn query_served(path: &Path) -> Option<Result<VolumeStats, Error>> {
     let v = control::query(path, REQUEST)?;
     Some(match v["error"].as_str() {
-        Some(e) => Err(format!(
+        Some(e) => Err(Error::Refused(format!(
             "{}: the server could not report its statistics: {e}",
             path.display()
-        )),
+        ))),
         None => serde_json::from_value(v).map_err(|e| {
-            format!(
-                "{}: the server's statistics do not read as this cvol's ({e}); \
+            Error::Refused({
+                format!(
+                    "{}: the server's statistics do not read as this cvol's ({e}); \
                  a server of another cvol version? restart it with this one",
-                path.display()
-            )
+                    path.display()
+                )
+            })
         }),
     })
 }
@@ -96,7 +99,7 @@ struct Report {
     stats: VolumeStats,
 }
 
-pub fn cmd_stat(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, String> {
+pub fn cmd_stat(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, Error> {
     let (mut stats, served) = match query_served(path) {
         Some(stats) => (stats?, true),
         None => {
@@ -113,7 +116,7 @@ pub fn cmd_stat(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, 
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&r.json()?).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&r.json()?).map_err(|e| Error::Refused(e.to_string()))?
         );
     } else {
         print!("{}", r.text());
@@ -130,11 +133,11 @@ pub fn cmd_watch(
     secs: f64,
     count: Option<u64>,
     globals: &Globals,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, Error> {
     if !(secs.is_finite() && (0.1..=86400.0).contains(&secs)) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--watch {secs}: give seconds between 0.1 and 86400"
-        ));
+        )));
     }
     let interval = std::time::Duration::from_secs_f64(secs);
     let mut before: Option<(std::time::Instant, VolumeStats)> = None;
@@ -143,11 +146,11 @@ pub fn cmd_watch(
         let Some(stats) = query_served(path) else {
             // A wrong path or a file that is no volume says so first.
             volfile::open_read_only(path, None, globals)?;
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "{}: not being served (or its server stopped); --watch shows a served volume's activity, `cvol stat {}` shows it offline",
                 path.display(),
                 path.display()
-            ));
+            )));
         };
         let mut stats = stats?;
         normalize(&mut stats);
@@ -167,7 +170,7 @@ pub fn cmd_watch(
                 v["write_bytes_per_second"] = Value::from(x.write);
                 v["read_bytes_per_second"] = Value::from(x.read);
             }
-            text += &serde_json::to_string(&v).map_err(|e| e.to_string())?;
+            text += &serde_json::to_string(&v).map_err(|e| Error::Refused(e.to_string()))?;
             text.push('\n');
         } else {
             // Clear the screen and go home, as `watch` does.
@@ -229,9 +232,9 @@ impl Rates {
 
 impl Report {
     /// `stat --json`: every statistic, `served` and `volume`, keys sorted.
-    fn json(&self) -> Result<Value, String> {
+    fn json(&self) -> Result<Value, Error> {
         let mut v = serde_json::to_value(&self.stats)
-            .map_err(|e| format!("cannot encode the statistics: {e}"))?;
+            .map_err(|e| Error::Refused(format!("cannot encode the statistics: {e}")))?;
         v["served"] = Value::Bool(self.served);
         v["volume"] = Value::String(self.volume.clone());
         Ok(v)

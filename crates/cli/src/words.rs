@@ -1,6 +1,7 @@
 //! Wording shared by every command: byte counts, plurals, and the one
 //! description of the codec policies (help, `create`'s message and errors;
 //! README.md quotes it), and the parser of word flags (on/off and the like).
+use crate::error::Error;
 use cvol_engine::codec::ZSTD_LEVEL_MAX;
 use cvol_engine::policy::{auto_codec, Load, AUTO_STRONG_LEVEL_DEFAULT};
 use cvol_engine::{Codec, CodecPolicy};
@@ -148,7 +149,7 @@ pub fn words_of<T: clap::ValueEnum>() -> String {
 }
 
 /// Parses `--codec`; an unknown name lists every accepted form.
-pub fn parse_codec(s: &str) -> Result<CodecPolicy, String> {
+pub fn parse_codec(s: &str) -> Result<CodecPolicy, Error> {
     let known = s == "auto"
         || s.starts_with("auto:")
         || s == "lz4"
@@ -156,14 +157,14 @@ pub fn parse_codec(s: &str) -> Result<CodecPolicy, String> {
         || s == "zstd"
         || s.starts_with("zstd:");
     CodecPolicy::parse(s).map_err(|e| {
-        if known {
+        Error::Usage(if known {
             format!("--codec {s}: {e}")
         } else {
             format!(
                 "--codec {s}: not a codec policy; expected {}",
                 codec_forms()
             )
-        }
+        })
     })
 }
 
@@ -189,9 +190,9 @@ mod tests {
             w.contains("lz4 while busy") && w.contains("zstd:3 when idle") && w.contains("zstd:9"),
             "{w}"
         );
-        let e = parse_codec("gzip").unwrap_err();
+        let e = parse_codec("gzip").unwrap_err().to_string();
         assert!(e.contains("auto") && e.contains("lz4"), "{e}");
-        let e = parse_codec("zstd:99").unwrap_err();
+        let e = parse_codec("zstd:99").unwrap_err().to_string();
         assert!(e.contains("out of range"), "{e}");
         assert!(codec_help().contains(&auto_words(Codec::Zstd(9))));
     }
