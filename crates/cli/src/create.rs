@@ -462,8 +462,7 @@ fn plan_metadata(
     logical: u64,
     segment_size: u64,
 ) -> Result<MetaPlan, Error> {
-    let abs =
-        std::path::absolute(m).map_err(|e| Error::Refused(format!("{}: {e}", m.display())))?;
+    let abs = std::path::absolute(m).map_err(|e| Error::io(m.display(), e))?;
     if volfile::same_file(volume, m) || std::path::absolute(volume).is_ok_and(|v| v == abs) {
         return Err(Error::Usage(format!(
             "--metadata-device {} is the volume itself: name another file or device",
@@ -519,7 +518,7 @@ fn find_target(path: &Path, a: &CreateArgs) -> Result<Target, Error> {
             let len = match kind {
                 Kind::File => md.len(),
                 Kind::BlockDevice => FileStorage::open(path, false, false)
-                    .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?
+                    .map_err(|e| Error::io(path.display(), e))?
                     .len_bytes(),
             };
             if !a.force && (looks_like_volume(path) || (kind == Kind::File && len > 0)) {

@@ -196,9 +196,8 @@ fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, Error> {
         let mut out = Vec::new();
         clap_mangen::Man::new(page)
             .render(&mut out)
-            .map_err(|e| Error::Refused(e.to_string()))?;
-        std::fs::write(&path, out)
-            .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?;
+            .map_err(|e| Error::io(format!("{name}.1"), e))?;
+        std::fs::write(&path, out).map_err(|e| Error::io(path.display(), e))?;
         println!("{}", path.display());
     }
     Ok(ExitCode::SUCCESS)

@@ -511,7 +511,9 @@ pub fn bind(v: &str) -> Result<TcpListener, Error> {
             _ => format!("--metrics {v}: {e}"),
         })
     })?;
-    let local = l.local_addr().map_err(|e| Error::Refused(e.to_string()))?;
+    let local = l
+        .local_addr()
+        .map_err(|e| Error::io(format!("--metrics {v}"), e))?;
     if !local.ip().to_canonical().is_loopback() {
         tracing::warn!(
             "metrics on {local} are readable from the network (volume names, sizes, load)"

@@ -449,7 +449,7 @@ pub fn cmd_serve(args: ServeArgs, globals: &Globals) -> Result<ExitCode, Error> 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())
-            .map_err(|e| Error::Refused(e.to_string()))?;
+            .map_err(|e| Error::io("installing the signal handlers", e))?;
     }
     let purpose = Purpose::Serve {
         writable: !args.read_only,
@@ -725,7 +725,9 @@ fn run(
                 &path.display().to_string(),
                 vol.clone(),
             ));
-            let local = l.local_addr().map_err(|e| Error::Refused(e.to_string()))?;
+            let local = l
+                .local_addr()
+                .map_err(|e| Error::io("the metrics listener's address", e))?;
             metrics::serve(l, m.clone())?;
             tracing::info!("metrics at http://{local}/metrics");
             config.observer = Some(m.observer());
@@ -757,7 +759,9 @@ fn run(
         socket_file = Some(file);
     }
     if let Some(l) = listeners.tcp {
-        let local = l.local_addr().map_err(|e| Error::Refused(e.to_string()))?;
+        let local = l
+            .local_addr()
+            .map_err(|e| Error::io("the listener's address", e))?;
         server
             .serve_tcp(l)
             .map_err(|e| Error::Refused(e.to_string()))?;
@@ -784,9 +788,9 @@ fn run(
     );
     let mut out = std::io::stdout().lock();
     for u in &uris {
-        writeln!(out, "{u}").map_err(|e| Error::Refused(e.to_string()))?;
+        writeln!(out, "{u}").map_err(|e| Error::io("stdout", e))?;
     }
-    out.flush().map_err(|e| Error::Refused(e.to_string()))?;
+    out.flush().map_err(|e| Error::io("stdout", e))?;
     drop(out);
     let mut systemd = service::Systemd::ready(&uris);
     while !stop.load(Ordering::SeqCst) {

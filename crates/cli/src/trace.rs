@@ -123,7 +123,7 @@ impl Recorder {
         let writer = std::thread::Builder::new()
             .name("cvol-trace".into())
             .spawn(move || write_records(&rx, out, &writer_closing))
-            .map_err(|e| Error::Refused(e.to_string()))?;
+            .map_err(|e| Error::io("cannot start the trace writer", e))?;
         Ok(Recorder {
             queue: tx,
             started: Instant::now(),
@@ -255,7 +255,7 @@ pub fn read_trace(path: &Path) -> Result<Trace, Error> {
     let mut bytes = Vec::new();
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?;
+        .map_err(|e| Error::io(path.display(), e))?;
     let header = TraceHeader::decode(&bytes)
         .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?;
     let body = &bytes[TRACE_HEADER_BYTES..];
