@@ -146,10 +146,24 @@ pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode
             ));
         }
     }
+    print_repair(path, &rep, json)?;
+    Ok(if rep.after.consistent() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// What `check --repair` did and what it could not save, as text or JSON.
+fn print_repair(
+    path: &Path,
+    rep: &cvol_engine::check::RepairReport,
+    json: bool,
+) -> Result<(), Error> {
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&rep).map_err(|e| Error::Refused(e.to_string()))?
+            serde_json::to_string_pretty(rep).map_err(|e| Error::Refused(e.to_string()))?
         );
     } else {
         if rep.actions.is_empty() && rep.after.consistent() {
@@ -175,9 +189,5 @@ pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode
             }
         }
     }
-    Ok(if rep.after.consistent() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(())
 }

@@ -260,6 +260,29 @@ enum Target {
 
 /// Creates the volume; what was created, in words.
 pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
+    let (logical, cache) = logical_size(path, a)?;
+    let codec = words::parse_codec(a.codec)?;
+    let segment_size = segment_size(a)?;
+    let target = volume_target(path, a)?;
+    let (physical, segment_size_bytes) = physical_size(path, a, &target, logical, segment_size)?;
+    let meta = match a.metadata_device {
+        Some(m) => Some(plan_metadata(path, m, a, logical, segment_size_bytes)?),
+        None => None,
+    };
+    let opts = CreateOptions {
+        logical_size_bytes: logical,
+        physical_size_bytes: physical,
+        codec,
+        segment_size_bytes,
+        dedup: a.dedup,
+        packing: a.packing,
+    };
+    write_or_undo(path, &target, a, &opts, meta.as_ref(), cache.as_ref())?;
+    Ok(summary(path, a, &opts, meta.as_ref(), cache.as_ref()))
+}
+
+/// The logical size: `--size`, or a cache's origin's (its plan then).
+fn logical_size(path: &Path, a: &CreateArgs) -> Result<(u64, Option<CachePlan>), Error> {
     let (logical, cache) = match &a.cache {
         Some(c) => {
             if a.metadata_device.is_some() {
@@ -270,7 +293,7 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
             if a.physical_size.is_none()
                 && !matches!(volfile::existing_kind(path), Ok(Kind::BlockDevice))
             {
-                return Err(Error::Refused(format!(
+                return Err(Error::Usage(format!(
                     "a cache on a file needs --physical-size: how much of the fast device it \
                      may use (the origin is {})",
                     c.origin
@@ -297,8 +320,12 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
             LOGICAL_SIZE_MAX_BYTES >> 40
         )));
     }
-    let codec = words::parse_codec(a.codec)?;
-    let segment_size = match a.segment_size {
+    Ok((logical, cache))
+}
+
+/// `--segment-size`, checked.
+fn segment_size(a: &CreateArgs) -> Result<Option<u64>, Error> {
+    Ok(match a.segment_size {
         Some(s) => {
             let b =
                 size::parse_size(s).map_err(|e| Error::Usage(format!("--segment-size: {e}")))?;
@@ -312,8 +339,12 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
             Some(b)
         }
         None => None,
-    };
-    let target = match crate::objvol::url_of(path) {
+    })
+}
+
+/// Where the volume goes: an object store, or what the path names.
+fn volume_target(path: &Path, a: &CreateArgs) -> Result<Target, Error> {
+    Ok(match crate::objvol::url_of(path) {
         Some(_) if a.cache.is_some() || a.metadata_device.is_some() => {
             return Err(Error::Usage(
                 "--origin and --metadata-device are not supported for a volume in an object store"
@@ -325,8 +356,19 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
             Target::Object
         }
         None => find_target(path, a)?,
-    };
-    let physical = match (a.physical_size, &target) {
+    })
+}
+
+/// The physical size (`--physical-size`, the device's, or the logical
+/// size) and the segment size, checked against each other and the target.
+fn physical_size(
+    path: &Path,
+    a: &CreateArgs,
+    target: &Target,
+    logical: u64,
+    segment_size: Option<u64>,
+) -> Result<(u64, u64), Error> {
+    let physical = match (a.physical_size, target) {
         (Some(p), _) => {
             size::parse_size(p).map_err(|e| Error::Usage(format!("--physical-size: {e}")))?
         }
@@ -361,7 +403,7 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
         )));
     }
     if let Target::BlockDevice { len } = target {
-        if physical > len {
+        if physical > *len {
             return Err(Error::Refused(format!(
                 "{}: --physical-size {} is larger than the device ({len} bytes)",
                 path.display(),
@@ -369,33 +411,34 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
             )));
         }
     }
-    let meta = match a.metadata_device {
-        Some(m) => Some(plan_metadata(path, m, a, logical, segment_size_bytes)?),
-        None => None,
-    };
-    let opts = CreateOptions {
-        logical_size_bytes: logical,
-        physical_size_bytes: physical,
-        codec,
-        segment_size_bytes,
-        dedup: a.dedup,
-        packing: a.packing,
-    };
+    Ok((physical, segment_size_bytes))
+}
+
+/// Writes the volume (and its metadata device); a failure takes back
+/// every file and directory made and every empty file grown.
+fn write_or_undo(
+    path: &Path,
+    target: &Target,
+    a: &CreateArgs,
+    opts: &CreateOptions,
+    meta: Option<&MetaPlan>,
+    cache: Option<&CachePlan>,
+) -> Result<(), Error> {
     // Everything is checked: from here on, undo what a failure leaves.
     let (mut undo, mut meta_undo) = (Undo::default(), Undo::default());
     let r = write_volume(
         path,
-        &target,
+        target,
         a,
-        &opts,
+        opts,
         &mut undo,
-        meta.as_ref(),
+        meta,
         &mut meta_undo,
-        cache.as_ref(),
+        cache,
     );
     if r.is_err() {
         undo.run(path);
-        if let Some(m) = &meta {
+        if let Some(m) = meta {
             meta_undo.run(&m.path);
         }
     }
@@ -404,7 +447,7 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
     // file (or directory) was made in.
     for (u, p) in [
         (&undo, Some(path)),
-        (&meta_undo, meta.as_ref().map(|m| m.path.as_path())),
+        (&meta_undo, meta.map(|m| m.path.as_path())),
     ] {
         if let (Some(p), true) = (p, u.made_file) {
             sync_dir(&parent(p))?;
@@ -413,7 +456,18 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
             }
         }
     }
-    let on_meta = match &meta {
+    Ok(())
+}
+
+/// What was created, in words.
+fn summary(
+    path: &Path,
+    a: &CreateArgs,
+    opts: &CreateOptions,
+    meta: Option<&MetaPlan>,
+    cache: Option<&CachePlan>,
+) -> String {
+    let on_meta = match meta {
         Some(m) => format!(
             ", metadata on {} ({})",
             m.path.display(),
@@ -421,7 +475,7 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
         ),
         None => String::new(),
     };
-    let on_meta = match &cache {
+    let on_meta = match cache {
         Some(c) => format!(
             ", a {} cache of {} ({}-byte lines)",
             c.config.mode.name(),
@@ -434,14 +488,14 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
         Packing::Compact => String::new(),
         p => format!(", packing {}", p.name()),
     };
-    Ok(format!(
+    format!(
         "created {}: {} logical, {} physical, codec {}, dedup {}{packing}{on_meta}",
         path.display(),
-        human_bytes(logical),
-        human_bytes(physical),
-        describe_policy(codec),
+        human_bytes(opts.logical_size_bytes),
+        human_bytes(opts.physical_size_bytes),
+        describe_policy(opts.codec),
         if a.dedup { "on" } else { "off" }
-    ))
+    )
 }
 
 /// The default metadata device size for a file: room for the map of the

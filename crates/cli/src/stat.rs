@@ -270,6 +270,7 @@ impl Report {
             rows.extend(object_rows(s, self.served));
         }
         rows.extend(space_rows(s, self.served));
+        rows.extend(savings_rows(s));
         if s.lost_bytes > 0 {
             let after_zero = rows
                 .iter()
@@ -349,6 +350,13 @@ fn space_rows(s: &VolumeStats, served: bool) -> Vec<(&'static str, String)> {
                 b(s.worst_case_free_logical_bytes)
             ),
         ),
+    ]
+}
+
+/// Where the savings come from, codec by codec, and the segments in use.
+fn savings_rows(s: &VolumeStats) -> Vec<(&'static str, String)> {
+    let b = human_bytes;
+    vec![
         (
             "savings",
             format!(
