@@ -179,6 +179,11 @@ pub fn open_read_only(url: &str, read_cache_bytes: Option<u64>) -> Result<Volume
     Volume::open(st, options).map_err(|e| Error::Refused(format!("{url}: {e}")))
 }
 
+/// An object store's refusal or failure, in its words.
+fn store_error(e: impl std::fmt::Display) -> Error {
+    Error::Refused(e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,9 +229,4 @@ mod tests {
             assert!(e.contains("--cache-size") && e.contains("16M"), "{e}");
         }
     }
-}
-
-/// An object store's refusal or failure, in its words.
-fn store_error(e: impl std::fmt::Display) -> Error {
-    Error::Refused(e.to_string())
 }
