@@ -275,7 +275,7 @@ impl Reloader {
     pub fn install(config: &ServerConfig) -> Result<Reloader, Error> {
         let hup = Arc::new(AtomicBool::new(false));
         signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
-            .map_err(|e| Error::Refused(format!("SIGHUP handler: {e}")))?;
+            .map_err(|e| Error::io("SIGHUP handler", e))?;
         Ok(Reloader {
             credentials: config.tls.as_ref().map(|t| t.credentials.clone()),
             hup,

@@ -96,7 +96,7 @@ pub fn cmd_scrub(path: &Path, args: ScrubArgs, globals: &Globals) -> Result<Exit
         return scrub_served(path, rate, &args);
     }
     if args.status || args.no_wait {
-        return Err(Error::Refused(format!(
+        return Err(Error::Usage(format!(
             "{}: not served; --status and --no-wait need a running `cvol serve`",
             path.display()
         )));

@@ -8,7 +8,7 @@ pub fn parse_size(s: &str) -> Result<u64, Error> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
-        return Err(Error::Refused(format!(
+        return Err(Error::Usage(format!(
             "invalid size '{s}': expected a number with an optional K/M/G/T suffix"
         )));
     }
@@ -20,7 +20,7 @@ pub fn parse_size(s: &str) -> Result<u64, Error> {
         "T" | "TB" | "TIB" => 40,
         "P" | "PB" | "PIB" => 50,
         _ => {
-            return Err(Error::Refused(format!(
+            return Err(Error::Usage(format!(
                 "invalid size '{s}': unknown unit '{unit}' (use K, M, G, T)"
             )))
         }
@@ -28,18 +28,18 @@ pub fn parse_size(s: &str) -> Result<u64, Error> {
     let bytes = if num.contains('.') {
         let v: f64 = num
             .parse()
-            .map_err(|_| Error::Refused(format!("invalid size '{s}'")))?;
+            .map_err(|_| Error::Usage(format!("invalid size '{s}'")))?;
         let b = v * (1u64 << shift) as f64;
         if !b.is_finite() || b >= u64::MAX as f64 {
-            return Err(Error::Refused(format!("size '{s}' is too large")));
+            return Err(Error::Usage(format!("size '{s}' is too large")));
         }
         b.round() as u64
     } else {
         let v: u64 = num
             .parse()
-            .map_err(|_| Error::Refused(format!("invalid size '{s}'")))?;
+            .map_err(|_| Error::Usage(format!("invalid size '{s}'")))?;
         v.checked_mul(1u64 << shift)
-            .ok_or_else(|| Error::Refused(format!("size '{s}' is too large")))?
+            .ok_or_else(|| Error::Usage(format!("size '{s}' is too large")))?
     };
     Ok(bytes)
 }
@@ -62,7 +62,7 @@ pub fn memory_bytes() -> Option<u64> {
 /// refused below `min` (0 allowed when `zero_ok`: it turns the thing off)
 /// or above this machine's memory.
 pub fn parse_memory(flag: &str, s: &str, min: u64, zero_ok: bool) -> Result<u64, Error> {
-    let b = parse_size(s).map_err(|e| Error::Refused(format!("{flag}: {e}")))?;
+    let b = parse_size(s).map_err(|e| Error::Usage(format!("{flag}: {e}")))?;
     check_memory(flag, s, b, min, zero_ok, memory_bytes())
 }
 
@@ -78,7 +78,7 @@ fn check_memory(
         return Ok(0);
     }
     if b < min {
-        return Err(Error::Refused(format!(
+        return Err(Error::Usage(format!(
             "{flag} {s}: at least {} is needed{}",
             crate::words::human_bytes(min),
             if zero_ok { " (or 0 for none)" } else { "" }
@@ -87,7 +87,7 @@ fn check_memory(
     // Without /proc/meminfo, 16 TiB stands for "more than any machine".
     let total = total.unwrap_or(16 << 40);
     if b > total {
-        return Err(Error::Refused(format!(
+        return Err(Error::Usage(format!(
             "{flag} {s}: more than this machine's memory ({})",
             crate::words::human_bytes(total)
         )));

@@ -71,12 +71,12 @@ pub fn bind(path: &Path, what: &str) -> Result<(UnixListener, SocketFile), Error
             )));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::Refused(format!("{what} {}: {e}", path.display()))),
+        Err(e) => return Err(Error::io(format!("{what} {}", path.display()), e)),
     }
-    let l = UnixListener::bind(path)
-        .map_err(|e| Error::Refused(format!("{what} {}: {e}", path.display())))?;
+    let l =
+        UnixListener::bind(path).map_err(|e| Error::io(format!("{what} {}", path.display()), e))?;
     let md = std::fs::symlink_metadata(path)
-        .map_err(|e| Error::Refused(format!("{what} {}: {e}", path.display())))?;
+        .map_err(|e| Error::io(format!("{what} {}", path.display()), e))?;
     Ok((
         l,
         SocketFile {

@@ -73,7 +73,10 @@ fn file_sizes() {
     let root = workspace_root();
     let mut over = BTreeMap::new();
     for krate in crate_dirs(&root) {
-        for file in ["src", "tests"].iter().flat_map(|d| rust_files(&krate.join(d))) {
+        for file in ["src", "tests"]
+            .iter()
+            .flat_map(|d| rust_files(&krate.join(d)))
+        {
             let lines = std::fs::read_to_string(&file).unwrap().lines().count();
             if lines >= MAX_FILE_LINES {
                 over.insert(relative(&root, &file), vec![format!("{lines} lines")]);
@@ -92,7 +95,8 @@ fn file_sizes() {
 /// silently finds nothing).
 #[test]
 fn the_scan_counts_functions_and_skips_literals() {
-    let src = "pub(crate) fn a() {\n    let s = \"}\";\n    let c = '{';\n    // }\n    /* { */\n}\n\
+    let src =
+        "pub(crate) fn a() {\n    let s = \"}\";\n    let c = '{';\n    // }\n    /* { */\n}\n\
                fn decl();\n\
                const fn b() -> u8 { 1 }\n\
                async unsafe fn c() {\n    let r = r#\"\"}\"#;\n    let e = '\\'';\n}\n";
@@ -101,8 +105,10 @@ fn the_scan_counts_functions_and_skips_literals() {
         .map(|f| (f.name, f.line, f.lines))
         .collect();
     let want = [("a", 1, 6), ("b", 8, 1), ("c", 9, 4)];
-    let want: Vec<(String, usize, usize)> =
-        want.iter().map(|&(n, l, k)| (n.to_string(), l, k)).collect();
+    let want: Vec<(String, usize, usize)> = want
+        .iter()
+        .map(|&(n, l, k)| (n.to_string(), l, k))
+        .collect();
     assert_eq!(found, want);
     let root = workspace_root();
     let engine = rust_files(&root.join("crates/engine/src"));
