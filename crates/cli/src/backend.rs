@@ -1,5 +1,5 @@
 //! Adapter from the engine's `Volume` to the NBD server's `Backend` trait.
-use cvol_engine::cache::CacheVolume;
+use cvol_cache::CacheVolume;
 use cvol_engine::{VolError, Volume};
 use cvol_nbd::{Backend, BackendError, CommandKind, Extent, WriteZeroesFlags};
 use std::sync::Arc;

@@ -5,7 +5,7 @@ use crate::error::Error;
 use crate::volfile::{self, Globals, Kind};
 use crate::words::{describe_policy, human_bytes};
 use crate::{origin, size, words};
-use cvol_engine::cache::{CacheConfig, CacheMode, OriginStamp, CACHE_LINE_DEFAULT_BYTES};
+use cvol_cache::{CacheConfig, CacheMode, OriginStamp, CACHE_LINE_DEFAULT_BYTES};
 use cvol_engine::{CreateOptions, Volume};
 use cvol_format::superblock::{Packing, SEGMENT_SIZE_MAX_BYTES, SEGMENT_SIZE_MIN_BYTES};
 use cvol_format::{DATA_OFFSET_BYTES, LOGICAL_SIZE_MAX_BYTES, PHYSICAL_SIZE_MAX_BYTES};
@@ -690,7 +690,7 @@ fn write_volume(
     }
     let storage = open_target(path, target, a, opts.physical_size_bytes, undo)?;
     if let Some(c) = cache {
-        return cvol_engine::cache::create(Arc::new(storage), opts, &c.config, c.stamp)
+        return cvol_cache::create(Arc::new(storage), opts, &c.config, c.stamp)
             .map_err(|e| Error::Refused(format!("{}: {e}", path.display())));
     }
     let vol = match meta {

@@ -3,7 +3,7 @@
 //! `nbd+unix:///EXPORT?socket=PATH`) read and written through
 //! `cvol_nbd::client`.
 use crate::error::Error;
-use cvol_engine::cache::{OriginStamp, StampFn};
+use cvol_cache::{OriginStamp, StampFn};
 use cvol_nbd::client::Client;
 use cvol_storage::{FileStorage, Storage};
 use std::io;

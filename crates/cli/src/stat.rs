@@ -104,6 +104,7 @@ pub fn cmd_stat(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, 
         Some(stats) => (stats?, true),
         None => {
             let vol = volfile::open_read_only(path, None, globals)?;
+            cvol_cache::describe_offline(&vol);
             (vol.stats(), false)
         }
     };

@@ -2,8 +2,8 @@
 //! checkpoint, the whole log chain, every mapped record (checksum, owner,
 //! decompression), and the checkpointed map against a full replay of the log.
 use crate::map::BlockMap;
+use crate::records::decode_block_record;
 use crate::recovery::{self, Recovered};
-use crate::volume::decode_block_record;
 use cvol_format::superblock::SUPERBLOCK_BYTES;
 use cvol_format::{EntryState, MapEntry, RecordKind, Superblock, BLOCK_SIZE_BYTES};
 use cvol_storage::Storage;
@@ -148,7 +148,7 @@ fn check_segment_usage(
     rec: &Recovered,
     rep: &mut CheckReport,
 ) {
-    let live = crate::volume::rebuild_liveness(
+    let live = crate::liveness::rebuild(
         sb,
         &rec.map,
         None,
@@ -264,7 +264,7 @@ fn check_segment_records(
         }
         let mut found = 0u64;
         let mut referenced = 0u64;
-        for f in crate::volume::parse_segment(&buf, tag) {
+        for f in crate::records::data_records(&buf, tag) {
             if let Some(&n) = refs.get(&(base + f.at as u64)) {
                 found += f.header.total_len() as u64; // once, however many blocks share it
                 referenced += n;

@@ -27,14 +27,14 @@ pub mod map;
 pub mod policy;
 pub mod segments;
 
-pub mod cache;
 pub mod check;
+pub mod clock;
 pub mod codec;
 pub mod dedup;
 pub mod error;
 mod liveness;
 mod locks;
-pub mod records;
+mod records;
 pub mod recovery;
 pub mod stats;
 #[cfg(test)]

@@ -27,9 +27,10 @@
 //! units and deferred raw units with the volume's strong codec (zstd level
 //! from the superblock), merged into units. Raw single-block records are
 //! never retried: the probe or a failed compression already judged them.
+use crate::clock::Clock;
 use crate::codec::Codec;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::Arc;
 
 /// Knobs of elastic compression (serve-time; records self-describe).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,26 +165,25 @@ const BUCKET_MS: u64 = 100;
 /// I/O intensity: 4 KiB-normalised requests per second over the last
 /// second (ten 100 ms buckets), and requests in the engine right now.
 pub struct LoadMonitor {
-    start: Instant,
+    clock: Arc<dyn Clock>,
     stamps: [AtomicU64; BUCKETS],
     counts: [AtomicU64; BUCKETS],
     inflight: AtomicUsize,
 }
 
-impl Default for LoadMonitor {
-    fn default() -> Self {
+impl LoadMonitor {
+    /// A monitor reading `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> LoadMonitor {
         LoadMonitor {
-            start: Instant::now(),
+            clock,
             stamps: Default::default(),
             counts: Default::default(),
             inflight: AtomicUsize::new(0),
         }
     }
-}
 
-impl LoadMonitor {
     fn tick(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64 / BUCKET_MS + 1
+        self.clock.now_ns() / 1_000_000 / BUCKET_MS + 1
     }
 
     /// Counts a request of `bytes` (at least one 4 KiB unit).
@@ -255,7 +255,7 @@ const BUDGET_BURST_NS: u64 = 20_000_000;
 /// counts as busy, which is right, since the CPU is then contended). It
 /// refills at `percent` of all cores and holds at most a 20 ms burst.
 pub struct InlineBudget {
-    start: Instant,
+    clock: Arc<dyn Clock>,
     percent: Option<u32>,
     /// Compression ns allowed per ns of wall time, x 1000 (0: no budget).
     rate_milli: u64,
@@ -267,10 +267,10 @@ pub struct InlineBudget {
 impl InlineBudget {
     /// `percent` of `cores`; Some(0): never compress inline while busy;
     /// None: always compress inline.
-    pub fn new(cores: usize, percent: Option<u32>) -> InlineBudget {
+    pub fn new(cores: usize, percent: Option<u32>, clock: Arc<dyn Clock>) -> InlineBudget {
         let percent = percent.map(|p| p.min(100));
         InlineBudget {
-            start: Instant::now(),
+            clock,
             percent,
             rate_milli: percent.map_or(0, |p| cores.max(1) as u64 * u64::from(p) * 10),
             paid_at_ns: AtomicU64::new(0),
@@ -283,7 +283,12 @@ impl InlineBudget {
     }
 
     fn now_ns(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        self.clock.now_ns()
+    }
+
+    /// The budget's clock (compression time is measured on it).
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.clock
     }
 
     /// May a unit be compressed now?
@@ -394,7 +399,9 @@ fn entropy_x100(hist: &[u16; 256]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use crate::test_util::pseudo_random;
+    use std::time::Duration;
 
     #[test]
     fn entropy_from_the_table_equals_the_formula() {
@@ -496,43 +503,55 @@ mod tests {
         assert_eq!(auto_codec(Load::Idle), Codec::Zstd(3));
     }
 
+    fn manual() -> Arc<dyn Clock> {
+        Arc::new(ManualClock::new())
+    }
+
     #[test]
     fn budget_defers_once_compression_outruns_its_share() {
         // 1 core at 10%: 100 ms of compression costs a second of wall time.
-        let b = InlineBudget::new(1, Some(10));
+        let b = InlineBudget::new(1, Some(10), manual());
         assert!(b.allows());
         b.spend(10_000_000); // 10 ms: 100 ms to pay, beyond the 20 ms burst
         assert!(!b.allows());
         // Without a budget, never deferred; with a budget of 0, always.
-        let none = InlineBudget::new(2, None);
+        let none = InlineBudget::new(2, None, manual());
         none.spend(u64::from(u32::MAX));
         assert!(none.allows());
-        assert!(!InlineBudget::new(2, Some(0)).allows());
+        assert!(!InlineBudget::new(2, Some(0), manual()).allows());
         // 2 cores at 100%: 10 ms of compression costs 5 ms, within the burst.
-        let wide = InlineBudget::new(2, Some(100));
+        let wide = InlineBudget::new(2, Some(100), manual());
         wide.spend(10_000_000);
         assert!(wide.allows());
         wide.spend(40_000_000);
         assert!(!wide.allows());
         // Paid off as wall time passes: 10 ms at 100% of 1 core.
-        let quick = InlineBudget::new(1, Some(100));
+        let clock = Arc::new(ManualClock::new());
+        let quick = InlineBudget::new(1, Some(100), clock.clone());
         quick.spend(30_000_000);
         assert!(!quick.allows());
-        std::thread::sleep(std::time::Duration::from_millis(15));
+        clock.advance(Duration::from_millis(9));
+        assert!(!quick.allows());
+        clock.advance(Duration::from_millis(2));
         assert!(quick.allows());
     }
 
     #[test]
     fn monitor_counts_normalised_requests_and_inflight() {
-        let m = LoadMonitor::default();
+        let clock = Arc::new(ManualClock::new());
+        let m = LoadMonitor::new(clock.clone());
         assert_eq!(m.iops(), 0);
         m.note(4096);
         m.note(1 << 20); // 256 units
         m.note(512); // rounds up to one unit
-                     // All in the last 200 ms: scaled to a second (x5), unless a bucket
-                     // boundary fell in between (then the second's sum still counts all).
-        let iops = m.iops();
-        assert!((258..=5 * 258).contains(&iops), "{iops}");
+                     // All in the last 200 ms: scaled to a second (x5).
+        assert_eq!(m.iops(), 5 * 258);
+        // After 300 ms, only the second's sum counts; after a second, none.
+        clock.advance(Duration::from_millis(300));
+        assert_eq!(m.iops(), 258);
+        clock.advance(Duration::from_millis(1000));
+        assert_eq!(m.iops(), 0);
+        m.note(4096 * 258);
         {
             let _a = m.enter();
             let _b = m.enter();

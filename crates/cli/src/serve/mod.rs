@@ -6,7 +6,7 @@ use crate::create::{self, CreateArgs};
 use crate::error::Error;
 use crate::volfile::{self, Globals, Opened, Purpose};
 use crate::{backend, control_server, edge, metrics, origin, service, sockfile, trace};
-use cvol_engine::cache::{CacheLabel, CacheVolume};
+use cvol_cache::{CacheLabel, CacheVolume};
 use cvol_engine::{OpenOptions, Volume};
 use cvol_format::superblock::{Superblock, SUPERBLOCK_BYTES};
 use cvol_format::{SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
@@ -295,9 +295,8 @@ fn cache_label(store: &FileStorage) -> Option<Result<CacheLabel, Error>> {
             store.read_at(at, &mut b).ok()?;
             Superblock::decode(&b).ok()
         })?;
-    sb.is_cache().then(|| {
-        cvol_engine::cache::read_label(store, &sb).map_err(|e| Error::Refused(e.to_string()))
-    })
+    sb.is_cache()
+        .then(|| cvol_cache::read_label(store, &sb).map_err(|e| Error::Refused(e.to_string())))
 }
 
 /// Serves a cache volume: its origin opened, the cache opened (warm, cold

@@ -28,8 +28,32 @@ pub(in crate::volume) struct Orphan<'a> {
     fp: Fingerprint,
 }
 
+/// Who a write is for, which decides its codec under policy `auto`: a
+/// client's write gets the codec for the current load; background work,
+/// off every client's path (a cache's fills), the idle codec (EDC: the
+/// strong codec where the CPU time is not a client's). Passed with each
+/// write, so a simulation's seed fixes the choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    Client,
+    Background,
+}
+
 impl Volume {
+    /// A client's write of `data` at byte `offset` (FUA: durable when it
+    /// returns).
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
+        self.write_as(Writer::Client, offset, data, fua)
+    }
+
+    /// [`Volume::write_at`] on behalf of `who`.
+    pub fn write_as(
+        &self,
+        who: Writer,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), VolError> {
         self.check_range(offset, data.len() as u64)?;
         self.check_writable()?;
         self.activity.note_client_io();
@@ -40,10 +64,10 @@ impl Volume {
         let _inflight = self.activity.load.enter();
         if offset.is_multiple_of(BLOCK_SIZE_BYTES) && data.len().is_multiple_of(BS) {
             let _shared = self.rmw_shared()?;
-            self.write_blocks(offset / BLOCK_SIZE_BYTES, data)?;
+            self.write_blocks(offset / BLOCK_SIZE_BYTES, data, who)?;
         } else {
             let _exclusive = self.rmw_exclusive()?;
-            self.write_unaligned(offset, data)?;
+            self.write_unaligned(offset, data, who)?;
         }
         self.counters
             .client_bytes_written
@@ -59,7 +83,7 @@ impl Volume {
         }
     }
 
-    fn write_unaligned(&self, offset: u64, data: &[u8]) -> Result<(), VolError> {
+    fn write_unaligned(&self, offset: u64, data: &[u8], who: Writer) -> Result<(), VolError> {
         let first = offset / BLOCK_SIZE_BYTES;
         let last = (offset + data.len() as u64 - 1) / BLOCK_SIZE_BYTES;
         let nblocks = (last - first + 1) as usize;
@@ -73,12 +97,12 @@ impl Volume {
             self.read_blocks(last, &mut buf[(nblocks - 1) * BS..])?;
         }
         buf[head..tail_end].copy_from_slice(data);
-        self.write_blocks(first, &buf)
+        self.write_blocks(first, &buf, who)
     }
 
-    fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), VolError> {
+    fn write_blocks(&self, lba: u64, data: &[u8], who: Writer) -> Result<(), VolError> {
         assert!(data.len().is_multiple_of(BS));
-        let mut items = self.prepare(lba, data)?;
+        let mut items = self.prepare(lba, data, who)?;
         self.prefault(lba, lba + (data.len() / BS) as u64)?;
         loop {
             let packing = self.sb.packing();
@@ -115,7 +139,7 @@ impl Volume {
             drop(st);
             items = orphans
                 .into_iter()
-                .map(|o| self.compress_block(o.lba, o.block, o.fp))
+                .map(|o| self.compress_block(o.lba, o.block, o.fp, who))
                 .collect();
         }
     }

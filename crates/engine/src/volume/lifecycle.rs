@@ -150,7 +150,7 @@ impl Volume {
 
     /// Formats `storage` as a new, empty cache volume (`FLAG_CACHE`: see
     /// `crate::cache`) and opens it; the caller writes its label.
-    pub(crate) fn create_cache_volume(
+    pub fn create_cache_volume(
         storage: Arc<dyn Storage>,
         c: &CreateOptions,
     ) -> Result<Volume, VolError> {
@@ -161,7 +161,7 @@ impl Volume {
 
     /// The create options that made this volume (a cache starting cold is
     /// formatted again with them, under a new uuid).
-    pub(crate) fn create_options_again(&self) -> CreateOptions {
+    pub fn create_options_again(&self) -> CreateOptions {
         CreateOptions {
             logical_size_bytes: self.sb.logical_size_bytes,
             physical_size_bytes: self.sb.physical_size_bytes,
@@ -173,7 +173,7 @@ impl Volume {
     }
 
     /// The store the volume lives on.
-    pub(crate) fn storage(&self) -> &Arc<dyn Storage> {
+    pub fn storage(&self) -> &Arc<dyn Storage> {
         &self.storage
     }
 
@@ -278,6 +278,7 @@ impl Volume {
                 (policy_of(&sb).is_auto() && options.elastic.recompress && !options.read_only)
                     .then_some(options.elastic.inline_cpu_percent)
                     .flatten(),
+                &options.clock,
             ),
             caches: Caches::new(
                 options

@@ -50,6 +50,7 @@ mod stats;
 mod tests;
 
 use crate::dedup::Fingerprint;
+pub use commit::Writer;
 pub use jobs::checkpointer::Checkpointer;
 pub use jobs::cleaner::CleanerConfig;
 pub use jobs::recompress::RecompressReport;
@@ -62,16 +63,10 @@ pub use options::{
     dedup_memory_default_bytes, map_cache_pages, read_cache_default_bytes, CreateOptions,
     OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, MAP_CACHE_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
 };
-pub use prepare::mark_background_writer;
 pub use read::Extent;
-// Record decoding lives in crate::records; these paths stay for the tools
-// that used them here.
-pub(crate) use crate::liveness::rebuild as rebuild_liveness;
-pub(crate) use crate::records::data_records as parse_segment;
-pub use crate::records::{block_index, decode_block_record};
 
-/// What `stat` asks a served cache for (`crate::cache`).
-pub(crate) type CacheStatsHook = Box<dyn Fn() -> crate::stats::CacheStats + Send + Sync>;
+/// What `stat` asks the cache layer above a volume for (`cvol_cache`).
+pub type CacheStatsHook = Box<dyn Fn() -> crate::stats::CacheStats + Send + Sync>;
 
 /// Handle of the background cleaner thread (stops when dropped).
 pub type BackgroundCleaner = Worker;
@@ -164,7 +159,7 @@ pub struct Volume {
     caches: read::Caches,
     counters: stats::Counters,
     jobs: jobs::JobsState,
-    /// A cache volume's counters, once `crate::cache` serves it.
+    /// The cache layer's counters (`cvol_cache`), when one is above.
     cache_stats: std::sync::OnceLock<CacheStatsHook>,
 }
 

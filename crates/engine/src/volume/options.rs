@@ -1,8 +1,10 @@
 //! How a volume is created and opened, and the defaults.
 use super::jobs::cleaner::CleanerConfig;
+use crate::clock::{Clock, SystemClock};
 use crate::codec::Codec;
 use crate::policy::{CodecPolicy, ElasticConfig};
 use cvol_format::superblock::Packing;
+use std::sync::Arc;
 
 /// The largest default dedup index; `dedup_memory_default_bytes` scales it
 /// down for smaller volumes.
@@ -144,6 +146,10 @@ pub struct OpenOptions {
     /// `ZERO_AHEAD_DEFAULT_BYTES` where an overwrite is cheaper (a file),
     /// else 0. The simulations set it.
     pub zero_ahead_bytes: Option<usize>,
+    /// The time the codec policy's load and CPU budget and the background
+    /// jobs' idle test read (`crate::clock`): the system clock by default,
+    /// a `ManualClock` in a simulation that wants its seed to fix them.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// The zeros a flush writes past the data head, by default, on a store
@@ -166,6 +172,7 @@ impl Default for OpenOptions {
             metadata_device_path: None,
             warm_segments: None,
             zero_ahead_bytes: None,
+            clock: SystemClock::shared(),
         }
     }
 }

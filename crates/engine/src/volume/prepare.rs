@@ -3,7 +3,7 @@
 //! looked up in the index, verified byte for byte against the stored block)
 //! and runs of data merged into units, each compressed with the codec the
 //! policy picks (the compressibility probe sends incompressible data raw).
-use super::{Volume, BS};
+use super::{Volume, Writer, BS};
 use crate::codec::Codec;
 use crate::dedup::{self, Fingerprint};
 use crate::error::VolError;
@@ -75,20 +75,6 @@ pub(in crate::volume) fn is_zero(b: &[u8]) -> bool {
         && rest.iter().all(|&x| x == 0)
 }
 
-thread_local! {
-    /// Set on a thread whose writes are background work, off every
-    /// client's path (a cache's fills, `crate::cache`): policy `auto`
-    /// compresses them as when idle (EDC: the strong codec where the CPU
-    /// time is not a client's).
-    static BACKGROUND_WRITER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Marks the calling thread's writes as background work (see
-/// `BACKGROUND_WRITER`); for the thread's lifetime.
-pub fn mark_background_writer() {
-    BACKGROUND_WRITER.with(|b| b.set(true));
-}
-
 impl Volume {
     /// The dedup fingerprint of each 4 KiB block of `data` (0 for a zero
     /// block, or every block when the volume has no dedup).
@@ -122,6 +108,7 @@ impl Volume {
         &self,
         lba: u64,
         data: &'a [u8],
+        who: Writer,
     ) -> Result<Vec<Prepared<'a>>, VolError> {
         assert!(!data.is_empty() && data.len().is_multiple_of(BS));
         let dups = self.find_duplicates(lba, data)?;
@@ -138,6 +125,7 @@ impl Volume {
                     lba + start as u64,
                     &data[start * BS..end * BS],
                     &dups.fps[start..end],
+                    who,
                 ));
             }
         };
@@ -224,7 +212,7 @@ impl Volume {
     /// incompressible, else the fixed codec or the auto policy's choice
     /// for the current load, or deferred (a raw unit) when the load is busy
     /// and inline compression has used its CPU budget (runs of 2+ blocks).
-    fn choose_codec(&self, data: &[u8]) -> Choice {
+    fn choose_codec(&self, data: &[u8], who: Writer) -> Choice {
         let n = (data.len() / BS) as u64;
         let es = &self.counters.elastic;
         match self.policy {
@@ -235,9 +223,9 @@ impl Volume {
             }
             CodecPolicy::Fixed(c) => Choice::Codec(c),
             CodecPolicy::Auto { .. } => {
-                let load = match BACKGROUND_WRITER.with(std::cell::Cell::get) {
-                    true => policy::Load::Idle,
-                    false => self.activity.load.load(&self.options.elastic),
+                let load = match who {
+                    Writer::Background => policy::Load::Idle,
+                    Writer::Client => self.activity.load.load(&self.options.elastic),
                 };
                 if load == policy::Load::Busy
                     && n >= 2
@@ -256,9 +244,15 @@ impl Volume {
     /// one unit record, or single-block records when it is one block or
     /// does not compress; or stores it as one raw unit when compression is
     /// deferred.
-    fn compress_run<'a>(&self, lba: u64, data: &'a [u8], fps: &[Fingerprint]) -> Vec<Prepared<'a>> {
+    fn compress_run<'a>(
+        &self,
+        lba: u64,
+        data: &'a [u8],
+        fps: &[Fingerprint],
+        who: Writer,
+    ) -> Vec<Prepared<'a>> {
         let es = &self.counters.elastic;
-        let out = match self.choose_codec(data) {
+        let out = match self.choose_codec(data, who) {
             Choice::Defer => {
                 let n = data.len() / BS;
                 es.deferred_units.fetch_add(1, Ordering::Relaxed);
@@ -274,9 +268,10 @@ impl Volume {
                 }]
             }
             Choice::Codec(codec) => {
-                let t = std::time::Instant::now();
+                let clock = self.activity.inline_budget.clock();
+                let t = clock.now_ns();
                 let out = self.compress_run_with(lba, data, fps, codec);
-                let spent = t.elapsed().as_nanos() as u64;
+                let spent = clock.now_ns().saturating_sub(t);
                 self.activity.inline_budget.spend(spent);
                 out
             }
@@ -344,8 +339,9 @@ impl Volume {
         lba: u64,
         block: &'a [u8],
         fp: Fingerprint,
+        who: Writer,
     ) -> Prepared<'a> {
-        self.compress_run(lba, block, &[fp])
+        self.compress_run(lba, block, &[fp], who)
             .pop()
             .expect("one block makes one record")
     }

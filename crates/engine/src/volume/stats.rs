@@ -352,26 +352,18 @@ impl Volume {
 }
 
 impl Volume {
-    /// The cache keys: a served cache's counters, an offline cache's label,
-    /// zeros and no `cache` for an ordinary volume.
+    /// The cache keys: what the cache layer above this volume reports
+    /// through its hook (a served cache's counters, an offline cache's
+    /// label), zeros and no `cache` otherwise.
     fn cache_stats(&self) -> crate::stats::CacheStats {
-        if let Some(hook) = self.cache_stats.get() {
-            return hook();
-        }
-        let info = self
-            .sb
-            .is_cache()
-            .then(|| crate::cache::read_label(&*self.storage, &self.sb))
-            .and_then(Result::ok)
-            .map(|l| crate::cache::info_of(&l, "offline"));
-        crate::stats::CacheStats {
-            cache: info,
-            ..Default::default()
-        }
+        self.cache_stats
+            .get()
+            .map(|hook| hook())
+            .unwrap_or_default()
     }
 
-    /// Lets a served cache answer `stat` (set once).
-    pub(crate) fn set_cache_stats(&self, hook: super::CacheStatsHook) {
+    /// Lets the cache layer above this volume answer `stat` (set once).
+    pub fn set_cache_stats(&self, hook: super::CacheStatsHook) {
         let _ = self.cache_stats.set(hook);
     }
 }

@@ -12,11 +12,12 @@ pub(in crate::volume) mod scrub;
 pub(in crate::volume) mod warmup;
 
 use super::Volume;
+use crate::clock::Clock;
 use crate::policy::{InlineBudget, LoadMonitor};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A client request this recent makes background work pause.
 const CLIENT_BUSY_MS: u64 = 20;
@@ -126,7 +127,9 @@ impl Drop for Worker {
 pub(in crate::volume) struct Activity {
     /// I/O intensity for the auto codec policy.
     pub(in crate::volume) load: LoadMonitor,
-    opened: Instant,
+    clock: Arc<dyn Clock>,
+    /// `clock` at the open, ns.
+    opened_ns: u64,
     /// Milliseconds since `opened` of the last client request.
     last_client_io_ms: AtomicU64,
     /// Writers waiting for the cleaner to make room (the cleaner stops yielding).
@@ -141,20 +144,24 @@ pub(in crate::volume) struct Activity {
 impl Activity {
     /// `inline_cpu_percent`: the budget of inline compression (None:
     /// always compress inline).
-    pub(in crate::volume) fn new(inline_cpu_percent: Option<u32>) -> Activity {
+    pub(in crate::volume) fn new(
+        inline_cpu_percent: Option<u32>,
+        clock: &Arc<dyn Clock>,
+    ) -> Activity {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Activity {
-            load: LoadMonitor::default(),
-            opened: Instant::now(),
+            load: LoadMonitor::new(clock.clone()),
+            clock: clock.clone(),
+            opened_ns: clock.now_ns(),
             last_client_io_ms: AtomicU64::new(0),
             space_waiters: AtomicUsize::new(0),
-            inline_budget: InlineBudget::new(cores, inline_cpu_percent),
+            inline_budget: InlineBudget::new(cores, inline_cpu_percent, clock.clone()),
             defer_room: AtomicBool::new(false),
         }
     }
 
     fn now_ms(&self) -> u64 {
-        self.opened.elapsed().as_millis() as u64
+        self.clock.now_ns().saturating_sub(self.opened_ns) / 1_000_000
     }
 
     pub(in crate::volume) fn note_client_io(&self) {

@@ -2,7 +2,7 @@
 //! TRIM, WRITE_ZEROES and FLUSH, in either mode.
 use super::lines::WriteLocks;
 use super::{CacheVolume, Fill, Start, BS, FILL_QUEUE_MAX_BYTES};
-use crate::error::VolError;
+use cvol_engine::error::VolError;
 use cvol_format::cache::CacheMode;
 use std::sync::atomic::Ordering;
 

@@ -1,4 +1,5 @@
-//! A compressed cache in front of a slow origin (FlaZ, seed 000 §2.2, §4.1).
+//! A compressed cache in front of a slow origin (FlaZ, Makatos et al.,
+//! EuroSys 2010, §2.2 and §4.1; docs/REFERENCES.md).
 //!
 //! A cache is an ordinary volume (`FLAG_CACHE`) whose logical size is its
 //! origin's. Its map tells what is cached: a block the map holds (data or
@@ -45,9 +46,9 @@ mod tests;
 pub use cvol_format::cache::{CacheLabel, CacheMode, OriginStamp, CACHE_LINE_DEFAULT_BYTES};
 pub use maintain::CacheWorker;
 
-use crate::error::{OpenError, VolError};
-use crate::stats::{CacheInfo, CacheStats};
-use crate::volume::{CreateOptions, OpenOptions, Volume};
+use cvol_engine::error::{OpenError, VolError};
+use cvol_engine::stats::{CacheInfo, CacheStats};
+use cvol_engine::volume::{CreateOptions, OpenOptions, Volume};
 use cvol_format::cache::{CACHE_LABEL_A_OFFSET, CACHE_LABEL_BYTES, CACHE_LABEL_B_OFFSET};
 use cvol_format::{Superblock, BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES};
 use cvol_storage::Storage;
@@ -224,6 +225,22 @@ fn write_label(storage: &dyn Storage, label: &mut CacheLabel) -> Result<(), VolE
             .map_err(io_err)?;
     }
     Ok(())
+}
+
+/// Lets `stat` of a cache volume nobody serves show its label (`start`
+/// reads "offline"); an ordinary volume is left as it is.
+pub fn describe_offline(vol: &Volume) {
+    if !vol.superblock().is_cache() {
+        return;
+    }
+    let storage = vol.storage().clone();
+    let sb = vol.superblock().clone();
+    vol.set_cache_stats(Box::new(move || CacheStats {
+        cache: read_label(&*storage, &sb)
+            .ok()
+            .map(|l| info_of(&l, "offline")),
+        ..Default::default()
+    }));
 }
 
 /// `stat`'s `cache` object.

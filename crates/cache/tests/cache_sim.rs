@@ -1,4 +1,4 @@
-//! The cache in front of an origin (`cvol_engine::cache`), simulated: a
+//! The cache in front of an origin (`cvol_cache`), simulated: a
 //! cache store and an origin store (two `SimStorage`s), seeded random
 //! reads, writes (some FUA), zeroing, flushes, fills, evictions and
 //! write-back, clean restarts, and power cuts.
@@ -24,10 +24,11 @@
 //! cut. Seeds: `CVOL_CACHE_SEEDS` / `CVOL_CACHE_SEED`,
 //! `CVOL_CACHE_CONC_SEEDS` / `CVOL_CACHE_CONC_SEED`; `CVOL_CACHE_TRACE=1`
 //! prints the ops of the sequential runs.
+#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 use common::seeds::run_seeds;
 use common::{BS, MIB};
-use cvol_engine::cache::{self, CacheConfig, CacheMode, CacheVolume, OriginStamp, StampFn, Start};
+use cvol_cache::{CacheConfig, CacheMode, CacheVolume, OriginStamp, StampFn, Start};
 use cvol_engine::{CreateOptions, OpenOptions};
 use cvol_storage::{SimStorage, Storage};
 use rand::rngs::StdRng;
@@ -167,7 +168,7 @@ impl World {
             line_size_bytes: (LINE_BLOCKS * BS as u64) as u32,
         };
         let stamp = (stamp_fn())().unwrap();
-        cache::create(Arc::new(cache_store.clone()), &c, &cfg, stamp).expect("create");
+        cvol_cache::create(Arc::new(cache_store.clone()), &c, &cfg, stamp).expect("create");
         World {
             cache_store,
             origin,

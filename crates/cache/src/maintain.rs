@@ -2,7 +2,8 @@
 //! the physical size, write-back of dirty lines, and the clean close.
 use super::lines::WriteLocks;
 use super::{CacheVolume, Fill, Start, BS, EVICT_HIGH_PERCENT, EVICT_LOW_PERCENT};
-use crate::error::VolError;
+use cvol_engine::error::VolError;
+use cvol_engine::volume::Writer;
 use cvol_format::cache::CacheMode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -39,8 +40,6 @@ impl CacheVolume {
         let handle = std::thread::Builder::new()
             .name("cvol-cache".into())
             .spawn(move || {
-                // Fills are off every client's path: the idle codec.
-                crate::volume::mark_background_writer();
                 while !flag.load(Ordering::SeqCst) {
                     let Some(c) = weak.upgrade() else { return };
                     if let Err(e) = c.background_round(&flag) {
@@ -161,7 +160,11 @@ impl CacheVolume {
                 continue;
             }
             let part = &f.data[a * BS as usize..b * BS as usize];
-            match self.vol.write_at((lba + a as u64) * BS, part, false) {
+            // Fills are off every client's path: the idle codec.
+            match self
+                .vol
+                .write_as(Writer::Background, (lba + a as u64) * BS, part, false)
+            {
                 Ok(()) => wrote += part.len() as u64,
                 Err(VolError::NoSpace) => break,
                 Err(e) => return Err(e),
