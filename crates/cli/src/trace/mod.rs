@@ -8,7 +8,8 @@
 //! record and counts it), and a thread of its own writes the file through
 //! a 1 MiB buffer, flushed every second and at the stop.
 use crate::backend::{Call, Hook, Hooked, VolumeBackend};
-use crate::volfile::{self, Opened, Purpose};
+use crate::error::Error;
+use crate::volfile::{self, Globals, Opened, Purpose};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use cvol_engine::{OpenOptions, Volume};
 use cvol_format::trace::{
@@ -54,23 +55,23 @@ fn result_name(code: u8) -> &'static str {
 
 /// Checks, before the volume is opened, that `--trace FILE` can be made:
 /// no such file yet, in a directory that exists.
-pub fn check_new_file(path: &Path) -> Result<(), String> {
+pub fn check_new_file(path: &Path) -> Result<(), Error> {
     if std::fs::symlink_metadata(path).is_ok() {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--trace {}: exists; refusing to replace it (choose a new file)",
             path.display()
-        ));
+        )));
     }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     if !dir.is_dir() {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--trace {}: the directory {} does not exist",
             path.display(),
             dir.display()
-        ));
+        )));
     }
     Ok(())
 }
@@ -87,7 +88,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn create(path: &Path, volume_bytes: u64) -> Result<Recorder, String> {
+    pub fn create(path: &Path, volume_bytes: u64) -> Result<Recorder, Error> {
         use std::os::unix::fs::OpenOptionsExt;
         // Private like a volume: the trace shows what clients did.
         let file = std::fs::OpenOptions::new()
@@ -95,12 +96,14 @@ impl Recorder {
             .create_new(true)
             .mode(0o600)
             .open(path)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => format!(
-                    "--trace {}: exists; refusing to replace it (choose a new file)",
-                    path.display()
-                ),
-                _ => format!("--trace {}: {e}", path.display()),
+            .map_err(|e| {
+                Error::Usage(match e.kind() {
+                    std::io::ErrorKind::AlreadyExists => format!(
+                        "--trace {}: exists; refusing to replace it (choose a new file)",
+                        path.display()
+                    ),
+                    _ => format!("--trace {}: {e}", path.display()),
+                })
             })?;
         let start_unix_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -113,14 +116,14 @@ impl Recorder {
             }
             .encode(),
         )
-        .map_err(|e| format!("--trace {}: {e}", path.display()))?;
+        .map_err(|e| Error::Usage(format!("--trace {}: {e}", path.display())))?;
         let (tx, rx) = bounded(QUEUE_RECORDS);
         let closing = Arc::new(AtomicBool::new(false));
         let writer_closing = closing.clone();
         let writer = std::thread::Builder::new()
             .name("cvol-trace".into())
             .spawn(move || write_records(&rx, out, &writer_closing))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::io("cannot start the trace writer", e))?;
         Ok(Recorder {
             queue: tx,
             started: Instant::now(),
@@ -248,12 +251,13 @@ pub struct Trace {
     pub trailing_bytes: u64,
 }
 
-pub fn read_trace(path: &Path) -> Result<Trace, String> {
+pub fn read_trace(path: &Path) -> Result<Trace, Error> {
     let mut bytes = Vec::new();
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let header = TraceHeader::decode(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| Error::io(path.display(), e))?;
+    let header = TraceHeader::decode(&bytes)
+        .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?;
     let body = &bytes[TRACE_HEADER_BYTES..];
     let mut records = Vec::with_capacity(body.len() / TRACE_RECORD_BYTES);
     for chunk in body.chunks(TRACE_RECORD_BYTES) {
@@ -346,14 +350,14 @@ fn totals_lines(t: &[(TraceCommand, Totals)]) -> Vec<String> {
 }
 
 /// `cvol trace show FILE`: a summary, then the first `limit` records.
-pub fn cmd_show(path: &Path, json: bool, limit: Option<usize>) -> Result<ExitCode, String> {
+pub fn cmd_show(path: &Path, json: bool, limit: Option<usize>) -> Result<ExitCode, Error> {
     let trace = read_trace(path)?;
     let span_ns = trace.records.iter().map(|r| r.start_ns).max().unwrap_or(0);
     let shown = &trace.records[..limit.unwrap_or(usize::MAX).min(trace.records.len())];
     let mut out = std::io::stdout().lock();
-    let w = |out: &mut std::io::StdoutLock<'_>, s: String| -> Result<(), String> {
+    let w = |out: &mut std::io::StdoutLock<'_>, s: String| -> Result<(), Error> {
         match writeln!(out, "{s}") {
-            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.to_string()),
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::io("stdout", e)),
             _ => Ok(()),
         }
     };
@@ -431,15 +435,15 @@ pub enum DataKind {
 }
 
 impl DataKind {
-    pub fn parse(v: &str) -> Result<DataKind, String> {
+    pub fn parse(v: &str) -> Result<DataKind, Error> {
         match v {
             "random" => Ok(DataKind::Random),
             "zero" => Ok(DataKind::Zero),
             _ => match v.trim_end_matches('%').parse::<u8>() {
                 Ok(p) if p <= 100 => Ok(DataKind::Compressible(p)),
-                _ => Err(format!(
+                _ => Err(Error::Usage(format!(
                     "--data {v}: expected a compressibility percentage (0-100), random or zero"
-                )),
+                ))),
             },
         }
     }
@@ -488,12 +492,12 @@ pub struct ReplayArgs {
 
 /// `--unit-size SIZE` (`cvol serve`, `cvol trace replay`): a power of two from 4K to
 /// 64K, returned in 4 KiB blocks.
-pub fn parse_unit_size(v: &str) -> Result<u32, String> {
-    let unit = crate::size::parse_size(v).map_err(|e| format!("--unit-size: {e}"))?;
+pub fn parse_unit_size(v: &str) -> Result<u32, Error> {
+    let unit = crate::size::parse_size(v).map_err(|e| Error::Usage(format!("--unit-size: {e}")))?;
     if !(4096..=65536).contains(&unit) || !unit.is_power_of_two() {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--unit-size {v} must be a power of two from 4K to 64K"
-        ));
+        )));
     }
     Ok((unit / 4096) as u32)
 }
@@ -559,22 +563,26 @@ fn execute(
 
 /// Opens `volume` for writing, as `serve` does (it must not be served),
 /// with merged compression units of `unit_blocks` blocks.
-fn open_for_replay(volume: &Path, args: &ReplayArgs) -> Result<Arc<Volume>, String> {
+fn open_for_replay(
+    volume: &Path,
+    args: &ReplayArgs,
+    globals: &Globals,
+) -> Result<Arc<Volume>, Error> {
     let purpose = Purpose::Serve { writable: true };
     let mut store = volfile::open_volume_store(volume, purpose)?;
     if args.direct {
         store
             .set_direct()
-            .map_err(|e| format!("{}: --direct: {e}", volume.display()))?;
+            .map_err(|e| Error::Refused(format!("{}: --direct: {e}", volume.display())))?;
     }
     let unit_blocks = args.unit_blocks;
     let mut options = OpenOptions::default();
     options.elastic.unit_blocks = unit_blocks;
-    let store = volfile::with_metadata(volume, store, purpose, &mut options)?;
+    let store = volfile::with_metadata(volume, store, purpose, globals, &mut options)?;
     match volfile::open_with_progress(volume, store, options, None) {
         Opened::Volume(v) => Ok(Arc::new(*v)),
         Opened::Failed(e) => Err(e),
-        Opened::Stopped => Err("stopped while opening".into()),
+        Opened::Stopped => Err(Error::Refused("stopped while opening".into())),
     }
 }
 
@@ -582,18 +590,23 @@ fn open_for_replay(volume: &Path, args: &ReplayArgs) -> Result<Arc<Volume>, Stri
 /// order, `queue_depth` at a time; a FLUSH waits for everything before it
 /// (as a client's FLUSH covers what completed). Prints what it did and
 /// the volume's space figures after a final flush.
-pub fn cmd_replay(trace_path: &Path, volume: &Path, args: &ReplayArgs) -> Result<ExitCode, String> {
+pub fn cmd_replay(
+    trace_path: &Path,
+    volume: &Path,
+    args: &ReplayArgs,
+    globals: &Globals,
+) -> Result<ExitCode, Error> {
     let trace = read_trace(trace_path)?;
-    let vol = open_for_replay(volume, args)?;
+    let vol = open_for_replay(volume, args, globals)?;
     if trace.header.volume_bytes > vol.size_bytes() {
         let size = vol.size_bytes();
         let _ = vol.close();
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "{}: the trace is of a {}-byte volume and {} is {size} bytes; create one at least as large",
             trace_path.display(),
             trace.header.volume_bytes,
             volume.display()
-        ));
+        )));
     }
     let cleaner = vol.start_background_cleaner();
     let checkpointer = vol.start_background_checkpointer();
@@ -608,9 +621,9 @@ pub fn cmd_replay(trace_path: &Path, volume: &Path, args: &ReplayArgs) -> Result
     let stats = vol.stats();
     let closed = vol
         .close()
-        .map_err(|e| format!("closing {}: {e}", volume.display()));
+        .map_err(|e| Error::Refused(format!("closing {}: {e}", volume.display())));
     report(&results, elapsed, &stats, args.json)?;
-    flushed.map_err(|e| format!("the final flush failed: {e:?}"))?;
+    flushed.map_err(|e| Error::Refused(format!("the final flush failed: {e:?}")))?;
     closed?;
     Ok(if results.errors > 0 {
         ExitCode::from(1)
@@ -707,7 +720,7 @@ fn report(
     elapsed: Duration,
     stats: &cvol_engine::VolumeStats,
     json: bool,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let secs = elapsed.as_secs_f64().max(1e-9);
     let requests: u64 = r.by_command.iter().map(|(_, t)| t.requests).sum();
     let bytes: u64 = r
@@ -823,96 +836,4 @@ fn volume_lines(s: &cvol_engine::VolumeStats) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn data_kinds_parse_and_fill_as_named() {
-        assert_eq!(DataKind::parse("55").unwrap(), DataKind::Compressible(55));
-        assert_eq!(DataKind::parse("55%").unwrap(), DataKind::Compressible(55));
-        assert_eq!(DataKind::parse("random").unwrap(), DataKind::Random);
-        assert!(DataKind::parse("101").unwrap_err().starts_with("--data"));
-        let mut a = vec![1u8; 8192];
-        DataKind::Compressible(50).fill(&mut a, 0, 1);
-        assert!(a[2048..4096].iter().all(|&b| b == 0) && a[6144..].iter().all(|&b| b == 0));
-        assert!(a[..2048].iter().filter(|&&b| b == 0).count() < 64);
-        let mut b = vec![0u8; 8192];
-        DataKind::Compressible(50).fill(&mut b, 0, 2);
-        assert_ne!(a, b, "another request writes other bytes");
-        assert_ne!(a[..4096], a[4096..], "blocks differ");
-        DataKind::Zero.fill(&mut b, 0, 2);
-        assert!(b.iter().all(|&x| x == 0));
-    }
-
-    #[test]
-    fn unit_sizes_parse_as_serve_reads_them() {
-        assert_eq!(parse_unit_size("4K").unwrap(), 1);
-        assert_eq!(parse_unit_size("16K").unwrap(), 4);
-        assert_eq!(parse_unit_size("64K").unwrap(), 16);
-        for bad in ["3K", "2K", "128K", "0"] {
-            let e = parse_unit_size(bad).unwrap_err();
-            assert!(e.starts_with("--unit-size"), "{bad}: {e}");
-        }
-    }
-
-    #[test]
-    fn the_volume_report_names_the_figures_as_stat_does() {
-        let mut s = cvol_engine::VolumeStats {
-            physical_used_bytes: 1 << 20,
-            padding_bytes: 1 << 18,
-            pages_written_per_block: 1.25,
-            map_bytes_per_mapped_block: 2.5,
-            ..Default::default()
-        };
-        s.elastic.client_reads = 10;
-        s.elastic.store_pages_read = 15;
-        s.elastic.pages_read_per_read = 1.5;
-        s.cleaner.cleaner_segments_cleaned = 3;
-        let v = volume_json(&s);
-        let stat = serde_json::to_value(&s).unwrap();
-        for (k, x) in v.as_object().unwrap() {
-            assert_eq!(
-                Some(x),
-                stat.get(k),
-                "{k} is not stat's figure of that name"
-            );
-        }
-        assert_eq!(v["pages_read_per_read"], 1.5);
-        assert_eq!(v["cleaner_segments_cleaned"], 3);
-        let text = volume_lines(&s).join("\n");
-        assert!(
-            text.contains("padding 262144 bytes (25.00% of physical used)"),
-            "{text}"
-        );
-        assert!(text.contains("1.500 pages per read") && text.contains("3 segments cleaned"));
-    }
-
-    #[test]
-    fn a_trace_cut_short_reads_up_to_its_last_whole_record() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.trace");
-        let recorder = Arc::new(Recorder::create(&path, 1 << 30).unwrap());
-        let again = Recorder::create(&path, 1 << 30).map(|_| ());
-        assert!(again.unwrap_err().contains("exists"));
-        for i in 0..10u64 {
-            recorder.record(TraceRecord {
-                start_ns: i * 1000,
-                offset: i * 4096,
-                length: 4096,
-                duration_ns: 10,
-                command: TraceCommand::Write,
-                flags: 0,
-                result: 0,
-            });
-        }
-        recorder.finish();
-        let t = read_trace(&path).unwrap();
-        assert_eq!((t.records.len(), t.trailing_bytes), (10, 0));
-        assert_eq!(t.records[9].offset, 9 * 4096);
-        let len = std::fs::metadata(&path).unwrap().len();
-        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        f.set_len(len - 5).unwrap();
-        let t = read_trace(&path).unwrap();
-        assert_eq!((t.records.len(), t.trailing_bytes), (9, 27));
-    }
-}
+mod tests;
