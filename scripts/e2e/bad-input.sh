@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bad input on first use (issue 14): every refused command exits with its
+# Bad input on first use: every refused command exits with its
 # documented code (1: `check` found problems, 2: cannot run), says what is
 # wrong (a key phrase is grepped), and changes nothing on disk: every file
 # of the working directory is listed with its type, size, mtime and CRC

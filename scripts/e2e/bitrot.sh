@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 22: bit rot in the backing file never makes cvol drop flushed data
+# bitrot: bit rot in the backing file never makes cvol drop flushed data
 # silently. A volume gets 64 MiB of real file-system data as 4 KiB writes
 # through libnbd, a FLUSH and a clean stop; then, per seed, a copy of the
 # backing file (192 MiB physical, so copies and compares stay cheap) gets

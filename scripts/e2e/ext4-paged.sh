@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ext4.sh served with a 64 KiB map cache (issue 16): ten block map pages
+# ext4.sh served with a 64 KiB map cache: ten block map pages
 # (5,120 blocks' entries) fit in it, far fewer than mkfs, the copy, fsck and
 # the diff after a restart touch, so they run with map pages dropped and
 # read back from the volume all the time. The restarted server's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: the space the host sees gets better with idle time, not worse.
+# idle-space: the space the host sees gets better with idle time, not worse.
 # Real data (a tar of /usr) goes into a fresh volume with default flags by
 # nbdcopy at full speed (lz4 while busy); then the clients go idle, and
 # background recompression and idle cleaning run. Checked, with `du` of the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `cvol create --metadata-device` (issue 16): the volume's map, checkpoints
+# `cvol create --metadata-device`: the volume's map, checkpoints
 # and fingerprint tables on a second file. Checks, through real clients:
 # - kill9.sh's rounds (kill -9 under flushed writes, restart, every flushed
 #   write survives, `cvol check` passes) on a volume with a small metadata

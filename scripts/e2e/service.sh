@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# service: running cvol as a service (issue 20).
+# service: running cvol as a service.
 #  - systemd's notify protocol against a fake NOTIFY_SOCKET (a Python
 #    datagram listener): READY=1 only once the export answers, WATCHDOG=1
 #    at half of WATCHDOG_USEC, STOPPING=1 at SIGTERM; SIGHUP does not kill

@@ -29,7 +29,7 @@
 #                      of live after the fill (default 115)
 #   E2E_THIN_LOGICAL   logical size of the copy's volumes (default 1G)
 #   E2E_THIN_OW_LOGICAL, E2E_THIN_PHYS_MB  logical size and physical MiB of
-#                      the 4k/16k volumes (default 2G and 600, the issue's
+#                      the 4k/16k volumes (default 2G and 600, the reported
 #                      shape: at 1G/300M one build passed that failed here)
 #   E2E_THIN_MIN_IOPS  floor for the overwrites' IOPS (default 200; a roomy
 #                      volume does tens of thousands here: below the floor the

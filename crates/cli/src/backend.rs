@@ -14,7 +14,7 @@ pub(crate) fn to_nbd(e: VolError) -> BackendError {
         VolError::ReadOnly => BackendError::ReadOnly,
         VolError::NoSpace => BackendError::NoSpace,
         VolError::Corrupt { .. } => BackendError::Io,
-        e @ (VolError::Io(_) | VolError::Poisoned | VolError::Open(_)) => {
+        e @ (VolError::Io(_) | VolError::Poisoned | VolError::Open(_) | VolError::Meta(_)) => {
             tracing::warn!("request failed: {e}");
             BackendError::Io
         }

@@ -1,7 +1,8 @@
 //! `cvol check [--repair]`: exit 0 only for a volume that is consistent
 //! and opens, 1 with the problems found, 2 when it cannot run (not a
 //! volume, served, unreadable path).
-use crate::volfile::{self, Header, Purpose};
+use crate::error::Error;
+use crate::volfile::{self, Globals, Header, Purpose};
 use cvol_engine::check::CheckReport;
 use cvol_engine::{OpenOptions, Volume};
 use std::io::IsTerminal;
@@ -24,13 +25,13 @@ fn print_problems(path: &Path, errors: &[String]) {
     }
 }
 
-pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
+pub fn cmd_check(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, Error> {
     if crate::objvol::url_of(path).is_some() {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "{}: check and repair work on local media; for a volume in an object store use \
              `cvol scrub` (it verifies every block, served or not)",
             path.display()
-        ));
+        )));
     }
     let (storage, kind) = volfile::open_store(path, Purpose::Check)?;
     let rep = match volfile::read_header(path, &storage, kind)? {
@@ -40,9 +41,13 @@ pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
             // check says what is wrong with them.
             let storage: Arc<dyn cvol_storage::Storage> = match header {
                 Header::Damaged => Arc::new(storage),
-                _ => {
-                    volfile::with_metadata(path, storage, Purpose::Check, &mut Default::default())?
-                }
+                _ => volfile::with_metadata(
+                    path,
+                    storage,
+                    Purpose::Check,
+                    globals,
+                    &mut Default::default(),
+                )?,
             };
             let bar = std::io::stderr().is_terminal().then(|| {
                 let pb = indicatif::ProgressBar::new(0);
@@ -72,7 +77,7 @@ pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&rep).map_err(|e| Error::Refused(e.to_string()))?
         );
     } else if rep.consistent() {
         println!(
@@ -92,13 +97,13 @@ pub fn cmd_check(path: &Path, json: bool) -> Result<ExitCode, String> {
     })
 }
 
-pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
+pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, Error> {
     if crate::objvol::url_of(path).is_some() {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "{}: check and repair work on local media; for a volume in an object store use \
              `cvol scrub` (it verifies every block, served or not)",
             path.display()
-        ));
+        )));
     }
     let (storage, kind) = volfile::open_store(path, Purpose::Repair)?;
     // A short store cannot be repaired from what is in it: say so, write nothing.
@@ -112,14 +117,20 @@ pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
             };
             println!(
                 "{}",
-                serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+                serde_json::to_string_pretty(&rep).map_err(|e| Error::Refused(e.to_string()))?
             );
         } else {
             print_problems(path, &[problem]);
         }
         return Ok(ExitCode::from(1));
     }
-    let storage = volfile::with_metadata(path, storage, Purpose::Repair, &mut Default::default())?;
+    let storage = volfile::with_metadata(
+        path,
+        storage,
+        Purpose::Repair,
+        globals,
+        &mut Default::default(),
+    )?;
     let mut rep = cvol_engine::check::repair_volume(storage.clone());
     // Consistent records are not enough: the volume must also open.
     if rep.after.consistent() {
@@ -135,10 +146,24 @@ pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
             ));
         }
     }
+    print_repair(path, &rep, json)?;
+    Ok(if rep.after.consistent() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// What `check --repair` did and what it could not save, as text or JSON.
+fn print_repair(
+    path: &Path,
+    rep: &cvol_engine::check::RepairReport,
+    json: bool,
+) -> Result<(), Error> {
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(rep).map_err(|e| Error::Refused(e.to_string()))?
         );
     } else {
         if rep.actions.is_empty() && rep.after.consistent() {
@@ -164,9 +189,5 @@ pub fn cmd_repair(path: &Path, json: bool) -> Result<ExitCode, String> {
             }
         }
     }
-    Ok(if rep.after.consistent() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(())
 }

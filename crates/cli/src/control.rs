@@ -4,6 +4,7 @@
 //! their requests, both ends: `stat` (crate::stat), `scrub RATE`,
 //! `scrub-status` and `scrub-cancel` (crate::scrub). The server side is
 //! crate::control_server.
+use crate::error::Error;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
@@ -87,7 +88,7 @@ fn unsafe_dir(dir: &Path, private: bool) -> Option<String> {
 /// Makes (mode 0700) or checks the run directory before a server opens
 /// its volume, and returns it: a directory another user made or can write
 /// to is refused with the reason, as nothing there could be trusted.
-pub fn prepare_run_dir() -> Result<PathBuf, String> {
+pub fn prepare_run_dir() -> Result<PathBuf, Error> {
     let dir = run_dir();
     let given = std::env::var_os("CVOL_RUN_DIR").is_some_and(|d| !d.is_empty());
     if !given {
@@ -96,16 +97,16 @@ pub fn prepare_run_dir() -> Result<PathBuf, String> {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "control socket directory {}: {e} (set CVOL_RUN_DIR to a directory of yours)",
                     dir.display()
-                ))
+                )))
             }
         }
     }
     match unsafe_dir(&dir, !given) {
         None => Ok(dir),
-        Some(why) => Err(format!(
+        Some(why) => Err(Error::Refused(format!(
             "control socket directory {}: {why}, so another user could replace or squat the \
              control socket; {}",
             dir.display(),
@@ -115,7 +116,7 @@ pub fn prepare_run_dir() -> Result<PathBuf, String> {
                 "remove it (cvol makes it afresh, mode 0700), or set CVOL_RUN_DIR to a \
                  directory only you can write to"
             }
-        )),
+        ))),
     }
 }
 

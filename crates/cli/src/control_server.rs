@@ -1,5 +1,6 @@
 //! The server side of the control socket (crate::control): a thread that
 //! answers each request with the command that owns it.
+use crate::error::Error;
 use crate::{control, scrub, sockfile, stat};
 use cvol_engine::Volume;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -36,9 +37,10 @@ pub struct Bound {
 /// Binds the control socket of `volume` in `dir` (from
 /// `control::prepare_run_dir`): a local volume's before it is opened, once
 /// its lock is held; an object-store volume's once the server claimed it.
-pub fn bind(dir: &Path, volume: &Path) -> Result<Bound, String> {
-    let path = control::socket_path_in(dir, volume)
-        .ok_or("cannot stat the volume for its control socket")?;
+pub fn bind(dir: &Path, volume: &Path) -> Result<Bound, Error> {
+    let path = control::socket_path_in(dir, volume).ok_or(Error::Refused(
+        "cannot stat the volume for its control socket".into(),
+    ))?;
     // A local volume is locked by this process: a socket there is stale.
     // An object-store volume is this server's once it fenced the older
     // one, which may still listen here (stopped, on this host): its
@@ -60,12 +62,12 @@ pub fn bind(dir: &Path, volume: &Path) -> Result<Bound, String> {
     // directory is the user's, the mode keeps others from connecting, and
     // the peer check below covers the moment between bind and chmod.
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("control socket {}: {e}", path.display()))?;
+        .map_err(|e| Error::Refused(format!("control socket {}: {e}", path.display())))?;
     Ok(Bound { listener, socket })
 }
 
 /// Answers the bound control socket for `vol` on a thread of its own.
-pub fn start(bound: Bound, vol: Arc<Volume>) -> Result<ControlGuard, String> {
+pub fn start(bound: Bound, vol: Arc<Volume>) -> Result<ControlGuard, Error> {
     let Bound { listener, socket } = bound;
     let guard_vol = vol.clone();
     std::thread::Builder::new()
@@ -75,7 +77,7 @@ pub fn start(bound: Bound, vol: Arc<Volume>) -> Result<ControlGuard, String> {
                 let _ = serve_one(conn, &vol);
             }
         })
-        .map_err(|e| format!("cannot start the control socket's thread: {e}"))?;
+        .map_err(|e| Error::Refused(format!("cannot start the control socket's thread: {e}")))?;
     Ok(ControlGuard {
         _socket: socket,
         vol: guard_vol,

@@ -4,6 +4,7 @@
 //! authentication (no TLS, or TLS without client certificates), and the
 //! reload of certificates on SIGHUP. The flags and their meaning follow
 //! nbdkit's, so scripts and certificates carry over.
+use crate::error::Error;
 use cvol_nbd::tls::{TlsCredentials, TlsMode, TlsSettings};
 use cvol_nbd::ServerConfig;
 use std::net::{IpAddr, SocketAddr};
@@ -91,48 +92,50 @@ pub struct EdgePlan {
 
 /// Refuses flag combinations that cannot work or that would look
 /// authenticated and not be. `tcp`: whether a TCP listener is served.
-pub fn check(p: &EdgePlan, tcp: bool) -> Result<(), String> {
+pub fn check(p: &EdgePlan, tcp: bool) -> Result<(), Error> {
     if p.psk {
-        return Err(
+        return Err(Error::Usage(
             "--tls-psk: TLS with pre-shared keys is not supported (rustls, cvol's TLS \
              library, has no server-side PSK); use --tls-certificates DIR with x509 \
              certificates"
                 .into(),
-        );
+        ));
     }
     match (p.tls, p.certificates) {
         (TlsFlag::On | TlsFlag::Require, false) => {
-            return Err(format!(
+            return Err(Error::Usage(format!(
             "--tls {}: needs --tls-certificates DIR (ca-cert.pem, server-cert.pem, server-key.pem)",
             tls_word(p.tls)
-        ))
+        )))
         }
         (TlsFlag::Off, true) => {
-            return Err("--tls-certificates: TLS is off; add --tls require (or --tls on)".into())
+            return Err(Error::Usage(
+                "--tls-certificates: TLS is off; add --tls require (or --tls on)".into(),
+            ))
         }
         _ => {}
     }
     match p.tls {
         TlsFlag::Off if p.verify_peer => {
-            return Err(
+            return Err(Error::Usage(
                 "--tls-verify-peer: TLS is off; add --tls require --tls-certificates DIR".into(),
-            )
+            ))
         }
         TlsFlag::On if p.verify_peer => {
-            return Err(
+            return Err(Error::Usage(
                 "--tls-verify-peer with --tls on: clients may skip TLS, and with it the \
                  certificate check, so a client without a certificate would still be served; \
                  use --tls require --tls-verify-peer"
                     .into(),
-            )
+            ))
         }
         _ => {}
     }
     if p.allow && !tcp {
-        return Err(
+        return Err(Error::Usage(
             "--allow filters TCP clients, and only --socket is served; add --listen ADDR:PORT or drop --allow"
                 .into(),
-        );
+        ));
     }
     Ok(())
 }
@@ -182,7 +185,7 @@ pub fn exposure(p: &EdgePlan, reach: Reach, addr: &str) -> Option<String> {
 /// Judges the edge flags of a start whose TCP listener `addr` has reach
 /// `reach`: refused ([`check`]'s reason), or served with these warnings
 /// ([`exposure`]).
-pub fn assess(p: &EdgePlan, reach: Reach, addr: &str) -> Result<Vec<String>, String> {
+pub fn assess(p: &EdgePlan, reach: Reach, addr: &str) -> Result<Vec<String>, Error> {
     check(p, reach != Reach::NoTcp)?;
     Ok(exposure(p, reach, addr).into_iter().collect())
 }
@@ -213,7 +216,7 @@ impl EdgeFlags {
         read_only: bool,
         reach: Reach,
         addr: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         for w in assess(&self.plan(read_only), reach, addr)? {
             tracing::warn!("{w}");
         }
@@ -224,7 +227,7 @@ impl EdgeFlags {
         };
         if let (Some(mode), Some(dir)) = (mode, &self.tls_certificates) {
             let credentials = TlsCredentials::load(dir, self.tls_verify_peer)
-                .map_err(|e| format!("--tls-certificates: {e}"))?;
+                .map_err(|e| Error::Usage(format!("--tls-certificates: {e}")))?;
             config.tls = Some(TlsSettings {
                 mode,
                 credentials: Arc::new(credentials),
@@ -242,20 +245,20 @@ impl EdgeFlags {
 }
 
 /// `--allow`: comma-separated networks; a bare address is a /32 (/128).
-pub fn parse_allow(list: &str) -> Result<Vec<ipnet::IpNet>, String> {
+pub fn parse_allow(list: &str) -> Result<Vec<ipnet::IpNet>, Error> {
     let mut nets = Vec::new();
     for item in list.split(',').map(str::trim) {
         if item.is_empty() {
-            return Err(format!("--allow {list}: an empty entry"));
+            return Err(Error::Usage(format!("--allow {list}: an empty entry")));
         }
         let net = item
             .parse::<ipnet::IpNet>()
             .or_else(|_| item.parse::<IpAddr>().map(ipnet::IpNet::from))
-            .map_err(|_| {
+            .map_err(|_| Error::Usage({
                 format!(
                     "--allow {list}: '{item}' is neither an address nor a network (e.g. 10.0.0.0/8, 192.168.1.5, ::1)"
                 )
-            })?;
+            }))?;
         nets.push(net.trunc());
     }
     Ok(nets)
@@ -269,10 +272,10 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub fn install(config: &ServerConfig) -> Result<Reloader, String> {
+    pub fn install(config: &ServerConfig) -> Result<Reloader, Error> {
         let hup = Arc::new(AtomicBool::new(false));
         signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
-            .map_err(|e| format!("SIGHUP handler: {e}"))?;
+            .map_err(|e| Error::io("SIGHUP handler", e))?;
         Ok(Reloader {
             credentials: config.tls.as_ref().map(|t| t.credentials.clone()),
             hup,
@@ -329,146 +332,148 @@ mod tests {
 
     /// Every TLS-related flag combination that matters, and its outcome:
     /// the table README.md "Serving to the network" gives users.
+    const TABLE: &[(&[&str], Reach, Outcome)] = &[
+        // Refused: flags that cannot work or would look authenticated and not be.
+        (
+            &["--tls-psk=/k"],
+            Loopback,
+            Refused("pre-shared keys is not supported"),
+        ),
+        (
+            &["--tls=require", CERTS, "--tls-psk=/k"],
+            Network,
+            Refused("--tls-psk"),
+        ),
+        (
+            &["--tls=on"],
+            Loopback,
+            Refused("--tls on: needs --tls-certificates"),
+        ),
+        (
+            &["--tls=require"],
+            Network,
+            Refused("--tls require: needs --tls-certificates"),
+        ),
+        (&[CERTS], Network, Refused("--tls-certificates: TLS is off")),
+        (
+            &["--tls-verify-peer"],
+            Network,
+            Refused("--tls-verify-peer: TLS is off"),
+        ),
+        (
+            &[CERTS, "--tls-verify-peer"],
+            Network,
+            Refused("TLS is off"),
+        ),
+        (
+            &["--tls=on", CERTS, "--tls-verify-peer"],
+            Network,
+            Refused("use --tls require --tls-verify-peer"),
+        ),
+        (
+            &["--tls=on", CERTS, "--tls-verify-peer"],
+            Loopback,
+            Refused("with --tls on"),
+        ),
+        (
+            &["--tls=on", CERTS, "--tls-verify-peer"],
+            NoTcp,
+            Refused("with --tls on"),
+        ),
+        (
+            &["--allow=10.0.0.0/8"],
+            NoTcp,
+            Refused("--allow filters TCP clients"),
+        ),
+        // Warned: other machines reach it, and no client is authenticated.
+        (
+            &[],
+            Network,
+            Warned("without TLS: no client is authenticated"),
+        ),
+        (
+            &["--allow=10.0.0.0/8"],
+            Network,
+            Warned("any client at an allowed address"),
+        ),
+        (
+            &["--read-only"],
+            Network,
+            Warned("can read the whole volume"),
+        ),
+        (
+            &["--tls=on", CERTS],
+            Network,
+            Warned("optional TLS (--tls on)"),
+        ),
+        (
+            &["--tls=on", CERTS, "--read-only"],
+            Network,
+            Warned("optional TLS"),
+        ),
+        (
+            &["--tls=require", CERTS],
+            Network,
+            Warned("Add --tls-verify-peer"),
+        ),
+        (
+            &["--tls=require", CERTS, "--allow=10.0.0.0/8"],
+            Network,
+            Warned("no client certificates"),
+        ),
+        (
+            &["--tls=require", CERTS, "--read-only"],
+            Network,
+            Warned("can read the whole volume"),
+        ),
+        // Served: clients authenticated, or not reachable from other machines.
+        (
+            &["--tls=require", CERTS, "--tls-verify-peer"],
+            Network,
+            Served,
+        ),
+        (
+            &[
+                "--tls=require",
+                CERTS,
+                "--tls-verify-peer",
+                "--allow=10.0.0.0/8",
+            ],
+            Network,
+            Served,
+        ),
+        (
+            &["--tls=require", CERTS, "--tls-verify-peer", "--read-only"],
+            Network,
+            Served,
+        ),
+        (
+            &["--tls=require", CERTS, "--tls-verify-peer"],
+            NoTcp,
+            Served,
+        ),
+        (
+            &["--tls=require", CERTS, "--tls-verify-peer"],
+            Loopback,
+            Served,
+        ),
+        (&["--tls=require", CERTS], Loopback, Served),
+        (&["--tls=require", CERTS], NoTcp, Served),
+        (&["--tls=on", CERTS], Loopback, Served),
+        (&[], Loopback, Served),
+        (&[], NoTcp, Served),
+        (&["--allow=127.0.0.1"], Loopback, Served),
+    ];
+
+    /// Each row of [`TABLE`] is refused, warned or served as it says.
     #[test]
     fn tls_flag_combinations_are_refused_warned_or_served() {
-        let table: &[(&[&str], Reach, Outcome)] = &[
-            // Refused: flags that cannot work or would look authenticated and not be.
-            (
-                &["--tls-psk=/k"],
-                Loopback,
-                Refused("pre-shared keys is not supported"),
-            ),
-            (
-                &["--tls=require", CERTS, "--tls-psk=/k"],
-                Network,
-                Refused("--tls-psk"),
-            ),
-            (
-                &["--tls=on"],
-                Loopback,
-                Refused("--tls on: needs --tls-certificates"),
-            ),
-            (
-                &["--tls=require"],
-                Network,
-                Refused("--tls require: needs --tls-certificates"),
-            ),
-            (&[CERTS], Network, Refused("--tls-certificates: TLS is off")),
-            (
-                &["--tls-verify-peer"],
-                Network,
-                Refused("--tls-verify-peer: TLS is off"),
-            ),
-            (
-                &[CERTS, "--tls-verify-peer"],
-                Network,
-                Refused("TLS is off"),
-            ),
-            (
-                &["--tls=on", CERTS, "--tls-verify-peer"],
-                Network,
-                Refused("use --tls require --tls-verify-peer"),
-            ),
-            (
-                &["--tls=on", CERTS, "--tls-verify-peer"],
-                Loopback,
-                Refused("with --tls on"),
-            ),
-            (
-                &["--tls=on", CERTS, "--tls-verify-peer"],
-                NoTcp,
-                Refused("with --tls on"),
-            ),
-            (
-                &["--allow=10.0.0.0/8"],
-                NoTcp,
-                Refused("--allow filters TCP clients"),
-            ),
-            // Warned: other machines reach it, and no client is authenticated.
-            (
-                &[],
-                Network,
-                Warned("without TLS: no client is authenticated"),
-            ),
-            (
-                &["--allow=10.0.0.0/8"],
-                Network,
-                Warned("any client at an allowed address"),
-            ),
-            (
-                &["--read-only"],
-                Network,
-                Warned("can read the whole volume"),
-            ),
-            (
-                &["--tls=on", CERTS],
-                Network,
-                Warned("optional TLS (--tls on)"),
-            ),
-            (
-                &["--tls=on", CERTS, "--read-only"],
-                Network,
-                Warned("optional TLS"),
-            ),
-            (
-                &["--tls=require", CERTS],
-                Network,
-                Warned("Add --tls-verify-peer"),
-            ),
-            (
-                &["--tls=require", CERTS, "--allow=10.0.0.0/8"],
-                Network,
-                Warned("no client certificates"),
-            ),
-            (
-                &["--tls=require", CERTS, "--read-only"],
-                Network,
-                Warned("can read the whole volume"),
-            ),
-            // Served: clients authenticated, or not reachable from other machines.
-            (
-                &["--tls=require", CERTS, "--tls-verify-peer"],
-                Network,
-                Served,
-            ),
-            (
-                &[
-                    "--tls=require",
-                    CERTS,
-                    "--tls-verify-peer",
-                    "--allow=10.0.0.0/8",
-                ],
-                Network,
-                Served,
-            ),
-            (
-                &["--tls=require", CERTS, "--tls-verify-peer", "--read-only"],
-                Network,
-                Served,
-            ),
-            (
-                &["--tls=require", CERTS, "--tls-verify-peer"],
-                NoTcp,
-                Served,
-            ),
-            (
-                &["--tls=require", CERTS, "--tls-verify-peer"],
-                Loopback,
-                Served,
-            ),
-            (&["--tls=require", CERTS], Loopback, Served),
-            (&["--tls=require", CERTS], NoTcp, Served),
-            (&["--tls=on", CERTS], Loopback, Served),
-            (&[], Loopback, Served),
-            (&[], NoTcp, Served),
-            (&["--allow=127.0.0.1"], Loopback, Served),
-        ];
-        for (flags, reach, want) in table {
+        for (flags, reach, want) in TABLE {
             let cmd = Cmd::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))
                 .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
             let got = assess(&cmd.edge.plan(cmd.read_only), *reach, "ADDR");
             let ok = match (&got, want) {
-                (Err(e), Refused(why)) => e.contains(why),
+                (Err(e), Refused(why)) => e.to_string().contains(why),
                 (Ok(w), Warned(why)) => w.len() == 1 && w[0].contains(why),
                 (Ok(w), Served) => w.is_empty(),
                 _ => false,
@@ -540,9 +545,12 @@ mod tests {
     #[test]
     fn allow_names_the_bad_entry() {
         for bad in ["", "10.0.0.0/33", "nonsense", "10.0.0.0/8,", "1.2.3"] {
-            let e = parse_allow(bad).unwrap_err();
+            let e = parse_allow(bad).unwrap_err().to_string();
             assert!(e.starts_with("--allow"), "{bad}: {e}");
         }
-        assert!(parse_allow("nonsense").unwrap_err().contains("'nonsense'"));
+        assert!(parse_allow("nonsense")
+            .unwrap_err()
+            .to_string()
+            .contains("'nonsense'"));
     }
 }

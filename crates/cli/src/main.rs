@@ -3,12 +3,14 @@
 //! Exit codes: 0 success, 1 `check`/`scrub` found problems, 2 cannot run
 //! (the message on stderr names the problem). No command changes a file
 //! it was not asked to change; a failed `create` leaves nothing behind.
+use crate::error::Error;
 mod backend;
 mod check;
 mod control;
 mod control_server;
 mod create;
 mod edge;
+mod error;
 mod metrics;
 mod objvol;
 mod origin;
@@ -23,7 +25,6 @@ mod volfile;
 mod words;
 
 use clap::{Parser, Subcommand};
-use cvol_format::superblock::Packing;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,59 +49,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Create a volume on a file (created sparse) or an existing block device.
-    Create {
-        /// The file to create (its directory must exist) or block device to format.
-        volume: PathBuf,
-        /// Logical size clients see (e.g. 64M, 16G, 1T); may exceed the physical size.
-        /// A cache (--origin) takes its origin's size instead.
-        #[arg(long, required_unless_present = "origin", conflicts_with = "origin")]
-        size: Option<String>,
-        /// Backing bytes the volume may use (default: the file's --size, or the device size).
-        #[arg(long)]
-        physical_size: Option<String>,
-        #[arg(long, default_value = "auto", help = words::codec_help())]
-        codec: String,
-        /// Overwrite an existing volume or non-empty file.
-        #[arg(long)]
-        force: bool,
-        /// Inline deduplication of 4 KiB blocks: on or off.
-        #[arg(long, default_value = "on")]
-        dedup: String,
-        /// How compressed records are laid out in the log (seed 004):
-        /// compact (back to back, byte-granular: the least space), page (a
-        /// record never straddles a 4 KiB page it need not: a block read
-        /// touches one page; first-fit bin-packing within each write) or
-        /// page-sorted (page, largest records placed first). Chunk-based
-        /// packing is serve's --unit-size. Fixed at create.
-        #[arg(long, default_value = "compact", value_parser = ["compact", "page", "page-sorted"])]
-        packing: String,
-        /// Segment size (power of two, 1M to 1G; default 4M, or 1M below 1 GiB physical).
-        #[arg(long, hide = true)]
-        segment_size: Option<String>,
-        /// Size of a --metadata-device file (default: 1/64 of --size, at
-        /// least 16 segments); a block device is used whole.
-        #[arg(long, requires = "metadata_device")]
-        metadata_size: Option<String>,
-        /// Make a compressed cache in front of this slow origin: a file, a
-        /// block device, or an NBD URI (nbd://HOST[:PORT]/EXPORT,
-        /// nbd+unix:///EXPORT?socket=PATH). Its logical size is the
-        /// origin's; --physical-size is the cache's room on this device.
-        #[arg(long, value_name = "ORIGIN")]
-        origin: Option<String>,
-        /// write-through (default: the origin gets every write first) or
-        /// write-back (writes stay in the cache until written back).
-        #[arg(long)]
-        cache_mode: Option<String>,
-        /// The unit a miss reads from the origin and fills (power of two, 4K to 1M).
-        #[arg(long)]
-        line_size: Option<String>,
-        /// Object-store volume: create it even if the store does not honour
-        /// create-only PUTs (If-None-Match), which single-writer fencing
-        /// needs. Unsafe: only one server may then ever write the volume
-        /// at a time (serve needs the flag too).
-        #[arg(long)]
-        unsafe_no_fencing: bool,
-    },
+    Create(create::CreateFlags),
     /// Serve a volume over NBD (default: ./cvol-data/default.cvol, created if absent).
     Serve(Box<serve::ServeArgs>),
     /// Show space and reduction statistics (asks the server when the volume is served).
@@ -190,42 +139,49 @@ enum TraceCommand {
     /// Replay a trace against a volume that is not served (opened here,
     /// as `serve` opens it); writes carry generated data. Exit 1 if a
     /// request failed.
-    Replay {
-        /// The trace file.
-        file: PathBuf,
-        /// The volume (at least as large as the traced one).
-        volume: PathBuf,
-        /// Issue each request at its recorded time (default: as fast as
-        /// the queue depth allows).
-        #[arg(long)]
-        recorded_pace: bool,
-        /// Requests in flight at once.
-        #[arg(long, default_value_t = 16)]
-        queue_depth: usize,
-        /// What writes carry: the percentage of each 4 KiB block that is
-        /// zeros after random bytes (fio's buffer_compress_percentage),
-        /// random or zero.
-        #[arg(long, default_value = "55")]
-        data: String,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-        /// Largest merged compression unit, as `serve --unit-size` (4K to 64K).
-        #[arg(long, default_value = "16K")]
-        unit_size: String,
-        /// Open the volume's file with direct I/O (O_DIRECT: past the page
-        /// cache, so reads and writes reach the device, as a benchmark of
-        /// the device's pages wants).
-        #[arg(long)]
-        direct: bool,
-    },
+    Replay(ReplayFlags),
+}
+
+/// `cvol trace replay`'s command line.
+#[derive(clap::Args)]
+struct ReplayFlags {
+    /// The trace file.
+    file: PathBuf,
+    /// The volume (at least as large as the traced one).
+    volume: PathBuf,
+    /// Issue each request at its recorded time (default: as fast as
+    /// the queue depth allows).
+    #[arg(long)]
+    recorded_pace: bool,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 16)]
+    queue_depth: usize,
+    /// What writes carry: the percentage of each 4 KiB block that is
+    /// zeros after random bytes (fio's buffer_compress_percentage),
+    /// random or zero.
+    #[arg(long, default_value = "55")]
+    data: String,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Largest merged compression unit, as `serve --unit-size` (4K to 64K).
+    #[arg(long, default_value = "16K")]
+    unit_size: String,
+    /// Open the volume's file with direct I/O (O_DIRECT: past the page
+    /// cache, so reads and writes reach the device, as a benchmark of
+    /// the device's pages wants).
+    #[arg(long)]
+    direct: bool,
 }
 
 /// `cvol man DIR`: cvol.1 and cvol-COMMAND.1, from the clap definitions.
-fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, String> {
+fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, Error> {
     use clap::CommandFactory;
     if !dir.is_dir() {
-        return Err(format!("{}: not a directory", dir.display()));
+        return Err(Error::Refused(format!(
+            "{}: not a directory",
+            dir.display()
+        )));
     }
     let mut cmd = Cli::command();
     // Global flags (--metadata-device) reach the commands only once built.
@@ -240,8 +196,8 @@ fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, String> {
         let mut out = Vec::new();
         clap_mangen::Man::new(page)
             .render(&mut out)
-            .map_err(|e| e.to_string())?;
-        std::fs::write(&path, out).map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| Error::io(format!("{name}.1"), e))?;
+        std::fs::write(&path, out).map_err(|e| Error::io(path.display(), e))?;
         println!("{}", path.display());
     }
     Ok(ExitCode::SUCCESS)
@@ -256,156 +212,107 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
-    let metadata_device = cli.metadata_device.clone();
-    if let Some(m) = &metadata_device {
-        volfile::set_metadata_device(m.clone());
-    }
-    let r = match cli.command {
-        Command::Create {
-            volume,
-            size,
-            physical_size,
-            codec,
-            force,
-            dedup,
-            packing,
-            segment_size,
-            metadata_size,
-            origin,
-            cache_mode,
-            line_size,
-            unsafe_no_fencing,
-        } => words::on_off("--dedup", &dedup).and_then(|dedup| {
-            if unsafe_no_fencing && objvol::url_of(&volume).is_none() {
-                return Err(format!(
-                    "--unsafe-no-fencing is for a volume in an object store (s3://BUCKET/PREFIX), \
-                     not {}",
-                    volume.display()
-                ));
-            }
-            // `--size` conflicts with `--origin`, so clap's `requires`
-            // cannot be used for these: checked here.
-            if origin.is_none() {
-                for (flag, given) in [
-                    ("--cache-mode", cache_mode.is_some()),
-                    ("--line-size", line_size.is_some()),
-                ] {
-                    if given {
-                        return Err(format!("{flag} is for a cache: give --origin too"));
-                    }
-                }
-            }
-            create::cmd_create(
-                &volume,
-                &create::CreateArgs {
-                    size: size.as_deref().unwrap_or_default(),
-                    cache: origin.as_deref().map(|o| create::CacheArgs {
-                        origin: o,
-                        mode: cache_mode.as_deref().unwrap_or("write-through"),
-                        line_size: line_size.as_deref(),
-                    }),
-                    physical_size: physical_size.as_deref(),
-                    codec: &codec,
-                    force,
-                    dedup,
-                    packing: Packing::parse(&packing).expect("clap checked the word"),
-                    segment_size: segment_size.as_deref(),
-                    make_parent: false,
-                    metadata_device: metadata_device.as_deref(),
-                    metadata_size: metadata_size.as_deref(),
-                    unsafe_no_fencing,
-                },
-            )
-        }),
-        Command::Serve(args) => serve::cmd_serve(*args),
-        Command::Stat {
-            volume,
-            json,
-            watch: None,
-            ..
-        } => stat::cmd_stat(&volume, json),
-        Command::Stat {
-            volume,
-            json,
-            watch: Some(secs),
-            count,
-        } => stat::cmd_watch(&volume, json, secs, count),
-        Command::Check {
-            volume,
-            json,
-            repair: false,
-        } => check::cmd_check(&volume, json),
-        Command::Check {
-            volume,
-            json,
-            repair: true,
-        } => check::cmd_repair(&volume, json),
-        Command::Scrub {
-            volume,
-            rate,
-            json,
-            no_wait,
-            status,
-        } => scrub::cmd_scrub(
-            &volume,
-            scrub::ScrubArgs {
-                rate: rate.as_deref(),
-                json,
-                no_wait,
-                status,
-            },
-        ),
-        Command::Completions { shell } => {
-            use clap::CommandFactory;
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "cvol", &mut script);
-            // A reader that stops early (`| head`) is not an error.
-            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.to_string()),
-                _ => Ok(ExitCode::SUCCESS),
-            }
-        }
-        Command::Man { dir } => write_man_pages(&dir),
-        Command::Trace(TraceCommand::Show { file, json, limit }) => {
-            trace::cmd_show(&file, json, limit)
-        }
-        Command::Trace(TraceCommand::Replay {
-            file,
-            volume,
-            recorded_pace,
-            queue_depth,
-            data,
-            json,
-            unit_size,
-            direct,
-        }) => trace::DataKind::parse(&data).and_then(|data| {
-            let unit_blocks = trace::parse_unit_size(&unit_size)?;
-            if !(1..=1024).contains(&queue_depth) {
-                return Err(format!(
-                    "--queue-depth {queue_depth}: give from 1 to 1024 requests"
-                ));
-            }
-            trace::cmd_replay(
-                &file,
-                &volume,
-                &trace::ReplayArgs {
-                    recorded_pace,
-                    queue_depth,
-                    data,
-                    json,
-                    unit_blocks,
-                    direct,
-                },
-            )
-        }),
+    let globals = volfile::Globals {
+        metadata_device: cli.metadata_device,
     };
-    match r {
+    match run(cli.command, &globals) {
         Ok(code) => code,
         Err(msg) => {
             eprintln!("cvol: {msg}");
             ExitCode::from(2)
         }
     }
+}
+
+/// Runs one command with the global flags.
+fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, Error> {
+    match command {
+        Command::Create(flags) => create::cmd_create(&flags, globals),
+        Command::Serve(args) => serve::cmd_serve(*args, globals),
+        Command::Stat {
+            volume,
+            json,
+            watch: None,
+            ..
+        } => stat::cmd_stat(&volume, json, globals),
+        Command::Stat {
+            volume,
+            json,
+            watch: Some(secs),
+            count,
+        } => stat::cmd_watch(&volume, json, secs, count, globals),
+        Command::Check {
+            volume,
+            json,
+            repair,
+        } => match repair {
+            false => check::cmd_check(&volume, json, globals),
+            true => check::cmd_repair(&volume, json, globals),
+        },
+        Command::Scrub {
+            volume,
+            rate,
+            json,
+            no_wait,
+            status,
+        } => {
+            let args = scrub::ScrubArgs {
+                rate: rate.as_deref(),
+                json,
+                no_wait,
+                status,
+            };
+            scrub::cmd_scrub(&volume, args, globals)
+        }
+        Command::Completions { shell } => write_completions(shell),
+        Command::Man { dir } => write_man_pages(&dir),
+        Command::Trace(TraceCommand::Show { file, json, limit }) => {
+            trace::cmd_show(&file, json, limit)
+        }
+        Command::Trace(TraceCommand::Replay(flags)) => run_replay(flags, globals),
+    }
+}
+
+/// `cvol completions SHELL`.
+fn write_completions(shell: clap_complete::Shell) -> Result<ExitCode, Error> {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "cvol", &mut script);
+    // A reader that stops early (`| head`) is not an error.
+    match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::io("stdout", e)),
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}
+
+/// `cvol trace replay`: its flags checked, then the replay.
+fn run_replay(flags: ReplayFlags, globals: &volfile::Globals) -> Result<ExitCode, Error> {
+    let ReplayFlags {
+        file,
+        volume,
+        recorded_pace,
+        queue_depth,
+        data,
+        json,
+        unit_size,
+        direct,
+    } = flags;
+    let data = trace::DataKind::parse(&data)?;
+    let unit_blocks = trace::parse_unit_size(&unit_size)?;
+    if !(1..=1024).contains(&queue_depth) {
+        return Err(Error::Usage(format!(
+            "--queue-depth {queue_depth}: give from 1 to 1024 requests"
+        )));
+    }
+    let args = trace::ReplayArgs {
+        recorded_pace,
+        queue_depth,
+        data,
+        json,
+        unit_blocks,
+        direct,
+    };
+    trace::cmd_replay(&file, &volume, &args, globals)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //!   and `cvol_volume_info{...} 1` carrying the text figures as labels.
 //!   Booleans are 0 or 1; figures a volume does not have (null) are left out.
 use crate::backend::{Call, Hook, Hooked};
+use crate::error::Error;
 use cvol_engine::Volume;
 use cvol_nbd::{Backend, BackendError, CommandKind, ObserverHandle, RequestObserver};
 use prometheus_client::collector::Collector;
@@ -479,7 +480,7 @@ fn metric_name(key: &str) -> &str {
 }
 
 /// `--metrics`: `PORT` (on 127.0.0.1) or `ADDR:PORT`.
-pub fn parse_addr(v: &str) -> Result<Vec<SocketAddr>, String> {
+pub fn parse_addr(v: &str) -> Result<Vec<SocketAddr>, Error> {
     let with_host = if v.parse::<u16>().is_ok() {
         format!("127.0.0.1:{v}")
     } else {
@@ -488,25 +489,31 @@ pub fn parse_addr(v: &str) -> Result<Vec<SocketAddr>, String> {
     let addrs: Vec<_> = with_host
         .to_socket_addrs()
         .map_err(|e| {
-            format!("--metrics {v}: {e} (expected PORT or ADDR:PORT, e.g. 127.0.0.1:9810)")
+            Error::Usage({
+                format!("--metrics {v}: {e} (expected PORT or ADDR:PORT, e.g. 127.0.0.1:9810)")
+            })
         })?
         .collect();
     if addrs.is_empty() {
-        return Err(format!("--metrics {v}: no address"));
+        return Err(Error::Usage(format!("--metrics {v}: no address")));
     }
     Ok(addrs)
 }
 
 /// Binds `--metrics` (before the volume is opened, as every listener).
-pub fn bind(v: &str) -> Result<TcpListener, String> {
+pub fn bind(v: &str) -> Result<TcpListener, Error> {
     let addrs = parse_addr(v)?;
-    let l = TcpListener::bind(&addrs[..]).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => {
-            format!("--metrics {v}: {e} (another exporter? choose another port)")
-        }
-        _ => format!("--metrics {v}: {e}"),
+    let l = TcpListener::bind(&addrs[..]).map_err(|e| {
+        Error::Usage(match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                format!("--metrics {v}: {e} (another exporter? choose another port)")
+            }
+            _ => format!("--metrics {v}: {e}"),
+        })
     })?;
-    let local = l.local_addr().map_err(|e| e.to_string())?;
+    let local = l
+        .local_addr()
+        .map_err(|e| Error::io(format!("--metrics {v}"), e))?;
     if !local.ip().to_canonical().is_loopback() {
         tracing::warn!(
             "metrics on {local} are readable from the network (volume names, sizes, load)"
@@ -527,12 +534,12 @@ const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
 /// connection on a thread of its own, at most [`MAX_CONCURRENT_SCRAPES`]
 /// at once, each ended after [`SCRAPE_DEADLINE`], so a slow or stuck
 /// client delays no other scrape.
-pub fn serve(listener: TcpListener, metrics: Arc<Metrics>) -> Result<(), String> {
+pub fn serve(listener: TcpListener, metrics: Arc<Metrics>) -> Result<(), Error> {
     std::thread::Builder::new()
         .name("cvol-metrics".into())
         .spawn(move || accept_scrapes(&listener, &metrics))
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(|e| Error::Refused(e.to_string()))
 }
 
 fn accept_scrapes(listener: &TcpListener, metrics: &Arc<Metrics>) {
@@ -831,6 +838,9 @@ mod tests {
             parse_addr("[::1]:9810").unwrap()[0].to_string(),
             "[::1]:9810"
         );
-        assert!(parse_addr("nonsense").unwrap_err().starts_with("--metrics"));
+        assert!(parse_addr("nonsense")
+            .unwrap_err()
+            .to_string()
+            .starts_with("--metrics"));
     }
 }

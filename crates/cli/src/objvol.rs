@@ -1,6 +1,7 @@
 //! Volumes kept in an object store (`s3://BUCKET/PREFIX`): create, open
 //! for serve, and the local cache's flags. The protocol is in
 //! cvol-objstore; docs/FORMAT.md "Object store".
+use crate::error::Error;
 use cvol_engine::{CreateOptions, Volume};
 use cvol_format::DATA_OFFSET_BYTES;
 use cvol_objstore::url::{is_object_url, S3Url};
@@ -21,7 +22,7 @@ pub fn url_of(path: &Path) -> Option<&str> {
 pub struct TempCache(tempfile::TempDir);
 
 impl TempCache {
-    pub fn new(what: &str) -> Result<TempCache, String> {
+    pub fn new(what: &str) -> Result<TempCache, Error> {
         use std::os::unix::fs::PermissionsExt;
         tempfile::Builder::new()
             .prefix(&format!("cvol-{what}-"))
@@ -30,10 +31,12 @@ impl TempCache {
             .tempdir()
             .map(TempCache)
             .map_err(|e| {
-                format!(
-                    "cannot make a temporary cache directory in {}: {e}",
-                    std::env::temp_dir().display()
-                )
+                Error::Refused({
+                    format!(
+                        "cannot make a temporary cache directory in {}: {e}",
+                        std::env::temp_dir().display()
+                    )
+                })
             })
     }
 
@@ -43,19 +46,19 @@ impl TempCache {
 }
 
 /// Makes `--cache-dir` if it is missing, private to this user (0700).
-fn make_cache_dir(dir: &Path) -> Result<(), String> {
+fn make_cache_dir(dir: &Path) -> Result<(), Error> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| format!("--cache-dir {}: {e}", dir.display()))
+        .map_err(|e| Error::Usage(format!("--cache-dir {}: {e}", dir.display())))
 }
 
 /// The store's configuration for `url`.
-pub fn config(url: &str, cache_dir: PathBuf) -> Result<Config, String> {
-    let u = S3Url::parse(url)?;
-    let mut c = Config::new(u.store()?, &u.prefix, cache_dir);
+pub fn config(url: &str, cache_dir: PathBuf) -> Result<Config, Error> {
+    let u = S3Url::parse(url).map_err(|e| Error::Usage(e.to_string()))?;
+    let mut c = Config::new(u.store().map_err(store_error)?, &u.prefix, cache_dir);
     c.label = u.to_string();
     Ok(c)
 }
@@ -68,7 +71,7 @@ pub fn create(
     opts: &CreateOptions,
     force: bool,
     unsafe_no_fencing: bool,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let tmp = TempCache::new("create")?;
     let mut cfg = config(url, tmp.path().to_path_buf())?;
     cfg.unsafe_no_fencing = unsafe_no_fencing;
@@ -77,13 +80,15 @@ pub fn create(
         head_bytes: DATA_OFFSET_BYTES,
         chunk_bytes: opts.segment_size_bytes,
     };
-    cvol_objstore::create(&cfg, &d, force)?;
+    cvol_objstore::create(&cfg, &d, force).map_err(store_error)?;
     let r = (|| {
-        let st = Arc::new(ObjectStorage::open(&cfg)?);
-        let vol = Volume::create(st.clone(), opts).map_err(|e| format!("{url}: {e}"))?;
-        vol.close().map_err(|e| format!("{url}: {e}"))?;
+        let st = Arc::new(ObjectStorage::open(&cfg).map_err(store_error)?);
+        let vol =
+            Volume::create(st.clone(), opts).map_err(|e| Error::Refused(format!("{url}: {e}")))?;
+        vol.close()
+            .map_err(|e| Error::Refused(format!("{url}: {e}")))?;
         drop(vol);
-        st.close()
+        st.close().map_err(store_error)
     })();
     if r.is_err() {
         let _ = cvol_objstore::destroy(&cfg);
@@ -108,59 +113,62 @@ const CACHE_MIN_BYTES: u64 = 16 << 20;
 pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
 
 /// Opens `url` for serving (claiming it, unless read-only).
-pub fn open(url: &str, f: &ServeFlags) -> Result<Arc<ObjectStorage>, String> {
+pub fn open(url: &str, f: &ServeFlags) -> Result<Arc<ObjectStorage>, Error> {
     let dir = f.cache_dir.ok_or_else(|| {
-        format!("{url}: an object-store volume needs --cache-dir DIR (its local cache)")
+        Error::Refused({
+            format!("{url}: an object-store volume needs --cache-dir DIR (its local cache)")
+        })
     })?;
     let mut cfg = config(url, dir.to_path_buf())?;
     cfg.cache_bytes = match f.cache_size {
         Some(s) => {
-            let b = crate::size::parse_size(s).map_err(|e| format!("--cache-size: {e}"))?;
+            let b = crate::size::parse_size(s)
+                .map_err(|e| Error::Usage(format!("--cache-size: {e}")))?;
             if !(CACHE_MIN_BYTES..=cvol_format::PHYSICAL_SIZE_MAX_BYTES).contains(&b) {
-                return Err(format!(
+                return Err(Error::Usage(format!(
                     "--cache-size {s}: give from 16M to {} TiB",
                     cvol_format::PHYSICAL_SIZE_MAX_BYTES >> 40
-                ));
+                )));
             }
             b
         }
         None => DEFAULT_CACHE_BYTES,
     };
     if !(0.1..=3600.0).contains(&f.lease) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--lease {}: give seconds from 0.1 to 3600",
             f.lease
-        ));
+        )));
     }
     cfg.lease = Duration::from_secs_f64(f.lease);
     cfg.read_only = f.read_only;
     cfg.unsafe_no_fencing = f.unsafe_no_fencing;
     make_cache_dir(dir)?;
-    Ok(Arc::new(ObjectStorage::open(&cfg)?))
+    Ok(Arc::new(ObjectStorage::open(&cfg).map_err(store_error)?))
 }
 
 /// Flags that only mean something for an object-store volume, refused
 /// for a volume on local media.
-pub fn refuse_for_local(path: &Path, f: &ServeFlags) -> Result<(), String> {
+pub fn refuse_for_local(path: &Path, f: &ServeFlags) -> Result<(), Error> {
     if url_of(path).is_none()
         && (f.cache_dir.is_some() || f.cache_size.is_some() || f.unsafe_no_fencing)
     {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--cache-dir, --cache-size and --unsafe-no-fencing are for a volume in an object \
              store (s3://BUCKET/PREFIX), not {}",
             path.display()
-        ));
+        )));
     }
     Ok(())
 }
 
 /// Opens `url` read-only for a command that only reads (stat, an offline
 /// scrub), with a cache directory of its own that goes with the command.
-pub fn open_read_only(url: &str, read_cache_bytes: Option<u64>) -> Result<Volume, String> {
+pub fn open_read_only(url: &str, read_cache_bytes: Option<u64>) -> Result<Volume, Error> {
     let tmp = TempCache::new("read")?;
     let mut cfg = config(url, tmp.path().to_path_buf())?;
     cfg.read_only = true;
-    let st = Arc::new(ObjectStorage::open(&cfg)?);
+    let st = Arc::new(ObjectStorage::open(&cfg).map_err(store_error)?);
     // The cache file stays open (and readable) once its directory is gone.
     drop(tmp);
     let options = cvol_engine::OpenOptions {
@@ -168,7 +176,12 @@ pub fn open_read_only(url: &str, read_cache_bytes: Option<u64>) -> Result<Volume
         read_cache_bytes,
         ..cvol_engine::OpenOptions::default()
     };
-    Volume::open(st, options).map_err(|e| format!("{url}: {e}"))
+    Volume::open(st, options).map_err(|e| Error::Refused(format!("{url}: {e}")))
+}
+
+/// An object store's refusal or failure, in its words.
+fn store_error(e: impl std::fmt::Display) -> Error {
+    Error::Refused(e.to_string())
 }
 
 #[cfg(test)]
@@ -212,7 +225,7 @@ mod tests {
             unsafe_no_fencing: false,
         };
         for bad in ["0", "1M", "99999T"] {
-            let e = open("s3://bkt/vol", &f(bad)).err().unwrap();
+            let e = open("s3://bkt/vol", &f(bad)).err().unwrap().to_string();
             assert!(e.contains("--cache-size") && e.contains("16M"), "{e}");
         }
     }

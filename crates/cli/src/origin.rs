@@ -2,6 +2,7 @@
 //! block device, or an NBD export (`nbd://HOST[:PORT]/EXPORT`,
 //! `nbd+unix:///EXPORT?socket=PATH`) read and written through
 //! `cvol_nbd::client`.
+use crate::error::Error;
 use cvol_cache::{OriginStamp, StampFn};
 use cvol_nbd::client::Client;
 use cvol_storage::{FileStorage, Storage};
@@ -75,16 +76,18 @@ pub struct Origin {
 /// Opens the origin a cache names, writable unless `read_only`. A path
 /// origin is locked like a volume (exclusive when writable), so two
 /// servers never write one origin.
-pub fn open(origin: &str, read_only: bool) -> Result<Origin, String> {
+pub fn open(origin: &str, read_only: bool) -> Result<Origin, Error> {
     if is_uri(origin) {
-        let client = Client::connect(origin).map_err(|e| match e.to_string() {
-            m if m.contains(origin) => format!("origin: {m}"),
-            m => format!("origin {origin}: {m}"),
+        let client = Client::connect(origin).map_err(|e| {
+            Error::Refused(match e.to_string() {
+                m if m.contains(origin) => format!("origin: {m}"),
+                m => format!("origin {origin}: {m}"),
+            })
         })?;
         if client.read_only() && !read_only {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "origin {origin} is read-only; serve the cache with --read-only"
-            ));
+            )));
         }
         let store: Arc<dyn Storage> = Arc::new(NbdOrigin { client });
         let weak = Arc::downgrade(&store);
@@ -95,15 +98,16 @@ pub fn open(origin: &str, read_only: bool) -> Result<Origin, String> {
         return Ok(Origin { store, stamp });
     }
     let path = PathBuf::from(origin);
-    let md = std::fs::metadata(&path).map_err(|e| format!("origin {origin}: {e}"))?;
+    let md =
+        std::fs::metadata(&path).map_err(|e| Error::Refused(format!("origin {origin}: {e}")))?;
     if !md.is_file() && !md.file_type().is_block_device() {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "origin {origin} is neither a file, a block device nor an NBD URI \
              (nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH)"
-        ));
+        )));
     }
     let file = FileStorage::open(&path, !read_only, !read_only)
-        .map_err(|e| format!("origin {origin}: {e}"))?;
+        .map_err(|e| Error::Refused(format!("origin {origin}: {e}")))?;
     let store: Arc<dyn Storage> = Arc::new(file);
     let size = store.len_bytes();
     let stamp: StampFn = Box::new(move || stamp_of(Some(&path), size));
@@ -129,13 +133,17 @@ mod tests {
         std::fs::write(&p, vec![3u8; 8192]).unwrap();
         let b = (open(p.to_str().unwrap(), true).unwrap().stamp)().unwrap();
         assert_ne!(a, b, "a rewrite changes the stamp");
-        let e = open("/nonexistent/o.img", false).err().unwrap();
+        let e = open("/nonexistent/o.img", false).err().unwrap().to_string();
         assert!(e.contains("/nonexistent/o.img"), "{e}");
-        let e = open(dir.path().to_str().unwrap(), false).err().unwrap();
+        let e = open(dir.path().to_str().unwrap(), false)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("neither a file"), "{e}");
         let e = open("nbd+unix:///x?socket=/nonexistent.sock", false)
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(e.contains("nbd+unix"), "{e}");
     }
 }

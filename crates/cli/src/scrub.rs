@@ -4,6 +4,8 @@
 //! socket requests `scrub RATE`, `scrub-status`, `scrub-cancel`, one JSON
 //! line each) and this command polls its progress until the report is
 //! there. Volume not served: it is opened read-only and scrubbed here.
+use crate::error::Error;
+use crate::volfile::Globals;
 use crate::{control, size};
 use cvol_engine::volume::{ScrubOptions, ScrubProgress, ScrubReport};
 use cvol_engine::Volume;
@@ -29,17 +31,17 @@ pub struct ScrubArgs<'a> {
 }
 
 /// `64M`, `64M/s`, `0` (no limit) to bytes per second.
-pub fn parse_rate(rate: &str) -> Result<u64, String> {
+pub fn parse_rate(rate: &str) -> Result<u64, Error> {
     let t = rate.trim();
     let t = t
         .strip_suffix("/s")
         .or_else(|| t.strip_suffix("/S"))
         .unwrap_or(t);
-    let r = size::parse_size(t).map_err(|e| format!("--rate: {e}"))?;
+    let r = size::parse_size(t).map_err(|e| Error::Usage(format!("--rate: {e}")))?;
     if r != 0 && !(RATE_MIN..=RATE_MAX).contains(&r) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--rate {rate}: give 0 (no limit) or from 1M/s to 1P/s"
-        ));
+        )));
     }
     Ok(r)
 }
@@ -84,7 +86,7 @@ pub fn serve_request(vol: &Arc<Volume>, line: &str) -> Option<String> {
     Some(reply.to_string())
 }
 
-pub fn cmd_scrub(path: &Path, args: ScrubArgs) -> Result<ExitCode, String> {
+pub fn cmd_scrub(path: &Path, args: ScrubArgs, globals: &Globals) -> Result<ExitCode, Error> {
     let rate = args.rate.map(parse_rate).transpose()?;
     if control::query(path, "scrub-status").is_some() {
         let rate = match rate {
@@ -94,27 +96,27 @@ pub fn cmd_scrub(path: &Path, args: ScrubArgs) -> Result<ExitCode, String> {
         return scrub_served(path, rate, &args);
     }
     if args.status || args.no_wait {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "{}: not served; --status and --no-wait need a running `cvol serve`",
             path.display()
-        ));
+        )));
     }
-    scrub_offline(path, rate.unwrap_or(0), args.json)
+    scrub_offline(path, rate.unwrap_or(0), args.json, globals)
 }
 
-fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, String> {
-    let gone = || format!("{}: the server stopped answering", path.display());
+fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, Error> {
+    let gone = || Error::Refused(format!("{}: the server stopped answering", path.display()));
     if args.status {
         let st = control::query(path, "scrub-status").ok_or_else(gone)?;
         println!(
             "{}",
-            serde_json::to_string_pretty(&st).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&st).map_err(|e| Error::Refused(e.to_string()))?
         );
         return Ok(ExitCode::SUCCESS);
     }
     let started = control::query(path, &format!("scrub {rate}")).ok_or_else(gone)?;
     if let Some(e) = started["error"].as_str() {
-        return Err(format!("{}: {e}", path.display()));
+        return Err(Error::Refused(format!("{}: {e}", path.display())));
     }
     let run = started["run"].as_u64().unwrap_or(0);
     if started["already_running"].as_bool() == Some(true) {
@@ -143,10 +145,10 @@ fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, St
             break last.clone();
         }
         if st["run"].as_u64().unwrap_or(0) > run && !st["running"].as_bool().unwrap_or(false) {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "{}: the report of scrub run {run} was replaced by a later run",
                 path.display()
-            ));
+            )));
         }
         if let (Some(pb), Some(p)) = (&bar, st.get("progress").filter(|p| !p.is_null())) {
             pb.set_length(p["blocks_total"].as_u64().unwrap_or(0));
@@ -157,13 +159,13 @@ fn scrub_served(path: &Path, rate: u64, args: &ScrubArgs) -> Result<ExitCode, St
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
-    let report: ScrubReportView =
-        ScrubReportView::from_json(&report).ok_or("malformed scrub report")?;
+    let report: ScrubReportView = ScrubReportView::from_json(&report)
+        .ok_or(Error::Refused("malformed scrub report".into()))?;
     finish(path, true, report, args.json)
 }
 
-fn scrub_offline(path: &Path, rate: u64, json: bool) -> Result<ExitCode, String> {
-    let vol = crate::volfile::open_read_only(path, Some(0))?;
+fn scrub_offline(path: &Path, rate: u64, json: bool, globals: &Globals) -> Result<ExitCode, Error> {
+    let vol = crate::volfile::open_read_only(path, Some(0), globals)?;
     let bar = progress_bar();
     let progress = |p: &ScrubProgress| {
         if let Some(pb) = &bar {
@@ -176,12 +178,16 @@ fn scrub_offline(path: &Path, rate: u64, json: bool) -> Result<ExitCode, String>
         yield_to_clients: false,
         ..ScrubOptions::default()
     };
-    let rep = vol.scrub(&opts, &progress).map_err(|e| e.to_string())?;
+    let rep = vol
+        .scrub(&opts, &progress)
+        .map_err(|e| Error::Refused(e.to_string()))?;
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
-    let view = ScrubReportView::from_json(&serde_json::to_value(&rep).map_err(|e| e.to_string())?)
-        .ok_or("malformed scrub report")?;
+    let view = ScrubReportView::from_json(
+        &serde_json::to_value(&rep).map_err(|e| Error::Refused(e.to_string()))?,
+    )
+    .ok_or(Error::Refused("malformed scrub report".into()))?;
     finish(path, false, view, json)
 }
 
@@ -246,12 +252,7 @@ impl ScrubReportView {
 }
 
 /// Prints the report; exit 0 clean, 1 problems found, 2 cancelled.
-fn finish(
-    path: &Path,
-    served: bool,
-    view: ScrubReportView,
-    json: bool,
-) -> Result<ExitCode, String> {
+fn finish(path: &Path, served: bool, view: ScrubReportView, json: bool) -> Result<ExitCode, Error> {
     let r = &view.report;
     if json {
         let mut v = view.json.clone();
@@ -260,7 +261,7 @@ fn finish(
         v["clean"] = Value::Bool(r.clean());
         println!(
             "{}",
-            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&v).map_err(|e| Error::Refused(e.to_string()))?
         );
     } else {
         let what = format!(
@@ -333,7 +334,7 @@ mod tests {
         assert_eq!(parse_rate("0").unwrap(), 0);
         assert!(parse_rate("fast").is_err());
         for absurd in ["1", "512K/s", "99999T", "2P"] {
-            let e = parse_rate(absurd).unwrap_err();
+            let e = parse_rate(absurd).unwrap_err().to_string();
             assert!(e.contains("1M/s to 1P/s"), "{e}");
         }
     }

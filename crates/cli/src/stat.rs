@@ -1,8 +1,10 @@
 //! `cvol stat`: the statistics of a volume, from its server or offline.
 //! Both ends of the control socket request `stat`: the server answers
 //! with `VolumeStats` as JSON, `cvol stat` reads it back into the struct.
+use crate::control;
+use crate::error::Error;
+use crate::volfile::{self, Globals};
 use crate::words::{count, human_bytes};
-use crate::{control, volfile};
 use cvol_engine::stats::ScrubStats;
 use cvol_engine::{Volume, VolumeStats};
 use serde_json::Value;
@@ -30,19 +32,21 @@ pub fn shown(vol: &Volume) -> VolumeStats {
 }
 
 /// Asks a running server for its statistics; `None` if none answers.
-fn query_served(path: &Path) -> Option<Result<VolumeStats, String>> {
+fn query_served(path: &Path) -> Option<Result<VolumeStats, Error>> {
     let v = control::query(path, REQUEST)?;
     Some(match v["error"].as_str() {
-        Some(e) => Err(format!(
+        Some(e) => Err(Error::Refused(format!(
             "{}: the server could not report its statistics: {e}",
             path.display()
-        )),
+        ))),
         None => serde_json::from_value(v).map_err(|e| {
-            format!(
-                "{}: the server's statistics do not read as this cvol's ({e}); \
+            Error::Refused({
+                format!(
+                    "{}: the server's statistics do not read as this cvol's ({e}); \
                  a server of another cvol version? restart it with this one",
-                path.display()
-            )
+                    path.display()
+                )
+            })
         }),
     })
 }
@@ -95,11 +99,11 @@ struct Report {
     stats: VolumeStats,
 }
 
-pub fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
+pub fn cmd_stat(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, Error> {
     let (mut stats, served) = match query_served(path) {
         Some(stats) => (stats?, true),
         None => {
-            let vol = volfile::open_read_only(path, None)?;
+            let vol = volfile::open_read_only(path, None, globals)?;
             cvol_cache::describe_offline(&vol);
             (vol.stats(), false)
         }
@@ -113,7 +117,7 @@ pub fn cmd_stat(path: &Path, json: bool) -> Result<ExitCode, String> {
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&r.json()?).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&r.json()?).map_err(|e| Error::Refused(e.to_string()))?
         );
     } else {
         print!("{}", r.text());
@@ -129,11 +133,12 @@ pub fn cmd_watch(
     json: bool,
     secs: f64,
     count: Option<u64>,
-) -> Result<ExitCode, String> {
+    globals: &Globals,
+) -> Result<ExitCode, Error> {
     if !(secs.is_finite() && (0.1..=86400.0).contains(&secs)) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--watch {secs}: give seconds between 0.1 and 86400"
-        ));
+        )));
     }
     let interval = std::time::Duration::from_secs_f64(secs);
     let mut before: Option<(std::time::Instant, VolumeStats)> = None;
@@ -141,12 +146,12 @@ pub fn cmd_watch(
     loop {
         let Some(stats) = query_served(path) else {
             // A wrong path or a file that is no volume says so first.
-            volfile::open_read_only(path, None)?;
-            return Err(format!(
+            volfile::open_read_only(path, None, globals)?;
+            return Err(Error::Refused(format!(
                 "{}: not being served (or its server stopped); --watch shows a served volume's activity, `cvol stat {}` shows it offline",
                 path.display(),
                 path.display()
-            ));
+            )));
         };
         let mut stats = stats?;
         normalize(&mut stats);
@@ -166,7 +171,7 @@ pub fn cmd_watch(
                 v["write_bytes_per_second"] = Value::from(x.write);
                 v["read_bytes_per_second"] = Value::from(x.read);
             }
-            text += &serde_json::to_string(&v).map_err(|e| e.to_string())?;
+            text += &serde_json::to_string(&v).map_err(|e| Error::Refused(e.to_string()))?;
             text.push('\n');
         } else {
             // Clear the screen and go home, as `watch` does.
@@ -228,9 +233,9 @@ impl Rates {
 
 impl Report {
     /// `stat --json`: every statistic, `served` and `volume`, keys sorted.
-    fn json(&self) -> Result<Value, String> {
+    fn json(&self) -> Result<Value, Error> {
         let mut v = serde_json::to_value(&self.stats)
-            .map_err(|e| format!("cannot encode the statistics: {e}"))?;
+            .map_err(|e| Error::Refused(format!("cannot encode the statistics: {e}")))?;
         v["served"] = Value::Bool(self.served);
         v["volume"] = Value::String(self.volume.clone());
         Ok(v)
@@ -265,88 +270,8 @@ impl Report {
         if s.object.object_store.is_some() {
             rows.extend(object_rows(s, self.served));
         }
-        rows.extend([
-            (
-                "reduction ratio",
-                format!(
-                    "{:.2}x ({} of data in {})",
-                    s.reduction_ratio,
-                    b(s.mapped_bytes),
-                    b(s.physical_used_bytes)
-                ),
-            ),
-            ("  live records", b(s.live_bytes)),
-            ("  dead", dead_words(s, self.served)),
-            (
-                "codec",
-                if s.codec == "auto" {
-                    format!("auto (strong codec {})", s.elastic.codec_strong)
-                } else {
-                    s.codec.clone()
-                },
-            ),
-            (
-                "packing",
-                format!("{} ({} padding since start)", s.packing, b(s.padding_bytes)),
-            ),
-            ("logical size", b(s.logical_size_bytes)),
-            ("physical size", b(s.physical_size_bytes)),
-            ("mapped (non-zero data)", b(s.mapped_bytes)),
-            ("zero", b(s.zero_bytes)),
-            ("stored payload", b(s.stored_bytes)),
-            ("physical free", b(s.physical_free_bytes)),
-            ("free, space kept", b(s.warm_free_bytes)),
-            ("metadata device", metadata_device(s)),
-            (
-                "more data that fits",
-                format!(
-                    "{} at the current ratio, {} worst case",
-                    b(s.estimated_free_logical_bytes),
-                    b(s.worst_case_free_logical_bytes)
-                ),
-            ),
-            (
-                "savings",
-                format!(
-                    "zeros {}  dedup {}  compression {}",
-                    b(s.dedup.zero_saved_bytes),
-                    b(s.dedup.dedup_saved_bytes),
-                    b(s.dedup.compression_saved_bytes)
-                ),
-            ),
-            (
-                "compression ratio",
-                format!(
-                    "{:.2}x (the codec alone; dedup {:.2}x)",
-                    s.compression_ratio, s.dedup.dedup_ratio
-                ),
-            ),
-            (
-                "blocks by codec",
-                format!(
-                    "lz4 {}  zstd {}  none {}",
-                    s.codec_lz4_blocks, s.codec_zstd_blocks, s.codec_none_blocks
-                ),
-            ),
-            (
-                "bytes by codec",
-                format!(
-                    "lz4 {}  zstd {}  none {}",
-                    b(s.elastic.codec_lz4_bytes),
-                    b(s.elastic.codec_zstd_bytes),
-                    b(s.elastic.codec_none_bytes)
-                ),
-            ),
-            (
-                "segments used",
-                format!(
-                    "{} of {} ({} each)",
-                    s.segments_used,
-                    s.segments_total,
-                    b(s.segment_size_bytes)
-                ),
-            ),
-        ]);
+        rows.extend(space_rows(s, self.served));
+        rows.extend(savings_rows(s));
         if s.lost_bytes > 0 {
             let after_zero = rows
                 .iter()
@@ -376,122 +301,239 @@ impl Report {
             ));
             return rows;
         }
-        let e = &s.elastic;
-        let c = &s.cleaner;
-        rows.extend([
-            (
-                "dedup",
-                if d.dedup {
-                    format!(
-                        "on: {} of {} found stored, {shared}, index {} of {} ({}; \
-                         warmed from {} saved, {} read back)",
-                        d.dedup_hits,
-                        count(d.dedup_lookups, "block", "blocks"),
-                        d.dedup_index_entries,
-                        d.dedup_index_capacity,
-                        b(d.dedup_index_memory_bytes),
-                        count(
-                            d.dedup_warm_table_fingerprints,
-                            "fingerprint",
-                            "fingerprints"
-                        ),
-                        count(d.dedup_warm_data_blocks, "block", "blocks"),
-                    )
-                } else {
-                    "off".to_string()
-                },
-            ),
-            (
-                "write amplification",
-                format!(
-                    "{:.2} ({} written by clients, {} to media{})",
-                    s.write_amplification,
-                    b(s.client_bytes_written),
-                    b(s.media_bytes_written),
-                    match s.zero_ahead_bytes {
-                        0 => String::new(),
-                        z => format!(", {} of it zeros ahead of the log head", b(z)),
-                    }
-                ),
-            ),
-            (
-                "read amplification",
-                format!(
-                    "{:.2} (bytes decompressed / bytes read)",
-                    e.read_amplification
-                ),
-            ),
-            (
-                "read cache",
-                format!(
-                    "{:.1}% hits ({} of {})",
-                    100.0 * d.read_cache_hit_rate,
-                    d.read_cache_hits,
-                    count(d.read_cache_hits + d.read_cache_misses, "lookup", "lookups")
-                ),
-            ),
-            (
-                "elastic",
-                format!(
-                    "units up to {} ({} written), load {} ({} IOPS), probe wrote {} raw, \
-                     {} deferred",
-                    count(u64::from(e.unit_blocks), "block", "blocks"),
-                    e.units_written,
-                    e.load_level,
-                    e.load_iops,
-                    count(e.probe_raw_blocks, "block", "blocks"),
-                    count(e.deferred_blocks, "block", "blocks")
-                ),
-            ),
-            (
-                "recompressed",
-                format!(
-                    "{} in {}: {} -> {}",
-                    count(e.recompressed_blocks, "block", "blocks"),
-                    count(e.recompress_passes, "pass", "passes"),
-                    b(e.recompressed_bytes_before),
-                    b(e.recompressed_bytes_after)
-                ),
-            ),
-            (
-                "cleaner",
-                format!(
-                    "{}: {} cleaned, {} relocated, {} reclaimed, {} compacted (saved {})",
-                    c.cleaner_policy,
-                    count(c.cleaner_segments_cleaned, "segment", "segments"),
-                    b(c.cleaner_bytes_relocated),
-                    count(c.segments_reclaimed, "segment", "segments"),
-                    count(c.cleaner_units_compacted, "unit", "units"),
-                    b(c.cleaner_compaction_saved_bytes)
-                ),
-            ),
-            ("space pressure", space_pressure(s)),
-            (
-                "map cache",
-                format!(
-                    "{} of pages in memory, {:.1}% hits ({} read back), {} dirty",
-                    b(s.map_cache_bytes),
-                    100.0 * s.map_cache_hits as f64
-                        / (s.map_cache_hits + s.map_cache_misses).max(1) as f64,
-                    count(s.map_cache_misses, "page", "pages"),
-                    count(s.map_dirty_pages, "page", "pages")
-                ),
-            ),
-            (
-                "checkpoints",
-                format!(
-                    "{} written, the last {} in {:.2} s (generation {})",
-                    s.checkpoints_written,
-                    b(s.checkpoint_last_bytes),
-                    s.checkpoint_last_seconds,
-                    s.checkpoint_generation
-                ),
-            ),
-            ("corrupt reads", s.corrupt_reads.to_string()),
-            ("scrub", scrub_line(&s.scrub)),
-        ]);
+        rows.push(dedup_row(s));
+        rows.extend(io_rows(s));
+        rows.extend(background_rows(s));
         rows
     }
+}
+
+/// What the volume holds and how it is reduced (served or not).
+fn space_rows(s: &VolumeStats, served: bool) -> Vec<(&'static str, String)> {
+    let b = human_bytes;
+    vec![
+        (
+            "reduction ratio",
+            format!(
+                "{:.2}x ({} of data in {})",
+                s.reduction_ratio,
+                b(s.mapped_bytes),
+                b(s.physical_used_bytes)
+            ),
+        ),
+        ("  live records", b(s.live_bytes)),
+        ("  dead", dead_words(s, served)),
+        (
+            "codec",
+            if s.codec == "auto" {
+                format!("auto (strong codec {})", s.elastic.codec_strong)
+            } else {
+                s.codec.clone()
+            },
+        ),
+        (
+            "packing",
+            format!("{} ({} padding since start)", s.packing, b(s.padding_bytes)),
+        ),
+        ("logical size", b(s.logical_size_bytes)),
+        ("physical size", b(s.physical_size_bytes)),
+        ("mapped (non-zero data)", b(s.mapped_bytes)),
+        ("zero", b(s.zero_bytes)),
+        ("stored payload", b(s.stored_bytes)),
+        ("physical free", b(s.physical_free_bytes)),
+        ("free, space kept", b(s.warm_free_bytes)),
+        ("metadata device", metadata_device(s)),
+        (
+            "more data that fits",
+            format!(
+                "{} at the current ratio, {} worst case",
+                b(s.estimated_free_logical_bytes),
+                b(s.worst_case_free_logical_bytes)
+            ),
+        ),
+    ]
+}
+
+/// Where the savings come from, codec by codec, and the segments in use.
+fn savings_rows(s: &VolumeStats) -> Vec<(&'static str, String)> {
+    let b = human_bytes;
+    vec![
+        (
+            "savings",
+            format!(
+                "zeros {}  dedup {}  compression {}",
+                b(s.dedup.zero_saved_bytes),
+                b(s.dedup.dedup_saved_bytes),
+                b(s.dedup.compression_saved_bytes)
+            ),
+        ),
+        (
+            "compression ratio",
+            format!(
+                "{:.2}x (the codec alone; dedup {:.2}x)",
+                s.compression_ratio, s.dedup.dedup_ratio
+            ),
+        ),
+        (
+            "blocks by codec",
+            format!(
+                "lz4 {}  zstd {}  none {}",
+                s.codec_lz4_blocks, s.codec_zstd_blocks, s.codec_none_blocks
+            ),
+        ),
+        (
+            "bytes by codec",
+            format!(
+                "lz4 {}  zstd {}  none {}",
+                b(s.elastic.codec_lz4_bytes),
+                b(s.elastic.codec_zstd_bytes),
+                b(s.elastic.codec_none_bytes)
+            ),
+        ),
+        (
+            "segments used",
+            format!(
+                "{} of {} ({} each)",
+                s.segments_used,
+                s.segments_total,
+                b(s.segment_size_bytes)
+            ),
+        ),
+    ]
+}
+
+/// The served dedup row: hits, the index and its warm-up.
+fn dedup_row(s: &VolumeStats) -> (&'static str, String) {
+    let b = human_bytes;
+    let d = &s.dedup;
+    let shared = count(d.dedup_shared_records, "shared record", "shared records");
+    (
+        "dedup",
+        if d.dedup {
+            format!(
+                "on: {} of {} found stored, {shared}, index {} of {} ({}; \
+                 warmed from {} saved, {} read back)",
+                d.dedup_hits,
+                count(d.dedup_lookups, "block", "blocks"),
+                d.dedup_index_entries,
+                d.dedup_index_capacity,
+                b(d.dedup_index_memory_bytes),
+                count(
+                    d.dedup_warm_table_fingerprints,
+                    "fingerprint",
+                    "fingerprints"
+                ),
+                count(d.dedup_warm_data_blocks, "block", "blocks"),
+            )
+        } else {
+            "off".to_string()
+        },
+    )
+}
+
+/// The served rows of client I/O: amplification, the read cache, elastic compression.
+fn io_rows(s: &VolumeStats) -> Vec<(&'static str, String)> {
+    let b = human_bytes;
+    let (d, e) = (&s.dedup, &s.elastic);
+    vec![
+        (
+            "write amplification",
+            format!(
+                "{:.2} ({} written by clients, {} to media{})",
+                s.write_amplification,
+                b(s.client_bytes_written),
+                b(s.media_bytes_written),
+                match s.zero_ahead_bytes {
+                    0 => String::new(),
+                    z => format!(", {} of it zeros ahead of the log head", b(z)),
+                }
+            ),
+        ),
+        (
+            "read amplification",
+            format!(
+                "{:.2} (bytes decompressed / bytes read)",
+                e.read_amplification
+            ),
+        ),
+        (
+            "read cache",
+            format!(
+                "{:.1}% hits ({} of {})",
+                100.0 * d.read_cache_hit_rate,
+                d.read_cache_hits,
+                count(d.read_cache_hits + d.read_cache_misses, "lookup", "lookups")
+            ),
+        ),
+        (
+            "elastic",
+            format!(
+                "units up to {} ({} written), load {} ({} IOPS), probe wrote {} raw, \
+             {} deferred",
+                count(u64::from(e.unit_blocks), "block", "blocks"),
+                e.units_written,
+                e.load_level,
+                e.load_iops,
+                count(e.probe_raw_blocks, "block", "blocks"),
+                count(e.deferred_blocks, "block", "blocks")
+            ),
+        ),
+    ]
+}
+
+/// The served rows of background work: recompression, the cleaner,
+/// space pressure, the map cache, checkpoints, damage and scrubs.
+fn background_rows(s: &VolumeStats) -> Vec<(&'static str, String)> {
+    let b = human_bytes;
+    let (e, c) = (&s.elastic, &s.cleaner);
+    vec![
+        (
+            "recompressed",
+            format!(
+                "{} in {}: {} -> {}",
+                count(e.recompressed_blocks, "block", "blocks"),
+                count(e.recompress_passes, "pass", "passes"),
+                b(e.recompressed_bytes_before),
+                b(e.recompressed_bytes_after)
+            ),
+        ),
+        (
+            "cleaner",
+            format!(
+                "{}: {} cleaned, {} relocated, {} reclaimed, {} compacted (saved {})",
+                c.cleaner_policy,
+                count(c.cleaner_segments_cleaned, "segment", "segments"),
+                b(c.cleaner_bytes_relocated),
+                count(c.segments_reclaimed, "segment", "segments"),
+                count(c.cleaner_units_compacted, "unit", "units"),
+                b(c.cleaner_compaction_saved_bytes)
+            ),
+        ),
+        ("space pressure", space_pressure(s)),
+        (
+            "map cache",
+            format!(
+                "{} of pages in memory, {:.1}% hits ({} read back), {} dirty",
+                b(s.map_cache_bytes),
+                100.0 * s.map_cache_hits as f64
+                    / (s.map_cache_hits + s.map_cache_misses).max(1) as f64,
+                count(s.map_cache_misses, "page", "pages"),
+                count(s.map_dirty_pages, "page", "pages")
+            ),
+        ),
+        (
+            "checkpoints",
+            format!(
+                "{} written, the last {} in {:.2} s (generation {})",
+                s.checkpoints_written,
+                b(s.checkpoint_last_bytes),
+                s.checkpoint_last_seconds,
+                s.checkpoint_generation
+            ),
+        ),
+        ("corrupt reads", s.corrupt_reads.to_string()),
+        ("scrub", scrub_line(&s.scrub)),
+    ]
 }
 
 fn scrub_line(s: &ScrubStats) -> String {

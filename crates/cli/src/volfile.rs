@@ -2,6 +2,7 @@
 //! here whether it was given a volume at all (exit 2 if not), whether the
 //! backing store is as long as the volume says, and opens it with progress
 //! on the terminal's stderr when that takes a while.
+use crate::error::Error;
 use crate::words::human_bytes;
 use cvol_engine::{OpenError, OpenOptions, Volume};
 use cvol_format::superblock::{SUPERBLOCK_BYTES, SUPERBLOCK_MAGIC};
@@ -10,7 +11,7 @@ use cvol_storage::{FileStorage, Storage};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a volume may live on.
@@ -22,27 +23,30 @@ pub enum Kind {
 
 /// `path` must exist and be a regular file or a block device (symlinks
 /// followed). Anything else is an error naming what it is.
-pub fn existing_kind(path: &Path) -> Result<Kind, String> {
+pub fn existing_kind(path: &Path) -> Result<Kind, Error> {
     let md = std::fs::metadata(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => format!("{}: no such file", path.display()),
-        _ => format!("{}: {e}", path.display()),
+        std::io::ErrorKind::NotFound => Error::Refused(format!("{}: no such file", path.display())),
+        _ => Error::io(path.display(), e),
     })?;
     kind_of(path, &md)
 }
 
-pub fn kind_of(path: &Path, md: &std::fs::Metadata) -> Result<Kind, String> {
+pub fn kind_of(path: &Path, md: &std::fs::Metadata) -> Result<Kind, Error> {
     let ft = md.file_type();
     if ft.is_file() {
         Ok(Kind::File)
     } else if ft.is_block_device() {
         Ok(Kind::BlockDevice)
     } else if ft.is_dir() {
-        Err(format!("{} is a directory, not a volume", path.display()))
+        Err(Error::Refused(format!(
+            "{} is a directory, not a volume",
+            path.display()
+        )))
     } else {
-        Err(format!(
+        Err(Error::Refused(format!(
             "{} is not a regular file or a block device (a volume lives in one)",
             path.display()
-        ))
+        )))
     }
 }
 
@@ -61,7 +65,7 @@ pub enum Header {
 /// Reads the superblock copies the way the engine does (A first, then B).
 /// Something without the cvol magic in either place is not a volume: an
 /// error (exit 2) naming the problem, before anything else is tried.
-pub fn read_header(path: &Path, storage: &FileStorage, kind: Kind) -> Result<Header, String> {
+pub fn read_header(path: &Path, storage: &FileStorage, kind: Kind) -> Result<Header, Error> {
     let len = storage.len_bytes();
     let mut magic_seen = false;
     for off in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
@@ -84,14 +88,14 @@ pub fn read_header(path: &Path, storage: &FileStorage, kind: Kind) -> Result<Hea
     if magic_seen {
         return Ok(Header::Damaged);
     }
-    Err(if len == 0 {
+    Err(Error::Refused(if len == 0 {
         format!("{} is empty, not a cvol volume", path.display())
     } else {
         format!(
             "{} is not a cvol volume (no cvol superblock at byte {SUPERBLOCK_A_OFFSET} or {SUPERBLOCK_B_OFFSET})",
             path.display()
         )
-    })
+    }))
 }
 
 fn short_message(kind: Kind, volume_bytes: u64, have: u64) -> String {
@@ -124,7 +128,7 @@ pub enum Purpose {
 
 /// Opens the backing store of an existing volume (taking its lock) after
 /// the path checks; the header is read by the caller.
-pub fn open_store(path: &Path, purpose: Purpose) -> Result<(FileStorage, Kind), String> {
+pub fn open_store(path: &Path, purpose: Purpose) -> Result<(FileStorage, Kind), Error> {
     let kind = existing_kind(path)?;
     let (writable, exclusive) = match purpose {
         Purpose::Read | Purpose::Check => (false, false),
@@ -132,7 +136,7 @@ pub fn open_store(path: &Path, purpose: Purpose) -> Result<(FileStorage, Kind), 
         Purpose::Serve { writable } => (writable, true),
     };
     let st = FileStorage::open(path, writable, exclusive).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock => match purpose {
+        std::io::ErrorKind::WouldBlock => Error::Refused(match purpose {
             Purpose::Read => format!(
                 "{}: in use by a cvol process whose control socket could not be reached ({e})",
                 path.display()
@@ -146,8 +150,8 @@ pub fn open_store(path: &Path, purpose: Purpose) -> Result<(FileStorage, Kind), 
                 path.display()
             ),
             Purpose::Serve { .. } => format!("{}: {e}", path.display()),
-        },
-        _ => format!("{}: {e}", path.display()),
+        }),
+        _ => Error::io(path.display(), e),
     })?;
     if let Purpose::Serve { .. } = purpose {
         warn_if_shared(path, &st, kind);
@@ -188,30 +192,27 @@ fn warn_if_shared(path: &Path, st: &FileStorage, kind: Kind) {
 /// Opens the store and refuses (exit 2) what is not a volume, is shorter
 /// than the volume or has no intact superblock: for the commands that open
 /// it (stat, scrub, serve).
-pub fn open_volume_store(path: &Path, purpose: Purpose) -> Result<FileStorage, String> {
+pub fn open_volume_store(path: &Path, purpose: Purpose) -> Result<FileStorage, Error> {
     let (st, kind) = open_store(path, purpose)?;
     match read_header(path, &st, kind)? {
-        Header::Short(m) => Err(format!("{}: {m}", path.display())),
-        Header::Damaged => Err(format!(
+        Header::Short(m) => Err(Error::Refused(format!("{}: {m}", path.display()))),
+        Header::Damaged => Err(Error::Refused(format!(
             "{}: a cvol volume whose superblock copies are both damaged; \
              `cvol check` lists what else is wrong",
             path.display()
-        )),
+        ))),
         Header::Volume => Ok(st),
     }
 }
 
-/// `--metadata-device`, when given: the metadata device to open instead of
-/// the path the volume recorded at create (a device renamed since).
-static METADATA_DEVICE: OnceLock<PathBuf> = OnceLock::new();
-
-pub fn set_metadata_device(path: PathBuf) {
-    let _ = METADATA_DEVICE.set(path);
-}
-
-/// `--metadata-device`, if given.
-pub fn metadata_device_override() -> Option<&'static Path> {
-    METADATA_DEVICE.get().map(PathBuf::as_path)
+/// The global flags, which every command is given with its own
+/// (`cvol --metadata-device PATH COMMAND ...`).
+#[derive(Clone, Debug, Default)]
+pub struct Globals {
+    /// `--metadata-device`, when given: with `create`, where the metadata
+    /// goes; else the metadata device to open instead of the path the
+    /// volume recorded at create (a device renamed since).
+    pub metadata_device: Option<PathBuf>,
 }
 
 /// Do two paths name the same file (device and inode)?
@@ -231,9 +232,10 @@ pub fn with_metadata(
     path: &Path,
     data: FileStorage,
     purpose: Purpose,
+    globals: &Globals,
     options: &mut OpenOptions,
-) -> Result<Arc<dyn Storage>, String> {
-    let given = metadata_device_override();
+) -> Result<Arc<dyn Storage>, Error> {
+    let given = globals.metadata_device.as_deref();
     let mut asked = false;
     let mut opened = None;
     let joined = cvol_engine::volume::metadev::open_stores(Arc::new(data), |recorded| {
@@ -258,24 +260,28 @@ pub fn with_metadata(
                 "{e} (the path recorded at create; if the device moved, pass \
                  --metadata-device PATH)"
             )),
-            Some(_) => refuse(e),
+            Some(_) => refuse(e.to_string()),
         })?;
         Ok(Arc::new(st) as Arc<dyn Storage>)
     })
-    .map_err(|e| format!("{}: {e}", path.display()))?;
+    .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?;
     if let (Some(g), false) = (given, asked) {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "{}: --metadata-device {} given, but the volume keeps its metadata in itself",
             path.display(),
             g.display()
-        ));
+        )));
     }
     options.metadata_device_path = opened.map(|p| p.to_string_lossy().into_owned());
     Ok(joined)
 }
 
 /// Opens a volume nobody serves, read-only (`stat`, offline `scrub`).
-pub fn open_read_only(path: &Path, read_cache_bytes: Option<u64>) -> Result<Volume, String> {
+pub fn open_read_only(
+    path: &Path,
+    read_cache_bytes: Option<u64>,
+    globals: &Globals,
+) -> Result<Volume, Error> {
     if let Some(url) = crate::objvol::url_of(path) {
         return crate::objvol::open_read_only(url, read_cache_bytes);
     }
@@ -285,7 +291,7 @@ pub fn open_read_only(path: &Path, read_cache_bytes: Option<u64>) -> Result<Volu
         read_cache_bytes,
         ..OpenOptions::default()
     };
-    let storage = with_metadata(path, storage, Purpose::Read, &mut options)?;
+    let storage = with_metadata(path, storage, Purpose::Read, globals, &mut options)?;
     match open_with_progress(path, storage, options, None) {
         Opened::Volume(v) => Ok(*v),
         Opened::Failed(e) => Err(e),
@@ -296,7 +302,7 @@ pub fn open_read_only(path: &Path, read_cache_bytes: Option<u64>) -> Result<Volu
 /// The outcome of [`open_with_progress`].
 pub enum Opened {
     Volume(Box<Volume>),
-    Failed(String),
+    Failed(Error),
     /// `stop` was raised (SIGTERM/SIGINT) before the open finished.
     Stopped,
 }
@@ -325,7 +331,7 @@ pub fn open_with_progress(
             let _ = tx.send(Volume::open(storage, options));
         });
     if let Err(e) = spawned {
-        return Opened::Failed(format!("cannot start the open: {e}"));
+        return Opened::Failed(Error::io("cannot start the open", e));
     }
     let start = Instant::now();
     let mut next_note = start + SLOW_OPEN;
@@ -338,11 +344,14 @@ pub fn open_with_progress(
                 }
                 return match r {
                     Ok(v) => Opened::Volume(Box::new(v)),
-                    Err(e) => Opened::Failed(format!("{}: {e}", path.display())),
+                    Err(e) => Opened::Failed(Error::Refused(format!("{}: {e}", path.display()))),
                 };
             }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                return Opened::Failed(format!("{}: the open failed", path.display()))
+                return Opened::Failed(Error::Refused(format!(
+                    "{}: the open failed",
+                    path.display()
+                )))
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
         }

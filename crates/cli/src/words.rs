@@ -1,6 +1,7 @@
 //! Wording shared by every command: byte counts, plurals, and the one
 //! description of the codec policies (help, `create`'s message and errors;
-//! README.md quotes it), and the values of on/off flags.
+//! README.md quotes it), and the parser of word flags (on/off and the like).
+use crate::error::Error;
 use cvol_engine::codec::ZSTD_LEVEL_MAX;
 use cvol_engine::policy::{auto_codec, Load, AUTO_STRONG_LEVEL_DEFAULT};
 use cvol_engine::{Codec, CodecPolicy};
@@ -77,17 +78,78 @@ pub fn describe_policy(p: CodecPolicy) -> String {
     }
 }
 
-/// Parses an on/off flag's value.
-pub fn on_off(flag: &str, v: &str) -> Result<bool, String> {
-    match v {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(format!("{flag} takes on or off, not {v:?}")),
+/// The value of an on/off flag (`--dedup`, `--recompress`, `--idle-clean`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    pub fn on(self) -> bool {
+        self == OnOff::On
+    }
+}
+
+/// The parser of a word flag (a clap `ValueEnum`): `--help` lists its
+/// words, and a word it does not know is refused in cvol's words, naming
+/// the flag, every word it takes and the value given:
+/// `--dedup takes on or off, not "maybe"`.
+pub fn choice<T: clap::ValueEnum + Clone + Send + Sync + 'static>() -> Choice<T> {
+    Choice(std::marker::PhantomData)
+}
+
+/// See [`choice`].
+#[derive(Clone)]
+pub struct Choice<T>(std::marker::PhantomData<T>);
+
+impl<T: clap::ValueEnum + Clone + Send + Sync + 'static> clap::builder::TypedValueParser
+    for Choice<T>
+{
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        let v = value.to_string_lossy();
+        T::from_str(&v, false).map_err(|_| {
+            let flag = arg
+                .and_then(|a| a.get_long())
+                .map_or_else(|| "the value".to_string(), |l| format!("--{l}"));
+            let msg = format!("{flag} takes {}, not {v:?}\n", words_of::<T>());
+            clap::Error::raw(clap::error::ErrorKind::InvalidValue, msg).with_cmd(cmd)
+        })
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        let values = T::value_variants()
+            .iter()
+            .filter_map(clap::ValueEnum::to_possible_value);
+        Some(Box::new(values))
+    }
+}
+
+/// A word flag's words: `on or off`, `a, b or c`.
+pub fn words_of<T: clap::ValueEnum>() -> String {
+    let names: Vec<String> = T::value_variants()
+        .iter()
+        .filter_map(|v| v.to_possible_value())
+        .map(|p| p.get_name().to_string())
+        .collect();
+    match names.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
 /// Parses `--codec`; an unknown name lists every accepted form.
-pub fn parse_codec(s: &str) -> Result<CodecPolicy, String> {
+pub fn parse_codec(s: &str) -> Result<CodecPolicy, Error> {
     let known = s == "auto"
         || s.starts_with("auto:")
         || s == "lz4"
@@ -95,14 +157,14 @@ pub fn parse_codec(s: &str) -> Result<CodecPolicy, String> {
         || s == "zstd"
         || s.starts_with("zstd:");
     CodecPolicy::parse(s).map_err(|e| {
-        if known {
+        Error::Usage(if known {
             format!("--codec {s}: {e}")
         } else {
             format!(
                 "--codec {s}: not a codec policy; expected {}",
                 codec_forms()
             )
-        }
+        })
     })
 }
 
@@ -128,9 +190,9 @@ mod tests {
             w.contains("lz4 while busy") && w.contains("zstd:3 when idle") && w.contains("zstd:9"),
             "{w}"
         );
-        let e = parse_codec("gzip").unwrap_err();
+        let e = parse_codec("gzip").unwrap_err().to_string();
         assert!(e.contains("auto") && e.contains("lz4"), "{e}");
-        let e = parse_codec("zstd:99").unwrap_err();
+        let e = parse_codec("zstd:99").unwrap_err().to_string();
         assert!(e.contains("out of range"), "{e}");
         assert!(codec_help().contains(&auto_words(Codec::Zstd(9))));
     }

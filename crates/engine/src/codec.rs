@@ -1,4 +1,5 @@
 //! Block codecs. A payload is kept compressed only if it saves at least 1/8.
+use crate::error::BadWord;
 use cvol_format::CodecTag;
 use std::cell::RefCell;
 
@@ -14,7 +15,7 @@ pub const ZSTD_LEVEL_MAX: i32 = 19;
 
 impl Codec {
     /// Parses `none`, `lz4`, `zstd` (level 3) or `zstd:LEVEL` (1..=19).
-    pub fn parse(s: &str) -> Result<Codec, String> {
+    pub fn parse(s: &str) -> Result<Codec, BadWord> {
         match s {
             "none" => Ok(Codec::None),
             "lz4" => Ok(Codec::Lz4),
@@ -24,12 +25,14 @@ impl Codec {
                     .strip_prefix("zstd:")
                     .and_then(|l| l.parse::<i32>().ok())
                     .ok_or_else(|| {
-                        format!("unknown codec '{s}': expected lz4, zstd:LEVEL or none")
+                        BadWord(format!(
+                            "unknown codec '{s}': expected lz4, zstd:LEVEL or none"
+                        ))
                     })?;
                 if !(1..=ZSTD_LEVEL_MAX).contains(&level) {
-                    return Err(format!(
+                    return Err(BadWord(format!(
                         "zstd level {level} out of range 1..={ZSTD_LEVEL_MAX}"
-                    ));
+                    )));
                 }
                 Ok(Codec::Zstd(level))
             }

@@ -21,6 +21,15 @@ pub enum VolError {
     Corrupt { lba: u64, detail: String },
     /// The volume could not be created or opened.
     Open(OpenError),
+    /// Metadata read back, or the tables derived from the map, failed a
+    /// check (`Volume::verify_refcounts`).
+    Meta(MetaError),
+}
+
+impl From<MetaError> for VolError {
+    fn from(e: MetaError) -> VolError {
+        VolError::Meta(e)
+    }
 }
 
 /// Why a volume could not be created or opened.
@@ -69,6 +78,7 @@ impl fmt::Display for VolError {
             }
             VolError::Corrupt { lba, detail } => write!(f, "block {lba} is corrupt: {detail}"),
             VolError::Open(e) => write!(f, "{e}"),
+            VolError::Meta(e) => write!(f, "{e}"),
         }
     }
 }
@@ -396,7 +406,7 @@ pub enum CheckpointError {
     /// A map page a directory names.
     Page { page: u64, why: PageError },
     /// A map page (read to verify a fallback's map) is unusable.
-    MapPages(String),
+    MapPages(MetaError),
     /// An entry of the map names no intact record holding its block.
     NamesNoRecord { lba: u64, offset: u64 },
 }
@@ -620,14 +630,8 @@ impl std::error::Error for DirError {}
 impl std::error::Error for PageError {}
 impl std::error::Error for TableError {}
 
-// Callers that still report errors as strings (`check`'s block
-// verification, the fingerprint tables) use `?` on these.
-impl From<RecordError> for String {
-    fn from(e: RecordError) -> String {
-        e.to_string()
-    }
-}
-
+// `check`'s block verification, which still reports errors as strings,
+// uses `?` on it.
 impl From<EntryLocationError> for String {
     fn from(e: EntryLocationError) -> String {
         e.to_string()
@@ -823,3 +827,41 @@ mod tests {
         }
     }
 }
+
+/// Why metadata read back (a map page, a segment or shared table, a
+/// fingerprint table) or the books derived from the map cannot be used.
+/// The opener falls back to rebuilding from the map on `Damaged` and
+/// `Disagree`; an `Io` error is the store's, and is reported as such.
+#[derive(Debug)]
+pub enum MetaError {
+    /// Reading it from the store failed.
+    Io { what: String, source: io::Error },
+    /// Its bytes fail verification or do not decode into what they claim.
+    Damaged(String),
+    /// It decodes, but disagrees with the map or with another table.
+    Disagree(String),
+}
+
+impl fmt::Display for MetaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetaError::Io { what, source } => write!(f, "{what}: {source}"),
+            MetaError::Damaged(why) | MetaError::Disagree(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for MetaError {}
+
+/// A word that names no codec, codec policy or cleaner policy (the
+/// message says what was expected).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadWord(pub String);
+
+impl fmt::Display for BadWord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for BadWord {}

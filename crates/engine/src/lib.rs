@@ -47,7 +47,9 @@ pub mod volume;
 pub use volume::CleanerConfig;
 
 pub use codec::Codec;
+// The record decoder every read goes through; the fuzz targets drive it.
 pub use error::{OpenError, RecoveryError, VolError};
 pub use policy::{CodecPolicy, ElasticConfig};
+pub use records::decode_block_record;
 pub use stats::VolumeStats;
 pub use volume::{CreateOptions, Extent, IndexWarmup, OpenOptions, Volume};

@@ -14,6 +14,7 @@
 //! while any entry points at it, and then its bytes count once in its
 //! segment's live bytes and in the stored bytes.
 use crate::dedup::{Fingerprint, OffsetMap, Shared, SharedTable, UnitLive};
+use crate::error::MetaError;
 use crate::map::{BlockMap, Page, PageSource};
 use crate::segments::{CompactionHints, SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
@@ -421,7 +422,7 @@ impl LiveMap {
         first: u64,
         end: u64,
         src: &dyn PageSource,
-    ) -> Result<(), String> {
+    ) -> Result<(), MetaError> {
         self.map.fault_in(first, end, src)
     }
 
@@ -498,7 +499,7 @@ impl LiveMap {
 
     /// Recomputes every derived table from the map and compares it with the
     /// running one.
-    pub(crate) fn verify(&self, sb: &Superblock, src: &dyn PageSource) -> Result<(), String> {
+    pub(crate) fn verify(&self, sb: &Superblock, src: &dyn PageSource) -> Result<(), MetaError> {
         let fresh = rebuild(sb, &self.map, Some(src), &HashMap::new(), None)?;
         let mut errors = shared_differences(&self.shared, &fresh.shared);
         if fresh.counters != self.counters {
@@ -519,7 +520,7 @@ impl LiveMap {
             Ok(())
         } else {
             errors.truncate(20);
-            Err(errors.join("; "))
+            Err(MetaError::Damaged(errors.join("; ")))
         }
     }
 }
@@ -613,7 +614,7 @@ impl Census {
         map: &BlockMap,
         src: Option<&dyn PageSource>,
         counters: &mut MapCounters,
-    ) -> Result<Census, String> {
+    ) -> Result<Census, MetaError> {
         let mut c = Census::default();
         map.scan(src, |_, e| {
             counters.add(e);
@@ -739,7 +740,7 @@ pub(crate) fn rebuild(
     src: Option<&dyn PageSource>,
     needed: &HashMap<u64, u64>,
     open: Option<(u64, u64)>,
-) -> Result<Rebuilt, String> {
+) -> Result<Rebuilt, MetaError> {
     let mut counters = MapCounters::default();
     let census = Census::of(map, src, &mut counters)?;
     let geometry = Geometry::of(sb);

@@ -7,7 +7,7 @@
 //! It depends on `error`, `map` and `cvol-format`/`cvol-storage` only, so
 //! `liveness`, `recovery`, `check` and the volume share it without
 //! depending on each other.
-use crate::error::{ChunkError, EntryLocationError, RecordError};
+use crate::error::{ChunkError, EntryLocationError, MetaError, RecordError};
 use crate::map::{BlockMap, PageSource};
 use cvol_format::checkpoint::{decode_runs, PageRef};
 use cvol_format::fprints::directory_tables;
@@ -97,8 +97,9 @@ impl LogPages<'_> {
 }
 
 impl PageSource for LogPages<'_> {
-    fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String> {
-        self.entries(r).map_err(|e| e.to_string())
+    fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, MetaError> {
+        self.entries(r)
+            .map_err(|e| MetaError::Damaged(e.to_string()))
     }
 }
 

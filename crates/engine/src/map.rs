@@ -14,6 +14,7 @@
 //! Pages in memory are shared copy-on-write with a checkpoint's snapshot
 //! (`take_dirty`): a page changed while the checkpoint encodes it is
 //! copied once, and stays dirty for the next one.
+use crate::error::MetaError;
 use cvol_format::checkpoint::{PageRef, DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::MapEntry;
 use std::collections::VecDeque;
@@ -128,7 +129,7 @@ impl Page {
 /// Reads a page's record: what `fault_in` calls on a miss.
 pub trait PageSource {
     /// The entries of page `page`, from the record `r` names (verified).
-    fn load(&self, page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String>;
+    fn load(&self, page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, MetaError>;
 }
 
 /// Log bytes per region of a page's reference summary.
@@ -464,7 +465,12 @@ impl BlockMap {
 
     /// Makes sure every page holding an LBA of [first, end) is in memory,
     /// reading those that are not from `src`.
-    pub fn fault_in(&mut self, first: u64, end: u64, src: &dyn PageSource) -> Result<(), String> {
+    pub fn fault_in(
+        &mut self,
+        first: u64,
+        end: u64,
+        src: &dyn PageSource,
+    ) -> Result<(), MetaError> {
         let end = end.min(self.blocks);
         let mut lba = first;
         while let Some(l) = self.next_allocated_page_lba(lba).filter(|&l| l < end) {
@@ -508,7 +514,7 @@ impl BlockMap {
     }
 
     /// `fault_in` for one page (allocated or not).
-    pub fn fault_page(&mut self, p: usize, src: &dyn PageSource) -> Result<(), String> {
+    pub fn fault_page(&mut self, p: usize, src: &dyn PageSource) -> Result<(), MetaError> {
         if self.pages[p].is_some() {
             set_bit(&mut self.touched, p, true);
             return Ok(());
@@ -525,16 +531,16 @@ impl BlockMap {
         Ok(())
     }
 
-    fn read_page(&self, p: usize, src: &dyn PageSource) -> Result<Page, String> {
+    fn read_page(&self, p: usize, src: &dyn PageSource) -> Result<Page, MetaError> {
         let r = self
             .page_ref(p)
             .expect("an allocated page not in memory has a record");
         let entries = src.load(p as u64, &r)?;
         match Page::from_entries(p as u64, &entries) {
             Some(page) if page.used > 0 => Ok(page),
-            _ => Err(format!(
+            _ => Err(MetaError::Damaged(format!(
                 "map page {p}'s record holds entries of another page"
-            )),
+            ))),
         }
     }
 
@@ -728,7 +734,7 @@ impl BlockMap {
         &self,
         src: Option<&dyn PageSource>,
         mut f: impl FnMut(u64, MapEntry),
-    ) -> Result<(), String> {
+    ) -> Result<(), MetaError> {
         let mut next = self.next_allocated_page(0);
         while let Some(p) = next {
             match (&self.pages[p], src) {

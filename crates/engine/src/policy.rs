@@ -29,6 +29,7 @@
 //! never retried: the probe or a failed compression already judged them.
 use crate::clock::Clock;
 use crate::codec::Codec;
+use crate::error::BadWord;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -104,7 +105,7 @@ impl CodecPolicy {
 
     /// Parses `auto` (strong codec zstd:9), `auto:zstd:LEVEL` or a fixed
     /// codec (`none`, `lz4`, `zstd`, `zstd:LEVEL`).
-    pub fn parse(s: &str) -> Result<CodecPolicy, String> {
+    pub fn parse(s: &str) -> Result<CodecPolicy, BadWord> {
         match s {
             "auto" => Ok(CodecPolicy::Auto {
                 strong: Codec::Zstd(AUTO_STRONG_LEVEL_DEFAULT),
@@ -115,9 +116,9 @@ impl CodecPolicy {
                         strong: Codec::parse(strong)?,
                     })
                 }
-                Some(other) => Err(format!(
+                Some(other) => Err(BadWord(format!(
                     "auto's strong codec must be zstd or zstd:LEVEL, not '{other}'"
-                )),
+                ))),
                 None => Codec::parse(s).map(CodecPolicy::Fixed),
             },
         }

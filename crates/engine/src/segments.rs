@@ -6,6 +6,8 @@
 //! when no map entry points into it AND every record in it is older than the
 //! snapshot of the newest durable checkpoint: then recovery needs nothing in it.
 
+use crate::error::BadWord;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegState {
     Free,
@@ -387,13 +389,13 @@ pub enum VictimPolicy {
 }
 
 impl VictimPolicy {
-    pub fn parse(s: &str) -> Result<VictimPolicy, String> {
+    pub fn parse(s: &str) -> Result<VictimPolicy, BadWord> {
         match s {
             "greedy" => Ok(VictimPolicy::Greedy),
             "cost-benefit" => Ok(VictimPolicy::CostBenefit),
-            _ => Err(format!(
+            _ => Err(BadWord(format!(
                 "unknown cleaner policy '{s}': expected greedy or cost-benefit"
-            )),
+            ))),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The cache label (volumes with `FLAG_CACHE`: a compressed cache in front
-//! of an origin, seed 000 §2.2 / FlaZ).
+//! of an origin, as FlaZ in Klonatos et al., *Transparent Online Storage
+//! Compression at the Block-Level*).
 //!
 //! A cache volume is an ordinary volume whose logical size is its origin's
 //! and whose *unmapped* blocks mean "not cached: read the origin" instead

@@ -1,8 +1,10 @@
 //! The metadata device label (volumes with `FLAG_METADATA_DEVICE`).
 //!
 //! A volume may keep its map records, checkpoint commits and fingerprint
-//! tables on a second store, the *metadata device* (seed 002 §5.2: metadata
-//! on a faster device). Its segments follow the data store's in the
+//! tables on a second store, the *metadata device* (metadata on a faster
+//! device, as VDO's block map and journal in Ajdari et al., *An
+//! Enterprise-Grade Open-Source Data Reduction Architecture for All-Flash
+//! Storage Systems*). Its segments follow the data store's in the
 //! volume's offset space (`Superblock::metadata_base`), so record offsets,
 //! map entries and page references keep one format. The label says which
 //! volume a metadata device belongs to; it is written at create, in two

@@ -109,8 +109,9 @@ const FLAGS_KNOWN: u32 = FLAG_DEDUP
 /// The page records are packed into under `Packing::Page*` (flash's page).
 pub const PACKING_PAGE_BYTES: u64 = 4096;
 
-/// How records are laid out in a segment (seed 004's schemes; the
-/// chunk-based one is the merged compression unit, `--unit-size`).
+/// How records are laid out in a segment (the schemes of *Compression
+/// schemes inside SSDs*; the chunk-based one is the merged compression
+/// unit, `--unit-size`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Packing {
     /// Back to back, byte-granular: a record may straddle two pages.
@@ -121,7 +122,8 @@ pub enum Packing {
     /// (the gap is zeros), first fit over the records of one commit.
     Page,
     /// `Page`, with the records of one commit placed largest first
-    /// (first-fit decreasing: seed 004's re-ordering bin-packing).
+    /// (first-fit decreasing: the re-ordering bin-packing of *Compression
+    /// schemes inside SSDs*).
     PageSorted,
 }
 

@@ -121,7 +121,12 @@ fn oversized_write(out: &mut Vec<u8>) {
 }
 
 fn nbd_seeds() {
-    // nbd_handshake: raw client bytes.
+    nbd_handshake_seeds();
+    nbd_request_seeds();
+}
+
+/// nbd_handshake: raw client bytes.
+fn nbd_handshake_seeds() {
     let fixed = (proto::NBD_FLAG_C_FIXED_NEWSTYLE | proto::NBD_FLAG_C_NO_ZEROES).to_be_bytes();
     let mut s = fixed.to_vec();
     option(&mut s, proto::NBD_OPT_STRUCTURED_REPLY, &[]);
@@ -192,8 +197,10 @@ fn nbd_seeds() {
         proto::MAX_OPTION_PAYLOAD_BYTES + 1,
     ));
     write("nbd_handshake", "errors-then-oversized-option", &s);
+}
 
-    // nbd_request: mode byte + transmission bytes.
+/// nbd_request: mode byte + transmission bytes.
+fn nbd_request_seeds() {
     let all = Mode::from_byte(0b00011);
     let mut s = vec![all.to_byte()];
     session_requests(&mut s);

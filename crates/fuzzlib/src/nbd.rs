@@ -253,12 +253,45 @@ pub fn tls(data: &[u8]) {
     }
 }
 
+/// What a TLS-required server sent in the clear that it must not have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ClearTextLeak {
+    /// The greeting is missing or wrong.
+    NoGreeting,
+    /// Bytes (this many) that do not start an option reply.
+    NotAnOptionReply(usize),
+    /// An option reply that is neither an error nor the ACK of `ABORT` or
+    /// `STARTTLS`.
+    ReplyType { kind: u32, option: u32 },
+    /// An option reply cut short.
+    TruncatedOptionReply,
+    /// Bytes (this many) after the last option reply.
+    TrailingBytes(usize),
+    /// After the `STARTTLS` acknowledgement: a header that is no TLS record's.
+    NonTlsRecord([u8; 5]),
+}
+
+impl std::fmt::Display for ClearTextLeak {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClearTextLeak::NoGreeting => f.write_str("no greeting"),
+            ClearTextLeak::NotAnOptionReply(n) => write!(f, "{n} bytes that are no option reply"),
+            ClearTextLeak::ReplyType { kind, option } => {
+                write!(f, "reply type {kind:#x} to option {option}")
+            }
+            ClearTextLeak::TruncatedOptionReply => f.write_str("a truncated option reply"),
+            ClearTextLeak::TrailingBytes(n) => write!(f, "{n} trailing bytes"),
+            ClearTextLeak::NonTlsRecord(header) => write!(f, "a non-TLS record header {header:?}"),
+        }
+    }
+}
+
 /// Checks the oracle of [`tls`] on what the server sent.
-fn clear_text_reveals_nothing(reply: &[u8]) -> Result<(), String> {
+fn clear_text_reveals_nothing(reply: &[u8]) -> Result<(), ClearTextLeak> {
     let greeting =
         proto::encode_greeting(proto::NBD_FLAG_FIXED_NEWSTYLE | proto::NBD_FLAG_NO_ZEROES);
     if reply.get(..greeting.len()) != Some(&greeting[..]) {
-        return Err("no greeting".into());
+        return Err(ClearTextLeak::NoGreeting);
     }
     let mut rest = &reply[greeting.len()..];
     while rest.len() >= 20 {
@@ -267,7 +300,7 @@ fn clear_text_reveals_nothing(reply: &[u8]) -> Result<(), String> {
         let kind = u32::from_be_bytes(rest[12..16].try_into().expect("4"));
         let length = u32::from_be_bytes(rest[16..20].try_into().expect("4")) as usize;
         if magic != proto::OPTION_REPLY_MAGIC {
-            return Err(format!("{} bytes that are no option reply", rest.len()));
+            return Err(ClearTextLeak::NotAnOptionReply(rest.len()));
         }
         let acked = kind == proto::NBD_REP_ACK
             && matches!(option, proto::NBD_OPT_ABORT | proto::NBD_OPT_STARTTLS);
@@ -276,9 +309,11 @@ fn clear_text_reveals_nothing(reply: &[u8]) -> Result<(), String> {
             proto::NBD_REP_ERR_TLS_REQD | proto::NBD_REP_ERR_INVALID | proto::NBD_REP_ERR_TOO_BIG
         );
         if !acked && !refused {
-            return Err(format!("reply type {kind:#x} to option {option}"));
+            return Err(ClearTextLeak::ReplyType { kind, option });
         }
-        rest = rest.get(20 + length..).ok_or("a truncated option reply")?;
+        rest = rest
+            .get(20 + length..)
+            .ok_or(ClearTextLeak::TruncatedOptionReply)?;
         if acked && option == proto::NBD_OPT_STARTTLS {
             return tls_records_only(rest);
         }
@@ -286,18 +321,19 @@ fn clear_text_reveals_nothing(reply: &[u8]) -> Result<(), String> {
     if rest.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} trailing bytes", rest.len()))
+        Err(ClearTextLeak::TrailingBytes(rest.len()))
     }
 }
 
 /// Whether `bytes` are whole TLS records (the last may be cut short by
 /// the close), of the record types TLS defines.
-fn tls_records_only(mut bytes: &[u8]) -> Result<(), String> {
+fn tls_records_only(mut bytes: &[u8]) -> Result<(), ClearTextLeak> {
     while bytes.len() >= 5 {
         let (kind, major) = (bytes[0], bytes[1]);
         let length = usize::from(u16::from_be_bytes([bytes[3], bytes[4]]));
         if !(20..=23).contains(&kind) || major != 3 || length > 16384 + 2048 {
-            return Err(format!("a non-TLS record header {:?}", &bytes[..5]));
+            let header = bytes[..5].try_into().expect("5 bytes");
+            return Err(ClearTextLeak::NonTlsRecord(header));
         }
         bytes = bytes.get(5 + length..).unwrap_or_default();
     }

@@ -216,28 +216,59 @@ pub fn structures_of(bytes: &[u8]) -> Vec<Structure> {
     out
 }
 
+/// Why an image is not the sound, committed one the recovery target
+/// starts from.
+#[derive(Debug)]
+pub enum ImageError {
+    /// `check` found these inconsistencies.
+    Unclean(Vec<String>),
+    /// The volume does not open, or block 3 does not read.
+    Volume(VolError),
+    /// Block 3 reads back other data than was written.
+    WrongBlock,
+    /// The committed image does not decompress.
+    Decompress(lz4_flex::block::DecompressError),
+    /// The committed image has this many bytes, not [`PHYSICAL_BYTES`].
+    Size(usize),
+}
+
+impl std::fmt::Display for ImageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ImageError::Unclean(errors) => write!(f, "check: {errors:?}"),
+            ImageError::Volume(e) => write!(f, "{e}"),
+            ImageError::WrongBlock => f.write_str("block 3 reads back wrong"),
+            ImageError::Decompress(e) => write!(f, "{e}"),
+            ImageError::Size(n) => write!(f, "{n} bytes, expected {PHYSICAL_BYTES}"),
+        }
+    }
+}
+
+impl std::error::Error for ImageError {}
+
 /// Is `bytes` a volume that opens and checks clean?
-pub fn image_is_sound(bytes: &[u8]) -> Result<(), String> {
+pub fn image_is_sound(bytes: &[u8]) -> Result<(), ImageError> {
     let store = MemStore::new(bytes.to_vec(), Faults::default());
     let rep = check::check_volume(&store, &mut |_, _| {});
     if !rep.consistent() {
-        return Err(format!("check: {:?}", rep.errors));
+        return Err(ImageError::Unclean(rep.errors));
     }
-    let vol = Volume::open(Arc::new(store), options(true)).map_err(|e| e.to_string())?;
+    let vol = Volume::open(Arc::new(store), options(true)).map_err(ImageError::Volume)?;
     let mut b = vec![0u8; BS];
     vol.read_at(3 * BS as u64, &mut b)
-        .map_err(|e| e.to_string())?;
+        .map_err(ImageError::Volume)?;
     if b != block(3, 0) {
-        return Err("block 3 reads back wrong".into());
+        return Err(ImageError::WrongBlock);
     }
     Ok(())
 }
 
 /// Decompresses the committed image.
-pub fn committed_image() -> Result<Vec<u8>, String> {
-    let bytes = lz4_flex::block::decompress_size_prepended(COMMITTED).map_err(|e| e.to_string())?;
+pub fn committed_image() -> Result<Vec<u8>, ImageError> {
+    let bytes =
+        lz4_flex::block::decompress_size_prepended(COMMITTED).map_err(ImageError::Decompress)?;
     if bytes.len() as u64 != PHYSICAL_BYTES {
-        return Err(format!("{} bytes, expected {PHYSICAL_BYTES}", bytes.len()));
+        return Err(ImageError::Size(bytes.len()));
     }
     Ok(bytes)
 }

@@ -16,9 +16,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use rustls::pki_types::pem;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
 
 /// Whether clients may, or must, use TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +38,58 @@ pub struct TlsSettings {
     pub mode: TlsMode,
     pub credentials: Arc<TlsCredentials>,
 }
+
+/// Why credentials could not be loaded; the message names the file and
+/// what is wrong with it.
+#[derive(Debug)]
+pub enum TlsError {
+    /// The credentials directory is not a directory.
+    NotADirectory(PathBuf),
+    /// A PEM file that cannot be read, or holds no item of the kind wanted.
+    Pem { path: PathBuf, error: pem::Error },
+    /// A certificate file without a PEM certificate in it.
+    NoCertificate(PathBuf),
+    /// The CA certificate is not a usable trust anchor.
+    CaCertificate { path: PathBuf, error: rustls::Error },
+    /// No client verifier could be built from the CA certificate.
+    ClientVerifier {
+        path: PathBuf,
+        error: VerifierBuilderError,
+    },
+    /// The crypto provider offers no safe protocol version.
+    Protocols(rustls::Error),
+    /// The certificate chain and key do not make a server identity (a key
+    /// that does not match the certificate, say).
+    Identity {
+        cert: PathBuf,
+        key: PathBuf,
+        error: rustls::Error,
+    },
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlsError::NotADirectory(dir) => write!(
+                f,
+                "{}: not a directory (expected one holding ca-cert.pem, server-cert.pem and server-key.pem)",
+                dir.display()
+            ),
+            TlsError::Pem { path, error } => write!(f, "{}: {}", path.display(), pem_error(error)),
+            TlsError::NoCertificate(path) => {
+                write!(f, "{}: no PEM certificate in it", path.display())
+            }
+            TlsError::CaCertificate { path, error } => write!(f, "{}: {error}", path.display()),
+            TlsError::ClientVerifier { path, error } => write!(f, "{}: {error}", path.display()),
+            TlsError::Protocols(error) => write!(f, "TLS: {error}"),
+            TlsError::Identity { cert, key, error } => {
+                write!(f, "{} and {}: {error}", cert.display(), key.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for TlsError {}
 
 /// Certificates and key from a directory; [`TlsCredentials::reload`]
 /// swaps in a fresh copy for new connections (open ones keep theirs).
@@ -57,7 +110,7 @@ impl fmt::Debug for TlsCredentials {
 
 impl TlsCredentials {
     /// Loads `dir`; the error names the file and what is wrong with it.
-    pub fn load(dir: &Path, verify_peer: bool) -> Result<TlsCredentials, String> {
+    pub fn load(dir: &Path, verify_peer: bool) -> Result<TlsCredentials, TlsError> {
         let config = build_config(dir, verify_peer)?;
         Ok(TlsCredentials {
             dir: dir.to_path_buf(),
@@ -67,7 +120,7 @@ impl TlsCredentials {
     }
 
     /// Reads the directory again. On error the credentials in use stay.
-    pub fn reload(&self) -> Result<(), String> {
+    pub fn reload(&self) -> Result<(), TlsError> {
         let config = build_config(&self.dir, self.verify_peer)?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
         Ok(())
@@ -91,55 +144,65 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("{}: {}", path.display(), pem_error(&e)))?;
+        .map_err(|error| TlsError::Pem {
+            path: path.to_path_buf(),
+            error,
+        })?;
     if certs.is_empty() {
-        return Err(format!("{}: no PEM certificate in it", path.display()));
+        return Err(TlsError::NoCertificate(path.to_path_buf()));
     }
     Ok(certs)
 }
 
-fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
+fn pem_error(e: &pem::Error) -> String {
     match e {
-        rustls::pki_types::pem::Error::Io(io) => io.to_string(),
-        rustls::pki_types::pem::Error::NoItemsFound => "no PEM item of the expected kind".into(),
+        pem::Error::Io(io) => io.to_string(),
+        pem::Error::NoItemsFound => "no PEM item of the expected kind".into(),
         other => format!("not valid PEM ({other:?})"),
     }
 }
 
-fn build_config(dir: &Path, verify_peer: bool) -> Result<rustls::ServerConfig, String> {
+fn build_config(dir: &Path, verify_peer: bool) -> Result<rustls::ServerConfig, TlsError> {
     if !dir.is_dir() {
-        return Err(format!(
-            "{}: not a directory (expected one holding ca-cert.pem, server-cert.pem and server-key.pem)",
-            dir.display()
-        ));
+        return Err(TlsError::NotADirectory(dir.to_path_buf()));
     }
     let cert_path = dir.join("server-cert.pem");
     let key_path = dir.join("server-key.pem");
     let chain = read_certs(&cert_path)?;
-    let key = PrivateKeyDer::from_pem_file(&key_path)
-        .map_err(|e| format!("{}: {}", key_path.display(), pem_error(&e)))?;
+    let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|error| TlsError::Pem {
+        path: key_path.clone(),
+        error,
+    })?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?;
+        .map_err(TlsError::Protocols)?;
     let builder = if verify_peer {
         let ca_path = dir.join("ca-cert.pem");
         let mut roots = rustls::RootCertStore::empty();
         for cert in read_certs(&ca_path)? {
-            roots
-                .add(cert)
-                .map_err(|e| format!("{}: {e}", ca_path.display()))?;
+            roots.add(cert).map_err(|error| TlsError::CaCertificate {
+                path: ca_path.clone(),
+                error,
+            })?;
         }
         let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
             .build()
-            .map_err(|e| format!("{}: {e}", ca_path.display()))?;
+            .map_err(|error| TlsError::ClientVerifier {
+                path: ca_path.clone(),
+                error,
+            })?;
         builder.with_client_cert_verifier(verifier)
     } else {
         builder.with_no_client_auth()
     };
     builder
         .with_single_cert(chain, key)
-        .map_err(|e| format!("{} and {}: {e}", cert_path.display(), key_path.display()))
+        .map_err(|error| TlsError::Identity {
+            cert: cert_path,
+            key: key_path,
+            error,
+        })
 }

@@ -1,11 +1,14 @@
-//! Hostile clients at the edge (issue 7): malformed input of every kind,
+//! Hostile clients at the edge: malformed input of every kind,
 //! huge lengths, clients that stop reading or disconnect mid-request,
 //! thousands of connections opened and dropped, and the memory and thread
 //! bounds that must hold meanwhile. Complements `raw.rs` (which covers the
 //! basic malformed messages); every test here keeps a well-behaved client
-//! working while the hostile ones do their worst.
+//! working while the hostile ones do their worst. The table of hostile
+//! handshake messages is in `hostile/handshake_cases.rs`.
 
 mod common;
+#[path = "hostile/handshake_cases.rs"]
+mod handshake_cases;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
@@ -19,6 +22,7 @@ use common::{config, pattern, MemBackend, TestServer, MAX_REQUEST_BYTES};
 use cvol_nbd::proto::*;
 use cvol_nbd::test_util::{go_data, option_header};
 use cvol_nbd::ServerConfig;
+use handshake_cases::{name_and_info_cases, option_cases, structured_cases, Case, Expect};
 
 /// Counts live heap bytes of the whole test process (server and clients),
 /// so memory bounds are checked exactly rather than through RSS.
@@ -144,13 +148,26 @@ fn regression_client_that_never_reads_replies_does_not_stall_other_clients() {
     assert_eq!(handles, (0..64).collect::<Vec<_>>());
 }
 
-/// What the server must do with a hostile message.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Expect {
-    /// Close the connection.
-    Closed,
-    /// Answer the option with this reply type and stay in the handshake.
-    Reply(u32),
+/// Sends one hostile message on a new connection (after negotiating
+/// structured replies if `structured`) and checks what the server did.
+fn send_hostile(ts: &TestServer, structured: bool, (what, bytes, expect): &Case) {
+    let mut c = Client::connect(ts);
+    c.greet(CLIENT_FLAGS);
+    if structured {
+        c.send_option(NBD_OPT_STRUCTURED_REPLY, &[]);
+        assert_eq!(c.option_reply().1, NBD_REP_ACK);
+    }
+    c.s.write_all(bytes).unwrap();
+    match expect {
+        Expect::Closed => assert!(c.is_closed(), "{what}: not closed"),
+        Expect::Reply(t) => {
+            assert_eq!(c.option_reply().1, *t, "{what}");
+            // Still in the handshake: it can go on to transmission.
+            c.go("");
+            c.structured = structured;
+            assert_eq!(c.read(1, 0, 8).unwrap().len(), 8, "{what}");
+        }
+    }
 }
 
 /// Every malformed handshake message after the greeting, one connection
@@ -162,136 +179,12 @@ fn handshake_malformed_messages() {
     let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
     let mut good = Client::ready(&ts, true);
     let opt = option_header;
-    let with = |option: u32, data: &[u8]| {
-        let mut m = opt(option, data.len() as u32);
-        m.extend_from_slice(data);
-        m
-    };
-    let mut name_5000 = 5000u32.to_be_bytes().to_vec();
-    name_5000.extend_from_slice(&[b'a'; 5000]);
-    name_5000.extend_from_slice(&[0, 0]);
-    let mut info_count_lies = go_data("", &[]);
-    info_count_lies.truncate(info_count_lies.len() - 2);
-    info_count_lies.extend_from_slice(&[0xff, 0xff, 0, 1]); // 65535 infos, 1 given
-    let mut meta_count_huge = 0u32.to_be_bytes().to_vec();
-    meta_count_huge.extend_from_slice(&u32::MAX.to_be_bytes());
-    let mut meta_query_huge = 0u32.to_be_bytes().to_vec();
-    meta_query_huge.extend_from_slice(&1u32.to_be_bytes());
-    meta_query_huge.extend_from_slice(&u32::MAX.to_be_bytes());
-    let cases: Vec<(&str, Vec<u8>, Expect)> = vec![
-        (
-            "bad option magic",
-            b"IHAVEOPX\0\0\0\x07\0\0\0\0".to_vec(),
-            Expect::Closed,
-        ),
-        (
-            "unknown option 0",
-            with(0, &[]),
-            Expect::Reply(NBD_REP_ERR_UNSUP),
-        ),
-        (
-            "unknown option u32::MAX",
-            with(u32::MAX, b"x"),
-            Expect::Reply(NBD_REP_ERR_UNSUP),
-        ),
-        (
-            "STARTTLS with data",
-            with(NBD_OPT_STARTTLS, b"x"),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "STRUCTURED_REPLY with data",
-            with(NBD_OPT_STRUCTURED_REPLY, b"x"),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "declared length u32::MAX",
-            opt(NBD_OPT_GO, u32::MAX),
-            Expect::Closed,
-        ),
-        (
-            "declared length 1 MiB + 1",
-            opt(99, (1 << 20) + 1),
-            Expect::Closed,
-        ),
-        (
-            "EXPORT_NAME of 64 KiB + 1",
-            opt(NBD_OPT_EXPORT_NAME, (64 << 10) + 1),
-            Expect::Closed,
-        ),
-        (
-            "EXPORT_NAME not UTF-8",
-            with(NBD_OPT_EXPORT_NAME, &[0xff, 0xfe]),
-            Expect::Closed,
-        ),
-        (
-            "EXPORT_NAME with NUL",
-            with(NBD_OPT_EXPORT_NAME, b"\0"),
-            Expect::Closed,
-        ),
-        (
-            "EXPORT_NAME of 5000 bytes",
-            with(NBD_OPT_EXPORT_NAME, &[b'a'; 5000]),
-            Expect::Closed,
-        ),
-        (
-            "GO with empty data",
-            with(NBD_OPT_GO, &[]),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "GO with a 5000-byte name",
-            with(NBD_OPT_GO, &name_5000),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "GO with a lying info count",
-            with(NBD_OPT_GO, &info_count_lies),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "INFO with name length u32::MAX",
-            with(NBD_OPT_INFO, &[0xff; 6]),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "LIST_META_CONTEXT before structured replies",
-            with(NBD_OPT_LIST_META_CONTEXT, &meta_count_huge),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-    ];
-    let structured_cases: Vec<(&str, Vec<u8>, Expect)> = vec![
-        (
-            "meta context count u32::MAX",
-            with(NBD_OPT_SET_META_CONTEXT, &meta_count_huge),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-        (
-            "meta context query length u32::MAX",
-            with(NBD_OPT_LIST_META_CONTEXT, &meta_query_huge),
-            Expect::Reply(NBD_REP_ERR_INVALID),
-        ),
-    ];
+    let mut cases = option_cases();
+    cases.extend(name_and_info_cases());
     let mut round = 0;
-    for (structured, list) in [(false, &cases), (true, &structured_cases)] {
-        for (what, bytes, expect) in list {
-            let mut c = Client::connect(&ts);
-            c.greet(CLIENT_FLAGS);
-            if structured {
-                c.send_option(NBD_OPT_STRUCTURED_REPLY, &[]);
-                assert_eq!(c.option_reply().1, NBD_REP_ACK);
-            }
-            c.s.write_all(bytes).unwrap();
-            match expect {
-                Expect::Closed => assert!(c.is_closed(), "{what}: not closed"),
-                Expect::Reply(t) => {
-                    assert_eq!(c.option_reply().1, *t, "{what}");
-                    // Still in the handshake: it can go on to transmission.
-                    c.go("");
-                    c.structured = structured;
-                    assert_eq!(c.read(1, 0, 8).unwrap().len(), 8, "{what}");
-                }
-            }
+    for (structured, list) in [(false, cases), (true, structured_cases())] {
+        for case in &list {
+            send_hostile(&ts, structured, case);
             round += 1;
             round_trip(&mut good, round);
         }
@@ -360,6 +253,113 @@ fn regression_handshake_that_trickles_bytes_is_cut_off_at_the_deadline() {
     round_trip(&mut good, 1);
 }
 
+/// One connection of the malformed-request sweep and its next handle.
+struct Sweep {
+    c: Client,
+    handle: u64,
+}
+
+impl Sweep {
+    /// Sends one request (and `payload`), expects `error` in its reply, then
+    /// checks the connection is still usable: a write and a read back.
+    fn expect_error(
+        &mut self,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+        error: u32,
+    ) {
+        self.handle += 1;
+        let handle = self.handle;
+        let mut m = Client::header(command, flags, handle, offset, length);
+        m.extend_from_slice(payload);
+        self.c.s.write_all(&m).unwrap();
+        let (h, e, _) = self.c.reply_one(0);
+        assert_eq!(
+            (h, e),
+            (handle, error),
+            "cmd {command} flags {flags:#x} off {offset} len {length}"
+        );
+        let data = pattern(512, handle as u8);
+        self.handle += 1;
+        assert_eq!(self.c.write(self.handle, 4096, &data), 0);
+        self.handle += 1;
+        assert_eq!(self.c.read(self.handle, 4096, 512).unwrap(), data);
+    }
+}
+
+/// Every unknown command type, and every single flag bit a command does
+/// not accept.
+fn sweep_commands_and_flags(s: &mut Sweep, structured: bool) {
+    for command in (8..=16).chain([0x100, 0x7fff, 0xffff]) {
+        s.expect_error(command, 0, 0, 0, &[], NBD_EINVAL);
+    }
+    // Flags: every single bit a command does not accept.
+    let accepted: [(u16, u16); 7] = [
+        (
+            NBD_CMD_READ,
+            NBD_CMD_FLAG_FUA | if structured { NBD_CMD_FLAG_DF } else { 0 },
+        ),
+        (NBD_CMD_WRITE, NBD_CMD_FLAG_FUA),
+        (NBD_CMD_FLUSH, NBD_CMD_FLAG_FUA),
+        (NBD_CMD_TRIM, NBD_CMD_FLAG_FUA),
+        (NBD_CMD_CACHE, NBD_CMD_FLAG_FUA),
+        (
+            NBD_CMD_WRITE_ZEROES,
+            NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO,
+        ),
+        (NBD_CMD_DISC, NBD_CMD_FLAG_FUA),
+    ];
+    for (command, ok) in accepted {
+        for bit in 0..16 {
+            let flag = 1u16 << bit;
+            if ok & flag != 0 {
+                continue;
+            }
+            let payload = if command == NBD_CMD_WRITE {
+                vec![9u8; 100]
+            } else {
+                Vec::new()
+            };
+            let length = payload.len().max(1) as u32;
+            s.expect_error(command, flag, 0, length, &payload, NBD_EINVAL);
+        }
+    }
+}
+
+/// Lengths beyond the limit, offsets overflowing u64 or past the end, for
+/// every command with a range.
+fn sweep_lengths_and_offsets(s: &mut Sweep) {
+    // Lengths beyond the limit (a WRITE's payload is consumed).
+    let max = MAX_REQUEST_BYTES;
+    s.expect_error(NBD_CMD_READ, 0, 0, max + 1, &[], NBD_EINVAL);
+    s.expect_error(NBD_CMD_READ, 0, 0, u32::MAX, &[], NBD_EINVAL);
+    s.expect_error(NBD_CMD_CACHE, 0, 0, u32::MAX, &[], NBD_EINVAL);
+    s.expect_error(
+        NBD_CMD_WRITE,
+        0,
+        0,
+        2 * max,
+        &vec![1; 2 * max as usize],
+        NBD_EINVAL,
+    );
+    s.expect_error(NBD_CMD_TRIM, 0, 0, u32::MAX, &[], NBD_EINVAL);
+    s.expect_error(NBD_CMD_WRITE_ZEROES, 0, 0, u32::MAX, &[], NBD_ENOSPC);
+    // Offsets: overflow and past the end, for every command with a range.
+    for offset in [u64::MAX, u64::MAX - 10, SIZE_BYTES, SIZE_BYTES + 1, 1 << 63] {
+        s.expect_error(NBD_CMD_READ, 0, offset, 512, &[], NBD_EINVAL);
+        s.expect_error(NBD_CMD_WRITE, 0, offset, 512, &[7; 512], NBD_ENOSPC);
+        s.expect_error(NBD_CMD_TRIM, 0, offset, 512, &[], NBD_EINVAL);
+        s.expect_error(NBD_CMD_CACHE, 0, offset, 512, &[], NBD_EINVAL);
+        s.expect_error(NBD_CMD_WRITE_ZEROES, 0, offset, 512, &[], NBD_ENOSPC);
+    }
+    // In range at the start, overflowing at the end.
+    s.expect_error(NBD_CMD_TRIM, 0, SIZE_BYTES - 1, 2, &[], NBD_EINVAL);
+    s.expect_error(NBD_CMD_CACHE, 0, SIZE_BYTES - 1, 2, &[], NBD_EINVAL);
+}
+
 /// Malformed requests in transmission, on one connection that must stay
 /// usable after every one (simple and structured replies): every unknown
 /// command type, every flag a command does not accept, lengths beyond the
@@ -369,109 +369,11 @@ fn transmission_malformed_requests_sweep() {
     let _serial = serial();
     let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
     for structured in [false, true] {
-        let mut c = Client::ready(&ts, structured);
-        let mut handle = 0u64;
-        let mut expect_error = |c: &mut Client,
-                                command: u16,
-                                flags: u16,
-                                offset: u64,
-                                length: u32,
-                                payload: &[u8],
-                                error: u32| {
-            handle += 1;
-            let mut m = Client::header(command, flags, handle, offset, length);
-            m.extend_from_slice(payload);
-            c.s.write_all(&m).unwrap();
-            let (h, e, _) = c.reply_one(0);
-            assert_eq!(
-                (h, e),
-                (handle, error),
-                "cmd {command} flags {flags:#x} off {offset} len {length}"
-            );
-            // Usable after each: a write and a read back.
-            let data = pattern(512, handle as u8);
-            handle += 1;
-            assert_eq!(c.write(handle, 4096, &data), 0);
-            handle += 1;
-            assert_eq!(c.read(handle, 4096, 512).unwrap(), data);
-        };
-        for command in (8..=16).chain([0x100, 0x7fff, 0xffff]) {
-            expect_error(&mut c, command, 0, 0, 0, &[], NBD_EINVAL);
-        }
-        // Flags: every single bit a command does not accept.
-        let accepted: [(u16, u16); 7] = [
-            (
-                NBD_CMD_READ,
-                NBD_CMD_FLAG_FUA | if structured { NBD_CMD_FLAG_DF } else { 0 },
-            ),
-            (NBD_CMD_WRITE, NBD_CMD_FLAG_FUA),
-            (NBD_CMD_FLUSH, NBD_CMD_FLAG_FUA),
-            (NBD_CMD_TRIM, NBD_CMD_FLAG_FUA),
-            (NBD_CMD_CACHE, NBD_CMD_FLAG_FUA),
-            (
-                NBD_CMD_WRITE_ZEROES,
-                NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO,
-            ),
-            (NBD_CMD_DISC, NBD_CMD_FLAG_FUA),
-        ];
-        for (command, ok) in accepted {
-            for bit in 0..16 {
-                let flag = 1u16 << bit;
-                if ok & flag != 0 {
-                    continue;
-                }
-                let payload = if command == NBD_CMD_WRITE {
-                    vec![9u8; 100]
-                } else {
-                    Vec::new()
-                };
-                let length = payload.len().max(1) as u32;
-                expect_error(&mut c, command, flag, 0, length, &payload, NBD_EINVAL);
-            }
-        }
-        // Lengths beyond the limit (a WRITE's payload is consumed).
-        let max = MAX_REQUEST_BYTES;
-        expect_error(&mut c, NBD_CMD_READ, 0, 0, max + 1, &[], NBD_EINVAL);
-        expect_error(&mut c, NBD_CMD_READ, 0, 0, u32::MAX, &[], NBD_EINVAL);
-        expect_error(&mut c, NBD_CMD_CACHE, 0, 0, u32::MAX, &[], NBD_EINVAL);
-        expect_error(
-            &mut c,
-            NBD_CMD_WRITE,
-            0,
-            0,
-            2 * max,
-            &vec![1; 2 * max as usize],
-            NBD_EINVAL,
-        );
-        expect_error(&mut c, NBD_CMD_TRIM, 0, 0, u32::MAX, &[], NBD_EINVAL);
-        expect_error(
-            &mut c,
-            NBD_CMD_WRITE_ZEROES,
-            0,
-            0,
-            u32::MAX,
-            &[],
-            NBD_ENOSPC,
-        );
-        // Offsets: overflow and past the end, for every command with a range.
-        for offset in [u64::MAX, u64::MAX - 10, SIZE_BYTES, SIZE_BYTES + 1, 1 << 63] {
-            expect_error(&mut c, NBD_CMD_READ, 0, offset, 512, &[], NBD_EINVAL);
-            expect_error(&mut c, NBD_CMD_WRITE, 0, offset, 512, &[7; 512], NBD_ENOSPC);
-            expect_error(&mut c, NBD_CMD_TRIM, 0, offset, 512, &[], NBD_EINVAL);
-            expect_error(&mut c, NBD_CMD_CACHE, 0, offset, 512, &[], NBD_EINVAL);
-            expect_error(
-                &mut c,
-                NBD_CMD_WRITE_ZEROES,
-                0,
-                offset,
-                512,
-                &[],
-                NBD_ENOSPC,
-            );
-        }
-        // In range at the start, overflowing at the end.
-        expect_error(&mut c, NBD_CMD_TRIM, 0, SIZE_BYTES - 1, 2, &[], NBD_EINVAL);
-        expect_error(&mut c, NBD_CMD_CACHE, 0, SIZE_BYTES - 1, 2, &[], NBD_EINVAL);
+        let c = Client::ready(&ts, structured);
+        let mut s = Sweep { c, handle: 0 };
+        sweep_commands_and_flags(&mut s, structured);
+        sweep_lengths_and_offsets(&mut s);
+        let c = &mut s.c;
         // Nothing above reached the backend as a write beyond 4096..4608.
         assert!(ts.backend.contents(0, 4096).iter().all(|&b| b == 0));
         // A WRITE announcing more than the discard cap closes the connection.
@@ -705,30 +607,22 @@ fn connections_beyond_the_limit_are_refused_and_counted() {
     round_trip(&mut good, 1000);
 }
 
-/// Many connections pipelining maximum-size WRITEs into a stalled backend,
-/// then READs whose replies they do not read: the heap held by the server
-/// stays within `max_buffered_bytes` (not connections × per-connection
-/// budget), and every request completes correctly once things move again.
-#[test]
-fn buffered_payload_is_bounded_server_wide() {
-    let _serial = serial();
-    const CONNS: usize = 12;
-    const REQUESTS: u64 = 64; // = max_inflight_per_conn
-    const LIMIT: u64 = 4 * 1024 * 1024;
-    let max = MAX_REQUEST_BYTES as usize;
-    // Unbounded, the server would hold CONNS × 64 × 256 KiB = 192 MiB.
-    let ts = TestServer::start(
-        MemBackend::new(32 * 1024 * 1024, false),
-        ServerConfig {
-            max_buffered_bytes: LIMIT,
-            ..config()
-        },
-    );
-    let payload: Arc<Vec<u8>> = Arc::new(pattern(max, 0x5a));
-    let clients: Vec<Client> = (0..CONNS).map(|i| Client::ready(&ts, i % 2 == 0)).collect();
-    let live_before = live_bytes();
-    PEAK_BYTES.store(live_before, Ordering::Relaxed);
+/// Requests in flight per connection in the budget test
+/// (= `max_inflight_per_conn`).
+const BUDGET_REQUESTS: u64 = 64;
+/// `max_buffered_bytes` of the budget test.
+const BUDGET_LIMIT: u64 = 4 * 1024 * 1024;
 
+/// Phase 1 of the budget test: every client pipelines maximum-size WRITEs
+/// into a backend that holds them; returns the clients once every write
+/// completed, and the heap's peak above its level before.
+fn pipelined_writes_into_a_held_backend(
+    ts: &TestServer,
+    clients: Vec<Client>,
+    payload: &Arc<Vec<u8>>,
+    live_before: usize,
+) -> (Vec<Client>, usize) {
+    let max = MAX_REQUEST_BYTES as usize;
     // Phase 1: writes into a backend that holds them (released on any
     // exit, so that a failed assertion cannot leave shutdown hanging).
     struct Unhold(Arc<MemBackend>);
@@ -743,15 +637,15 @@ fn buffered_payload_is_bounded_server_wide() {
         .into_iter()
         .enumerate()
         .map(|(i, mut c)| {
-            let payload = Arc::clone(&payload);
+            let payload = Arc::clone(payload);
             std::thread::spawn(move || {
-                for h in 0..REQUESTS {
-                    let offset = ((i as u64 * REQUESTS + h) % 128) * max as u64;
+                for h in 0..BUDGET_REQUESTS {
+                    let offset = ((i as u64 * BUDGET_REQUESTS + h) % 128) * max as u64;
                     let header = Client::header(NBD_CMD_WRITE, 0, h, offset, max as u32);
                     c.s.write_all(&header).unwrap();
                     c.s.write_all(&payload).unwrap();
                 }
-                for _ in 0..REQUESTS {
+                for _ in 0..BUDGET_REQUESTS {
                     let (_, error, _) = c.reply_one(0);
                     assert_eq!(error, 0);
                 }
@@ -762,28 +656,41 @@ fn buffered_payload_is_bounded_server_wide() {
     // Requests this large come from the shared half of the budget (the
     // other half is set aside as every connection slot's floor).
     wait_until("the write budget to fill", || {
-        ts.server.buffered_payload_bytes() + max as u64 > LIMIT / 2
+        ts.server.buffered_payload_bytes() + max as u64 > BUDGET_LIMIT / 2
     });
     std::thread::sleep(Duration::from_millis(300)); // let any excess show
     let peak_writes = PEAK_BYTES.load(Ordering::Relaxed) - live_before;
     let buffered_writes = ts.server.buffered_payload_bytes();
     ts.backend.hold_writes(false);
-    assert!(buffered_writes <= LIMIT, "{buffered_writes} bytes buffered");
+    assert!(
+        buffered_writes <= BUDGET_LIMIT,
+        "{buffered_writes} bytes buffered"
+    );
     let clients: Vec<Client> = writers.into_iter().map(|t| t.join().unwrap()).collect();
-    assert!(ts.backend.contents(0, max) == *payload);
+    assert!(ts.backend.contents(0, max) == **payload);
+    (clients, peak_writes)
+}
 
+/// Phase 2 of the budget test: every client pipelines maximum-size READs
+/// and reads none of the replies until the budget is full; returns the
+/// heap's peak above its level before.
+fn pipelined_reads_nobody_reads(
+    ts: &TestServer,
+    mut clients: Vec<Client>,
+    payload: &Arc<Vec<u8>>,
+) -> usize {
+    let max = MAX_REQUEST_BYTES as usize;
     // Phase 2: reads whose replies nobody reads yet.
     PEAK_BYTES.store(live_bytes(), Ordering::Relaxed);
     let live_before_reads = live_bytes();
-    let mut clients = clients;
     for c in &mut clients {
-        let burst: Vec<u8> = (0..REQUESTS)
+        let burst: Vec<u8> = (0..BUDGET_REQUESTS)
             .flat_map(|h| Client::header(NBD_CMD_READ, 0, h, 0, max as u32))
             .collect();
         c.s.write_all(&burst).unwrap();
     }
     wait_until("the read budget to fill", || {
-        ts.server.buffered_payload_bytes() + max as u64 > LIMIT / 2
+        ts.server.buffered_payload_bytes() + max as u64 > BUDGET_LIMIT / 2
     });
     std::thread::sleep(Duration::from_millis(300));
     let peak_reads = PEAK_BYTES.load(Ordering::Relaxed) - live_before_reads;
@@ -792,9 +699,9 @@ fn buffered_payload_is_bounded_server_wide() {
     let readers: Vec<_> = clients
         .into_iter()
         .map(|mut c| {
-            let payload = Arc::clone(&payload);
+            let payload = Arc::clone(payload);
             std::thread::spawn(move || {
-                for _ in 0..REQUESTS {
+                for _ in 0..BUDGET_REQUESTS {
                     let (_, error, data) = c.reply_one(max);
                     assert_eq!(error, 0);
                     assert!(data == *payload, "READ returned wrong data");
@@ -805,9 +712,37 @@ fn buffered_payload_is_bounded_server_wide() {
     for r in readers {
         r.join().unwrap();
     }
+    peak_reads
+}
+
+/// Many connections pipelining maximum-size WRITEs into a stalled backend,
+/// then READs whose replies they do not read: the heap held by the server
+/// stays within `max_buffered_bytes` (not connections × per-connection
+/// budget), and every request completes correctly once things move again.
+#[test]
+fn buffered_payload_is_bounded_server_wide() {
+    let _serial = serial();
+    const CONNS: usize = 12;
+    let max = MAX_REQUEST_BYTES as usize;
+    // Unbounded, the server would hold CONNS × 64 × 256 KiB = 192 MiB.
+    let ts = TestServer::start(
+        MemBackend::new(32 * 1024 * 1024, false),
+        ServerConfig {
+            max_buffered_bytes: BUDGET_LIMIT,
+            ..config()
+        },
+    );
+    let payload: Arc<Vec<u8>> = Arc::new(pattern(max, 0x5a));
+    let clients: Vec<Client> = (0..CONNS).map(|i| Client::ready(&ts, i % 2 == 0)).collect();
+    let live_before = live_bytes();
+    PEAK_BYTES.store(live_before, Ordering::Relaxed);
+
+    let (clients, peak_writes) =
+        pipelined_writes_into_a_held_backend(&ts, clients, &payload, live_before);
+    let peak_reads = pipelined_reads_nobody_reads(&ts, clients, &payload);
     // Slack: request/reply headers, in-flight bookkeeping, 64 KiB read
     // buffers, a few reads a worker allocated before its reply waited.
-    let bound = LIMIT as usize + 4 * max + 4 * 1024 * 1024;
+    let bound = BUDGET_LIMIT as usize + 4 * max + 4 * 1024 * 1024;
     eprintln!(
         "peak heap above baseline: writes {peak_writes} B, reads {peak_reads} B (bound {bound})"
     );

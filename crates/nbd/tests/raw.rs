@@ -40,6 +40,28 @@ fn bad_request_magic_closes_only_that_connection() {
     assert!(c.is_closed());
 }
 
+/// `NBD_OPT_INFO` asking for NAME, DESCRIPTION and BLOCK_SIZE gets each
+/// (export "cvol", description "desc"), then the ACK.
+fn info_with_name_description_and_block_size(c: &mut Client) {
+    c.send_option(
+        NBD_OPT_INFO,
+        &go_data(
+            "cvol",
+            &[NBD_INFO_NAME, NBD_INFO_DESCRIPTION, NBD_INFO_BLOCK_SIZE],
+        ),
+    );
+    let replies = c.option_replies();
+    let infos: Vec<&Vec<u8>> = replies
+        .iter()
+        .filter(|r| r.1 == NBD_REP_INFO)
+        .map(|r| &r.2)
+        .collect();
+    assert!(infos.contains(&&encode_info_string(NBD_INFO_NAME, "cvol")));
+    assert!(infos.contains(&&encode_info_string(NBD_INFO_DESCRIPTION, "desc")));
+    assert!(infos.contains(&&encode_info_block_size(1, 4096, MAX_REQUEST_BYTES)));
+    assert_eq!(replies.last().unwrap().1, NBD_REP_ACK);
+}
+
 #[test]
 fn options_unknown_starttls_list_info_and_oversized() {
     let ts = TestServer::start(
@@ -71,24 +93,7 @@ fn options_unknown_starttls_list_info_and_oversized() {
     assert_eq!(c.option_reply().1, NBD_REP_ERR_UNKNOWN);
     c.send_option(NBD_OPT_INFO, &[0, 0, 0, 50, 1]);
     assert_eq!(c.option_reply().1, NBD_REP_ERR_INVALID);
-    // INFO with NAME, DESCRIPTION, BLOCK_SIZE requested.
-    c.send_option(
-        NBD_OPT_INFO,
-        &go_data(
-            "cvol",
-            &[NBD_INFO_NAME, NBD_INFO_DESCRIPTION, NBD_INFO_BLOCK_SIZE],
-        ),
-    );
-    let replies = c.option_replies();
-    let infos: Vec<&Vec<u8>> = replies
-        .iter()
-        .filter(|r| r.1 == NBD_REP_INFO)
-        .map(|r| &r.2)
-        .collect();
-    assert!(infos.contains(&&encode_info_string(NBD_INFO_NAME, "cvol")));
-    assert!(infos.contains(&&encode_info_string(NBD_INFO_DESCRIPTION, "desc")));
-    assert!(infos.contains(&&encode_info_block_size(1, 4096, MAX_REQUEST_BYTES)));
-    assert_eq!(replies.last().unwrap().1, NBD_REP_ACK);
+    info_with_name_description_and_block_size(&mut c);
     // Meta context before structured replies: invalid.
     c.send_option(
         NBD_OPT_SET_META_CONTEXT,

@@ -199,6 +199,42 @@ fn addr(a: u8, b: u8, c: u8) -> Ipv4Addr {
     Ipv4Addr::new(127, a, b, c)
 }
 
+/// Reads `slow`'s replies at 160 KiB/s (16 KiB every 100 ms) until
+/// `stop`; returns the socket.
+fn read_slowly(mut slow: TcpStream, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<TcpStream> {
+    std::thread::spawn(move || {
+        let mut chunk = vec![0u8; 16 * 1024];
+        while !stop.load(Ordering::Relaxed) {
+            if slow.read_exact(&mut chunk).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        slow
+    })
+}
+
+/// 200 round trips of the well-behaved client: each reply within
+/// `REPLY_BOUND` (the figures printed; `held`: payload the others hold).
+fn well_behaved_replies(good: &mut TcpStream, ts: &TcpServer, held: u64) {
+    let mut times = Vec::new();
+    for round in 0..200 {
+        times.extend(round_trip(good, round));
+    }
+    times.sort();
+    let p99 = times[times.len() * 99 / 100];
+    let worst = *times.last().unwrap();
+    eprintln!(
+        "well-behaved client: {} replies, p50 {:?}, p99 {p99:?}, max {worst:?}; \
+         payload held by the others {} MiB; connections {}",
+        times.len(),
+        times[times.len() / 2],
+        held >> 20,
+        ts.server.connection_count()
+    );
+    assert!(worst < REPLY_BOUND, "a reply took {worst:?}");
+}
+
 /// The hostile mix against the limits as `cvol serve` sets them by
 /// default (256 connections, 64 in the handshake, 16 per address), with a
 /// payload budget of 64 MiB and 1 MiB requests: one connection that never
@@ -226,19 +262,7 @@ fn stuck_slow_idle_and_half_open_clients_do_not_stall_a_well_behaved_one() {
     pipeline_reads(&mut slow, 128, MIB);
     let stop = Arc::new(AtomicBool::new(false));
     let _stop_on_exit = StopOnDrop(Arc::clone(&stop));
-    let slow_reader = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let mut chunk = vec![0u8; 16 * 1024];
-            while !stop.load(Ordering::Relaxed) {
-                if slow.read_exact(&mut chunk).is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            slow
-        })
-    };
+    let slow_reader = read_slowly(slow, Arc::clone(&stop));
 
     // 64 idle established connections, 16 from each of 4 addresses.
     let mut idle = Vec::new();
@@ -264,22 +288,7 @@ fn stuck_slow_idle_and_half_open_clients_do_not_stall_a_well_behaved_one() {
     std::thread::sleep(Duration::from_millis(500));
     let held = ts.server.buffered_payload_bytes();
 
-    let mut times = Vec::new();
-    for round in 0..200 {
-        times.extend(round_trip(&mut good, round));
-    }
-    times.sort();
-    let p99 = times[times.len() * 99 / 100];
-    let worst = *times.last().unwrap();
-    eprintln!(
-        "well-behaved client: {} replies, p50 {:?}, p99 {p99:?}, max {worst:?}; \
-         payload held by the others {} MiB; connections {}",
-        times.len(),
-        times[times.len() / 2],
-        held >> 20,
-        ts.server.connection_count()
-    );
-    assert!(worst < REPLY_BOUND, "a reply took {worst:?}");
+    well_behaved_replies(&mut good, &ts, held);
     // The stuck and slow connections did hold payload (so the test tests).
     assert!(held >= 16 << 20, "only {held} bytes held");
     // All but 64 refused, unless the flood itself took 2 s (a loaded

@@ -33,6 +33,8 @@ impl std::fmt::Display for Malformed {
     }
 }
 
+impl std::error::Error for Malformed {}
+
 fn bad(what: &str) -> Malformed {
     Malformed(what.to_string())
 }

@@ -12,7 +12,7 @@
 //! Seeds: `CVOL_OBJ_SEEDS` (default 12), or one `CVOL_OBJ_SEED`.
 use async_trait::async_trait;
 use cvol_engine::{CreateOptions, OpenOptions, Volume};
-use cvol_objstore::{Config, Descriptor, ObjectStorage};
+use cvol_objstore::{Config, Descriptor, Error, ObjectStorage};
 use futures::stream::BoxStream;
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -425,6 +425,8 @@ fn a_paused_server_is_taken_over_and_fenced() {
     let err = ObjectStorage::open(&config(store_b.clone(), &tmp.path().join("b")))
         .err()
         .expect("B refused while A renews its lease");
+    assert!(matches!(err, Error::Served { .. }), "{err}");
+    let err = err.to_string();
     assert!(err.contains("being served by another server"), "{err}");
     // A stops (SIGSTOP): its lease lapses and B takes over.
     faults_a.paused.store(true, Ordering::SeqCst);

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use cvol_engine::{CreateOptions, OpenOptions, Volume};
 use cvol_objstore::format::Names;
 use cvol_objstore::store::{probe_create_only, CreateOnly};
-use cvol_objstore::{Config, Descriptor, ObjectStorage};
+use cvol_objstore::{Config, Descriptor, Error, ObjectStorage};
 use futures::stream::BoxStream;
 use futures::TryStreamExt;
 use object_store::memory::InMemory;
@@ -175,7 +175,7 @@ fn create_write_reopen(cfg: &Config) -> Result<(), String> {
     assert_eq!(got, vec![7u8; 4096]);
     vol.close().map_err(|e| e.to_string())?;
     drop(vol);
-    st.close()
+    Ok(st.close()?)
 }
 
 #[test]
@@ -212,6 +212,8 @@ fn create_and_a_writable_open_refuse_a_store_without_create_only_puts() {
         let dir = tempfile::tempdir().expect("tempdir");
         let bad = config(flawed(&mem, flaw), dir.path());
         let e = cvol_objstore::create(&bad, &DESCRIPTOR, false).expect_err("create refused");
+        assert!(matches!(e, Error::NoFencing { .. }), "{flaw:?}: {e}");
+        let e = e.to_string();
         assert!(
             e.contains("does not honour create-only PUTs") && e.contains("--unsafe-no-fencing"),
             "{flaw:?}: {e}"
@@ -227,6 +229,8 @@ fn create_and_a_writable_open_refuse_a_store_without_create_only_puts() {
         let e = ObjectStorage::open(&bad)
             .err()
             .expect("a writable open refused");
+        assert!(matches!(e, Error::NoFencing { .. }), "{flaw:?}: {e}");
+        let e = e.to_string();
         assert!(
             e.contains("does not honour create-only PUTs"),
             "{flaw:?}: {e}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Helpers for bitrot.sh (issue 22: damage at rest never drops flushed data
+"""Helpers for bitrot.sh (damage at rest never drops flushed data
 silently).
 
   bitrot_client.py write URI IMAGE       every 4 KiB block of IMAGE as its own

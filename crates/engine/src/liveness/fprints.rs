@@ -9,6 +9,7 @@
 //! leaves it, every other part only until its table is written. A table is
 //! a hint: rows of records that died since stay until the segment is freed.
 use super::LiveMap;
+use crate::error::MetaError;
 use cvol_format::checkpoint::MAP_PAGE_BLOCKS;
 use cvol_format::checkpoint::{PageRef, DIR_ENTRY_BYTES};
 use cvol_format::fprints::{
@@ -235,7 +236,7 @@ impl LiveMap {
     }
 
     /// Decodes fingerprint table `t`'s record payload (`FpBooks::decode`).
-    pub(crate) fn fp_decode(&self, t: usize, payload: &[u8]) -> Result<Vec<FpRow>, String> {
+    pub(crate) fn fp_decode(&self, t: usize, payload: &[u8]) -> Result<Vec<FpRow>, MetaError> {
         self.fps.decode(t, payload)
     }
 
@@ -331,15 +332,20 @@ fn data_offset(e: &cvol_format::MapEntry) -> Option<u64> {
 impl FpBooks {
     /// Decodes fingerprint table `t`'s record payload (lz4): the part it
     /// must be, every row's record in that part.
-    pub(crate) fn decode(&self, t: usize, payload: &[u8]) -> Result<Vec<FpRow>, String> {
-        let (s, k) = self.part_of(t).ok_or("not a fingerprint table")?;
-        let raw = lz4_flex::block::decompress_size_prepended(payload).map_err(|e| e.to_string())?;
-        let table = FpTable::decode(&raw, s, k).map_err(|e| e.to_string())?;
+    pub(crate) fn decode(&self, t: usize, payload: &[u8]) -> Result<Vec<FpRow>, MetaError> {
+        let (s, k) = self
+            .part_of(t)
+            .ok_or(MetaError::Damaged("not a fingerprint table".into()))?;
+        let raw = lz4_flex::block::decompress_size_prepended(payload)
+            .map_err(|e| MetaError::Damaged(e.to_string()))?;
+        let table = FpTable::decode(&raw, s, k).map_err(|e| MetaError::Damaged(e.to_string()))?;
         let first = self.data_offset + s * self.segment_size + u64::from(k) * FP_PART_BYTES;
         let end = (first + FP_PART_BYTES).min(self.data_offset + (s + 1) * self.segment_size);
         for r in &table.rows {
             if !data_offset(&r.entry()).is_some_and(|o| (first..end).contains(&o)) {
-                return Err(format!("a row outside part {k} of segment {s}"));
+                return Err(MetaError::Damaged(format!(
+                    "a row outside part {k} of segment {s}"
+                )));
             }
         }
         Ok(table.rows)
@@ -352,15 +358,18 @@ pub(crate) fn read_fp_table(
     sb: &Superblock,
     t: usize,
     r: &PageRef,
-) -> Result<Vec<FpRow>, String> {
-    let (h, rec) = crate::logread::read_record(storage, sb, r.offset, r.len)?;
+) -> Result<Vec<FpRow>, MetaError> {
+    let (h, rec) = crate::logread::read_record(storage, sb, r.offset, r.len)
+        .map_err(|e| MetaError::Damaged(e.to_string()))?;
     let books = FpBooks::new(sb);
-    let (s, k) = books.part_of(t).ok_or("not a fingerprint table")?;
+    let (s, k) = books
+        .part_of(t)
+        .ok_or(MetaError::Damaged("not a fingerprint table".into()))?;
     let slot = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS) + t as u64;
     if h.kind != RecordKind::MapTable || h.crc != r.crc || h.lba != slot * MAP_PAGE_BLOCKS {
-        return Err(format!(
+        return Err(MetaError::Damaged(format!(
             "fingerprint table of part {k} of segment {s}: not the record the directory names"
-        ));
+        )));
     }
     books.decode(t, &rec[RECORD_HEADER_BYTES..])
 }

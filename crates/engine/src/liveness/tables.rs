@@ -10,6 +10,7 @@
 //! could all be written.
 use super::{rebuild, FpSnapshot, Geometry, LiveMap, Rebuilt, RebuiltSegments};
 use crate::dedup::{OffsetMap, SegShared, Shared, SharedTable, UnitLive};
+use crate::error::MetaError;
 use crate::map::{unit_identity, BlockMap, Page, PageSource, PAGE_BLOCKS};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
@@ -339,7 +340,7 @@ impl LiveMap {
         mut map: BlockMap,
         t: LoadedTables,
         replay: Replay<'_>,
-    ) -> Result<(LiveMap, SegmentTable), Box<(BlockMap, String)>> {
+    ) -> Result<(LiveMap, SegmentTable), Box<(BlockMap, MetaError)>> {
         let originals = map.take_originals();
         let tables = match tables_of(sb, &mut map, &t, originals, &replay) {
             Ok(x) => x,
@@ -360,11 +361,11 @@ fn tables_of(
     t: &LoadedTables,
     originals: Option<Vec<(usize, Arc<Page>)>>,
     replay: &Replay<'_>,
-) -> Result<Rebuilt, String> {
+) -> Result<Rebuilt, MetaError> {
     let geometry = Geometry::of(sb);
     let segments = sb.segment_count();
     if map.tables() as u64 != directory_tables(segments, sb.segment_size_bytes) {
-        return Err("the map has no table slots".into());
+        return Err(MetaError::Damaged("the map has no table slots".into()));
     }
     let mut segs = RebuiltSegments {
         table: SegmentTable::for_volume(sb),
@@ -377,7 +378,9 @@ fn tables_of(
     let mut books = TableBooks::new(segments, false);
     let mut counters = counters_of(&t.root.counters);
     if replay.records > 0 {
-        let originals = originals.ok_or("the pages replayed were not kept")?;
+        let originals = originals.ok_or(MetaError::Damaged(
+            "the pages replayed were not kept".into(),
+        ))?;
         let mut tables = Tables {
             counters: &mut counters,
             shared: &mut shared,
@@ -405,7 +408,7 @@ pub(crate) fn check_tables(
     sb: &Superblock,
     map: &mut BlockMap,
     t: &LoadedTables,
-) -> Result<(), String> {
+) -> Result<(), MetaError> {
     let none = HashMap::new();
     let replay = Replay {
         records: 0,
@@ -435,7 +438,7 @@ pub(crate) fn check_tables(
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(errors.join("; "))
+        Err(MetaError::Damaged(errors.join("; ")))
     }
 }
 
@@ -447,13 +450,15 @@ fn load_group(
     g: &TableGroup,
     segs: &mut RebuiltSegments,
     shared: &mut SharedTable,
-) -> Result<(), String> {
+) -> Result<(), MetaError> {
     let (mut records, mut units) = (Vec::new(), Vec::new());
     let first = g.group * TABLE_SEGMENTS;
     for (i, &live) in g.live.iter().enumerate() {
         let s = first + i as u64;
         if live > sb.segment_size_bytes {
-            return Err(format!("table: segment {s} with {live} live bytes"));
+            return Err(MetaError::Damaged(format!(
+                "table: segment {s} with {live} live bytes"
+            )));
         }
         if live > 0 {
             segs.usage.add_live(s, live);
@@ -469,19 +474,22 @@ fn load_group(
         if !s.is_some_and(|s| (first..end).contains(&s))
             || segs.usage.live_bytes(s.unwrap_or(0)) == 0
         {
-            return Err(format!(
+            return Err(MetaError::Damaged(format!(
                 "table: a row at {} outside its group's live segments",
                 r.offset
-            ));
+            )));
         }
         if r.unit {
-            let owners = u16::try_from(r.owners).map_err(|_| "table: unit owners")?;
+            let owners = u16::try_from(r.owners)
+                .map_err(|_| MetaError::Damaged("table: unit owners".into()))?;
             if r.refs == 0 && owners == 0 {
-                return Err("table: a unit without entries".into());
+                return Err(MetaError::Damaged("table: a unit without entries".into()));
             }
             if r.refs == 0 {
                 if sb.flags & FLAG_UNIT_WINDOWS != 0 {
-                    return Err("table: a row for a unit no ref entry points at".into());
+                    return Err(MetaError::Damaged(
+                        "table: a row for a unit no ref entry points at".into(),
+                    ));
                 }
                 // A table of an older volume: the unit is live through its
                 // owner entries (its bytes are in the segment's).
@@ -496,7 +504,9 @@ fn load_group(
             ));
         } else {
             if r.refs == 0 || r.owners > 1 {
-                return Err("table: a shared record without refs".into());
+                return Err(MetaError::Damaged(
+                    "table: a shared record without refs".into(),
+                ));
             }
             let row = Shared {
                 refs: r.refs,
@@ -524,15 +534,15 @@ pub(super) fn count_map_records(
     geometry: Geometry,
     segs: &mut RebuiltSegments,
     books: &mut TableBooks,
-) -> Result<(), String> {
+) -> Result<(), MetaError> {
     let mut records: Vec<(u64, u32)> = map.retired().iter().map(|r| (r.offset, r.len)).collect();
     map.for_each_record(|offset, len| records.push((offset, len)));
     for (offset, len) in records {
         let s = geometry.segment_of(offset);
         if segs.usage.live_bytes(s) + u64::from(len) > geometry.segment_size_bytes {
-            return Err(format!(
+            return Err(MetaError::Damaged(format!(
                 "segment {s} would hold more live bytes than it has"
-            ));
+            )));
         }
         if segs.table.state(s) == SegState::Free {
             segs.table.mark(s, SegState::Sealed, 0);
@@ -646,18 +656,18 @@ struct Changed<'m> {
 
 impl Changed<'_> {
     /// Page `p` now (None: it has no entries).
-    fn now(&self, p: usize) -> Result<Option<&Page>, String> {
+    fn now(&self, p: usize) -> Result<Option<&Page>, MetaError> {
         if !self.map.is_allocated(p) {
             return Ok(None);
         }
         match self.map.resident(p) {
             Some(page) => Ok(Some(page)),
-            None => Err(format!("map page {p} is not in memory")),
+            None => Err(MetaError::Damaged(format!("map page {p} is not in memory"))),
         }
     }
 
     /// Page `p` as the checkpoint had it.
-    fn was(&self, p: usize) -> Result<Option<&Page>, String> {
+    fn was(&self, p: usize) -> Result<Option<&Page>, MetaError> {
         match self.before.get(&p) {
             Some(page) => Ok(Some(page)),
             None if self.dirty.contains(&p) => Ok(None),
@@ -667,7 +677,7 @@ impl Changed<'_> {
 
     /// Owner entries of the unit at `offset` in the window of `lba`:
     /// (at the checkpoint, now).
-    fn window_owners(&self, lba: u64, offset: u64, ident: u32) -> Result<(u32, u32), String> {
+    fn window_owners(&self, lba: u64, offset: u64, ident: u32) -> Result<(u32, u32), MetaError> {
         let (p, i) = (lba as usize / PAGE_BLOCKS, lba as usize % PAGE_BLOCKS);
         let count =
             |page: Option<&Page>| page.map_or(0, |pg| pg.window_owners(i, offset, Some(ident)));
@@ -687,7 +697,7 @@ fn apply_replay(
     originals: Vec<(usize, Arc<Page>)>,
     replay: &Replay<'_>,
     t: &mut Tables<'_>,
-) -> Result<(), String> {
+) -> Result<(), MetaError> {
     let mut recs = changed_records(map, &originals, t.counters)?;
     find_homes(map, &mut recs, replay.source.as_ref(), t.shared)?;
     let changed = Changed {
@@ -717,7 +727,7 @@ fn changed_records(
     map: &BlockMap,
     originals: &[(usize, Arc<Page>)],
     counters: &mut MapCounters,
-) -> Result<HashMap<RecordKey, Touched>, String> {
+) -> Result<HashMap<RecordKey, Touched>, MetaError> {
     let mut pages: BTreeSet<usize> = originals.iter().map(|(p, _)| *p).collect();
     pages.extend(map.dirty_indexes());
     let before: HashMap<usize, &Arc<Page>> = originals.iter().map(|(p, a)| (*p, a)).collect();
@@ -753,7 +763,9 @@ fn changed_records(
     for p in pages {
         let now = map.is_allocated(p).then(|| map.resident(p));
         let Some(now) = now.map_or(Some(None), |r| r.map(Some)) else {
-            return Err("a page roll-forward changed is not in memory".into());
+            return Err(MetaError::Damaged(
+                "a page roll-forward changed is not in memory".into(),
+            ));
         };
         let was = before.get(&p).map(|a| &***a);
         if was.zip(now).is_some_and(|(a, b)| std::ptr::eq(a, &**b)) {
@@ -786,17 +798,21 @@ fn find_homes(
     recs: &mut HashMap<RecordKey, Touched>,
     source: Option<&ReplaySource<'_>>,
     shared: &SharedTable,
-) -> Result<(), String> {
+) -> Result<(), MetaError> {
     for (&(offset, ..), d) in recs.iter_mut() {
         let row = shared.unit(offset).is_some() && !d.fresh;
         if !d.unit || d.home.is_some() || row {
             continue;
         }
-        let src = source.ok_or("a unit's window to find, and nothing to read it from")?;
+        let src = source.ok_or(MetaError::Damaged(
+            "a unit's window to find, and nothing to read it from".into(),
+        ))?;
         let h = (src.header)(offset)
             .filter(|h| h.kind == RecordKind::Data && h.nblocks >= 2 && (d.crc ^ h.crc) < h.nblocks)
             .ok_or_else(|| {
-                format!("the header of the unit at {offset} does not name its blocks")
+                MetaError::Damaged(format!(
+                    "the header of the unit at {offset} does not name its blocks"
+                ))
             })?;
         map.fault_in(h.lba, h.lba + 1, src.pages)?;
         d.home = Some(h.lba);
@@ -806,10 +822,10 @@ fn find_homes(
 
 /// Why `apply_replay` gives up on the record at `offset` (open then
 /// rebuilds the tables from the map).
-fn disagree(offset: u64, what: &str) -> Result<(), String> {
-    Err(format!(
+fn disagree(offset: u64, what: &str) -> Result<(), MetaError> {
+    Err(MetaError::Damaged(format!(
         "tables and map disagree on the record at {offset}: {what}"
-    ))
+    )))
 }
 
 /// `apply_replay` for a unit: its owner entries counted in its window, its
@@ -819,7 +835,7 @@ fn apply_unit(
     offset: u64,
     d: &Touched,
     t: &mut Tables<'_>,
-) -> Result<(), String> {
+) -> Result<(), MetaError> {
     let bad = |what: &str| disagree(offset, what);
     if d.mixed {
         return bad("entries of another shape");
@@ -850,7 +866,7 @@ fn apply_unit(
 }
 
 /// `apply_replay` for a single-block record.
-fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Result<(), String> {
+fn apply_record(offset: u64, d: &Touched, new: bool, t: &mut Tables<'_>) -> Result<(), MetaError> {
     let bad = |what: &str| disagree(offset, what);
     if d.mixed {
         return bad("entries of another shape");
@@ -900,7 +916,7 @@ fn count_liveness(
     was: bool,
     is: bool,
     t: &mut Tables<'_>,
-) -> Result<(), String> {
+) -> Result<(), MetaError> {
     let bad = |what: &str| disagree(offset, what);
     let s = t.geometry.segment_of(offset);
     let codec = d.codec.expect("set with the first entry");

@@ -1,4 +1,5 @@
 use super::*;
+use crate::error::MetaError;
 use cvol_format::CodecTag;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -41,13 +42,13 @@ impl Records {
 }
 
 impl PageSource for Records {
-    fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, String> {
+    fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, MetaError> {
         *self.reads.borrow_mut() += 1;
         self.by_offset
             .borrow()
             .get(&r.offset)
             .cloned()
-            .ok_or_else(|| "no such record".into())
+            .ok_or_else(|| MetaError::Damaged("no such record".into()))
     }
 }
 
@@ -192,7 +193,10 @@ fn a_record_of_another_page_is_refused() {
     let r = src.put(vec![(MAP_PAGE_BLOCKS + 1, entry(1))]);
     m.install_unread(0, r);
     let err = m.fault_in(0, 1, &src).unwrap_err();
-    assert!(err.contains("another page"), "{err}");
+    assert!(
+        matches!(&err, MetaError::Damaged(m) if m.contains("another page")),
+        "{err}"
+    );
 }
 
 #[test]

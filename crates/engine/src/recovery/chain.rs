@@ -223,7 +223,8 @@ impl<'a> Chain<'a> {
                 buffered: None,
             };
             let end = h.lba.saturating_add(u64::from(h.nblocks));
-            map.fault_in(h.lba, end, &src).map_err(bad)?;
+            map.fault_in(h.lba, end, &src)
+                .map_err(|e| bad(e.to_string()))?;
         }
         apply(map, self.sb, h, offset, payload).map_err(|e| bad(e.to_string()))?;
         if h.kind == RecordKind::Data {

@@ -518,10 +518,15 @@ fn recovered_tables(
         sb,
         buffered: None,
     };
-    let tables = liveness::rebuild(sb, &map, Some(&src), &r.needed_segments, head)
-        .map_err(|detail| VolError::Corrupt { lba: 0, detail })?;
+    let tables =
+        liveness::rebuild(sb, &map, Some(&src), &r.needed_segments, head).map_err(|e| {
+            VolError::Corrupt {
+                lba: 0,
+                detail: e.to_string(),
+            }
+        })?;
     let (mut live, segs) = LiveMap::recovered(sb, map, tables, r.replayed_map_records);
-    live.set_tables_rejected(rejected);
+    live.set_tables_rejected(rejected.map(|e| e.to_string()));
     Ok((live, segs))
 }
 

@@ -220,7 +220,10 @@ impl Volume {
             buffered: Some(&buffered),
         };
         live.fault_in(first, end, &src)
-            .map_err(|detail| VolError::Corrupt { lba: first, detail })
+            .map_err(|e| VolError::Corrupt {
+                lba: first,
+                detail: e.to_string(),
+            })
     }
 
     fn lock_checkpoint(&self) -> Result<Held<MutexGuard<'_, ()>>, VolError> {
@@ -329,15 +332,15 @@ impl Volume {
     /// Recomputes reference counts, live bytes per segment, stored bytes
     /// and block counters from the map and compares them with the running
     /// tables.
-    pub fn verify_refcounts(&self) -> Result<(), String> {
-        let st = self.lock_state().map_err(|e| e.to_string())?;
+    pub fn verify_refcounts(&self) -> Result<(), VolError> {
+        let st = self.lock_state()?;
         let buffered = |offset: u64, len: usize| st.log.buffered(offset, len).map(<[u8]>::to_vec);
         let src = crate::logread::LogPages {
             storage: &*self.storage,
             sb: &self.sb,
             buffered: Some(&buffered),
         };
-        st.live.verify(&self.sb, &src)
+        Ok(st.live.verify(&self.sb, &src)?)
     }
 
     /// The fixed codec, or the strong (idle-time) codec of the auto policy.

@@ -128,8 +128,9 @@ impl JobQueue {
         }
     }
 
-    /// Runs jobs, read lane first (000 §2.1.5: reads are latency-critical,
-    /// writes are acknowledged from memory), until the workers are stopped
+    /// Runs jobs, read lane first (reads are latency-critical, writes are
+    /// acknowledged from memory, as in Klonatos et al., *Transparent Online
+    /// Storage Compression at the Block-Level*), until the workers are stopped
     /// and nothing is queued on their lanes.
     pub(crate) fn worker_loop(&self) {
         let mut reads_in_a_row = 0u32;
