@@ -1,5 +1,5 @@
-//! A compressed cache in front of a slow origin (FlaZ, Makatos et al.,
-//! EuroSys 2010, §2.2 and §4.1; docs/REFERENCES.md).
+//! A compressed cache in front of a slow origin ([FlaZ] §2.2 and §4.1,
+//! docs/REFERENCES.md).
 //!
 //! A cache is an ordinary volume (`FLAG_CACHE`) whose logical size is its
 //! origin's. Its map tells what is cached: a block the map holds (data or

@@ -331,7 +331,7 @@ mod tests {
     const CERTS: &str = "--tls-certificates=/pki";
 
     /// Every TLS-related flag combination that matters, and its outcome:
-    /// the table README.md "Serving to the network" gives users.
+    /// the table docs/SERVING.md "Serving to the network" gives users.
     const TABLE: &[(&[&str], Reach, Outcome)] = &[
         // Refused: flags that cannot work or would look authenticated and not be.
         (

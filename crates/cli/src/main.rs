@@ -56,7 +56,7 @@ enum Command {
     Stat {
         /// The volume (file or block device).
         volume: PathBuf,
-        /// Print every statistic as one JSON object (keys listed in README.md).
+        /// Print every statistic as one JSON object (keys listed in docs/CLI.md).
         #[arg(long)]
         json: bool,
         /// Refresh every SECS seconds (default 1) until interrupted: one

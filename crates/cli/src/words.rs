@@ -1,6 +1,6 @@
 //! Wording shared by every command: byte counts, plurals, and the one
 //! description of the codec policies (help, `create`'s message and errors;
-//! README.md quotes it), and the parser of word flags (on/off and the like).
+//! docs/CLI.md quotes it), and the parser of word flags (on/off and the like).
 use crate::error::Error;
 use cvol_engine::codec::ZSTD_LEVEL_MAX;
 use cvol_engine::policy::{auto_codec, Load, AUTO_STRONG_LEVEL_DEFAULT};

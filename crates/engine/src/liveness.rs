@@ -23,14 +23,14 @@ use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use fprints::FpBooks;
 pub(crate) use fprints::{read_fp_table, FpSnapshot};
+pub(crate) use replay::{Replay, ReplaySource};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tables::TableBooks;
-pub(crate) use tables::{
-    check_tables, EncodedTables, LoadedTables, Replay, ReplaySource, TableSnapshot,
-};
+pub(crate) use tables::{check_tables, EncodedTables, LoadedTables, TableSnapshot};
 
 mod fprints;
+mod replay;
 mod tables;
 
 /// Where segments lie, to find a record's segment.
@@ -520,7 +520,7 @@ impl LiveMap {
             Ok(())
         } else {
             errors.truncate(20);
-            Err(MetaError::Damaged(errors.join("; ")))
+            Err(MetaError::Disagree(errors.join("; ")))
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Elastic compression (EDC, seed 003 §3): which codec a write gets, from
+//! Elastic compression ([EDC] §3): which codec a write gets, from
 //! a sampled compressibility probe and the measured I/O intensity, and the
 //! knobs of merged compression units and background recompression.
 //!

@@ -160,7 +160,7 @@ pub struct VolumeStats {
     /// media_bytes_written / client_bytes_written since the server started.
     pub write_amplification: f64,
     /// 4 KiB pages of the store written per 4 KiB block clients wrote
-    /// (seed 004's flash figure; the log writes each page once, but for
+    /// (the flash figure of [SSD-packing]; the log writes each page once, but for
     /// the zeros ahead of its head, so it is the write amplification in
     /// pages).
     pub pages_written_per_block: f64,
@@ -454,7 +454,7 @@ pub struct ElasticStats {
     pub load_level: String,
     /// Client reads since open, the 4 KiB pages of the store they read
     /// (cached blocks read none; a record straddling a page boundary reads
-    /// both), and pages per read (seed 004's read amplification in pages).
+    /// both), and pages per read ([SSD-packing]'s read amplification in pages).
     pub client_reads: u64,
     pub store_pages_read: u64,
     pub pages_read_per_read: f64,

@@ -1,4 +1,4 @@
-//! Persisted fingerprints (issue 16): each checkpoint writes the
+//! Persisted fingerprints: each checkpoint writes the
 //! fingerprints of the blocks appended since, per part of their segment;
 //! after an open the dedup index is refilled from those tables, not by
 //! reading and hashing the stored data, so the first rewrite of existing

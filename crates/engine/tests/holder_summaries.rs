@@ -1,5 +1,5 @@
 //! The cleaner's search for the LBAs that hold a victim's records shared
-//! by dedup (issue 16: background work from what changed, not a scan of
+//! by dedup (background work from what changed, not a scan of
 //! the whole map): only the map pages whose reference summary may name
 //! the victim's part of the log, and the pages of the records' owners,
 //! are scanned; a page not in memory since open is scanned once and its

@@ -1,4 +1,4 @@
-//! Space the host sees (issue 15): idle cleaning returns dead space to the
+//! Space the host sees: idle cleaning returns dead space to the
 //! host, the dedup index follows every block the cleaner or the
 //! recompressor moves, an identical overwrite appends nothing, and the
 //! ratios of an empty volume are 1.0.

@@ -1,4 +1,4 @@
-//! `--metadata-device` (issue 16, seed 002 §5.2): map records, checkpoint
+//! `--metadata-device` ([VDO] §5.2): map records, checkpoint
 //! commits and fingerprint tables on a second store, joined with the data
 //! store into one offset space. The data store then holds no map record;
 //! open finds the map on the metadata device; a device of another volume,

@@ -1,4 +1,4 @@
-//! Packing schemes (`--packing`, seed 004): page packing keeps every DATA
+//! Packing schemes (`--packing`, [SSD-packing]): page packing keeps every DATA
 //! record that fits in a 4 KiB page inside one, roll-forward finds the
 //! records placed after page padding, and first-fit decreasing pads no
 //! more than first fit.

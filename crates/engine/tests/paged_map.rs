@@ -1,4 +1,4 @@
-//! The paged block map (issue 16): checkpoints write the pages that
+//! The paged block map: checkpoints write the pages that
 //! changed, pages beyond the map cache are dropped and read back, the
 //! cleaner moves the map's own records, and a map whose pages were emptied
 //! by roll-forward keeps their old records live until a checkpoint.

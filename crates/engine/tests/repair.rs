@@ -281,7 +281,7 @@ fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back
         rep.actions
     );
     // Lba 7's newest flushed version is gone: listed, and it reads as EIO
-    // (issue 22: never silently the version before the damaged record).
+    // (never silently the version before the damaged record).
     assert_eq!(rep.lost_lbas, vec![7]);
     assert_eq!(rep.after.lost_lbas, vec![7]);
     assert!(!rep.after.consistent());

@@ -1,4 +1,4 @@
-//! Persisted liveness tables (issue 16): a checkpoint saves the counters,
+//! Persisted liveness tables: a checkpoint saves the counters,
 //! the live bytes per segment and the shared table; an open with nothing
 //! to replay takes them instead of reading every map page, and they must
 //! equal what a rebuild from the whole map gives (`verify_refcounts`).

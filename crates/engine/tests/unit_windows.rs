@@ -1,4 +1,4 @@
-//! Units without a row (issue 16): a unit (a record of several blocks)
+//! Units without a row: a unit (a record of several blocks)
 //! has a row in the shared table only while dedup references point into
 //! it; otherwise its liveness is read from its window of the map, where
 //! all its owner entries lie. RAM then no longer grows with the units

@@ -7,7 +7,7 @@
 //! writer threads and a flusher, with deferred compression on half the
 //! rounds (raw 64 KiB units: the write-behind claims fill quickly).
 //!
-//! Regression (found by this test, from the group commit of issue 16): a
+//! Regression (found by this test, from the group commit): a
 //! flush that found its records synced by another returned without a sync
 //! but reclaimed the segments empty *now*, emptied perhaps by records
 //! appended since that sync; a crash then recovered a map that pointed

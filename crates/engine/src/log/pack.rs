@@ -1,5 +1,5 @@
 //! The order a commit's DATA records are appended in under page packing
-//! (seed 004's bin-packing): each record goes to the first 4 KiB page bin
+//! (the bin-packing of [SSD-packing], Zuck et al.): each record goes to the first 4 KiB page bin
 //! with room for it, starting with the rest of the head's open page;
 //! `PageSorted` considers them largest first (first-fit decreasing).
 //!

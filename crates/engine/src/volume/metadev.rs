@@ -1,4 +1,4 @@
-//! A volume's metadata device (`--metadata-device`, seed 002 §5.2): map
+//! A volume's metadata device (`--metadata-device`, [VDO] §5.2): map
 //! records, checkpoint commits and fingerprint tables on a second store,
 //! joined with the data store into one offset space (`SplitStorage`), its
 //! segments after the data store's. Everything else (the chain of seqs,

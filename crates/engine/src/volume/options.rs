@@ -51,7 +51,7 @@ pub struct CreateOptions {
     pub segment_size_bytes: u64,
     /// Inline deduplication of 4 KiB blocks.
     pub dedup: bool,
-    /// How DATA records are laid out in segments (seed 004).
+    /// How DATA records are laid out in segments ([SSD-packing]).
     pub packing: Packing,
 }
 

@@ -175,7 +175,7 @@ fn stats_read_back_from_json() {
     assert!(err.to_string().contains("segments_used"), "{err}");
 }
 
-/// Regression (found by `tests/write_behind.rs`, from issue 16's group
+/// Regression (found by `tests/write_behind.rs`, from the group
 /// commit): a flush whose records another flush had already synced
 /// returned without a sync of its own, yet freed (and hole-punched) the
 /// segments empty *now*, emptied perhaps by records appended after that

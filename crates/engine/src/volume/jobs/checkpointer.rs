@@ -1,4 +1,4 @@
-//! The background checkpointer (issue 16): a FLUSH that finds a checkpoint
+//! The background checkpointer: a FLUSH that finds a checkpoint
 //! due hands it to this thread and returns once its own sync is done, so
 //! no client request waits for a checkpoint. Without it (the library's
 //! default, the simulations) the flush writes the checkpoint itself. The

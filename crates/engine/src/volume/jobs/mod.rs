@@ -8,6 +8,7 @@ pub(in crate::volume) mod cleaner;
 mod holders;
 mod metaclean;
 pub(in crate::volume) mod recompress;
+mod relocate;
 pub(in crate::volume) mod scrub;
 pub(in crate::volume) mod warmup;
 
