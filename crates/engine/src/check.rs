@@ -368,7 +368,7 @@ fn verify_records(
         }
         if let EntryState::Data { offset, len, .. } = e.state_valid() {
             if let Err(why) = verify_one(storage, sb, lba, e, offset, len, &mut out) {
-                bad.push((lba, why));
+                bad.push((lba, why.to_string()));
             }
             done += 1;
             if done.is_multiple_of(4096) || done == total {
@@ -397,6 +397,24 @@ fn verify_records(
     }
 }
 
+/// Why `check` finds a mapped block unreadable.
+#[derive(Debug)]
+enum BadBlock {
+    Location(crate::error::EntryLocationError),
+    Read(std::io::Error),
+    Record(crate::records::BlockError),
+}
+
+impl std::fmt::Display for BadBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadBlock::Location(e) => write!(f, "{e}"),
+            BadBlock::Read(e) => write!(f, "read error: {e}"),
+            BadBlock::Record(e) => write!(f, "{e}"),
+        }
+    }
+}
+
 fn verify_one(
     storage: &dyn Storage,
     sb: &Superblock,
@@ -405,13 +423,11 @@ fn verify_one(
     offset: u64,
     len: u32,
     out: &mut [u8],
-) -> Result<(), String> {
-    crate::logread::check_entry_location(sb, e)?;
+) -> Result<(), BadBlock> {
+    crate::logread::check_entry_location(sb, e).map_err(BadBlock::Location)?;
     let mut rec = vec![0u8; len as usize];
-    storage
-        .read_at(offset, &mut rec)
-        .map_err(|e| format!("read error: {e}"))?;
-    decode_block_record(lba, e, &rec, out)
+    storage.read_at(offset, &mut rec).map_err(BadBlock::Read)?;
+    decode_block_record(lba, e, &rec, out).map_err(BadBlock::Record)
 }
 
 /// What `cvol check --repair` did and what it could not save.

@@ -118,35 +118,71 @@ fn zstd_compress(level: i32, data: &[u8]) -> Option<Vec<u8>> {
     })
 }
 
+/// Why a payload does not decompress to the block(s) its record claims.
+#[derive(Debug)]
+pub enum DecompressError {
+    /// A raw payload of another length than the blocks it holds.
+    RawLength {
+        got: usize,
+        want: usize,
+    },
+    Lz4(lz4_flex::block::DecompressError),
+    Zstd(std::io::Error),
+    /// It decompressed to fewer bytes than the blocks it holds.
+    Short {
+        got: usize,
+        want: usize,
+    },
+}
+
+impl std::fmt::Display for DecompressError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecompressError::RawLength { got, want } => {
+                write!(f, "raw payload of {got} bytes, expected {want}")
+            }
+            DecompressError::Lz4(e) => write!(f, "lz4: {e}"),
+            DecompressError::Zstd(e) => write!(f, "zstd: {e}"),
+            DecompressError::Short { got, want } => {
+                write!(f, "decompressed {got} bytes, expected {want}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for DecompressError {}
+
 /// Decompresses `payload` into `out`, which must be filled exactly.
-pub fn decompress(tag: CodecTag, payload: &[u8], out: &mut [u8]) -> Result<(), String> {
+pub fn decompress(tag: CodecTag, payload: &[u8], out: &mut [u8]) -> Result<(), DecompressError> {
     let n = match tag {
         CodecTag::None => {
             if payload.len() != out.len() {
-                return Err(format!(
-                    "raw payload of {} bytes, expected {}",
-                    payload.len(),
-                    out.len()
-                ));
+                return Err(DecompressError::RawLength {
+                    got: payload.len(),
+                    want: out.len(),
+                });
             }
             out.copy_from_slice(payload);
             out.len()
         }
         CodecTag::Lz4 => {
-            lz4_flex::block::decompress_into(payload, out).map_err(|e| format!("lz4: {e}"))?
+            lz4_flex::block::decompress_into(payload, out).map_err(DecompressError::Lz4)?
         }
         CodecTag::Zstd => ZSTD_D.with(|d| {
             let mut d = d.borrow_mut();
-            if d.is_none() {
-                *d = Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd: {e}"))?);
-            }
-            let dec = d.as_mut().ok_or("zstd context")?;
+            let dec = match &mut *d {
+                Some(dec) => dec,
+                None => d.insert(zstd::bulk::Decompressor::new().map_err(DecompressError::Zstd)?),
+            };
             dec.decompress_to_buffer(payload, out)
-                .map_err(|e| format!("zstd: {e}"))
+                .map_err(DecompressError::Zstd)
         })?,
     };
     if n != out.len() {
-        return Err(format!("decompressed {n} bytes, expected {}", out.len()));
+        return Err(DecompressError::Short {
+            got: n,
+            want: out.len(),
+        });
     }
     Ok(())
 }

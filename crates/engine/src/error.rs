@@ -630,14 +630,6 @@ impl std::error::Error for DirError {}
 impl std::error::Error for PageError {}
 impl std::error::Error for TableError {}
 
-// `check`'s block verification, which still reports errors as strings,
-// uses `?` on it.
-impl From<EntryLocationError> for String {
-    fn from(e: EntryLocationError) -> String {
-        e.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

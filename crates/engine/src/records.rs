@@ -49,12 +49,85 @@ pub(crate) fn unit_entry(
     }
 }
 
+/// Why a block cannot be read from the record its map entry names.
+#[derive(Debug)]
+pub enum BlockError {
+    /// The map entry names no record.
+    NoRecord,
+    /// The record verifies, but is not the one the entry expects (another
+    /// crc, kind or shape): stale or misdirected.
+    NotExpected {
+        crc: u32,
+        kind: RecordKind,
+        lba: u64,
+        nblocks: u32,
+        expected_crc: u32,
+    },
+    /// A data record claiming more blocks than a unit holds.
+    TooManyBlocks(u32),
+    /// An owner entry pointing at a record of other LBAs.
+    OtherLba {
+        lba: u64,
+        record_lba: u64,
+        nblocks: u32,
+        kind: RecordKind,
+    },
+    /// A whole-record decode found another kind or shape.
+    NotData { kind: RecordKind, nblocks: u32 },
+    /// The header or checksum does not verify.
+    Invalid(cvol_format::FormatError),
+    /// The payload does not decompress to the blocks it claims.
+    Decompress(codec::DecompressError),
+}
+
+impl std::fmt::Display for BlockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BlockError::NoRecord => write!(f, "map entry names no record"),
+            BlockError::NotExpected {
+                crc,
+                kind,
+                lba,
+                nblocks,
+                expected_crc,
+            } => write!(
+                f,
+                "record crc {crc:#010x} ({kind:?}, lba {lba}+{nblocks}) is not the one the map \
+                 expects ({expected_crc:#010x}): stale or misdirected"
+            ),
+            BlockError::TooManyBlocks(n) => write!(f, "data record of {n} blocks"),
+            BlockError::OtherLba {
+                lba,
+                record_lba,
+                nblocks,
+                kind,
+            } => write!(
+                f,
+                "record holds lba {record_lba}+{nblocks} of kind {kind:?}, not lba {lba}"
+            ),
+            BlockError::NotData { kind, nblocks } => {
+                write!(f, "not a data record: {kind:?} of {nblocks} blocks")
+            }
+            BlockError::Invalid(e) => write!(f, "{e}"),
+            BlockError::Decompress(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for BlockError {}
+
+impl From<codec::DecompressError> for BlockError {
+    fn from(e: codec::DecompressError) -> BlockError {
+        BlockError::Decompress(e)
+    }
+}
+
 /// Checks that map entry `e` (for `lba`) may point at the verified record
 /// `h`, and returns the index of the block it names in it. A record's crc
 /// includes its seq, so a stale or misdirected record fails here.
-pub fn block_index(lba: u64, e: MapEntry, h: &RecordHeader) -> Result<usize, String> {
+pub fn block_index(lba: u64, e: MapEntry, h: &RecordHeader) -> Result<usize, BlockError> {
     let EntryState::Data { shared, unit, .. } = e.state_valid() else {
-        return Err("map entry names no record".into());
+        return Err(BlockError::NoRecord);
     };
     let k = e.block_in(h.crc);
     let fits = if unit {
@@ -63,21 +136,25 @@ pub fn block_index(lba: u64, e: MapEntry, h: &RecordHeader) -> Result<usize, Str
         h.nblocks == 1 && k == 0
     };
     if !fits || h.kind != RecordKind::Data {
-        return Err(format!(
-            "record crc {:#010x} ({:?}, lba {}+{}) is not the one the map expects \
-             ({:#010x}): stale or misdirected",
-            h.crc, h.kind, h.lba, h.nblocks, e.crc
-        ));
+        return Err(BlockError::NotExpected {
+            crc: h.crc,
+            kind: h.kind,
+            lba: h.lba,
+            nblocks: h.nblocks,
+            expected_crc: e.crc,
+        });
     }
     if h.nblocks > UNIT_BLOCKS_MAX {
-        return Err(format!("data record of {} blocks", h.nblocks));
+        return Err(BlockError::TooManyBlocks(h.nblocks));
     }
     // A ref entry (dedup) may point at a record that names another LBA.
     if !shared && h.lba + u64::from(k) != lba {
-        return Err(format!(
-            "record holds lba {}+{} of kind {:?}, not lba {lba}",
-            h.lba, h.nblocks, h.kind
-        ));
+        return Err(BlockError::OtherLba {
+            lba,
+            record_lba: h.lba,
+            nblocks: h.nblocks,
+            kind: h.kind,
+        });
     }
     Ok(k as usize)
 }
@@ -90,13 +167,13 @@ pub(crate) struct DecodedUnit {
 
 impl DecodedUnit {
     /// Verifies and decompresses a whole DATA record.
-    pub(crate) fn decode(rec: &[u8]) -> Result<DecodedUnit, String> {
-        let (h, payload) = RecordHeader::decode_verified(rec).map_err(|e| e.to_string())?;
+    pub(crate) fn decode(rec: &[u8]) -> Result<DecodedUnit, BlockError> {
+        let (h, payload) = RecordHeader::decode_verified(rec).map_err(BlockError::Invalid)?;
         if h.kind != RecordKind::Data || h.nblocks > UNIT_BLOCKS_MAX {
-            return Err(format!(
-                "not a data record: {:?} of {} blocks",
-                h.kind, h.nblocks
-            ));
+            return Err(BlockError::NotData {
+                kind: h.kind,
+                nblocks: h.nblocks,
+            });
         }
         let mut data = vec![0u8; h.nblocks as usize * BS];
         codec::decompress(h.codec, payload, &mut data)?;
@@ -112,7 +189,12 @@ impl DecodedUnit {
         block_index(lba, e, &self.header).is_ok()
     }
 
-    pub(crate) fn copy_block(&self, lba: u64, e: MapEntry, out: &mut [u8]) -> Result<(), String> {
+    pub(crate) fn copy_block(
+        &self,
+        lba: u64,
+        e: MapEntry,
+        out: &mut [u8],
+    ) -> Result<(), BlockError> {
         let k = block_index(lba, e, &self.header)?;
         out.copy_from_slice(&self.data[k * BS..(k + 1) * BS]);
         Ok(())
@@ -126,11 +208,11 @@ pub fn decode_block_record(
     e: MapEntry,
     rec: &[u8],
     out: &mut [u8],
-) -> Result<(), String> {
-    let (h, payload) = RecordHeader::decode_verified(rec).map_err(|e| e.to_string())?;
+) -> Result<(), BlockError> {
+    let (h, payload) = RecordHeader::decode_verified(rec).map_err(BlockError::Invalid)?;
     let k = block_index(lba, e, &h)?;
     if h.nblocks == 1 {
-        return codec::decompress(h.codec, payload, out);
+        return Ok(codec::decompress(h.codec, payload, out)?);
     }
     let mut unit = vec![0u8; h.nblocks as usize * BS];
     codec::decompress(h.codec, payload, &mut unit)?;
@@ -141,7 +223,7 @@ pub fn decode_block_record(
 /// The verified records of one segment, and where damaged ones were.
 pub struct SegmentWalk {
     pub records: Vec<(usize, RecordHeader)>,
-    pub damaged: Vec<(usize, String)>,
+    pub damaged: Vec<(usize, RecordDamage)>,
     /// The damaged records' headers: as written when one damaged header
     /// byte explains the damage (`header_byte_fix`), else as read.
     pub damaged_headers: Vec<(usize, RecordHeader)>,
@@ -198,26 +280,63 @@ pub fn walk_segment(buf: &[u8], tag: u32) -> SegmentWalk {
     out
 }
 
+/// Why a record header of ours found in a segment does not verify.
+#[derive(Debug)]
+pub enum RecordDamage {
+    /// The segment holding it could not be read.
+    Unreadable,
+    /// Its length runs past the end of the segment.
+    PastSegment,
+    /// Its checksum fails; the header as read (it may lie).
+    Checksum {
+        why: cvol_format::FormatError,
+        kind: RecordKind,
+        seq: u64,
+        lba: u64,
+        nblocks: u32,
+    },
+}
+
+impl std::fmt::Display for RecordDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordDamage::Unreadable => write!(f, "unreadable"),
+            RecordDamage::PastSegment => write!(f, "record runs past the segment"),
+            RecordDamage::Checksum {
+                why,
+                kind,
+                seq,
+                lba,
+                nblocks,
+            } => write!(
+                f,
+                "{why}; it claims to be {kind:?} seq {seq} for lba {lba}+{nblocks} (header as \
+                 read; repair marks its blocks lost unless written after it)"
+            ),
+        }
+    }
+}
+
 /// The record of this volume at `at`: None if no header of ours decodes
 /// there, else the verified header or why it failed verification.
-fn record_at(buf: &[u8], at: usize, tag: u32) -> Option<Result<RecordHeader, String>> {
+fn record_at(buf: &[u8], at: usize, tag: u32) -> Option<Result<RecordHeader, RecordDamage>> {
     let b = buf.get(at..)?;
     let h = RecordHeader::decode(b).ok()?;
     if h.volume_tag != tag {
         return None;
     }
     if h.total_len() > b.len() {
-        return Some(Err("record runs past the segment".into()));
+        return Some(Err(RecordDamage::PastSegment));
     }
     Some(
         h.verify(b, &b[RECORD_HEADER_BYTES..h.total_len()])
             .map(|_| h)
-            .map_err(|e| {
-                format!(
-                    "{e}; it claims to be {:?} seq {} for lba {}+{} (header as read; \
-                     repair marks its blocks lost unless written after it)",
-                    h.kind, h.seq, h.lba, h.nblocks
-                )
+            .map_err(|why| RecordDamage::Checksum {
+                why,
+                kind: h.kind,
+                seq: h.seq,
+                lba: h.lba,
+                nblocks: h.nblocks,
             }),
     )
 }
@@ -301,6 +420,18 @@ mod tests {
         let lbas: Vec<u64> = walk.records.iter().map(|(_, h)| h.lba).collect();
         assert_eq!(lbas, vec![1, 2, 3, 4, 6]);
         assert_eq!(walk.damaged.len(), 1);
-        assert!(walk.damaged[0].1.contains("lba 5+1"), "{:?}", walk.damaged);
+        assert!(matches!(
+            walk.damaged[0].1,
+            RecordDamage::Checksum {
+                lba: 5,
+                nblocks: 1,
+                ..
+            }
+        ));
+        assert!(
+            walk.damaged[0].1.to_string().contains("lba 5+1"),
+            "{:?}",
+            walk.damaged
+        );
     }
 }

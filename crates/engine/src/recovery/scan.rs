@@ -27,7 +27,7 @@ pub(super) struct Scanned {
 /// record header was found but did not verify (damage).
 pub(super) struct LogScan {
     pub records: Vec<Scanned>,
-    pub damaged: Vec<(u64, usize, String)>,
+    pub damaged: Vec<(u64, usize, crate::records::RecordDamage)>,
     /// Headers of damaged records of the segments' current lives (segment,
     /// byte, header), for repair to name the blocks they held.
     pub damaged_headers: Vec<(u64, usize, RecordHeader)>,
@@ -45,7 +45,8 @@ pub(super) fn scan_log(storage: &dyn Storage, sb: &Superblock) -> LogScan {
     };
     for s in segments_with_data(storage, sb) {
         let Ok(buf) = read_segment(storage, sb, s) else {
-            out.damaged.push((s, 0, "unreadable".into()));
+            out.damaged
+                .push((s, 0, crate::records::RecordDamage::Unreadable));
             continue;
         };
         let walk = walk_segment(&buf, tag);

@@ -105,10 +105,10 @@ impl Reading<'_> {
         &mut self.out[k * BS..(k + 1) * BS]
     }
 
-    fn corrupt(&self, k: usize, detail: String) -> VolError {
+    fn corrupt(&self, k: usize, detail: impl std::fmt::Display) -> VolError {
         VolError::Corrupt {
             lba: self.lba + k as u64,
-            detail,
+            detail: detail.to_string(),
         }
     }
 
@@ -233,8 +233,7 @@ impl Volume {
             return Err(r.corrupt(
                 i,
                 "lost: damage destroyed this block's newest version (repair could not \
-                 salvage it); it reads as an error until written again"
-                    .into(),
+                 salvage it); it reads as an error until written again",
             ));
         }
         let Some((offset, len, unit)) = r.data(i) else {
@@ -408,7 +407,10 @@ impl Volume {
         rec: &[u8],
         out: &mut [u8],
     ) -> Result<(), VolError> {
-        decode_block_record(lba, e, rec, out).map_err(|detail| VolError::Corrupt { lba, detail })
+        decode_block_record(lba, e, rec, out).map_err(|e| VolError::Corrupt {
+            lba,
+            detail: e.to_string(),
+        })
     }
 
     /// Which of the `n` blocks from `lba` hold something written (data, zeros

@@ -556,7 +556,7 @@ impl Volume {
                 };
                 block_index(it.lba, it.entry, &header)
                     .map(|_| ())
-                    .map_err(Failure::Corrupt)
+                    .map_err(|e| Failure::Corrupt(e.to_string()))
             })
             .collect()
     }
@@ -663,20 +663,23 @@ impl Volume {
     }
 
     fn scrub_checkpoint(&self, ptr: &CheckpointPointer) -> Vec<String> {
-        let read = |off: u64, len: u32| -> Result<Vec<u8>, String> {
+        let read = |off: u64, len: u32| -> Result<Vec<u8>, CkptFault> {
             let mut b = vec![0u8; len as usize];
             self.storage
                 .read_at(off, &mut b)
-                .map_err(|e| format!("unreadable: {e}"))?;
+                .map_err(CkptFault::Unreadable)?;
             Ok(b)
         };
         let gen = ptr.generation;
         let commit = match read(ptr.commit_offset, ptr.commit_len).and_then(|b| {
-            let (h, payload) = RecordHeader::decode_verified(&b).map_err(|e| e.to_string())?;
+            let (h, payload) = RecordHeader::decode_verified(&b).map_err(CkptFault::Invalid)?;
             if h.kind != RecordKind::CkptCommit || h.seq != ptr.commit_seq {
-                return Err(format!("{:?} record of seq {}", h.kind, h.seq));
+                return Err(CkptFault::Commit {
+                    kind: h.kind,
+                    seq: h.seq,
+                });
             }
-            CommitPayload::decode(payload).map_err(|e| e.to_string())
+            CommitPayload::decode(payload).map_err(CkptFault::Invalid)
         }) {
             Ok(c) => c,
             Err(e) => return vec![format!("checkpoint {gen}: commit record: {e}")],
@@ -684,15 +687,18 @@ impl Volume {
         let mut errors = Vec::new();
         for (i, c) in commit.chunks.iter().enumerate() {
             let r = read(c.offset, c.len).and_then(|b| {
-                let (h, payload) = RecordHeader::decode_verified(&b).map_err(|e| e.to_string())?;
+                let (h, payload) = RecordHeader::decode_verified(&b).map_err(CkptFault::Invalid)?;
                 if !matches!(h.kind, RecordKind::MapChunk | RecordKind::MapDir) || h.crc != c.crc {
-                    return Err(format!("{:?} record with crc {:#010x}", h.kind, h.crc));
+                    return Err(CkptFault::Record {
+                        kind: h.kind,
+                        crc: h.crc,
+                    });
                 }
                 if h.kind == RecordKind::MapDir {
                     let raw = lz4_flex::block::decompress_size_prepended(payload)
-                        .map_err(|e| format!("directory: {e}"))?;
+                        .map_err(CkptFault::Directory)?;
                     let block = h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS);
-                    let dir = DirPayload::decode(&raw, block).map_err(|e| e.to_string())?;
+                    let dir = DirPayload::decode(&raw, block).map_err(CkptFault::Invalid)?;
                     let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
                     for (p, r) in dir.pages {
                         // Slots after the pages' name liveness tables.
@@ -703,12 +709,12 @@ impl Volume {
                         };
                         let page = read(r.offset, r.len).and_then(|b| {
                             let (h, _) =
-                                RecordHeader::decode_verified(&b).map_err(|e| e.to_string())?;
+                                RecordHeader::decode_verified(&b).map_err(CkptFault::Invalid)?;
                             if h.kind != kind || h.crc != r.crc {
-                                return Err(format!(
-                                    "{:?} record with crc {:#010x}",
-                                    h.kind, h.crc
-                                ));
+                                return Err(CkptFault::Record {
+                                    kind: h.kind,
+                                    crc: h.crc,
+                                });
                             }
                             Ok(())
                         });
@@ -730,6 +736,38 @@ impl Volume {
             }
         }
         errors
+    }
+}
+
+/// What a scrub finds wrong with a checkpoint's records.
+#[derive(Debug)]
+enum CkptFault {
+    Unreadable(std::io::Error),
+    /// A header, checksum or payload that does not verify or decode.
+    Invalid(cvol_format::FormatError),
+    /// The pointer's commit slot holds another record.
+    Commit {
+        kind: RecordKind,
+        seq: u64,
+    },
+    /// A chunk or page slot holds another record.
+    Record {
+        kind: RecordKind,
+        crc: u32,
+    },
+    /// A directory payload that does not decompress.
+    Directory(lz4_flex::block::DecompressError),
+}
+
+impl std::fmt::Display for CkptFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CkptFault::Unreadable(e) => write!(f, "unreadable: {e}"),
+            CkptFault::Invalid(e) => write!(f, "{e}"),
+            CkptFault::Commit { kind, seq } => write!(f, "{kind:?} record of seq {seq}"),
+            CkptFault::Record { kind, crc } => write!(f, "{kind:?} record with crc {crc:#010x}"),
+            CkptFault::Directory(e) => write!(f, "directory: {e}"),
+        }
     }
 }
 
