@@ -39,7 +39,7 @@ mod liveness;
 mod locks;
 mod logread;
 mod records;
-pub mod recovery;
+mod recovery;
 pub mod stats;
 #[cfg(test)]
 mod test_util;
@@ -51,5 +51,7 @@ pub use codec::Codec;
 pub use error::{OpenError, RecoveryError, VolError};
 pub use policy::{CodecPolicy, ElasticConfig};
 pub use records::decode_block_record;
+// The superblock, for tools that look at a store before opening it.
+pub use recovery::read_superblock;
 pub use stats::VolumeStats;
 pub use volume::{CreateOptions, Extent, IndexWarmup, OpenOptions, Volume};

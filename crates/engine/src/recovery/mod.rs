@@ -24,7 +24,7 @@ mod scan;
 mod search;
 mod superblock;
 
-pub use certified::{certified_in_log, Certified};
+pub use certified::certified_in_log;
 pub use outcome::{Recovered, Salvage};
 pub use salvage_walk::lba_list;
 pub use superblock::{read_pointers, read_superblock, repair_superblocks, require_metadata_device};

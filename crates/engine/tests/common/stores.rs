@@ -85,7 +85,7 @@ impl Stores {
 
     /// The volume offset of the metadata device's first segment.
     fn metadata_base(&self) -> u64 {
-        let (sb, _) = cvol_engine::recovery::read_superblock(&self.data).expect("a superblock");
+        let (sb, _) = cvol_engine::read_superblock(&self.data).expect("a superblock");
         sb.metadata_base()
     }
 
