@@ -68,15 +68,23 @@ pub struct Counts {
     pub lz4: Stored,
 }
 
+/// What a unit is stored as, per codec: (payload bytes, records).
+#[derive(Clone, Copy)]
+struct Unit {
+    main: (usize, usize),
+    lz4: (usize, usize),
+}
+
 /// The estimator's state.
 pub struct Tally {
     cfg: Config,
     seed: u64,
     seen: HashSet<u64>,
     counts: Counts,
-    /// The unit last compressed: (first block, blocks, stored main, lz4),
-    /// so two sampled blocks of one unit compress it once.
-    last_unit: Option<(u64, usize, usize, usize)>,
+    /// The unit last compressed: its first block, blocks, and what each
+    /// codec stores for it, so two sampled blocks of one unit compress it
+    /// once.
+    last_unit: Option<(u64, usize, Unit)>,
 }
 
 impl Tally {
@@ -143,33 +151,37 @@ impl Tally {
         let end = (i..w1).find(|&j| zero[j]).unwrap_or(w1);
         let n = end - start;
         let at = first + start as u64;
-        let (main, lz4) = match self.last_unit {
-            Some((a, m, s, l)) if a == at && m == n => (s, l),
+        let u = match self.last_unit {
+            Some((a, m, u)) if a == at && m == n => u,
             _ => {
                 let run = &buf[start * BS..end * BS];
                 let probe = probe_compressible(run);
-                let s = stored_len(self.cfg.codec, run, probe);
-                let l = stored_len(Codec::Lz4, run, probe);
-                self.last_unit = Some((at, n, s, l));
-                (s, l)
+                let u = Unit {
+                    main: stored_len(self.cfg.codec, run, probe),
+                    lz4: stored_len(Codec::Lz4, run, probe),
+                };
+                self.last_unit = Some((at, n, u));
+                u
             }
         };
         let c = &mut self.counts;
         c.compressed_blocks += 1;
-        c.main.payload += main as f64 / n as f64;
-        c.main.records += 1.0 / n as f64;
-        c.lz4.payload += lz4 as f64 / n as f64;
-        c.lz4.records += 1.0 / n as f64;
+        for (s, (payload, records)) in [(&mut c.main, u.main), (&mut c.lz4, u.lz4)] {
+            s.payload += payload as f64 / n as f64;
+            s.records += records as f64 / n as f64;
+        }
     }
 }
 
-/// The payload bytes cvol stores for `run`: raw when the probe judges it
-/// incompressible or the codec saves less than 1/8, else compressed.
-pub fn stored_len(codec: Codec, run: &[u8], probe: bool) -> usize {
+/// The payload bytes and records cvol stores for `run`: raw, one record
+/// per block, when the probe judges it incompressible or the codec saves
+/// less than 1/8; else one compressed record.
+pub fn stored_len(codec: Codec, run: &[u8], probe: bool) -> (usize, usize) {
+    let raw = (run.len(), run.len() / BS);
     if !probe {
-        return run.len();
+        return raw;
     }
-    codec.compress(run).map_or(run.len(), |c| c.len())
+    codec.compress(run).map_or(raw, |c| (c.len(), 1))
 }
 
 pub fn is_zero(block: &[u8]) -> bool {

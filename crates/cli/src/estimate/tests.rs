@@ -109,7 +109,7 @@ fn text_compresses_about_three_times_and_lz4_less() {
     // Checked against compressing the units directly.
     let direct: usize = data
         .chunks(4 * BS)
-        .map(|u| tally::stored_len(Codec::Zstd(9), u, true))
+        .map(|u| tally::stored_len(Codec::Zstd(9), u, true).0)
         .sum();
     let want = data.len() as f64 / direct as f64;
     assert!((z / want - 1.0).abs() < 1e-9, "{z} vs {want}");
@@ -146,7 +146,8 @@ fn hash_sampling_estimates_dedup_and_compression_without_bias() {
         exact_e.main.compression_ratio,
     );
     assert!(rel(s, x) < 0.15, "sampled {s} exact {x}");
-    assert!(x > 1.5 && x < 3.0, "half text, half random: {x}");
+    // 4096 distinct text blocks (~4x) and 6144 random: 10240 / (1024 + 6144).
+    assert!(x > 1.3 && x < 1.66, "text and random: {x}");
 }
 
 #[test]
