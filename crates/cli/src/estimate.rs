@@ -128,7 +128,8 @@ pub fn rates(read_bytes: u64, unit_blocks: usize) -> (u64, u64) {
 
 /// `cvol estimate`.
 pub fn cmd_estimate(flags: &EstimateFlags) -> Result<ExitCode, Error> {
-    let codec = crate::words::parse_codec(&flags.codec)?.codec();
+    let policy = crate::words::parse_codec(&flags.codec)?;
+    let codec = policy.codec();
     let unit_blocks = crate::trace::parse_unit_size(&flags.unit_size)? as usize;
     let src = Source::open(&flags.source)?;
     let source_bytes = src.len();
@@ -140,6 +141,7 @@ pub fn cmd_estimate(flags: &EstimateFlags) -> Result<ExitCode, Error> {
         unit_blocks,
         fp_modulus,
         compress_modulus,
+        shared_keep_lz4: policy.is_auto(),
     });
     let t0 = Instant::now();
     read_all(&src, &flags.source, &regions, &mut tally)?;
@@ -159,11 +161,11 @@ pub fn cmd_estimate(flags: &EstimateFlags) -> Result<ExitCode, Error> {
         seconds: t0.elapsed().as_secs_f64(),
     };
     let counts = tally.counts();
-    let est = report::estimate(counts, source_bytes.div_ceil(BS as u64));
+    let est = report::estimate(&counts, source_bytes.div_ceil(BS as u64));
     if flags.json {
-        println!("{}", report::json(&reading, counts, &est));
+        println!("{}", report::json(&reading, &counts, &est));
     } else {
-        print!("{}", report::text(&reading, counts, &est));
+        print!("{}", report::text(&reading, &counts, &est));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -10,6 +10,9 @@ const RECORD_HEADER_BYTES: f64 = 44.0;
 const MAP_BYTES_PER_BLOCK: f64 = 12.0;
 /// Metadata per stored (distinct) block: its fingerprint-table row.
 const FP_TABLE_BYTES_PER_BLOCK: f64 = 18.0;
+/// Dead space idle cleaning leaves in the log, per live byte: it stops
+/// once dead space is at most 5% of live data.
+const DEAD_PER_LIVE: f64 = 0.05;
 
 /// How the source was read.
 pub struct Reading {
@@ -67,11 +70,11 @@ pub fn estimate(c: &Counts, logical_blocks: u64) -> Estimate {
             _ => (sampled * BS as f64 / s.payload, s.records / sampled),
         };
         let stored = distinct * BS as f64 / ratio;
-        let headers = distinct * records_per_block * RECORD_HEADER_BYTES;
+        let live = stored + distinct * records_per_block * RECORD_HEADER_BYTES;
         Column {
             compression_ratio: ratio,
             stored_bytes: stored.round() as u64,
-            du_bytes: (stored + headers + metadata).round() as u64,
+            du_bytes: (live * (1.0 + DEAD_PER_LIVE) + metadata).round() as u64,
         }
     };
     Estimate {
@@ -185,7 +188,7 @@ pub fn text(r: &Reading, c: &Counts, e: &Estimate) -> String {
     );
     s += &format!(
         "  (estimates: compression from {} distinct blocks in {} units; du adds \
-         record headers and {} of metadata)\n",
+         record headers, 5% dead space and {} of metadata)\n",
         c.compressed_blocks,
         human_bytes((r.unit_blocks * BS) as u64),
         human_bytes(e.metadata_bytes)

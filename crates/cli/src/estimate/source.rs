@@ -69,7 +69,9 @@ fn open_path(spec: &str) -> Result<Source, Error> {
         )));
     }
     if !ft.is_file() && !ft.is_block_device() {
-        return Err(Error::Refused(format!("{spec} is neither {FORMS}")));
+        return Err(Error::Refused(format!(
+            "{spec} is neither a file nor a block device; give {FORMS}"
+        )));
     }
     let mut file = File::open(spec).map_err(|e| Error::io(spec, e))?;
     let len = if ft.is_block_device() {

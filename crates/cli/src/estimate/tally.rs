@@ -12,14 +12,17 @@
 //!
 //! Compression: the first occurrence of a fingerprint in a smaller nested
 //! subset (1/`compress_modulus`) is compressed as cvol would store it: the
-//! run of contiguous non-zero blocks of its aligned compression unit, the
-//! compressibility probe first, then the codec (kept only if it saves at
-//! least 1/8, as the engine does). Its share of the unit's stored bytes
-//! samples the stored bytes of the distinct data.
+//! run of contiguous new blocks (not zero, not a copy of an earlier block)
+//! of its aligned compression unit, the compressibility probe first, then
+//! the codec (kept only if it saves at least 1/8, as the engine does). Its
+//! share of the unit's stored bytes samples the stored bytes of the
+//! distinct data. A unit one of whose blocks is copied later is shared,
+//! and policy auto does not recompress shared records: with
+//! `shared_keep_lz4` its share counts at lz4 in the first column.
 use cvol_engine::codec::Codec;
 use cvol_engine::dedup::{fingerprint, key, volume_seed};
 use cvol_engine::policy::probe_compressible;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// A block, as cvol stores and deduplicates it.
 pub const BS: usize = 4096;
@@ -37,6 +40,10 @@ pub struct Config {
     /// Compress a distinct block when its key is a multiple of this (a
     /// power of two, a multiple of `fp_modulus`).
     pub compress_modulus: u64,
+    /// A unit shared by dedup keeps lz4 in the first column: policy auto,
+    /// whose background recompression leaves shared records as written
+    /// (lz4 for a copy at full speed).
+    pub shared_keep_lz4: bool,
 }
 
 /// Stored bytes of the compressed sample, per codec.
@@ -75,16 +82,44 @@ struct Unit {
     lz4: (usize, usize),
 }
 
+/// A unit compressed for the sample.
+struct Sampled {
+    unit: Unit,
+    blocks: usize,
+    /// A later block is a copy of one of the unit's: the record is shared,
+    /// and background recompression leaves shared records as written.
+    shared: bool,
+}
+
+/// A block as the volume's write path sees it.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Zero,
+    /// A copy of a block seen before: a dedup reference.
+    Dup(u64),
+    /// The first of its content.
+    New(u64),
+    /// Its fingerprint is outside the remembered part: new or not, unknown
+    /// (taken as new data).
+    Unknown,
+}
+
 /// The estimator's state.
 pub struct Tally {
     cfg: Config,
     seed: u64,
     seen: HashSet<u64>,
     counts: Counts,
-    /// The unit last compressed: its first block, blocks, and what each
-    /// codec stores for it, so two sampled blocks of one unit compress it
-    /// once.
-    last_unit: Option<(u64, usize, Unit)>,
+    /// The units compressed.
+    units: Vec<Sampled>,
+    /// Each sampled block's unit (an index into `units`).
+    samples: Vec<usize>,
+    /// The fingerprints of the new blocks of each sampled unit: which unit
+    /// a later copy makes shared.
+    owner: HashMap<u64, usize>,
+    /// The unit last compressed (its first block, blocks, index), so two
+    /// sampled blocks of one unit compress it once.
+    last_unit: Option<(u64, usize, usize)>,
 }
 
 impl Tally {
@@ -98,12 +133,29 @@ impl Tally {
             seed: volume_seed(&[0; 16]),
             seen: HashSet::new(),
             counts: Counts::default(),
+            units: Vec::new(),
+            samples: Vec::new(),
+            owner: HashMap::new(),
             last_unit: None,
         }
     }
 
-    pub fn counts(&self) -> &Counts {
-        &self.counts
+    /// The counts so far, the compressed sample summed.
+    pub fn counts(&self) -> Counts {
+        let mut c = self.counts.clone();
+        for s in self.samples.iter().map(|&u| &self.units[u]) {
+            let n = s.blocks as f64;
+            let main = match s.shared && self.cfg.shared_keep_lz4 {
+                true => s.unit.lz4,
+                false => s.unit.main,
+            };
+            for (t, (payload, records)) in [(&mut c.main, main), (&mut c.lz4, s.unit.lz4)] {
+                t.payload += payload as f64 / n;
+                t.records += records as f64 / n;
+            }
+        }
+        c.compressed_blocks = self.samples.len() as u64;
+        c
     }
 
     /// Takes `buf` (whole blocks; a short tail is zero-padded) whose first
@@ -119,36 +171,53 @@ impl Tally {
             padded = v;
             &padded
         };
-        let zero: Vec<bool> = buf.chunks_exact(BS).map(is_zero).collect();
-        for (i, block) in buf.chunks_exact(BS).enumerate() {
-            self.counts.blocks += 1;
-            if zero[i] {
-                self.counts.zero_blocks += 1;
-                continue;
+        let kinds: Vec<Kind> = buf.chunks_exact(BS).map(|b| self.classify(b)).collect();
+        for (i, &k) in kinds.iter().enumerate() {
+            match k {
+                Kind::New(k) if k.is_multiple_of(self.cfg.compress_modulus) => {
+                    self.sample_compression(first, buf, &kinds, i)
+                }
+                _ => {}
             }
-            let k = key(fingerprint(self.seed, block));
-            if !k.is_multiple_of(self.cfg.fp_modulus) {
-                continue;
-            }
-            self.counts.kept_blocks += 1;
-            if !self.seen.insert(k) {
-                continue;
-            }
-            self.counts.kept_distinct += 1;
-            if k.is_multiple_of(self.cfg.compress_modulus) {
-                self.sample_compression(first, buf, &zero, i);
+        }
+        for &k in &kinds {
+            if let Kind::Dup(k) = k {
+                if let Some(&s) = self.owner.get(&k) {
+                    self.units[s].shared = true;
+                }
             }
         }
     }
 
-    /// Compresses block `i`'s unit (its run of contiguous non-zero blocks
-    /// inside its aligned window) and counts the block's share.
-    fn sample_compression(&mut self, first: u64, buf: &[u8], zero: &[bool], i: usize) {
+    /// Counts one block and says what it is.
+    fn classify(&mut self, block: &[u8]) -> Kind {
+        self.counts.blocks += 1;
+        if is_zero(block) {
+            self.counts.zero_blocks += 1;
+            return Kind::Zero;
+        }
+        let k = key(fingerprint(self.seed, block));
+        if !k.is_multiple_of(self.cfg.fp_modulus) {
+            return Kind::Unknown;
+        }
+        self.counts.kept_blocks += 1;
+        if !self.seen.insert(k) {
+            return Kind::Dup(k);
+        }
+        self.counts.kept_distinct += 1;
+        Kind::New(k)
+    }
+
+    /// Compresses block `i`'s unit as the write path would (its run of
+    /// contiguous new blocks inside its aligned window: zeros and copies
+    /// end a run) and keeps the block's share.
+    fn sample_compression(&mut self, first: u64, buf: &[u8], kinds: &[Kind], i: usize) {
         let unit = self.cfg.unit_blocks;
+        let data = |j: usize| matches!(kinds[j], Kind::New(_) | Kind::Unknown);
         let w0 = i / unit * unit;
-        let w1 = (w0 + unit).min(zero.len());
-        let start = (w0..i).rev().find(|&j| zero[j]).map_or(w0, |j| j + 1);
-        let end = (i..w1).find(|&j| zero[j]).unwrap_or(w1);
+        let w1 = (w0 + unit).min(kinds.len());
+        let start = (w0..i).rev().find(|&j| !data(j)).map_or(w0, |j| j + 1);
+        let end = (i..w1).find(|&j| !data(j)).unwrap_or(w1);
         let n = end - start;
         let at = first + start as u64;
         let u = match self.last_unit {
@@ -156,20 +225,25 @@ impl Tally {
             _ => {
                 let run = &buf[start * BS..end * BS];
                 let probe = probe_compressible(run);
-                let u = Unit {
-                    main: stored_len(self.cfg.codec, run, probe),
-                    lz4: stored_len(Codec::Lz4, run, probe),
-                };
+                let u = self.units.len();
+                self.units.push(Sampled {
+                    unit: Unit {
+                        main: stored_len(self.cfg.codec, run, probe),
+                        lz4: stored_len(Codec::Lz4, run, probe),
+                    },
+                    blocks: n,
+                    shared: false,
+                });
+                for &k in &kinds[start..end] {
+                    if let Kind::New(k) = k {
+                        self.owner.insert(k, u);
+                    }
+                }
                 self.last_unit = Some((at, n, u));
                 u
             }
         };
-        let c = &mut self.counts;
-        c.compressed_blocks += 1;
-        for (s, (payload, records)) in [(&mut c.main, u.main), (&mut c.lz4, u.lz4)] {
-            s.payload += payload as f64 / n as f64;
-            s.records += records as f64 / n as f64;
-        }
+        self.samples.push(u);
     }
 }
 

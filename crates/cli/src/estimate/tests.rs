@@ -53,7 +53,7 @@ fn run(data: &[u8], cfg: Config) -> Estimate {
     for (i, chunk) in data.chunks(1 << 20).enumerate() {
         t.feed(i as u64 * 256, chunk);
     }
-    estimate(t.counts(), (data.len() as u64).div_ceil(BS as u64))
+    estimate(&t.counts(), (data.len() as u64).div_ceil(BS as u64))
 }
 
 fn exact(codec: Codec) -> Config {
@@ -62,6 +62,7 @@ fn exact(codec: Codec) -> Config {
         unit_blocks: 4,
         fp_modulus: 1,
         compress_modulus: 1,
+        shared_keep_lz4: false,
     }
 }
 
@@ -76,10 +77,11 @@ fn four_copies_of_random_data_dedup_four_times_and_do_not_compress() {
     assert_eq!(e.distinct_bytes, 1 << 20);
     assert_eq!(e.main.compression_ratio, 1.0, "random data is stored raw");
     assert_eq!(e.main.stored_bytes, 1 << 20);
-    // du: the data, a header per record (raw: one per block), 12 bytes a
-    // mapped block and 18 a distinct one.
+    // du: the data and a header per record (raw: one per block), 5% of
+    // that dead, 12 bytes a mapped block and 18 a distinct one.
     let blocks = 256.0;
-    let du = (1u64 << 20) as f64 + blocks * 44.0 + 1024.0 * 12.0 + blocks * 18.0;
+    let live = (1u64 << 20) as f64 + blocks * 44.0;
+    let du = live * 1.05 + 1024.0 * 12.0 + blocks * 18.0;
     assert_eq!(e.main.du_bytes, du as u64);
     assert!(!e.partial);
 }
@@ -190,4 +192,33 @@ fn a_source_that_is_missing_a_directory_or_empty_is_named() {
     let mut b = [0u8; 4096];
     src.read_at(4096, &mut b).unwrap();
     assert_eq!((src.len(), b[0]), (8192, 7));
+}
+
+#[test]
+fn a_copy_ends_a_unit_and_a_shared_unit_keeps_lz4_under_auto() {
+    // Window 1: four new text blocks (one unit). Window 2: a copy of the
+    // first block, then three new ones: a unit of 3.
+    let t = text(8 * BS, 21);
+    let mut data = t[..4 * BS].to_vec();
+    data.extend_from_slice(&t[..BS]);
+    data.extend_from_slice(&t[4 * BS..7 * BS]);
+    let count = |keep: bool| {
+        let mut tally = Tally::new(Config {
+            shared_keep_lz4: keep,
+            ..exact(Codec::Zstd(9))
+        });
+        tally.feed(0, &data);
+        tally.counts()
+    };
+    let (first, second) = (&data[..4 * BS], &data[5 * BS..]);
+    let z = |run: &[u8]| tally::stored_len(Codec::Zstd(9), run, true).0 as f64;
+    let l = |run: &[u8]| tally::stored_len(Codec::Lz4, run, true).0 as f64;
+    let settled = count(false);
+    assert_eq!(settled.compressed_blocks, 7);
+    assert!((settled.main.payload - (z(first) + z(second))).abs() < 1e-6);
+    assert!((settled.lz4.payload - (l(first) + l(second))).abs() < 1e-6);
+    assert!((settled.main.records - 2.0).abs() < 1e-9, "two units");
+    let auto = count(true);
+    assert!((auto.main.payload - (l(first) + z(second))).abs() < 1e-6);
+    assert!(z(first) < l(first), "the cases differ");
 }
