@@ -11,6 +11,7 @@ mod control_server;
 mod create;
 mod edge;
 mod error;
+mod estimate;
 mod metrics;
 mod objvol;
 mod origin;
@@ -109,6 +110,20 @@ enum Command {
         #[arg(long, conflicts_with = "no_wait")]
         status: bool,
     },
+    /// Estimate what a volume would store for some data, writing nothing.
+    ///
+    /// Reads SOURCE (a file, a block device or an NBD URI; read-only) in
+    /// 4 KiB blocks and prints its zero, distinct (deduplicated) and
+    /// compressed bytes and the `du` a volume holding it would show. All of
+    /// a source under 1 GiB is read, else 1 MiB regions spread over it
+    /// (--sample): duplicates between a region read and one not read are
+    /// not seen, so the dedup ratio is then a lower bound. Every block read
+    /// is fingerprinted but only 1 in N fingerprints is kept, chosen by
+    /// hash (so a block and its copies are kept together: an unbiased dedup
+    /// ratio in bounded memory); a sample of the distinct blocks is
+    /// compressed as the volume would (its compression unit, the probe,
+    /// the codec). Figures are estimates.
+    Estimate(estimate::EstimateFlags),
     /// Show or replay a request trace (`cvol serve --trace FILE`).
     #[command(subcommand)]
     Trace(TraceCommand),
@@ -264,6 +279,7 @@ fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, Error> 
             };
             scrub::cmd_scrub(&volume, args, globals)
         }
+        Command::Estimate(flags) => estimate::cmd_estimate(&flags),
         Command::Completions { shell } => write_completions(shell),
         Command::Man { dir } => write_man_pages(&dir),
         Command::Trace(TraceCommand::Show { file, json, limit }) => {
