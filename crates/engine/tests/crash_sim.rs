@@ -62,9 +62,16 @@ fn is_io(e: &VolError) -> bool {
 /// the number of operations run.
 /// Swarm testing: each seed picks how often it syncs (1 = often, higher =
 /// long unsynced bursts that cross segments and race the cleaner).
-fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) -> usize {
+fn run_ops(
+    vol: &Volume,
+    model: &mut Model,
+    rng: &mut StdRng,
+    ops: usize,
+    time: &mut sim::SimClock,
+) -> usize {
     let sync_rarity = [1, 1, 4, 20][rng.gen_range(0..4)];
     for i in 0..ops {
+        time.tick();
         let (r, effect, fua) = one_op(vol, model, rng, sync_rarity);
         match &r {
             // A request refused for space has no effect.
@@ -351,8 +358,11 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     // Odd seeds keep no clean map page in memory: nearly every operation
     // reads back the pages it touches (`base_of` spreads the blocks over
     // pages and directory blocks).
+    let mut time = sim::SimClock::new(seed);
+    let clock = time.shared();
     let options = || OpenOptions {
         elastic: sim::elastic(&mut StdRng::seed_from_u64(seed)),
+        clock: clock.clone(),
         map_cache_bytes: (seed % 2 == 1).then_some(0),
         // A third of the seeds spill fingerprint rows every ~20 blocks.
         fingerprint_spill_bytes: match seed % 3 {
@@ -378,7 +388,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             io_budget: Some(budget),
             ..Default::default()
         });
-        if run_ops(&vol, &mut model, &mut rng, ops) < ops {
+        if run_ops(&vol, &mut model, &mut rng, ops, &mut time) < ops {
             cov.cut_mid_run += 1;
         }
         let st = vol.stats();

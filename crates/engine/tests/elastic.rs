@@ -435,3 +435,52 @@ fn a_deferred_unit_that_does_not_compress_is_settled_as_raw_blocks() {
     assert_reads(&vol, &image);
     close_and_check(vol, &sim);
 }
+
+/// The policy's load is read from the volume's clock (`OpenOptions::clock`),
+/// not the wall clock: with the clock held still, 400 one-block writes are
+/// 400 requests in one instant (busy: lz4); once the clock moves past the
+/// load monitor's second, the same writes find the volume idle (the strong
+/// codec). Wall time plays no part, so the counts are exact.
+#[test]
+fn the_policy_reads_the_clock_it_is_given() {
+    use cvol_engine::clock::ManualClock;
+    let sim = SimStorage::new(32 * MIB);
+    let opts = common::options(&sim, 16 * MIB).with_codec(auto());
+    common::create_closed(&sim, &opts);
+    let clock = Arc::new(ManualClock::new());
+    let elastic = ElasticConfig {
+        unit_blocks: 1,
+        busy_iops: 100,
+        idle_iops: 50,
+        busy_inflight: usize::MAX,
+        recompress: false,
+        inline_cpu_percent: None,
+        ..ElasticConfig::default()
+    };
+    let options = OpenOptions {
+        elastic,
+        clock: clock.clone(),
+        ..OpenOptions::default()
+    };
+    let vol = common::open_with(&sim, options);
+    // A frozen clock: every request lands in the last 200 ms (x5 per
+    // second): from the 20th on, the load is at least 100 IOPS.
+    for i in 0..400u64 {
+        vol.write_at(i * BS as u64, &text(i, BS), false).unwrap();
+    }
+    let st = vol.stats();
+    assert_eq!(st.elastic.auto_lz4_units, 400 - 19, "{:?}", st.elastic);
+    // Two seconds later, one write at a time, each a second apart: idle.
+    for i in 0..5u64 {
+        clock.advance(std::time::Duration::from_secs(2));
+        let at = (400 + i) * BS as u64;
+        vol.write_at(at, &text(400 + i, BS), false).unwrap();
+    }
+    let st2 = vol.stats();
+    assert_eq!(st2.elastic.auto_lz4_units, st.elastic.auto_lz4_units);
+    assert_eq!(
+        st2.elastic.auto_zstd_strong_units,
+        st.elastic.auto_zstd_strong_units + 5
+    );
+    close_and_check(vol, &sim);
+}

@@ -97,8 +97,15 @@ fn trace_lba() -> Option<usize> {
     std::env::var("CVOL_FAULT_TRACE").ok()?.parse().ok()
 }
 
-fn run_ops(vol: &Volume, model: &mut Model, rng: &mut StdRng, ops: usize) {
+fn run_ops(
+    vol: &Volume,
+    model: &mut Model,
+    rng: &mut StdRng,
+    ops: usize,
+    time: &mut sim::SimClock,
+) {
     for _ in 0..ops {
+        time.tick();
         let r: Result<(), VolError> = match rng.gen_range(0..100) {
             0..=54 => {
                 let nb = rng.gen_range(1..=16);
@@ -455,14 +462,16 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     let phys = if seed % 4 == 3 { 5 * MIB } else { PHYS };
     let mut store = Stores::new(phys, if seed % 3 == 2 { 4 * MIB } else { 0 });
     cov.metadata_device_seeds += u64::from(store.has_meta());
-    let (create, open) = setup(&mut rng, &store.data, seed);
+    let (create, mut open) = setup(&mut rng, &store.data, seed);
+    let mut time = sim::SimClock::new(seed);
+    open.clock = time.shared();
     store.create(&create).close().expect("close after create");
     let mut vol = store.open(open.clone()).expect("open");
     let mut model = Model::new(BLOCKS);
     let mut damaged_before = false;
     for cycle in 0..3 {
         let ops = rng.gen_range(30..200);
-        run_ops(&vol, &mut model, &mut rng, ops);
+        run_ops(&vol, &mut model, &mut rng, ops, &mut time);
         vol.verify_refcounts()
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: {e}"));
         // End the cycle with a clean close or a power cut.

@@ -164,3 +164,33 @@ pub fn elastic(rng: &mut StdRng) -> ElasticConfig {
         ..ElasticConfig::default()
     }
 }
+
+/// A seed's time: a `ManualClock` that moves 0-2 ms per operation, drawn
+/// from its own generator (the operations' draws stay what they were), so
+/// the seed fixes every decision the codec policy's load monitor and CPU
+/// budget make.
+pub struct SimClock {
+    pub clock: std::sync::Arc<cvol_engine::clock::ManualClock>,
+    rng: StdRng,
+}
+
+impl SimClock {
+    pub fn new(seed: u64) -> SimClock {
+        use rand::SeedableRng;
+        SimClock {
+            clock: std::sync::Arc::new(cvol_engine::clock::ManualClock::new()),
+            rng: StdRng::seed_from_u64(seed ^ 0xC10C_C10C),
+        }
+    }
+
+    /// The clock to open the seed's volumes with.
+    pub fn shared(&self) -> std::sync::Arc<dyn cvol_engine::clock::Clock> {
+        self.clock.clone()
+    }
+
+    /// The time one operation takes.
+    pub fn tick(&mut self) {
+        let us = self.rng.gen_range(0..2000);
+        self.clock.advance(std::time::Duration::from_micros(us));
+    }
+}
