@@ -16,6 +16,7 @@ indent), the function takes the difference as an argument.
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -91,6 +92,40 @@ def terminate(proc, timeout=10.0, log=log_plain, indent="  "):
             log("%spid %d ignored SIGTERM for %.0fs, sending SIGKILL" % (indent, proc.pid, timeout))
             proc.kill()
     return proc.wait()
+
+
+def wait_server_ready(server, timeout=60):
+    """Waits until `server` (kind, proc, out, err, sock) serves: cvol prints
+    its nbd+unix:// URI on stdout once it listens; qemu-nbd and nbdkit are
+    ready when their socket accepts. Sets server.uri; raises
+    server.error (the caller's exception class) if it exits or is not
+    ready in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.proc.poll() is not None:
+            raise server.error("%s exited (%s) before it was ready: %s"
+                               % (server.kind, server.proc.returncode, tail(server.err)))
+        if time.monotonic() > deadline:
+            raise server.error("%s not ready after %ds: %s"
+                               % (server.kind, timeout, tail(server.err)))
+        if server.kind == "cvol":
+            with open(server.out, "rb") as f:
+                for line in f.read().decode("utf-8", "replace").splitlines():
+                    if line.startswith("nbd+unix://"):
+                        server.uri = line.strip()
+            if server.uri:
+                return
+        elif os.path.exists(server.sock):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(server.sock)
+                server.uri = "nbd+unix:///?socket=" + server.sock
+                return
+            except OSError:
+                pass
+            finally:
+                s.close()
+        time.sleep(0.05)
 
 
 def tool_version(cmd):

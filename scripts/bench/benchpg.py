@@ -25,7 +25,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -232,31 +231,8 @@ class Server:
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                          start_new_session=True, preexec_fn=_child_setup)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise RunError("%s exited (%s) before it was ready: %s"
-                               % (self.kind, self.proc.returncode, tail(self.err)))
-            if time.monotonic() > deadline:
-                raise RunError("%s not ready after 60s: %s" % (self.kind, tail(self.err)))
-            if self.kind == "cvol":
-                with open(self.out, "rb") as f:
-                    for line in f.read().decode("utf-8", "replace").splitlines():
-                        if line.startswith("nbd+unix://"):
-                            self.uri = line.strip()
-                if self.uri:
-                    return
-            elif os.path.exists(self.sock):
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    s.connect(self.sock)
-                    self.uri = "nbd+unix:///?socket=" + self.sock
-                    return
-                except OSError:
-                    pass
-                finally:
-                    s.close()
-            time.sleep(0.05)
+        self.error = RunError
+        benchlib.wait_server_ready(self)
 
     def cpu_seconds(self):
         return proc_cpu_seconds(self.proc.pid)

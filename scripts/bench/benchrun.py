@@ -19,7 +19,6 @@ import platform
 import resource
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -313,32 +312,8 @@ class Server:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         STATE["servers"].append(self)
-        deadline = time.monotonic() + 60
-        while True:
-            if not alive(self.proc):
-                raise RunError("%s exited (%s) before it was ready: %s"
-                               % (self.kind, self.proc.returncode, tail(self.err)))
-            if time.monotonic() > deadline:
-                raise RunError("%s not ready after 60s: %s" % (self.kind, tail(self.err)))
-            if self.kind == "cvol":
-                # cvol prints its URI on stdout once it is listening.
-                with open(self.out, "rb") as f:
-                    for line in f.read().decode("utf-8", "replace").splitlines():
-                        if line.startswith("nbd+unix://"):
-                            self.uri = line.strip()
-                if self.uri:
-                    return
-            elif os.path.exists(self.sock):
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    s.connect(self.sock)
-                    self.uri = "nbd+unix:///?socket=" + self.sock
-                    return
-                except OSError:
-                    pass
-                finally:
-                    s.close()
-            time.sleep(0.05)
+        self.error = RunError
+        benchlib.wait_server_ready(self)
 
     def cpu_seconds(self):
         """utime + stime of the whole process (all threads, live and exited)."""
