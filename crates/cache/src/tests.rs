@@ -178,7 +178,12 @@ fn a_write_the_cache_has_no_room_for_goes_to_the_origin() {
         // Three segments: the cache fills at once.
         let s = Setup::new(mode, 4);
         let c = s.open();
-        let data = crate::tests::pseudo_random(ORIGIN_BYTES as usize, 7);
+        let data = {
+            use rand::{RngCore, SeedableRng};
+            let mut b = vec![0u8; ORIGIN_BYTES as usize];
+            rand::rngs::StdRng::seed_from_u64(7).fill_bytes(&mut b);
+            b
+        };
         for (k, chunk) in data.chunks(256 << 10).enumerate() {
             c.write_at((k as u64) << 18, chunk, false).unwrap();
             c.run_maintenance().unwrap();
@@ -334,17 +339,4 @@ fn regression_a_fua_write_without_room_survives_a_crash() {
     c.close().unwrap();
     origin.read_at(0, &mut got).unwrap();
     assert!(got == second, "written back over by the older copy");
-}
-
-/// Deterministic bytes that do not compress (xorshift).
-pub(crate) fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }

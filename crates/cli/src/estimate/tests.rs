@@ -4,17 +4,12 @@ use super::tally::{Config, Tally, BS};
 use super::*;
 use cvol_engine::codec::Codec;
 
-/// Deterministic incompressible bytes (xorshift).
+/// Deterministic incompressible bytes.
 fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    use rand::{RngCore, SeedableRng};
+    let mut b = vec![0u8; n];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut b);
+    b
 }
 
 /// Text-like bytes: words from a small vocabulary, picked at random.
