@@ -302,6 +302,9 @@ impl Report {
             return rows;
         }
         rows.push(dedup_row(s));
+        if s.dedup.dedup {
+            rows.push(window_row(s));
+        }
         rows.extend(io_rows(s));
         rows.extend(background_rows(s));
         rows
@@ -428,6 +431,34 @@ fn dedup_row(s: &VolumeStats) -> (&'static str, String) {
         } else {
             "off".to_string()
         },
+    )
+}
+
+/// The served dedup window row: what the index can find, the hooks, the
+/// fingerprint tables read for lookups.
+fn window_row(s: &VolumeStats) -> (&'static str, String) {
+    let b = human_bytes;
+    let d = &s.dedup;
+    (
+        "dedup window",
+        format!(
+            "{} by locality, {} in any order; hooks {} of {} (1 in 2^{}, {}{}), {}; \
+             {} read for lookups ({:.4} a lookup), {} cached ({}); found {} recent, {} by hooks",
+            b(d.dedup_window_bytes),
+            b(d.dedup_window_hot_bytes),
+            d.dedup_hook_entries,
+            d.dedup_hook_capacity,
+            d.dedup_hook_sample_bits,
+            b(d.dedup_hook_memory_bytes),
+            if d.dedup_hooks_full { ", full" } else { "" },
+            d.dedup_hook_load,
+            count(d.dedup_table_reads, "table", "tables"),
+            d.dedup_table_reads_per_lookup,
+            count(d.dedup_table_cache_tables, "table", "tables"),
+            b(d.dedup_table_cache_bytes),
+            d.dedup_hits_hot,
+            d.dedup_hits_table,
+        ),
     )
 }
 

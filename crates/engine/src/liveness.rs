@@ -22,7 +22,7 @@ use cvol_format::checkpoint::PageRef;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use fprints::FpBooks;
-pub(crate) use fprints::{read_fp_table, FpSnapshot};
+pub(crate) use fprints::{decode_fp_record, read_fp_table, FpSnapshot};
 pub(crate) use replay::{Replay, ReplaySource};
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -45,8 +45,17 @@ pub(crate) fn read_record(
     }
     let mut b = vec![0u8; len as usize];
     storage.read_at(offset, &mut b).map_err(RecordError::Read)?;
+    verify_record(sb, b)
+}
+
+/// A record's bytes (read, or taken from the log's buffer), checked: its
+/// header and payload crc, this volume's tag, and its whole length.
+pub(crate) fn verify_record(
+    sb: &Superblock,
+    b: Vec<u8>,
+) -> Result<(RecordHeader, Vec<u8>), RecordError> {
     let (h, _) = RecordHeader::decode_verified(&b).map_err(RecordError::Invalid)?;
-    if h.volume_tag != sb.volume_tag() || h.total_len() != len as usize {
+    if h.volume_tag != sb.volume_tag() || h.total_len() != b.len() {
         return Err(RecordError::NotExpected);
     }
     Ok((h, b))

@@ -379,6 +379,7 @@ pub struct CleanerStats {
 /// Deduplication, what each kind of reduction saved, and the read cache
 /// (which also serves dedup verification).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct DedupStats {
     /// Inline deduplication is on for this volume.
     pub dedup: bool,
@@ -410,6 +411,58 @@ pub struct DedupStats {
     /// Blocks the index warm-up read and hashed since open (volumes, or
     /// segments, without fingerprint tables).
     pub dedup_warm_data_blocks: u64,
+    /// Distinct data the index can find again, by locality (a copy of
+    /// old data in about the order it was written): the hot index's
+    /// blocks, or each hook standing for 2^k blocks of its table, at most
+    /// the distinct blocks stored. Single blocks rewritten in random order
+    /// are found only in the hot part (`dedup_window_hot_bytes`).
+    pub dedup_window_bytes: u64,
+    /// Distinct data the exact hot index finds in any order.
+    pub dedup_window_hot_bytes: u64,
+    /// The hook index: sampled fingerprints (1 in 2^k) pointing at the
+    /// fingerprint table that holds their row.
+    pub dedup_hook_entries: u64,
+    pub dedup_hook_capacity: u64,
+    /// k: a block is a hook when the top k bits of its fingerprint are 0.
+    pub dedup_hook_sample_bits: u64,
+    pub dedup_hook_memory_bytes: u64,
+    /// Blocks that missed the hot index and the cached tables and were
+    /// sampled, so the hooks were asked; of which found a table / did not.
+    pub dedup_hook_lookups: u64,
+    pub dedup_hook_hits: u64,
+    pub dedup_hook_misses: u64,
+    /// Hooks whose table no longer held the block (forgotten).
+    pub dedup_hook_stale: u64,
+    /// Hooks pushed out of a full bucket, and raises of k.
+    pub dedup_hook_evictions: u64,
+    pub dedup_hook_sweeps: u64,
+    /// The hook index is at its sparsest and 75% full: new hooks replace
+    /// the least used ones (the window slides); writes never wait.
+    pub dedup_hooks_full: bool,
+    /// "loading" while the persisted fingerprint tables are replayed into
+    /// the hook index after open, then "ready".
+    pub dedup_hook_load: String,
+    pub dedup_hook_replayed_tables: u64,
+    /// Blocks whose candidate came from a cached table / blocks that
+    /// missed the hot index and every cached table.
+    pub dedup_table_cache_hits: u64,
+    pub dedup_table_cache_misses: u64,
+    /// Fingerprint tables loaded for lookups (hook hits and successors),
+    /// of which successors of a table a run of duplicates went through;
+    /// tables that could not be read or decoded.
+    pub dedup_table_reads: u64,
+    pub dedup_table_prefetches: u64,
+    pub dedup_table_read_errors: u64,
+    /// dedup_table_reads / dedup_lookups.
+    pub dedup_table_reads_per_lookup: f64,
+    pub dedup_table_cache_tables: u64,
+    pub dedup_table_cache_bytes: u64,
+    /// dedup_hits of stored records by where the candidate came from.
+    pub dedup_hits_hot: u64,
+    pub dedup_hits_table: u64,
+    /// Candidates whose stored bytes differed, or whose record was no
+    /// longer live at commit: stored as new data.
+    pub dedup_verify_rejects: u64,
     pub read_cache_hits: u64,
     pub read_cache_misses: u64,
     /// hits / (hits + misses), 0 when nothing was read.

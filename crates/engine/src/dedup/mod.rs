@@ -22,6 +22,11 @@
 use cvol_format::MapEntry;
 use std::sync::Arc;
 
+pub mod hooks;
+pub mod tables;
+mod window;
+pub use window::{HookLoad, Index};
+
 pub type Fingerprint = u128;
 
 /// Per-volume fingerprint seed (from the volume uuid).

@@ -108,7 +108,8 @@ impl FpBooks {
     }
 
     /// Block fingerprint `row` was appended (at `row.entry`'s offset).
-    pub(crate) fn note(&mut self, offset: u64, row: FpRow) {
+    /// Returns the table that keeps the row, None when its part is full.
+    pub(crate) fn note(&mut self, offset: u64, row: FpRow) -> Option<usize> {
         let t = self.table_of(offset);
         self.last = Some(t);
         let part = self.parts.entry(t).or_insert_with(|| Part {
@@ -116,10 +117,17 @@ impl FpBooks {
             dirty: 0,
         });
         if part.rows.len() >= FP_TABLE_MAX_ROWS {
-            return; // the first rows are kept: hints
+            return None; // the first rows are kept: hints
         }
         Arc::make_mut(&mut part.rows).push(row);
         self.mark(t, 1);
+        Some(t)
+    }
+
+    /// Part `t`'s rows while memory holds them (the head's part, or one
+    /// not written since it changed).
+    fn rows(&self, t: usize) -> Option<Arc<Vec<FpRow>>> {
+        self.parts.get(&t).map(|p| Arc::clone(&p.rows))
     }
 
     /// Part `t`'s rows as its record has them (open: the head's part,
@@ -218,10 +226,24 @@ impl FpBooks {
 
 impl LiveMap {
     /// A block fingerprint to persist: `row.entry` was just appended.
-    pub(crate) fn fp_note(&mut self, row: FpRow) {
-        if let Some(offset) = data_offset(&row.entry()) {
-            self.fps.note(offset, row);
-        }
+    /// Returns the fingerprint table that keeps the row (None: its part
+    /// keeps no more rows), for the dedup hook index.
+    pub(crate) fn fp_note(&mut self, row: FpRow) -> Option<u32> {
+        let offset = data_offset(&row.entry())?;
+        let t = self.fps.note(offset, row)?;
+        u32::try_from(t).ok()
+    }
+
+    /// Fingerprint table `t`'s rows if memory holds them (see `FpBooks`).
+    pub(crate) fn fp_rows(&self, t: usize) -> Option<Arc<Vec<FpRow>>> {
+        self.fps.rows(t)
+    }
+
+    /// Fingerprint table `t`'s record, if the directory names one.
+    pub(crate) fn fp_table_ref(&self, t: usize) -> Option<PageRef> {
+        (self.is_fp_table(t) && t < self.map.tables())
+            .then(|| self.map.table_ref(t))
+            .flatten()
     }
 
     /// Fingerprint table `t` (the cleaner moves its record) holds `rows`:
@@ -361,6 +383,18 @@ pub(crate) fn read_fp_table(
 ) -> Result<Vec<FpRow>, MetaError> {
     let (h, rec) = crate::logread::read_record(storage, sb, r.offset, r.len)
         .map_err(|e| MetaError::Damaged(e.to_string()))?;
+    decode_fp_record(sb, t, r, &h, &rec)
+}
+
+/// Decodes fingerprint table `t` from its record `r` (header `h`, bytes
+/// `rec`, already checked by `logread::verify_record`).
+pub(crate) fn decode_fp_record(
+    sb: &Superblock,
+    t: usize,
+    r: &PageRef,
+    h: &cvol_format::record::RecordHeader,
+    rec: &[u8],
+) -> Result<Vec<FpRow>, MetaError> {
     let books = FpBooks::new(sb);
     let (s, k) = books
         .part_of(t)

@@ -6,7 +6,7 @@
 //! being cleaned; otherwise it is compressed after all.
 use super::prepare::{DupTarget, Prepared};
 use super::{space, State, Volume, BS};
-use crate::dedup::Fingerprint;
+use crate::dedup::{self, Fingerprint};
 use crate::error::VolError;
 use crate::log::{pack, Shape};
 use crate::records::{full_mask, unit_entry};
@@ -189,12 +189,20 @@ impl Volume {
                 block,
                 target,
             } => {
+                let source = match target {
+                    DupTarget::Record(_, _, source) => Some(source),
+                    DupTarget::Earlier(_) => None,
+                };
                 let Some((target, home)) = self.dup_target(st, target, fp, done)? else {
+                    self.count_verify_reject();
                     return Ok(Some(Orphan { lba, block, fp }));
                 };
                 self.commit_ref(st, lba, target, fp, home)?;
                 done.insert(lba, target);
                 self.counters.dedup_hits.fetch_add(1, Ordering::Relaxed);
+                if let Some(source) = source {
+                    self.count_dup_hit(source);
+                }
             }
         }
         Ok(None)
@@ -236,19 +244,25 @@ impl Volume {
         if indexed.is_empty() {
             return Ok(());
         }
-        // One hold of the index lock per record, its sets prefetched first
-        // so that their cache misses overlap.
+        // The rows first (they say which table keeps each block), then one
+        // hold of the index lock per record, its sets prefetched first so
+        // that their cache misses overlap.
+        let tables: Vec<Option<u32>> = (indexed.iter())
+            .map(|&(fp, e, l)| st.live.fp_note(fp_row(fp, e, l)))
+            .collect();
         if let Some(mut ix) = self.lock_index()? {
             for &(fp, ..) in &indexed {
-                ix.prefetch(fp);
+                ix.hot.prefetch(fp);
             }
-            for &(fp, e, l) in &indexed {
-                ix.insert(fp, e, l);
+            for (&(fp, e, l), &t) in indexed.iter().zip(&tables) {
+                ix.hot.insert(fp, e, l);
+                if let Some(t) = t {
+                    ix.learn_hook(dedup::key(fp), t);
+                }
             }
             drop(ix);
-            for (fp, e, l) in indexed {
+            for (_, e, l) in indexed {
                 done.insert(l, e);
-                st.live.fp_note(fp_row(fp, e, l));
             }
         }
         Ok(())
@@ -266,12 +280,12 @@ impl Volume {
         done: &Committed,
     ) -> Result<Option<(MapEntry, Option<u64>)>, VolError> {
         match target {
-            DupTarget::Record(e, owner) => {
+            DupTarget::Record(e, owner, _) => {
                 if self.referable(st, e, owner)? {
                     return Ok(Some((e, Some(owner))));
                 }
                 if let Some(mut ix) = self.lock_index()? {
-                    ix.forget(fp, &e);
+                    ix.hot.forget(fp, &e);
                 }
                 Ok(None)
             }

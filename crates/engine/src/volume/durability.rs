@@ -594,6 +594,12 @@ impl Volume {
             log.segments.add_warm(&warm);
             live.fp_segments_freed(&freed);
             live.hints_reset(&freed);
+            // Hooks into the freed segments' tables die with them.
+            if let Some(mut ix) = self.lock_index()? {
+                for &s in &freed {
+                    ix.segment_freed(s);
+                }
+            }
             freed
         };
         assert_eq!(freed, empty, "reclaims run one at a time");

@@ -8,7 +8,7 @@ use super::stats::Counters;
 use super::{dedup_memory_default_bytes, read_cache_default_bytes};
 use super::{CreateOptions, Dedup, OpenOptions, State, Volume};
 use crate::codec::Codec;
-use crate::dedup::{self, DedupIndex};
+use crate::dedup::{self, hooks::HookGeometry};
 use crate::error::{OpenError, VolError};
 use crate::liveness::{self, LiveMap};
 use crate::locks::{Level, OrderedMutex, OrderedRwLock};
@@ -254,11 +254,12 @@ impl Volume {
             seed: dedup::volume_seed(&sb.uuid),
             index: OrderedMutex::new(
                 Level::Index,
-                DedupIndex::new(
+                dedup::Index::new(
                     options
                         .dedup_memory_bytes
                         .unwrap_or_else(|| dedup_memory_default_bytes(sb.physical_size_bytes)),
                     max_useful,
+                    hook_geometry(&sb),
                 ),
             ),
         });
@@ -585,5 +586,15 @@ fn resume_fp_part(storage: &dyn Storage, sb: &Superblock, live: &mut LiveMap, he
     match liveness::read_fp_table(storage, sb, t, &r) {
         Ok(rows) => live.fp_resume(t, rows),
         Err(e) => tracing::warn!("fingerprint table {t} unreadable ({e}): its hints are dropped"),
+    }
+}
+
+/// Where the volume's fingerprint tables are numbered, for the hook index.
+fn hook_geometry(sb: &cvol_format::Superblock) -> HookGeometry {
+    let segments = sb.segment_count();
+    HookGeometry {
+        first_table: cvol_format::tables::table_count(segments),
+        parts_per_segment: cvol_format::fprints::fp_parts(sb.segment_size_bytes),
+        segments,
     }
 }

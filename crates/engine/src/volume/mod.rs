@@ -13,6 +13,7 @@
 //! | `discard` | TRIM and WRITE_ZEROES |
 //! | `durability` | flush, checkpoint, the EPOCH record, segment reclaim |
 //! | `space` | every reserve and cost (named, from `cvol-format` constants) and the wait for room |
+//! | `window` | a write's dedup candidates: the hot index, then the fingerprint tables the hook index points at |
 //! | `stats` | the counters not derived from the map, and `stat` |
 //! | `jobs/` | background work sharing one `Worker` handle: cleaner, recompress, warmup, scrub |
 //!
@@ -23,7 +24,7 @@
 //! (rmw -> cleaner -> flush -> state -> index) is in crate::locks, checked in
 //! debug builds.
 use crate::codec::Codec;
-use crate::dedup::DedupIndex;
+use crate::dedup;
 use crate::error::VolError;
 use crate::liveness::LiveMap;
 use crate::locks::{Held, OrderedMutex, OrderedRwLock};
@@ -46,6 +47,7 @@ mod prepare;
 mod read;
 mod space;
 mod stats;
+mod window;
 #[cfg(test)]
 mod tests;
 
@@ -124,7 +126,7 @@ struct Dedup {
     seed: u64,
     /// Hints only, checked against the map at commit. Its own lock (level
     /// `Index`, after `state`), so probes never wait for the log's I/O.
-    index: OrderedMutex<DedupIndex>,
+    index: OrderedMutex<dedup::Index>,
 }
 
 pub struct Volume {
@@ -247,7 +249,7 @@ impl Volume {
     }
 
     /// The dedup index, if this volume has one.
-    fn lock_index(&self) -> Result<Option<Held<MutexGuard<'_, DedupIndex>>>, VolError> {
+    fn lock_index(&self) -> Result<Option<Held<MutexGuard<'_, dedup::Index>>>, VolError> {
         match &self.dedup {
             Some(d) => self.note_poison(d.index.lock()).map(Some),
             None => Ok(None),

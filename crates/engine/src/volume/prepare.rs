@@ -3,6 +3,7 @@
 //! looked up in the index, verified byte for byte against the stored block)
 //! and runs of data merged into units, each compressed with the codec the
 //! policy picks (the compressibility probe sends incompressible data raw).
+use super::window::Source;
 use super::{Volume, Writer, BS};
 use crate::codec::Codec;
 use crate::dedup::{self, Fingerprint};
@@ -12,7 +13,6 @@ use crate::records::{decode_block_record, DecodedUnit};
 use cvol_format::record::UNIT_BLOCKS_MAX;
 use cvol_format::{CodecTag, EntryState, MapEntry};
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -53,8 +53,9 @@ enum Choice {
 
 #[derive(Clone, Copy)]
 pub(in crate::volume) enum DupTarget {
-    /// A stored record (its owner-form entry and header LBA, from the index).
-    Record(MapEntry, u64),
+    /// A stored record (its owner-form entry and header LBA, from the
+    /// index), and which part of the index named it.
+    Record(MapEntry, u64, Source),
     /// The same content as an earlier block of this write (by LBA).
     Earlier(u64),
 }
@@ -162,50 +163,31 @@ impl Volume {
     fn find_duplicates(&self, lba: u64, data: &[u8]) -> Result<Duplicates, VolError> {
         let nblocks = data.len() / BS;
         let block = |i: usize| &data[i * BS..(i + 1) * BS];
-        let mut dups = Duplicates {
-            fps: vec![0; nblocks],
-            targets: vec![None; nblocks],
-        };
         let Some(d) = &self.dedup else {
-            return Ok(dups);
+            return Ok(Duplicates {
+                fps: vec![0; nblocks],
+                targets: vec![None; nblocks],
+            });
         };
-        dups.fps = self.fingerprints(data);
-        let mut candidates = Vec::new();
-        {
-            let mut ix = self.note_poison(d.index.lock())?;
-            for &fp in dups.fps.iter().filter(|&&fp| fp != 0) {
-                ix.prefetch(fp);
-            }
-            let mut first: HashMap<Fingerprint, usize> = HashMap::new();
-            for (i, &fp) in dups.fps.iter().enumerate().filter(|(_, &fp)| fp != 0) {
-                if nblocks > 1 {
-                    match first.get(&fp) {
-                        Some(&i0) if block(i0) == block(i) => {
-                            dups.targets[i] = Some(DupTarget::Earlier(lba + i0 as u64));
-                            continue;
-                        }
-                        Some(_) => continue, // a collision inside one write: store it
-                        None => {
-                            first.insert(fp, i);
-                        }
-                    }
-                }
-                if let Some((e, owner)) = ix.lookup(fp) {
-                    candidates.push((i, e, owner));
-                }
-            }
-        }
-        let lookups = dups.fps.iter().filter(|&&fp| fp != 0).count();
+        let fps = self.fingerprints(data);
+        let mut found = self.window_lookup(d, lba, data, &fps)?;
+        let lookups = fps.iter().filter(|&&fp| fp != 0).count();
         self.counters
             .dedup_lookups
             .fetch_add(lookups as u64, Ordering::Relaxed);
         // Verify outside every lock: the stored block must equal this one.
-        for (i, e, owner) in candidates {
-            if self.stored_block(e).as_deref() == Some(block(i)) {
-                dups.targets[i] = Some(DupTarget::Record(e, owner));
+        for (i, t) in found.targets.iter_mut().enumerate() {
+            if let Some(DupTarget::Record(e, ..)) = *t {
+                if self.stored_block(e).as_deref() != Some(block(i)) {
+                    self.count_verify_reject();
+                    *t = None;
+                }
             }
         }
-        Ok(dups)
+        Ok(Duplicates {
+            fps,
+            targets: found.targets,
+        })
     }
 
     /// How to store a run of blocks: raw if the probe finds it

@@ -3,7 +3,6 @@
 use super::jobs::cleaner::CleanerStats as CleanerCounters;
 use super::jobs::recompress::RecompressReport;
 use super::{space, State, Volume};
-use crate::dedup::DedupIndex;
 use crate::policy::Load;
 use crate::segments::Region;
 use crate::stats::VolumeStats;
@@ -20,6 +19,7 @@ pub(in crate::volume) struct Counters {
     pub(in crate::volume) dedup_hits: AtomicU64,
     pub(in crate::volume) warm_table_fingerprints: AtomicU64,
     pub(in crate::volume) warm_data_blocks: AtomicU64,
+    pub(in crate::volume) window: super::window::WindowCounters,
     pub(in crate::volume) read_cache_hits: AtomicU64,
     pub(in crate::volume) read_cache_misses: AtomicU64,
     pub(in crate::volume) elastic: ElasticCounters,
@@ -268,13 +268,13 @@ impl Volume {
     fn dedup_stats(&self, st: &State) -> DedupStats {
         let (c, shared) = (st.live.counters(), st.live.shared());
         let bs = BLOCK_SIZE_BYTES;
-        let ix = self.dedup.as_ref().map(|d| d.index.lock_for_report());
-        let ix: Option<&DedupIndex> = ix.as_deref();
+        let guard = self.dedup.as_ref().map(|d| d.index.lock_for_report());
+        let ix = guard.as_deref().map(|i| &i.hot);
         let (hits, misses) = (
             get(&self.counters.read_cache_hits),
             get(&self.counters.read_cache_misses),
         );
-        DedupStats {
+        let mut s = DedupStats {
             dedup: self.sb.dedup(),
             dedup_saved_bytes: shared.extra_refs * bs,
             dedup_ratio: ratio_or_one(c.data_blocks * bs, (c.data_blocks - shared.extra_refs) * bs),
@@ -286,14 +286,18 @@ impl Volume {
             dedup_hits: get(&self.counters.dedup_hits),
             dedup_index_entries: ix.map_or(0, |i| i.entries),
             dedup_index_capacity: ix.map_or(0, |i| i.capacity()),
-            dedup_index_memory_bytes: ix.map_or(0, |i| i.memory_bytes()),
+            dedup_index_memory_bytes: guard.as_deref().map_or(0, |i| i.memory_bytes()),
             dedup_shared_table_bytes: shared.memory_bytes(),
             dedup_warm_table_fingerprints: get(&self.counters.warm_table_fingerprints),
             dedup_warm_data_blocks: get(&self.counters.warm_data_blocks),
             read_cache_hits: hits,
             read_cache_misses: misses,
             read_cache_hit_rate: ratio(hits, hits + misses),
-        }
+            ..DedupStats::default()
+        };
+        let distinct = c.data_blocks - shared.extra_refs;
+        self.window_stats(&mut s, guard.as_deref(), distinct);
+        s
     }
 
     fn elastic_stats(&self, st: &State) -> ElasticStats {

@@ -35,7 +35,7 @@ fn a_colliding_fingerprint_is_caught_by_verification() {
     let b_entry = entry(&vol, 1);
     let d = vol.dedup.as_ref().unwrap();
     let fp_a = crate::dedup::fingerprint(d.seed, &a);
-    d.index.lock().unwrap().insert(fp_a, b_entry, 1);
+    d.index.lock().unwrap().hot.insert(fp_a, b_entry, 1);
     vol.write_at(2 * BS as u64, &a, false).unwrap();
     let mut got = vec![0u8; BS];
     vol.read_at(2 * BS as u64, &mut got).unwrap();
@@ -121,7 +121,7 @@ fn stats_serialize_flat_in_field_order() {
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(at("scrub_runs") < at("cache_hits"));
     assert!(at("cache_dirty_bytes") < at("object_store"));
-    assert_eq!(json.as_object().unwrap().len(), 156);
+    assert_eq!(json.as_object().unwrap().len(), 182);
     assert!(at("worst_case_free_logical_bytes") < at("space_pressure"));
     assert!(json["space_pressure"].is_string());
     assert!(json["cache"].is_null(), "not a cache");

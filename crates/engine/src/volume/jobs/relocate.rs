@@ -232,8 +232,10 @@ impl Volume {
             return Ok(());
         }
         if let Some(mut ix) = self.lock_index()? {
-            ix.moved(fp, from, to, owner);
-            st.live.fp_note(fp_row(fp, to, owner));
+            ix.hot.moved(fp, from, to, owner);
+            if let Some(t) = st.live.fp_note(fp_row(fp, to, owner)) {
+                ix.learn_hook(crate::dedup::key(fp), t);
+            }
         }
         Ok(())
     }

@@ -15,7 +15,7 @@
 //!   long roll-forward after a crash), from the data: walking the map in
 //!   LBA order, reading and fingerprinting blocks in batches.
 use super::{Next, Worker};
-use crate::dedup;
+use crate::dedup::{self, HookLoad};
 use crate::liveness::read_fp_table;
 use crate::volume::{Volume, BS};
 use cvol_format::checkpoint::PageRef;
@@ -104,6 +104,9 @@ impl Volume {
         if let Some((t, r)) = w.tables.pop() {
             return self.warm_from_table(t, &r).is_some();
         }
+        if let Ok(Some(mut ix)) = self.lock_index() {
+            ix.load = HookLoad::Ready;
+        }
         match w.data.map(|lba| self.warm_index_batch(lba)) {
             Some(Some(next)) => {
                 w.data = Some(next);
@@ -113,11 +116,11 @@ impl Volume {
         }
     }
 
-    /// Indexes the rows of fingerprint table `t` (record `r`) into free
-    /// slots; None when the index is nearly full (or poisoned). A table
-    /// that cannot be read is skipped: its rows are hints.
+    /// Replays fingerprint table `t` (record `r`): a hook for each sampled
+    /// row, and its rows into the hot index's free slots while it is below
+    /// the fill mark. None when poisoned. A table that cannot be read is
+    /// skipped: its rows are hints.
     fn warm_from_table(&self, t: usize, r: &PageRef) -> Option<()> {
-        self.index_room()?;
         let rows = match read_fp_table(&*self.storage, &self.sb, t, r) {
             Ok(rows) => rows,
             Err(e) => {
@@ -125,29 +128,34 @@ impl Volume {
                 return Some(());
             }
         };
+        let table = u32::try_from(t).ok()?;
         let mut ix = self.lock_index().ok()??;
-        let before = ix.entries;
-        let mut full = false;
+        let hot_room = ix.hot.entries * 10 < ix.hot.capacity() * WARM_FULL_TENTHS;
+        let before = ix.hot.entries;
         for row in &rows {
-            let fp = u128::from(row.fp) << 64;
-            if !ix.learn(fp, row.entry(), u64::from(row.owner)) && ix.entries >= ix.capacity() {
-                full = true;
-                break;
+            if hot_room {
+                let fp = u128::from(row.fp) << 64;
+                ix.hot.learn(fp, row.entry(), u64::from(row.owner));
             }
+            ix.hooks.note(row.fp, table);
         }
         let c = &self.counters.warm_table_fingerprints;
-        c.fetch_add(ix.entries - before, Ordering::Relaxed);
-        (!full).then_some(())
+        c.fetch_add(ix.hot.entries - before, Ordering::Relaxed);
+        self.counters
+            .window
+            .replayed_tables
+            .fetch_add(1, Ordering::Relaxed);
+        Some(())
     }
 
     /// Some while the index is below the warm-up's fill mark.
     fn index_room(&self) -> Option<()> {
         let ix = self.lock_index().ok()??;
-        (ix.entries * 10 < ix.capacity() * WARM_FULL_TENTHS).then_some(())
+        (ix.hot.entries * 10 < ix.hot.capacity() * WARM_FULL_TENTHS).then_some(())
     }
 
     fn index_entries(&self) -> u64 {
-        self.lock_index().ok().flatten().map_or(0, |ix| ix.entries)
+        self.lock_index().ok().flatten().map_or(0, |ix| ix.hot.entries)
     }
 
     /// The map entries of `n` blocks from `first`.
@@ -199,7 +207,9 @@ impl Volume {
             }
             let fp = dedup::fingerprint(seed, b);
             let owner_form = e.as_owner_entry();
-            if !ix.insert_if_room(fp, owner_form, first + i as u64) && ix.entries >= ix.capacity() {
+            if !ix.hot.insert_if_room(fp, owner_form, first + i as u64)
+                && ix.hot.entries >= ix.hot.capacity()
+            {
                 return None;
             }
         }
