@@ -53,8 +53,10 @@ pub struct ServeArgs {
     pub(super) workers: Option<usize>,
     #[command(flatten)]
     pub(super) cleaner: CleanerFlags,
-    /// Memory for the dedup fingerprint index (24 bytes per block
-    /// remembered) [default: 1/64 of the physical size, 1M to 128M]
+    /// Memory for the dedup index: the exact index of recent blocks, the
+    /// sampled hooks into the volume's fingerprint tables (a copy of old
+    /// data is found at any age) and a cache of tables read [default: 1/64
+    /// of the physical size, 1M to 128M]
     #[arg(long)]
     pub(super) dedup_memory: Option<String>,
     /// Memory for the cache of recently read, decompressed blocks (0
