@@ -16,6 +16,7 @@
 //! The assertions on the window's own stat keys are in `NEW-KEY` blocks.
 mod common;
 use common::{close_and_check, BS, MIB};
+use cvol_engine::stats::DedupStats;
 use cvol_engine::{Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
 use cvol_storage::SimStorage;
 use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
@@ -56,11 +57,10 @@ fn write_run(vol: &Volume, lba: u64, seed: u64, first: u64, n: u64, req: u64) {
     }
 }
 
-/// `write_run` in 1 MiB requests; returns the dedup hits it made.
-fn copy_hits(vol: &Volume, lba: u64, seed: u64, first: u64, n: u64) -> u64 {
-    let before = vol.stats().dedup.dedup_hits;
+/// `write_run` in 1 MiB requests; returns the dedup hits since `since`.
+fn copy_hits(vol: &Volume, since: &DedupStats, lba: u64, seed: u64, first: u64, n: u64) -> u64 {
     write_run(vol, lba, seed, first, n, REQ);
-    vol.stats().dedup.dedup_hits - before
+    vol.stats().dedup.dedup_hits - since.dedup_hits
 }
 
 /// The blocks at `lba..lba + n` are blocks `first..first + n` of `seed`.
@@ -126,7 +126,7 @@ fn a_copy_of_data_far_older_than_the_hot_index_is_deduplicated() {
     assert_past_hot_window(&vol, BLOCKS - quarter);
     let stored = vol.stats().stored_bytes;
     let s0 = vol.stats().dedup;
-    let hits = copy_hits(&vol, COPY_LBA, 1, 0, quarter);
+    let hits = copy_hits(&vol, &s0, COPY_LBA, 1, 0, quarter);
     let f = found("old copy, first quarter", hits, quarter);
     assert!(f >= FOUND_MIN, "{hits} of {quarter} found");
     let s = vol.stats();
@@ -147,7 +147,6 @@ fn a_copy_of_data_far_older_than_the_hot_index_is_deduplicated() {
     // assert!(d.dedup_window_bytes >= BLOCKS * BS as u64 * 9 / 10, "{d:?}");
     // assert!(d.dedup_index_memory_bytes <= BUDGET, "{d:?}");
     // NEW-KEY end
-    let _ = s0;
     assert_run(&vol, COPY_LBA, 1, 0, quarter);
     assert_run(&vol, 0, 1, 0, quarter);
     close_and_check(vol, &sim);
@@ -174,7 +173,7 @@ fn after_a_restart_a_copy_of_the_newest_data_is_deduplicated() {
         BLOCKS - quarter >= 2 * s0.dedup_index_capacity,
         "the hot index could hold the rest"
     );
-    let hits = copy_hits(&vol, COPY_LBA, 2, BLOCKS - quarter, quarter);
+    let hits = copy_hits(&vol, &s0, COPY_LBA, 2, BLOCKS - quarter, quarter);
     let f = found("after restart, last quarter", hits, quarter);
     assert!(f >= FOUND_MIN, "{hits} of {quarter} found");
     // NEW-KEY begin
@@ -226,7 +225,8 @@ fn a_copy_of_data_the_cleaner_moved_into_reused_segments_is_deduplicated() {
     vol.clean(u64::MAX, false).unwrap();
     vol.checkpoint().unwrap();
     let cleaned = vol.stats();
-    let moved = cleaned.cleaner.cleaner_records_relocated - before.cleaner.cleaner_records_relocated;
+    let moved =
+        cleaned.cleaner.cleaner_records_relocated - before.cleaner.cleaner_records_relocated;
     assert!(moved > 0, "the cleaner moved nothing");
     assert!(cleaned.cleaner.segments_reclaimed > before.cleaner.segments_reclaimed);
     let newer = 4 * n;
@@ -240,7 +240,7 @@ fn a_copy_of_data_the_cleaner_moved_into_reused_segments_is_deduplicated() {
     );
     assert_past_hot_window(&vol, newer);
     let s0 = s.dedup;
-    let hits = copy_hits(&vol, COPY_LBA, 3, 0, n);
+    let hits = copy_hits(&vol, &s0, COPY_LBA, 3, 0, n);
     let f = found("after cleaning and segment reuse", hits, n);
     assert!(f >= FOUND_MIN, "{hits} of {n} found");
     // NEW-KEY begin
@@ -249,7 +249,6 @@ fn a_copy_of_data_the_cleaner_moved_into_reused_segments_is_deduplicated() {
     // assert!(table as f64 >= FOUND_MIN * n as f64, "{table} from tables");
     // assert!(d.dedup_hook_hits > s0.dedup_hook_hits);
     // NEW-KEY end
-    let _ = s0;
     assert_run(&vol, COPY_LBA, 3, 0, n);
     assert_run(&vol, 0, 3, 0, n);
     assert_run(&vol, 3 * COPY_LBA, 5, 0, newer);
@@ -291,7 +290,7 @@ fn a_copy_of_recompressed_data_is_deduplicated() {
     let quarter = n / 4;
     assert_past_hot_window(&vol, n - quarter);
     let s0 = vol.stats().dedup;
-    let hits = copy_hits(&vol, COPY_LBA, 6, 0, quarter);
+    let hits = copy_hits(&vol, &s0, COPY_LBA, 6, 0, quarter);
     let f = found("after recompression, first quarter", hits, quarter);
     assert!(f >= FOUND_MIN, "{hits} of {quarter} found");
     // NEW-KEY begin
@@ -299,7 +298,6 @@ fn a_copy_of_recompressed_data_is_deduplicated() {
     // let table = d.dedup_hits_table - s0.dedup_hits_table;
     // assert!(table as f64 >= FOUND_MIN * quarter as f64, "{table} from tables");
     // NEW-KEY end
-    let _ = s0;
     assert_run(&vol, COPY_LBA, 6, 0, quarter);
     assert_run(&vol, 0, 6, 0, quarter);
     close_and_check(vol, &sim);
@@ -319,7 +317,7 @@ fn a_full_index_stays_within_its_budget_and_every_read_is_exact() {
     for k in (0..n).step_by(32) {
         write_run(&vol, k, 8, k, 16, 16);
     }
-    copy_hits(&vol, COPY_LBA, 7, 0, 4 * REQ);
+    write_run(&vol, COPY_LBA, 7, 0, 4 * REQ, REQ);
     let d = vol.stats().dedup;
     assert!(d.dedup_index_memory_bytes <= budget, "{d:?}");
     // NEW-KEY begin
