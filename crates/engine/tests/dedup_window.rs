@@ -21,8 +21,8 @@ use cvol_engine::{Codec, CodecPolicy, ElasticConfig, OpenOptions, Volume};
 use cvol_storage::SimStorage;
 use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 
-/// The dedup memory of most tests: the hot index holds about 8 K blocks
-/// (today: all of it; with hooks, a quarter of it).
+/// The dedup memory of most tests: 8 K hot-index slots if the hot index
+/// has all of it, a quarter of that when the hooks and tables share it.
 const BUDGET: u64 = 256 << 10;
 /// Distinct blocks most tests write first (128 MiB): four times what the
 /// hot index holds at `BUDGET` even when it has all of it.
@@ -154,8 +154,8 @@ fn a_copy_of_data_far_older_than_the_hot_index_is_deduplicated() {
 
 #[test]
 fn after_a_restart_a_copy_of_the_newest_data_is_deduplicated() {
-    // Today's warm-up refills the hot index oldest table first; the newest
-    // quarter must be found all the same (through the hooks).
+    // A warm-up that only refills the hot index, oldest table first, leaves
+    // the newest quarter out; it must be found all the same (the hooks).
     let sim = SimStorage::new(128 * MIB);
     let vol = volume(&sim, small(BUDGET));
     write_run(&vol, 0, 2, 0, BLOCKS, REQ);
