@@ -137,16 +137,17 @@ fn a_copy_of_data_far_older_than_the_hot_index_is_deduplicated() {
         grown < stored / 4 / 5,
         "the copy stored {grown} bytes, the original {stored}"
     );
-    // NEW-KEY begin
-    // let d = &s.dedup;
-    // let table = d.dedup_hits_table - s0.dedup_hits_table;
-    // assert!(table as f64 >= FOUND_MIN * quarter as f64, "{table} from tables");
-    // let reads = d.dedup_table_reads - s0.dedup_table_reads;
-    // assert!(reads as f64 <= 0.01 * quarter as f64, "{reads} table reads");
-    // assert!(d.dedup_hook_hits > s0.dedup_hook_hits);
-    // assert!(d.dedup_window_bytes >= BLOCKS * BS as u64 * 9 / 10, "{d:?}");
-    // assert!(d.dedup_index_memory_bytes <= BUDGET, "{d:?}");
-    // NEW-KEY end
+    let d = &s.dedup;
+    let table = d.dedup_hits_table - s0.dedup_hits_table;
+    assert!(
+        table as f64 >= FOUND_MIN * quarter as f64,
+        "{table} from tables"
+    );
+    let reads = d.dedup_table_reads - s0.dedup_table_reads;
+    assert!(reads as f64 <= 0.01 * quarter as f64, "{reads} table reads");
+    assert!(d.dedup_hook_hits > s0.dedup_hook_hits);
+    assert!(d.dedup_window_bytes >= BLOCKS * BS as u64 * 9 / 10, "{d:?}");
+    assert!(d.dedup_index_memory_bytes <= BUDGET, "{d:?}");
     assert_run(&vol, COPY_LBA, 1, 0, quarter);
     assert_run(&vol, 0, 1, 0, quarter);
     close_and_check(vol, &sim);
@@ -165,9 +166,7 @@ fn after_a_restart_a_copy_of_the_newest_data_is_deduplicated() {
     vol.warm_index();
     let s0 = vol.stats().dedup;
     assert_eq!(s0.dedup_warm_data_blocks, 0, "the warm-up read data");
-    // NEW-KEY begin
-    // assert_eq!(s0.dedup_hook_load, "ready", "{s0:?}");
-    // NEW-KEY end
+    assert_eq!(s0.dedup_hook_load, "ready", "{s0:?}");
     let quarter = BLOCKS / 4;
     assert!(
         BLOCKS - quarter >= 2 * s0.dedup_index_capacity,
@@ -176,13 +175,14 @@ fn after_a_restart_a_copy_of_the_newest_data_is_deduplicated() {
     let hits = copy_hits(&vol, &s0, COPY_LBA, 2, BLOCKS - quarter, quarter);
     let f = found("after restart, last quarter", hits, quarter);
     assert!(f >= FOUND_MIN, "{hits} of {quarter} found");
-    // NEW-KEY begin
-    // let d = vol.stats().dedup;
-    // let table = d.dedup_hits_table - s0.dedup_hits_table;
-    // assert!(table as f64 >= FOUND_MIN * quarter as f64, "{table} from tables");
-    // let reads = d.dedup_table_reads - s0.dedup_table_reads;
-    // assert!(reads as f64 <= 0.01 * quarter as f64, "{reads} table reads");
-    // NEW-KEY end
+    let d = vol.stats().dedup;
+    let table = d.dedup_hits_table - s0.dedup_hits_table;
+    assert!(
+        table as f64 >= FOUND_MIN * quarter as f64,
+        "{table} from tables"
+    );
+    let reads = d.dedup_table_reads - s0.dedup_table_reads;
+    assert!(reads as f64 <= 0.01 * quarter as f64, "{reads} table reads");
     assert_run(&vol, COPY_LBA, 2, BLOCKS - quarter, quarter);
     close_and_check(vol, &sim);
 }
@@ -243,12 +243,10 @@ fn a_copy_of_data_the_cleaner_moved_into_reused_segments_is_deduplicated() {
     let hits = copy_hits(&vol, &s0, COPY_LBA, 3, 0, n);
     let f = found("after cleaning and segment reuse", hits, n);
     assert!(f >= FOUND_MIN, "{hits} of {n} found");
-    // NEW-KEY begin
-    // let d = vol.stats().dedup;
-    // let table = d.dedup_hits_table - s0.dedup_hits_table;
-    // assert!(table as f64 >= FOUND_MIN * n as f64, "{table} from tables");
-    // assert!(d.dedup_hook_hits > s0.dedup_hook_hits);
-    // NEW-KEY end
+    let d = vol.stats().dedup;
+    let table = d.dedup_hits_table - s0.dedup_hits_table;
+    assert!(table as f64 >= FOUND_MIN * n as f64, "{table} from tables");
+    assert!(d.dedup_hook_hits > s0.dedup_hook_hits);
     assert_run(&vol, COPY_LBA, 3, 0, n);
     assert_run(&vol, 0, 3, 0, n);
     assert_run(&vol, 3 * COPY_LBA, 5, 0, newer);
@@ -293,11 +291,12 @@ fn a_copy_of_recompressed_data_is_deduplicated() {
     let hits = copy_hits(&vol, &s0, COPY_LBA, 6, 0, quarter);
     let f = found("after recompression, first quarter", hits, quarter);
     assert!(f >= FOUND_MIN, "{hits} of {quarter} found");
-    // NEW-KEY begin
-    // let d = vol.stats().dedup;
-    // let table = d.dedup_hits_table - s0.dedup_hits_table;
-    // assert!(table as f64 >= FOUND_MIN * quarter as f64, "{table} from tables");
-    // NEW-KEY end
+    let d = vol.stats().dedup;
+    let table = d.dedup_hits_table - s0.dedup_hits_table;
+    assert!(
+        table as f64 >= FOUND_MIN * quarter as f64,
+        "{table} from tables"
+    );
     assert_run(&vol, COPY_LBA, 6, 0, quarter);
     assert_run(&vol, 0, 6, 0, quarter);
     close_and_check(vol, &sim);
@@ -320,12 +319,10 @@ fn a_full_index_stays_within_its_budget_and_every_read_is_exact() {
     write_run(&vol, COPY_LBA, 7, 0, 4 * REQ, REQ);
     let d = vol.stats().dedup;
     assert!(d.dedup_index_memory_bytes <= budget, "{d:?}");
-    // NEW-KEY begin
-    // assert!(d.dedup_hooks_full, "{d:?}");
-    // assert!(d.dedup_hook_evictions > 0, "{d:?}");
-    // assert_eq!(d.dedup_hook_sample_bits, 8, "{d:?}");
-    // assert!(d.dedup_index_memory_bytes <= budget, "{d:?}");
-    // NEW-KEY end
+    assert!(d.dedup_hooks_full, "{d:?}");
+    assert!(d.dedup_hook_evictions > 0, "{d:?}");
+    assert_eq!(d.dedup_hook_sample_bits, 8, "{d:?}");
+    assert!(d.dedup_index_memory_bytes <= budget, "{d:?}");
     for k in (0..n).step_by(32) {
         assert_run(&vol, k, 8, k, 16);
         assert_run(&vol, k + 16, 7, k + 16, 16);
@@ -363,13 +360,11 @@ fn scattered_single_blocks_of_old_data_are_found_at_the_sampling_rate() {
     let f = found("random single blocks of old data", hits, picks.len() as u64);
     // k is at most 8: never less than half of 1 in 256.
     assert!(f >= 0.5 / 256.0, "{hits} of {} found", picks.len());
-    // NEW-KEY begin
-    // let d = vol.stats().dedup;
-    // let k = d.dedup_hook_sample_bits;
-    // eprintln!("dedup_window: random singles at k = {k}");
-    // assert!(f >= 0.5 / (1u64 << k) as f64, "{hits} found at k = {k}");
-    // assert!(d.dedup_index_memory_bytes <= BUDGET, "{d:?}");
-    // NEW-KEY end
+    let d = vol.stats().dedup;
+    let k = d.dedup_hook_sample_bits;
+    eprintln!("dedup_window: random singles at k = {k}");
+    assert!(f >= 0.5 / (1u64 << k) as f64, "{hits} found at k = {k}");
+    assert!(d.dedup_index_memory_bytes <= BUDGET, "{d:?}");
     for (j, &i) in picks.iter().enumerate() {
         assert_run(&vol, COPY_LBA + j as u64, 9, i, 1);
     }

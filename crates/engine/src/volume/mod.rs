@@ -47,9 +47,9 @@ mod prepare;
 mod read;
 mod space;
 mod stats;
-mod window;
 #[cfg(test)]
 mod tests;
+mod window;
 
 use crate::dedup::Fingerprint;
 pub use commit::Writer;

@@ -242,7 +242,10 @@ impl Volume {
                 return Some(Arc::from(rows.as_slice()));
             }
             let r = st.live.fp_table_ref(t)?;
-            let buffered = st.log.buffered(r.offset, r.len as usize).map(<[u8]>::to_vec);
+            let buffered = st
+                .log
+                .buffered(r.offset, r.len as usize)
+                .map(<[u8]>::to_vec);
             (r, buffered)
         };
         let rows = match buffered {

@@ -155,7 +155,10 @@ impl Volume {
     }
 
     fn index_entries(&self) -> u64 {
-        self.lock_index().ok().flatten().map_or(0, |ix| ix.hot.entries)
+        self.lock_index()
+            .ok()
+            .flatten()
+            .map_or(0, |ix| ix.hot.entries)
     }
 
     /// The map entries of `n` blocks from `first`.
