@@ -112,7 +112,7 @@ fn freeing_a_segment_kills_exactly_its_hooks() {
     let mut ix = index(n);
     let keys: Vec<u64> = (0..40).map(|i| key_in(100 + i, i % n, n, 0)).collect();
     let home = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             table(3, i as u64 % 4)
         } else {
             table(5, 1)
@@ -124,7 +124,7 @@ fn freeing_a_segment_kills_exactly_its_hooks() {
     ix.segment_freed(3);
     assert_eq!(ix.entries, 40, "no scan on free");
     for (i, &k) in keys.iter().enumerate() {
-        let want = (i % 2 == 1).then(|| table(5, 1));
+        let want = (!i.is_multiple_of(2)).then(|| table(5, 1));
         assert_eq!(ix.lookup(k), want, "key {i}");
     }
     assert_eq!(ix.entries, 20, "the dead ones met by lookups are cleared");
