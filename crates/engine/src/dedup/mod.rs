@@ -22,6 +22,8 @@
 use cvol_format::MapEntry;
 use std::sync::Arc;
 
+pub mod tables;
+
 pub type Fingerprint = u128;
 
 /// Per-volume fingerprint seed (from the volume uuid).
