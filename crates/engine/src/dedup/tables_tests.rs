@@ -174,28 +174,42 @@ fn a_table_larger_than_the_budget_is_not_cached() {
     assert_eq!((zero.tables(), zero.memory_bytes()), (0, 0));
 }
 
-#[test]
-fn budget_holds_over_ten_thousand_tables() {
-    const BUDGET: u64 = 1 << 20;
-    let mut c = TableCache::new(BUDGET);
+/// 10,000 tables of 512 rows through a cache of `budget` bytes, each
+/// followed by a lookup of the table inserted 10 before (among the 20 most
+/// recently used, so always cached); the invariants checked after each call.
+fn ten_thousand_tables(budget: u64) -> TableCache {
+    let mut c = TableCache::new(budget);
     for t in 0..10_000u32 {
-        let base = u64::from(t) * 512 + 1;
-        c.insert(t, run(base, 512));
+        c.insert(t, run(u64::from(t) * 512 + 1, 512));
         check(&c);
-        // The table inserted 10 ago is among the 20 most recently used.
         if t >= 10 {
             let probe = u64::from(t - 10) * 512 + 7;
             assert_eq!(c.lookup(probe).map(|h| (h.table, h.row)), Some((t - 10, 6)));
         }
         check(&c);
     }
+    assert_eq!(c.keys(), c.tables() * 512);
+    c
+}
+
+#[test]
+fn budget_holds_over_ten_thousand_tables() {
     // 512 rows take 12,304 bytes (24 each and 16 of Arc header); the key map
     // settles at 32,768 buckets of 17 bytes (557,072 bytes, room for 28,672
     // keys = 56 tables). What is left holds 39 tables (479,856 bytes).
-    assert_eq!(c.keys.buckets, 32_768);
-    assert_eq!(c.tables(), 39);
-    assert_eq!(c.keys(), 39 * 512);
-    assert!(c.memory_bytes() > BUDGET - 13_000);
+    let c = ten_thousand_tables(1 << 20);
+    assert_eq!((c.keys.buckets, c.tables()), (32_768, 39));
+    assert!(c.memory_bytes() > (1 << 20) - 13_000);
+}
+
+#[test]
+fn budget_holds_with_a_full_key_map() {
+    // At 700,000 bytes 32,768 buckets leave room for 11 tables only, so the
+    // key map stays at 16,384 buckets, full at 28 tables (14,336 keys), and
+    // tombstones force a rebuild now and then instead of a growth.
+    let c = ten_thousand_tables(700_000);
+    assert_eq!((c.keys.buckets, c.tables()), (16_384, 28));
+    assert!(c.rebuilds > 0);
 }
 
 #[test]
