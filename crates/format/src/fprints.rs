@@ -78,9 +78,10 @@ pub const fn fp_table_index(segments: u64, segment_size: u64, segment: u64, part
     tables::table_count(segments) + segment * fp_parts(segment_size) + part
 }
 
-/// Every table index of a volume: liveness tables, then fingerprint tables.
+/// Every table index of a volume: liveness tables, fingerprint tables,
+/// then the hook snapshot's root and chunks (`hooks`).
 pub const fn directory_tables(segments: u64, segment_size: u64) -> u64 {
-    tables::table_count(segments) + segments * fp_parts(segment_size)
+    hooks::hook_root_table(segments, segment_size) + 1 + hooks::HOOK_CHUNKS_MAX
 }
 
 /// One row: a block's fingerprint (its upper 64 bits) and where it was
@@ -288,6 +289,13 @@ mod tests {
         assert_eq!(fp_parts(seg), 8);
         assert_eq!(fp_parts(1 << 20), 2);
         assert_eq!(fp_table_index(10, seg, 0, 0), tables::table_count(10));
-        assert_eq!(fp_table_index(10, seg, 9, 7) + 1, directory_tables(10, seg));
+        assert_eq!(
+            fp_table_index(10, seg, 9, 7) + 1,
+            hooks::hook_root_table(10, seg)
+        );
+        assert_eq!(
+            directory_tables(10, seg),
+            hooks::hook_root_table(10, seg) + 1 + hooks::HOOK_CHUNKS_MAX
+        );
     }
 }

@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod checkpoint;
 pub mod fprints;
+pub mod hooks;
 pub mod mapentry;
 pub mod metadev;
 pub mod pointer;

@@ -11,8 +11,10 @@
 //!             the first open for writing of an older volume); bits 3-7:
 //!             `FLAG_PAGED_MAP`, `FLAG_SEG_TABLES`, `FLAG_FP_TABLES`,
 //!             `FLAG_METADATA_DEVICE`, `FLAG_UNIT_WINDOWS`; bit 8 `FLAG_CACHE`; bits
-//!             9-10 `FLAG_PAGE_PACKING`, `FLAG_PAGE_SORTED` (below); other
-//!             bits 0
+//!             9-10 `FLAG_PAGE_PACKING`, `FLAG_PAGE_SORTED` (below); bit 11
+//!             `FLAG_HOOK_SNAPSHOT`: the map directory has the hook
+//!             snapshot's slots (set at create and at the first open for
+//!             writing of an older volume); other bits 0
 //! 16     16   volume uuid (random)
 //! 32     8    logical_size_bytes   (multiple of 4096)
 //! 40     8    physical_size_bytes  (backing bytes the volume may use)
@@ -94,6 +96,11 @@ pub const FLAG_PAGE_PACKING: u32 = 512;
 /// first (`Packing::PageSorted`). A placement policy only: the log reads
 /// the same either way.
 pub const FLAG_PAGE_SORTED: u32 = 1024;
+/// The map directory has the hook snapshot's slots (`hooks`) after the
+/// fingerprint tables': binaries that predate it refuse the volume instead
+/// of failing on its directory. Set at create and at the first open for
+/// writing of an older volume.
+pub const FLAG_HOOK_SNAPSHOT: u32 = 2048;
 const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_AUTO_CODEC
     | FLAG_RESUME_AT_SNAPSHOT
@@ -104,7 +111,8 @@ const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_UNIT_WINDOWS
     | FLAG_CACHE
     | FLAG_PAGE_PACKING
-    | FLAG_PAGE_SORTED;
+    | FLAG_PAGE_SORTED
+    | FLAG_HOOK_SNAPSHOT;
 
 /// The page records are packed into under `Packing::Page*` (flash's page).
 pub const PACKING_PAGE_BYTES: u64 = 4096;
@@ -465,6 +473,19 @@ mod tests {
         let sb = sample();
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
         assert_eq!(sb.segment_count(), ((1 << 29) - (1 << 20)) / (4 << 20));
+    }
+
+    #[test]
+    fn the_hook_snapshot_flag_is_known_and_the_next_bit_is_not() {
+        let mut sb = sample();
+        sb.flags |= FLAG_HOOK_SNAPSHOT | FLAG_FP_TABLES;
+        assert_eq!(FLAG_HOOK_SNAPSHOT, 1 << 11);
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap().flags, sb.flags);
+        sb.flags |= FLAG_HOOK_SNAPSHOT << 1;
+        assert_eq!(
+            Superblock::decode(&sb.encode()),
+            Err(FormatError::Invalid("unknown superblock flags"))
+        );
     }
 
     #[test]
