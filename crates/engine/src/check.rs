@@ -111,8 +111,9 @@ fn check_tables(sb: &Superblock, recovered: &mut Recovered, rep: &mut CheckRepor
 /// is a note, with what it costs.
 fn check_fp_tables(storage: &dyn Storage, sb: &Superblock, r: &Recovered, rep: &mut CheckReport) {
     let first = cvol_format::tables::table_count(sb.segment_count()) as usize;
+    let end = cvol_format::hooks::hook_root_table(sb.segment_count(), sb.segment_size_bytes);
     let (mut good, mut rows, mut bad) = (0u64, 0u64, Vec::new());
-    for t in first..r.map.tables() {
+    for t in first..r.map.tables().min(end as usize) {
         let Some(pr) = r.map.table_ref(t) else {
             continue;
         };

@@ -443,6 +443,15 @@ pub struct DedupStats {
     /// the hook index after open, then "ready".
     pub dedup_hook_load: String,
     pub dedup_hook_replayed_tables: u64,
+    /// Hooks taken from the persisted hook snapshot at open (entries whose
+    /// table has not changed since it was written).
+    pub dedup_hook_snapshot_entries: u64,
+    /// Snapshots of the hook index written since open, their bytes, and
+    /// those skipped (no room in the log beside the checkpoint reserve, or
+    /// an index too large to persist).
+    pub dedup_hook_snapshots: u64,
+    pub dedup_hook_snapshot_bytes: u64,
+    pub dedup_hook_snapshot_skipped: u64,
     /// Blocks whose candidate came from a cached table / blocks that
     /// missed the hot index and every cached table.
     pub dedup_table_cache_hits: u64,

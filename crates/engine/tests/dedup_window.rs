@@ -370,3 +370,79 @@ fn scattered_single_blocks_of_old_data_are_found_at_the_sampling_rate() {
     }
     close_and_check(vol, &sim);
 }
+
+/// Options of the snapshot tests: a checkpoint every 4 MiB written, and
+/// the hook index persisted every 64 KiB of fingerprint tables (about
+/// 3,500 blocks).
+fn snapshotting(budget: u64) -> OpenOptions {
+    OpenOptions {
+        checkpoint_interval_bytes: 4 * MIB,
+        hook_snapshot_bytes: 64 << 10,
+        ..small(budget)
+    }
+}
+
+/// Writes `BLOCKS` of `seed` in 1 MiB requests with a flush every 4 MiB,
+/// so that snapshots fall due along the way.
+fn write_flushing(vol: &Volume, seed: u64) {
+    for part in (0..BLOCKS).step_by(1024) {
+        write_run(vol, part, seed, part, 1024, REQ);
+        vol.flush().unwrap();
+    }
+}
+
+#[test]
+fn an_open_loads_the_hook_snapshot_and_replays_only_the_newer_tables() {
+    let sim = SimStorage::new(128 * MIB);
+    let vol = volume(&sim, snapshotting(BUDGET));
+    write_flushing(&vol, 3);
+    let written = vol.stats().dedup;
+    assert!(written.dedup_hook_snapshots >= 2, "{written:?}");
+    vol.close().unwrap();
+    drop(vol);
+    let vol = common::open_with(&sim, snapshotting(BUDGET));
+    vol.warm_index();
+    let s0 = vol.stats().dedup;
+    assert_eq!(s0.dedup_hook_load, "ready");
+    assert!(s0.dedup_hook_snapshot_entries > 0, "{s0:?}");
+    // O(changes): the tables written since the last snapshot, not all.
+    let all = vol.fingerprint_tables_named();
+    assert!(
+        s0.dedup_hook_replayed_tables * 2 < all,
+        "replayed {} of {all} tables",
+        s0.dedup_hook_replayed_tables
+    );
+    let quarter = BLOCKS / 4;
+    let hits = copy_hits(&vol, &s0, COPY_LBA, 3, 0, quarter);
+    let f = found(
+        "after restart from a snapshot, first quarter",
+        hits,
+        quarter,
+    );
+    assert!(f >= FOUND_MIN, "{hits} of {quarter} found");
+    assert_run(&vol, COPY_LBA, 3, 0, quarter);
+    close_and_check(vol, &sim);
+}
+
+#[test]
+fn a_snapshot_of_another_size_is_ignored_and_every_table_replayed() {
+    let sim = SimStorage::new(128 * MIB);
+    let vol = volume(&sim, snapshotting(BUDGET));
+    write_flushing(&vol, 4);
+    vol.close().unwrap();
+    drop(vol);
+    // Another --dedup-memory: another bucket count, so the snapshot cannot
+    // be placed; the tables rebuild the index, nothing is lost.
+    let vol = common::open_with(&sim, snapshotting(2 * BUDGET));
+    vol.warm_index();
+    let s0 = vol.stats().dedup;
+    assert_eq!(s0.dedup_hook_snapshot_entries, 0, "{s0:?}");
+    assert_eq!(
+        s0.dedup_hook_replayed_tables,
+        vol.fingerprint_tables_named()
+    );
+    let quarter = BLOCKS / 4;
+    let hits = copy_hits(&vol, &s0, COPY_LBA, 4, 0, quarter);
+    assert!(found("snapshot of another size", hits, quarter) >= FOUND_MIN);
+    close_and_check(vol, &sim);
+}

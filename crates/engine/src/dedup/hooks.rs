@@ -428,6 +428,75 @@ impl HookIndex {
     pub fn memory_bytes(&self) -> u64 {
         self.buckets.len() as u64 * BUCKET_BYTES + self.gens.gens.len() as u64
     }
+
+    /// Buckets in the index (a snapshot is only loaded into an index of
+    /// the same size: a bucket is a function of the key and the count).
+    pub fn bucket_count(&self) -> u64 {
+        self.buckets.len() as u64
+    }
+
+    /// Buckets `first..first + n` in their persisted form: `BUCKET_SLOTS`
+    /// words a bucket, each live entry as `tag << 40 | table` (the absolute
+    /// table index, the generation field zero: generations are memory
+    /// only), 0 for a free or dead slot.
+    pub fn export(&self, first: u64, n: u64) -> Vec<u64> {
+        let end = (first + n).min(self.bucket_count());
+        let mut out = Vec::with_capacity(((end - first.min(end)) as usize) * BUCKET_SLOTS);
+        for b in &self.buckets[first.min(end) as usize..end as usize] {
+            for &e in &b.0 {
+                let live = self.gens.live(e) && tag_sampled(entry_tag(e), self.k);
+                out.push(match live {
+                    true => entry_tag(e) << TAG_SHIFT | u64::from(self.gens.table(e)),
+                    false => 0,
+                });
+            }
+        }
+        out
+    }
+
+    /// Loads buckets from `first` in the form `export` gives, persisted
+    /// with sample bits `k` (the index's `k` is raised to it): an entry
+    /// whose table `accept` takes fills a free slot of its bucket (an
+    /// entry already there, learnt since open, wins), with its segment's
+    /// current generation. Returns the entries taken.
+    pub fn import(
+        &mut self,
+        first: u64,
+        words: &[u64],
+        k: u8,
+        mut accept: impl FnMut(u32) -> bool,
+    ) -> u64 {
+        if k > self.k && k <= MAX_SAMPLE_BITS {
+            self.k = k;
+            self.cursor = 0; // clear what the old k sampled and the new does not
+        }
+        let mut taken = 0;
+        for (j, bucket) in words.chunks(BUCKET_SLOTS).enumerate() {
+            let Some(b) = self.buckets.get_mut(first as usize + j) else {
+                break;
+            };
+            for &w in bucket.iter().filter(|&&w| w != 0) {
+                let (tag, table) = (entry_tag(w), w as u32);
+                let Some(rel) = self.gens.rel(table) else {
+                    continue;
+                };
+                if !tag_sampled(tag, self.k) || b.0.iter().any(|&e| e != 0 && entry_tag(e) == tag) {
+                    continue;
+                }
+                let Some(free) = b.0.iter().position(|&e| e == 0) else {
+                    break;
+                };
+                if !accept(table) {
+                    continue;
+                }
+                let gen = u64::from(self.gens.gen_of_rel(rel));
+                b.0[free] = tag << TAG_SHIFT | gen << GEN_SHIFT | (rel + 1);
+                taken += 1;
+            }
+        }
+        self.entries += taken;
+        taken
+    }
 }
 
 #[cfg(test)]

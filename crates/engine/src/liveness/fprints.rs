@@ -16,6 +16,7 @@ use cvol_format::fprints::{
     fp_parts, fp_table_index, FpRow, FpTable, FP_HEADER_BYTES, FP_PART_BYTES, FP_ROW_BYTES,
     FP_ROW_MAX_BYTES, FP_TABLE_MAX_ROWS,
 };
+use cvol_format::hooks::hook_root_table;
 use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::tables::table_count;
 use cvol_format::Superblock;
@@ -332,10 +333,39 @@ impl LiveMap {
         (uncovered, all)
     }
 
+    /// The directory slot of the hook snapshot's root (its chunks follow).
+    pub(crate) fn hook_root_table(&self) -> usize {
+        hook_root_table(self.fps.segments, self.fps.segment_size) as usize
+    }
+
+    /// Names `r` as hook snapshot record `t` (root or chunk; a hint like
+    /// the fingerprint tables: the next commit names it).
+    pub(crate) fn hook_written(&mut self, t: usize, r: PageRef) {
+        debug_assert!(t >= self.hook_root_table() && t < self.map.tables());
+        self.map_record_born(&r);
+        self.map.set_table_ref(t, Some(r));
+    }
+
+    /// Hook snapshot record `t`, if the directory names one.
+    pub(crate) fn hook_ref(&self, t: usize) -> Option<PageRef> {
+        (t >= self.hook_root_table() && t < self.map.tables())
+            .then(|| self.map.table_ref(t))
+            .flatten()
+    }
+
+    /// Drops hook snapshot record `t` from the directory (the cleaner
+    /// moves it: it is written again from memory).
+    pub(crate) fn hook_unnamed(&mut self, t: usize) {
+        if t >= self.hook_root_table() && t < self.map.tables() {
+            self.map.set_table_ref(t, None);
+        }
+    }
+
     /// The named fingerprint tables: (table, record), oldest record first.
     pub(crate) fn fp_tables(&self) -> Vec<(usize, PageRef)> {
         let first = table_count(self.fps.segments) as usize;
-        let mut v: Vec<(usize, PageRef)> = (first..self.map.tables())
+        let end = self.hook_root_table().min(self.map.tables());
+        let mut v: Vec<(usize, PageRef)> = (first..end)
             .filter_map(|t| Some((t, self.map.table_ref(t)?)))
             .collect();
         v.sort_unstable_by_key(|(_, r)| r.seq);

@@ -105,7 +105,7 @@ impl Volume {
             self.reclaim(&candidates)?;
             let mut st = self.lock_state()?;
             st.synced_seq = st.synced_seq.max(target);
-            self.checkpoint_due(&st) || self.fp_spill_due(&st)
+            self.checkpoint_due(&st) || self.fp_spill_due(&st) || self.hook_snapshot_due()
         };
         if due && !self.jobs.checkpointer.hand_over() {
             self.checkpoint_if_due()?;
@@ -124,11 +124,11 @@ impl Volume {
             (self.checkpoint_due(&st), self.fp_spill_due(&st))
         };
         let done = match (due, spill) {
-            (false, false) => return Ok(()),
+            (false, false) => Ok(()),
             (false, true) => self.spill_fingerprints(),
             (true, _) => self.checkpoint_serialized(Tables::WhenDue, || {}),
         };
-        match done {
+        match done.and_then(|()| self.hook_snapshot_if_due()) {
             Ok(()) | Err(VolError::NoSpace) => Ok(()),
             Err(e) => Err(e),
         }
@@ -489,7 +489,12 @@ impl Volume {
 
     /// Appends table `t`'s MAP_TABLE record (header lba: its directory
     /// slot's, after the map's pages).
-    fn append_table(&self, st: &mut State, t: usize, payload: &[u8]) -> Result<Placed, VolError> {
+    pub(in crate::volume) fn append_table(
+        &self,
+        st: &mut State,
+        t: usize,
+        payload: &[u8],
+    ) -> Result<Placed, VolError> {
         let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
         let lba = (npages + t as u64) * MAP_PAGE_BLOCKS;
         self.append(st, Shape::map_meta(RecordKind::MapTable, lba), payload)
@@ -509,6 +514,8 @@ impl Volume {
                 total += u64::from(placed.len);
             }
         }
+        let c = &self.counters.window.fp_table_bytes;
+        c.fetch_add(total, Ordering::Relaxed);
         Ok(total)
     }
 
@@ -688,7 +695,7 @@ struct CheckpointSnapshot {
     candidates: Vec<u64>,
 }
 
-fn page_ref(p: &Placed) -> PageRef {
+pub(in crate::volume) fn page_ref(p: &Placed) -> PageRef {
     PageRef {
         offset: p.offset,
         len: p.len,

@@ -18,8 +18,8 @@ use crate::recovery::{self, Recovered};
 use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::superblock::{
-    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_FP_TABLES, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT,
-    FLAG_SEG_TABLES, FLAG_UNIT_WINDOWS,
+    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_FP_TABLES, FLAG_HOOK_SNAPSHOT, FLAG_PAGED_MAP,
+    FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES, FLAG_UNIT_WINDOWS,
 };
 use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};
 use cvol_format::{BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES, SECTOR_SIZE_BYTES};
@@ -86,7 +86,8 @@ pub(super) fn new_superblock(c: &CreateOptions) -> Superblock {
             | FLAG_PAGED_MAP
             | FLAG_SEG_TABLES
             | FLAG_FP_TABLES
-            | FLAG_UNIT_WINDOWS,
+            | FLAG_UNIT_WINDOWS
+            | FLAG_HOOK_SNAPSHOT,
         metadata_segments: 0,
     };
     sb.set_packing(c.packing);
@@ -202,7 +203,8 @@ impl Volume {
     /// Marks a volume made before checkpoints resumed at their snapshot
     /// (`FLAG_RESUME_AT_SNAPSHOT`) or wrote a paged map (`FLAG_PAGED_MAP`)
     /// with liveness tables (`FLAG_SEG_TABLES`) and fingerprint tables
-    /// (`FLAG_FP_TABLES`) without a row per unit (`FLAG_UNIT_WINDOWS`)
+    /// (`FLAG_FP_TABLES`) without a row per unit (`FLAG_UNIT_WINDOWS`) or a
+    /// dedup hook snapshot (`FLAG_HOOK_SNAPSHOT`)
     /// before this open writes one, so that older binaries refuse it
     /// rather than misread its commits. Each superblock copy is rewritten
     /// whole (a sector-atomic write each); either copy, old or new, opens
@@ -212,7 +214,8 @@ impl Volume {
             | FLAG_PAGED_MAP
             | FLAG_SEG_TABLES
             | FLAG_FP_TABLES
-            | FLAG_UNIT_WINDOWS;
+            | FLAG_UNIT_WINDOWS
+            | FLAG_HOOK_SNAPSHOT;
         if self.sb.flags & NEW == NEW {
             return Ok(());
         }
@@ -226,7 +229,7 @@ impl Volume {
                 .and_then(|()| self.storage.sync());
             self.guard(r.map_err(VolError::Io))?;
         }
-        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows (format flags 4, 8, 16, 32, 128)");
+        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot (format flags 4, 8, 16, 32, 128, 2048)");
         self.sb = sb;
         Ok(())
     }
@@ -250,18 +253,21 @@ impl Volume {
                     false => 0,
                 });
         let max_useful = sb.physical_size_bytes * DEDUP_INDEX_USEFUL_RATIO / BLOCK_SIZE_BYTES;
-        let dedup = (sb.dedup() && !options.read_only).then(|| Dedup {
-            seed: dedup::volume_seed(&sb.uuid),
-            index: OrderedMutex::new(
-                Level::Index,
-                dedup::Index::new(
-                    options
-                        .dedup_memory_bytes
-                        .unwrap_or_else(|| dedup_memory_default_bytes(sb.physical_size_bytes)),
-                    max_useful,
-                    hook_geometry(&sb),
-                ),
-            ),
+        let dedup = (sb.dedup() && !options.read_only).then(|| {
+            let mut index = dedup::Index::new(
+                options
+                    .dedup_memory_bytes
+                    .unwrap_or_else(|| dedup_memory_default_bytes(sb.physical_size_bytes)),
+                max_useful,
+                hook_geometry(&sb),
+            );
+            if state.live.fp_tables().is_empty() {
+                index.load = dedup::HookLoad::Ready; // nothing to replay
+            }
+            Dedup {
+                seed: dedup::volume_seed(&sb.uuid),
+                index: OrderedMutex::new(Level::Index, index),
+            }
         });
         Volume {
             map_cache_pages: super::options::map_cache_pages(options.map_cache_bytes),

@@ -14,6 +14,7 @@
 //! | `durability` | flush, checkpoint, the EPOCH record, segment reclaim |
 //! | `space` | every reserve and cost (named, from `cvol-format` constants) and the wait for room |
 //! | `window` | a write's dedup candidates: the hot index, then the fingerprint tables the hook index points at |
+//! | `hooksnap` | the hook index persisted: snapshots written, read back at open |
 //! | `stats` | the counters not derived from the map, and `stat` |
 //! | `jobs/` | background work sharing one `Worker` handle: cleaner, recompress, warmup, scrub |
 //!
@@ -39,6 +40,7 @@ use std::sync::{Arc, MutexGuard, RwLockReadGuard, RwLockWriteGuard};
 mod commit;
 mod discard;
 mod durability;
+mod hooksnap;
 mod jobs;
 mod lifecycle;
 pub mod metadev;

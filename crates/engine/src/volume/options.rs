@@ -14,6 +14,10 @@ pub const READ_CACHE_DEFAULT_BYTES: u64 = 32 << 20;
 /// The smallest default of either budget.
 const MEMORY_DEFAULT_MIN_BYTES: u64 = 1 << 20;
 
+/// Fingerprint table bytes between two snapshots of the dedup hook index
+/// (at least): at about 18 bytes a block, one per 3.5 M blocks written.
+pub const HOOK_SNAPSHOT_DEFAULT_BYTES: u64 = 64 << 20;
+
 /// The dedup index a volume gets unless told (`--dedup-memory`): room for
 /// an entry (24 bytes, in power-of-two sets: up to 32) per 4 KiB block the
 /// physical store holds at 2:1
@@ -118,6 +122,11 @@ pub struct OpenOptions {
     /// their tables between checkpoints (`FINGERPRINT_SPILL_DEFAULT_BYTES`;
     /// the simulations make it small).
     pub fingerprint_spill_bytes: u64,
+    /// The dedup hook index is persisted (a snapshot) once this many bytes
+    /// of fingerprint tables were written since the last one, and at least
+    /// twice the last snapshot's bytes (`HOOK_SNAPSHOT_DEFAULT_BYTES`; the
+    /// tests make it small).
+    pub hook_snapshot_bytes: u64,
     pub cleaner: CleanerConfig,
     /// Memory for the dedup fingerprint index (volumes with dedup on);
     /// None: `dedup_memory_default_bytes` of the volume's physical size.
@@ -163,6 +172,7 @@ impl Default for OpenOptions {
             sync_writes: false,
             checkpoint_interval_bytes: CHECKPOINT_INTERVAL_DEFAULT_BYTES,
             fingerprint_spill_bytes: FINGERPRINT_SPILL_DEFAULT_BYTES,
+            hook_snapshot_bytes: HOOK_SNAPSHOT_DEFAULT_BYTES,
             cleaner: CleanerConfig::default(),
             dedup_memory_bytes: None,
             read_cache_bytes: None,

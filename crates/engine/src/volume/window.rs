@@ -51,6 +51,18 @@ pub(in crate::volume) struct WindowCounters {
     pub(in crate::volume) hits_table: AtomicU64,
     pub(in crate::volume) verify_rejects: AtomicU64,
     pub(in crate::volume) replayed_tables: AtomicU64,
+    /// Fingerprint table bytes appended since open, and their count when
+    /// the last hook snapshot began; that snapshot's bytes.
+    pub(in crate::volume) fp_table_bytes: AtomicU64,
+    pub(in crate::volume) snapshot_mark: AtomicU64,
+    pub(in crate::volume) snapshot_last_bytes: AtomicU64,
+    /// The cleaner moved a record of the snapshot (it is written again).
+    pub(in crate::volume) snapshot_moved: std::sync::atomic::AtomicBool,
+    pub(in crate::volume) snapshots: AtomicU64,
+    pub(in crate::volume) snapshot_bytes: AtomicU64,
+    pub(in crate::volume) snapshot_skipped: AtomicU64,
+    /// Hooks taken from the snapshot at open.
+    pub(in crate::volume) snapshot_entries: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -314,6 +326,10 @@ impl Volume {
         s.dedup_hook_misses = get(&c.hook_misses);
         s.dedup_hook_stale = get(&c.hook_stale);
         s.dedup_hook_replayed_tables = get(&c.replayed_tables);
+        s.dedup_hook_snapshot_entries = get(&c.snapshot_entries);
+        s.dedup_hook_snapshots = get(&c.snapshots);
+        s.dedup_hook_snapshot_bytes = get(&c.snapshot_bytes);
+        s.dedup_hook_snapshot_skipped = get(&c.snapshot_skipped);
         s.dedup_table_cache_hits = get(&c.table_cache_hits);
         s.dedup_table_cache_misses = get(&c.table_cache_misses);
         s.dedup_table_reads = get(&c.table_reads);

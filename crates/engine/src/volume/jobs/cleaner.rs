@@ -468,6 +468,13 @@ impl Volume {
                     let t = map.table_of_slot(h.lba / MAP_PAGE_BLOCKS);
                     let named = t.filter(|&t| map.table_ref(t).is_some_and(|r| r.offset == offset));
                     match named {
+                        // A dedup hook snapshot record: unnamed (its hints
+                        // lost), and the snapshot written again from memory.
+                        Some(t) if t >= st.live.hook_root_table() => {
+                            st.live.hook_unnamed(t);
+                            let moved = &self.counters.window.snapshot_moved;
+                            moved.store(true, Ordering::Relaxed);
+                        }
                         Some(t) if st.live.is_fp_table(t) => {
                             let payload = &v.buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
                             self.fp_table_moved(&mut st, t, payload);

@@ -20,6 +20,7 @@ use crate::liveness::read_fp_table;
 use crate::volume::{Volume, BS};
 use cvol_format::checkpoint::PageRef;
 use cvol_format::{EntryState, MapEntry};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,8 +37,13 @@ const UNCOVERED_DIVISOR: u64 = 8;
 
 /// What is left to warm from.
 struct Warmup {
-    /// Fingerprint tables, the newest last (taken from the end).
-    tables: Vec<(usize, PageRef)>,
+    /// Fingerprint tables newer than the hook snapshot (all of them
+    /// without one), replayed into the hook index and the hot index: the
+    /// oldest last (taken from the end).
+    replay: Vec<(usize, PageRef)>,
+    /// Older tables, into the hot index only while it has room: the
+    /// newest last.
+    hot_only: Vec<(usize, PageRef)>,
     /// The LBA the data pass goes on from, if it is needed.
     data: Option<u64>,
 }
@@ -78,34 +84,65 @@ impl Volume {
         self.index_entries() - before
     }
 
-    /// The fingerprint tables to read and whether the data must be read
-    /// too; None without dedup or once poisoned.
+    /// How many fingerprint tables the map directory names (tests, tools).
+    pub fn fingerprint_tables_named(&self) -> u64 {
+        self.lock_state()
+            .map_or(0, |st| st.live.fp_tables().len() as u64)
+    }
+
+    /// Loads the hook snapshot, if one fits, and plans the rest: the
+    /// tables to replay, those for the hot index only, and whether the
+    /// data must be read too; None without dedup or once poisoned.
     fn warm_plan(&self) -> Option<Warmup> {
         self.dedup.as_ref()?;
-        let st = self.lock_state().ok()?;
+        let (tables, uncovered, live) = {
+            let st = self.lock_state().ok()?;
+            let (uncovered, live) = st.live.fp_uncovered_live();
+            (st.live.fp_tables(), uncovered, live)
+        };
+        let buckets = self.lock_index().ok()??.hooks.bucket_count();
+        let since = self.read_hook_snapshot(buckets).map(|snap| {
+            let named: HashMap<u32, u64> = (tables.iter())
+                .filter_map(|(t, r)| Some((u32::try_from(*t).ok()?, r.seq)))
+                .collect();
+            self.import_hook_snapshot(&snap, &named);
+            snap.root.snapshot_seq
+        });
         // Oldest first (popped from the end): a newer row of the same
-        // fingerprint replaces an older one in its slot.
-        let mut tables = st.live.fp_tables();
-        tables.reverse();
-        let (uncovered, live) = st.live.fp_uncovered_live();
+        // fingerprint replaces an older one.
+        let (mut replay, hot_only): (Vec<_>, Vec<_>) =
+            (tables.into_iter()).partition(|(_, r)| since.is_none_or(|s| r.seq > s));
+        replay.reverse();
         let data = (uncovered * UNCOVERED_DIVISOR > live).then_some(0);
         tracing::debug!(
-            tables = tables.len(),
+            replay = replay.len(),
+            hot_only = hot_only.len(),
+            snapshot_seq = since,
             uncovered_bytes = uncovered,
             live_bytes = live,
             "dedup index warm-up"
         );
-        Some(Warmup { tables, data })
+        Some(Warmup {
+            replay,
+            hot_only,
+            data,
+        })
     }
 
     /// One table or one batch of data; false when done (nothing left, the
     /// index nearly full, or the volume poisoned).
     fn warm_step(&self, w: &mut Warmup) -> bool {
-        if let Some((t, r)) = w.tables.pop() {
-            return self.warm_from_table(t, &r).is_some();
+        if let Some((t, r)) = w.replay.pop() {
+            return self.warm_from_table(t, &r, true).is_some();
         }
         if let Ok(Some(mut ix)) = self.lock_index() {
             ix.load = HookLoad::Ready;
+        }
+        if let Some((t, r)) = w.hot_only.pop() {
+            if self.index_room().is_some() {
+                return self.warm_from_table(t, &r, false).is_some();
+            }
+            w.hot_only.clear();
         }
         match w.data.map(|lba| self.warm_index_batch(lba)) {
             Some(Some(next)) => {
@@ -120,7 +157,7 @@ impl Volume {
     /// row, and its rows into the hot index's free slots while it is below
     /// the fill mark. None when poisoned. A table that cannot be read is
     /// skipped: its rows are hints.
-    fn warm_from_table(&self, t: usize, r: &PageRef) -> Option<()> {
+    fn warm_from_table(&self, t: usize, r: &PageRef, hooks: bool) -> Option<()> {
         let rows = match read_fp_table(&*self.storage, &self.sb, t, r) {
             Ok(rows) => rows,
             Err(e) => {
@@ -137,14 +174,16 @@ impl Volume {
                 let fp = u128::from(row.fp) << 64;
                 ix.hot.learn(fp, row.entry(), u64::from(row.owner));
             }
-            ix.hooks.note(row.fp, table);
+            if hooks {
+                ix.hooks.note(row.fp, table);
+            }
         }
         let c = &self.counters.warm_table_fingerprints;
         c.fetch_add(ix.hot.entries - before, Ordering::Relaxed);
-        self.counters
-            .window
-            .replayed_tables
-            .fetch_add(1, Ordering::Relaxed);
+        if hooks {
+            let c = &self.counters.window.replayed_tables;
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         Some(())
     }
 
