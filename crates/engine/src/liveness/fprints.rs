@@ -338,6 +338,18 @@ impl LiveMap {
         hook_root_table(self.fps.segments, self.fps.segment_size) as usize
     }
 
+    /// Directory slots a checkpoint may have to name: the map's allocated
+    /// pages, every liveness and fingerprint table slot, and the hook
+    /// snapshot's slots that name a record (4,097 slots, mostly empty on a
+    /// small volume: counting them all would inflate its checkpoint bound).
+    pub(crate) fn directory_slots_bound(&self) -> u64 {
+        let root = self.hook_root_table().min(self.map.tables());
+        let hooks = (root..self.map.tables())
+            .filter(|&t| self.map.table_ref(t).is_some())
+            .count();
+        (self.map.allocated_pages() + root + hooks) as u64
+    }
+
     /// Names `r` as hook snapshot record `t` (root or chunk; a hint like
     /// the fingerprint tables: the next commit names it).
     pub(crate) fn hook_written(&mut self, t: usize, r: PageRef) {

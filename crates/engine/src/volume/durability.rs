@@ -150,7 +150,7 @@ impl Volume {
             let mut st = self.lock_state()?;
             let (_, fill) = st.log.data_position();
             let head = st.log.segment_base() + fill as u64;
-            let named = (st.live.map().allocated_pages() + st.live.map().tables()) as u64;
+            let named = st.live.directory_slots_bound();
             (st.live.fp_snapshot(head, false), named)
         };
         let fps: Vec<(usize, u64, Vec<u8>)> = snap.iter().map(|f| f.encode()).collect();
@@ -413,7 +413,7 @@ impl Volume {
         bounds.extend(tables.payload_lens());
         let named = {
             let st = self.lock_state()?;
-            (st.live.map().allocated_pages() + st.live.map().tables()) as u64
+            st.live.directory_slots_bound()
         };
         let need = space::checkpoint_append_bytes(&bounds, named, self.sb.segment_size_bytes);
         if self.lock_state()?.log.meta_free_bytes() < need {

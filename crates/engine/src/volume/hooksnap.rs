@@ -129,7 +129,7 @@ impl Volume {
         let lens: Vec<usize> = records.iter().map(|r| r.1.len()).collect();
         let mut st = self.lock_state()?;
         self.check_writable()?;
-        let named = (st.live.map().allocated_pages() + st.live.map().tables()) as u64;
+        let named = st.live.directory_slots_bound();
         let need = super::space::checkpoint_append_bytes(&lens, named, self.sb.segment_size_bytes);
         if st.log.meta_free_bytes() < need {
             return Err(VolError::NoSpace);
