@@ -16,7 +16,7 @@ static EIO_ERRORS: AtomicU64 = AtomicU64::new(0);
 /// 10, then every 1000th (a poisoned volume fails every request; the log
 /// must not flood).
 fn eio_logged(n: u64) -> bool {
-    n < 10 || n % 1000 == 0
+    n < 10 || n.is_multiple_of(1000)
 }
 
 pub(crate) fn to_nbd(e: VolError) -> BackendError {
