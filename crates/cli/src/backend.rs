@@ -2,10 +2,21 @@
 use cvol_cache::CacheVolume;
 use cvol_engine::{VolError, Volume};
 use cvol_nbd::{Backend, BackendError, CommandKind, Extent, WriteZeroesFlags};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub struct VolumeBackend {
     pub volume: Arc<Volume>,
+}
+
+/// How many engine errors became `EIO` since the process started.
+static EIO_ERRORS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the `n`th (0-based) error that became `EIO` is logged: the first
+/// 10, then every 1000th (a poisoned volume fails every request; the log
+/// must not flood).
+fn eio_logged(n: u64) -> bool {
+    n < 10 || n.is_multiple_of(1000)
 }
 
 pub(crate) fn to_nbd(e: VolError) -> BackendError {
@@ -13,9 +24,15 @@ pub(crate) fn to_nbd(e: VolError) -> BackendError {
         VolError::OutOfRange => BackendError::Invalid,
         VolError::ReadOnly => BackendError::ReadOnly,
         VolError::NoSpace => BackendError::NoSpace,
-        VolError::Corrupt { .. } => BackendError::Io,
-        e @ (VolError::Io(_) | VolError::Poisoned | VolError::Open(_) | VolError::Meta(_)) => {
-            tracing::warn!("request failed: {e}");
+        e @ (VolError::Corrupt { .. }
+        | VolError::Io(_)
+        | VolError::Poisoned
+        | VolError::Open(_)
+        | VolError::Meta(_)) => {
+            let n = EIO_ERRORS.fetch_add(1, Ordering::Relaxed);
+            if eio_logged(n) {
+                tracing::warn!("request failed with EIO ({} so far): {e}", n + 1);
+            }
             BackendError::Io
         }
     }
@@ -218,5 +235,18 @@ impl<H: Hook> Backend for Hooked<H> {
     fn cache(&self, offset: u64, length: u64) -> Result<(), BackendError> {
         let c = call(CommandKind::Cache, offset, length, false);
         self.hook.around(c, || self.inner.cache(offset, length))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eio_logged;
+
+    #[test]
+    fn eio_log_is_rate_limited() {
+        let logged: Vec<u64> = (0..3001).filter(|&n| eio_logged(n)).collect();
+        let mut want: Vec<u64> = (0..10).collect();
+        want.extend([1000, 2000, 3000]);
+        assert_eq!(logged, want);
     }
 }

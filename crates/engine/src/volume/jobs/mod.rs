@@ -170,13 +170,23 @@ impl Activity {
             .store(self.now_ms(), Ordering::Relaxed);
     }
 
-    /// Milliseconds since the last client request.
+    /// Milliseconds since the last client request, 0 while one is in
+    /// flight. A request that waits inside the engine (for the cleaner to
+    /// make room, say) is a busy client, however long ago it arrived:
+    /// counted from its arrival alone, 32 writers all waiting for the
+    /// cleaner lock made the volume look idle, background recompression
+    /// started a pass over the whole volume holding that lock, and the
+    /// writers waited the 30 s it took.
     pub(in crate::volume) fn idle_ms(&self) -> u64 {
+        if self.load.inflight() > 0 {
+            return 0;
+        }
         self.now_ms()
             .saturating_sub(self.last_client_io_ms.load(Ordering::Relaxed))
     }
 
-    /// Did a client issue a request in the last `CLIENT_BUSY_MS`?
+    /// Is a client request in flight, or did one arrive in the last
+    /// `CLIENT_BUSY_MS`?
     pub(in crate::volume) fn clients_busy(&self) -> bool {
         self.idle_ms() < CLIENT_BUSY_MS
     }
