@@ -412,6 +412,12 @@ fn an_open_loads_the_hook_snapshot_and_replays_only_the_newer_tables() {
         "replayed {} of {all} tables",
         s0.dedup_hook_replayed_tables
     );
+    eprintln!(
+        "dedup_window: reopen from a snapshot: {} hooks from it, {} of {all} tables replayed",
+        s0.dedup_hook_snapshot_entries, s0.dedup_hook_replayed_tables
+    );
+    // The oldest quarter comes through the snapshot, the newest through
+    // the tables written after it.
     let quarter = BLOCKS / 4;
     let hits = copy_hits(&vol, &s0, COPY_LBA, 3, 0, quarter);
     let f = found(
@@ -420,7 +426,13 @@ fn an_open_loads_the_hook_snapshot_and_replays_only_the_newer_tables() {
         quarter,
     );
     assert!(f >= FOUND_MIN, "{hits} of {quarter} found");
+    let s1 = vol.stats().dedup;
+    let last = BLOCKS - quarter;
+    let hits = copy_hits(&vol, &s1, COPY_LBA + quarter, 3, last, quarter);
+    let f = found("after restart from a snapshot, last quarter", hits, quarter);
+    assert!(f >= FOUND_MIN, "{hits} of {quarter} found");
     assert_run(&vol, COPY_LBA, 3, 0, quarter);
+    assert_run(&vol, COPY_LBA + quarter, 3, last, quarter);
     close_and_check(vol, &sim);
 }
 

@@ -18,11 +18,12 @@ const MEMORY_DEFAULT_MIN_BYTES: u64 = 1 << 20;
 /// (at least): at about 18 bytes a block, one per 3.5 M blocks written.
 pub const HOOK_SNAPSHOT_DEFAULT_BYTES: u64 = 64 << 20;
 
-/// The dedup index a volume gets unless told (`--dedup-memory`): room for
-/// an entry (24 bytes, in power-of-two sets: up to 32) per 4 KiB block the
-/// physical store holds at 2:1
-/// (physical / 64), from 1 MiB up to 128 MiB, so a small volume does not
-/// take (and pre-fault) the index of a large one.
+/// The dedup index a volume gets unless told (`--dedup-memory`): physical
+/// / 64, from 1 MiB up to 128 MiB, so a small volume does not take (and
+/// pre-fault) the index of a large one. It is shared by the exact hot
+/// index (a quarter: 24 bytes per recent block), the hook index (half: 8
+/// bytes per sampled block, covering the whole volume) and the table
+/// cache (`dedup::Index`).
 pub fn dedup_memory_default_bytes(physical_size_bytes: u64) -> u64 {
     (physical_size_bytes / 64).clamp(MEMORY_DEFAULT_MIN_BYTES, DEDUP_MEMORY_DEFAULT_BYTES)
 }

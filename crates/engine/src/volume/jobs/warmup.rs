@@ -1,16 +1,16 @@
-//! Dedup index warm-up after open. The index is memory only: at open it
-//! is empty, and this pass refills it, filling only free slots (what live
-//! writes taught the index wins), pausing while clients are busy like the
-//! background cleaner, and stopping when the index is nearly full:
-//! - first from the fingerprint tables the checkpoints persisted
-//!   (`cvol_format::fprints`), oldest first, a newer row of a fingerprint
-//!   replacing an older one (`DedupIndex::learn`): one read per table of
-//!   up to 7000 fingerprints, no data read, nothing hashed. Oldest first
-//!   also gives a sequentially written volume's blocks their set slots in
-//!   LBA order, as the data pass does: a sequential rewrite then evicts
-//!   blocks it has passed, not the ones it needs next (newest first cost
-//!   5% of the dedup of an 8 GiB rewrite, scripts/bench/dedup-restart);
-//! - then, only when segments without any fingerprint table hold more than
+//! Dedup index warm-up after open. The index is memory only; this pass
+//! refills it in the background (pausing while clients are busy, like the
+//! background cleaner). Lookups meanwhile use what is loaded, never wait.
+//! - The hook index first: its persisted snapshot (`volume/hooksnap.rs`),
+//!   each entry accepted only if its fingerprint table is unchanged since,
+//!   then the fingerprint tables written after the snapshot, oldest first
+//!   (all of them when there is no usable snapshot): a hook for each
+//!   sampled row, newest wins. Their rows also go into free slots of the
+//!   exact hot index. `dedup_hook_load` turns "ready" after this.
+//! - Then the older tables, newest first, into the hot index only, while
+//!   it is below its fill mark: one read per table of up to 7000
+//!   fingerprints, no data read, nothing hashed.
+//! - Then, only when segments without any fingerprint table hold more than
 //!   an eighth of the live bytes (a volume written by an older cvol, or a
 //!   long roll-forward after a crash), from the data: walking the map in
 //!   LBA order, reading and fingerprinting blocks in batches.
