@@ -384,7 +384,7 @@ fn data_store_of(seed: u64) -> u64 {
 /// 4 KiB of hooks (full at a few hundred blocks), the rest for cached
 /// tables; the hook snapshot is due every 4 KiB of fingerprint tables.
 fn window_of(seed: u64) -> bool {
-    (seed / 9) % 3 == 0
+    (seed / 9).is_multiple_of(3)
 }
 
 fn run_seed(seed: u64, cov: &mut Coverage) {

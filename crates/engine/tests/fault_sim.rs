@@ -68,7 +68,7 @@ fn packing_of(seed: u64) -> Packing {
 /// fill, its table cache evicts) with a hook snapshot due every 4 KiB of
 /// fingerprint tables. The named regressions' seeds are not among them.
 fn window_of(seed: u64) -> bool {
-    (seed / 9) % 3 == 0
+    (seed / 9).is_multiple_of(3)
 }
 
 /// The seed's configuration of a volume on `store`: codec policy, dedup,

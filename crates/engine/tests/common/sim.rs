@@ -139,7 +139,7 @@ pub fn content(rng: &mut StdRng, len: usize, kinds: u32, text: fn(u32) -> String
 /// fingerprint tables still know.
 pub fn copy_of(rng: &mut StdRng, cur: &[u8], len: usize) -> Vec<u8> {
     assert!(
-        len % BS == 0 && len <= cur.len(),
+        len.is_multiple_of(BS) && len <= cur.len(),
         "whole blocks of the volume"
     );
     let from = rng.gen_range(0..=(cur.len() - len) / BS) * BS;
