@@ -522,6 +522,21 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     verify(&reopened, &model, seed, 3);
 }
 
+/// The window seeds exercised the dedup window and its persistence.
+fn assert_window_covered(cov: &Coverage, n: u64) {
+    assert!(cov.window_seeds >= n / 4, "too few window seeds");
+    assert!(
+        cov.hits_table > 0,
+        "no duplicate was found through a fingerprint table"
+    );
+    assert!(cov.hook_snapshots > 0, "no hook snapshot was written");
+    assert!(cov.hook_sweeps > 0, "the hooks never filled");
+    assert!(
+        cov.hook_snapshot_entries > 0,
+        "no reopen loaded hooks from a snapshot"
+    );
+}
+
 #[test]
 fn crash_simulation_seeds() {
     let Some((n, cov)) = seeds::run_seeds(
@@ -567,17 +582,7 @@ fn crash_simulation_seeds() {
         cov.hook_sweeps,
         cov.hook_snapshot_entries
     );
-    assert!(cov.window_seeds >= n / 4, "too few window seeds");
-    assert!(
-        cov.hits_table > 0,
-        "no duplicate was found through a fingerprint table"
-    );
-    assert!(cov.hook_snapshots > 0, "no hook snapshot was written");
-    assert!(cov.hook_sweeps > 0, "the hooks never filled");
-    assert!(
-        cov.hook_snapshot_entries > 0,
-        "no reopen loaded hooks from a snapshot"
-    );
+    assert_window_covered(&cov, n);
     assert!(
         cov.units_compacted > 0,
         "the cleaner never compacted a unit"
