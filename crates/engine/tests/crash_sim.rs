@@ -9,6 +9,12 @@
 //! Three crash cycles per seed, so recovery after recovery is covered.
 //! A third of the seeds put the volume's metadata on a separate device
 //! (two simulated stores, each losing its own unsynced writes).
+//! Another third (`window_of`) run the dedup index in a few KiB, so that
+//! its hook index fills and samples ever fewer blocks, its table cache
+//! evicts, and the hook snapshot is persisted every few fingerprint tables:
+//! crashes land before, during and after those snapshots, and the
+//! workload copies earlier blocks elsewhere, which only the fingerprint
+//! tables still know.
 //!
 //! Reproduce one seed: `CVOL_SIM_SEED=123 cargo test -p cvol-engine --test crash_sim -- --nocapture`
 //! More seeds: `CVOL_SIM_SEEDS=5000 cargo test --release -p cvol-engine --test crash_sim`
@@ -68,11 +74,12 @@ fn run_ops(
     rng: &mut StdRng,
     ops: usize,
     time: &mut sim::SimClock,
+    window: bool,
 ) -> usize {
     let sync_rarity = [1, 1, 4, 20][rng.gen_range(0..4)];
     for i in 0..ops {
         time.tick();
-        let (r, effect, fua) = one_op(vol, model, rng, sync_rarity);
+        let (r, effect, fua) = one_op(vol, model, rng, sync_rarity, window);
         match &r {
             // A request refused for space has no effect.
             Err(VolError::NoSpace) => continue,
@@ -103,7 +110,13 @@ enum Durable {
 type OpResult = (Result<Durable, VolError>, Option<(usize, Vec<u8>)>, bool);
 
 /// One random operation: its result, the bytes it writes (if any), and whether it was FUA.
-fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> OpResult {
+fn one_op(
+    vol: &Volume,
+    model: &Model,
+    rng: &mut StdRng,
+    sync_rarity: u32,
+    window: bool,
+) -> OpResult {
     let size = LOGICAL_BLOCKS * BS;
     let none = |r: Result<(), VolError>| r.map(|_| Durable::None);
     let mut roll = rng.gen_range(0..100);
@@ -114,7 +127,12 @@ fn one_op(vol: &Volume, model: &Model, rng: &mut StdRng, sync_rarity: u32) -> Op
         0..=44 => {
             let nb = rng.gen_range(1..=16);
             let off = rng.gen_range(0..=LOGICAL_BLOCKS - nb) * BS;
-            let data = content(rng, nb * BS);
+            // Window seeds copy earlier blocks elsewhere a third of the
+            // time (the others keep their draws).
+            let data = match window && rng.gen_ratio(1, 3) {
+                true => sim::copy_of(rng, &model.cur, nb * BS),
+                false => content(rng, nb * BS),
+            };
             let fua = rng.gen_ratio(1, 10 * sync_rarity);
             (
                 none(vol.write_at(at(off), &data, fua)),
@@ -268,6 +286,15 @@ struct Coverage {
     near_full_seeds: u64,
     units_compacted: u64,
     space_refusals: u64,
+    /// Seeds with the dedup index in a few KiB (`window_of`), their
+    /// duplicates found through a fingerprint table, hook snapshots
+    /// written, raises of the hooks' sampling, and hooks a reopen took
+    /// from a snapshot.
+    window_seeds: u64,
+    hits_table: u64,
+    hook_snapshots: u64,
+    hook_sweeps: u64,
+    hook_snapshot_entries: u64,
 }
 
 impl Coverage {
@@ -291,7 +318,17 @@ impl Coverage {
             near_full_seeds,
             units_compacted,
             space_refusals,
+            window_seeds,
+            hits_table,
+            hook_snapshots,
+            hook_sweeps,
+            hook_snapshot_entries,
         } = o;
+        self.window_seeds += window_seeds;
+        self.hits_table += hits_table;
+        self.hook_snapshots += hook_snapshots;
+        self.hook_sweeps += hook_sweeps;
+        self.hook_snapshot_entries += hook_snapshot_entries;
         self.zero_ahead_bytes += zero_ahead_bytes;
         self.fingerprint_spills += fingerprint_spills;
         self.warm_reuses += warm_reuses;
@@ -342,6 +379,14 @@ fn data_store_of(seed: u64) -> u64 {
     }
 }
 
+/// Seeds 0-8, 27-35, 54-62, ... (every spill setting, metadata device,
+/// packing and base) run the dedup index in 8 KiB: 2 KiB of hot index,
+/// 4 KiB of hooks (full at a few hundred blocks), the rest for cached
+/// tables; the hook snapshot is due every 4 KiB of fingerprint tables.
+fn window_of(seed: u64) -> bool {
+    (seed / 9).is_multiple_of(3)
+}
+
 fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut store = Stores::new(data_store_of(seed), metadata_device_of(seed));
@@ -376,8 +421,15 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         // Three seeds in five have flushes write zeros past the log head,
         // which later records then overwrite: recovery must stop at them.
         zero_ahead_bytes: (seed % 5 < 3).then_some(8 << 10),
+        dedup_memory_bytes: window_of(seed).then_some(8 << 10),
+        hook_snapshot_bytes: match window_of(seed) {
+            true => 4 << 10,
+            false => OpenOptions::default().hook_snapshot_bytes,
+        },
         ..OpenOptions::default()
     };
+    let window = window_of(seed);
+    cov.window_seeds += u64::from(window);
     let mut vol = store.open(options()).expect("open");
     let mut model = Model::new(LOGICAL_BLOCKS);
     for cycle in 0..3 {
@@ -388,7 +440,7 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             io_budget: Some(budget),
             ..Default::default()
         });
-        if run_ops(&vol, &mut model, &mut rng, ops, &mut time) < ops {
+        if run_ops(&vol, &mut model, &mut rng, ops, &mut time, window) < ops {
             cov.cut_mid_run += 1;
         }
         let st = vol.stats();
@@ -402,6 +454,9 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         cov.idle_clean_passes += st.cleaner.idle_clean_passes;
         cov.units_compacted += st.cleaner.cleaner_units_compacted;
         cov.space_refusals += st.cleaner.space_refusals;
+        cov.hits_table += st.dedup.dedup_hits_table;
+        cov.hook_snapshots += st.dedup.dedup_hook_snapshots;
+        cov.hook_sweeps += st.dedup.dedup_hook_sweeps;
         vol.verify_refcounts()
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: before the crash: {e}"));
         let crashed = store.crash(rng.gen());
@@ -436,7 +491,9 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
         // never turn into wrong data.
         if rng.gen_bool(0.5) {
             reopened.warm_index();
-            cov.warm_table_fingerprints += reopened.stats().dedup.dedup_warm_table_fingerprints;
+            let d = reopened.stats().dedup;
+            cov.warm_table_fingerprints += d.dedup_warm_table_fingerprints;
+            cov.hook_snapshot_entries += d.dedup_hook_snapshot_entries;
         }
         model.reset_to(image);
         vol = reopened;
@@ -453,10 +510,31 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     if let Some(why) = reopened.tables_rejected() {
         panic!("seed {seed}: after a clean reopen, the tables were rejected: {why}");
     }
+    // The close persisted the hook index too: a window seed's warm-up
+    // takes it back, and the volume still reads exactly.
+    if window {
+        reopened.warm_index();
+        cov.hook_snapshot_entries += reopened.stats().dedup.dedup_hook_snapshot_entries;
+    }
     reopened
         .verify_refcounts()
         .unwrap_or_else(|e| panic!("seed {seed}: after a clean reopen: {e}"));
     verify(&reopened, &model, seed, 3);
+}
+
+/// The window seeds exercised the dedup window and its persistence.
+fn assert_window_covered(cov: &Coverage, n: u64) {
+    assert!(cov.window_seeds >= n / 4, "too few window seeds");
+    assert!(
+        cov.hits_table > 0,
+        "no duplicate was found through a fingerprint table"
+    );
+    assert!(cov.hook_snapshots > 0, "no hook snapshot was written");
+    assert!(cov.hook_sweeps > 0, "the hooks never filled");
+    assert!(
+        cov.hook_snapshot_entries > 0,
+        "no reopen loaded hooks from a snapshot"
+    );
 }
 
 #[test]
@@ -477,7 +555,9 @@ fn crash_simulation_seeds() {
          {} opens from persisted tables, {} fingerprints warmed from tables, \
          {} seeds with a metadata device, {} fingerprint spills, {} page-packed seeds, \
          {} freed segments written over unpunched, {} bytes of zeros ahead of the head, \
-         {} near-full seeds, {} units compacted by the cleaner, {} writes refused for space",
+         {} near-full seeds, {} units compacted by the cleaner, {} writes refused for space; \
+         {} seeds with a dedup window of 8 KiB: {} duplicates found through fingerprint tables, \
+         {} hook snapshots written, {} raises of the hook sampling, {} hooks loaded from snapshots",
         cov.cut_mid_run,
         cov.blocks_rolled_back,
         cov.blocks_kept_unflushed,
@@ -495,8 +575,14 @@ fn crash_simulation_seeds() {
         cov.zero_ahead_bytes,
         cov.near_full_seeds,
         cov.units_compacted,
-        cov.space_refusals
+        cov.space_refusals,
+        cov.window_seeds,
+        cov.hits_table,
+        cov.hook_snapshots,
+        cov.hook_sweeps,
+        cov.hook_snapshot_entries
     );
+    assert_window_covered(&cov, n);
     assert!(
         cov.units_compacted > 0,
         "the cleaner never compacted a unit"

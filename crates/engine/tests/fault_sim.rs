@@ -23,6 +23,11 @@
 //! at rest hits the data store, and the newest checkpoint's commit on the
 //! metadata device.
 //!
+//! Seeds 0-8, 27-35, ... (`window_of`; none of the named regressions) run
+//! the dedup index in a few KiB and persist its hook snapshot every few
+//! fingerprint tables, copy earlier blocks elsewhere, and warm the index
+//! after every reopen: damage meets the snapshot and the tables it names.
+//!
 //! One seed: `CVOL_FAULT_SEED=N cargo test --release -p cvol-engine --test fault_sim -- --nocapture`
 //! More:     `CVOL_FAULT_SEEDS=2000 cargo test --release -p cvol-engine --test fault_sim`
 mod common;
@@ -59,6 +64,13 @@ fn packing_of(seed: u64) -> Packing {
     }
 }
 
+/// Seeds 0-8, 27-35, 54-62, ... run the dedup index in 8 KiB (its hooks
+/// fill, its table cache evicts) with a hook snapshot due every 4 KiB of
+/// fingerprint tables. The named regressions' seeds are not among them.
+fn window_of(seed: u64) -> bool {
+    (seed / 9).is_multiple_of(3)
+}
+
 /// The seed's configuration of a volume on `store`: codec policy, dedup,
 /// unit size, load level.
 fn setup(rng: &mut StdRng, store: &SimStorage, seed: u64) -> (CreateOptions, OpenOptions) {
@@ -87,6 +99,11 @@ fn setup(rng: &mut StdRng, store: &SimStorage, seed: u64) -> (CreateOptions, Ope
         warm_segments: (seed % 4 < 2).then_some(3),
         // Three seeds in five write zeros past the log head at flushes.
         zero_ahead_bytes: (seed % 5 < 3).then_some(8 << 10),
+        dedup_memory_bytes: window_of(seed).then_some(8 << 10),
+        hook_snapshot_bytes: match window_of(seed) {
+            true => 4 << 10,
+            false => OpenOptions::default().hook_snapshot_bytes,
+        },
         ..OpenOptions::default()
     };
     (create, open)
@@ -103,6 +120,7 @@ fn run_ops(
     rng: &mut StdRng,
     ops: usize,
     time: &mut sim::SimClock,
+    window: bool,
 ) {
     for _ in 0..ops {
         time.tick();
@@ -110,7 +128,12 @@ fn run_ops(
             0..=54 => {
                 let nb = rng.gen_range(1..=16);
                 let off = rng.gen_range(0..=BLOCKS - nb) * BS;
-                let data = content(rng, nb * BS);
+                // Window seeds copy earlier blocks elsewhere a third of
+                // the time (the others keep their draws).
+                let data = match window && rng.gen_ratio(1, 3) {
+                    true => sim::copy_of(rng, &model.cur, nb * BS),
+                    false => content(rng, nb * BS),
+                };
                 // A write refused for space changed nothing: the model
                 // learns only writes that went in (seed 2392 once counted
                 // a refused write as flushed).
@@ -423,6 +446,13 @@ struct Coverage {
     /// (check reported them).
     unseen_by_open: u64,
     metadata_device_seeds: u64,
+    /// Window seeds (`window_of`), their duplicates found through a
+    /// fingerprint table, hook snapshots written, and hooks a reopen took
+    /// from a snapshot.
+    window_seeds: u64,
+    hits_table: u64,
+    hook_snapshots: u64,
+    hook_snapshot_entries: u64,
 }
 
 impl Coverage {
@@ -439,7 +469,15 @@ impl Coverage {
             checkpoint_and_record,
             unseen_by_open,
             metadata_device_seeds,
+            window_seeds,
+            hits_table,
+            hook_snapshots,
+            hook_snapshot_entries,
         } = o;
+        self.window_seeds += window_seeds;
+        self.hits_table += hits_table;
+        self.hook_snapshots += hook_snapshots;
+        self.hook_snapshot_entries += hook_snapshot_entries;
         self.faults += faults;
         self.failed_reads += failed_reads;
         self.repairs += repairs;
@@ -469,9 +507,14 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
     let mut vol = store.open(open.clone()).expect("open");
     let mut model = Model::new(BLOCKS);
     let mut damaged_before = false;
+    let window = window_of(seed);
+    cov.window_seeds += u64::from(window);
     for cycle in 0..3 {
         let ops = rng.gen_range(30..200);
-        run_ops(&vol, &mut model, &mut rng, ops, &mut time);
+        run_ops(&vol, &mut model, &mut rng, ops, &mut time, window);
+        let d = vol.stats().dedup;
+        cov.hits_table += d.dedup_hits_table;
+        cov.hook_snapshots += d.dedup_hook_snapshots;
         vol.verify_refcounts()
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: {e}"));
         // End the cycle with a clean close or a power cut.
@@ -541,6 +584,12 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
                 (v, Some(rep))
             }
         };
+        // Window seeds refill the index as a served volume does, from the
+        // hook snapshot and the tables, damaged or not: hints only.
+        if window {
+            reopened.warm_index();
+            cov.hook_snapshot_entries += reopened.stats().dedup.dedup_hook_snapshot_entries;
+        }
         if let Some(l) = trace_lba() {
             let mut b = vec![0u8; BS];
             let r = reopened.read_at(l as u64 * BS as u64, &mut b);
@@ -632,7 +681,9 @@ fn fault_simulation_seeds() {
          refused (EIO; {} where the block's own record was hit), {} opens refused then repaired \
          ({} blocks listed lost, {} repairs that could not tell), {} times check named damaged \
          blocks; {} cycles where an erased segment start hid flushed records from open and \
-         check reported it; {} seeds with a metadata device",
+         check reported it; {} seeds with a metadata device; {} window seeds: {} duplicates \
+         found through fingerprint tables, {} hook snapshots written, {} hooks loaded from \
+         snapshots",
         cov.faults,
         cov.checkpoint_and_record,
         cov.failed_reads,
@@ -642,7 +693,16 @@ fn fault_simulation_seeds() {
         cov.unknown_losses,
         cov.check_named,
         cov.unseen_by_open,
-        cov.metadata_device_seeds
+        cov.metadata_device_seeds,
+        cov.window_seeds,
+        cov.hits_table,
+        cov.hook_snapshots,
+        cov.hook_snapshot_entries
+    );
+    assert!(cov.window_seeds >= n / 4, "too few window seeds");
+    assert!(
+        cov.hits_table > 0 && cov.hook_snapshots > 0 && cov.hook_snapshot_entries > 0,
+        "the dedup window was not exercised"
     );
     assert!(cov.metadata_device_seeds >= n / 4);
     assert!(

@@ -133,6 +133,19 @@ pub fn content(rng: &mut StdRng, len: usize, kinds: u32, text: fn(u32) -> String
     }
 }
 
+/// `len` bytes (whole blocks) copied from a random place of `cur`, the
+/// blocks a volume holds now: written at another place, they are
+/// duplicates that the dedup index may have forgotten and only the
+/// fingerprint tables still know.
+pub fn copy_of(rng: &mut StdRng, cur: &[u8], len: usize) -> Vec<u8> {
+    assert!(
+        len.is_multiple_of(BS) && len <= cur.len(),
+        "whole blocks of the volume"
+    );
+    let from = rng.gen_range(0..=(cur.len() - len) / BS) * BS;
+    cur[from..from + len].to_vec()
+}
+
 /// The codec policies a seed picks from. (The simulations draw the index
 /// differently, a `usize` or a `u32`: each keeps the seeds it had.)
 pub fn codec_policies() -> [CodecPolicy; 4] {
