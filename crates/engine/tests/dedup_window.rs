@@ -458,3 +458,48 @@ fn a_snapshot_of_another_size_is_ignored_and_every_table_replayed() {
     assert!(found("snapshot of another size", hits, quarter) >= FOUND_MIN);
     close_and_check(vol, &sim);
 }
+
+/// Block `i` of stream `seed`: 160 bytes that do not compress, then zeros:
+/// about 200 bytes stored, so one 512 KiB part's table holds about 2,500
+/// rows (below the 7,000 a table keeps), more than the table cache of a
+/// 256 KiB budget holds.
+fn sparse_block(seed: u64, i: u64) -> Vec<u8> {
+    use rand::RngCore;
+    let mut b = vec![0u8; BS];
+    StdRng::seed_from_u64((seed << 32) | i).fill_bytes(&mut b[..160]);
+    b
+}
+
+#[test]
+fn regression_a_table_larger_than_the_table_cache_is_still_searched() {
+    // Found by the crash simulation with an 8 KiB budget: a hook led to a
+    // table the cache could not hold, the table was read and dropped, and
+    // the hook forgotten as stale; nothing was found.
+    let sim = SimStorage::new(128 * MIB);
+    let vol = volume(&sim, small(BUDGET));
+    let write = |lba: u64, first: u64, n: u64| {
+        for k in (0..n).step_by(REQ as usize) {
+            let len = REQ.min(n - k);
+            let data: Vec<u8> = (first + k..first + k + len)
+                .flat_map(|i| sparse_block(11, i))
+                .collect();
+            vol.write_at((lba + k) * BS as u64, &data, false).unwrap();
+        }
+    };
+    write(0, 0, BLOCKS);
+    vol.flush().unwrap();
+    let quarter = BLOCKS / 4;
+    assert_past_hot_window(&vol, BLOCKS - quarter);
+    let s0 = vol.stats().dedup;
+    write(COPY_LBA, 0, quarter);
+    let s = vol.stats().dedup;
+    let hits = s.dedup_hits - s0.dedup_hits;
+    let f = found("tables larger than the cache", hits, quarter);
+    assert!(f >= FOUND_MIN, "{hits} of {quarter} found: {s:?}");
+    let mut buf = vec![0u8; BS];
+    for i in (0..quarter).step_by(97) {
+        vol.read_at((COPY_LBA + i) * BS as u64, &mut buf).unwrap();
+        assert_eq!(buf, sparse_block(11, i), "block {i}");
+    }
+    close_and_check(vol, &sim);
+}

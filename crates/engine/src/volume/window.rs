@@ -110,6 +110,36 @@ fn from_cache(ix: &mut Index, key: u64) -> Option<DupTarget> {
     Some(DupTarget::Record(entry, owner, Source::Table))
 }
 
+/// A hook whose block no table held (its table gone, damaged, or without
+/// the row) is stale: forgotten, it costs no more reads.
+fn forget_stale(ix: &mut Index, found: &mut Found, fps: &[Fingerprint], c: &WindowCounters) {
+    let mut stale = 0;
+    for &(i, t) in &found.hooked {
+        if found.targets[i].is_none() {
+            ix.hooks.forget(dedup::key(fps[i]), t);
+            stale += 1;
+        }
+    }
+    found.hooked.clear();
+    bump(&c.hook_stale, stale);
+}
+
+/// Phase C over tables too large for the cache: their rows by key.
+fn search_uncached(found: &mut Found, fps: &[Fingerprint], tables: &[Arc<[FpRow]>]) {
+    for rows in tables {
+        let by_key: HashMap<u64, &FpRow> = rows.iter().map(|r| (r.fp, r)).collect();
+        for (i, &fp) in fps.iter().enumerate() {
+            if fp == 0 || found.targets[i].is_some() {
+                continue;
+            }
+            if let Some(r) = by_key.get(&dedup::key(fp)) {
+                let t = DupTarget::Record(r.entry(), u64::from(r.owner), Source::Table);
+                found.targets[i] = Some(t);
+            }
+        }
+    }
+}
+
 impl Volume {
     /// Candidates for the write's non-zero blocks `fps` (phases A-C);
     /// repeats inside the write are matched by bytes.
@@ -134,10 +164,23 @@ impl Volume {
         bump(&c.table_reads, found.wanted.len() as u64);
         bump(&c.table_prefetches, found.prefetches);
         let mut ix = self.note_poison(d.index.lock())?;
+        // A table larger than the whole cache is not cached: this request
+        // still searches it (a small `--dedup-memory` on very compressible
+        // data, whose tables hold thousands of rows).
+        let mut uncached = Vec::new();
         for (t, rows) in loaded {
-            ix.cache.insert(t, rows);
+            ix.cache.insert(t, Arc::clone(&rows));
+            if !ix.cache.contains(t) {
+                uncached.push(rows);
+            }
         }
         self.phase_c(&mut ix, &mut found, fps);
+        if !uncached.is_empty() {
+            drop(ix);
+            search_uncached(&mut found, fps, &uncached);
+            ix = self.note_poison(d.index.lock())?;
+        }
+        forget_stale(&mut ix, &mut found, fps, c);
         Ok(found)
     }
 
@@ -216,7 +259,7 @@ impl Volume {
     }
 
     /// Phase C: blocks still without a candidate, in the tables just
-    /// loaded; a hook whose table lacked its key is forgotten.
+    /// loaded.
     fn phase_c(&self, ix: &mut Index, found: &mut Found, fps: &[Fingerprint]) {
         let mut cache_hits = 0;
         for (i, &fp) in fps.iter().enumerate() {
@@ -228,18 +271,7 @@ impl Volume {
                 cache_hits += 1;
             }
         }
-        // A hook whose block no table held (its table gone, damaged, or
-        // without the row) is stale: forgotten, it costs no more reads.
-        let mut stale = 0;
-        for &(i, t) in &found.hooked {
-            if found.targets[i].is_none() {
-                ix.hooks.forget(dedup::key(fps[i]), t);
-                stale += 1;
-            }
-        }
-        let c = &self.counters.window;
-        bump(&c.table_cache_hits, cache_hits);
-        bump(&c.hook_stale, stale);
+        bump(&self.counters.window.table_cache_hits, cache_hits);
     }
 
     /// Fingerprint table `t`'s rows: from memory (a part not written
