@@ -448,7 +448,7 @@ fn window_row(s: &VolumeStats) -> (&'static str, String) {
             b(d.dedup_window_hot_bytes),
             d.dedup_hook_entries,
             d.dedup_hook_capacity,
-            d.dedup_hook_sample_bits,
+            d.dedup_hook_sample_log2,
             b(d.dedup_hook_memory_bytes),
             if d.dedup_hooks_full { ", full" } else { "" },
             d.dedup_hook_load,

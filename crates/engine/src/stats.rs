@@ -424,7 +424,7 @@ pub struct DedupStats {
     pub dedup_hook_entries: u64,
     pub dedup_hook_capacity: u64,
     /// k: a block is a hook when the top k bits of its fingerprint are 0.
-    pub dedup_hook_sample_bits: u64,
+    pub dedup_hook_sample_log2: u64,
     pub dedup_hook_memory_bytes: u64,
     /// Blocks that missed the hot index and the cached tables and were
     /// sampled, so the hooks were asked; of which found a table / did not.

@@ -321,7 +321,7 @@ fn a_full_index_stays_within_its_budget_and_every_read_is_exact() {
     assert!(d.dedup_index_memory_bytes <= budget, "{d:?}");
     assert!(d.dedup_hooks_full, "{d:?}");
     assert!(d.dedup_hook_evictions > 0, "{d:?}");
-    assert_eq!(d.dedup_hook_sample_bits, 8, "{d:?}");
+    assert_eq!(d.dedup_hook_sample_log2, 8, "{d:?}");
     assert!(d.dedup_index_memory_bytes <= budget, "{d:?}");
     for k in (0..n).step_by(32) {
         assert_run(&vol, k, 8, k, 16);
@@ -361,7 +361,7 @@ fn scattered_single_blocks_of_old_data_are_found_at_the_sampling_rate() {
     // k is at most 8: never less than half of 1 in 256.
     assert!(f >= 0.5 / 256.0, "{hits} of {} found", picks.len());
     let d = vol.stats().dedup;
-    let k = d.dedup_hook_sample_bits;
+    let k = d.dedup_hook_sample_log2;
     eprintln!("dedup_window: random singles at k = {k}");
     assert!(f >= 0.5 / (1u64 << k) as f64, "{hits} found at k = {k}");
     assert!(d.dedup_index_memory_bytes <= BUDGET, "{d:?}");

@@ -344,7 +344,7 @@ impl Volume {
             s.dedup_window_bytes = ix.hot.entries.max(by_hooks).min(distinct) * bs;
             s.dedup_hook_entries = h.entries;
             s.dedup_hook_capacity = h.capacity;
-            s.dedup_hook_sample_bits = u64::from(h.sample_bits);
+            s.dedup_hook_sample_log2 = u64::from(h.sample_bits);
             s.dedup_hook_memory_bytes = h.memory_bytes;
             s.dedup_hook_evictions = h.evictions;
             s.dedup_hook_sweeps = h.sweeps;
