@@ -22,6 +22,8 @@
 //!   verification and repair
 //! - `volume`: the public API, one file per stage, background jobs in
 //!   `volume/jobs`
+//! - `pool`: many volumes in one store (a volume table over the map's
+//!   logical space), served as `VolumeView`s
 // `log` and `map` are internals; public only for the criterion benchmarks.
 #[doc(hidden)]
 pub mod log;
@@ -38,6 +40,7 @@ pub mod error;
 mod liveness;
 mod locks;
 mod logread;
+pub mod pool;
 mod records;
 mod recovery;
 pub mod stats;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// The rooms from the bottom up; `lib.rs` says what each one holds.
 const LAYERS: &[&str] = &[
     "error", "clock", "codec", "policy", "records", "map", "logread", "segments", "dedup", "stats",
-    "liveness", "log", "locks", "recovery", "volume", "check",
+    "liveness", "log", "locks", "recovery", "volume", "check", "pool",
 ];
 
 /// Rooms only tests use.

@@ -13,6 +13,7 @@
 //! 16 KiB   metadata device label copies A and B (only with a metadata
 //!          device, `metadev`)
 //! 24 KiB   cache label copies A and B (only for a cache, `cache`)
+//! 64 KiB   pool table slots 0 and 1 (480 KiB each; pools, `pool`)
 //! 1 MiB    segment 0, segment 1, ...  (fixed size; records packed byte-granular)
 //! ```
 
@@ -23,6 +24,7 @@ pub mod hooks;
 pub mod mapentry;
 pub mod metadev;
 pub mod pointer;
+pub mod pool;
 pub mod record;
 pub mod superblock;
 pub mod tables;

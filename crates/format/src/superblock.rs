@@ -101,6 +101,11 @@ pub const FLAG_PAGE_SORTED: u32 = 1024;
 /// of failing on its directory. Set at create and at the first open for
 /// writing of an older volume.
 pub const FLAG_HOOK_SNAPSHOT: u32 = 2048;
+/// The volume is a pool (`pool`): its logical size is the pool's whole
+/// space, which a volume table in the header area cuts into volumes. Set
+/// at create only: an older binary would serve the pool's space as one
+/// volume.
+pub const FLAG_POOL: u32 = 4096;
 const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_AUTO_CODEC
     | FLAG_RESUME_AT_SNAPSHOT
@@ -112,7 +117,8 @@ const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_CACHE
     | FLAG_PAGE_PACKING
     | FLAG_PAGE_SORTED
-    | FLAG_HOOK_SNAPSHOT;
+    | FLAG_HOOK_SNAPSHOT
+    | FLAG_POOL;
 
 /// The page records are packed into under `Packing::Page*` (flash's page).
 pub const PACKING_PAGE_BYTES: u64 = 4096;
@@ -204,6 +210,11 @@ impl Superblock {
     /// Is this volume a cache in front of an origin (`cache`)?
     pub fn is_cache(&self) -> bool {
         self.flags & FLAG_CACHE != 0
+    }
+
+    /// Whether this is a pool of volumes (`FLAG_POOL`).
+    pub fn is_pool(&self) -> bool {
+        self.flags & FLAG_POOL != 0
     }
 
     /// How the records of this volume are packed.

@@ -51,6 +51,7 @@ mod space;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod usage;
 mod window;
 
 use crate::dedup::Fingerprint;
@@ -68,6 +69,7 @@ pub use options::{
     OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, MAP_CACHE_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
 };
 pub use read::Extent;
+pub use usage::{RangeUsage, UsageBytes};
 
 /// What `stat` asks the cache layer above a volume for (`cvol_cache`).
 pub type CacheStatsHook = Box<dyn Fn() -> crate::stats::CacheStats + Send + Sync>;

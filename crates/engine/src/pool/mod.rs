@@ -1,0 +1,306 @@
+//! Pools: many volumes in one store (`cvol_format::pool` has the layout).
+//! The engine's `Volume` is the pool's store: one log, one map over the
+//! pool's 16 TiB logical space, one cleaner and dedup index; a
+//! `VolumeView` is one volume of it, a list of 1 GiB extents of that
+//! space. A block two volumes hold is stored once.
+//!
+//! Operations (create, delete, resize) run one at a time, and each takes
+//! effect when its new volume table is written and synced (two alternating
+//! slots): a crash before leaves the old table, after the new one. Blocks
+//! of extents a delete or shrink frees are unmapped after the table is
+//! written (they are *pending* in it until then); extents a create or grow
+//! takes are unmapped, durably, before it is written; so no volume ever
+//! sees another's blocks, whatever the crash.
+use crate::error::VolError;
+use crate::volume::{CreateOptions, Volume};
+use cvol_format::pool::{
+    extents_for, PoolTable, PoolVolume, DEFAULT_VOLUME, EXTENT_BLOCKS, EXTENT_BYTES,
+    POOL_HEADER_BYTES, POOL_SLOT_BYTES, POOL_SLOT_OFFSETS,
+};
+use cvol_format::{BLOCK_SIZE_BYTES, LOGICAL_SIZE_MAX_BYTES};
+use cvol_storage::Storage;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+mod error;
+mod view;
+
+pub use error::PoolError;
+pub use view::{OpenGuard, VolumeView};
+
+/// Most volumes a pool holds (the table then still fits its slot).
+pub const POOL_VOLUMES_MAX: usize = 4096;
+
+/// Where a volume lies in the pool's space, and whether it is gone.
+pub struct Layout {
+    size_bytes: u64,
+    extents: Vec<u32>,
+    deleted: bool,
+}
+
+/// A volume as `Pool::volumes` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub id: u64,
+    pub size_bytes: u64,
+    pub created_unix_secs: u64,
+    /// Clients that have it open now.
+    pub clients: usize,
+}
+
+/// What one volume holds (`Pool::usage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeUsage {
+    pub size_bytes: u64,
+    /// Blocks holding data, in bytes.
+    pub mapped_bytes: u64,
+    /// Blocks written as zeros, in bytes.
+    pub zero_bytes: u64,
+    /// Stored bytes only this volume references: what deleting it frees.
+    pub unique_bytes: u64,
+    /// Stored bytes it references that other blocks (of it or of other
+    /// volumes) reference too.
+    pub shared_bytes: u64,
+}
+
+pub struct Pool {
+    vol: Arc<Volume>,
+    legacy: bool,
+    /// The current table; held for a whole operation.
+    table: Mutex<PoolTable>,
+    views: Mutex<BTreeMap<String, Arc<VolumeView>>>,
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Reads the newest valid table of the volume `uuid`.
+fn read_table(storage: &dyn Storage, uuid: &[u8; 16]) -> Result<PoolTable, PoolError> {
+    let mut best: Option<PoolTable> = None;
+    let mut why = Vec::new();
+    for (i, &off) in POOL_SLOT_OFFSETS.iter().enumerate() {
+        let mut head = vec![0u8; POOL_HEADER_BYTES];
+        storage.read_at(off, &mut head)?;
+        let t = PoolTable::payload_len(&head, uuid).and_then(|n| {
+            let mut b = vec![0u8; POOL_HEADER_BYTES + n];
+            storage
+                .read_at(off, &mut b)
+                .map_err(|_| cvol_format::FormatError::Invalid("pool table slot unreadable"))?;
+            PoolTable::decode(&b, uuid)
+        });
+        match t {
+            Ok(t) if t.slot() == i && best.as_ref().is_none_or(|b| b.generation < t.generation) => {
+                best = Some(t)
+            }
+            Ok(_) => why.push(format!("slot {i}: generation in the wrong slot")),
+            Err(e) => why.push(format!("slot {i}: {e}")),
+        }
+    }
+    best.ok_or_else(|| PoolError::Table(why.join("; ")))
+}
+
+/// Writes `t` to its slot and syncs.
+fn write_table(storage: &dyn Storage, t: &PoolTable) -> Result<(), PoolError> {
+    let b = t.encode();
+    assert!(b.len() as u64 <= POOL_SLOT_BYTES, "table checked to fit");
+    storage.write_at(POOL_SLOT_OFFSETS[t.slot()], &b)?;
+    storage.sync()?;
+    Ok(())
+}
+
+fn view_of(vol: &Arc<Volume>, v: &PoolVolume) -> Arc<VolumeView> {
+    Arc::new(VolumeView {
+        vol: vol.clone(),
+        name: v.name.clone(),
+        layout: std::sync::RwLock::new(Layout {
+            size_bytes: v.size_bytes,
+            extents: v.extents.clone(),
+            deleted: false,
+        }),
+        opens: Default::default(),
+    })
+}
+
+impl Pool {
+    /// Formats `storage` as a new pool whose one volume, `default`, has
+    /// `c.logical_size_bytes`, and opens it.
+    pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Pool, PoolError> {
+        check_size(c.logical_size_bytes)?;
+        let sb = Volume::pool_superblock(c);
+        // The table first: a pool whose superblock exists has its table.
+        let t = PoolTable::new(sb.uuid, c.logical_size_bytes, now_secs());
+        write_table(&*storage, &t)?;
+        let vol = Volume::create_with_superblock(storage, sb)?;
+        Pool::attach(Arc::new(vol))
+    }
+
+    /// The pool of an open volume: its table (a volume made before pools
+    /// is a pool of one volume, `default`, that cannot change). Opened
+    /// for writing, finishes the unmapping a delete or shrink left.
+    pub fn attach(vol: Arc<Volume>) -> Result<Pool, PoolError> {
+        let sb = vol.superblock().clone();
+        let (legacy, table) = if sb.is_pool() {
+            (false, read_table(&**vol.storage(), &sb.uuid)?)
+        } else {
+            let size = sb.logical_size_bytes;
+            let mut t = PoolTable::new(sb.uuid, size, sb.created_unix_secs);
+            t.volumes[0].extents = (0..extents_for(size) as u32).collect();
+            (true, t)
+        };
+        let views = table
+            .volumes
+            .iter()
+            .map(|v| (v.name.clone(), view_of(&vol, v)))
+            .collect();
+        let pool = Pool {
+            vol,
+            legacy,
+            table: Mutex::new(table),
+            views: Mutex::new(views),
+        };
+        if !pool.vol.read_only() && !legacy {
+            let mut t = pool.lock_table()?;
+            pool.settle_pending(&mut t)?;
+        }
+        Ok(pool)
+    }
+
+    /// The store underneath.
+    pub fn engine(&self) -> &Arc<Volume> {
+        &self.vol
+    }
+
+    /// Whether the file predates pools (one volume, no changes).
+    pub fn is_legacy(&self) -> bool {
+        self.legacy
+    }
+
+    fn lock_table(&self) -> Result<MutexGuard<'_, PoolTable>, PoolError> {
+        self.table
+            .lock()
+            .map_err(|_| PoolError::Vol(VolError::Poisoned))
+    }
+
+    fn views(&self) -> MutexGuard<'_, BTreeMap<String, Arc<VolumeView>>> {
+        self.views.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every volume, by name.
+    pub fn volumes(&self) -> Vec<VolumeInfo> {
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let views = self.views();
+        let mut out: Vec<_> = t
+            .volumes
+            .iter()
+            .map(|v| VolumeInfo {
+                name: v.name.clone(),
+                id: v.id,
+                size_bytes: v.size_bytes,
+                created_unix_secs: v.created_unix_secs,
+                clients: views.get(&v.name).map_or(0, |w| w.clients()),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// The sum of the volumes' sizes.
+    pub fn logical_bytes(&self) -> u64 {
+        self.volumes().iter().map(|v| v.size_bytes).sum()
+    }
+
+    /// The volume named `name` ("" names `default`).
+    pub fn volume(&self, name: &str) -> Option<Arc<VolumeView>> {
+        let name = if name.is_empty() {
+            DEFAULT_VOLUME
+        } else {
+            name
+        };
+        self.views().get(name).cloned()
+    }
+
+    fn not_found(&self, name: &str) -> PoolError {
+        PoolError::NotFound {
+            name: name.into(),
+            known: self.views().keys().cloned().collect(),
+        }
+    }
+
+    fn check_changeable(&self) -> Result<(), PoolError> {
+        if self.legacy {
+            Err(PoolError::Legacy)
+        } else if self.vol.read_only() {
+            Err(PoolError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Writes `next` (one generation up) and makes it the table.
+    fn commit(&self, t: &mut PoolTable, mut next: PoolTable) -> Result<(), PoolError> {
+        next.generation = t.generation + 1;
+        next.validate()
+            .map_err(|e| PoolError::Table(e.to_string()))?;
+        if !next.fits() {
+            return Err(PoolError::TooManyVolumes);
+        }
+        write_table(&**self.vol.storage(), &next)?;
+        *t = next;
+        Ok(())
+    }
+
+    /// Unmaps blocks [first, end) of the pool's map, an extent at a time.
+    fn unmap(&self, first: u64, end: u64) -> Result<(), PoolError> {
+        let mut at = first;
+        while at < end {
+            let n = (end - at).min(EXTENT_BLOCKS - at % EXTENT_BLOCKS);
+            self.vol
+                .trim(at * BLOCK_SIZE_BYTES, n * BLOCK_SIZE_BYTES, false)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn unmap_extents(&self, extents: &[u32]) -> Result<(), PoolError> {
+        for &e in extents {
+            let first = u64::from(e) * EXTENT_BLOCKS;
+            self.unmap(first, first + EXTENT_BLOCKS)?;
+        }
+        Ok(())
+    }
+
+    /// Unmaps the pending extents, durably, then drops them from the table.
+    fn settle_pending(&self, t: &mut PoolTable) -> Result<(), PoolError> {
+        if t.pending.is_empty() {
+            return Ok(());
+        }
+        self.unmap_extents(&t.pending.clone())?;
+        self.vol.flush()?;
+        let mut next = t.clone();
+        next.pending.clear();
+        self.commit(t, next)
+    }
+}
+
+fn check_size(size_bytes: u64) -> Result<(), PoolError> {
+    if size_bytes == 0
+        || !size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
+        || size_bytes > LOGICAL_SIZE_MAX_BYTES
+    {
+        return Err(PoolError::BadSize { size_bytes });
+    }
+    Ok(())
+}
+
+mod ops;
+#[cfg(test)]
+mod tests;
+
+/// Bytes of the pool's space still free for volumes.
+fn free_bytes(t: &PoolTable) -> u64 {
+    t.free_extents().len() as u64 * EXTENT_BYTES
+}

@@ -1,0 +1,179 @@
+use super::*;
+use crate::Codec;
+use cvol_format::pool::EXTENT_BYTES;
+use cvol_storage::SimStorage;
+
+const BS: usize = 4096;
+
+fn options(sim: &SimStorage, size: u64) -> CreateOptions {
+    CreateOptions::new(size, sim.len_bytes())
+        .with_codec(Codec::Lz4)
+        .with_segment_size(1 << 20)
+}
+
+fn pool(sim: &SimStorage) -> Pool {
+    Pool::create(Arc::new(sim.clone()), &options(sim, 8 << 20)).unwrap()
+}
+
+fn reopen(sim: &SimStorage) -> Pool {
+    let vol = Volume::open(Arc::new(sim.clone()), crate::OpenOptions::default()).unwrap();
+    Pool::attach(Arc::new(vol)).unwrap()
+}
+
+fn block(tag: u64) -> Vec<u8> {
+    format!("block {tag} ").bytes().cycle().take(BS).collect()
+}
+
+fn read(v: &VolumeView, offset: u64) -> Vec<u8> {
+    let mut b = vec![0u8; BS];
+    v.read_at(offset, &mut b).unwrap();
+    b
+}
+
+#[test]
+fn a_new_pool_has_one_volume_default_served_under_the_empty_name_too() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    let names: Vec<_> = p
+        .volumes()
+        .into_iter()
+        .map(|v| (v.name, v.size_bytes))
+        .collect();
+    assert_eq!(names, vec![("default".to_string(), 8 << 20)]);
+    assert_eq!(p.volume("").unwrap().name(), "default");
+    assert!(!p.is_legacy());
+    assert!(p.engine().superblock().is_pool());
+    assert_eq!(p.volume("default").unwrap().size_bytes(), 8 << 20);
+}
+
+#[test]
+fn volumes_are_isolated_and_share_their_blocks() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    p.create_volume("b", 4 << 20).unwrap();
+    let (a, b) = (p.volume("default").unwrap(), p.volume("b").unwrap());
+    for i in 0..64u64 {
+        a.write_at(i * BS as u64, &block(i), false).unwrap();
+        b.write_at(i * BS as u64, &block(i), false).unwrap();
+    }
+    b.write_at(0, &block(1000), false).unwrap();
+    a.flush().unwrap();
+    assert_eq!(read(&a, 0), block(0));
+    assert_eq!(read(&b, 0), block(1000));
+    assert_eq!(read(&b, 5 * BS as u64), block(5));
+    assert!(matches!(
+        b.read_at(4 << 20, &mut [0u8; BS]),
+        Err(VolError::OutOfRange)
+    ));
+    // 63 blocks of b are a's blocks, stored once.
+    let (ua, ub) = (p.usage("default").unwrap(), p.usage("b").unwrap());
+    assert_eq!(ua.mapped_bytes, 64 * BS as u64);
+    assert_eq!(ub.mapped_bytes, 64 * BS as u64);
+    assert!(
+        ub.shared_bytes > 0 && ua.shared_bytes == ub.shared_bytes,
+        "{ua:?} {ub:?}"
+    );
+    assert!(
+        ua.unique_bytes > 0 && ub.unique_bytes > 0,
+        "block 0 of each is its own"
+    );
+    assert!(ub.unique_bytes < ub.shared_bytes / 10, "{ub:?}");
+}
+
+#[test]
+fn a_deleted_volume_blocks_never_reach_a_new_one() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    p.create_volume("old", 4 << 20).unwrap();
+    let old = p.volume("old").unwrap();
+    for i in 0..32u64 {
+        old.write_at(i * BS as u64, &block(i), false).unwrap();
+    }
+    old.flush().unwrap();
+    let guard = old.open_guard();
+    let busy = p.delete_volume("old", false).unwrap_err();
+    assert!(busy.to_string().contains("open by 1 client"), "{busy}");
+    p.delete_volume("old", true).unwrap();
+    assert!(
+        old.read_at(0, &mut [0u8; BS]).is_err(),
+        "a deleted volume serves nothing"
+    );
+    drop(guard);
+    assert!(p.volume("old").is_none());
+    p.create_volume("new", 4 << 20).unwrap();
+    let new = p.volume("new").unwrap();
+    for i in 0..32u64 {
+        assert_eq!(read(&new, i * BS as u64), vec![0u8; BS], "block {i}");
+    }
+    let again = reopen(&sim);
+    assert_eq!(again.volumes().len(), 2);
+    assert_eq!(read(&again.volume("new").unwrap(), 0), vec![0u8; BS]);
+}
+
+#[test]
+fn resize_grows_reads_zeros_beyond_and_refuses_to_cut_data() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    let v = p.volume("default").unwrap();
+    v.write_at((8 << 20) - BS as u64, &block(7), false).unwrap();
+    let e = p.resize_volume("default", 4 << 20, false).unwrap_err();
+    assert!(
+        matches!(e, PoolError::MappedBeyond { first_mapped, .. } if first_mapped == (8 << 20) - 4096),
+        "{e}"
+    );
+    assert_eq!(v.size_bytes(), 8 << 20, "a refused shrink changes nothing");
+    assert_eq!(p.resize_volume("default", 4 << 20, true).unwrap(), 8 << 20);
+    assert_eq!(v.size_bytes(), 4 << 20);
+    p.resize_volume("default", EXTENT_BYTES + (8 << 20), false)
+        .unwrap();
+    assert_eq!(
+        read(&v, (8 << 20) - BS as u64),
+        vec![0u8; BS],
+        "discarded data stays gone"
+    );
+    v.write_at(EXTENT_BYTES + BS as u64, &block(9), false)
+        .unwrap();
+    v.flush().unwrap();
+    let again = reopen(&sim);
+    let v = again.volume("default").unwrap();
+    assert_eq!(v.size_bytes(), EXTENT_BYTES + (8 << 20));
+    assert_eq!(read(&v, EXTENT_BYTES + BS as u64), block(9));
+}
+
+#[test]
+fn mistakes_are_refused_with_their_reason() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    let e = |r: Result<(), PoolError>| r.unwrap_err().to_string();
+    assert!(e(p.create_volume("default", 4096)).contains("already has"));
+    assert!(e(p.create_volume("a/b", 4096)).contains("'/'"));
+    assert!(e(p.create_volume("a@b", 4096)).contains("'@'"));
+    assert!(e(p.create_volume("x", 4095)).contains("multiple of 4096"));
+    assert!(e(p.create_volume("x", 17 << 40)).contains("16 TiB"));
+    assert!(e(p.delete_volume("nope", false)).contains("has: default"));
+    p.create_volume("big", 15 << 40).unwrap();
+    let full = e(p.create_volume("more", 2 << 40));
+    assert!(full.contains("1023 GiB are left"), "{full}");
+    assert_eq!(p.volumes().len(), 2);
+}
+
+#[test]
+fn a_crash_during_operations_leaves_the_old_or_the_new_table() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    for i in 0..6u64 {
+        p.create_volume(&format!("v{i}"), 1 << 20).unwrap();
+        let v = p.volume(&format!("v{i}")).unwrap();
+        v.write_at(0, &block(i), true).unwrap();
+        if i % 2 == 1 {
+            p.delete_volume(&format!("v{}", i - 1), false).unwrap();
+        }
+        for seed in 0..4 {
+            let crashed = sim.crash(i * 10 + seed);
+            let q = reopen(&crashed);
+            let names: Vec<_> = q.volumes().into_iter().map(|v| v.name).collect();
+            assert!(names.contains(&format!("v{i}")), "{names:?}");
+            assert_eq!(read(&q.volume(&format!("v{i}")).unwrap(), 0), block(i));
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! What a range of the map holds, for a pool's per-volume statistics
+//! (`crate::pool`): mapped and zero blocks, and the stored bytes only the
+//! range references (what deleting it frees) against those it shares
+//! with the rest of the map (dedup), like ZFS's `used` and `referenced`.
+use super::Volume;
+use crate::dedup::OffsetMap;
+use crate::error::VolError;
+use cvol_format::checkpoint::MAP_PAGE_BLOCKS;
+use cvol_format::superblock::FLAG_POOL;
+use cvol_format::{EntryState, Superblock, LOGICAL_SIZE_MAX_BYTES};
+use cvol_storage::Storage;
+use std::sync::Arc;
+
+/// Totals of `Volume::range_usage` over one or more ranges.
+#[derive(Debug, Default)]
+pub struct RangeUsage {
+    pub data_blocks: u64,
+    pub zero_blocks: u64,
+    /// Stored bytes (record header and payload) of records nothing
+    /// outside the map's own window references: single-block records
+    /// without dedup references, units no reference points into.
+    pub owned_bytes: u64,
+    /// Records with dedup references: (entries seen in the ranges, record
+    /// bytes), by offset.
+    shared: OffsetMap<(u32, u32)>,
+}
+
+/// Stored bytes only the ranges reference, and bytes they share.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UsageBytes {
+    pub unique_bytes: u64,
+    pub shared_bytes: u64,
+}
+
+impl Volume {
+    /// Adds what the map's blocks [first, end) hold to `acc`, a page per
+    /// hold of the state lock (writes in between may move the totals by
+    /// what they change).
+    pub fn range_usage(&self, first: u64, end: u64, acc: &mut RangeUsage) -> Result<(), VolError> {
+        let mut lba = first;
+        while lba < end {
+            let mut st = self.lock_state()?;
+            let Some(at) = st
+                .live
+                .map()
+                .next_allocated_page_lba(lba)
+                .filter(|&l| l < end)
+            else {
+                return Ok(());
+            };
+            let page_end = (at - at % MAP_PAGE_BLOCKS + MAP_PAGE_BLOCKS).min(end);
+            self.fault(&mut st, at, page_end)?;
+            let mut last_unit = None;
+            for l in at..page_end {
+                let e = st.live.get(l);
+                match e.state_valid() {
+                    EntryState::Zero => acc.zero_blocks += 1,
+                    EntryState::Data {
+                        offset, len, unit, ..
+                    } => {
+                        acc.data_blocks += 1;
+                        if st.live.shared().get(offset).is_some() {
+                            let s = acc.shared.entry(offset).or_insert((0, len));
+                            s.0 += 1;
+                        } else if !unit || last_unit != Some(offset) {
+                            acc.owned_bytes += u64::from(len);
+                        }
+                        last_unit = unit.then_some(offset);
+                    }
+                    EntryState::Unmapped | EntryState::Lost => {}
+                }
+            }
+            lba = page_end;
+        }
+        Ok(())
+    }
+
+    /// Splits `acc`'s records with dedup references into those only its
+    /// ranges reference (all their entries were seen) and the others.
+    pub fn usage_bytes(&self, acc: &RangeUsage) -> Result<UsageBytes, VolError> {
+        let st = self.lock_state()?;
+        let mut out = UsageBytes {
+            unique_bytes: acc.owned_bytes,
+            shared_bytes: 0,
+        };
+        for (&offset, &(seen, len)) in &acc.shared {
+            match st.live.shared().get(offset) {
+                Some(s) if s.entries() > seen => out.shared_bytes += u64::from(len),
+                _ => out.unique_bytes += u64::from(len),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first block in [first, end) that is mapped (data or zero).
+    pub fn first_mapped(&self, first: u64, end: u64) -> Result<Option<u64>, VolError> {
+        let mut lba = first;
+        while lba < end {
+            let mut st = self.lock_state()?;
+            let Some(at) = st
+                .live
+                .map()
+                .next_allocated_page_lba(lba)
+                .filter(|&l| l < end)
+            else {
+                return Ok(None);
+            };
+            let page_end = (at - at % MAP_PAGE_BLOCKS + MAP_PAGE_BLOCKS).min(end);
+            self.fault(&mut st, at, page_end)?;
+            if let Some(l) = (at..page_end).find(|&l| !st.live.get(l).is_unmapped()) {
+                return Ok(Some(l));
+            }
+            lba = page_end;
+        }
+        Ok(None)
+    }
+
+    /// The superblock of a new pool with options `c`: its logical size is
+    /// the pool's whole space (`cvol_format::pool`).
+    pub fn pool_superblock(c: &super::CreateOptions) -> Superblock {
+        let mut sb = super::lifecycle::new_superblock(c);
+        sb.logical_size_bytes = LOGICAL_SIZE_MAX_BYTES;
+        sb.flags |= FLAG_POOL;
+        sb
+    }
+
+    /// Formats `storage` as the volume of `sb` and opens it for writing.
+    pub fn create_with_superblock(
+        storage: Arc<dyn Storage>,
+        sb: Superblock,
+    ) -> Result<Volume, VolError> {
+        Volume::create_from(storage, sb)
+    }
+}
