@@ -226,7 +226,8 @@ fn an_export_added_while_serving_is_reachable() {
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     let late = Arc::new(MemBackend::new(2 * C_BYTES, false));
     late.fill(0, b"late data");
-    pool.set.insert("late", None, late.clone() as Arc<dyn Backend>);
+    pool.set
+        .insert("late", None, late.clone() as Arc<dyn Backend>);
     let client = Client::connect(&pool.uri("late")).unwrap();
     assert_eq!(client.size_bytes(), 2 * C_BYTES);
     let mut buf = [0u8; 9];
@@ -273,7 +274,11 @@ fn metadata_contexts_hold_only_for_the_export_they_were_set_for() {
         c.go(go_to);
         c.request(NBD_CMD_BLOCK_STATUS, 0, 1, B_BYTES - 4096, 4096, &[]);
         let (reply, _) = c.reply(0);
-        assert_eq!(reply.error(), expected_error, "set for {set_for}: {reply:?}");
+        assert_eq!(
+            reply.error(),
+            expected_error,
+            "set for {set_for}: {reply:?}"
+        );
     }
 }
 
