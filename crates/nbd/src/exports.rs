@@ -149,3 +149,88 @@ impl Exports for ExportSet {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BackendError, Extent, WriteZeroesFlags};
+
+    /// A backend of `size_bytes` that serves nothing (only its size counts).
+    struct Sized(u64);
+
+    impl Backend for Sized {
+        fn size_bytes(&self) -> u64 {
+            self.0
+        }
+        fn read_only(&self) -> bool {
+            true
+        }
+        fn read(&self, _: u64, _: &mut [u8]) -> Result<(), BackendError> {
+            Err(BackendError::Io)
+        }
+        fn write(&self, _: u64, _: &[u8], _: bool) -> Result<(), BackendError> {
+            Err(BackendError::ReadOnly)
+        }
+        fn flush(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn trim(&self, _: u64, _: u64, _: bool) -> Result<(), BackendError> {
+            Err(BackendError::ReadOnly)
+        }
+        fn write_zeroes(&self, _: u64, _: u64, _: WriteZeroesFlags) -> Result<(), BackendError> {
+            Err(BackendError::ReadOnly)
+        }
+        fn block_status(&self, _: u64, _: u64) -> Result<Vec<Extent>, BackendError> {
+            Err(BackendError::Io)
+        }
+    }
+
+    /// The size of the export `name` selects, if any.
+    fn size_of(set: &dyn Exports, name: &str) -> Option<u64> {
+        set.lookup(name).map(|e| e.backend.size_bytes())
+    }
+
+    #[test]
+    fn export_set_names_and_the_default_export() {
+        let set = ExportSet::new();
+        assert!(set.insert("b", None, Arc::new(Sized(2))).is_none());
+        set.insert("a", Some("first".into()), Arc::new(Sized(1)));
+        assert_eq!((size_of(&set, "a"), size_of(&set, "b")), (Some(1), Some(2)));
+        assert_eq!((size_of(&set, ""), size_of(&set, "c")), (None, None));
+        set.set_default(Some("b"));
+        assert_eq!(set.lookup("").map(|e| e.name), Some("b".to_string()));
+        set.set_default(Some("c"));
+        assert_eq!(size_of(&set, ""), None, "the default names no export");
+        // An export named "" is the default export itself.
+        set.insert("", None, Arc::new(Sized(9)));
+        assert_eq!(size_of(&set, ""), Some(9));
+        let old = set.insert("a", None, Arc::new(Sized(3))).unwrap();
+        assert_eq!(old.size_bytes(), 1);
+        assert_eq!(
+            set.list(),
+            vec![("".into(), None), ("a".into(), None), ("b".into(), None)]
+        );
+        assert_eq!(set.remove("a").map(|b| b.size_bytes()), Some(3));
+        assert_eq!(
+            (size_of(&set, "a"), set.names()),
+            (None, vec!["".into(), "b".into()])
+        );
+    }
+
+    #[test]
+    fn a_single_export_answers_its_name_and_the_default() {
+        let export = Export {
+            name: "vol".into(),
+            description: Some("d".into()),
+            backend: Arc::new(Sized(5)),
+        };
+        let single = SingleExport(export);
+        assert_eq!(
+            (size_of(&single, "vol"), size_of(&single, "")),
+            (Some(5), Some(5))
+        );
+        assert_eq!(single.lookup("").map(|e| e.name), Some("vol".to_string()));
+        assert_eq!(size_of(&single, "other"), None);
+        assert_eq!(single.list(), vec![("vol".into(), Some("d".into()))]);
+    }
+}
