@@ -1,6 +1,8 @@
 //! # cvol-nbd: an NBD server
 //!
-//! Serves one export, backed by a [`Backend`], over TCP and/or Unix sockets,
+//! Serves exports, each backed by a [`Backend`], over TCP and/or Unix sockets:
+//! one ([`Server::new`]) or a set looked up by name during the handshake
+//! ([`Server::with_exports`], [`Exports`], [`ExportSet`]),
 //! speaking the fixed-newstyle NBD protocol (`doc/proto.md` of the
 //! NetworkBlockDevice project): `NBD_OPT_GO`/`INFO`/`EXPORT_NAME`/`LIST`/
 //! `ABORT`, structured replies, the `base:allocation` metadata context and the
@@ -87,12 +89,14 @@
 use std::sync::Arc;
 
 pub mod client;
+mod exports;
 pub mod proto;
 pub mod server;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 pub mod tls;
 
+pub use exports::{Export, ExportSet, Exports};
 pub use server::Server;
 
 /// Errors a backend returns; mapped to NBD error codes on the wire.
@@ -219,9 +223,12 @@ pub trait RequestObserver: Send + Sync + 'static {
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Name of the export; a client asking for "" gets it too (default export).
+    /// Name of the export of [`Server::new`]; a client asking for "" gets
+    /// it too (default export). Not used by [`Server::with_exports`].
     pub export_name: String,
-    /// Optional human-readable description (`NBD_INFO_DESCRIPTION`, `NBD_OPT_LIST`).
+    /// Optional human-readable description (`NBD_INFO_DESCRIPTION`,
+    /// `NBD_OPT_LIST`) of the export of [`Server::new`]. Not used by
+    /// [`Server::with_exports`].
     pub description: Option<String>,
     /// Max payload of READ/WRITE (and max CACHE length); default 32 MiB.
     pub max_request_bytes: u32,

@@ -9,6 +9,7 @@ use super::socket::Socket;
 use super::{remaining, Inner, SocketReader};
 use crate::proto;
 use crate::tls::TlsMode;
+use crate::Export;
 
 /// Most options a client may send before entering transmission.
 const MAX_OPTIONS_PER_CONNECTION: usize = 256;
@@ -17,8 +18,10 @@ const MAX_OPTIONS_PER_CONNECTION: usize = 256;
 const MAX_DISCARDED_OPTION_BYTES: u32 = 1024 * 1024;
 
 /// What the handshake settled for the transmission phase.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Negotiated {
+    /// The export chosen; the connection keeps it until it closes.
+    pub(crate) export: Export,
     pub(crate) size_bytes: u64,
     pub(crate) transmission_flags: u16,
     pub(crate) structured_replies: bool,
@@ -35,6 +38,9 @@ struct Haggle<'a> {
     no_zeroes: bool,
     structured_replies: bool,
     base_allocation: bool,
+    /// The canonical name of the export the last `NBD_OPT_SET_META_CONTEXT`
+    /// referred to: its contexts hold only if the same export is chosen.
+    meta_context_export: Option<String>,
 }
 
 /// Outcome of one option: the handshake goes on, or transmission begins.
@@ -147,6 +153,7 @@ pub(crate) fn negotiate(
         no_zeroes: client_flags & proto::NBD_FLAG_C_NO_ZEROES != 0,
         structured_replies: false,
         base_allocation: false,
+        meta_context_export: None,
     };
     if !haggle.fixed_newstyle {
         debug!(
@@ -301,6 +308,7 @@ impl Haggle<'_> {
         debug!(conn = self.conn, "TLS started");
         self.structured_replies = false;
         self.base_allocation = false;
+        self.meta_context_export = None;
         Ok(Step::Continue)
     }
 
@@ -314,13 +322,20 @@ impl Haggle<'_> {
         self.reply(option, reply_type, message.as_bytes())
     }
 
-    /// The default export ("") and the configured name both select the export.
-    fn export_matches(&self, name: &str) -> bool {
-        name.is_empty() || name == self.inner.config.export_name
+    /// The export served under `name` now ("" = the default export).
+    fn lookup(&self, name: &str) -> Option<Export> {
+        let export = self.inner.exports.lookup(name);
+        if export.is_none() {
+            debug!(conn = self.conn, export = %name, "unknown export");
+        }
+        export
     }
 
-    fn negotiated(&self) -> Negotiated {
-        let backend = &self.inner.backend;
+    /// What transmission with `export` would be. The metadata contexts
+    /// selected hold only if they were selected for the same export.
+    fn negotiated(&self, export: Export) -> Negotiated {
+        let backend = &export.backend;
+        let same_export = self.meta_context_export.as_deref() == Some(export.name.as_str());
         Negotiated {
             size_bytes: backend.size_bytes(),
             transmission_flags: proto::transmission_flags(
@@ -328,16 +343,19 @@ impl Haggle<'_> {
                 self.structured_replies,
             ),
             structured_replies: self.structured_replies,
-            base_allocation: self.base_allocation,
+            base_allocation: self.base_allocation && same_export,
+            export,
         }
     }
 
     fn export_name(&mut self, data: &[u8]) -> Result<Step, HandshakeError> {
-        let name = match proto::parse_string(data) {
-            Ok(name) if self.export_matches(&name) => name,
-            _ => return Err(HandshakeError::UnknownExport),
+        let Ok(name) = proto::parse_string(data) else {
+            return Err(HandshakeError::UnknownExport);
         };
-        let negotiated = self.negotiated();
+        let Some(export) = self.lookup(&name) else {
+            return Err(HandshakeError::UnknownExport);
+        };
+        let negotiated = self.negotiated(export);
         let reply = proto::encode_export_name_reply(
             negotiated.size_bytes,
             negotiated.transmission_flags,
@@ -357,9 +375,10 @@ impl Haggle<'_> {
             )?;
             return Ok(Step::Continue);
         }
-        let config = &self.inner.config;
-        let server = proto::encode_rep_server(&config.export_name, config.description.as_deref());
-        self.reply(proto::NBD_OPT_LIST, proto::NBD_REP_SERVER, &server)?;
+        for (name, description) in self.inner.exports.list() {
+            let server = proto::encode_rep_server(&name, description.as_deref());
+            self.reply(proto::NBD_OPT_LIST, proto::NBD_REP_SERVER, &server)?;
+        }
         self.reply(proto::NBD_OPT_LIST, proto::NBD_REP_ACK, &[])?;
         Ok(Step::Continue)
     }
@@ -388,11 +407,11 @@ impl Haggle<'_> {
                 return Ok(Step::Continue);
             }
         };
-        if !self.export_matches(&request.export_name) {
+        let Some(export) = self.lookup(&request.export_name) else {
             self.reply_error(option, proto::NBD_REP_ERR_UNKNOWN, "unknown export")?;
             return Ok(Step::Continue);
-        }
-        let negotiated = self.negotiated();
+        };
+        let negotiated = self.negotiated(export);
         self.send_infos(option, &request.info_types, &negotiated)?;
         self.reply(option, proto::NBD_REP_ACK, &[])?;
         if option == proto::NBD_OPT_GO {
@@ -419,13 +438,14 @@ impl Haggle<'_> {
             config.max_request_bytes,
         );
         self.reply(option, proto::NBD_REP_INFO, &block_size)?;
+        let export = &negotiated.export;
         if requested.contains(&proto::NBD_INFO_NAME) {
-            let name = proto::encode_info_string(proto::NBD_INFO_NAME, &config.export_name);
+            let name = proto::encode_info_string(proto::NBD_INFO_NAME, &export.name);
             self.reply(option, proto::NBD_REP_INFO, &name)?;
         }
         if let (true, Some(text)) = (
             requested.contains(&proto::NBD_INFO_DESCRIPTION),
-            &config.description,
+            &export.description,
         ) {
             let description = proto::encode_info_string(proto::NBD_INFO_DESCRIPTION, text);
             self.reply(option, proto::NBD_REP_INFO, &description)?;
@@ -438,6 +458,7 @@ impl Haggle<'_> {
         if set {
             // SET replaces the previous selection, even when it fails.
             self.base_allocation = false;
+            self.meta_context_export = None;
         }
         if !self.structured_replies {
             let msg = "structured replies must be negotiated first";
@@ -456,10 +477,10 @@ impl Haggle<'_> {
                 return Ok(Step::Continue);
             }
         };
-        if !self.export_matches(&request.export_name) {
+        let Some(export) = self.lookup(&request.export_name) else {
             self.reply_error(option, proto::NBD_REP_ERR_UNKNOWN, "unknown export")?;
             return Ok(Step::Continue);
-        }
+        };
         let selected = if set {
             request
                 .queries
@@ -483,6 +504,7 @@ impl Haggle<'_> {
         }
         if set {
             self.base_allocation = selected;
+            self.meta_context_export = Some(export.name);
         }
         self.reply(option, proto::NBD_REP_ACK, &[])?;
         Ok(Step::Continue)

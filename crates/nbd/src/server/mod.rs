@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::{Backend, ServerConfig};
+use crate::exports::SingleExport;
+use crate::{Backend, Export, Exports, ServerConfig};
 pub(crate) use jobs::{JobQueue, Lane};
 use socket::{Listener, Socket};
 
@@ -207,7 +208,8 @@ enum Refusal {
 }
 
 pub(crate) struct Inner {
-    pub(crate) backend: Arc<dyn Backend>,
+    /// Looked up by name during each handshake.
+    pub(crate) exports: Arc<dyn Exports>,
     pub(crate) config: ServerConfig,
     pub(crate) jobs: JobQueue,
     pub(crate) payload_budget: Arc<PayloadBudget>,
@@ -496,14 +498,33 @@ fn accept_loop(inner: Arc<Inner>, listener: Listener) {
     debug!("accept loop stopped");
 }
 
-/// An NBD server serving one export from a [`Backend`].
+/// An NBD server serving one export from a [`Backend`], or a set of
+/// [`Exports`] chosen by name.
 pub struct Server {
     inner: Arc<Inner>,
 }
 
 impl Server {
-    /// Creates the server and starts its worker pool. No socket is opened.
+    /// Creates a server of one export, `backend` under
+    /// `config.export_name` (and under "", the default export), described
+    /// by `config.description`, and starts its worker pool. No socket is
+    /// opened.
     pub fn new(backend: Arc<dyn Backend>, config: ServerConfig) -> Server {
+        let export = Export {
+            name: config.export_name.clone(),
+            description: config.description.clone(),
+            backend,
+        };
+        Server::with_exports(Arc::new(SingleExport(export)), config)
+    }
+
+    /// Creates a server of the exports of `exports`, looked up by name
+    /// during each handshake (so exports added or removed later are seen by
+    /// later connections), and starts its worker pool. `config.export_name`
+    /// and `config.description` are not used; every other setting (the
+    /// workers, the payload and connection limits) is shared by all
+    /// exports. No socket is opened.
+    pub fn with_exports(exports: Arc<dyn Exports>, config: ServerConfig) -> Server {
         let config = normalize_config(config);
         let jobs = JobQueue::new(config.workers * JOBS_QUEUED_PER_WORKER);
         let workers = (0..config.workers)
@@ -529,7 +550,7 @@ impl Server {
             config.max_connections,
         ));
         let inner = Inner {
-            backend,
+            exports,
             config,
             jobs,
             payload_budget,

@@ -394,7 +394,7 @@ pub(crate) fn serve(
     let conn = Arc::new(Conn {
         id,
         socket: Arc::clone(socket),
-        backend: Arc::clone(&inner.backend),
+        backend: negotiated.export.backend,
         ctx: TransmissionContext {
             size_bytes: negotiated.size_bytes,
             transmission_flags: negotiated.transmission_flags,

@@ -56,7 +56,12 @@ impl Client {
     /// Connects; every read and write waits at most 20 s (only to turn a
     /// hang into a failure).
     pub fn connect(ts: &TestServer) -> Client {
-        let s = UnixStream::connect(&ts.socket_path).unwrap();
+        Client::connect_to(&ts.socket_path)
+    }
+
+    /// [`Client::connect`] to the Unix socket at `socket_path`.
+    pub fn connect_to(socket_path: &std::path::Path) -> Client {
+        let s = UnixStream::connect(socket_path).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
         Client {
