@@ -156,6 +156,9 @@ impl Pool {
             .iter()
             .map(|v| (v.name.clone(), view_of(&vol, v)))
             .collect();
+        if !legacy {
+            vol.set_reported_logical_bytes(sum_sizes(&table));
+        }
         let pool = Pool {
             vol,
             legacy,
@@ -250,6 +253,7 @@ impl Pool {
         }
         write_table(&**self.vol.storage(), &next)?;
         *t = next;
+        self.vol.set_reported_logical_bytes(sum_sizes(t));
         Ok(())
     }
 
@@ -299,6 +303,10 @@ fn check_size(size_bytes: u64) -> Result<(), PoolError> {
 mod ops;
 #[cfg(test)]
 mod tests;
+
+fn sum_sizes(t: &PoolTable) -> u64 {
+    t.volumes.iter().map(|v| v.size_bytes).sum()
+}
 
 /// Bytes of the pool's space still free for volumes.
 fn free_bytes(t: &PoolTable) -> u64 {

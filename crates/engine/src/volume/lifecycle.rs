@@ -281,6 +281,7 @@ impl Volume {
             state: OrderedMutex::new(Level::State, state),
             dedup,
             poisoned: AtomicBool::new(false),
+            reported_logical: Default::default(),
             activity: Activity::new(
                 (policy_of(&sb).is_auto() && options.elastic.recompress && !options.read_only)
                     .then_some(options.elastic.inline_cpu_percent)

@@ -167,6 +167,9 @@ pub struct Volume {
     jobs: jobs::JobsState,
     /// The cache layer's counters (`cvol_cache`), when one is above.
     cache_stats: std::sync::OnceLock<CacheStatsHook>,
+    /// The logical size statistics report, when a pool above holds
+    /// volumes (the sum of their sizes); None: the superblock's.
+    reported_logical: std::sync::Mutex<Option<u64>>,
 }
 
 type StateGuard<'a> = Held<MutexGuard<'a, State>>;

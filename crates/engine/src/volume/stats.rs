@@ -166,12 +166,14 @@ impl Volume {
         let (usable, compactable) = (self.usable_bytes(&st), self.compactable_bytes(&st));
         let client = get(&self.counters.client_bytes_written);
         let segs = &st.log.segments;
+        let reported = *self.reported_logical.lock().unwrap_or_else(|p| p.into_inner());
+        let logical = reported.unwrap_or(self.sb.logical_size_bytes);
         VolumeStats {
-            logical_size_bytes: self.sb.logical_size_bytes,
+            logical_size_bytes: logical,
             physical_size_bytes: self.sb.physical_size_bytes,
             mapped_bytes: mapped,
             zero_bytes: zero,
-            unmapped_bytes: self.sb.logical_size_bytes - mapped - zero - c.lost_blocks * bs,
+            unmapped_bytes: logical.saturating_sub(mapped + zero + c.lost_blocks * bs),
             stored_bytes: c.stored_payload_bytes,
             physical_used_bytes: used,
             physical_free_bytes: st.log.free_bytes(),

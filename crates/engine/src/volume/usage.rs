@@ -115,6 +115,15 @@ impl Volume {
         Ok(None)
     }
 
+    /// Makes statistics report `bytes` as the logical size (a pool's:
+    /// the sum of its volumes' sizes).
+    pub fn set_reported_logical_bytes(&self, bytes: u64) {
+        *self
+            .reported_logical
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(bytes);
+    }
+
     /// The superblock of a new pool with options `c`: its logical size is
     /// the pool's whole space (`cvol_format::pool`).
     pub fn pool_superblock(c: &super::CreateOptions) -> Superblock {
