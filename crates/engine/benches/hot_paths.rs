@@ -106,6 +106,7 @@ fn packing(c: &mut Criterion) {
             segment_size_bytes: 1 << 20,
             dedup: false,
             packing: Default::default(),
+            pool: false,
         },
     )
     .unwrap();
@@ -158,6 +159,7 @@ fn volume_io(c: &mut Criterion) {
                     segment_size_bytes: 0,
                     dedup,
                     packing: Default::default(),
+                    pool: false,
                 },
             )
             .unwrap(),

@@ -130,11 +130,7 @@ impl Pool {
     /// `c.logical_size_bytes`, and opens it.
     pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Pool, PoolError> {
         check_size(c.logical_size_bytes)?;
-        let sb = Volume::pool_superblock(c);
-        // The table first: a pool whose superblock exists has its table.
-        let t = PoolTable::new(sb.uuid, c.logical_size_bytes, now_secs());
-        write_table(&*storage, &t)?;
-        let vol = Volume::create_with_superblock(storage, sb)?;
+        let vol = Volume::create(storage, &c.clone().as_pool())?;
         Pool::attach(Arc::new(vol))
     }
 

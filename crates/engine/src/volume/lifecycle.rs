@@ -91,13 +91,27 @@ pub(super) fn new_superblock(c: &CreateOptions) -> Superblock {
         metadata_segments: 0,
     };
     sb.set_packing(c.packing);
+    if c.pool {
+        sb.logical_size_bytes = cvol_format::LOGICAL_SIZE_MAX_BYTES;
+        sb.flags |= cvol_format::superblock::FLAG_POOL;
+    }
     sb
 }
 
-/// Writes both superblock copies, empty pointer slots and an empty first
-/// record header, and syncs.
-fn format_store(storage: &dyn Storage, sb: &Superblock) -> Result<(), VolError> {
+/// Writes a pool's first volume table (its one volume, `default`, of
+/// `pool_default` bytes), both superblock copies, empty pointer slots and
+/// an empty first record header, and syncs.
+fn format_store(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    pool_default: Option<u64>,
+) -> Result<(), VolError> {
     let io = |r: std::io::Result<()>| r.map_err(VolError::Io);
+    if let Some(size) = pool_default.filter(|_| sb.is_pool()) {
+        let t = cvol_format::pool::PoolTable::new(sb.uuid, size, sb.created_unix_secs);
+        // Before the superblock: a pool whose superblock exists has its table.
+        io(storage.write_at(cvol_format::pool::POOL_SLOT_OFFSETS[t.slot()], &t.encode()))?;
+    }
     let enc = sb.encode();
     io(storage.write_at(SUPERBLOCK_A_OFFSET, &enc))?;
     io(storage.write_at(SUPERBLOCK_B_OFFSET, &enc))?;
@@ -121,7 +135,7 @@ fn policy_of(sb: &Superblock) -> CodecPolicy {
 impl Volume {
     /// Formats `storage` as a new volume and opens it for writing.
     pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Volume, VolError> {
-        Volume::create_from(storage, new_superblock(c))
+        Volume::create_from(storage, new_superblock(c), c.pool.then_some(c.logical_size_bytes))
     }
 
     /// Formats `storage` (joined with its metadata device, if `sb` names
@@ -129,6 +143,7 @@ impl Volume {
     pub(super) fn create_from(
         storage: Arc<dyn Storage>,
         sb: Superblock,
+        pool_default: Option<u64>,
     ) -> Result<Volume, VolError> {
         sb.validate().map_err(OpenError::Geometry)?;
         if sb.physical_size_bytes > storage.len_bytes() {
@@ -138,7 +153,7 @@ impl Volume {
             }
             .into());
         }
-        format_store(&*storage, &sb)?;
+        format_store(&*storage, &sb, pool_default)?;
         let mut segs = SegmentTable::for_volume(&sb);
         let first = segs.open_next().expect("a new volume has free segments");
         let log = Log::new(&sb, segs, first, 0, 0, 1);
@@ -157,7 +172,7 @@ impl Volume {
     ) -> Result<Volume, VolError> {
         let mut sb = new_superblock(c);
         sb.flags |= cvol_format::superblock::FLAG_CACHE;
-        Volume::create_from(storage, sb)
+        Volume::create_from(storage, sb, None)
     }
 
     /// The create options that made this volume (a cache starting cold is
@@ -170,6 +185,7 @@ impl Volume {
             segment_size_bytes: self.sb.segment_size_bytes,
             dedup: self.sb.dedup(),
             packing: self.sb.packing(),
+            pool: false,
         }
     }
 

@@ -58,6 +58,9 @@ pub struct CreateOptions {
     pub dedup: bool,
     /// How DATA records are laid out in segments ([SSD-packing]).
     pub packing: Packing,
+    /// A pool (`crate::pool`): the logical size above is its first
+    /// volume's, `default`; the map covers the pool's whole space.
+    pub pool: bool,
 }
 
 impl CreateOptions {
@@ -71,7 +74,13 @@ impl CreateOptions {
             segment_size_bytes: 0,
             dedup: true,
             packing: Packing::Compact,
+            pool: false,
         }
+    }
+
+    /// As a pool whose first volume, `default`, has the logical size.
+    pub fn as_pool(self) -> CreateOptions {
+        CreateOptions { pool: true, ..self }
     }
 
     /// With this codec policy (`Codec::Lz4.into()`, `CodecPolicy::Auto {..}`).

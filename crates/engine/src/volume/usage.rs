@@ -6,10 +6,7 @@ use super::Volume;
 use crate::dedup::OffsetMap;
 use crate::error::VolError;
 use cvol_format::checkpoint::MAP_PAGE_BLOCKS;
-use cvol_format::superblock::FLAG_POOL;
-use cvol_format::{EntryState, Superblock, LOGICAL_SIZE_MAX_BYTES};
-use cvol_storage::Storage;
-use std::sync::Arc;
+use cvol_format::EntryState;
 
 /// Totals of `Volume::range_usage` over one or more ranges.
 #[derive(Debug, Default)]
@@ -122,22 +119,5 @@ impl Volume {
             .reported_logical
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(bytes);
-    }
-
-    /// The superblock of a new pool with options `c`: its logical size is
-    /// the pool's whole space (`cvol_format::pool`).
-    pub fn pool_superblock(c: &super::CreateOptions) -> Superblock {
-        let mut sb = super::lifecycle::new_superblock(c);
-        sb.logical_size_bytes = LOGICAL_SIZE_MAX_BYTES;
-        sb.flags |= FLAG_POOL;
-        sb
-    }
-
-    /// Formats `storage` as the volume of `sb` and opens it for writing.
-    pub fn create_with_superblock(
-        storage: Arc<dyn Storage>,
-        sb: Superblock,
-    ) -> Result<Volume, VolError> {
-        Volume::create_from(storage, sb)
     }
 }
