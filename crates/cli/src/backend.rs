@@ -1,5 +1,6 @@
 //! Adapter from the engine's `Volume` to the NBD server's `Backend` trait.
 use cvol_cache::CacheVolume;
+use cvol_engine::pool::OpenGuard;
 use cvol_engine::{VolError, Volume};
 use cvol_nbd::{Backend, BackendError, CommandKind, Extent, WriteZeroesFlags};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +77,69 @@ impl Backend for VolumeBackend {
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
         let extents = self.volume.block_status(offset, length).map_err(to_nbd)?;
+        Ok(extents
+            .into_iter()
+            .map(|e| Extent {
+                length: e.length,
+                hole: e.zero,
+                zero: e.zero,
+            })
+            .collect())
+    }
+}
+
+/// Adapter from one volume of a pool to the NBD server: each connection
+/// has its own, holding the volume open.
+pub struct ViewBackend {
+    pub guard: OpenGuard,
+}
+
+impl Backend for ViewBackend {
+    fn size_bytes(&self) -> u64 {
+        self.guard.view().size_bytes()
+    }
+
+    fn read_only(&self) -> bool {
+        self.guard.view().read_only()
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        self.guard.view().read_at(offset, buf).map_err(to_nbd)
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
+        self.guard
+            .view()
+            .write_at(offset, data, fua)
+            .map_err(to_nbd)
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.guard.view().flush().map_err(to_nbd)
+    }
+
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), BackendError> {
+        self.guard.view().trim(offset, length, fua).map_err(to_nbd)
+    }
+
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        flags: WriteZeroesFlags,
+    ) -> Result<(), BackendError> {
+        self.guard
+            .view()
+            .write_zeroes(offset, length, flags.no_hole, flags.fua)
+            .map_err(to_nbd)
+    }
+
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
+        let extents = self
+            .guard
+            .view()
+            .block_status(offset, length)
+            .map_err(to_nbd)?;
         Ok(extents
             .into_iter()
             .map(|e| Extent {

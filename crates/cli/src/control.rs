@@ -151,6 +151,12 @@ fn live_socket(volume: &Path) -> Option<PathBuf> {
 /// Sends one request line to a running server; its JSON reply, or `None`
 /// if none answers (or the socket is not one this user's server made).
 pub fn query(volume: &Path, request: &str) -> Option<serde_json::Value> {
+    query_for(volume, request, Duration::from_secs(5))
+}
+
+/// [`query`], waiting up to `timeout` for the reply (an operation the
+/// server runs, such as deleting a volume).
+pub fn query_for(volume: &Path, request: &str, timeout: Duration) -> Option<serde_json::Value> {
     let path = live_socket(volume)?;
     let conn = UnixStream::connect(path).ok()?;
     // The server must be this user's or root's: never tell another user's
@@ -159,7 +165,7 @@ pub fn query(volume: &Path, request: &str) -> Option<serde_json::Value> {
         return None;
     }
     let mut conn = conn;
-    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    conn.set_read_timeout(Some(timeout)).ok()?;
     conn.write_all(format!("{request}\n").as_bytes()).ok()?;
     let mut s = String::new();
     conn.read_to_string(&mut s).ok()?;

@@ -1,7 +1,8 @@
 //! The server side of the control socket (crate::control): a thread that
 //! answers each request with the command that owns it.
 use crate::error::Error;
-use crate::{control, scrub, sockfile, stat};
+use crate::{control, scrub, sockfile, stat, volumes};
+use cvol_engine::pool::Pool;
 use cvol_engine::Volume;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -66,15 +67,20 @@ pub fn bind(dir: &Path, volume: &Path) -> Result<Bound, Error> {
     Ok(Bound { listener, socket })
 }
 
-/// Answers the bound control socket for `vol` on a thread of its own.
-pub fn start(bound: Bound, vol: Arc<Volume>) -> Result<ControlGuard, Error> {
+/// Answers the bound control socket for `vol` (and its `pool`, if it is
+/// one) on a thread of its own.
+pub fn start(
+    bound: Bound,
+    vol: Arc<Volume>,
+    pool: Option<Arc<Pool>>,
+) -> Result<ControlGuard, Error> {
     let Bound { listener, socket } = bound;
     let guard_vol = vol.clone();
     std::thread::Builder::new()
         .name("cvol-control".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                let _ = serve_one(conn, &vol);
+                let _ = serve_one(conn, &vol, pool.as_deref());
             }
         })
         .map_err(|e| Error::Refused(format!("cannot start the control socket's thread: {e}")))?;
@@ -84,7 +90,7 @@ pub fn start(bound: Bound, vol: Arc<Volume>) -> Result<ControlGuard, Error> {
     })
 }
 
-fn serve_one(conn: UnixStream, vol: &Arc<Volume>) -> std::io::Result<()> {
+fn serve_one(conn: UnixStream, vol: &Arc<Volume>, pool: Option<&Pool>) -> std::io::Result<()> {
     if !control::peer_trusted(&conn) {
         tracing::warn!("control socket: a connection from another user refused");
         return Ok(());
@@ -94,6 +100,10 @@ fn serve_one(conn: UnixStream, vol: &Arc<Volume>) -> std::io::Result<()> {
     BufReader::new((&conn).take(256)).read_line(&mut line)?;
     let reply = match line.trim() {
         stat::REQUEST => stat::reply(vol),
+        other if other.starts_with("volume ") => volumes::serve_request(pool, other)
+            .unwrap_or_else(|| {
+                serde_json::json!({ "error": format!("malformed request '{other}'") }).to_string()
+            }),
         other => scrub::serve_request(vol, other).unwrap_or_else(|| {
             serde_json::json!({ "error": format!("unknown request '{other}'") }).to_string()
         }),

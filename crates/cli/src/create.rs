@@ -276,6 +276,7 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
         segment_size_bytes,
         dedup: a.dedup,
         packing: a.packing,
+        pool: false,
     };
     write_or_undo(path, &target, a, &opts, meta.as_ref(), cache.as_ref())?;
     Ok(summary(path, a, &opts, meta.as_ref(), cache.as_ref()))
@@ -693,6 +694,9 @@ fn write_volume(
         return cvol_cache::create(Arc::new(storage), opts, &c.config, c.stamp)
             .map_err(|e| Error::Refused(format!("{}: {e}", path.display())));
     }
+    // A local volume is a pool (`cvol volume`); its first volume, `default`,
+    // has the size asked for.
+    let opts = &opts.clone().as_pool();
     let vol = match meta {
         None => Volume::create(Arc::new(storage), opts),
         Some(m) => {

@@ -23,6 +23,7 @@ mod sockfile;
 mod stat;
 mod trace;
 mod volfile;
+mod volumes;
 mod words;
 
 use clap::{Parser, Subcommand};
@@ -69,6 +70,11 @@ enum Command {
         /// With --watch: stop after this many refreshes.
         #[arg(long, requires = "watch")]
         count: Option<u64>,
+        /// One volume of the pool: its size, mapped bytes, the stored bytes
+        /// only it references (`unique_bytes`, what deleting it frees) and
+        /// those it shares with other blocks (`shared_bytes`).
+        #[arg(long = "volume", value_name = "NAME", conflicts_with = "watch")]
+        volume_name: Option<String>,
     },
     /// Verify every record and all metadata offline; exit 0 only if consistent.
     ///
@@ -127,6 +133,16 @@ enum Command {
     /// Show or replay a request trace (`cvol serve --trace FILE`).
     #[command(subcommand)]
     Trace(TraceCommand),
+    /// Manage the volumes of a pool: create, list, delete, resize.
+    ///
+    /// A pool (what `cvol create` makes) holds many volumes in one store:
+    /// they share its log, its free space and its dedup index, so a block
+    /// written to two volumes is stored once. `cvol serve POOL` serves
+    /// each under its name (nbd://HOST/NAME); the first volume is
+    /// `default`, also served under the empty name. Each command works
+    /// offline and on a served pool (the server runs it).
+    #[command(subcommand)]
+    Volume(volumes::VolumeCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     ///
     /// e.g. `cvol completions bash > /etc/bash_completion.d/cvol`.
@@ -243,7 +259,14 @@ fn main() -> ExitCode {
 fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, Error> {
     match command {
         Command::Create(flags) => create::cmd_create(&flags, globals),
+        Command::Volume(cmd) => volumes::cmd_volume(cmd, globals),
         Command::Serve(args) => serve::cmd_serve(*args, globals),
+        Command::Stat {
+            volume,
+            json,
+            volume_name: Some(name),
+            ..
+        } => volumes::cmd_stat_volume(&volume, &name, json, globals),
         Command::Stat {
             volume,
             json,
@@ -255,6 +278,7 @@ fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, Error> 
             json,
             watch: Some(secs),
             count,
+            ..
         } => stat::cmd_watch(&volume, json, secs, count, globals),
         Command::Check {
             volume,

@@ -5,11 +5,13 @@ use crate::control;
 use crate::error::Error;
 use crate::volfile::{self, Globals};
 use crate::words::{count, human_bytes};
+use cvol_engine::pool::Pool;
 use cvol_engine::stats::ScrubStats;
 use cvol_engine::{Volume, VolumeStats};
 use serde_json::Value;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// The control socket request.
 pub const REQUEST: &str = "stat";
@@ -97,15 +99,26 @@ struct Report {
     /// From the server (counters since it started), or opened here.
     served: bool,
     stats: VolumeStats,
+    /// A pool's volumes (`{"volumes": [...]}`), when it is one.
+    volumes: Option<Value>,
 }
 
 pub fn cmd_stat(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, Error> {
-    let (mut stats, served) = match query_served(path) {
-        Some(stats) => (stats?, true),
+    let (mut stats, served, volumes) = match query_served(path) {
+        Some(stats) => (
+            stats?,
+            true,
+            crate::volumes::list_for_stat(path, true, None),
+        ),
         None => {
-            let vol = volfile::open_read_only(path, None, globals)?;
+            let vol = Arc::new(volfile::open_read_only(path, None, globals)?);
             cvol_cache::describe_offline(&vol);
-            (vol.stats(), false)
+            // A pool's statistics count its volumes' sizes.
+            let pool = (!vol.superblock().is_cache())
+                .then(|| Pool::attach(vol.clone()).ok())
+                .flatten();
+            let volumes = crate::volumes::list_for_stat(path, false, pool.as_ref());
+            (vol.stats(), false, volumes)
         }
     };
     normalize(&mut stats);
@@ -113,6 +126,7 @@ pub fn cmd_stat(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, 
         volume: path.display().to_string(),
         served,
         stats,
+        volumes,
     };
     if json {
         println!(
@@ -163,6 +177,7 @@ pub fn cmd_watch(
             volume: path.display().to_string(),
             served: true,
             stats,
+            volumes: None,
         };
         let mut text = String::new();
         if json {
@@ -238,6 +253,9 @@ impl Report {
             .map_err(|e| Error::Refused(format!("cannot encode the statistics: {e}")))?;
         v["served"] = Value::Bool(self.served);
         v["volume"] = Value::String(self.volume.clone());
+        if let Some(vols) = &self.volumes {
+            v["volumes"] = vols["volumes"].clone();
+        }
         Ok(v)
     }
 
@@ -264,6 +282,19 @@ impl Report {
             ),
             ("host holds", host_holds(s)),
         ];
+        if let Some(vols) = self.volumes.as_ref().and_then(|v| v["volumes"].as_array()) {
+            let list: Vec<String> = vols
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{} ({})",
+                        x["name"].as_str().unwrap_or("?"),
+                        b(x["size_bytes"].as_u64().unwrap_or(0))
+                    )
+                })
+                .collect();
+            rows.push(("volumes", format!("{}: {}", list.len(), list.join(", "))));
+        }
         if let Some(c) = &s.cache.cache {
             rows.extend(cache_rows(s, c, self.served));
         }

@@ -124,6 +124,8 @@ pub enum Purpose {
     Repair,
     /// serve: exclusive lock.
     Serve { writable: bool },
+    /// `cvol volume` on a pool nobody serves: exclusive lock, writable.
+    Change,
 }
 
 /// Opens the backing store of an existing volume (taking its lock) after
@@ -132,7 +134,7 @@ pub fn open_store(path: &Path, purpose: Purpose) -> Result<(FileStorage, Kind), 
     let kind = existing_kind(path)?;
     let (writable, exclusive) = match purpose {
         Purpose::Read | Purpose::Check => (false, false),
-        Purpose::Repair => (true, true),
+        Purpose::Repair | Purpose::Change => (true, true),
         Purpose::Serve { writable } => (writable, true),
     };
     let st = FileStorage::open(path, writable, exclusive).map_err(|e| match e.kind() {
@@ -150,6 +152,10 @@ pub fn open_store(path: &Path, purpose: Purpose) -> Result<(FileStorage, Kind), 
                 path.display()
             ),
             Purpose::Serve { .. } => format!("{}: {e}", path.display()),
+            Purpose::Change => format!(
+                "{}: in use by a cvol process whose control socket could not be reached ({e})",
+                path.display()
+            ),
         }),
         _ => Error::io(path.display(), e),
     })?;

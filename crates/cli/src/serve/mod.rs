@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::volfile::{self, Globals, Opened, Purpose};
 use crate::{backend, control_server, edge, metrics, origin, service, sockfile, trace};
 use cvol_cache::{CacheLabel, CacheVolume};
+use cvol_engine::pool::Pool;
 use cvol_engine::{OpenOptions, Volume};
 use cvol_format::superblock::{Superblock, SUPERBLOCK_BYTES};
 use cvol_format::{SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET};
@@ -149,11 +150,22 @@ pub fn cmd_serve(args: ServeArgs, globals: &Globals) -> Result<ExitCode, Error> 
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let backend = Arc::new(backend::VolumeBackend {
-        volume: vol.clone(),
-    });
+    let pool = Arc::new(
+        Pool::attach(vol.clone())
+            .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?,
+    );
+    let only = exports::only(&pool, &args.export)
+        .map_err(|e| Error::Usage(format!("--export {}: {e}", args.export)))?;
     let served = run(
-        &path, &vol, backend, None, listeners, config, &args, ctl, &stop,
+        &path,
+        &vol,
+        Serving::Pool(pool, only),
+        None,
+        listeners,
+        config,
+        &args,
+        ctl,
+        &stop,
     );
     let closed = vol
         .close()
@@ -234,7 +246,15 @@ fn serve_object(
         volume: vol.clone(),
     });
     let served = run(
-        path, &vol, backend, None, listeners, config, args, ctl, stop,
+        path,
+        &vol,
+        Serving::One(backend),
+        None,
+        listeners,
+        config,
+        args,
+        ctl,
+        stop,
     );
     let closed = vol
         .close()
@@ -341,7 +361,7 @@ fn serve_cache(
     let served = run(
         path,
         &vol,
-        backend,
+        Serving::One(backend),
         Some(&cache),
         listeners,
         config,
@@ -363,7 +383,7 @@ fn serve_cache(
 fn run(
     path: &Path,
     vol: &Arc<Volume>,
-    backend: Arc<dyn Backend>,
+    serving: Serving,
     cache: Option<&Arc<CacheVolume>>,
     listeners: Listeners,
     config: ServerConfig,
@@ -371,20 +391,41 @@ fn run(
     ctl: control_server::Bound,
     stop: &AtomicBool,
 ) -> Result<(), Error> {
-    let ctl = control_server::start(ctl, vol.clone())?;
+    let pool = match &serving {
+        Serving::Pool(p, _) => Some(p.clone()),
+        Serving::One(_) => None,
+    };
+    let ctl = control_server::start(ctl, vol.clone(), pool)?;
     let reloader = edge::Reloader::install(&config)?;
+    let traced_size = match &serving {
+        Serving::One(b) => b.size_bytes(),
+        Serving::Pool(p, _) => p.logical_bytes(),
+    };
     let recorder = args
         .trace
         .as_deref()
-        .map(|p| trace::Recorder::create(p, backend.size_bytes()).map(Arc::new))
+        .map(|p| trace::Recorder::create(p, traced_size).map(Arc::new))
         .transpose()?;
-    let backend = match &recorder {
-        Some(r) => r.wrap(backend),
-        None => backend,
-    };
+    let recorder_finish = recorder.clone();
     let mut config = config;
-    let backend = with_metrics(path, vol, backend, listeners.metrics, &mut config)?;
-    let server = Server::new(backend, config);
+    let metrics = with_metrics(path, vol, listeners.metrics, &mut config)?;
+    let wrap: exports::Wrap = Arc::new(move |b| {
+        let b = match &recorder {
+            Some(r) => r.wrap(b),
+            None => b,
+        };
+        match &metrics {
+            Some(m) => m.wrap(b),
+            None => b,
+        }
+    });
+    let server = match serving {
+        Serving::One(b) => Server::new(wrap(b), config),
+        Serving::Pool(pool, only) => Server::with_exports(
+            Arc::new(exports::PoolExports::new(pool, only, wrap)),
+            config,
+        ),
+    };
     let cache_worker = cache
         .filter(|_| !args.read_only)
         .map(|c| c.start_background());
@@ -407,7 +448,8 @@ fn run(
     systemd.stopping();
     tracing::info!("stopping: finishing in-flight requests");
     server.shutdown();
-    if let Some(r) = &recorder {
+    drop(server);
+    if let Some(r) = &recorder_finish {
         r.finish();
     }
     drop(cache_worker);
@@ -424,12 +466,11 @@ fn run(
 fn with_metrics(
     path: &Path,
     vol: &Arc<Volume>,
-    backend: Arc<dyn Backend>,
     listener: Option<TcpListener>,
     config: &mut ServerConfig,
-) -> Result<Arc<dyn Backend>, Error> {
+) -> Result<Option<Arc<metrics::Metrics>>, Error> {
     let Some(l) = listener else {
-        return Ok(backend);
+        return Ok(None);
     };
     let m = Arc::new(metrics::Metrics::new(
         &path.display().to_string(),
@@ -441,7 +482,7 @@ fn with_metrics(
     metrics::serve(l, m.clone())?;
     tracing::info!("metrics at http://{local}/metrics");
     config.observer = Some(m.observer());
-    Ok(m.wrap(backend))
+    Ok(Some(m))
 }
 
 /// Starts serving on the bound listeners: the URIs clients use, and the
@@ -504,6 +545,14 @@ fn announce(path: &Path, vol: &Volume, args: &ServeArgs, uris: &[String]) -> Res
     out.flush().map_err(|e| Error::io("stdout", e))
 }
 
+/// What a server serves: one backend (a cache, an object-store volume),
+/// or a pool's volumes by name (all, or the one `--export` names).
+enum Serving {
+    One(Arc<dyn Backend>),
+    Pool(Arc<Pool>, Option<exports::Only>),
+}
+
+mod exports;
 mod flags;
 #[cfg(test)]
 mod tests;

@@ -135,7 +135,11 @@ fn policy_of(sb: &Superblock) -> CodecPolicy {
 impl Volume {
     /// Formats `storage` as a new volume and opens it for writing.
     pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Volume, VolError> {
-        Volume::create_from(storage, new_superblock(c), c.pool.then_some(c.logical_size_bytes))
+        Volume::create_from(
+            storage,
+            new_superblock(c),
+            c.pool.then_some(c.logical_size_bytes),
+        )
     }
 
     /// Formats `storage` (joined with its metadata device, if `sb` names

@@ -166,7 +166,10 @@ impl Volume {
         let (usable, compactable) = (self.usable_bytes(&st), self.compactable_bytes(&st));
         let client = get(&self.counters.client_bytes_written);
         let segs = &st.log.segments;
-        let reported = *self.reported_logical.lock().unwrap_or_else(|p| p.into_inner());
+        let reported = *self
+            .reported_logical
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let logical = reported.unwrap_or(self.sb.logical_size_bytes);
         VolumeStats {
             logical_size_bytes: logical,
