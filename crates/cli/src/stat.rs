@@ -799,6 +799,7 @@ mod tests {
             volume: "v.cvol".into(),
             served,
             stats,
+            volumes: None,
         }
     }
 
