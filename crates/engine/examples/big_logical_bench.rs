@@ -6,7 +6,7 @@
 //!
 //! `cargo run --release -p cvol-engine --example big_logical_bench [LOGICAL_GIB] [DIR]`
 use cvol_engine::volume::ScrubOptions;
-use cvol_engine::{CreateOptions, OpenOptions, Volume};
+use cvol_engine::{Codec, CodecPolicy, CreateOptions, OpenOptions, Volume};
 use cvol_storage::FileStorage;
 use std::path::Path;
 use std::sync::Arc;
@@ -75,17 +75,29 @@ fn main() {
     println!("logical {gib} GiB, physical {} MiB", PHYSICAL >> 20);
     step("create", || {
         let st = Arc::new(FileStorage::create(&path, PHYSICAL).expect("create file"));
-        let opts = CreateOptions::new(logical, PHYSICAL);
-        Volume::create(st, &opts).expect("create").close().expect("close");
+        let strong = Codec::Zstd(9);
+        let opts = CreateOptions::new(logical, PHYSICAL).with_codec(CodecPolicy::Auto { strong });
+        Volume::create(st, &opts)
+            .expect("create")
+            .close()
+            .expect("close");
     });
     let vol = step("open (new)", || open(&path));
     step("write 4 MiB + 63", || write(&vol, logical, 0));
     step("checkpoint", || vol.checkpoint().expect("checkpoint"));
     step("overwrite", || write(&vol, logical, 1));
-    step("clean", || vol.clean(64 << 20, false).expect("clean"));
-    step("recompress pass", || {
-        vol.recompress_pass(64 << 20, false).expect("recompress")
+    let gained = step("clean", || vol.clean(PHYSICAL, false).expect("clean"));
+    let rewritten = step("recompress to end", || {
+        let mut total = 0;
+        loop {
+            let r = vol.recompress_pass(64 << 20, false).expect("recompress");
+            total += r.blocks_rewritten;
+            if r.wrapped {
+                return total;
+            }
+        }
     });
+    println!("  (cleaner gained {gained} bytes, recompression rewrote {rewritten} blocks)");
     let opts = ScrubOptions {
         bytes_per_sec: 0,
         yield_to_clients: false,
