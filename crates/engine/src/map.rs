@@ -160,13 +160,37 @@ pub fn ref_summary(entries: impl Iterator<Item = MapEntry>) -> u64 {
 
 /// One directory block: where the record of each of its pages is.
 struct DirBlock {
-    refs: Vec<Option<PageRef>>,
-    count: usize,
+    /// (slot in the block, record) of its pages that have one, by slot:
+    /// memory for what is named, not for the `DIR_SLOTS` pages of a block.
+    refs: Vec<(u16, PageRef)>,
     /// Its MAP_DIR record, once written.
     record: Option<PageRef>,
     /// Changed since `record` was written.
     dirty: bool,
 }
+
+impl DirBlock {
+    fn get(&self, k: usize) -> Option<PageRef> {
+        let at = self.refs.binary_search_by_key(&(k as u16), |&(s, _)| s);
+        at.ok().map(|i| self.refs[i].1)
+    }
+
+    /// Names `r` as slot `k`'s record, returning the one named before.
+    fn replace(&mut self, k: usize, r: Option<PageRef>) -> Option<PageRef> {
+        let key = k as u16;
+        match (self.refs.binary_search_by_key(&key, |&(s, _)| s), r) {
+            (Ok(i), Some(r)) => Some(std::mem::replace(&mut self.refs[i].1, r)),
+            (Ok(i), None) => Some(self.refs.remove(i).1),
+            (Err(i), Some(r)) => {
+                self.refs.insert(i, (key, r));
+                None
+            }
+            (Err(_), None) => None,
+        }
+    }
+}
+
+const _: () = assert!(DIR_SLOTS <= 1 << 16);
 
 /// Counters of the page cache.
 #[derive(Debug, Default, Clone, Copy)]
@@ -441,22 +465,20 @@ impl BlockMap {
                 return;
             }
             self.dirs[b] = Some(Box::new(DirBlock {
-                refs: vec![None; DIR_SLOTS],
-                count: 0,
+                refs: Vec::new(),
                 record: None,
                 dirty: true,
             }));
         }
         let d = self.dirs[b].as_mut().expect("made above");
-        let old = std::mem::replace(&mut d.refs[k], r);
-        d.count = d.count + usize::from(r.is_some()) - usize::from(old.is_some());
+        let old = d.replace(k, r);
         d.dirty = true;
         self.retired.extend(old);
     }
 
     /// Page `p`'s record, if it has one.
     pub fn page_ref(&self, p: usize) -> Option<PageRef> {
-        self.dirs[p / DIR_SLOTS].as_ref()?.refs[p % DIR_SLOTS]
+        self.dirs[p / DIR_SLOTS].as_ref()?.get(p % DIR_SLOTS)
     }
 
     /// Makes sure every page holding an LBA of [first, end) is in memory,
@@ -655,15 +677,15 @@ impl BlockMap {
                 continue;
             };
             d.dirty = false;
-            if d.count == 0 {
+            if d.refs.is_empty() {
                 let record = d.record.take();
                 self.retired.extend(record);
                 self.dirs[b] = None;
                 continue;
             }
             let base = (b * DIR_SLOTS) as u64;
-            let pages = (d.refs.iter().enumerate())
-                .filter_map(|(k, r)| r.map(|r| (base + k as u64, r)))
+            let pages = (d.refs.iter())
+                .map(|&(k, r)| (base + u64::from(k), r))
                 .collect();
             out.push((b, pages));
         }
@@ -720,7 +742,7 @@ impl BlockMap {
             if let Some(r) = d.record {
                 f(r.offset, r.len);
             }
-            d.refs.iter().flatten().for_each(|r| f(r.offset, r.len));
+            d.refs.iter().for_each(|(_, r)| f(r.offset, r.len));
         }
     }
 
@@ -791,12 +813,14 @@ impl BlockMap {
 
     /// Bytes of heap this map uses.
     pub fn memory_bytes(&self) -> u64 {
-        let dirs = self.dirs.iter().flatten().count();
+        let dirs: usize = (self.dirs.iter().flatten())
+            .map(|d| d.refs.capacity() * std::mem::size_of::<(u16, PageRef)>() + 64)
+            .sum();
         let bits = [&self.allocated, &self.dirty, &self.touched, &self.summed];
         (self.pages.memory_bytes()
             + bits.iter().map(|b| b.memory_bytes()).sum::<usize>()
             + self.dirs.capacity() * 8
-            + dirs * (DIR_SLOTS * std::mem::size_of::<Option<PageRef>>() + 64)
+            + dirs
             + self.clock.capacity() * 8
             + self.ref_sums.capacity() * 24) as u64
             + self.resident as u64 * PAGE_MEMORY_BYTES
