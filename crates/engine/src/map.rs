@@ -401,6 +401,7 @@ impl BlockMap {
         self.resident -= 1;
         self.ref_sums.remove(&p);
         self.summed.set(p, false);
+        self.touched.set(p, false);
         self.allocated.set(p, false);
         self.allocated_count -= 1;
         if self.dirty.get(p) {
