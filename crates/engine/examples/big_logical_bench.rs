@@ -4,7 +4,8 @@
 //! physical store, whatever its logical size. Not a test: run it for a
 //! 1 GiB and a 16 TiB volume and compare.
 //!
-//! `cargo run --release -p cvol-engine --example big_logical_bench [LOGICAL_GIB] [DIR]`
+//! `cargo run --release -p cvol-engine --example big_logical_bench [LOGICAL_GIB] [DIR] [keep]`
+//! (`keep`: leave the volume file, for `cvol check` and `cvol stat`)
 use cvol_engine::volume::ScrubOptions;
 use cvol_engine::{Codec, CodecPolicy, CreateOptions, OpenOptions, Volume};
 use cvol_storage::FileStorage;
@@ -118,5 +119,7 @@ fn main() {
         cvol_engine::check::check_volume(&st, &mut |_, _| {})
     });
     assert!(rep.consistent(), "check: {:?}", rep.errors);
-    let _ = std::fs::remove_file(&path);
+    if args.next().as_deref() != Some("keep") {
+        let _ = std::fs::remove_file(&path);
+    }
 }

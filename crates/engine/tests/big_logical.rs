@@ -33,7 +33,8 @@ fn assert_all(vol: &Volume, version: u32) {
         assert!(b == common::wordy_block(lba, version), "lba {lba}");
     }
     // Between the written blocks: zeros.
-    vol.read_at((BLOCKS / 2 + 1000) * BS as u64, &mut b).unwrap();
+    vol.read_at((BLOCKS / 2 + 1000) * BS as u64, &mut b)
+        .unwrap();
     assert!(b.iter().all(|&x| x == 0));
 }
 
@@ -49,8 +50,8 @@ fn assert_small_map(vol: &Volume) {
 fn a_16_tib_volume_costs_what_it_holds() {
     let sim = SimStorage::new(64 * MIB);
     let strong = Codec::Zstd(9);
-    let opts = common::options(&sim, LOGICAL_SIZE_MAX_BYTES)
-        .with_codec(CodecPolicy::Auto { strong });
+    let opts =
+        common::options(&sim, LOGICAL_SIZE_MAX_BYTES).with_codec(CodecPolicy::Auto { strong });
     let vol = common::create(&sim, &opts);
     assert_eq!(vol.size_bytes(), 16 << 40);
     assert_small_map(&vol);

@@ -237,7 +237,11 @@ fn a_map_of_the_largest_logical_size_costs_what_it_holds() {
     }
     assert_eq!(found, pages.to_vec());
     src.checkpoint(&mut m);
-    assert_eq!(m.dir_records().unwrap().len(), 5, "blocks 0, 1, 2, 2441, 4095");
+    assert_eq!(
+        m.dir_records().unwrap().len(),
+        5,
+        "blocks 0, 1, 2, 2441, 4095"
+    );
     assert_eq!(m.evict(0), pages.len());
     m.fault_in(0, blocks, &src).unwrap();
     assert_eq!(m.get(last_page * MAP_PAGE_BLOCKS + 3), entry(7));
