@@ -17,6 +17,7 @@
 use crate::error::MetaError;
 use cvol_format::checkpoint::{PageRef, DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::MapEntry;
+use sparse::{Bits, Slots};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -159,13 +160,37 @@ pub fn ref_summary(entries: impl Iterator<Item = MapEntry>) -> u64 {
 
 /// One directory block: where the record of each of its pages is.
 struct DirBlock {
-    refs: Vec<Option<PageRef>>,
-    count: usize,
+    /// (slot in the block, record) of its pages that have one, by slot:
+    /// memory for what is named, not for the `DIR_SLOTS` pages of a block.
+    refs: Vec<(u16, PageRef)>,
     /// Its MAP_DIR record, once written.
     record: Option<PageRef>,
     /// Changed since `record` was written.
     dirty: bool,
 }
+
+impl DirBlock {
+    fn get(&self, k: usize) -> Option<PageRef> {
+        let at = self.refs.binary_search_by_key(&(k as u16), |&(s, _)| s);
+        at.ok().map(|i| self.refs[i].1)
+    }
+
+    /// Names `r` as slot `k`'s record, returning the one named before.
+    fn replace(&mut self, k: usize, r: Option<PageRef>) -> Option<PageRef> {
+        let key = k as u16;
+        match (self.refs.binary_search_by_key(&key, |&(s, _)| s), r) {
+            (Ok(i), Some(r)) => Some(std::mem::replace(&mut self.refs[i].1, r)),
+            (Ok(i), None) => Some(self.refs.remove(i).1),
+            (Err(i), Some(r)) => {
+                self.refs.insert(i, (key, r));
+                None
+            }
+            (Err(_), None) => None,
+        }
+    }
+}
+
+const _: () = assert!(DIR_SLOTS <= 1 << 16);
 
 /// Counters of the page cache.
 #[derive(Debug, Default, Clone, Copy)]
@@ -176,15 +201,17 @@ pub struct CacheCounts {
 }
 
 pub struct BlockMap {
-    /// Pages in memory.
-    pages: Vec<Option<Arc<Page>>>,
-    /// One bit per page, set while it has entries (in memory or not):
-    /// finding the next allocated page reads 64 slots a word, so scans of
+    /// Pages in memory (`Slots` and `Bits` cost what they hold: a map
+    /// of 2^32 blocks with a few pages used takes a few KiB, not the
+    /// logical size's share).
+    pages: Slots<Arc<Page>>,
+    /// The pages with entries (in memory or not): finding the next
+    /// allocated page skips holes a chunk or a word at a time, so scans of
     /// a large sparse volume cost what is mapped, not the logical size.
-    allocated: Vec<u64>,
-    /// One bit per page changed since its record was written (or that has
-    /// none): it stays in memory until a checkpoint writes it.
-    dirty: Vec<u64>,
+    allocated: Bits,
+    /// The pages changed since their record was written (or that have
+    /// none): they stay in memory until a checkpoint writes them.
+    dirty: Bits,
     dirty_count: usize,
     dirs: Vec<Option<Box<DirBlock>>>,
     /// Records no longer named (superseded pages and directory blocks):
@@ -193,8 +220,8 @@ pub struct BlockMap {
     /// Pages in memory, oldest first (second-chance order); may hold
     /// stale indexes of pages dropped since.
     clock: VecDeque<usize>,
-    /// One bit per page used since the clock last passed it.
-    touched: Vec<u64>,
+    /// The pages used since the clock last passed them.
+    touched: Bits,
     resident: usize,
     /// Pages with entries.
     allocated_count: usize,
@@ -215,7 +242,7 @@ pub struct BlockMap {
     /// recomputed when it comes into memory. The cleaner scans only the
     /// pages whose summary may name its victim (`may_refer_to`).
     ref_sums: rustc_hash::FxHashMap<usize, u64>,
-    summed: Vec<u64>,
+    summed: Bits,
 }
 
 impl BlockMap {
@@ -227,20 +254,19 @@ impl BlockMap {
     /// liveness tables after its pages'.
     pub fn with_tables(blocks: u64, tables: usize) -> BlockMap {
         let npages = (blocks as usize).div_ceil(PAGE_BLOCKS);
-        let words = npages.div_ceil(64);
         BlockMap {
             ref_sums: rustc_hash::FxHashMap::default(),
-            summed: vec![0; words],
-            pages: (0..npages).map(|_| None).collect(),
-            allocated: vec![0; words],
-            dirty: vec![0; words],
+            summed: Bits::new(npages),
+            pages: Slots::new(npages),
+            allocated: Bits::new(npages),
+            dirty: Bits::new(npages),
             dirty_count: 0,
             dirs: (0..(npages + tables).div_ceil(DIR_SLOTS))
                 .map(|_| None)
                 .collect(),
             retired: Vec::new(),
             clock: VecDeque::new(),
-            touched: vec![0; words],
+            touched: Bits::new(npages),
             resident: 0,
             allocated_count: 0,
             counts: CacheCounts::default(),
@@ -264,24 +290,18 @@ impl BlockMap {
 
     /// Page `p` if it is in memory.
     pub fn resident(&self, p: usize) -> Option<&Arc<Page>> {
-        self.pages[p].as_ref()
+        self.pages.get(p)
     }
 
     /// Whether page `p` has entries (in memory or not).
     pub fn is_allocated(&self, p: usize) -> bool {
-        bit(&self.allocated, p)
+        self.allocated.get(p)
     }
 
     /// The pages changed since their records were written.
     pub fn dirty_indexes(&self) -> Vec<usize> {
         let mut out = Vec::with_capacity(self.dirty_count);
-        for (w, &word) in self.dirty.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                out.push(w * 64 + bits.trailing_zeros() as usize);
-                bits &= bits - 1;
-            }
-        }
+        out.extend(self.dirty.ones());
         out
     }
 
@@ -320,10 +340,10 @@ impl BlockMap {
     pub fn get(&self, lba: u64) -> MapEntry {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
-        match &self.pages[p] {
+        match self.pages.get(p) {
             Some(page) => page.entry(i),
             None => {
-                assert!(!bit(&self.allocated, p), "map page {p} not faulted in");
+                assert!(!self.allocated.get(p), "map page {p} not faulted in");
                 MapEntry::UNMAPPED
             }
         }
@@ -337,8 +357,8 @@ impl BlockMap {
     pub fn window_owners(&self, lba: u64, offset: u64) -> u32 {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
-        let Some(page) = &self.pages[p] else {
-            assert!(!bit(&self.allocated, p), "map page {p} not faulted in");
+        let Some(page) = self.pages.get(p) else {
+            assert!(!self.allocated.get(p), "map page {p} not faulted in");
             return 0;
         };
         page.window_owners(i, offset, None)
@@ -349,8 +369,8 @@ impl BlockMap {
     pub fn set(&mut self, lba: u64, e: MapEntry) -> MapEntry {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
-        if self.pages[p].is_none() {
-            assert!(!bit(&self.allocated, p), "map page {p} not faulted in");
+        if !self.pages.has(p) {
+            assert!(!self.allocated.get(p), "map page {p} not faulted in");
             if e.is_unmapped() {
                 return MapEntry::UNMAPPED;
             }
@@ -361,7 +381,7 @@ impl BlockMap {
         if let Some(offset) = e.ref_offset() {
             *self.ref_sums.entry(p).or_default() |= ref_region_bits(offset, offset + 1);
         }
-        let page = Arc::make_mut(self.pages[p].as_mut().expect("page in memory above"));
+        let page = Arc::make_mut(self.pages.get_mut(p).expect("page in memory above"));
         let old = page.entry(i);
         page.loc[i] = e.loc;
         page.crc[i] = e.crc;
@@ -377,22 +397,23 @@ impl BlockMap {
 
     /// A page that lost its last entry: no memory, no record.
     fn drop_page(&mut self, p: usize) {
-        self.pages[p] = None;
+        self.pages.take(p);
         self.resident -= 1;
         self.ref_sums.remove(&p);
-        set_bit(&mut self.summed, p, false);
-        set_bit(&mut self.allocated, p, false);
+        self.summed.set(p, false);
+        self.touched.set(p, false);
+        self.allocated.set(p, false);
         self.allocated_count -= 1;
-        if bit(&self.dirty, p) {
-            set_bit(&mut self.dirty, p, false);
+        if self.dirty.get(p) {
+            self.dirty.set(p, false);
             self.dirty_count -= 1;
         }
         self.set_ref(p, None);
     }
 
     fn allocate(&mut self, p: usize) {
-        assert!(!bit(&self.allocated, p), "page {p} allocated twice");
-        set_bit(&mut self.allocated, p, true);
+        assert!(!self.allocated.get(p), "page {p} allocated twice");
+        self.allocated.set(p, true);
         self.allocated_count += 1;
     }
 
@@ -403,14 +424,14 @@ impl BlockMap {
             0 => self.ref_sums.remove(&p),
             sum => self.ref_sums.insert(p, sum),
         };
-        set_bit(&mut self.summed, p, true);
+        self.summed.set(p, true);
     }
 
     /// Whether page `p` may hold a ref entry to a record in the log bytes
     /// whose summary bits are `bits` (`ref_region_bits`): false only if
     /// its summary is known and has none of them.
     pub fn may_refer_to(&self, p: usize, bits: u64) -> bool {
-        !bit(&self.summed, p) || self.ref_sums.get(&p).is_some_and(|&s| s & bits != 0)
+        !self.summed.get(p) || self.ref_sums.get(&p).is_some_and(|&s| s & bits != 0)
     }
 
     /// Pages with entries (in memory or not).
@@ -419,19 +440,19 @@ impl BlockMap {
     }
 
     fn insert(&mut self, p: usize, page: Arc<Page>) {
-        debug_assert!(self.pages[p].is_none());
+        debug_assert!(!self.pages.has(p));
         self.learn_summary(p, page.ref_summary());
-        self.pages[p] = Some(page);
+        self.pages.put(p, page);
         self.resident += 1;
         self.clock.push_back(p);
-        set_bit(&mut self.touched, p, true);
+        self.touched.set(p, true);
     }
 
     /// Marks page `p` (in memory) changed since its record.
     pub fn mark_dirty(&mut self, p: usize) {
-        debug_assert!(self.pages[p].is_some());
-        if !bit(&self.dirty, p) {
-            set_bit(&mut self.dirty, p, true);
+        debug_assert!(self.pages.has(p));
+        if !self.dirty.get(p) {
+            self.dirty.set(p, true);
             self.dirty_count += 1;
         }
     }
@@ -445,22 +466,20 @@ impl BlockMap {
                 return;
             }
             self.dirs[b] = Some(Box::new(DirBlock {
-                refs: vec![None; DIR_SLOTS],
-                count: 0,
+                refs: Vec::new(),
                 record: None,
                 dirty: true,
             }));
         }
         let d = self.dirs[b].as_mut().expect("made above");
-        let old = std::mem::replace(&mut d.refs[k], r);
-        d.count = d.count + usize::from(r.is_some()) - usize::from(old.is_some());
+        let old = d.replace(k, r);
         d.dirty = true;
         self.retired.extend(old);
     }
 
     /// Page `p`'s record, if it has one.
     pub fn page_ref(&self, p: usize) -> Option<PageRef> {
-        self.dirs[p / DIR_SLOTS].as_ref()?.refs[p % DIR_SLOTS]
+        self.dirs[p / DIR_SLOTS].as_ref()?.get(p % DIR_SLOTS)
     }
 
     /// Makes sure every page holding an LBA of [first, end) is in memory,
@@ -490,7 +509,7 @@ impl BlockMap {
         let mut lba = first;
         while let Some(l) = self.next_allocated_page_lba(lba).filter(|&l| l < end) {
             let p = l as usize / PAGE_BLOCKS;
-            if self.pages[p].is_none() {
+            if !self.pages.has(p) {
                 let r = self.page_ref(p).expect("a page not in memory has a record");
                 out.push((p, r));
             } else {
@@ -505,7 +524,7 @@ impl BlockMap {
     /// memory, if it is still missing and `r` still its record (it may
     /// have been read, rewritten or emptied meanwhile). True if it was.
     pub fn install_read(&mut self, p: usize, page: Page, r: &PageRef) -> bool {
-        let current = self.pages[p].is_none() && self.page_ref(p).as_ref() == Some(r);
+        let current = !self.pages.has(p) && self.page_ref(p).as_ref() == Some(r);
         if current {
             self.counts.misses += 1;
             self.insert(p, Arc::new(page));
@@ -515,11 +534,11 @@ impl BlockMap {
 
     /// `fault_in` for one page (allocated or not).
     pub fn fault_page(&mut self, p: usize, src: &dyn PageSource) -> Result<(), MetaError> {
-        if self.pages[p].is_some() {
-            set_bit(&mut self.touched, p, true);
+        if self.pages.has(p) {
+            self.touched.set(p, true);
             return Ok(());
         }
-        if !bit(&self.allocated, p) {
+        if !self.allocated.get(p) {
             return Ok(());
         }
         self.counts.misses += 1;
@@ -546,7 +565,7 @@ impl BlockMap {
 
     /// Installs page `p` as read from record `r` at open (clean).
     pub fn install_loaded(&mut self, p: usize, page: Page, r: PageRef) {
-        assert!(page.used > 0 && self.pages[p].is_none());
+        assert!(page.used > 0 && !self.pages.has(p));
         self.insert(p, Arc::new(page));
         self.allocate(p);
         self.set_ref(p, Some(r));
@@ -555,7 +574,7 @@ impl BlockMap {
     /// Names page `p`'s record at open without reading it (the page stays
     /// on disk until faulted in).
     pub fn install_unread(&mut self, p: usize, r: PageRef) {
-        assert!(self.pages[p].is_none());
+        assert!(!self.pages.has(p));
         self.allocate(p);
         self.set_ref(p, Some(r));
     }
@@ -585,21 +604,21 @@ impl BlockMap {
             let Some(p) = self.clock.pop_front() else {
                 break;
             };
-            if self.pages[p].is_none() {
+            if !self.pages.has(p) {
                 continue; // a stale index: dropped since
             }
-            if bit(&self.touched, p) || bit(&self.dirty, p) {
-                set_bit(&mut self.touched, p, false);
+            if self.touched.get(p) || self.dirty.get(p) {
+                self.touched.set(p, false);
                 self.clock.push_back(p);
                 continue;
             }
-            self.pages[p] = None;
+            self.pages.take(p);
             self.resident -= 1;
             dropped += 1;
         }
         if self.clock.len() > 2 * self.resident + 64 {
             let pages = &self.pages;
-            self.clock.retain(|&p| pages[p].is_some());
+            self.clock.retain(|&p| pages.has(p));
         }
         self.counts.evictions += dropped as u64;
         dropped
@@ -620,7 +639,7 @@ impl BlockMap {
     /// The dirty pages, shared, for a checkpoint to write. They stay dirty
     /// (in memory) until `page_written` names their record.
     pub fn take_dirty(&self) -> Vec<(usize, Arc<Page>)> {
-        let page = |p: usize| self.pages[p].as_ref().expect("a dirty page is in memory");
+        let page = |p: usize| self.pages.get(p).expect("a dirty page is in memory");
         (self.dirty_indexes().into_iter())
             .map(|p| (p, Arc::clone(page(p))))
             .collect()
@@ -631,7 +650,7 @@ impl BlockMap {
     /// clean if it has not changed since. A page that has lost its entries
     /// since keeps none (the record is retired at once).
     pub fn page_written(&mut self, p: usize, snap: &Arc<Page>, r: PageRef) {
-        if !bit(&self.allocated, p) {
+        if !self.allocated.get(p) {
             self.retired.push(r);
             return;
         }
@@ -639,12 +658,12 @@ impl BlockMap {
         // Its summary afresh (bits are only added while a page changes, so
         // one whose references moved again and again would name the whole
         // log): the page is in memory, written pages are dirty ones.
-        if let Some(sum) = self.pages[p].as_ref().map(|live| live.ref_summary()) {
+        if let Some(sum) = self.pages.get(p).map(|live| live.ref_summary()) {
             self.learn_summary(p, sum);
         }
-        let same = self.pages[p].as_ref().is_some_and(|c| Arc::ptr_eq(c, snap));
-        if same && bit(&self.dirty, p) {
-            set_bit(&mut self.dirty, p, false);
+        let same = self.pages.get(p).is_some_and(|c| Arc::ptr_eq(c, snap));
+        if same && self.dirty.get(p) {
+            self.dirty.set(p, false);
             self.dirty_count -= 1;
         }
     }
@@ -659,15 +678,15 @@ impl BlockMap {
                 continue;
             };
             d.dirty = false;
-            if d.count == 0 {
+            if d.refs.is_empty() {
                 let record = d.record.take();
                 self.retired.extend(record);
                 self.dirs[b] = None;
                 continue;
             }
             let base = (b * DIR_SLOTS) as u64;
-            let pages = (d.refs.iter().enumerate())
-                .filter_map(|(k, r)| r.map(|r| (base + k as u64, r)))
+            let pages = (d.refs.iter())
+                .map(|&(k, r)| (base + u64::from(k), r))
                 .collect();
             out.push((b, pages));
         }
@@ -724,7 +743,7 @@ impl BlockMap {
             if let Some(r) = d.record {
                 f(r.offset, r.len);
             }
-            d.refs.iter().flatten().for_each(|r| f(r.offset, r.len));
+            d.refs.iter().for_each(|(_, r)| f(r.offset, r.len));
         }
     }
 
@@ -737,7 +756,7 @@ impl BlockMap {
     ) -> Result<(), MetaError> {
         let mut next = self.next_allocated_page(0);
         while let Some(p) = next {
-            match (&self.pages[p], src) {
+            match (self.pages.get(p), src) {
                 (Some(page), _) => page.for_each_mapped(p, &mut f),
                 (None, Some(src)) => self.read_page(p, src)?.for_each_mapped(p, &mut f),
                 (None, None) => panic!("map page {p} not faulted in"),
@@ -763,13 +782,7 @@ impl BlockMap {
 
     /// The first allocated page at or after page `start`.
     fn next_allocated_page(&self, start: usize) -> Option<usize> {
-        let mut word = start / 64;
-        let mut bits = *self.allocated.get(word)? & (u64::MAX << (start % 64));
-        while bits == 0 {
-            word += 1;
-            bits = *self.allocated.get(word)?;
-        }
-        Some(word * 64 + bits.trailing_zeros() as usize)
+        self.allocated.next_set(start)
     }
 
     /// The mapped (not unmapped) LBAs in [lba, end) of the first allocated
@@ -801,12 +814,14 @@ impl BlockMap {
 
     /// Bytes of heap this map uses.
     pub fn memory_bytes(&self) -> u64 {
-        let dirs = self.dirs.iter().flatten().count();
-        let words = self.allocated.len() * 4;
-        (self.pages.capacity() * std::mem::size_of::<Option<Arc<Page>>>()
-            + words * std::mem::size_of::<u64>()
+        let dirs: usize = (self.dirs.iter().flatten())
+            .map(|d| d.refs.capacity() * std::mem::size_of::<(u16, PageRef)>() + 64)
+            .sum();
+        let bits = [&self.allocated, &self.dirty, &self.touched, &self.summed];
+        (self.pages.memory_bytes()
+            + bits.iter().map(|b| b.memory_bytes()).sum::<usize>()
             + self.dirs.capacity() * 8
-            + dirs * (DIR_SLOTS * std::mem::size_of::<Option<PageRef>>() + 64)
+            + dirs
             + self.clock.capacity() * 8
             + self.ref_sums.capacity() * 24) as u64
             + self.resident as u64 * PAGE_MEMORY_BYTES
@@ -815,18 +830,6 @@ impl BlockMap {
     /// Bytes of the pages in memory.
     pub fn cache_bytes(&self) -> u64 {
         self.resident as u64 * PAGE_MEMORY_BYTES
-    }
-}
-
-fn bit(words: &[u64], i: usize) -> bool {
-    words[i / 64] & (1 << (i % 64)) != 0
-}
-
-fn set_bit(words: &mut [u64], i: usize, on: bool) {
-    if on {
-        words[i / 64] |= 1 << (i % 64);
-    } else {
-        words[i / 64] &= !(1 << (i % 64));
     }
 }
 
@@ -839,5 +842,6 @@ fn split(lba: u64) -> (usize, usize) {
     ((lba as usize) / PAGE_BLOCKS, (lba as usize) % PAGE_BLOCKS)
 }
 
+mod sparse;
 #[cfg(test)]
 mod tests;

@@ -211,3 +211,46 @@ fn ref_region_bits_cover_every_region_a_range_touches() {
     assert_eq!(ref_region_bits(0, 64 * mib), u64::MAX);
     assert_eq!(ref_region_bits(63 * mib, 65 * mib), 1 << 63 | 1);
 }
+
+#[test]
+fn a_map_of_the_largest_logical_size_costs_what_it_holds() {
+    let src = Records::default();
+    let blocks = 1u64 << 32;
+    let mut m = BlockMap::new(blocks);
+    let fresh = m.memory_bytes();
+    // A slot chunk holds 2048 pages, a bit chunk 4096: pages on both sides
+    // of their edges, far apart, and the last.
+    let last_page = blocks / MAP_PAGE_BLOCKS - 1;
+    let pages = [0, 2047, 2048, 4095, 4096, 5_000_000, last_page];
+    for (n, &p) in pages.iter().enumerate() {
+        m.set(p * MAP_PAGE_BLOCKS + 3, entry(n as u64 + 1));
+    }
+    assert!(fresh < 1 << 20, "an empty map: {fresh} bytes");
+    let used = m.memory_bytes();
+    assert!(used < 1 << 20, "seven pages of 2^32 blocks: {used} bytes");
+    assert_eq!(m.dirty_indexes(), pages.map(|p| p as usize).to_vec());
+    let mut found = vec![];
+    let mut lba = 0;
+    while let Some(l) = m.next_allocated_page_lba(lba) {
+        found.push(l / MAP_PAGE_BLOCKS);
+        lba = page_end(l);
+    }
+    assert_eq!(found, pages.to_vec());
+    src.checkpoint(&mut m);
+    assert_eq!(
+        m.dir_records().unwrap().len(),
+        5,
+        "blocks 0, 1, 2, 2441, 4095"
+    );
+    assert_eq!(m.evict(0), pages.len());
+    m.fault_in(0, blocks, &src).unwrap();
+    assert_eq!(m.get(last_page * MAP_PAGE_BLOCKS + 3), entry(7));
+    // Emptied, the map gives back what its pages took.
+    for &p in &pages {
+        m.set(p * MAP_PAGE_BLOCKS + 3, MapEntry::UNMAPPED);
+    }
+    src.checkpoint(&mut m);
+    m.evict(0);
+    assert_eq!(m.next_allocated_page_lba(0), None);
+    assert_eq!(m.memory_bytes(), fresh + 8 * m.clock.capacity() as u64);
+}
