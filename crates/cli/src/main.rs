@@ -50,7 +50,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create a volume on a file (created sparse) or an existing block device.
+    /// Create a pool on a file (created sparse) or an existing block device,
+    /// with one volume, `default` (add more with `cvol volume create`).
     Create(create::CreateFlags),
     /// Serve a volume over NBD (default: ./cvol-data/default.cvol, created if absent).
     Serve(Box<serve::ServeArgs>),

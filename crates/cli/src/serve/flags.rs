@@ -39,7 +39,10 @@ pub struct ServeArgs {
     /// duration, result) into FILE, a new file (`cvol trace show|replay`).
     #[arg(long, value_name = "FILE")]
     pub(super) trace: Option<PathBuf>,
-    /// Export name (clients asking for "" get it too).
+    /// Serve only this volume of the pool, under this name (clients asking
+    /// for "" get it too). Default: every volume under its own name, and
+    /// `default` under "" as well. On a pool of one volume, a name that is
+    /// no volume's serves that volume under it.
     #[arg(long, default_value = "")]
     pub(super) export: String,
     /// Serve read-only: clients cannot write and the volume is not written.
