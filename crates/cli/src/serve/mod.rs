@@ -154,6 +154,8 @@ pub fn cmd_serve(args: ServeArgs, globals: &Globals) -> Result<ExitCode, Error> 
         Pool::attach(vol.clone())
             .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?,
     );
+    let names: Vec<String> = pool.volumes().into_iter().map(|v| v.name).collect();
+    tracing::info!("pool of {} volume(s): {}", names.len(), names.join(", "));
     let only = exports::only(&pool, &args.export)
         .map_err(|e| Error::Usage(format!("--export {}: {e}", args.export)))?;
     let served = run(
