@@ -46,6 +46,7 @@ fn run(
         segment_size_bytes: 1 << 20,
         dedup: false,
         packing: Default::default(),
+        pool: false,
     };
     let st = Arc::new(FileStorage::create(&path, physical).expect("create backing file"));
     drop(Volume::create(st, &opts).expect("create volume"));

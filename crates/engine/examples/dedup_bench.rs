@@ -104,6 +104,7 @@ fn volume(dir: &std::path::Path, name: &str, size: u64, dedup: bool) -> Volume {
         segment_size_bytes: 0,
         dedup,
         packing: Default::default(),
+        pool: false,
     };
     drop(Volume::create(Arc::new(st), &opts).unwrap());
     let st = FileStorage::open(&path, true, true).unwrap();

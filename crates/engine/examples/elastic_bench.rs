@@ -116,6 +116,7 @@ fn unit_sizes(dir: &Path, img: &[u8]) {
                 segment_size_bytes: 0,
                 dedup: false,
                 packing: Default::default(),
+                pool: false,
             };
             Volume::create(Arc::new(storage), &opts)
                 .unwrap()

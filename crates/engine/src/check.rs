@@ -88,7 +88,9 @@ pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -
 /// holds (a freed extent still pending its unmapping is finished at the
 /// next open for writing: a note).
 fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep: &mut CheckReport) {
-    use cvol_format::pool::{PoolTable, EXTENT_BLOCKS, POOL_EXTENTS, POOL_SLOT_BYTES, POOL_SLOT_OFFSETS};
+    use cvol_format::pool::{
+        PoolTable, EXTENT_BLOCKS, POOL_EXTENTS, POOL_SLOT_BYTES, POOL_SLOT_OFFSETS,
+    };
     let mut best: Option<PoolTable> = None;
     for (i, &off) in POOL_SLOT_OFFSETS.iter().enumerate() {
         let mut b = vec![0u8; POOL_SLOT_BYTES as usize];
@@ -115,7 +117,8 @@ fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep:
         }
     }
     for &e in &t.pending {
-        rep.notes.push(format!("pool extent {e} is pending its unmapping"));
+        rep.notes
+            .push(format!("pool extent {e} is pending its unmapping"));
         owner[e as usize] = Some(("(pending)", EXTENT_BLOCKS));
     }
     let mut lba = 0;
@@ -132,7 +135,8 @@ fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep:
             )),
             Some(_) => {}
         }
-        lba = l - l % cvol_format::checkpoint::MAP_PAGE_BLOCKS + cvol_format::checkpoint::MAP_PAGE_BLOCKS;
+        lba = l - l % cvol_format::checkpoint::MAP_PAGE_BLOCKS
+            + cvol_format::checkpoint::MAP_PAGE_BLOCKS;
     }
     rep.notes.push(format!(
         "pool: {} volume(s), table generation {}",

@@ -23,6 +23,7 @@ fn volume_with_data(sim: &SimStorage) -> Volume {
         segment_size_bytes: MIB,
         dedup: true,
         packing: Default::default(),
+        pool: false,
     };
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
     for i in 0..64 {

@@ -29,6 +29,7 @@ fn populate(sim: &SimStorage, codec: CodecPolicy) -> Vec<u8> {
         segment_size_bytes: MIB,
         dedup: true,
         packing: Default::default(),
+        pool: false,
     };
     Volume::create(Arc::new(sim.clone()), &opts)
         .unwrap()
@@ -244,6 +245,7 @@ fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back
         segment_size_bytes: MIB,
         dedup: false,
         packing: Default::default(),
+        pool: false,
     };
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
     vol.write_at(7 * BS as u64, &block(7, 0), false).unwrap();

@@ -43,6 +43,7 @@ fn create(sim: &SimStorage) {
         segment_size_bytes: MIB,
         dedup: false,
         packing: Default::default(),
+        pool: false,
     };
     Volume::create(Arc::new(sim.clone()), &opts)
         .unwrap()

@@ -109,6 +109,7 @@ pub fn build_image() -> Vec<u8> {
         segment_size_bytes: SEGMENT_BYTES,
         dedup: true,
         packing: Default::default(),
+        pool: false,
     };
     let w = |vol: &Volume, lba: u64, data: &[u8]| {
         vol.write_at(lba * BS as u64, data, false)

@@ -87,3 +87,61 @@ impl Exports for PoolExports {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cvol_engine::CreateOptions;
+    use cvol_storage::{SimStorage, Storage};
+
+    fn pool(names: &[&str]) -> Arc<Pool> {
+        let sim = SimStorage::new(32 << 20);
+        let c = CreateOptions::new(1 << 20, sim.len_bytes()).with_segment_size(1 << 20);
+        let p = Pool::create(Arc::new(sim), &c).unwrap();
+        for n in names {
+            p.create_volume(n, 2 << 20).unwrap();
+        }
+        Arc::new(p)
+    }
+
+    fn exports(p: &Arc<Pool>, export: &str) -> PoolExports {
+        let only = only(p, export).unwrap();
+        PoolExports::new(p.clone(), only, Arc::new(|b| b))
+    }
+
+    fn size(e: &PoolExports, name: &str) -> Option<(String, u64)> {
+        e.lookup(name).map(|x| (x.name, x.backend.size_bytes()))
+    }
+
+    #[test]
+    fn every_volume_by_name_and_default_under_the_empty_name() {
+        let p = pool(&["a"]);
+        let e = exports(&p, "");
+        let names: Vec<String> = e.list().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["a", "default"]);
+        assert_eq!(size(&e, ""), Some(("default".into(), 1 << 20)));
+        assert_eq!(size(&e, "a"), Some(("a".into(), 2 << 20)));
+        assert_eq!(size(&e, "b"), None);
+        p.create_volume("b", 4096).unwrap();
+        assert_eq!(size(&e, "b"), Some(("b".into(), 4096)), "created while served");
+        let held = e.lookup("a").unwrap();
+        assert_eq!(p.volume("a").unwrap().clients(), 1, "a connection holds it open");
+        drop(held);
+        assert_eq!(p.volume("a").unwrap().clients(), 0);
+    }
+
+    #[test]
+    fn export_limits_to_one_volume_or_renames_the_only_one() {
+        let p = pool(&["a"]);
+        let e = exports(&p, "a");
+        assert_eq!(e.list(), vec![("a".to_string(), None)]);
+        assert_eq!(size(&e, ""), Some(("a".into(), 2 << 20)));
+        assert_eq!(size(&e, "default"), None);
+        let err = only(&p, "nope").unwrap_err();
+        assert!(err.contains("it has: a, default"), "{err}");
+        let single = pool(&[]);
+        let e = exports(&single, "disk0");
+        assert_eq!(size(&e, "disk0"), Some(("disk0".into(), 1 << 20)));
+        assert_eq!(size(&e, ""), Some(("disk0".into(), 1 << 20)));
+    }
+}
