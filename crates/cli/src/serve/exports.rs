@@ -123,9 +123,17 @@ mod tests {
         assert_eq!(size(&e, "a"), Some(("a".into(), 2 << 20)));
         assert_eq!(size(&e, "b"), None);
         p.create_volume("b", 4096).unwrap();
-        assert_eq!(size(&e, "b"), Some(("b".into(), 4096)), "created while served");
+        assert_eq!(
+            size(&e, "b"),
+            Some(("b".into(), 4096)),
+            "created while served"
+        );
         let held = e.lookup("a").unwrap();
-        assert_eq!(p.volume("a").unwrap().clients(), 1, "a connection holds it open");
+        assert_eq!(
+            p.volume("a").unwrap().clients(),
+            1,
+            "a connection holds it open"
+        );
         drop(held);
         assert_eq!(p.volume("a").unwrap().clients(), 0);
     }
