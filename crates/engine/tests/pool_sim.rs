@@ -43,6 +43,9 @@ const BSU: u64 = BS as u64;
 /// the workload writes: the rest of a volume stays unwritten.
 const HOT: u64 = 48;
 const STORE_BYTES: u64 = 12 * MIB;
+/// Seeds each simulation runs by default (each opens its pool about six
+/// times, and every open builds a map of the pool's 16 TiB).
+const SEEDS: u64 = 100;
 const NAMES: [&str; 6] = ["default", "a", "b", "c", "d", "e"];
 
 /// What one block may hold (`common::sim::Model`, one block, sparse).
@@ -184,7 +187,10 @@ fn hot_block(rng: &mut StdRng, blocks: u64) -> u64 {
     let b = match rng.gen_range(0..3) {
         0 => rng.gen_range(0..HOT),
         1 => near(blocks, rng),
-        _ => near(EXTENT_BLOCKS * rng.gen_range(1..=blocks.div_ceil(EXTENT_BLOCKS)), rng),
+        _ => near(
+            EXTENT_BLOCKS * rng.gen_range(1..=blocks.div_ceil(EXTENT_BLOCKS)),
+            rng,
+        ),
     };
     b.min(blocks - 1)
 }
@@ -261,7 +267,14 @@ fn pick_pool_op(rng: &mut StdRng, m: &PoolModel) -> PoolOp {
     } else if rng.gen_ratio(1, 3) {
         PoolOp::Delete(name)
     } else {
-        PoolOp::Resize(name, size_blocks(rng) * BSU, rng.gen_bool(0.6))
+        // Half the resizes move the end by a few blocks: a shrink cuts the
+        // blocks written near the end, and a grow exposes them again.
+        let cur = m.vols[&name].blocks;
+        let blocks = match rng.gen_bool(0.5) {
+            true => (cur + rng.gen_range(0..2 * HOT)).saturating_sub(HOT).max(1),
+            false => size_blocks(rng),
+        };
+        PoolOp::Resize(name, blocks * BSU, rng.gen_bool(0.6))
     }
 }
 
@@ -314,7 +327,9 @@ fn pool_op(
     // Blocks written as zeros past a shrink's end may be mapped (as zeros)
     // or not: the shrink may be refused, or not.
     let may_refuse = match &op {
-        PoolOp::Resize(name, size, false) => m.vols[name].written.range(size / BSU..).next().is_some(),
+        PoolOp::Resize(name, size, false) => {
+            m.vols[name].written.range(size / BSU..).next().is_some()
+        }
         _ => false,
     };
     arm();
@@ -364,7 +379,9 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng) -> bool {
     }
     let name = &names[rng.gen_range(0..names.len())];
     let vm = m.vols.get_mut(name).expect("a volume of the model");
-    let view = pool.volume(name).expect("every volume of the table has a view");
+    let view = pool
+        .volume(name)
+        .expect("every volume of the table has a view");
     let (blocks, first) = (vm.blocks, hot_block(rng, vm.blocks));
     let nb = rng.gen_range(1..=8).min(blocks - first);
     let (off, len) = (first * BSU, nb * BSU);
@@ -385,7 +402,11 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng) -> bool {
             }
             (r, None, false)
         }
-        63..=69 => (view.write_zeroes(off, len, rng.gen(), false), Some(vec![0; len as usize]), false),
+        63..=69 => (
+            view.write_zeroes(off, len, rng.gen(), false),
+            Some(vec![0; len as usize]),
+            false,
+        ),
         70..=89 => {
             let r = view.flush();
             if r.is_ok() {
@@ -397,8 +418,14 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng) -> bool {
             let mut b = vec![0u8; BS];
             let r = view.read_at(off, &mut b);
             if r.is_ok() {
-                let want = vm.written.get(&first).map_or(vec![0u8; BS], |b| b.cur.clone());
-                assert!(b == want, "volume {name} block {first} reads other than written");
+                let want = vm
+                    .written
+                    .get(&first)
+                    .map_or(vec![0u8; BS], |b| b.cur.clone());
+                assert!(
+                    b == want,
+                    "volume {name} block {first} reads other than written"
+                );
             }
             (r, None, false)
         }
@@ -448,7 +475,13 @@ fn open_pool(store: &SimStorage) -> Pool {
 
 /// Checks one volume of a reopened pool against its model, and makes what
 /// it holds now the model's durable state.
-fn check_volume_data(pool: &Pool, t: &PoolTable, name: &str, vm: &mut VolModel, cov: &mut Coverage) {
+fn check_volume_data(
+    pool: &Pool,
+    t: &PoolTable,
+    name: &str,
+    vm: &mut VolModel,
+    cov: &mut Coverage,
+) {
     let v = t.volume(name).expect("in the table");
     let mut blocks: Vec<u64> = vm.written.keys().copied().collect();
     // Every mapped block of its extents: it must be one it wrote.
@@ -478,7 +511,10 @@ fn check_volume_data(pool: &Pool, t: &PoolTable, name: &str, vm: &mut VolModel, 
             } else {
                 "zeros instead of its flushed data"
             };
-            panic!("volume {name} block {b} holds {why}: {:?}", String::from_utf8_lossy(&got[..48]));
+            panic!(
+                "volume {name} block {b} holds {why}: {:?}",
+                String::from_utf8_lossy(&got[..48])
+            );
         }
         if hv != h(&blk.cur) {
             cov.rolled_back += 1;
@@ -535,8 +571,16 @@ fn check_reopened(
         panic!("the table after reopening is neither the old nor the new one: {k:?}");
     };
     let t = raw_table(store, &pool.engine().superblock().uuid);
-    assert!(t.pending.is_empty(), "extents still pending: {:?}", t.pending);
-    let raw: Key = t.volumes.iter().map(|v| (v.name.clone(), v.id, v.size_bytes)).collect();
+    assert!(
+        t.pending.is_empty(),
+        "extents still pending: {:?}",
+        t.pending
+    );
+    let raw: Key = t
+        .volumes
+        .iter()
+        .map(|v| (v.name.clone(), v.id, v.size_bytes))
+        .collect();
     let mut raw = raw;
     raw.sort();
     assert_eq!(raw, k, "the table on the store and the pool's");
@@ -673,9 +717,20 @@ fn report(what: &str, n: u64, c: &Coverage) {
 
 /// Every kind of operation ran and was cut, both ways.
 fn assert_covered(n: u64, c: &Coverage) {
-    assert!(c.ops.iter().all(|&x| x >= n / 4), "too few operations: {:?}", c.ops);
-    assert!(c.cut_in_op.iter().all(|&x| x > 0), "a kind never cut: {:?}", c.cut_in_op);
-    assert!(c.table_old > 0 && c.table_new > 0, "a cut op never left the old or the new table");
+    assert!(
+        c.ops.iter().all(|&x| x >= n / 4),
+        "too few operations: {:?}",
+        c.ops
+    );
+    assert!(
+        c.cut_in_op.iter().all(|&x| x > 0),
+        "a kind never cut: {:?}",
+        c.cut_in_op
+    );
+    assert!(
+        c.table_old > 0 && c.table_new > 0,
+        "a cut op never left the old or the new table"
+    );
     assert!(c.refusals > 0, "no operation was refused");
 }
 
@@ -684,7 +739,7 @@ fn pool_crash_simulation_seeds() {
     let Some((n, cov)) = seeds::run_seeds(
         "CVOL_POOL_SIM_SEED",
         "CVOL_POOL_SIM_SEEDS",
-        200,
+        SEEDS,
         crash_seed,
         Coverage::add,
     ) else {
@@ -692,7 +747,10 @@ fn pool_crash_simulation_seeds() {
     };
     report("crash", n, &cov);
     assert_covered(n, &cov);
-    assert!(cov.rolled_back > 0 && cov.kept_unflushed > 0, "no unflushed data was lost or kept");
+    assert!(
+        cov.rolled_back > 0 && cov.kept_unflushed > 0,
+        "no unflushed data was lost or kept"
+    );
 }
 
 #[test]
@@ -700,7 +758,7 @@ fn pool_fault_simulation_seeds() {
     let Some((n, cov)) = seeds::run_seeds(
         "CVOL_POOL_FAULT_SEED",
         "CVOL_POOL_FAULT_SEEDS",
-        200,
+        SEEDS,
         fault_seed,
         Coverage::add,
     ) else {
@@ -709,4 +767,75 @@ fn pool_fault_simulation_seeds() {
     report("fault", n, &cov);
     assert_covered(n, &cov);
     assert!(cov.live_reopens > 0);
+}
+
+/// The fault simulation's shrinks once counted only blocks holding data
+/// as mapped: blocks written as zeros past the new end may be mapped too,
+/// and the shrink is then refused, changing nothing. (Fault seed 4.)
+#[test]
+fn regression_a_shrink_over_blocks_written_as_zeros_may_be_refused() {
+    fault_seed(4, &mut Coverage::default());
+}
+
+/// A shrink without discard over zeros written with NO_HOLE (mapped as
+/// zeros) is refused and changes nothing; with discard it succeeds, and
+/// a grow after it reads zeros there.
+#[test]
+fn a_shrink_refused_over_mapped_zeros_changes_nothing() {
+    let mut rng = StdRng::seed_from_u64(1);
+    let (store, pool, _) = new_pool(&mut rng);
+    pool.create_volume("z", 64 * BSU).unwrap();
+    let v = pool.volume("z").unwrap();
+    v.write_zeroes(40 * BSU, BSU, true, false).unwrap();
+    v.write_at(0, &vec![7u8; BS], false).unwrap();
+    let e = pool.resize_volume("z", 32 * BSU, false).unwrap_err();
+    assert!(
+        matches!(e, PoolError::MappedBeyond { first_mapped, .. } if first_mapped == 40 * BSU),
+        "{e}"
+    );
+    assert_eq!(v.size_bytes(), 64 * BSU);
+    assert_eq!(pool.resize_volume("z", 32 * BSU, true).unwrap(), 64 * BSU);
+    pool.resize_volume("z", 64 * BSU, false).unwrap();
+    let mut b = vec![1u8; BS];
+    v.read_at(40 * BSU, &mut b).unwrap();
+    assert_eq!(b, vec![0u8; BS]);
+    v.read_at(0, &mut b).unwrap();
+    assert_eq!(b, vec![7u8; BS]);
+    drop((v, pool));
+    let t = raw_table(&store, &read_uuid(&store));
+    let z = t.volume("z").unwrap();
+    assert_eq!((z.size_bytes, t.pending.len()), (64 * BSU, 0));
+}
+
+fn read_uuid(store: &SimStorage) -> [u8; 16] {
+    cvol_engine::read_superblock(store)
+        .expect("a superblock")
+        .0
+        .uuid
+}
+
+/// A table slot that fails to read is an invalid slot: the pool opens
+/// with the other one (as it does when a slot's checksum fails).
+#[test]
+fn an_unreadable_table_slot_leaves_the_other() {
+    let mut rng = StdRng::seed_from_u64(2);
+    let (store, pool, _) = new_pool(&mut rng);
+    pool.create_volume("x", 64 * BSU).unwrap();
+    pool.create_volume("y", 64 * BSU).unwrap();
+    pool.engine().close().unwrap();
+    drop(pool);
+    let gen = raw_table(&store, &read_uuid(&store)).generation;
+    for (slot, names) in [
+        (gen % 2, vec!["default", "x"]),
+        (1 - gen % 2, vec!["default", "x", "y"]),
+    ] {
+        let off = POOL_SLOT_OFFSETS[slot as usize];
+        store.set_config(SimConfig {
+            bad_read_ranges: vec![(off, off + 512)],
+            ..SimConfig::default()
+        });
+        let pool = open_pool(&store);
+        let got: Vec<_> = pool.volumes().into_iter().map(|v| v.name).collect();
+        assert_eq!(got, names, "slot {slot} unreadable");
+    }
 }
