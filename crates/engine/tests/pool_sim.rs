@@ -652,7 +652,7 @@ fn crash_seed(seed: u64, cov: &mut Coverage) {
         let crashed = power_cut(&store, &mut rng);
         drop(pool);
         pool = open_pool(&crashed);
-        m = check_reopened(&pool, &crashed, &m, alt.as_ref(), cov, seed % 8 == 0);
+        m = check_reopened(&pool, &crashed, &m, alt.as_ref(), cov, seed.is_multiple_of(8));
         store = crashed;
     }
     close_and_verify(pool, &store, m, cov);
@@ -690,7 +690,7 @@ fn fault_seed(seed: u64, cov: &mut Coverage) {
         };
         drop(pool);
         pool = open_pool(&next);
-        m = check_reopened(&pool, &next, &m, alt.as_ref(), cov, seed % 8 == 0);
+        m = check_reopened(&pool, &next, &m, alt.as_ref(), cov, seed.is_multiple_of(8));
         store = next;
     }
     close_and_verify(pool, &store, m, cov);
