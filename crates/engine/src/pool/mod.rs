@@ -83,8 +83,13 @@ fn read_table(storage: &dyn Storage, uuid: &[u8; 16]) -> Result<PoolTable, PoolE
     let mut best: Option<PoolTable> = None;
     let mut why = Vec::new();
     for (i, &off) in POOL_SLOT_OFFSETS.iter().enumerate() {
+        // A slot that fails to read is invalid, as a torn or damaged one
+        // is: the other is the table.
         let mut head = vec![0u8; POOL_HEADER_BYTES];
-        storage.read_at(off, &mut head)?;
+        if let Err(e) = storage.read_at(off, &mut head) {
+            why.push(format!("slot {i}: {e}"));
+            continue;
+        }
         let t = PoolTable::payload_len(&head, uuid).and_then(|n| {
             let mut b = vec![0u8; POOL_HEADER_BYTES + n];
             storage
