@@ -335,6 +335,16 @@ settle() {
     done
     SETTLE_S=$(($(date +%s) - t0))
 }
+# idle_target POOL WHAT -- idle cleaning collects dead space in segments at
+# most 90% live until it is at most 5% of the live bytes (`serve
+# --idle-clean`): once settled, what it could still collect is under that.
+idle_target() {
+    local reclaimable live
+    reclaimable=$(stat_key "$1" reclaimable_bytes)
+    live=$(json_get "$E2E_TMP/stat.json" live_bytes)
+    ((reclaimable * 20 <= live)) ||
+        fail "$2: idle cleaning settled with $(mib "$reclaimable") reclaimable (dead in segments at most 90% live) > 5% of the $(mib "$live") live"
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 
 part_dedup() {
@@ -361,6 +371,7 @@ part_dedup() {
     log "one copy: stored $(mib "$one_st"), du $(mib "$one_du"); ten copies: stored $(mib "$all_st"), du $(mib "$busy_du") right after, $(mib "$all_du") once idle (${SETTLE_S} s)"
     log "ten copies / one: stored $(ratio "$all_st" "$one_st")x, du $(ratio "$all_du" "$one_du")x ($(ratio "$busy_du" "$one_du")x before idle cleaning)"
     ((all_st * 10 <= one_st * 11)) || fail "ten copies stored $all_st bytes > 1.1x one copy's $one_st"
+    idle_target "$DPOOL" "after ten copies"
     ((all_du * 10 <= one_du * 11)) || fail "ten copies take du $all_du bytes > 1.1x one copy's $one_du"
     shared=$(stat_key "$DPOOL" shared_bytes v3)
     unique=$(stat_key "$DPOOL" unique_bytes v3)
@@ -383,13 +394,7 @@ part_dedup() {
     after_pu=$(stat_key "$DPOOL" physical_used_bytes)
     after_du=$(du_b "$DPOOL")
     log "before the deletes: du $(mib "$before_du"), physical_used $(mib "$before_pu"); after (idle ${SETTLE_S} s): du $(mib "$after_du"), physical_used $(mib "$after_pu"); one copy: du $(mib "$one_du")"
-    # Idle cleaning collects dead space in segments at most 90% live until
-    # it is at most 5% of the live bytes (`serve --idle-clean`).
-    local reclaimable live
-    reclaimable=$(stat_key "$DPOOL" reclaimable_bytes)
-    live=$(json_get "$E2E_TMP/stat.json" live_bytes)
-    ((reclaimable * 20 <= live)) ||
-        fail "idle cleaning settled with $(mib "$reclaimable") reclaimable (dead in segments at most 90% live) > 5% of the $(mib "$live") live"
+    idle_target "$DPOOL" "after the deletes"
     ((before_du - after_du >= 60 * MIB)) || fail "du fell by $(mib $((before_du - after_du))) only, expected >= 60 MiB of the 72 MiB deleted"
     # Idle cleaning leaves segments more than 90% live alone: one copy plus
     # that margin.
