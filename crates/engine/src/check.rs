@@ -175,13 +175,10 @@ fn check_tables(sb: &Superblock, recovered: &mut Recovered, rep: &mut CheckRepor
 /// lost one costs dedup hits after the next open, never data), so damage
 /// is a note, with what it costs.
 fn check_fp_tables(storage: &dyn Storage, sb: &Superblock, r: &Recovered, rep: &mut CheckReport) {
-    let first = cvol_format::tables::table_count(sb.segment_count()) as usize;
-    let end = cvol_format::hooks::hook_root_table(sb.segment_count(), sb.segment_size_bytes);
+    let first = cvol_format::tables::table_count(sb.table_segments()) as usize;
+    let end = cvol_format::hooks::hook_root_table(sb.table_segments(), sb.segment_size_bytes);
     let (mut good, mut rows, mut bad) = (0u64, 0u64, Vec::new());
-    for t in first..r.map.tables().min(end as usize) {
-        let Some(pr) = r.map.table_ref(t) else {
-            continue;
-        };
+    for (t, pr) in r.map.table_refs(first, end as usize) {
         match crate::liveness::read_fp_table(storage, sb, t, &pr) {
             Ok(v) => {
                 good += 1;

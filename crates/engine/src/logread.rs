@@ -17,7 +17,7 @@ use cvol_storage::Storage;
 
 /// An empty map of the volume, with directory slots for its tables.
 pub(crate) fn volume_map(sb: &Superblock) -> BlockMap {
-    let tables = directory_tables(sb.segment_count(), sb.segment_size_bytes);
+    let tables = directory_tables(sb.table_segments(), sb.segment_size_bytes);
     BlockMap::with_tables(sb.logical_blocks(), tables as usize)
 }
 

@@ -327,6 +327,30 @@ impl BlockMap {
         self.set_ref(self.table_slot(t), r);
     }
 
+    /// The tables in [first, end) that have a record, in table order: what
+    /// is named, not every slot (a pool's table slots number millions).
+    pub fn table_refs(&self, first: usize, end: usize) -> Vec<(usize, PageRef)> {
+        let end = end.min(self.tables);
+        if first >= end {
+            return Vec::new();
+        }
+        let base = self.pages.len();
+        let (lo, hi) = (base + first, base + end);
+        let mut out = Vec::new();
+        for b in lo / DIR_SLOTS..hi.div_ceil(DIR_SLOTS) {
+            let Some(d) = self.dirs.get(b).and_then(|d| d.as_ref()) else {
+                continue;
+            };
+            for &(k, r) in &d.refs {
+                let slot = b * DIR_SLOTS + usize::from(k);
+                if (lo..hi).contains(&slot) {
+                    out.push((slot - base, r));
+                }
+            }
+        }
+        out
+    }
+
     /// The table whose directory slot is `slot`, if it is one.
     pub fn table_of_slot(&self, slot: u64) -> Option<usize> {
         let t = usize::try_from(slot).ok()?.checked_sub(self.pages.len())?;

@@ -45,7 +45,7 @@ const HOT: u64 = 48;
 const STORE_BYTES: u64 = 12 * MIB;
 /// Seeds each simulation runs by default (each opens its pool about six
 /// times, and every open builds a map of the pool's 16 TiB).
-const SEEDS: u64 = 100;
+const SEEDS: u64 = 300;
 const NAMES: [&str; 6] = ["default", "a", "b", "c", "d", "e"];
 
 /// What one block may hold (`common::sim::Model`, one block, sparse).
@@ -652,7 +652,14 @@ fn crash_seed(seed: u64, cov: &mut Coverage) {
         let crashed = power_cut(&store, &mut rng);
         drop(pool);
         pool = open_pool(&crashed);
-        m = check_reopened(&pool, &crashed, &m, alt.as_ref(), cov, seed.is_multiple_of(8));
+        m = check_reopened(
+            &pool,
+            &crashed,
+            &m,
+            alt.as_ref(),
+            cov,
+            seed.is_multiple_of(8),
+        );
         store = crashed;
     }
     close_and_verify(pool, &store, m, cov);

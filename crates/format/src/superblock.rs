@@ -248,6 +248,19 @@ impl Superblock {
         crc32c::crc32c(&self.uuid)
     }
 
+    /// The segment count the map directory's table slots are numbered for
+    /// (`fprints::directory_tables`): a pool's are numbered for the most
+    /// segments its segment size allows (8 TiB of them, and its metadata
+    /// segments), so that its physical size can change without moving a
+    /// table; other volumes' for their segments.
+    pub fn table_segments(&self) -> u64 {
+        if self.is_pool() {
+            PHYSICAL_SIZE_MAX_BYTES / self.segment_size_bytes + u64::from(self.metadata_segments)
+        } else {
+            self.segment_count()
+        }
+    }
+
     /// Segments of the whole volume: the data store's, then the metadata
     /// device's (numbered on, at offsets on from `metadata_base`).
     pub fn segment_count(&self) -> u64 {

@@ -34,6 +34,9 @@ pub(crate) struct FpBooks {
     data_offset: u64,
     segment_size: u64,
     segments: u64,
+    /// The segment count table indexes are numbered for
+    /// (`Superblock::table_segments`).
+    layout: u64,
     parts: HashMap<usize, Part>,
     /// The part of the last row noted: the log head's (it takes the next
     /// rows, so it stays in memory when written).
@@ -69,6 +72,7 @@ impl FpBooks {
             data_offset: sb.data_offset_bytes,
             segment_size: sb.segment_size_bytes,
             segments: sb.segment_count(),
+            layout: sb.table_segments(),
             parts: HashMap::new(),
             last: None,
             stamp: 1,
@@ -84,12 +88,12 @@ impl FpBooks {
             rel / self.segment_size,
             rel % self.segment_size / FP_PART_BYTES,
         );
-        fp_table_index(self.segments, self.segment_size, s, k) as usize
+        fp_table_index(self.layout, self.segment_size, s, k) as usize
     }
 
     /// Segment and part of fingerprint table `t`, if it is one.
     pub(crate) fn part_of(&self, t: usize) -> Option<(u64, u32)> {
-        let i = (t as u64).checked_sub(table_count(self.segments))?;
+        let i = (t as u64).checked_sub(table_count(self.layout))?;
         let per = fp_parts(self.segment_size);
         (i < self.segments * per).then(|| (i / per, (i % per) as u32))
     }
@@ -208,7 +212,7 @@ impl FpBooks {
     /// Segment `s` was freed: its parts' rows are gone.
     fn freed(&mut self, s: u64) -> Vec<usize> {
         let per = fp_parts(self.segment_size);
-        let first = fp_table_index(self.segments, self.segment_size, s, 0) as usize;
+        let first = fp_table_index(self.layout, self.segment_size, s, 0) as usize;
         let tables: Vec<usize> = (first..first + per as usize).collect();
         for t in &tables {
             if let Some(p) = self.parts.remove(t) {
@@ -276,7 +280,7 @@ impl LiveMap {
     /// The changed fingerprint tables, for a checkpoint (none for a map
     /// without their directory slots; see `FpBooks::snapshot`).
     pub(crate) fn fp_snapshot(&mut self, head: u64, with_head: bool) -> Vec<FpSnapshot> {
-        if self.map.tables() as u64 <= table_count(self.fps.segments) {
+        if self.map.tables() as u64 <= table_count(self.fps.layout) {
             return Vec::new();
         }
         self.fps.snapshot(head, with_head)
@@ -292,7 +296,7 @@ impl LiveMap {
 
     /// Segments just freed: their fingerprint tables are named no more.
     pub(crate) fn fp_segments_freed(&mut self, freed: &[u64]) {
-        if self.map.tables() as u64 <= table_count(self.fps.segments) {
+        if self.map.tables() as u64 <= table_count(self.fps.layout) {
             return;
         }
         for &s in freed {
@@ -316,7 +320,7 @@ impl LiveMap {
     /// memory), and of all segments.
     pub(crate) fn fp_uncovered_live(&self) -> (u64, u64) {
         let per = fp_parts(self.fps.segment_size) as usize;
-        let first = table_count(self.fps.segments) as usize;
+        let first = table_count(self.fps.layout) as usize;
         let (mut uncovered, mut all) = (0, 0);
         for s in 0..self.fps.segments {
             let live = self.usage.live_bytes(s);
@@ -335,7 +339,7 @@ impl LiveMap {
 
     /// The directory slot of the hook snapshot's root (its chunks follow).
     pub(crate) fn hook_root_table(&self) -> usize {
-        hook_root_table(self.fps.segments, self.fps.segment_size) as usize
+        hook_root_table(self.fps.layout, self.fps.segment_size) as usize
     }
 
     /// Directory slots a checkpoint may have to name: the map's allocated
@@ -343,11 +347,12 @@ impl LiveMap {
     /// snapshot's slots that name a record (4,097 slots, mostly empty on a
     /// small volume: counting them all would inflate its checkpoint bound).
     pub(crate) fn directory_slots_bound(&self) -> u64 {
-        let root = self.hook_root_table().min(self.map.tables());
-        let hooks = (root..self.map.tables())
-            .filter(|&t| self.map.table_ref(t).is_some())
-            .count();
-        (self.map.allocated_pages() + root + hooks) as u64
+        let per = fp_parts(self.fps.segment_size);
+        let tables = table_count(self.fps.segments) + self.fps.segments * per;
+        let hooks = (self.map)
+            .table_refs(self.hook_root_table(), self.map.tables())
+            .len() as u64;
+        self.map.allocated_pages() as u64 + tables + hooks
     }
 
     /// Names `r` as hook snapshot record `t` (root or chunk; a hint like
@@ -375,11 +380,8 @@ impl LiveMap {
 
     /// The named fingerprint tables: (table, record), oldest record first.
     pub(crate) fn fp_tables(&self) -> Vec<(usize, PageRef)> {
-        let first = table_count(self.fps.segments) as usize;
-        let end = self.hook_root_table().min(self.map.tables());
-        let mut v: Vec<(usize, PageRef)> = (first..end)
-            .filter_map(|t| Some((t, self.map.table_ref(t)?)))
-            .collect();
+        let first = table_count(self.fps.layout) as usize;
+        let mut v = self.map.table_refs(first, self.hook_root_table());
         v.sort_unstable_by_key(|(_, r)| r.seq);
         v
     }

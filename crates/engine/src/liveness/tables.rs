@@ -365,7 +365,7 @@ fn tables_of(
 ) -> Result<Rebuilt, MetaError> {
     let geometry = Geometry::of(sb);
     let segments = sb.segment_count();
-    if map.tables() as u64 != directory_tables(segments, sb.segment_size_bytes) {
+    if map.tables() as u64 != directory_tables(sb.table_segments(), sb.segment_size_bytes) {
         return Err(MetaError::Damaged("the map has no table slots".into()));
     }
     let mut segs = RebuiltSegments {

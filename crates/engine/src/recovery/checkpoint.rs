@@ -439,7 +439,7 @@ fn read_tables(
     let mut root = None;
     let mut groups = Vec::new();
     // Fingerprint tables are read by the index warm-up, not at open.
-    let liveness = table_count(sb.segment_count()) as usize;
+    let liveness = table_count(sb.table_segments()) as usize;
     for &(t, r) in tables.iter().filter(|(t, _)| *t < liveness) {
         let (h, rec) = read_record(storage, sb, r.offset, r.len).map_err(TableError::Record)?;
         let slot = npages + t as u64;
@@ -478,7 +478,7 @@ fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirR
     }
     // Directory slots: the map's pages, then its tables.
     let slots = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS)
-        + directory_tables(sb.segment_count(), sb.segment_size_bytes);
+        + directory_tables(sb.table_segments(), sb.segment_size_bytes);
     if h.lba / MAP_PAGE_BLOCKS >= slots {
         return Err(DirError::BeyondVolume { offset: c.offset });
     }

@@ -620,7 +620,7 @@ fn resume_fp_part(storage: &dyn Storage, sb: &Superblock, live: &mut LiveMap, he
 fn hook_geometry(sb: &cvol_format::Superblock) -> HookGeometry {
     let segments = sb.segment_count();
     HookGeometry {
-        first_table: cvol_format::tables::table_count(segments),
+        first_table: cvol_format::tables::table_count(sb.table_segments()),
         parts_per_segment: cvol_format::fprints::fp_parts(sb.segment_size_bytes),
         segments,
     }
