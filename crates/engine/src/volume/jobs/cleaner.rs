@@ -653,9 +653,13 @@ impl Volume {
                 if r.segments > 0 {
                     tracing::debug!(?r, "idle cleaning pass");
                 }
-                if !r.yielded {
-                    // What the pass itself wrote (moves, a checkpoint) is
-                    // not new work for the next one.
+                // A pass that moved something looks again: its own
+                // checkpoint left dead map and table records behind, and
+                // the victims it chose were counted before its moves. Only
+                // a pass with nothing to do (or that yielded) waits for
+                // new work. Each pass collects more than it leaves, and
+                // stops at the idle target, so the passes end.
+                if !r.yielded && r.segments == 0 {
                     *quiet_at = self.lock_state().map(|st| st.log.last_seq()).ok();
                 }
             }
