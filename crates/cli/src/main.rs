@@ -14,6 +14,7 @@ mod error;
 mod estimate;
 mod metrics;
 mod objvol;
+mod resize;
 mod origin;
 mod scrub;
 mod serve;
@@ -144,6 +145,13 @@ enum Command {
     /// offline and on a served pool (the server runs it).
     #[command(subcommand)]
     Volume(volumes::VolumeCommand),
+    /// Change the physical size of a pool's store (offline).
+    ///
+    /// Grows it (a file is extended, sparse; a block device must have grown
+    /// first) or shrinks it when nothing lies beyond the new end (a file is
+    /// cut). The volumes and their data stay as they are; the next open
+    /// rebuilds the segment tables once.
+    Resize(resize::ResizeFlags),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     ///
     /// e.g. `cvol completions bash > /etc/bash_completion.d/cvol`.
@@ -261,6 +269,7 @@ fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, Error> 
     match command {
         Command::Create(flags) => create::cmd_create(&flags, globals),
         Command::Volume(cmd) => volumes::cmd_volume(cmd, globals),
+        Command::Resize(flags) => resize::cmd_resize(flags, globals),
         Command::Serve(args) => serve::cmd_serve(*args, globals),
         Command::Stat {
             volume,

@@ -120,4 +120,23 @@ impl Volume {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(bytes);
     }
+
+    /// What keeps the data store from shrinking to `data_segments`
+    /// segments: the segments at or beyond it that are not free, and
+    /// whether the newest checkpoint's commit lies there (its pointer
+    /// would name a place the store no longer has).
+    pub fn shrink_blockers(&self, data_segments: u64) -> Result<(u64, bool), VolError> {
+        let st = self.lock_state()?;
+        let segs = &st.log.segments;
+        let busy = (data_segments..self.sb.data_segment_count())
+            .filter(|&s| segs.state(s) != crate::segments::SegState::Free)
+            .count() as u64;
+        let end = self.sb.segment_offset(data_segments);
+        let commit_beyond = crate::recovery::read_pointers(&*self.storage)
+            .iter()
+            .flatten()
+            .max_by_key(|p| p.generation)
+            .is_some_and(|p| p.commit_offset >= end);
+        Ok((busy, commit_beyond))
+    }
 }
