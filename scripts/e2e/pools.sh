@@ -17,6 +17,11 @@
 #   resize  a volume grown while served: a new connection sees the new size,
 #           resize2fs grows ext4 into it online; a shrink below the data is
 #           refused (nothing changed), `--discard` shrinks it
+#   physical  `cvol resize --physical-size`: refused while served; a pool
+#           of 96 MiB holding 64 MiB of random data grows to 400 MiB offline
+#           (the file too), then takes 200 MiB more, all read back exact; a
+#           shrink below the data is refused (exit 2, file unchanged); a
+#           shrink of an empty pool cuts its file; `cvol check`
 #   errors  refused `volume` commands, offline and served: an existing name,
 #           '/' or '@' in a name, sizes 0 and 4095, an unknown name, deleting a
 #           volume a client holds open (refused unless --force): exit 2, a
@@ -38,17 +43,18 @@ need_nbd_python
 need_server
 is_cvol || skip "cvol only: pools have no stand-in"
 
-PARTS=${E2E_POOLS_PARTS:-list ext4 dedup resize errors check}
+PARTS=${E2E_POOLS_PARTS:-list ext4 dedup resize physical errors check}
 MB=${E2E_POOLS_MB:-64}
 POOL=$E2E_TMP/pool.cvol  # list, ext4, resize, errors
 DPOOL=$E2E_TMP/dedup.cvol # dedup
+PPOOL=$E2E_TMP/phys.cvol  # physical
 GIB=$((1 << 30))
 MIB=$((1 << 20))
 
 for p in $PARTS; do
     case $p in
-        list | ext4 | dedup | resize | errors | check) ;;
-        *) fail "E2E_POOLS_PARTS: unknown part '$p' (known: list ext4 dedup resize errors check)" ;;
+        list | ext4 | dedup | resize | physical | errors | check) ;;
+        *) fail "E2E_POOLS_PARTS: unknown part '$p' (known: list ext4 dedup resize physical errors check)" ;;
     esac
 done
 wants() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -468,6 +474,63 @@ part_resize() {
     rm -f "$E2E_TMP/r.out"
     log "shrunk with --discard to 128 MiB, grown to 256 MiB again: the new range reads zero"
     stop_server
+}
+
+# ---------------------------------------------------------- physical ----
+
+part_physical() {
+    local rc=0 len
+    step "physical: a 96 MiB pool with 64 MiB of random data grows to 400 MiB"
+    "$CVOL" create "$PPOOL" --size 1G --physical-size 96M >/dev/null 2>&1 || fail "create of the 96 MiB pool failed"
+    head -c $((64 * MIB)) /dev/urandom >"$E2E_TMP/p1.bin"
+    head -c $((200 * MIB)) /dev/urandom >"$E2E_TMP/p2.bin"
+    start_server "$PPOOL"
+    nbdcopy "$E2E_TMP/p1.bin" "$(uri default)" || fail "writing 64 MiB into the 96 MiB pool failed"
+    "$CVOL" resize "$PPOOL" --physical-size 400M >"$E2E_TMP/presize.out" 2>&1 || rc=$?
+    ((rc == 2)) && grep -q "stop the server first" "$E2E_TMP/presize.out" ||
+        fail "resize of a served pool: exit $rc, $(cat "$E2E_TMP/presize.out")"
+    stop_server
+    "$CVOL" resize "$PPOOL" --physical-size 400M >"$E2E_TMP/presize.out" 2>&1 ||
+        fail "resize to 400M failed: $(cat "$E2E_TMP/presize.out")"
+    log "$(grep -v ' WARN \| INFO ' "$E2E_TMP/presize.out" | head -n 1)"
+    len=$(stat -c %s "$PPOOL")
+    ((len == 400 * MIB)) || fail "the file is $len bytes after the grow, expected 400 MiB"
+    start_server "$PPOOL"
+    # 200 MiB more at offset 64 MiB (more than the 96 MiB store held).
+    "$NBD_PY" - "$(uri default)" "$E2E_TMP/p2.bin" <<'PYEOF' || fail "writing 200 MiB more after the grow failed"
+import nbd, sys
+h = nbd.NBD(); h.connect_uri(sys.argv[1])
+data = open(sys.argv[2], "rb").read()
+off = 64 << 20
+for i in range(0, len(data), 4 << 20):
+    h.pwrite(data[i:i + (4 << 20)], off + i)
+h.flush(); h.shutdown()
+PYEOF
+    nbdcopy "$(uri default)" "$E2E_TMP/pall.out" || fail "reading the pool back failed"
+    stop_server
+    cmp <(head -c $((64 * MIB)) "$E2E_TMP/pall.out") "$E2E_TMP/p1.bin" || fail "the data written before the grow differs"
+    cmp <(tail -c +$((64 * MIB + 1)) "$E2E_TMP/pall.out" | head -c $((200 * MIB))) "$E2E_TMP/p2.bin" ||
+        fail "the data written after the grow differs"
+    log "64 MiB before the grow and 200 MiB after it read back exact"
+    rm -f "$E2E_TMP/pall.out"
+
+    step "physical: a shrink below the data is refused; an empty pool's file is cut"
+    len=$(stat -c %s "$PPOOL")
+    rc=0
+    "$CVOL" resize "$PPOOL" --physical-size 100M >"$E2E_TMP/presize.out" 2>&1 || rc=$?
+    ((rc == 2)) && grep -q "cannot shrink below them" "$E2E_TMP/presize.out" ||
+        fail "shrink below the data: exit $rc, $(cat "$E2E_TMP/presize.out")"
+    (($(stat -c %s "$PPOOL") == len)) || fail "a refused shrink changed the file's size"
+    log "  refused: $(grep -v ' WARN \| INFO ' "$E2E_TMP/presize.out" | head -n 1)"
+    cvol_check "$PPOOL"
+    rm -f "$E2E_TMP/e.cvol"
+    "$CVOL" create "$E2E_TMP/e.cvol" --size 1G --physical-size 1G >/dev/null 2>&1 || fail "create e.cvol failed"
+    "$CVOL" resize "$E2E_TMP/e.cvol" --physical-size 128M >"$E2E_TMP/presize.out" 2>&1 ||
+        fail "shrinking an empty pool failed: $(cat "$E2E_TMP/presize.out")"
+    len=$(stat -c %s "$E2E_TMP/e.cvol")
+    ((len <= 128 * MIB)) || fail "the empty pool's file is $len bytes after a shrink to 128 MiB"
+    cvol_check "$E2E_TMP/e.cvol"
+    log "an empty pool shrank to $(mib "$len")"
 }
 
 # ------------------------------------------------------------ errors ----

@@ -85,8 +85,10 @@ pub fn cmd_resize(f: ResizeFlags, _globals: &Globals) -> Result<ExitCode, Error>
         set_file_len(path, new)?;
     }
     // Opened and closed at its new size: the segment tables, laid out for
-    // the old one, are rebuilt from the map once, here, and saved.
-    let dynstore: Arc<dyn Storage> = storage.clone();
+    // the old one, are rebuilt from the map once, here, and saved. (The
+    // store is opened again: its length changed.)
+    drop(storage);
+    let dynstore: Arc<dyn Storage> = Arc::new(volfile::open_volume_store(path, Purpose::Change)?);
     match volfile::open_with_progress(path, dynstore, OpenOptions::default(), None) {
         Opened::Volume(v) => v.close().map_err(|e| refuse(path, format!("closing: {e}")))?,
         Opened::Failed(e) => return Err(e),
