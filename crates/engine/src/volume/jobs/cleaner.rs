@@ -73,6 +73,17 @@ pub(in crate::volume) struct CleanerStats {
 /// Idle cleaning leaves at most this share (percent) of the live bytes as
 /// dead space in sealed segments...
 pub const IDLE_DEAD_PERCENT: u64 = 5;
+/// Idle passes in a row (each moving something) before the idle cleaner
+/// waits for new client work.
+const IDLE_PASSES_MAX: u32 = 4;
+
+/// Where the idle cleaner stopped: the log's last seq when its passes
+/// settled, and the passes in a row that moved something since.
+#[derive(Default)]
+struct IdleQuiet {
+    at: Option<u64>,
+    passes: u32,
+}
 /// ...and never moves a segment more than this full (percent live): moving
 /// 9 bytes to free 1 is not worth the wear.
 pub const IDLE_VICTIM_LIVE_MAX_PERCENT: u64 = 90;
@@ -604,16 +615,16 @@ impl Volume {
     /// clients are idle (and background recompression has nothing left to
     /// do) it also collects dead space worth collecting (`idle_clean`).
     pub fn start_background_cleaner(self: &Arc<Self>) -> Worker {
-        let mut quiet_at = None;
+        let mut quiet = IdleQuiet::default();
         Worker::spawn("cvol-cleaner", self, BACKGROUND_PERIOD, move |v| {
-            v.background_clean(&mut quiet_at);
+            v.background_clean(&mut quiet);
             Next::After(BACKGROUND_PERIOD)
         })
     }
 
-    /// `quiet_at`: the log's last seq when an idle pass last finished (no
-    /// scan until something changes: an idle volume costs no CPU).
-    fn background_clean(&self, quiet_at: &mut Option<u64>) {
+    /// `quiet`: the log's last seq when idle passes last settled (no scan
+    /// until something changes: an idle volume costs no CPU).
+    fn background_clean(&self, quiet: &mut IdleQuiet) {
         if self.read_only() || self.poisoned.load(Ordering::SeqCst) {
             return;
         }
@@ -645,7 +656,7 @@ impl Volume {
         let Ok(work) = self.lock_state().map(|st| st.log.last_seq()) else {
             return;
         };
-        if *quiet_at == Some(work) {
+        if quiet.at == Some(work) {
             return;
         }
         match self.idle_clean(true) {
@@ -655,15 +666,18 @@ impl Volume {
                 }
                 // A pass that moved something looks again: its own
                 // checkpoint left dead map and table records behind, and
-                // the victims it chose were counted before its moves. Only
-                // a pass with nothing to do (or that yielded) waits for
-                // new work. Each pass collects more than it leaves, and
-                // stops at the idle target, so the passes end.
-                if !r.yielded && r.segments == 0 {
-                    *quiet_at = self.lock_state().map(|st| st.log.last_seq()).ok();
+                // the victims it chose were counted before its moves. A
+                // pass with nothing to do waits for new work, and so does
+                // the last of `IDLE_PASSES_MAX` passes in a row (on a tiny
+                // volume a pass's own leavings could stay above the
+                // target).
+                quiet.passes = if r.segments > 0 { quiet.passes + 1 } else { 0 };
+                if !r.yielded && (r.segments == 0 || quiet.passes >= IDLE_PASSES_MAX) {
+                    quiet.at = self.lock_state().map(|st| st.log.last_seq()).ok();
+                    quiet.passes = 0;
                 }
             }
-            Err(VolError::NoSpace) => *quiet_at = Some(work),
+            Err(VolError::NoSpace) => quiet.at = Some(work),
             Err(e) => tracing::warn!("idle cleaning: {e}"),
         }
     }
