@@ -36,6 +36,20 @@ const MIN_MAX_REQUEST_BYTES: u32 = 4096;
 /// Jobs queued per worker before readers block.
 const JOBS_QUEUED_PER_WORKER: usize = 16;
 
+/// Jobs a lane holds before readers block: `JOBS_QUEUED_PER_WORKER` per
+/// worker, and at least what `LANE_CONNECTIONS` connections may have in
+/// flight (`max_inflight_per_conn` each), so that a server of several
+/// exports, each with its client at full queue depth, does not make its
+/// readers wait on one another for room (each connection's own limit
+/// already holds it back; the payload budget bounds the memory).
+fn lane_capacity(config: &ServerConfig) -> usize {
+    (config.workers * JOBS_QUEUED_PER_WORKER)
+        .max(LANE_CONNECTIONS * config.max_inflight_per_conn)
+}
+
+/// Connections at full queue depth a lane has room for (`lane_capacity`).
+const LANE_CONNECTIONS: usize = 8;
+
 /// Locks a mutex, ignoring poisoning (state stays consistent: every
 /// critical section in this crate is panic-free).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -526,7 +540,7 @@ impl Server {
     /// exports. No socket is opened.
     pub fn with_exports(exports: Arc<dyn Exports>, config: ServerConfig) -> Server {
         let config = normalize_config(config);
-        let jobs = JobQueue::new(config.workers * JOBS_QUEUED_PER_WORKER);
+        let jobs = JobQueue::new(lane_capacity(&config));
         let workers = (0..config.workers)
             .map(|i| {
                 let jobs = jobs.clone();
