@@ -38,7 +38,10 @@ fn refuse(path: &Path, why: impl std::fmt::Display) -> Error {
 pub fn cmd_resize(f: ResizeFlags, _globals: &Globals) -> Result<ExitCode, Error> {
     let path = f.pool.as_path();
     if crate::objvol::url_of(path).is_some() {
-        return Err(refuse(path, "a volume in an object store has no physical size to change"));
+        return Err(refuse(
+            path,
+            "a volume in an object store has no physical size to change",
+        ));
     }
     let want = size::parse_size(&f.physical_size)?;
     if control::query(path, "stat").is_some() {
@@ -71,7 +74,11 @@ pub fn cmd_resize(f: ResizeFlags, _globals: &Globals) -> Result<ExitCode, Error>
     next.validate()
         .map_err(|e| refuse(path, format!("--physical-size {}: {e}", f.physical_size)))?;
     if new == old {
-        println!("{}: the store is already {}", path.display(), human_bytes(old));
+        println!(
+            "{}: the store is already {}",
+            path.display(),
+            human_bytes(old)
+        );
         return Ok(ExitCode::SUCCESS);
     }
     if new > old {
@@ -90,7 +97,9 @@ pub fn cmd_resize(f: ResizeFlags, _globals: &Globals) -> Result<ExitCode, Error>
     drop(storage);
     let dynstore: Arc<dyn Storage> = Arc::new(volfile::open_volume_store(path, Purpose::Change)?);
     match volfile::open_with_progress(path, dynstore, OpenOptions::default(), None) {
-        Opened::Volume(v) => v.close().map_err(|e| refuse(path, format!("closing: {e}")))?,
+        Opened::Volume(v) => v
+            .close()
+            .map_err(|e| refuse(path, format!("closing: {e}")))?,
         Opened::Failed(e) => return Err(e),
         Opened::Stopped => unreachable!("no stop flag"),
     }
@@ -117,7 +126,9 @@ fn grow_backing(path: &Path, storage: &FileStorage, new: u64) -> Result<(), Erro
     let have = if storage.is_block_device() {
         storage.len_bytes()
     } else {
-        std::fs::metadata(path).map_err(|e| Error::io(path.display(), e))?.len()
+        std::fs::metadata(path)
+            .map_err(|e| Error::io(path.display(), e))?
+            .len()
     };
     if have >= new {
         return Ok(());
@@ -163,7 +174,11 @@ fn check_shrink(
                      shrink below them yet (trim or delete data, let the cleaner empty the end, \
                      or choose a larger size)",
                     human_bytes(new),
-                    if commit_beyond { " (the newest checkpoint among them)" } else { "" }
+                    if commit_beyond {
+                        " (the newest checkpoint among them)"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
@@ -179,7 +194,9 @@ fn check_shrink(
         }
         Ok(())
     })();
-    let closed = vol.close().map_err(|e| refuse(path, format!("closing: {e}")));
+    let closed = vol
+        .close()
+        .map_err(|e| refuse(path, format!("closing: {e}")));
     drop(vol);
     checked?;
     closed?;

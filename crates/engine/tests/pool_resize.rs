@@ -37,7 +37,8 @@ fn open(sim: &SimStorage) -> Pool {
 fn write(p: &Pool, name: &str, seed: u64, n: u64) {
     let v = p.volume(name).unwrap();
     for k in (0..n).step_by(REQ as usize) {
-        v.write_at(k * BS as u64, &run(seed, k, REQ), false).unwrap();
+        v.write_at(k * BS as u64, &run(seed, k, REQ), false)
+            .unwrap();
     }
     v.flush().unwrap();
 }
@@ -105,7 +106,11 @@ fn a_shrunk_pool_keeps_its_data() {
     let p = open(&sim);
     write(&p, "default", 3, 1024);
     let (busy, commit_beyond) = p.engine().shrink_blockers(40).unwrap();
-    assert_eq!((busy, commit_beyond), (0, false), "a small fill stays at the start");
+    assert_eq!(
+        (busy, commit_beyond),
+        (0, false),
+        "a small fill stays at the start"
+    );
     let (busy, _) = p.engine().shrink_blockers(1).unwrap();
     assert!(busy > 0, "segment 1 on holds the data");
     close(p);

@@ -411,16 +411,7 @@ fn run(
     let recorder_finish = recorder.clone();
     let mut config = config;
     let metrics = with_metrics(path, vol, listeners.metrics, &mut config)?;
-    let wrap: exports::Wrap = Arc::new(move |b| {
-        let b = match &recorder {
-            Some(r) => r.wrap(b),
-            None => b,
-        };
-        match &metrics {
-            Some(m) => m.wrap(b),
-            None => b,
-        }
-    });
+    let wrap = wrapper(recorder, metrics);
     let server = match serving {
         Serving::One(b) => Server::new(wrap(b), config),
         Serving::Pool(pool, only) => Server::with_exports(
@@ -462,6 +453,24 @@ fn run(
     drop(checkpointer);
     drop(ctl);
     Ok(())
+}
+
+/// How each export's backend is wrapped: traced (`--trace`), then
+/// counted and timed (`--metrics`).
+fn wrapper(
+    recorder: Option<Arc<trace::Recorder>>,
+    metrics: Option<Arc<metrics::Metrics>>,
+) -> exports::Wrap {
+    Arc::new(move |b| {
+        let b = match &recorder {
+            Some(r) => r.wrap(b),
+            None => b,
+        };
+        match &metrics {
+            Some(m) => m.wrap(b),
+            None => b,
+        }
+    })
 }
 
 /// `--metrics`: the backend counted and timed, the exporter serving.

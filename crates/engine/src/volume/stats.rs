@@ -132,6 +132,16 @@ struct MetadataUse {
 }
 
 impl Volume {
+    /// The logical size statistics report: a pool's volumes' total, else
+    /// the superblock's.
+    fn reported_logical_bytes(&self) -> u64 {
+        let reported = *self
+            .reported_logical
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        reported.unwrap_or(self.sb.logical_size_bytes)
+    }
+
     fn metadata_use(&self, st: &State) -> MetadataUse {
         if !self.sb.has_metadata_device() {
             return MetadataUse {
@@ -156,27 +166,22 @@ impl Volume {
     /// volume that stopped may be half-updated; `poisoned` says so).
     pub fn stats(&self) -> VolumeStats {
         let st = self.state.lock_for_report();
-        let c = st.live.counters();
-        let bs = BLOCK_SIZE_BYTES;
+        let (c, bs) = (st.live.counters(), BLOCK_SIZE_BYTES);
         let (mapped, zero) = (c.data_blocks * bs, c.zero_blocks * bs);
         let unique = (c.data_blocks - st.live.shared().extra_refs) * bs;
         let meta = self.metadata_use(&st);
         let used = self.sb.data_offset_bytes + st.log.used_bytes() + meta.used;
         let live = st.live.usage().total_live_bytes();
         let (usable, compactable) = (self.usable_bytes(&st), self.compactable_bytes(&st));
-        let client = get(&self.counters.client_bytes_written);
-        let segs = &st.log.segments;
-        let reported = *self
-            .reported_logical
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let logical = reported.unwrap_or(self.sb.logical_size_bytes);
+        let (client, segs) = (get(&self.counters.client_bytes_written), &st.log.segments);
+        let logical = self.reported_logical_bytes();
+        let (lost, cache) = (c.lost_blocks * bs, st.live.map().cache_counts());
         VolumeStats {
             logical_size_bytes: logical,
             physical_size_bytes: self.sb.physical_size_bytes,
             mapped_bytes: mapped,
             zero_bytes: zero,
-            unmapped_bytes: logical.saturating_sub(mapped + zero + c.lost_blocks * bs),
+            unmapped_bytes: logical.saturating_sub(mapped + zero + lost),
             stored_bytes: c.stored_payload_bytes,
             physical_used_bytes: used,
             physical_free_bytes: st.log.free_bytes(),
@@ -213,13 +218,13 @@ impl Volume {
             packing: self.sb.packing().name().to_string(),
             cleaner: self.cleaner_stats(),
             corrupt_reads: get(&self.counters.corrupt_reads),
-            lost_bytes: c.lost_blocks * bs,
+            lost_bytes: lost,
             map_memory_bytes: st.live.map().memory_bytes(),
             map_bytes_per_mapped_block: ratio(st.live.map().memory_bytes(), c.data_blocks),
-            map_cache_hits: st.live.map().cache_counts().hits,
-            map_cache_misses: st.live.map().cache_counts().misses,
+            map_cache_hits: cache.hits,
+            map_cache_misses: cache.misses,
             map_cache_bytes: st.live.map().cache_bytes(),
-            map_cache_evictions: st.live.map().cache_counts().evictions,
+            map_cache_evictions: cache.evictions,
             map_dirty_pages: st.live.map().dirty_pages() as u64,
             map_records_moved: get(&self.counters.map_records_moved),
             dedup: self.dedup_stats(&st),

@@ -43,8 +43,7 @@ const JOBS_QUEUED_PER_WORKER: usize = 16;
 /// readers wait on one another for room (each connection's own limit
 /// already holds it back; the payload budget bounds the memory).
 fn lane_capacity(config: &ServerConfig) -> usize {
-    (config.workers * JOBS_QUEUED_PER_WORKER)
-        .max(LANE_CONNECTIONS * config.max_inflight_per_conn)
+    (config.workers * JOBS_QUEUED_PER_WORKER).max(LANE_CONNECTIONS * config.max_inflight_per_conn)
 }
 
 /// Connections at full queue depth a lane has room for (`lane_capacity`).
