@@ -1,14 +1,11 @@
-//! Adapter from the engine's `Volume` to the NBD server's `Backend` trait.
+//! Adapters from a pool's volume (`VolumeView`) and a cache volume to the
+//! NBD server's `Backend` trait.
 use cvol_cache::CacheVolume;
 use cvol_engine::pool::OpenGuard;
-use cvol_engine::{VolError, Volume};
+use cvol_engine::VolError;
 use cvol_nbd::{Backend, BackendError, CommandKind, Extent, WriteZeroesFlags};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-pub struct VolumeBackend {
-    pub volume: Arc<Volume>,
-}
 
 /// How many engine errors became `EIO` since the process started.
 static EIO_ERRORS: AtomicU64 = AtomicU64::new(0);
@@ -36,55 +33,6 @@ pub(crate) fn to_nbd(e: VolError) -> BackendError {
             }
             BackendError::Io
         }
-    }
-}
-
-impl Backend for VolumeBackend {
-    fn size_bytes(&self) -> u64 {
-        self.volume.size_bytes()
-    }
-
-    fn read_only(&self) -> bool {
-        self.volume.read_only()
-    }
-
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        self.volume.read_at(offset, buf).map_err(to_nbd)
-    }
-
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
-        self.volume.write_at(offset, data, fua).map_err(to_nbd)
-    }
-
-    fn flush(&self) -> Result<(), BackendError> {
-        self.volume.flush().map_err(to_nbd)
-    }
-
-    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), BackendError> {
-        self.volume.trim(offset, length, fua).map_err(to_nbd)
-    }
-
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        length: u64,
-        flags: WriteZeroesFlags,
-    ) -> Result<(), BackendError> {
-        self.volume
-            .write_zeroes(offset, length, flags.no_hole, flags.fua)
-            .map_err(to_nbd)
-    }
-
-    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
-        let extents = self.volume.block_status(offset, length).map_err(to_nbd)?;
-        Ok(extents
-            .into_iter()
-            .map(|e| Extent {
-                length: e.length,
-                hole: e.zero,
-                zero: e.zero,
-            })
-            .collect())
     }
 }
 

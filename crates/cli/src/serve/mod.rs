@@ -244,13 +244,15 @@ fn serve_object(
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let backend = Arc::new(backend::VolumeBackend {
-        volume: vol.clone(),
-    });
+    // One volume, served as a pool of one (`default`, also under "").
+    let pool =
+        Arc::new(Pool::attach(vol.clone()).map_err(|e| Error::Refused(format!("{url}: {e}")))?);
+    let only = exports::only(&pool, &args.export)
+        .map_err(|e| Error::Usage(format!("--export {}: {e}", args.export)))?;
     let served = run(
         path,
         &vol,
-        Serving::One(backend),
+        Serving::Pool(pool, only),
         None,
         listeners,
         config,

@@ -7,7 +7,7 @@
 //! record into a bounded queue (never waiting: a full queue drops the
 //! record and counts it), and a thread of its own writes the file through
 //! a 1 MiB buffer, flushed every second and at the stop.
-use crate::backend::{Call, Hook, Hooked, VolumeBackend};
+use crate::backend::{Call, Hook, Hooked, ViewBackend};
 use crate::error::Error;
 use crate::volfile::{self, Globals, Opened, Purpose};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
@@ -598,8 +598,19 @@ pub fn cmd_replay(
 ) -> Result<ExitCode, Error> {
     let trace = read_trace(trace_path)?;
     let vol = open_for_replay(volume, args, globals)?;
-    if trace.header.volume_bytes > vol.size_bytes() {
-        let size = vol.size_bytes();
+    // Replayed into the pool's volume `default` (a volume file made before
+    // pools: the volume itself).
+    let pool = cvol_engine::pool::Pool::attach(vol.clone())
+        .map_err(|e| Error::Refused(format!("{}: {e}", volume.display())))?;
+    let Some(view) = pool.volume("") else {
+        let _ = vol.close();
+        return Err(Error::Refused(format!(
+            "{}: the pool has no volume 'default' to replay into",
+            volume.display()
+        )));
+    };
+    if trace.header.volume_bytes > view.size_bytes() {
+        let size = view.size_bytes();
         let _ = vol.close();
         return Err(Error::Refused(format!(
             "{}: the trace is of a {}-byte volume and {} is {size} bytes; create one at least as large",
@@ -610,8 +621,8 @@ pub fn cmd_replay(
     }
     let cleaner = vol.start_background_cleaner();
     let checkpointer = vol.start_background_checkpointer();
-    let backend: Arc<dyn Backend> = Arc::new(VolumeBackend {
-        volume: vol.clone(),
+    let backend: Arc<dyn Backend> = Arc::new(ViewBackend {
+        guard: view.open_guard(),
     });
     let results = replay_records(&trace.records, &backend, args);
     let flushed = backend.flush();

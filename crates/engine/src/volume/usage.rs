@@ -34,31 +34,17 @@ impl Volume {
     /// hold of the state lock (writes in between may move the totals by
     /// what they change).
     pub fn range_usage(&self, first: u64, end: u64, acc: &mut RangeUsage) -> Result<(), VolError> {
-        let mut lba = first;
-        while lba < end {
-            let mut st = self.lock_state()?;
-            let Some(at) = st
-                .live
-                .map()
-                .next_allocated_page_lba(lba)
-                .filter(|&l| l < end)
-            else {
-                return Ok(());
-            };
-            let page_end = (at - at % MAP_PAGE_BLOCKS + MAP_PAGE_BLOCKS).min(end);
-            self.fault(&mut st, at, page_end)?;
+        self.walk_pages(first, end, |st, at, page_end| {
             let mut last_unit = None;
             for l in at..page_end {
-                let e = st.live.get(l);
-                match e.state_valid() {
+                match st.live.get(l).state_valid() {
                     EntryState::Zero => acc.zero_blocks += 1,
                     EntryState::Data {
                         offset, len, unit, ..
                     } => {
                         acc.data_blocks += 1;
                         if st.live.shared().get(offset).is_some() {
-                            let s = acc.shared.entry(offset).or_insert((0, len));
-                            s.0 += 1;
+                            acc.shared.entry(offset).or_insert((0, len)).0 += 1;
                         } else if !unit || last_unit != Some(offset) {
                             acc.owned_bytes += u64::from(len);
                         }
@@ -67,9 +53,35 @@ impl Volume {
                     EntryState::Unmapped | EntryState::Lost => {}
                 }
             }
+            None::<()>
+        })?;
+        Ok(())
+    }
+
+    /// Calls `f(state, at, page end)` for the part of each allocated map
+    /// page inside [first, end), its page faulted in, a page per hold of
+    /// the state lock, until `f` returns something.
+    fn walk_pages<R>(
+        &self,
+        first: u64,
+        end: u64,
+        mut f: impl FnMut(&super::State, u64, u64) -> Option<R>,
+    ) -> Result<Option<R>, VolError> {
+        let mut lba = first;
+        while lba < end {
+            let mut st = self.lock_state()?;
+            let next = st.live.map().next_allocated_page_lba(lba);
+            let Some(at) = next.filter(|&l| l < end) else {
+                return Ok(None);
+            };
+            let page_end = (at - at % MAP_PAGE_BLOCKS + MAP_PAGE_BLOCKS).min(end);
+            self.fault(&mut st, at, page_end)?;
+            if let Some(r) = f(&st, at, page_end) {
+                return Ok(Some(r));
+            }
             lba = page_end;
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Splits `acc`'s records with dedup references into those only its
@@ -91,25 +103,9 @@ impl Volume {
 
     /// The first block in [first, end) that is mapped (data or zero).
     pub fn first_mapped(&self, first: u64, end: u64) -> Result<Option<u64>, VolError> {
-        let mut lba = first;
-        while lba < end {
-            let mut st = self.lock_state()?;
-            let Some(at) = st
-                .live
-                .map()
-                .next_allocated_page_lba(lba)
-                .filter(|&l| l < end)
-            else {
-                return Ok(None);
-            };
-            let page_end = (at - at % MAP_PAGE_BLOCKS + MAP_PAGE_BLOCKS).min(end);
-            self.fault(&mut st, at, page_end)?;
-            if let Some(l) = (at..page_end).find(|&l| !st.live.get(l).is_unmapped()) {
-                return Ok(Some(l));
-            }
-            lba = page_end;
-        }
-        Ok(None)
+        self.walk_pages(first, end, |st, at, page_end| {
+            (at..page_end).find(|&l| !st.live.get(l).is_unmapped())
+        })
     }
 
     /// Makes statistics report `bytes` as the logical size (a pool's:
