@@ -500,12 +500,14 @@ mod tests {
     }
 
     #[test]
-    fn the_hook_snapshot_flag_is_known_and_the_next_bit_is_not() {
+    fn the_hook_snapshot_and_pool_flags_are_known_and_the_next_bit_is_not() {
         let mut sb = sample();
-        sb.flags |= FLAG_HOOK_SNAPSHOT | FLAG_FP_TABLES;
+        sb.flags |= FLAG_HOOK_SNAPSHOT | FLAG_FP_TABLES | FLAG_POOL;
         assert_eq!(FLAG_HOOK_SNAPSHOT, 1 << 11);
+        assert_eq!(FLAG_POOL, 1 << 12);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap().flags, sb.flags);
-        sb.flags |= FLAG_HOOK_SNAPSHOT << 1;
+        assert!(sb.is_pool());
+        sb.flags |= FLAG_POOL << 1;
         assert_eq!(
             Superblock::decode(&sb.encode()),
             Err(FormatError::Invalid("unknown superblock flags"))
