@@ -105,7 +105,21 @@ fn read_table(storage: &dyn Storage, uuid: &[u8; 16]) -> Result<PoolTable, PoolE
             Err(e) => why.push(format!("slot {i}: {e}")),
         }
     }
-    best.ok_or_else(|| PoolError::Table(why.join("; ")))
+    match best {
+        Some(t) => {
+            // A fresh pool has one slot written; otherwise the other slot
+            // was torn by a crash, or damaged since: worth a line.
+            if t.generation > 1 && !why.is_empty() {
+                tracing::warn!(
+                    "pool table: using generation {} ({})",
+                    t.generation,
+                    why.join("; ")
+                );
+            }
+            Ok(t)
+        }
+        None => Err(PoolError::Table(why.join("; "))),
+    }
 }
 
 /// Writes `t` to its slot and syncs.
