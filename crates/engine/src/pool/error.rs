@@ -40,6 +40,41 @@ pub enum PoolError {
         size_bytes: u64,
         first_mapped: u64,
     },
+    /// A name `snapshot_name_problem` refuses, or one without '@'.
+    BadSnapshotName {
+        name: String,
+        why: &'static str,
+    },
+    SnapshotExists(String),
+    SnapshotNotFound {
+        name: String,
+        known: Vec<String>,
+    },
+    /// A volume with snapshots cannot be deleted.
+    HasSnapshots {
+        name: String,
+        snapshots: Vec<String>,
+    },
+    /// A snapshot clones depend on cannot be deleted.
+    HasClones {
+        name: String,
+        clones: Vec<String>,
+    },
+    /// A rollback to a snapshot that is not the volume's newest.
+    NotNewest {
+        name: String,
+        newer: Vec<String>,
+    },
+    /// A rollback of a volume resized since the snapshot.
+    SizeChanged {
+        name: String,
+        size_bytes: u64,
+        snapshot_bytes: u64,
+    },
+    /// A shrink of a volume with snapshots, or of a clone.
+    ShrinkLayered {
+        name: String,
+    },
     /// Both copies of the volume table are unreadable.
     Table(String),
     Vol(VolError),
@@ -109,6 +144,44 @@ impl fmt::Display for PoolError {
                  {size_bytes}: trim it first (e.g. shrink the file system), or pass \
                  --discard to drop it"
             ),
+            PoolError::BadSnapshotName { name, why } => {
+                write!(f, "invalid snapshot name '{name}': {why}")
+            }
+            PoolError::SnapshotExists(name) => write!(f, "snapshot '{name}' already exists"),
+            PoolError::SnapshotNotFound { name, known } => write!(
+                f,
+                "there is no snapshot '{name}' (snapshots: {})",
+                list_or_none(known)
+            ),
+            PoolError::HasSnapshots { name, snapshots } => write!(
+                f,
+                "volume '{name}' has snapshots ({}): delete them first",
+                snapshots.join(", ")
+            ),
+            PoolError::HasClones { name, clones } => write!(
+                f,
+                "snapshot '{name}' has clones that read through it ({}): delete them first",
+                clones.join(", ")
+            ),
+            PoolError::NotNewest { name, newer } => write!(
+                f,
+                "'{name}' is not the volume's newest snapshot (newer: {}): a rollback \
+                 goes to the newest; delete the newer ones first",
+                newer.join(", ")
+            ),
+            PoolError::SizeChanged {
+                name,
+                size_bytes,
+                snapshot_bytes,
+            } => write!(
+                f,
+                "volume '{name}' is {size_bytes} bytes, its snapshot {snapshot_bytes}: \
+                 resized since, so it cannot be rolled back"
+            ),
+            PoolError::ShrinkLayered { name } => write!(
+                f,
+                "volume '{name}' has snapshots or is a clone: it can grow, not shrink"
+            ),
             PoolError::Table(why) => write!(f, "the pool's volume table is unreadable: {why}"),
             PoolError::Vol(e) => write!(f, "{e}"),
         }
@@ -116,3 +189,11 @@ impl fmt::Display for PoolError {
 }
 
 impl std::error::Error for PoolError {}
+
+fn list_or_none(v: &[String]) -> String {
+    if v.is_empty() {
+        "none".to_string()
+    } else {
+        v.join(", ")
+    }
+}

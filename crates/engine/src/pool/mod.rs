@@ -14,8 +14,8 @@
 use crate::error::VolError;
 use crate::volume::{CreateOptions, Volume};
 use cvol_format::pool::{
-    extents_for, PoolTable, PoolVolume, DEFAULT_VOLUME, EXTENT_BLOCKS, EXTENT_BYTES,
-    POOL_HEADER_BYTES, POOL_SLOT_BYTES, POOL_SLOT_OFFSETS,
+    extents_for, PoolSnapshot, PoolTable, PoolVolume, SnapState, DEFAULT_VOLUME, EXTENT_BLOCKS,
+    EXTENT_BYTES, POOL_HEADER_BYTES, POOL_SLOT_BYTES, POOL_SLOT_OFFSETS,
 };
 use cvol_format::{BLOCK_SIZE_BYTES, LOGICAL_SIZE_MAX_BYTES};
 use cvol_storage::Storage;
@@ -23,9 +23,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod error;
+mod layers;
+mod snapshots;
 mod view;
 
 pub use error::PoolError;
+pub use snapshots::{split_snapshot_name, SnapshotInfo};
 pub use view::{OpenGuard, VolumeView};
 
 /// Most volumes a pool holds (the table then still fits its slot).
@@ -36,6 +39,8 @@ pub struct Layout {
     size_bytes: u64,
     extents: Vec<u32>,
     deleted: bool,
+    /// What it reads through and where it keeps old entries.
+    plan: layers::Plan,
 }
 
 /// A volume as `Pool::volumes` lists it.
@@ -131,17 +136,51 @@ fn write_table(storage: &dyn Storage, t: &PoolTable) -> Result<(), PoolError> {
     Ok(())
 }
 
-fn view_of(vol: &Arc<Volume>, v: &PoolVolume) -> Arc<VolumeView> {
+fn view_of(vol: &Arc<Volume>, t: &PoolTable, v: &PoolVolume) -> Arc<VolumeView> {
     Arc::new(VolumeView {
         vol: vol.clone(),
         name: v.name.clone(),
+        id: v.id,
+        snapshot: false,
         layout: std::sync::RwLock::new(Layout {
             size_bytes: v.size_bytes,
             extents: v.extents.clone(),
             deleted: false,
+            plan: layers::plan_volume(t, v.id),
         }),
         opens: Default::default(),
     })
+}
+
+/// The read-only view of a live snapshot, named `VOLUME@SNAP`.
+fn snapshot_view(vol: &Arc<Volume>, t: &PoolTable, s: &PoolSnapshot) -> Option<Arc<VolumeView>> {
+    let v = t.volume_by_id(s.volume)?;
+    Some(Arc::new(VolumeView {
+        vol: vol.clone(),
+        name: format!("{}@{}", v.name, s.name),
+        id: s.id,
+        snapshot: true,
+        layout: std::sync::RwLock::new(Layout {
+            size_bytes: s.size_bytes,
+            extents: s.extents.clone(),
+            deleted: false,
+            plan: layers::plan_snapshot(t, s.id),
+        }),
+        opens: Default::default(),
+    }))
+}
+
+/// Every view of table `t`: its volumes and its live snapshots.
+fn views_of(vol: &Arc<Volume>, t: &PoolTable) -> BTreeMap<String, Arc<VolumeView>> {
+    let mut out: BTreeMap<String, Arc<VolumeView>> = (t.volumes.iter())
+        .map(|v| (v.name.clone(), view_of(vol, t, v)))
+        .collect();
+    for s in t.snapshots.iter().filter(|s| s.state != SnapState::Deleting) {
+        if let Some(w) = snapshot_view(vol, t, s) {
+            out.insert(w.name.clone(), w);
+        }
+    }
+    out
 }
 
 impl Pool {
@@ -166,11 +205,7 @@ impl Pool {
             t.volumes[0].extents = (0..extents_for(size) as u32).collect();
             (true, t)
         };
-        let views = table
-            .volumes
-            .iter()
-            .map(|v| (v.name.clone(), view_of(&vol, v)))
-            .collect();
+        let views = views_of(&vol, &table);
         if !legacy {
             vol.set_reported_logical_bytes(sum_sizes(&table));
         }
@@ -182,6 +217,7 @@ impl Pool {
         };
         if !pool.vol.read_only() && !legacy {
             let mut t = pool.lock_table()?;
+            pool.finish_snapshot_work(&mut t)?;
             pool.settle_pending(&mut t)?;
         }
         Ok(pool)
@@ -205,6 +241,43 @@ impl Pool {
 
     fn views(&self) -> MutexGuard<'_, BTreeMap<String, Arc<VolumeView>>> {
         self.views.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets every view's plan from table `t` (a table change may change
+    /// what any view reads through); `held`: the layout of one view the
+    /// caller holds for writing, by name. Views `t` no longer names are
+    /// marked deleted and dropped; views of new snapshots are added.
+    fn relayout(&self, t: &PoolTable, held: Option<(&str, &mut Layout)>) -> Result<(), PoolError> {
+        let fresh = views_of(&self.vol, t);
+        let mut views = self.views();
+        let (held_name, mut held_layout) = match held {
+            Some((n, l)) => (Some(n.to_string()), Some(l)),
+            None => (None, None),
+        };
+        for (name, view) in views.iter() {
+            let plan = fresh.get(name).map(|f| {
+                let l = f.layout.read().unwrap_or_else(|p| p.into_inner());
+                (l.size_bytes, l.extents.clone(), l.plan.clone())
+            });
+            let apply = |l: &mut Layout| match &plan {
+                Some((size, extents, p)) => {
+                    l.size_bytes = *size;
+                    l.extents = extents.clone();
+                    l.plan = p.clone();
+                }
+                None => l.deleted = true,
+            };
+            if held_name.as_deref() == Some(name.as_str()) {
+                apply(held_layout.as_deref_mut().expect("held with its name"));
+            } else {
+                apply(&mut *view.layout.write().map_err(|_| VolError::Poisoned)?);
+            }
+        }
+        views.retain(|n, _| fresh.contains_key(n));
+        for (n, f) in fresh {
+            views.entry(n).or_insert(f);
+        }
+        Ok(())
     }
 
     /// Every volume, by name.

@@ -60,11 +60,12 @@ impl Pool {
             size_bytes,
             created_unix_secs: now_secs(),
             extents,
+            parent: 0,
         };
         next.next_id += 1;
         next.volumes.push(v.clone());
         self.commit(&mut t, next)?;
-        self.views().insert(name.into(), view_of(&self.vol, &v));
+        self.views().insert(name.into(), view_of(&self.vol, &t, &v));
         tracing::info!("volume '{name}' created, {size_bytes} bytes");
         Ok(())
     }
@@ -77,6 +78,13 @@ impl Pool {
         let Some(i) = t.volumes.iter().position(|v| v.name == name) else {
             return Err(self.not_found(name));
         };
+        let snaps: Vec<String> = t.snapshots_of(t.volumes[i].id).map(|s| s.name.clone()).collect();
+        if !snaps.is_empty() {
+            return Err(PoolError::HasSnapshots {
+                name: name.into(),
+                snapshots: snaps,
+            });
+        }
         let view = self.volume(name).expect("every volume has a view");
         if view.clients() > 0 && !force {
             return Err(PoolError::InUse {
@@ -117,6 +125,10 @@ impl Pool {
         let mut next = t.clone();
         let v = &mut next.volumes[i];
         let (old_blocks, new_blocks) = (old.blocks(), size_bytes / BLOCK_SIZE_BYTES);
+        let layered = old.parent != 0 || t.snapshots_of(old.id).next().is_some();
+        if new_blocks < old_blocks && layered {
+            return Err(PoolError::ShrinkLayered { name: name.into() });
+        }
         let freed = if new_blocks >= old_blocks {
             let need = extents_for(size_bytes) as usize - old.extents.len();
             let free = t.free_extents();
@@ -150,8 +162,7 @@ impl Pool {
         let extents = v.extents.clone();
         next.pending.extend(&freed);
         self.commit(&mut t, next)?;
-        layout.size_bytes = size_bytes;
-        layout.extents = extents.clone();
+        self.relayout(&t, Some((name, &mut layout)))?;
         drop(layout);
         if new_blocks < old_blocks {
             let tail_end = (extents.len() as u64 * EXTENT_BLOCKS).min(old_blocks);

@@ -5,22 +5,27 @@
 //! request sees half of one.
 use super::Layout;
 use crate::error::VolError;
-use crate::volume::{Extent, Volume};
-use cvol_format::pool::EXTENT_BYTES;
+use crate::volume::{Extent, Layers, Volume, Writer};
+use cvol_format::pool::{SnapState, EXTENT_BYTES};
+use cvol_format::{EntryState, BLOCK_SIZE_BYTES};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 pub struct VolumeView {
     pub(super) vol: Arc<Volume>,
     pub(super) name: String,
+    /// The table id of the volume or snapshot it shows.
+    pub(super) id: u64,
+    /// A snapshot (`VOLUME@SNAP`, read-only).
+    pub(super) snapshot: bool,
     pub(super) layout: RwLock<Layout>,
     /// Clients holding it open (`OpenGuard`).
     pub(super) opens: AtomicUsize,
 }
 
 /// A piece of a request inside one extent: (pool offset, bytes, offset in
-/// the request).
-type Piece = (u64, u64, usize);
+/// the request, the layers of its first block).
+type Piece = (u64, u64, usize, Layers);
 
 fn gone() -> VolError {
     VolError::Io(std::io::Error::new(
@@ -39,7 +44,12 @@ impl VolumeView {
     }
 
     pub fn read_only(&self) -> bool {
-        self.vol.read_only()
+        self.snapshot || self.vol.read_only()
+    }
+
+    /// A snapshot's view (`VOLUME@SNAP`).
+    pub fn is_snapshot(&self) -> bool {
+        self.snapshot
     }
 
     /// Clients that have it open now.
@@ -71,34 +81,47 @@ impl VolumeView {
         let mut at = offset;
         while at < offset + len {
             let (x, within) = (at / EXTENT_BYTES, at % EXTENT_BYTES);
-            let n = (EXTENT_BYTES - within).min(offset + len - at);
+            let b = at / BLOCK_SIZE_BYTES;
+            let cut = l.piece_end(b).saturating_mul(BLOCK_SIZE_BYTES);
+            let n = (EXTENT_BYTES - within).min(offset + len - at).min(cut - at);
             let base = u64::from(l.extents[x as usize]) * EXTENT_BYTES;
-            out.push((base + within, n, (at - offset) as usize));
+            out.push((base + within, n, (at - offset) as usize, l.layers_at(b)));
             at += n;
         }
         Ok(out)
     }
 
+    fn writable(&self) -> Result<(), VolError> {
+        if self.snapshot {
+            return Err(VolError::ReadOnly);
+        }
+        Ok(())
+    }
+
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolError> {
         let l = self.layout()?;
-        for (p, n, at) in Self::pieces(&l, offset, buf.len() as u64)? {
-            self.vol.read_at(p, &mut buf[at..at + n as usize])?;
+        for (p, n, at, y) in Self::pieces(&l, offset, buf.len() as u64)? {
+            self.vol
+                .read_layered(p, &mut buf[at..at + n as usize], &y.below)?;
         }
         Ok(())
     }
 
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
+        self.writable()?;
         let l = self.layout()?;
-        for (p, n, at) in Self::pieces(&l, offset, data.len() as u64)? {
-            self.vol.write_at(p, &data[at..at + n as usize], fua)?;
+        for (p, n, at, y) in Self::pieces(&l, offset, data.len() as u64)? {
+            let d = &data[at..at + n as usize];
+            self.vol.write_layered(Writer::Client, p, d, fua, &y)?;
         }
         Ok(())
     }
 
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolError> {
+        self.writable()?;
         let l = self.layout()?;
-        for (p, n, _) in Self::pieces(&l, offset, len)? {
-            self.vol.trim(p, n, fua)?;
+        for (p, n, _, y) in Self::pieces(&l, offset, len)? {
+            self.vol.trim_layered(p, n, fua, &y)?;
         }
         Ok(())
     }
@@ -110,9 +133,10 @@ impl VolumeView {
         no_hole: bool,
         fua: bool,
     ) -> Result<(), VolError> {
+        self.writable()?;
         let l = self.layout()?;
-        for (p, n, _) in Self::pieces(&l, offset, len)? {
-            self.vol.write_zeroes(p, n, no_hole, fua)?;
+        for (p, n, _, y) in Self::pieces(&l, offset, len)? {
+            self.vol.write_zeroes_layered(p, n, no_hole, fua, &y)?;
         }
         Ok(())
     }
@@ -126,8 +150,60 @@ impl VolumeView {
     pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolError> {
         let l = self.layout()?;
         let pieces = Self::pieces(&l, offset, len)?;
-        let &(p, n, _) = pieces.first().ok_or(VolError::OutOfRange)?;
-        self.vol.block_status(p, n)
+        let (p, n, _, y) = pieces.first().ok_or(VolError::OutOfRange)?;
+        self.vol.block_status_layered(*p, *n, &y.below)
+    }
+
+    /// The names of the snapshots whose changed blocks this view can
+    /// report (a volume's live snapshots, oldest first).
+    pub fn tracked_snapshots(&self) -> Vec<String> {
+        let Ok(l) = self.layout() else {
+            return Vec::new();
+        };
+        (l.plan.snaps.iter())
+            .filter(|(_, st, _)| *st != SnapState::Deleting)
+            .map(|(n, ..)| n.clone())
+            .collect()
+    }
+
+    /// Runs `(bytes, changed)` from `offset` (up to the end of its extent
+    /// at most): a block changed since snapshot `snap` if it or a newer
+    /// snapshot of the volume holds the block's old entry (kept at its
+    /// first change), or if it lies beyond the snapshot's size. None if
+    /// the volume has no such snapshot.
+    pub fn changed_since(
+        &self,
+        snap: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<(u64, bool)>>, VolError> {
+        let l = self.layout()?;
+        let snaps = &l.plan.snaps;
+        let Some(k) = (snaps.iter()).position(|(n, st, _)| n == snap && *st != SnapState::Deleting)
+        else {
+            return Ok(None);
+        };
+        let pieces = Self::pieces(&l, offset, len)?;
+        let (_, n, _, _) = pieces.first().ok_or(VolError::OutOfRange)?;
+        let b = offset / BLOCK_SIZE_BYTES;
+        let since = &snaps[k].2;
+        if b >= since.blocks {
+            return Ok(Some(vec![(*n, true)]));
+        }
+        let end = (offset + n).min(since.blocks * BLOCK_SIZE_BYTES);
+        let bases: Vec<u64> = snaps[k..].iter().filter_map(|(_, _, s)| s.lba(b)).collect();
+        let within = offset % BLOCK_SIZE_BYTES;
+        let mut runs = self.vol.layered_runs(
+            bases[0] * BLOCK_SIZE_BYTES + within,
+            end - offset,
+            &bases,
+            false,
+            |row| row.iter().any(|e| e.state_valid() != EntryState::Unmapped),
+        )?;
+        if end < offset + n {
+            runs.push((offset + n - end, true)); // beyond the snapshot's size
+        }
+        Ok(Some(runs))
     }
 
     /// The engine underneath (the pool's).

@@ -4,6 +4,7 @@
 //! segment live bytes, stored bytes and the shared table exact). A dedup
 //! candidate becomes a REF record only if its record is still live and not
 //! being cleaned; otherwise it is compressed after all.
+use super::layered::Layers;
 use super::prepare::{DupTarget, Prepared};
 use super::{space, State, Volume, BS};
 use crate::dedup::{self, Fingerprint};
@@ -54,6 +55,21 @@ impl Volume {
         data: &[u8],
         fua: bool,
     ) -> Result<(), VolError> {
+        self.write_layered(who, offset, data, fua, &Layers::default())
+    }
+
+    /// [`Volume::write_as`] on a layered view (a pool's volume with
+    /// snapshots, or a clone): the blocks' old content is kept first where
+    /// `layers` asks (`Layers::keep`), and partial blocks are completed
+    /// from what the view reads (`Layers::below`).
+    pub fn write_layered(
+        &self,
+        who: Writer,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+        layers: &Layers,
+    ) -> Result<(), VolError> {
         self.check_range(offset, data.len() as u64)?;
         self.check_writable()?;
         self.activity.note_client_io();
@@ -64,10 +80,10 @@ impl Volume {
         let _inflight = self.activity.load.enter();
         if offset.is_multiple_of(BLOCK_SIZE_BYTES) && data.len().is_multiple_of(BS) {
             let _shared = self.rmw_shared()?;
-            self.write_blocks(offset / BLOCK_SIZE_BYTES, data, who)?;
+            self.write_blocks(offset / BLOCK_SIZE_BYTES, data, who, layers)?;
         } else {
             let _exclusive = self.rmw_exclusive()?;
-            self.write_unaligned(offset, data, who)?;
+            self.write_unaligned(offset, data, who, layers)?;
         }
         self.counters
             .client_bytes_written
@@ -83,31 +99,55 @@ impl Volume {
         }
     }
 
-    fn write_unaligned(&self, offset: u64, data: &[u8], who: Writer) -> Result<(), VolError> {
+    fn write_unaligned(
+        &self,
+        offset: u64,
+        data: &[u8],
+        who: Writer,
+        layers: &Layers,
+    ) -> Result<(), VolError> {
         let first = offset / BLOCK_SIZE_BYTES;
         let last = (offset + data.len() as u64 - 1) / BLOCK_SIZE_BYTES;
         let nblocks = (last - first + 1) as usize;
         let mut buf = vec![0u8; nblocks * BS];
         let head = (offset % BLOCK_SIZE_BYTES) as usize;
+        let below_last = layers.below_at(last - first);
         if head != 0 {
-            self.read_blocks(first, &mut buf[..BS])?;
+            self.read_blocks(first, &mut buf[..BS], &layers.below)?;
         }
         let tail_end = head + data.len();
         if !tail_end.is_multiple_of(BS) && (last != first || head == 0) {
-            self.read_blocks(last, &mut buf[(nblocks - 1) * BS..])?;
+            self.read_blocks(last, &mut buf[(nblocks - 1) * BS..], &below_last)?;
         }
         buf[head..tail_end].copy_from_slice(data);
-        self.write_blocks(first, &buf, who)
+        self.write_blocks(first, &buf, who, layers)
     }
 
-    fn write_blocks(&self, lba: u64, data: &[u8], who: Writer) -> Result<(), VolError> {
+    fn write_blocks(
+        &self,
+        lba: u64,
+        data: &[u8],
+        who: Writer,
+        layers: &Layers,
+    ) -> Result<(), VolError> {
         assert!(data.len().is_multiple_of(BS));
+        let n = (data.len() / BS) as u64;
         let mut items = self.prepare(lba, data, who)?;
-        self.prefault(lba, lba + (data.len() / BS) as u64)?;
+        self.prefault(lba, lba + n)?;
+        self.prefault_layers(layers, n)?;
+        let mut kept = layers.keep.is_none();
         loop {
             let packing = self.sb.packing();
-            let need = log_bytes(&items, packing);
+            let need = log_bytes(&items, packing) + if kept { 0 } else { layers.keep_bytes(n) };
             let mut st = self.lock_with_space(space::commit_bytes(need))?;
+            if !kept {
+                if !self.keep_old(&mut st, lba, n, layers, false)? {
+                    drop(st);
+                    self.wait_for_cleaning();
+                    continue;
+                }
+                kept = true;
+            }
             self.note_defer_room(&st);
             items = packed(packing, st.log.head.fill, items);
             let mut done = Committed::new();

@@ -2,7 +2,8 @@
 //! or zero blocks that stay allocated (ZERO records); partial blocks at the
 //! edges are left alone (TRIM is advisory) or written as data.
 use super::space::{self, RANGE_RECORD_BLOCKS_MAX};
-use super::{State, Volume};
+use super::layered::Layers;
+use super::{State, Volume, Writer};
 use crate::error::VolError;
 use crate::log::Shape;
 use cvol_format::record::RecordKind;
@@ -12,30 +13,56 @@ impl Volume {
     /// TRIM: whole blocks inside the range become unmapped holes; partial
     /// blocks at the edges are left alone (TRIM is advisory).
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolError> {
+        self.trim_layered(offset, len, fua, &Layers::default())
+    }
+
+    /// [`Volume::trim`] on a layered view: old content kept first where
+    /// `layers` asks; on a view with layers below (a clone) the blocks
+    /// become zero blocks, which hide what lies below, not holes.
+    pub fn trim_layered(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+        layers: &Layers,
+    ) -> Result<(), VolError> {
         self.check_range(offset, len)?;
         self.check_writable()?;
         let first = offset.div_ceil(BLOCK_SIZE_BYTES);
         let end = (offset + len) / BLOCK_SIZE_BYTES;
         if first < end {
             let _shared = self.rmw_shared()?;
-            self.unmap_blocks(first, end)?;
+            let layers = layers.at(first - offset / BLOCK_SIZE_BYTES);
+            if layers.below.is_empty() {
+                self.unmap_blocks(first, end, &layers)?;
+            } else {
+                self.zero_blocks(first, end, &layers)?;
+            }
         }
         self.after_write(fua)
     }
 
-    fn unmap_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
-        let mut st = self.lock_state()?;
-        self.check_writable()?;
-        // The pages at the range's edges tell whether it holds anything;
-        // a page wholly inside it holds something if it has entries.
-        self.fault(&mut st, first, first + 1)?;
-        self.fault(&mut st, end - 1, end)?;
-        if !st.live.map().any_mapped(first, end) {
-            return Ok(()); // already holes: no record, no space
-        }
-        if st.log.free_bytes() < space::trim_bytes(end - first) {
-            return Err(VolError::NoSpace);
-        }
+    fn unmap_blocks(&self, first: u64, end: u64, layers: &Layers) -> Result<(), VolError> {
+        let mut st = loop {
+            let mut st = self.lock_state()?;
+            self.check_writable()?;
+            // The pages at the range's edges tell whether it holds anything;
+            // a page wholly inside it holds something if it has entries.
+            self.fault(&mut st, first, first + 1)?;
+            self.fault(&mut st, end - 1, end)?;
+            if !st.live.map().any_mapped(first, end) {
+                return Ok(()); // already holes: no record, no space
+            }
+            let need = space::trim_bytes(end - first) + layers.keep_bytes(end - first);
+            if st.log.free_bytes() < need {
+                return Err(VolError::NoSpace);
+            }
+            if self.keep_old(&mut st, first, end - first, layers, true)? {
+                break st;
+            }
+            drop(st);
+            self.wait_for_cleaning();
+        };
         self.append_ranges(&mut st, RecordKind::Trim, first, end)?;
         let mut lba = first;
         while let Some(page) = st
@@ -82,13 +109,25 @@ impl Volume {
         no_hole: bool,
         fua: bool,
     ) -> Result<(), VolError> {
+        self.write_zeroes_layered(offset, len, no_hole, fua, &Layers::default())
+    }
+
+    /// [`Volume::write_zeroes`] on a layered view (see `trim_layered`).
+    pub fn write_zeroes_layered(
+        &self,
+        offset: u64,
+        len: u64,
+        no_hole: bool,
+        fua: bool,
+        layers: &Layers,
+    ) -> Result<(), VolError> {
         self.check_range(offset, len)?;
         self.check_writable()?;
         let first = offset.div_ceil(BLOCK_SIZE_BYTES);
         let end = (offset + len) / BLOCK_SIZE_BYTES;
         if first >= end {
             let zeros = vec![0u8; len as usize];
-            return self.write_at(offset, &zeros, fua);
+            return self.write_layered(Writer::Client, offset, &zeros, fua, layers);
         }
         let head = first * BLOCK_SIZE_BYTES - offset;
         let tail = offset + len - end * BLOCK_SIZE_BYTES;
@@ -96,24 +135,35 @@ impl Volume {
         let edges = u64::from(head > 0) + u64::from(tail > 0);
         drop(self.lock_with_space(space::write_zeroes_bytes(edges, end - first, no_hole))?);
         if head > 0 {
-            self.write_at(offset, &vec![0u8; head as usize], false)?;
+            self.write_layered(Writer::Client, offset, &vec![0u8; head as usize], false, layers)?;
         }
         if tail > 0 {
-            self.write_at(end * BLOCK_SIZE_BYTES, &vec![0u8; tail as usize], false)?;
+            let at = end * BLOCK_SIZE_BYTES;
+            let tail_layers = layers.at(end - offset / BLOCK_SIZE_BYTES);
+            self.write_layered(Writer::Client, at, &vec![0u8; tail as usize], false, &tail_layers)?;
         }
         {
             let _shared = self.rmw_shared()?;
-            if no_hole {
-                self.zero_blocks(first, end)?;
+            if no_hole || !layers.below.is_empty() {
+                self.zero_blocks(first, end, &layers.at(first - offset / BLOCK_SIZE_BYTES))?;
             } else {
-                self.unmap_blocks(first, end)?;
+                self.unmap_blocks(first, end, &layers.at(first - offset / BLOCK_SIZE_BYTES))?;
             }
         }
         self.after_write(fua)
     }
 
-    fn zero_blocks(&self, first: u64, end: u64) -> Result<(), VolError> {
-        let mut st = self.lock_with_space(space::zero_blocks_bytes(end - first))?;
+    fn zero_blocks(&self, first: u64, end: u64, layers: &Layers) -> Result<(), VolError> {
+        self.prefault_layers(layers, end - first)?;
+        let need = space::zero_blocks_bytes(end - first) + layers.keep_bytes(end - first);
+        let mut st = loop {
+            let mut st = self.lock_with_space(need)?;
+            if self.keep_old(&mut st, first, end - first, layers, true)? {
+                break st;
+            }
+            drop(st);
+            self.wait_for_cleaning();
+        };
         self.fault(&mut st, first, end)?;
         self.append_ranges(&mut st, RecordKind::Zero, first, end)?;
         for l in first..end {

@@ -42,6 +42,7 @@ mod discard;
 mod durability;
 mod hooksnap;
 mod jobs;
+mod layered;
 mod lifecycle;
 pub mod metadev;
 mod options;
@@ -63,6 +64,7 @@ pub use jobs::scrub::{
     pace_delay, ScrubFinding, ScrubOptions, ScrubProgress, ScrubReport, ScrubRunning, ScrubStatus,
 };
 pub use jobs::Worker;
+pub use layered::{Keep, Layers};
 pub use lifecycle::default_segment_size;
 pub use options::{
     dedup_memory_default_bytes, map_cache_pages, read_cache_default_bytes, CreateOptions,

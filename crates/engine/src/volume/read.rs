@@ -124,6 +124,14 @@ impl Reading<'_> {
 
 impl Volume {
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolError> {
+        self.read_layered(offset, buf, &[])
+    }
+
+    /// `read_at` of a layered view (a pool's snapshot or clone): a block
+    /// whose own entry is unmapped reads as the same block of the first
+    /// layer in `below` that maps it (each the LBA of the block at
+    /// `offset`), resolved under one hold of the state lock.
+    pub fn read_layered(&self, offset: u64, buf: &mut [u8], below: &[u64]) -> Result<(), VolError> {
         self.check_range(offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
@@ -136,11 +144,11 @@ impl Volume {
             .fetch_add(1, Ordering::Relaxed);
         let first = offset / BLOCK_SIZE_BYTES;
         if offset.is_multiple_of(BLOCK_SIZE_BYTES) && buf.len().is_multiple_of(BS) {
-            return self.read_blocks(first, buf);
+            return self.read_blocks(first, buf, below);
         }
         let last = (offset + buf.len() as u64 - 1) / BLOCK_SIZE_BYTES;
         let mut tmp = vec![0u8; ((last - first + 1) as usize) * BS];
-        self.read_blocks(first, &mut tmp)?;
+        self.read_blocks(first, &mut tmp, below)?;
         let head = (offset % BLOCK_SIZE_BYTES) as usize;
         buf.copy_from_slice(&tmp[head..head + buf.len()]);
         Ok(())
@@ -150,11 +158,16 @@ impl Volume {
     /// and read again: the cleaner may have moved it, and its old segment been
     /// reused, between the map lookup and the read. Only a repeated failure is
     /// reported (and counted) as corruption.
-    pub(in crate::volume) fn read_blocks(&self, lba: u64, out: &mut [u8]) -> Result<(), VolError> {
+    pub(in crate::volume) fn read_blocks(
+        &self,
+        lba: u64,
+        out: &mut [u8],
+        below: &[u64],
+    ) -> Result<(), VolError> {
         self.activity.note_client_io();
         let mut attempt = 0;
         loop {
-            match self.read_blocks_once(lba, out, true) {
+            match self.read_blocks_layered(lba, out, true, below) {
                 Err(VolError::Corrupt { .. }) if attempt < READ_RETRIES => attempt += 1,
                 Err(VolError::Corrupt { lba, detail }) => {
                     self.counters.corrupt_reads.fetch_add(1, Ordering::Relaxed);
@@ -173,9 +186,19 @@ impl Volume {
         out: &mut [u8],
         client: bool,
     ) -> Result<(), VolError> {
+        self.read_blocks_layered(lba, out, client, &[])
+    }
+
+    fn read_blocks_layered(
+        &self,
+        lba: u64,
+        out: &mut [u8],
+        client: bool,
+        below: &[u64],
+    ) -> Result<(), VolError> {
         assert!(out.len().is_multiple_of(BS));
         let n = out.len() / BS;
-        let snap = self.read_snapshot(lba, n)?;
+        let snap = self.read_snapshot(lba, n, below)?;
         self.count_read(client, |c| &c.bytes_read, out.len() as u64);
         let mut r = Reading {
             lba,
@@ -195,18 +218,25 @@ impl Volume {
         Ok(())
     }
 
-    /// The map entries of `n` blocks from `lba`, and copies of the records
+    /// The map entries of `n` blocks from `lba` (through the layers
+    /// `below`, in ref form when found there), and copies of the records
     /// still only in the open segment's buffer (one short hold of the lock).
-    fn read_snapshot(&self, lba: u64, n: usize) -> Result<Snapshot, VolError> {
+    fn read_snapshot(&self, lba: u64, n: usize, below: &[u64]) -> Result<Snapshot, VolError> {
         self.prefault(lba, lba + n as u64)?;
+        for &b in below {
+            self.prefault(b, b + n as u64)?;
+        }
         let mut st = self.lock_state()?;
         self.fault(&mut st, lba, lba + n as u64)?;
+        for &b in below {
+            self.fault(&mut st, b, b + n as u64)?;
+        }
         let mut snap = Snapshot {
             entries: Vec::with_capacity(n),
             buffered: Vec::with_capacity(n),
         };
         for i in 0..n as u64 {
-            let e = st.live.get(lba + i);
+            let e = super::layered::resolve(&st, lba + i, below, i).0;
             let b = match e.state_valid() {
                 EntryState::Data { offset, len, .. } => {
                     st.log.buffered(offset, len as usize).map(<[u8]>::to_vec)

@@ -40,6 +40,12 @@
 //!           (unmapped) before they count as free again
 //! ```
 //! Every byte of the payload is used; anything else is refused.
+//!
+//! Version 2 (written only while a snapshot or a clone exists, so that a
+//! pool without them stays readable by binaries that know version 1) adds
+//! `parent u64` after each volume's extents (the id of the snapshot a
+//! clone was made from; 0 for none), and between the volumes and the
+//! pending extents the snapshots (`snap.rs`).
 use crate::*;
 
 /// Blocks of one extent: 2^18 (1 GiB).
@@ -55,6 +61,8 @@ const _: () = assert!(POOL_SLOT_OFFSETS[1] + POOL_SLOT_BYTES <= DATA_OFFSET_BYTE
 const _: () = assert!(POOL_SLOT_OFFSETS[0] + POOL_SLOT_BYTES <= POOL_SLOT_OFFSETS[1]);
 pub const POOL_MAGIC: [u8; 8] = *b"CVOLPOOL";
 pub const POOL_VERSION: u32 = 1;
+/// The version a table with snapshots or clones is written with.
+pub const POOL_VERSION_SNAPSHOTS: u32 = 2;
 pub const POOL_HEADER_BYTES: usize = 48;
 /// Longest volume name.
 pub const NAME_MAX_BYTES: usize = 64;
@@ -70,6 +78,8 @@ pub struct PoolVolume {
     pub size_bytes: u64,
     pub created_unix_secs: u64,
     pub extents: Vec<u32>,
+    /// A clone's origin: the id of the snapshot it was made from (0: none).
+    pub parent: u64,
 }
 
 impl PoolVolume {
@@ -85,6 +95,8 @@ pub struct PoolTable {
     pub uuid: [u8; 16],
     pub next_id: u64,
     pub volumes: Vec<PoolVolume>,
+    /// Frozen copies of volumes, in creation (id) order.
+    pub snapshots: Vec<PoolSnapshot>,
     /// Extents freed but maybe still mapped: trimmed before reuse.
     pub pending: Vec<u32>,
 }
@@ -117,11 +129,11 @@ pub fn name_problem(name: &str) -> Option<&'static str> {
     }
 }
 
-fn put_u32(out: &mut Vec<u8>, v: u32) {
+pub(super) fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
-fn put_u64(out: &mut Vec<u8>, v: u64) {
+pub(super) fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
@@ -138,7 +150,9 @@ impl PoolTable {
                 size_bytes,
                 created_unix_secs: now,
                 extents: (0..extents_for(size_bytes) as u32).collect(),
+                parent: 0,
             }],
+            snapshots: Vec::new(),
             pending: Vec::new(),
         }
     }
@@ -158,6 +172,9 @@ impl PoolTable {
         for e in self.volumes.iter().flat_map(|v| &v.extents) {
             used[*e as usize] = true;
         }
+        for e in self.snapshots.iter().flat_map(|s| &s.extents) {
+            used[*e as usize] = true;
+        }
         for e in &self.pending {
             used[*e as usize] = true;
         }
@@ -166,6 +183,7 @@ impl PoolTable {
 
     /// The whole slot image: header and payload.
     pub fn encode(&self) -> Vec<u8> {
+        let v2 = self.version() == POOL_VERSION_SNAPSHOTS;
         let mut p = Vec::new();
         put_u64(&mut p, self.next_id);
         put_u32(&mut p, self.volumes.len() as u32);
@@ -179,6 +197,12 @@ impl PoolTable {
             for &e in &v.extents {
                 put_u32(&mut p, e);
             }
+            if v2 {
+                put_u64(&mut p, v.parent);
+            }
+        }
+        if v2 {
+            snap::encode_snapshots(&mut p, &self.snapshots);
         }
         put_u32(&mut p, self.pending.len() as u32);
         for &e in &self.pending {
@@ -186,7 +210,7 @@ impl PoolTable {
         }
         let mut out = Vec::with_capacity(POOL_HEADER_BYTES + p.len());
         out.extend_from_slice(&POOL_MAGIC);
-        put_u32(&mut out, POOL_VERSION);
+        put_u32(&mut out, self.version());
         put_u32(&mut out, p.len() as u32);
         put_u64(&mut out, self.generation);
         out.extend_from_slice(&self.uuid);
@@ -214,7 +238,8 @@ impl PoolTable {
         if crc32c::crc32c(&h[..44]) != u32::from_le_bytes(h[44..48].try_into().unwrap()) {
             return Err(FormatError::Invalid("pool table header checksum mismatch"));
         }
-        if u32::from_le_bytes(h[8..12].try_into().unwrap()) != POOL_VERSION {
+        let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
+        if version != POOL_VERSION && version != POOL_VERSION_SNAPSHOTS {
             return Err(FormatError::Invalid("pool table of an unknown version"));
         }
         if &h[24..40] != uuid {
@@ -237,17 +262,26 @@ impl PoolTable {
             return Err(FormatError::Invalid("pool table checksum mismatch"));
         }
         let generation = u64::from_le_bytes(b[16..24].try_into().unwrap());
+        let v2 = u32::from_le_bytes(b[8..12].try_into().unwrap()) == POOL_VERSION_SNAPSHOTS;
         let mut r = Reader { b: p, at: 0 };
         let mut t = PoolTable {
             generation,
             uuid: *uuid,
             next_id: r.u64()?,
             volumes: Vec::new(),
+            snapshots: Vec::new(),
             pending: Vec::new(),
         };
         let count = r.u32()?;
         for _ in 0..count {
-            t.volumes.push(r.volume()?);
+            let mut v = r.volume()?;
+            if v2 {
+                v.parent = r.u64()?;
+            }
+            t.volumes.push(v);
+        }
+        if v2 {
+            t.snapshots = r.snapshots()?;
         }
         let pending = r.u32()?;
         for _ in 0..pending {
@@ -302,20 +336,34 @@ impl PoolTable {
                 take(e)?;
             }
         }
+        for s in &self.snapshots {
+            for &e in &s.extents {
+                take(e)?;
+            }
+        }
         for &e in &self.pending {
             take(e)?;
         }
-        Ok(())
+        self.validate_snapshots()
+    }
+
+    /// 2 while a snapshot or a clone exists, else 1.
+    pub fn version(&self) -> u32 {
+        if self.snapshots.is_empty() && self.volumes.iter().all(|v| v.parent == 0) {
+            POOL_VERSION
+        } else {
+            POOL_VERSION_SNAPSHOTS
+        }
     }
 }
 
-struct Reader<'a> {
+pub(super) struct Reader<'a> {
     b: &'a [u8],
     at: usize,
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], FormatError> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&[u8], FormatError> {
         let s = self
             .b
             .get(self.at..self.at + n)
@@ -324,11 +372,11 @@ impl Reader<'_> {
         Ok(s)
     }
 
-    fn u32(&mut self) -> Result<u32, FormatError> {
+    pub(super) fn u32(&mut self) -> Result<u32, FormatError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
     }
 
-    fn u64(&mut self) -> Result<u64, FormatError> {
+    pub(super) fn u64(&mut self) -> Result<u64, FormatError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
 
@@ -351,9 +399,13 @@ impl Reader<'_> {
             size_bytes,
             created_unix_secs,
             extents,
+            parent: 0,
         })
     }
 }
+
+mod snap;
+pub use snap::{snapshot_name_problem, PoolSnapshot, SnapState};
 
 #[cfg(test)]
 mod tests;

@@ -10,6 +10,7 @@ fn table() -> PoolTable {
         size_bytes: 8192,
         created_unix_secs: 5,
         extents: vec![9],
+        parent: 0,
     });
     t.next_id = 3;
     t.pending = vec![4, 5];
@@ -105,9 +106,82 @@ fn a_full_table_fits_its_slot_up_to_4096_volumes() {
             size_bytes: 4 * EXTENT_BYTES,
             created_unix_secs: 0,
             extents: (0..4).map(|k| i * 4 + k).collect(),
+            parent: 0,
         });
     }
     t.next_id = 4098;
     assert!(t.fits(), "{} bytes", t.encode().len());
     t.validate().unwrap();
+}
+
+fn table_v2() -> PoolTable {
+    let mut t = table();
+    t.snapshots.push(PoolSnapshot {
+        name: "monday".into(),
+        id: 3,
+        volume: 1,
+        size_bytes: 3 * EXTENT_BYTES + 4096,
+        created_unix_secs: 9,
+        state: SnapState::Live,
+        extents: vec![10, 11, 12, 13],
+    });
+    t.volumes.push(PoolVolume {
+        name: "clone".into(),
+        id: 4,
+        size_bytes: 4096,
+        created_unix_secs: 10,
+        extents: vec![20],
+        parent: 3,
+    });
+    t.next_id = 5;
+    t
+}
+
+#[test]
+fn snapshots_round_trip_as_version_2() {
+    assert_eq!(table().version(), POOL_VERSION, "no snapshot: version 1");
+    let t = table_v2();
+    assert_eq!(t.version(), POOL_VERSION_SNAPSHOTS);
+    let b = t.encode();
+    assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 2);
+    assert_eq!(PoolTable::decode(&b, &UUID).unwrap(), t);
+    assert_eq!(t.snapshot("default", "monday").unwrap().id, 3);
+    assert!(t.snapshot("vm-2.disk", "monday").is_none());
+    assert!(!t.free_extents().contains(&11));
+    for i in 0..b.len() {
+        let mut d = b.clone();
+        d[i] ^= 0x10;
+        assert!(PoolTable::decode(&d, &UUID).is_err(), "byte {i} flipped");
+    }
+}
+
+fn refused_v2(mutate: impl FnOnce(&mut PoolTable)) -> String {
+    let mut t = table_v2();
+    mutate(&mut t);
+    match PoolTable::decode(&t.encode(), &UUID) {
+        Err(FormatError::Invalid(why)) => why.to_string(),
+        other => panic!("taken: {other:?}"),
+    }
+}
+
+#[test]
+fn snapshot_rules() {
+    assert!(refused_v2(|t| t.snapshots[0].volume = 9).contains("of no volume"));
+    assert!(refused_v2(|t| t.snapshots[0].id = 2).contains("taken"));
+    assert!(refused_v2(|t| t.snapshots[0].extents[0] = 9).contains("used twice"));
+    assert!(refused_v2(|t| t.snapshots[0].extents.pop().map_or((), drop)).contains("size"));
+    assert!(refused_v2(|t| t.volumes[2].parent = 2).contains("clone of no snapshot"));
+    assert!(refused_v2(|t| t.snapshots[0].name = "a@b".into()).contains("name invalid"));
+    let dup = |t: &mut PoolTable| {
+        let mut s = t.snapshots[0].clone();
+        s.id = 4;
+        s.extents = vec![30, 31, 32, 33];
+        t.volumes.pop();
+        t.snapshots.push(s);
+    };
+    assert!(refused_v2(dup).contains("name used twice"));
+    assert_eq!(
+        snapshot_name_problem("a/b"),
+        Some("a snapshot name cannot contain '/'")
+    );
 }

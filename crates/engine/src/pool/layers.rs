@@ -1,0 +1,136 @@
+//! Where each view of a pool reads through and keeps old entries
+//! (`crate::volume::Layers`), planned from the table: a snapshot reads
+//! through the newer snapshots of its volume, then the volume (and what
+//! that reads through); a clone reads through its snapshot's layers; a
+//! volume with snapshots keeps a block's old entry in its newest snapshot
+//! before the block first changes.
+use super::Layout;
+use crate::volume::{Keep, Layers};
+use cvol_format::pool::{PoolTable, SnapState, EXTENT_BLOCKS};
+use cvol_format::BLOCK_SIZE_BYTES;
+
+/// One layer: its extents and size in blocks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Layer {
+    pub extents: Vec<u32>,
+    pub blocks: u64,
+}
+
+impl Layer {
+    /// The pool LBA of block `b`, if the layer has it.
+    pub(super) fn lba(&self, b: u64) -> Option<u64> {
+        (b < self.blocks).then(|| {
+            u64::from(self.extents[(b / EXTENT_BLOCKS) as usize]) * EXTENT_BLOCKS
+                + b % EXTENT_BLOCKS
+        })
+    }
+}
+
+/// A view's layers, from the table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub read_only: bool,
+    pub below: Vec<Layer>,
+    pub keep: Option<Layer>,
+    pub guards: Vec<Layer>,
+    /// The volume's snapshots, oldest first, with their state (for
+    /// changed-block tracking).
+    pub snaps: Vec<(String, SnapState, Layer)>,
+}
+
+fn layer(extents: &[u32], size_bytes: u64) -> Layer {
+    Layer {
+        extents: extents.to_vec(),
+        blocks: size_bytes / BLOCK_SIZE_BYTES,
+    }
+}
+
+/// What a block of snapshot `id` reads through after the snapshot itself.
+fn below_snapshot(t: &PoolTable, id: u64) -> Vec<Layer> {
+    let Some(s) = t.snapshot_by_id(id) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Layer> = (t.snapshots_of(s.volume))
+        .filter(|n| n.id > id)
+        .map(|n| layer(&n.extents, n.size_bytes))
+        .collect();
+    if let Some(v) = t.volume_by_id(s.volume) {
+        out.push(layer(&v.extents, v.size_bytes));
+        out.extend(below_volume(t, v.id));
+    }
+    out
+}
+
+/// What a block of volume `id` reads through (a clone: its snapshot).
+fn below_volume(t: &PoolTable, id: u64) -> Vec<Layer> {
+    match t.volume_by_id(id) {
+        Some(v) if v.parent != 0 => match t.snapshot_by_id(v.parent) {
+            Some(s) => {
+                let mut out = vec![layer(&s.extents, s.size_bytes)];
+                out.extend(below_snapshot(t, s.id));
+                out
+            }
+            None => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+/// The plan of volume `id`.
+pub fn plan_volume(t: &PoolTable, id: u64) -> Plan {
+    let snaps: Vec<_> = t.snapshots_of(id).collect();
+    let target = snaps.iter().rposition(|s| s.state != SnapState::Deleting);
+    Plan {
+        read_only: false,
+        below: below_volume(t, id),
+        keep: target.map(|i| layer(&snaps[i].extents, snaps[i].size_bytes)),
+        guards: target.map_or(Vec::new(), |i| {
+            snaps[i + 1..]
+                .iter()
+                .map(|s| layer(&s.extents, s.size_bytes))
+                .collect()
+        }),
+        snaps: snaps
+            .iter()
+            .map(|s| (s.name.clone(), s.state, layer(&s.extents, s.size_bytes)))
+            .collect(),
+    }
+}
+
+/// The plan of snapshot `id` (read-only).
+pub fn plan_snapshot(t: &PoolTable, id: u64) -> Plan {
+    Plan {
+        read_only: true,
+        below: below_snapshot(t, id),
+        ..Plan::default()
+    }
+}
+
+impl Layout {
+    /// Where the piece starting at the view's block `b` ends at most: the
+    /// nearest end of a layer below after `b` (the layers below a clone
+    /// end where its snapshot does).
+    pub(super) fn piece_end(&self, b: u64) -> u64 {
+        (self.plan.below.iter())
+            .map(|l| l.blocks)
+            .filter(|&e| e > b)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The layers of the view's block `b` (a request's first).
+    pub(super) fn layers_at(&self, b: u64) -> Layers {
+        let p = &self.plan;
+        // A layer that ends before `b` ends the chain: what lies below
+        // it is not what the view saw there.
+        let below = p.below.iter().map_while(|l| l.lba(b)).collect();
+        let keep = p.keep.as_ref().and_then(|k| {
+            Some(Keep {
+                target: k.lba(b)?,
+                blocks: k.blocks - b,
+                guards: p.guards.iter().filter_map(|g| g.lba(b)).collect(),
+            })
+        });
+        Layers { below, keep }
+    }
+}
