@@ -1,7 +1,7 @@
 //! Metadata contexts a backend names besides `base:allocation` (qemu's
 //! `qemu:dirty-bitmap:NAME` convention): listing and selecting them in the
 //! handshake, BLOCK_STATUS with one chunk per selected context, and real
-//! clients (nbdinfo, libnbd's Python bindings), each skipped with a message
+//! clients (nbdinfo, libnbd's Python bindings, qemu-img), each skipped with a message
 //! when missing.
 
 mod common;
@@ -99,7 +99,11 @@ fn list_all_by_namespace_and_exact() {
     let set = NBD_OPT_SET_META_CONTEXT;
     assert_eq!(meta(&mut c, set, &["qemu:dirty-bitmap:", "base:"]), vec![]);
     assert_eq!(
-        meta(&mut c, set, &[S2, "qemu:dirty-bitmap:nope", BASE_ALLOCATION, S1]),
+        meta(
+            &mut c,
+            set,
+            &[S2, "qemu:dirty-bitmap:nope", BASE_ALLOCATION, S1]
+        ),
         named(&[(1, BASE_ALLOCATION), (2, S1), (3, S2)])
     );
 }
@@ -218,7 +222,10 @@ fn nbdinfo_maps_and_lists_the_bitmap() {
     let ts = start();
     let uri = ts.uri("");
     let map = stdout_of("nbdinfo", &[&format!("--map={S1}"), &uri]);
-    let lines: Vec<Vec<&str>> = map.lines().map(|l| l.split_whitespace().collect()).collect();
+    let lines: Vec<Vec<&str>> = map
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
     assert_eq!(
         lines,
         vec![
@@ -230,12 +237,15 @@ fn nbdinfo_maps_and_lists_the_bitmap() {
         ],
         "{map}"
     );
-    let json = stdout_of("nbdinfo", &["--json", &uri]);
-    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(
-        json["exports"][0]["contexts"],
-        serde_json::json!([BASE_ALLOCATION, S1, S2, OTHER])
-    );
+    for args in [vec!["--json"], vec!["--list", "--json"]] {
+        let json = stdout_of("nbdinfo", &[&args[..], &[&uri]].concat());
+        let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            json["exports"][0]["contexts"],
+            serde_json::json!([BASE_ALLOCATION, S1, S2, OTHER]),
+            "{args:?}"
+        );
+    }
     let text = stdout_of("nbdinfo", &[&uri]);
     let contexts: Vec<&str> = text
         .lines()
@@ -285,5 +295,39 @@ fn libnbd_block_status_sees_both_contexts() {
         stdout.trim(),
         "[('base:allocation', 0, [262144, 3]), \
          ('qemu:dirty-bitmap:s1', 0, [65536, 0, 131072, 1, 65536, 0])]"
+    );
+}
+
+#[test]
+fn qemu_img_map_reads_the_bitmap() {
+    if !have_tool("qemu-img", &["--version"]) {
+        return;
+    }
+    let ts = start();
+    let opts = format!(
+        "driver=nbd,server.type=unix,server.path={},x-dirty-bitmap={S1}",
+        ts.socket_path.display()
+    );
+    let map = stdout_of("qemu-img", &["map", "--output=json", "--image-opts", &opts]);
+    // qemu's x-dirty-bitmap reports dirty ranges as "data": false.
+    let map: serde_json::Value = serde_json::from_str(&map).unwrap();
+    let runs: Vec<(u64, u64, bool)> = map
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let n = |k: &str| e[k].as_u64().unwrap();
+            (n("start"), n("length"), e["data"].as_bool().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            (0, 65536, true),
+            (65536, 131072, false),
+            (196608, 65536, true),
+            (262144, 4096, false),
+            (266240, 3928064, true),
+        ]
     );
 }

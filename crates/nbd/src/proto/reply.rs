@@ -172,15 +172,27 @@ pub fn encode_block_status_chunk(
     descriptors: &[BlockDescriptor],
 ) -> Vec<u8> {
     let mut out = Vec::new();
-    push_block_status_chunk(&mut out, NBD_REPLY_FLAG_DONE, handle, context_id, descriptors);
+    push_block_status_chunk(
+        &mut out,
+        NBD_REPLY_FLAG_DONE,
+        handle,
+        context_id,
+        descriptors,
+    );
     out
 }
 
 /// The whole reply to a BLOCK_STATUS: one `NBD_REPLY_TYPE_BLOCK_STATUS`
 /// chunk per (context id, descriptors), in the order given, the last one
 /// marked done. With one context it is [`encode_block_status_chunk`].
-pub fn encode_block_status_chunks(handle: u64, contexts: &[(u32, Vec<BlockDescriptor>)]) -> Vec<u8> {
-    assert!(!contexts.is_empty(), "block status for at least one context");
+pub fn encode_block_status_chunks(
+    handle: u64,
+    contexts: &[(u32, Vec<BlockDescriptor>)],
+) -> Vec<u8> {
+    assert!(
+        !contexts.is_empty(),
+        "block status for at least one context"
+    );
     let bytes: usize = contexts
         .iter()
         .map(|(_, d)| STRUCTURED_REPLY_HEADER_BYTES + 4 + 8 * d.len())

@@ -498,13 +498,20 @@ fn meta_context_queries_select() {
         ["qemu:dirty-bitmap:s1", "qemu:dirty-bitmap:s2"]
     );
     assert_eq!(list(&["qemu:"]).len(), 3);
-    assert_eq!(list(&["qemu:dirty-bitmap:s2", "nope:x"]), ["qemu:dirty-bitmap:s2"]);
+    assert_eq!(
+        list(&["qemu:dirty-bitmap:s2", "nope:x"]),
+        ["qemu:dirty-bitmap:s2"]
+    );
     assert_eq!(list(&[":", "qemu:dirty-bitmap"]), Vec::<&str>::new());
     // SET: no wildcards, no queries select nothing, each context once.
     assert_eq!(set(&[]), Vec::<&str>::new());
     assert_eq!(set(&["qemu:dirty-bitmap:", "base:"]), Vec::<&str>::new());
     assert_eq!(
-        set(&["qemu:dirty-bitmap:s2", BASE_ALLOCATION, "qemu:dirty-bitmap:s2"]),
+        set(&[
+            "qemu:dirty-bitmap:s2",
+            BASE_ALLOCATION,
+            "qemu:dirty-bitmap:s2"
+        ]),
         [BASE_ALLOCATION, "qemu:dirty-bitmap:s2"]
     );
 }

@@ -4,7 +4,7 @@
 
 use tracing::warn;
 
-use super::{error_reply, errno_for, guarded, Conn};
+use super::{errno_for, error_reply, guarded, Conn};
 use crate::proto::{self, BlockDescriptor, Command};
 
 /// Why a context's status cannot be sent: the error the reply carries.
@@ -53,11 +53,12 @@ fn descriptors(
         },
     };
     let descriptors = if name == proto::BASE_ALLOCATION {
-        let extents = guarded(|| backend.block_status(offset, u64::from(length))).map_err(failed)?;
+        let extents =
+            guarded(|| backend.block_status(offset, u64::from(length))).map_err(failed)?;
         proto::extents_to_descriptors(&extents, length, req_one, max)
     } else {
-        let extents = guarded(|| backend.context_status(name, offset, u64::from(length)))
-            .map_err(failed)?;
+        let extents =
+            guarded(|| backend.context_status(name, offset, u64::from(length))).map_err(failed)?;
         proto::context_extents_to_descriptors(&extents, length, req_one, max)
     };
     if descriptors.is_empty() {
