@@ -5,8 +5,9 @@
 //! ([`Server::with_exports`], [`Exports`], [`ExportSet`]),
 //! speaking the fixed-newstyle NBD protocol (`doc/proto.md` of the
 //! NetworkBlockDevice project): `NBD_OPT_GO`/`INFO`/`EXPORT_NAME`/`LIST`/
-//! `ABORT`, structured replies, the `base:allocation` metadata context and the
-//! commands READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, CACHE, DISC.
+//! `ABORT`, structured replies, the `base:allocation` metadata context and
+//! any other a backend names ([`Backend::meta_contexts`], e.g. qemu's
+//! `qemu:dirty-bitmap:NAME`), and the commands READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS, CACHE, DISC.
 //! With [`ServerConfig::tls`] the server offers `NBD_OPT_STARTTLS` (rustls,
 //! x509 certificates, optional client certificates: [`tls`]), or requires
 //! it; without, `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`.
@@ -128,6 +129,16 @@ pub struct Extent {
     pub zero: bool,
 }
 
+/// A run of one status in a backend's own metadata context, returned by
+/// [`Backend::context_status`]: `length` bytes whose status is `flags`
+/// (the context's meaning; for qemu's `qemu:dirty-bitmap:NAME`, bit 0 set
+/// = dirty, i.e. changed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextExtent {
+    pub length: u64,
+    pub flags: u32,
+}
+
 /// Flags of a WRITE_ZEROES request.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WriteZeroesFlags {
@@ -164,6 +175,30 @@ pub trait Backend: Send + Sync + 'static {
     /// NBD_CMD_CACHE: a hint; default no-op is fine for backends.
     fn cache(&self, _offset: u64, _length: u64) -> Result<(), BackendError> {
         Ok(())
+    }
+    /// Metadata contexts besides `base:allocation` this backend offers now,
+    /// by full name (`namespace:leaf`, e.g. `"qemu:dirty-bitmap:snap1"`).
+    /// Asked at each `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`
+    /// for this export; a context selected stays selected for the
+    /// connection (if it goes away, [`Backend::context_status`] fails).
+    /// Names must not be `base:allocation` and should be distinct.
+    /// Default: none.
+    fn meta_contexts(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Status of [offset, offset+length) in the context `name` (one of
+    /// [`Backend::meta_contexts`]): runs in order, contiguous from
+    /// `offset`, covering at least the first byte; a total ≤ length is fine
+    /// and anything beyond `length` is cut off. Neighbouring runs with equal
+    /// flags are merged by the server. An error is sent to the client as a
+    /// failed BLOCK_STATUS. Default: [`BackendError::NotSupported`].
+    fn context_status(
+        &self,
+        _name: &str,
+        _offset: u64,
+        _length: u64,
+    ) -> Result<Vec<ContextExtent>, BackendError> {
+        Err(BackendError::NotSupported)
     }
 }
 

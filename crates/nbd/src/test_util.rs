@@ -7,7 +7,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWrite
 use std::time::Duration;
 
 use crate::proto;
-use crate::{Backend, BackendError, Extent, WriteZeroesFlags};
+use crate::{Backend, BackendError, ContextExtent, Extent, WriteZeroesFlags};
 
 /// Allocation granularity of [`MemBackend`].
 pub const BLOCK_BYTES: u64 = 4096;
@@ -33,6 +33,8 @@ pub struct MemBackend {
     overshoot_extents: bool,
     /// See [`MemBackend::without_log`].
     logging: bool,
+    /// See [`MemBackend::with_context`].
+    contexts: Vec<(String, Vec<ContextExtent>)>,
     pub flushes: AtomicUsize,
     /// Writes whose first data byte equals this value sleep `delay_ms`.
     pub slow_write_byte: Mutex<Option<u8>>,
@@ -65,6 +67,7 @@ impl MemBackend {
             fail_byte: None,
             overshoot_extents: false,
             logging: true,
+            contexts: Vec::new(),
             flushes: AtomicUsize::new(0),
             slow_write_byte: Mutex::new(None),
             slow_read_offset: Mutex::new(None),
@@ -89,6 +92,16 @@ impl MemBackend {
     /// 4 KiB longer than asked (the server must cut it off).
     pub fn with_overshooting_extents(mut self) -> MemBackend {
         self.overshoot_extents = true;
+        self
+    }
+
+    /// Offers the metadata context `name` (e.g. `qemu:dirty-bitmap:s1`)
+    /// whose status is `runs`, from offset 0 on (beyond the runs: flags 0).
+    /// Its status calls return the runs of the range asked, the last one
+    /// whole (so it may overshoot: the server must cut it off); they fail
+    /// as every call does under [`MemBackend::fail_with`].
+    pub fn with_context(mut self, name: &str, runs: &[ContextExtent]) -> MemBackend {
+        self.contexts.push((name.to_owned(), runs.to_vec()));
         self
     }
 
@@ -299,6 +312,35 @@ impl Backend for MemBackend {
             if let Some(last) = out.last_mut().filter(|e| e.hole) {
                 last.length += BLOCK_BYTES;
             }
+        }
+        Ok(out)
+    }
+    fn meta_contexts(&self) -> Vec<String> {
+        self.contexts.iter().map(|(name, _)| name.clone()).collect()
+    }
+    fn context_status(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<ContextExtent>, BackendError> {
+        self.check()?;
+        let Some((_, runs)) = self.contexts.iter().find(|(n, _)| n == name) else {
+            return Err(BackendError::Invalid);
+        };
+        let mapped: u64 = runs.iter().map(|r| r.length).sum();
+        let rest = ContextExtent {
+            length: self.size_bytes().saturating_sub(mapped),
+            flags: 0,
+        };
+        let (end, mut out, mut start) = (offset + length, Vec::new(), 0);
+        for run in runs.iter().chain([&rest]) {
+            let run_end = start + run.length;
+            if run_end > offset && start < end {
+                let length = run_end - start.max(offset);
+                out.push(ContextExtent { length, ..*run });
+            }
+            start = run_end;
         }
         Ok(out)
     }

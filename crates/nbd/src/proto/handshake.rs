@@ -165,10 +165,38 @@ pub fn parse_meta_context_request(data: &[u8]) -> Result<MetaContextRequest, Pro
     })
 }
 
-/// Which contexts a query selects. `list` allows the `base:` wildcard.
-/// Queries in unknown namespaces select nothing (spec: MUST be ignored).
+/// Whether `query` selects `base:allocation`. `list` allows the `base:`
+/// wildcard. Queries in unknown namespaces select nothing (spec: MUST be
+/// ignored).
 pub fn query_selects_base_allocation(query: &str, list: bool) -> bool {
-    query == BASE_ALLOCATION || (list && query == "base:")
+    query_selects(query, BASE_ALLOCATION, list)
+}
+
+/// Whether `query` selects the context `name`: the same name exactly, or,
+/// for `NBD_OPT_LIST_META_CONTEXT` (`list`) only, a namespace with an empty
+/// leaf that `name` begins with (`"base:"`, `"qemu:"`,
+/// `"qemu:dirty-bitmap:"`). The spec: an empty leaf-name is a wildcard when
+/// listing but SHOULD NOT select any context for `NBD_OPT_SET_META_CONTEXT`.
+pub fn query_selects(query: &str, name: &str, list: bool) -> bool {
+    query == name
+        || (list && query.ends_with(':') && query_syntax_valid(query) && name.starts_with(query))
+}
+
+/// The contexts of `available` (in its order, each once) that `queries`
+/// select; for a LIST without queries, all of them (the spec: zero queries
+/// list every context the export offers; zero queries in a SET select none).
+pub fn select_meta_contexts<'a>(
+    available: &'a [String],
+    queries: &[String],
+    list: bool,
+) -> Vec<&'a str> {
+    available
+        .iter()
+        .filter(|name| {
+            (list && queries.is_empty()) || queries.iter().any(|q| query_selects(q, name, list))
+        })
+        .map(String::as_str)
+        .collect()
 }
 
 /// A query must start with a non-empty namespace followed by a colon.

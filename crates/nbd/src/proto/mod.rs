@@ -14,8 +14,8 @@
 //!   `GO` and metadata-context requests, the advertised transmission flags;
 //! * `request`: transmission request headers and their validation into a
 //!   [`Command`] (or a [`RequestError`]);
-//! * `reply`: simple replies, structured reply chunks and `base:allocation`
-//!   block-status descriptors.
+//! * `reply`: simple replies, structured reply chunks and block-status
+//!   descriptors (`base:allocation` and a backend's own contexts).
 
 mod handshake;
 mod reply;
@@ -147,9 +147,10 @@ pub const NBD_ESHUTDOWN: u32 = 108;
 pub const NBD_STATE_HOLE: u32 = 1 << 0;
 pub const NBD_STATE_ZERO: u32 = 1 << 1;
 
-/// The only metadata context this server knows.
+/// The metadata context this server knows itself (backends may name more).
 pub const BASE_ALLOCATION: &str = "base:allocation";
-/// Context id handed out for `base:allocation` by `NBD_OPT_SET_META_CONTEXT`.
+/// Context id handed out for `base:allocation` by `NBD_OPT_SET_META_CONTEXT`;
+/// a backend's contexts get the ids after it (2, 3, ...).
 pub const BASE_ALLOCATION_CONTEXT_ID: u32 = 1;
 
 // ---------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 //! Transmission replies: the simple reply header, structured reply chunks
-//! (`NONE`, `ERROR`, `OFFSET_DATA`) and `base:allocation` block status
-//! (extents merged into wire descriptors).
+//! (`NONE`, `ERROR`, `OFFSET_DATA`) and block status (a context's extents
+//! merged into wire descriptors, one chunk per selected context).
 
 use super::*;
-use crate::Extent;
+use crate::{ContextExtent, Extent};
 
 /// Simple reply header (16 bytes); read data, if any, follows.
 pub fn encode_simple_reply(error: u32, handle: u64) -> [u8; SIMPLE_REPLY_HEADER_BYTES] {
@@ -116,20 +116,42 @@ pub fn extents_to_descriptors(
     req_one: bool,
     max_descriptors: usize,
 ) -> Vec<BlockDescriptor> {
+    let runs = extents.iter().map(|e| (e.length, extent_status_flags(e)));
+    runs_to_descriptors(runs, request_length, req_one, max_descriptors)
+}
+
+/// [`extents_to_descriptors`] for the runs of a backend's own context.
+pub fn context_extents_to_descriptors(
+    extents: &[ContextExtent],
+    request_length: u32,
+    req_one: bool,
+    max_descriptors: usize,
+) -> Vec<BlockDescriptor> {
+    let runs = extents.iter().map(|e| (e.length, e.flags));
+    runs_to_descriptors(runs, request_length, req_one, max_descriptors)
+}
+
+/// (length, status flags) runs into wire descriptors, as
+/// [`extents_to_descriptors`] describes.
+fn runs_to_descriptors(
+    runs: impl Iterator<Item = (u64, u32)>,
+    request_length: u32,
+    req_one: bool,
+    max_descriptors: usize,
+) -> Vec<BlockDescriptor> {
     let limit = if req_one { 1 } else { max_descriptors.max(1) };
     let mut out: Vec<BlockDescriptor> = Vec::new();
     let mut remaining = u64::from(request_length);
-    for extent in extents {
+    for (length, status_flags) in runs {
         if remaining == 0 {
             break;
         }
-        let take = extent.length.min(remaining);
+        let take = length.min(remaining);
         if take == 0 {
             continue;
         }
         remaining -= take;
         let take = take as u32; // ≤ request_length, fits
-        let status_flags = extent_status_flags(extent);
         let full = out.len() == limit;
         match out.last_mut() {
             Some(last) if last.status_flags == status_flags => last.length += take,
@@ -149,15 +171,60 @@ pub fn encode_block_status_chunk(
     context_id: u32,
     descriptors: &[BlockDescriptor],
 ) -> Vec<u8> {
+    let mut out = Vec::new();
+    push_block_status_chunk(
+        &mut out,
+        NBD_REPLY_FLAG_DONE,
+        handle,
+        context_id,
+        descriptors,
+    );
+    out
+}
+
+/// The whole reply to a BLOCK_STATUS: one `NBD_REPLY_TYPE_BLOCK_STATUS`
+/// chunk per (context id, descriptors), in the order given, the last one
+/// marked done. With one context it is [`encode_block_status_chunk`].
+pub fn encode_block_status_chunks(
+    handle: u64,
+    contexts: &[(u32, Vec<BlockDescriptor>)],
+) -> Vec<u8> {
+    assert!(
+        !contexts.is_empty(),
+        "block status for at least one context"
+    );
+    let bytes: usize = contexts
+        .iter()
+        .map(|(_, d)| STRUCTURED_REPLY_HEADER_BYTES + 4 + 8 * d.len())
+        .sum();
+    let mut out = Vec::with_capacity(bytes);
+    for (i, (context_id, descriptors)) in contexts.iter().enumerate() {
+        let flags = if i + 1 == contexts.len() {
+            NBD_REPLY_FLAG_DONE
+        } else {
+            0
+        };
+        push_block_status_chunk(&mut out, flags, handle, *context_id, descriptors);
+    }
+    out
+}
+
+fn push_block_status_chunk(
+    out: &mut Vec<u8>,
+    flags: u16,
+    handle: u64,
+    context_id: u32,
+    descriptors: &[BlockDescriptor],
+) {
     assert!(
         !descriptors.is_empty(),
         "block status needs at least one descriptor"
     );
     let payload_bytes = 4 + 8 * descriptors.len();
-    let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_BYTES + payload_bytes);
+    out.reserve(STRUCTURED_REPLY_HEADER_BYTES + payload_bytes);
     let length = u32::try_from(payload_bytes).expect("block status payload fits u32");
     out.extend_from_slice(&encode_chunk_header(
-        NBD_REPLY_FLAG_DONE,
+        flags,
         NBD_REPLY_TYPE_BLOCK_STATUS,
         handle,
         length,
@@ -168,5 +235,4 @@ pub fn encode_block_status_chunk(
         out.extend_from_slice(&d.length.to_be_bytes());
         out.extend_from_slice(&d.status_flags.to_be_bytes());
     }
-    out
 }

@@ -99,6 +99,9 @@ pub struct TransmissionContext {
     pub size_bytes: u64,
     pub transmission_flags: u16,
     pub structured_replies: bool,
+    /// A metadata context was selected (`base:allocation`, or any other
+    /// the backend offers), so BLOCK_STATUS is allowed. Named for the
+    /// first context this server knew.
     pub base_allocation: bool,
     pub max_request_bytes: u32,
 }

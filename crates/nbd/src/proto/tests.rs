@@ -432,6 +432,91 @@ fn block_status_chunk_layout() {
 }
 
 #[test]
+fn block_status_chunks_one_per_context_last_done() {
+    let one = |length, status_flags| {
+        vec![BlockDescriptor {
+            length,
+            status_flags,
+        }]
+    };
+    let c = encode_block_status_chunks(9, &[(1, one(512, 3)), (2, one(4096, 1))]);
+    assert_eq!(c.len(), 2 * (20 + 12));
+    let (first, second) = c.split_at(32);
+    assert_eq!(&first[4..6], &0u16.to_be_bytes(), "not done");
+    assert_eq!(&second[4..6], &NBD_REPLY_FLAG_DONE.to_be_bytes());
+    for (chunk, id, length, flags) in [(first, 1u32, 512u32, 3u32), (second, 2, 4096, 1)] {
+        assert_eq!(&chunk[6..8], &NBD_REPLY_TYPE_BLOCK_STATUS.to_be_bytes());
+        assert_eq!(&chunk[8..16], &9u64.to_be_bytes());
+        assert_eq!(&chunk[16..20], &12u32.to_be_bytes());
+        assert_eq!(&chunk[20..24], &id.to_be_bytes());
+        assert_eq!(&chunk[24..28], &length.to_be_bytes());
+        assert_eq!(&chunk[28..32], &flags.to_be_bytes());
+    }
+    // One context: byte for byte the single done chunk.
+    assert_eq!(
+        encode_block_status_chunks(9, &[(1, one(512, 3))]),
+        encode_block_status_chunk(9, 1, &one(512, 3))
+    );
+}
+
+#[test]
+fn context_extents_merge_cut_and_req_one() {
+    let run = |length, flags| crate::ContextExtent { length, flags };
+    let runs = [run(4096, 0), run(4096, 0), run(8192, 1), run(1 << 40, 0)];
+    let d: Vec<(u32, u32)> = context_extents_to_descriptors(&runs, 20000, false, 100)
+        .iter()
+        .map(|d| (d.length, d.status_flags))
+        .collect();
+    assert_eq!(d, vec![(8192, 0), (8192, 1), (3616, 0)]);
+    let d = context_extents_to_descriptors(&runs, 20000, true, 100);
+    assert_eq!(
+        d,
+        vec![BlockDescriptor {
+            length: 8192,
+            status_flags: 0
+        }]
+    );
+}
+
+#[test]
+fn meta_context_queries_select() {
+    let available: Vec<String> = [
+        BASE_ALLOCATION,
+        "qemu:dirty-bitmap:s1",
+        "qemu:dirty-bitmap:s2",
+        "qemu:other",
+        "x-cvol:thing",
+    ]
+    .map(String::from)
+    .to_vec();
+    let q = |queries: &[&str]| queries.iter().map(|q| q.to_string()).collect::<Vec<_>>();
+    let list = |queries: &[&str]| select_meta_contexts(&available, &q(queries), true);
+    let set = |queries: &[&str]| select_meta_contexts(&available, &q(queries), false);
+    assert_eq!(list(&[]).len(), 5);
+    assert_eq!(
+        list(&["qemu:dirty-bitmap:"]),
+        ["qemu:dirty-bitmap:s1", "qemu:dirty-bitmap:s2"]
+    );
+    assert_eq!(list(&["qemu:"]).len(), 3);
+    assert_eq!(
+        list(&["qemu:dirty-bitmap:s2", "nope:x"]),
+        ["qemu:dirty-bitmap:s2"]
+    );
+    assert_eq!(list(&[":", "qemu:dirty-bitmap"]), Vec::<&str>::new());
+    // SET: no wildcards, no queries select nothing, each context once.
+    assert_eq!(set(&[]), Vec::<&str>::new());
+    assert_eq!(set(&["qemu:dirty-bitmap:", "base:"]), Vec::<&str>::new());
+    assert_eq!(
+        set(&[
+            "qemu:dirty-bitmap:s2",
+            BASE_ALLOCATION,
+            "qemu:dirty-bitmap:s2"
+        ]),
+        [BASE_ALLOCATION, "qemu:dirty-bitmap:s2"]
+    );
+}
+
+#[test]
 fn handshake_encoders() {
     let g = encode_greeting(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
     assert_eq!(&g[0..8], b"NBDMAGIC");

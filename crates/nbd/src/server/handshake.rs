@@ -25,7 +25,19 @@ pub(crate) struct Negotiated {
     pub(crate) size_bytes: u64,
     pub(crate) transmission_flags: u16,
     pub(crate) structured_replies: bool,
-    pub(crate) base_allocation: bool,
+    /// The metadata contexts selected for this export, by ascending id
+    /// (`base:allocation` first, if selected).
+    pub(crate) meta_contexts: Vec<MetaContext>,
+}
+
+/// A metadata context selected by `NBD_OPT_SET_META_CONTEXT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MetaContext {
+    /// The id its BLOCK_STATUS chunks carry.
+    pub(crate) id: u32,
+    /// Its full name: `base:allocation` (the server's own) or one the
+    /// backend offers.
+    pub(crate) name: String,
 }
 
 /// Per-connection handshake state.
@@ -37,7 +49,8 @@ struct Haggle<'a> {
     fixed_newstyle: bool,
     no_zeroes: bool,
     structured_replies: bool,
-    base_allocation: bool,
+    /// The contexts the last `NBD_OPT_SET_META_CONTEXT` selected.
+    meta_contexts: Vec<MetaContext>,
     /// The canonical name of the export the last `NBD_OPT_SET_META_CONTEXT`
     /// referred to: its contexts hold only if the same export is chosen.
     meta_context_export: Option<String>,
@@ -152,7 +165,7 @@ pub(crate) fn negotiate(
         fixed_newstyle: client_flags & proto::NBD_FLAG_C_FIXED_NEWSTYLE != 0,
         no_zeroes: client_flags & proto::NBD_FLAG_C_NO_ZEROES != 0,
         structured_replies: false,
-        base_allocation: false,
+        meta_contexts: Vec::new(),
         meta_context_export: None,
     };
     if !haggle.fixed_newstyle {
@@ -307,7 +320,7 @@ impl Haggle<'_> {
             .map_err(HandshakeError::Tls)?;
         debug!(conn = self.conn, "TLS started");
         self.structured_replies = false;
-        self.base_allocation = false;
+        self.meta_contexts.clear();
         self.meta_context_export = None;
         Ok(Step::Continue)
     }
@@ -343,7 +356,10 @@ impl Haggle<'_> {
                 self.structured_replies,
             ),
             structured_replies: self.structured_replies,
-            base_allocation: self.base_allocation && same_export,
+            meta_contexts: match same_export {
+                true => self.meta_contexts.clone(),
+                false => Vec::new(),
+            },
             export,
         }
     }
@@ -457,7 +473,7 @@ impl Haggle<'_> {
         let set = option == proto::NBD_OPT_SET_META_CONTEXT;
         if set {
             // SET replaces the previous selection, even when it fails.
-            self.base_allocation = false;
+            self.meta_contexts.clear();
             self.meta_context_export = None;
         }
         if !self.structured_replies {
@@ -481,32 +497,46 @@ impl Haggle<'_> {
             self.reply_error(option, proto::NBD_REP_ERR_UNKNOWN, "unknown export")?;
             return Ok(Step::Continue);
         };
-        let selected = if set {
-            request
-                .queries
-                .iter()
-                .any(|q| proto::query_selects_base_allocation(q, false))
-        } else {
-            request.queries.is_empty()
-                || request
-                    .queries
-                    .iter()
-                    .any(|q| proto::query_selects_base_allocation(q, true))
-        };
-        if selected {
-            let id = if set {
-                proto::BASE_ALLOCATION_CONTEXT_ID
-            } else {
-                0
+        let available = available_contexts(&export);
+        let selected = proto::select_meta_contexts(&available, &request.queries, !set);
+        let mut next_id = proto::BASE_ALLOCATION_CONTEXT_ID + 1;
+        for name in selected {
+            // LIST replies carry id 0 (the spec: ids are only for SET).
+            let id = match (set, name == proto::BASE_ALLOCATION) {
+                (false, _) => 0,
+                (true, true) => proto::BASE_ALLOCATION_CONTEXT_ID,
+                (true, false) => {
+                    next_id += 1;
+                    next_id - 1
+                }
             };
-            let payload = proto::encode_meta_context(id, proto::BASE_ALLOCATION);
+            let payload = proto::encode_meta_context(id, name);
             self.reply(option, proto::NBD_REP_META_CONTEXT, &payload)?;
+            if set {
+                let name = name.to_owned();
+                self.meta_contexts.push(MetaContext { id, name });
+            }
         }
         if set {
-            self.base_allocation = selected;
             self.meta_context_export = Some(export.name);
         }
         self.reply(option, proto::NBD_REP_ACK, &[])?;
         Ok(Step::Continue)
     }
+}
+
+/// The contexts `export` offers now: `base:allocation`, then the backend's
+/// (each once; one that is not `namespace:leaf`, or too long to send as a
+/// string, is left out).
+fn available_contexts(export: &Export) -> Vec<String> {
+    let mut available = vec![proto::BASE_ALLOCATION.to_owned()];
+    for name in export.backend.meta_contexts() {
+        let valid = proto::query_syntax_valid(&name) && name.len() <= proto::MAX_STRING_BYTES;
+        if valid && !available.contains(&name) {
+            available.push(name);
+        } else {
+            debug!(context = %name, "backend context left out (invalid or repeated)");
+        }
+    }
+    available
 }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use super::handshake::Negotiated;
+mod block_status;
+
+use super::handshake::{MetaContext, Negotiated};
 use super::socket::Socket;
 use super::{deadline_after, lock, BudgetShare, Inner, Lane, PayloadBudget};
 use crate::proto::{self, Command, ProtoError, RequestError, RequestHeader, TransmissionContext};
@@ -97,6 +99,8 @@ pub(crate) struct Conn {
     socket: Arc<Socket>,
     backend: Arc<dyn Backend>,
     ctx: TransmissionContext,
+    /// The metadata contexts BLOCK_STATUS reports, by ascending id.
+    meta_contexts: Vec<MetaContext>,
     broken: AtomicBool,
     outbox: Mutex<Outbox>,
     outbox_changed: Condvar,
@@ -399,9 +403,10 @@ pub(crate) fn serve(
             size_bytes: negotiated.size_bytes,
             transmission_flags: negotiated.transmission_flags,
             structured_replies: negotiated.structured_replies,
-            base_allocation: negotiated.base_allocation,
+            base_allocation: !negotiated.meta_contexts.is_empty(),
             max_request_bytes,
         },
+        meta_contexts: negotiated.meta_contexts,
         broken: AtomicBool::new(false),
         outbox: Mutex::new(Outbox::default()),
         outbox_changed: Condvar::new(),
@@ -649,7 +654,7 @@ fn execute(conn: &Conn, handle: u64, cmd: Command, data: Vec<u8>) -> Vec<u8> {
             offset,
             length,
             req_one,
-        } => return execute_block_status(conn, handle, &cmd, offset, length, req_one),
+        } => return block_status::execute(conn, handle, &cmd, offset, length, req_one),
         Command::Write { offset, fua, .. } if !data.is_empty() => {
             guarded(|| backend.write(offset, &data, fua))
         }
@@ -728,42 +733,6 @@ fn execute_read(conn: &Conn, handle: u64, cmd: &Command, offset: u64, length: u3
         false => reply[..prefix_bytes].copy_from_slice(&proto::encode_simple_reply(0, handle)),
     }
     reply
-}
-
-fn execute_block_status(
-    conn: &Conn,
-    handle: u64,
-    cmd: &Command,
-    offset: u64,
-    length: u32,
-    req_one: bool,
-) -> Vec<u8> {
-    let backend = &*conn.backend;
-    let extents = match guarded(|| backend.block_status(offset, u64::from(length))) {
-        Ok(extents) => extents,
-        Err(e) => {
-            return error_reply(
-                conn,
-                handle,
-                errno_for(e, cmd),
-                &format!("block status failed: {e:?}"),
-            )
-        }
-    };
-    let descriptors = proto::extents_to_descriptors(
-        &extents,
-        length,
-        req_one,
-        proto::MAX_BLOCK_STATUS_DESCRIPTORS,
-    );
-    if descriptors.is_empty() {
-        warn!(
-            conn = conn.id,
-            offset, length, "backend returned no extents"
-        );
-        return error_reply(conn, handle, proto::NBD_EIO, "backend returned no extents");
-    }
-    proto::encode_block_status_chunk(handle, proto::BASE_ALLOCATION_CONTEXT_ID, &descriptors)
 }
 
 #[cfg(test)]
