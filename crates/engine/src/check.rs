@@ -116,6 +116,25 @@ fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep:
             owner[e as usize] = Some((v.name.as_str(), end));
         }
     }
+    let snap_names: Vec<String> = (t.snapshots.iter())
+        .map(|s| {
+            let v = t.volume_by_id(s.volume).map_or("?", |v| v.name.as_str());
+            format!("{v}@{}", s.name)
+        })
+        .collect();
+    for (s, name) in t.snapshots.iter().zip(&snap_names) {
+        for (k, &e) in s.extents.iter().enumerate() {
+            let end =
+                (s.size_bytes / BLOCK_SIZE_BYTES - k as u64 * EXTENT_BLOCKS).min(EXTENT_BLOCKS);
+            owner[e as usize] = Some((name.as_str(), end));
+        }
+        if s.state != cvol_format::pool::SnapState::Live {
+            rep.notes.push(format!(
+                "snapshot '{name}' is {:?}: the next open for writing finishes it",
+                s.state
+            ));
+        }
+    }
     for &e in &t.pending {
         rep.notes
             .push(format!("pool extent {e} is pending its unmapping"));
@@ -139,8 +158,9 @@ fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep:
             + cvol_format::checkpoint::MAP_PAGE_BLOCKS;
     }
     rep.notes.push(format!(
-        "pool: {} volume(s), table generation {}",
+        "pool: {} volume(s), {} snapshot(s), table generation {}",
         t.volumes.len(),
+        t.snapshots.len(),
         t.generation
     ));
 }

@@ -175,7 +175,11 @@ fn views_of(vol: &Arc<Volume>, t: &PoolTable) -> BTreeMap<String, Arc<VolumeView
     let mut out: BTreeMap<String, Arc<VolumeView>> = (t.volumes.iter())
         .map(|v| (v.name.clone(), view_of(vol, t, v)))
         .collect();
-    for s in t.snapshots.iter().filter(|s| s.state != SnapState::Deleting) {
+    for s in t
+        .snapshots
+        .iter()
+        .filter(|s| s.state != SnapState::Deleting)
+    {
         if let Some(w) = snapshot_view(vol, t, s) {
             out.insert(w.name.clone(), w);
         }

@@ -78,7 +78,10 @@ impl Pool {
         let Some(i) = t.volumes.iter().position(|v| v.name == name) else {
             return Err(self.not_found(name));
         };
-        let snaps: Vec<String> = t.snapshots_of(t.volumes[i].id).map(|s| s.name.clone()).collect();
+        let snaps: Vec<String> = t
+            .snapshots_of(t.volumes[i].id)
+            .map(|s| s.name.clone())
+            .collect();
         if !snaps.is_empty() {
             return Err(PoolError::HasSnapshots {
                 name: name.into(),

@@ -123,7 +123,11 @@ impl Pool {
         let mut dirty = false;
         for &e in &extents {
             let first = u64::from(e) * EXTENT_BLOCKS;
-            if self.vol.first_mapped(first, first + EXTENT_BLOCKS)?.is_some() {
+            if self
+                .vol
+                .first_mapped(first, first + EXTENT_BLOCKS)?
+                .is_some()
+            {
                 self.unmap(first, first + EXTENT_BLOCKS)?;
                 dirty = true;
             }
@@ -141,7 +145,10 @@ impl Pool {
         self.check_changeable()?;
         let (vname, sname) = split_snapshot_name(full)?;
         let mut t = self.lock_table()?;
-        let v = t.volume(vname).ok_or_else(|| self.not_found(vname))?.clone();
+        let v = t
+            .volume(vname)
+            .ok_or_else(|| self.not_found(vname))?
+            .clone();
         if t.snapshot(vname, sname).is_some() {
             return Err(PoolError::SnapshotExists(full.into()));
         }
@@ -208,7 +215,10 @@ impl Pool {
     /// move to the next older snapshot of its volume where that holds
     /// nothing, the others are unmapped; then the table drops it.
     fn finish_delete(&self, t: &mut PoolTable, id: u64) -> Result<(), PoolError> {
-        let s = t.snapshot_by_id(id).expect("a snapshot being deleted").clone();
+        let s = t
+            .snapshot_by_id(id)
+            .expect("a snapshot being deleted")
+            .clone();
         let older = (t.snapshots_of(s.volume))
             .filter(|o| o.id < id && o.state != SnapState::Deleting)
             .last()
@@ -226,7 +236,8 @@ impl Pool {
                 self.vol.move_entries(from, to, moved, true)?;
             }
             if moved < n {
-                self.vol.move_entries(from + moved, None, n - moved, false)?;
+                self.vol
+                    .move_entries(from + moved, None, n - moved, false)?;
             }
         }
         self.vol.flush()?;
@@ -245,7 +256,10 @@ impl Pool {
         self.check_changeable()?;
         let mut t = self.lock_table()?;
         let s = self.find_snapshot(&t, full)?;
-        let v = t.volume_by_id(s.volume).expect("a snapshot's volume").clone();
+        let v = t
+            .volume_by_id(s.volume)
+            .expect("a snapshot's volume")
+            .clone();
         let newer: Vec<String> = (t.snapshots_of(v.id))
             .filter(|o| o.id > s.id)
             .map(|o| format!("{}@{}", v.name, o.name))
@@ -283,7 +297,10 @@ impl Pool {
     /// volume; then the mark is cleared.
     fn finish_rollback(&self, t: &mut PoolTable, id: u64) -> Result<(), PoolError> {
         let s = t.snapshot_by_id(id).expect("a rollback target").clone();
-        let v = t.volume_by_id(s.volume).expect("a snapshot's volume").clone();
+        let v = t
+            .volume_by_id(s.volume)
+            .expect("a snapshot's volume")
+            .clone();
         for (at, from, n) in extent_ranges(&s.extents, s.size_bytes / BLOCK_SIZE_BYTES) {
             let to = u64::from(v.extents[(at / EXTENT_BLOCKS) as usize]) * EXTENT_BLOCKS;
             self.vol.move_entries(from, Some(to), n, false)?;

@@ -177,3 +177,105 @@ fn a_crash_during_operations_leaves_the_old_or_the_new_table() {
         }
     }
 }
+
+fn consistent(p: &Pool, sim: &SimStorage) {
+    p.engine().close().unwrap();
+    let r = crate::check::check_volume(sim, &mut |_, _| {});
+    assert!(r.consistent(), "{r:?}");
+}
+
+#[test]
+fn a_snapshot_keeps_what_the_volume_held_and_the_volume_moves_on() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    let v = p.volume("default").unwrap();
+    v.write_at(0, &block(1), false).unwrap();
+    v.write_at(BS as u64, &block(2), false).unwrap();
+    p.create_snapshot("default@s1").unwrap();
+    let s = p.volume("default@s1").unwrap();
+    assert!(s.read_only());
+    v.write_at(0, &block(3), false).unwrap();
+    v.trim(BS as u64, BS as u64, false).unwrap();
+    v.write_at(2 * BS as u64, &block(4), false).unwrap();
+    assert_eq!(read(&s, 0), block(1));
+    assert_eq!(read(&s, BS as u64), block(2));
+    assert_eq!(read(&s, 2 * BS as u64), vec![0u8; BS]);
+    assert_eq!(read(&v, 0), block(3));
+    assert_eq!(read(&v, BS as u64), vec![0u8; BS]);
+    assert!(matches!(
+        s.write_at(0, &block(9), false),
+        Err(crate::VolError::ReadOnly)
+    ));
+    // Changed since s1: blocks 0, 1, 2; not 3.
+    let runs = v.changed_since("s1", 0, 4 * BS as u64).unwrap().unwrap();
+    assert_eq!(runs, vec![(3 * BS as u64, true), (BS as u64, false)]);
+    p.engine().flush().unwrap();
+    drop((v, s));
+    drop(p);
+    let p = reopen(&sim);
+    let s = p.volume("default@s1").unwrap();
+    assert_eq!(read(&s, 0), block(1));
+    assert_eq!(read(&s, BS as u64), block(2));
+    assert_eq!(read(&p.volume("default").unwrap(), 0), block(3));
+    consistent(&p, &sim);
+}
+
+#[test]
+fn deleting_a_middle_snapshot_keeps_the_older_one_whole() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    let v = p.volume("default").unwrap();
+    v.write_at(0, &block(1), false).unwrap();
+    p.create_snapshot("default@a").unwrap();
+    p.create_snapshot("default@b").unwrap();
+    v.write_at(0, &block(2), false).unwrap();
+    p.create_snapshot("default@c").unwrap();
+    v.write_at(0, &block(3), false).unwrap();
+    p.delete_snapshot("default@b", false).unwrap();
+    assert!(p.volume("default@b").is_none());
+    assert_eq!(read(&p.volume("default@a").unwrap(), 0), block(1));
+    assert_eq!(read(&p.volume("default@c").unwrap(), 0), block(2));
+    p.delete_snapshot("default@c", false).unwrap();
+    assert_eq!(read(&p.volume("default@a").unwrap(), 0), block(1));
+    assert_eq!(read(&v, 0), block(3));
+    let names: Vec<_> = p.snapshots().into_iter().map(|s| s.name).collect();
+    assert_eq!(names, vec!["default@a"]);
+}
+
+#[test]
+fn rollback_and_clones() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    let v = p.volume("default").unwrap();
+    v.write_at(0, &block(1), false).unwrap();
+    p.create_snapshot("default@s").unwrap();
+    p.clone_volume("default@s", "c").unwrap();
+    let c = p.volume("c").unwrap();
+    assert_eq!(read(&c, 0), block(1));
+    c.write_at(BS as u64, &block(7), false).unwrap();
+    c.trim(0, BS as u64, false).unwrap();
+    assert_eq!(
+        read(&c, 0),
+        vec![0u8; BS],
+        "a clone's trim hides its snapshot"
+    );
+    v.write_at(0, &block(2), false).unwrap();
+    v.write_at(BS as u64, &block(3), false).unwrap();
+    assert!(matches!(
+        p.delete_snapshot("default@s", false),
+        Err(PoolError::HasClones { .. })
+    ));
+    assert!(matches!(
+        p.delete_volume("default", false),
+        Err(PoolError::HasSnapshots { .. })
+    ));
+    p.rollback("default@s").unwrap();
+    assert_eq!(read(&v, 0), block(1));
+    assert_eq!(read(&v, BS as u64), vec![0u8; BS]);
+    assert_eq!(read(&c, BS as u64), block(7));
+    assert_eq!(read(&p.volume("default@s").unwrap(), 0), block(1));
+    p.delete_volume("c", false).unwrap();
+    p.delete_snapshot("default@s", false).unwrap();
+    assert_eq!(read(&v, 0), block(1));
+    consistent(&p, &sim);
+}

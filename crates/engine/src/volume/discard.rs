@@ -1,8 +1,8 @@
 //! TRIM and WRITE_ZEROES: whole blocks become unmapped holes (TRIM records)
 //! or zero blocks that stay allocated (ZERO records); partial blocks at the
 //! edges are left alone (TRIM is advisory) or written as data.
-use super::space::{self, RANGE_RECORD_BLOCKS_MAX};
 use super::layered::Layers;
+use super::space::{self, RANGE_RECORD_BLOCKS_MAX};
 use super::{State, Volume, Writer};
 use crate::error::VolError;
 use crate::log::Shape;
@@ -135,12 +135,24 @@ impl Volume {
         let edges = u64::from(head > 0) + u64::from(tail > 0);
         drop(self.lock_with_space(space::write_zeroes_bytes(edges, end - first, no_hole))?);
         if head > 0 {
-            self.write_layered(Writer::Client, offset, &vec![0u8; head as usize], false, layers)?;
+            self.write_layered(
+                Writer::Client,
+                offset,
+                &vec![0u8; head as usize],
+                false,
+                layers,
+            )?;
         }
         if tail > 0 {
             let at = end * BLOCK_SIZE_BYTES;
             let tail_layers = layers.at(end - offset / BLOCK_SIZE_BYTES);
-            self.write_layered(Writer::Client, at, &vec![0u8; tail as usize], false, &tail_layers)?;
+            self.write_layered(
+                Writer::Client,
+                at,
+                &vec![0u8; tail as usize],
+                false,
+                &tail_layers,
+            )?;
         }
         {
             let _shared = self.rmw_shared()?;

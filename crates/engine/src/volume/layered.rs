@@ -274,7 +274,10 @@ impl Volume {
         empty: bool,
         class: impl Fn(&[MapEntry]) -> bool,
     ) -> Result<Vec<(u64, bool)>, VolError> {
-        let (first, end) = (offset / BLOCK_SIZE_BYTES, (offset + len).div_ceil(BLOCK_SIZE_BYTES));
+        let (first, end) = (
+            offset / BLOCK_SIZE_BYTES,
+            (offset + len).div_ceil(BLOCK_SIZE_BYTES),
+        );
         let mut out: Vec<(u64, bool)> = Vec::new();
         let mut push = |from: u64, to: u64, c: bool| {
             let a = (from * BLOCK_SIZE_BYTES).max(offset);
@@ -291,7 +294,12 @@ impl Volume {
             let stop = (pos + PAGE - at(bases[0]) % PAGE).min(end);
             let mut st = self.lock_state()?;
             let next = (bases.iter())
-                .filter_map(|&b| st.live.map().next_allocated_page_lba(at(b)).map(|p| p.max(at(b)) - b))
+                .filter_map(|&b| {
+                    st.live
+                        .map()
+                        .next_allocated_page_lba(at(b))
+                        .map(|p| p.max(at(b)) - b)
+                })
                 .min()
                 .map_or(end, |p| p + first);
             if next > pos {
@@ -340,7 +348,10 @@ impl Volume {
         })?;
         Ok(runs
             .into_iter()
-            .map(|(length, data)| Extent { length, zero: !data })
+            .map(|(length, data)| Extent {
+                length,
+                zero: !data,
+            })
             .collect())
     }
 }

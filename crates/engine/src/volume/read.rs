@@ -236,7 +236,14 @@ impl Volume {
             buffered: Vec::with_capacity(n),
         };
         for i in 0..n as u64 {
-            let e = super::layered::resolve(&st, lba + i, below, i).0;
+            // An entry found in a layer below is read as a reference: its
+            // record names another LBA (the crc still identifies it).
+            let e = match super::layered::resolve(&st, lba + i, below, i) {
+                (e, at) if at != lba + i && matches!(e.state_valid(), EntryState::Data { .. }) => {
+                    e.as_ref_entry()
+                }
+                (e, _) => e,
+            };
             let b = match e.state_valid() {
                 EntryState::Data { offset, len, .. } => {
                     st.log.buffered(offset, len as usize).map(<[u8]>::to_vec)
