@@ -49,7 +49,7 @@ impl Volume {
             if layers.below.is_empty() {
                 self.unmap_blocks(at, stop, &layers)?;
             } else {
-                self.zero_blocks(at, stop, &layers)?;
+                self.hide_blocks(at, stop, &layers)?;
             }
             at = stop;
         }
@@ -170,13 +170,42 @@ impl Volume {
         }
         {
             let _shared = self.rmw_shared()?;
-            if no_hole || !layers.below.is_empty() {
-                self.zero_blocks(first, end, &layers.at(first - offset / BLOCK_SIZE_BYTES))?;
+            let layers = layers.at(first - offset / BLOCK_SIZE_BYTES);
+            if no_hole {
+                self.zero_blocks(first, end, &layers)?;
+            } else if layers.below.is_empty() {
+                self.unmap_blocks(first, end, &layers)?;
             } else {
-                self.unmap_blocks(first, end, &layers.at(first - offset / BLOCK_SIZE_BYTES))?;
+                self.hide_blocks(first, end, &layers)?;
             }
         }
         self.after_write(fua)
+    }
+
+    /// A layered view's (a clone's) TRIM: the blocks a layer below maps
+    /// become zero blocks (a hole would show what lies below), the others
+    /// holes, so trimming a clone's free space costs no map entries where
+    /// its snapshot holds nothing.
+    fn hide_blocks(&self, first: u64, end: u64, layers: &Layers) -> Result<(), VolError> {
+        let mut at = first;
+        while at < end {
+            let l = layers.at(at - first);
+            let (from, len) = (at * BLOCK_SIZE_BYTES, (end - at) * BLOCK_SIZE_BYTES);
+            let runs = self.layered_runs(from, len, &l.below, false, |row| {
+                row.iter().any(|e| !e.is_unmapped())
+            })?;
+            for (bytes, below) in runs {
+                let n = bytes / BLOCK_SIZE_BYTES;
+                let l = layers.at(at - first);
+                if below {
+                    self.zero_blocks(at, at + n, &l)?;
+                } else {
+                    self.unmap_blocks(at, at + n, &l)?;
+                }
+                at += n;
+            }
+        }
+        Ok(())
     }
 
     fn zero_blocks(&self, first: u64, end: u64, layers: &Layers) -> Result<(), VolError> {
