@@ -147,6 +147,34 @@ mod tests {
     }
 
     #[test]
+    fn snapshots_are_served_read_only_with_their_volume_tracking_changes() {
+        let p = pool(&["a"]);
+        let e = exports(&p, "");
+        p.create_snapshot("a@s1").unwrap();
+        let names: Vec<String> = e.list().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["a", "a@s1", "default"]);
+        let snap = e.lookup("a@s1").unwrap();
+        assert!(snap.backend.read_only());
+        assert!(snap.backend.write(0, &[1u8; 4096], false).is_err());
+        assert!(snap.backend.meta_contexts().is_empty());
+        let vol = e.lookup("a").unwrap();
+        assert_eq!(vol.backend.meta_contexts(), ["qemu:dirty-bitmap:s1"]);
+        vol.backend.write(8192, &[7u8; 4096], false).unwrap();
+        let runs = vol
+            .backend
+            .context_status("qemu:dirty-bitmap:s1", 0, 4 << 12)
+            .unwrap();
+        let got: Vec<(u64, u32)> = runs.iter().map(|r| (r.length, r.flags)).collect();
+        assert_eq!(got, [(8192, 0), (4096, 1), (4096, 0)]);
+        assert!(vol
+            .backend
+            .context_status("qemu:dirty-bitmap:nope", 0, 4096)
+            .is_err());
+        let only = only(&p, "a@s1").unwrap().unwrap();
+        assert_eq!(only.volume, "a@s1", "--export names a snapshot");
+    }
+
+    #[test]
     fn export_limits_to_one_volume_or_renames_the_only_one() {
         let p = pool(&["a"]);
         let e = exports(&p, "a");
