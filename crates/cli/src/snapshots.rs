@@ -116,8 +116,8 @@ pub fn cmd_snapshot(cmd: SnapshotCommand, globals: &Globals) -> Result<ExitCode,
     let v = run(&path, &op, globals)?;
     let at = path.display();
     match (&op, json_out) {
-        (Op::SnapList, true) => println!("{}", serde_json::to_string_pretty(&v).expect("json")),
-        (Op::SnapList, false) => print!("{}", list_text(&v)),
+        (Op::SnapList, true) => crate::words::print_out(&format!("{:#}\n", v))?,
+        (Op::SnapList, false) => crate::words::print_out(&list_text(&v))?,
         (Op::SnapCreate(n), _) => println!("{at}: snapshot '{n}' created"),
         (Op::SnapDelete(n, _), _) => println!("{at}: snapshot '{n}' deleted"),
         (Op::Rollback(n), _) => println!("{at}: rolled back to '{n}'"),

@@ -249,8 +249,8 @@ pub fn cmd_volume(cmd: VolumeCommand, globals: &Globals) -> Result<ExitCode, Err
     };
     let v = run(&path, &op, globals)?;
     match (&op, json_out) {
-        (Op::List, true) => println!("{}", serde_json::to_string_pretty(&v).expect("json")),
-        (Op::List, false) => print!("{}", list_text(&v)),
+        (Op::List, true) => crate::words::print_out(&format!("{:#}\n", v))?,
+        (Op::List, false) => crate::words::print_out(&list_text(&v))?,
         (Op::Create(n, s), _) => println!(
             "{}: volume '{n}' created ({})",
             path.display(),
@@ -290,7 +290,7 @@ pub fn cmd_stat_volume(
 ) -> Result<ExitCode, Error> {
     let v = run(path, &Op::Stat(name.into()), globals)?;
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        crate::words::print_out(&format!("{:#}\n", v))?;
         return Ok(ExitCode::SUCCESS);
     }
     let b = |k: &str| human_bytes(v[k].as_u64().unwrap_or(0));

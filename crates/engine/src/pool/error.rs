@@ -71,6 +71,11 @@ pub enum PoolError {
         size_bytes: u64,
         snapshot_bytes: u64,
     },
+    /// A rollback of a volume clients have open.
+    RollbackInUse {
+        name: String,
+        clients: usize,
+    },
     /// A shrink of a volume with snapshots, or of a clone.
     ShrinkLayered {
         name: String,
@@ -177,6 +182,11 @@ impl fmt::Display for PoolError {
                 f,
                 "volume '{name}' is {size_bytes} bytes, its snapshot {snapshot_bytes}: \
                  resized since, so it cannot be rolled back"
+            ),
+            PoolError::RollbackInUse { name, clients } => write!(
+                f,
+                "volume '{name}' is open by {clients} client(s): disconnect them before a \
+                 rollback (what they cached would no longer match the volume)"
             ),
             PoolError::ShrinkLayered { name } => write!(
                 f,

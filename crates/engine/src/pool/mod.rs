@@ -103,10 +103,10 @@ fn read_table(storage: &dyn Storage, uuid: &[u8; 16]) -> Result<PoolTable, PoolE
             PoolTable::decode(&b, uuid)
         });
         match t {
-            Ok(t) if t.slot() == i && best.as_ref().is_none_or(|b| b.generation < t.generation) => {
-                best = Some(t)
-            }
-            Ok(_) => why.push(format!("slot {i}: generation in the wrong slot")),
+            Ok(t) if t.slot() != i => why.push(format!("slot {i}: generation in the wrong slot")),
+            // The other slot's table, one generation older, is normal.
+            Ok(t) if best.as_ref().is_none_or(|b| b.generation < t.generation) => best = Some(t),
+            Ok(_) => {}
             Err(e) => why.push(format!("slot {i}: {e}")),
         }
     }
@@ -316,10 +316,16 @@ impl Pool {
         self.views().get(name).cloned()
     }
 
+    /// A volume named `name` is not in the table: the error lists the
+    /// volumes (not the snapshots, whose views are named `VOLUME@SNAP`).
     fn not_found(&self, name: &str) -> PoolError {
+        let views = self.views();
         PoolError::NotFound {
             name: name.into(),
-            known: self.views().keys().cloned().collect(),
+            known: (views.iter())
+                .filter(|(_, v)| !v.is_snapshot())
+                .map(|(n, _)| n.clone())
+                .collect(),
         }
     }
 

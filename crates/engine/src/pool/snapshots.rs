@@ -98,10 +98,15 @@ impl Pool {
         out
     }
 
-    fn snapshot_not_found(&self, name: &str) -> PoolError {
+    /// No live snapshot `name` in `t` (the table, locked by the caller).
+    fn snapshot_not_found(&self, t: &PoolTable, name: &str) -> PoolError {
+        let known = (t.snapshots.iter())
+            .filter(|s| s.state != SnapState::Deleting)
+            .filter_map(|s| Some(format!("{}@{}", t.volume_by_id(s.volume)?.name, s.name)))
+            .collect();
         PoolError::SnapshotNotFound {
             name: name.into(),
-            known: self.snapshots().into_iter().map(|s| s.name).collect(),
+            known,
         }
     }
 
@@ -113,7 +118,7 @@ impl Pool {
         }
         match t.snapshot(v, s) {
             Some(s) if s.state != SnapState::Deleting => Ok(s.clone()),
-            _ => Err(self.snapshot_not_found(full)),
+            _ => Err(self.snapshot_not_found(t, full)),
         }
     }
 
@@ -329,7 +334,7 @@ impl Pool {
         }
         let view = self.volume(&v.name).expect("every volume has a view");
         if view.clients() > 0 {
-            return Err(PoolError::InUse {
+            return Err(PoolError::RollbackInUse {
                 name: v.name,
                 clients: view.clients(),
             });

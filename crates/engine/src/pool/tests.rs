@@ -350,3 +350,29 @@ fn deleting_a_snapshot_without_an_extent_keeps_the_older_one_zero_there() {
     assert_eq!(read(&old, EXTENT_BYTES + 2 * BS as u64), vec![0u8; BS]);
     consistent(&p, &sim);
 }
+
+#[test]
+fn unknown_snapshots_and_volumes_are_named_with_what_exists() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    p.create_snapshot("default@s1").unwrap();
+    // These once took the table's lock twice (a hang).
+    let e = p.delete_snapshot("default@nosuch", false).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "there is no snapshot 'default@nosuch' (snapshots: default@s1)"
+    );
+    assert!(p.clone_volume("default@nosuch", "c").is_err());
+    assert!(p.rollback("default@nosuch").is_err());
+    assert!(p.snapshot_usage("default@nosuch").is_err());
+    let e = p.delete_volume("default@s1", false).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the pool has no volume named 'default@s1' (it has: default)"
+    );
+    let guard = p.volume("default").unwrap().open_guard();
+    let e = p.rollback("default@s1").unwrap_err().to_string();
+    assert!(e.contains("disconnect them before a rollback"), "{e}");
+    assert!(!e.contains("--force"), "{e}");
+    drop(guard);
+}
