@@ -348,6 +348,8 @@ part_clone() {
 
     step "clone: c1 mounted read-write takes ${SRCS[1]}"
     attach 2 c1 "$VOL_BYTES"
+    # Without the ext4 part, default@one holds no file system: make one.
+    if [[ ! -d $E2E_TMP/at-one ]]; then mkfs.ext4 -q -F "${LOOPS[2]}" || fail "mkfs.ext4 on c1 failed"; fi
     mount_fs 2
     if [[ -d $E2E_TMP/at-one ]]; then same_tree "$E2E_TMP/at-one" "$E2E_TMP/fs2" "c1 as mounted"; fi
     cp -a "${SRCS[1]}" "$E2E_TMP/fs2/c" || fail "copying ${SRCS[1]} into c1 failed"
@@ -583,8 +585,18 @@ part_delete() {
     cmp -s "$E2E_TMP/snaps.before" "$E2E_TMP/snaps.json" || fail "a refused delete changed the snapshot list"
     log "refused: $(grep -v ' INFO \| WARN ' "$E2E_TMP/del.out" | head -n 1)"
 
-    step "delete: c1, then every snapshot"
+    step "delete: u@s made to hold 32 MiB alone; c1, then every snapshot deleted"
     cv volume delete "$POOL" c1
+    cv volume create "$POOL" u --size 64M
+    head -c $((32 * MIB)) /dev/urandom >"$E2E_TMP/u.bin"
+    nbdcopy --flush "$E2E_TMP/u.bin" "$(uri u)" || fail "writing u failed"
+    cv snapshot create "$POOL" u@s
+    head -c $((32 * MIB)) /dev/urandom >"$E2E_TMP/u.bin"
+    nbdcopy --flush "$E2E_TMP/u.bin" "$(uri u)" || fail "overwriting u failed"
+    rm -f "$E2E_TMP/u.bin"
+    u=$(snap_stat u@s unique_bytes)
+    log "u@s: changed $(mib "$(json_get "$E2E_TMP/sstat.json" changed_bytes)"), unique $(mib "$u")"
+    ((u >= 32 * MIB && u <= 33 * MIB)) || fail "u@s holds $u unique bytes, expected 32 MiB (its overwritten random data) plus at most 1 MiB"
     vols=$("$CVOL" volume list "$POOL" --json | "$PY" -c 'import json,sys; print(" ".join(sorted(v["name"] for v in json.load(sys.stdin)["volumes"])))')
     declare -A SHAS
     for v in $vols; do SHAS[$v]=$(sha "$v"); done
