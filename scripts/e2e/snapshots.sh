@@ -419,7 +419,7 @@ part_rollback() {
     log "refused: $(grep -v ' INFO ' "$E2E_TMP/rb.out" | head -n 1)"
     ((rc == 2)) || fail "rollback with a client attached: exit $rc, expected 2: $(cat "$E2E_TMP/rb.out")"
     # nbdfuse opens several connections (multi-conn).
-    grep -Eq "volume 'default' is open by [1-9][0-9]* client\(s\): disconnect them first" "$E2E_TMP/rb.out" ||
+    grep -Eq "volume 'default' is open by [1-9][0-9]* client\(s\): disconnect them before a rollback" "$E2E_TMP/rb.out" ||
         fail "the refusal does not say 'default' is open by clients: $(cat "$E2E_TMP/rb.out")"
     # Rollback has no --force: the refusal must not offer one.
     if grep -q -- "--force" "$E2E_TMP/rb.out"; then

@@ -100,10 +100,16 @@ impl Pool {
 
     /// No live snapshot `name` in `t` (the table, locked by the caller).
     fn snapshot_not_found(&self, t: &PoolTable, name: &str) -> PoolError {
-        let known = (t.snapshots.iter())
+        // As `snapshots` lists them: by volume, oldest first.
+        let mut known: Vec<(&str, u64, String)> = (t.snapshots.iter())
             .filter(|s| s.state != SnapState::Deleting)
-            .filter_map(|s| Some(format!("{}@{}", t.volume_by_id(s.volume)?.name, s.name)))
+            .filter_map(|s| {
+                let v = t.volume_by_id(s.volume)?;
+                Some((v.name.as_str(), s.id, format!("{}@{}", v.name, s.name)))
+            })
             .collect();
+        known.sort();
+        let known = known.into_iter().map(|(_, _, n)| n).collect();
         PoolError::SnapshotNotFound {
             name: name.into(),
             known,
