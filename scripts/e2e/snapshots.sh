@@ -47,7 +47,7 @@
 #                       and make a small one if it did not run
 #   E2E_SNAP_SRCS       two directory trees for ext4 and clone (default: picked,
 #                       15-60 MB each)
-#   E2E_SNAP_BACKUP_MB  the backup volume's size in MiB (default 1024)
+#   E2E_SNAP_BACKUP_MB  the backup volume's size in MiB (default 512)
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -61,7 +61,7 @@ is_cvol || skip "cvol only: snapshots have no stand-in"
 
 ALL_PARTS="ext4 clone backup rollback kill9 errors delete"
 PARTS=${E2E_SNAP_PARTS:-$ALL_PARTS}
-BACKUP_MB=${E2E_SNAP_BACKUP_MB:-1024}
+BACKUP_MB=${E2E_SNAP_BACKUP_MB:-512}
 POOL=$E2E_TMP/pool.cvol
 BK=$E2E_DIR/py/incremental_backup.py
 MIB=$((1 << 20))
