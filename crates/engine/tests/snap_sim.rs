@@ -30,19 +30,19 @@
 //! More:     `CVOL_SNAP_SIM_SEEDS=2000 cargo test --release -p cvol-engine --test snap_sim`
 //! (and `CVOL_SNAP_FAULT_SEED`, `CVOL_SNAP_FAULT_SEEDS` for the fault simulation).
 mod common;
+#[path = "snap_sim/model.rs"]
+mod model;
 use common::seeds;
 use common::sim::{self, h};
 use common::{BS, MIB};
-use cvol_engine::pool::{Pool, PoolError, VolumeView};
-use cvol_engine::{check, Codec, OpenOptions, VolError, Volume};
-use cvol_format::pool::{PoolTable, SnapState, EXTENT_BLOCKS, POOL_EXTENTS, POOL_HEADER_BYTES};
-use cvol_format::pool::{POOL_SLOT_BYTES, POOL_SLOT_OFFSETS};
-use cvol_storage::{SimConfig, SimStorage, Storage};
+use cvol_engine::pool::{Pool, PoolError};
+use cvol_engine::{Codec, VolError};
+use cvol_format::pool::EXTENT_BLOCKS;
+use cvol_storage::{SimConfig, SimStorage};
+use model::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-
-const BSU: u64 = BS as u64;
 /// Blocks at each end of a volume (and around each extent boundary) that
 /// the workload writes.
 const HOT: u64 = 32;
@@ -58,182 +58,6 @@ const KINDS: [&str; 10] = [
     "snapshot", "delete oldest", "delete middle", "delete newest", "rollback", "clone", "grow",
     "shrink", "create", "delete volume",
 ];
-
-/// A snapshot's or a clone's base content: its non-zero blocks.
-type Content = Arc<BTreeMap<u64, Vec<u8>>>;
-
-/// What one block of a volume may hold (as pool_sim's).
-#[derive(Clone)]
-struct Blk {
-    cur: Vec<u8>,
-    /// Its version at the last flush or FUA write of it, and every later one.
-    allowed: HashSet<u64>,
-    history: HashSet<u64>,
-}
-
-impl Blk {
-    fn durable(cur: Vec<u8>) -> Blk {
-        let v = h(&cur);
-        Blk {
-            cur,
-            allowed: HashSet::from([v]),
-            history: HashSet::from([v]),
-        }
-    }
-}
-
-#[derive(Clone)]
-struct Snap {
-    name: String,
-    id: u64,
-    blocks: u64,
-    /// Exactly what it reads: these blocks, zeros elsewhere.
-    content: Content,
-}
-
-#[derive(Clone)]
-struct VolModel {
-    id: u64,
-    blocks: u64,
-    written: BTreeMap<u64, Blk>,
-    /// A clone: the id of its snapshot, whose content it reads where it
-    /// did not write (`base`).
-    parent: u64,
-    base: Content,
-    /// Oldest first.
-    snaps: Vec<Snap>,
-}
-
-fn zeros() -> Vec<u8> {
-    vec![0u8; BS]
-}
-
-impl VolModel {
-    fn new(id: u64, blocks: u64, parent: u64, base: Content) -> VolModel {
-        VolModel {
-            id,
-            blocks,
-            written: BTreeMap::new(),
-            parent,
-            base,
-            snaps: Vec::new(),
-        }
-    }
-
-    fn blk(&mut self, b: u64) -> &mut Blk {
-        let base = self.base.get(&b).cloned().unwrap_or_else(zeros);
-        self.written.entry(b).or_insert_with(|| Blk::durable(base))
-    }
-
-    /// What block `b` reads now.
-    fn read(&self, b: u64) -> Vec<u8> {
-        match self.written.get(&b) {
-            Some(blk) => blk.cur.clone(),
-            None => self.base.get(&b).cloned().unwrap_or_else(zeros),
-        }
-    }
-
-    /// A write that may or may not persist.
-    fn write(&mut self, offset: u64, data: &[u8]) {
-        let end = offset + data.len() as u64;
-        for b in offset / BSU..end.div_ceil(BSU) {
-            let blk = self.blk(b);
-            let (lo, hi) = ((b * BSU).max(offset), ((b + 1) * BSU).min(end));
-            blk.cur[(lo - b * BSU) as usize..(hi - b * BSU) as usize]
-                .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
-            let v = h(&blk.cur);
-            blk.allowed.insert(v);
-            blk.history.insert(v);
-        }
-    }
-
-    fn durable(&mut self, first: u64, end: u64) {
-        for (_, blk) in self.written.range_mut(first..end) {
-            blk.allowed = HashSet::from([h(&blk.cur)]);
-        }
-    }
-
-    /// Blocks that may read other than zeros.
-    fn keys(&self) -> BTreeSet<u64> {
-        let k = self.written.keys().chain(self.base.keys());
-        k.copied().filter(|&b| b < self.blocks).collect()
-    }
-
-    /// What a snapshot taken now holds.
-    fn content(&self) -> Content {
-        let m = (self.keys().into_iter())
-            .map(|b| (b, self.read(b)))
-            .filter(|(_, d)| d.iter().any(|&x| x != 0));
-        Arc::new(m.collect())
-    }
-
-    fn snap(&self, name: &str) -> Option<usize> {
-        self.snaps.iter().position(|s| s.name == name)
-    }
-}
-
-#[derive(Clone)]
-struct PoolModel {
-    vols: BTreeMap<String, VolModel>,
-    next_id: u64,
-}
-
-/// A table as the checks compare it: (name, id, size in bytes) of every
-/// volume and snapshot (`VOLUME@SNAP`), sorted.
-type Key = Vec<(String, u64, u64)>;
-
-impl PoolModel {
-    fn key(&self) -> Key {
-        let mut k: Key = Vec::new();
-        for (n, v) in &self.vols {
-            k.push((n.clone(), v.id, v.blocks * BSU));
-            for s in &v.snaps {
-                k.push((format!("{n}@{}", s.name), s.id, s.blocks * BSU));
-            }
-        }
-        k.sort();
-        k
-    }
-
-    fn clones_of(&self, id: u64) -> Vec<String> {
-        (self.vols.iter())
-            .filter(|(_, v)| v.parent == id)
-            .map(|(n, _)| n.clone())
-            .collect()
-    }
-
-    fn all_durable(&mut self) {
-        for v in self.vols.values_mut() {
-            v.durable(0, u64::MAX);
-        }
-    }
-}
-
-fn key_of(pool: &Pool) -> Key {
-    let vols = pool.volumes().into_iter();
-    let mut k: Key = vols.map(|v| (v.name, v.id, v.size_bytes)).collect();
-    k.extend(pool.snapshots().into_iter().map(|s| (s.name, s.id, s.size_bytes)));
-    k.sort();
-    k
-}
-
-/// The newest valid table on the store, read the way `Pool::attach` does.
-fn raw_table(store: &dyn Storage, uuid: &[u8; 16]) -> PoolTable {
-    let mut best: Option<PoolTable> = None;
-    for off in POOL_SLOT_OFFSETS {
-        let mut b = vec![0u8; POOL_SLOT_BYTES as usize];
-        store.read_at(off, &mut b).expect("read a table slot");
-        let Ok(n) = PoolTable::payload_len(&b, uuid) else {
-            continue;
-        };
-        if let Ok(t) = PoolTable::decode(&b[..POOL_HEADER_BYTES + n], uuid) {
-            if best.as_ref().is_none_or(|b| b.generation < t.generation) {
-                best = Some(t);
-            }
-        }
-    }
-    best.expect("a valid table")
-}
 
 /// Shared text (dedup shares it across volumes and snapshots), or stamped
 /// with the volume's id, block and a counter.
@@ -272,103 +96,6 @@ fn is_io(e: &VolError) -> bool {
     matches!(e, VolError::Io(_) | VolError::Poisoned)
 }
 
-/// A refusal the model expects, with what its error must name.
-#[derive(Debug, Clone)]
-enum Refuse {
-    Exists,
-    SnapExists,
-    HasClones(Vec<String>),
-    NotNewest(Vec<String>),
-    SizeChanged,
-    ShrinkLayered,
-    HasSnapshots,
-}
-
-const REFUSALS: usize = 7;
-
-impl Refuse {
-    fn index(&self) -> usize {
-        match self {
-            Refuse::Exists => 0,
-            Refuse::SnapExists => 1,
-            Refuse::HasClones(_) => 2,
-            Refuse::NotNewest(_) => 3,
-            Refuse::SizeChanged => 4,
-            Refuse::ShrinkLayered => 5,
-            Refuse::HasSnapshots => 6,
-        }
-    }
-
-    fn matches(&self, e: &PoolError) -> bool {
-        match (self, e) {
-            (Refuse::HasClones(w), PoolError::HasClones { clones, .. }) => {
-                let mut c = clones.clone();
-                c.sort();
-                w == &c
-            }
-            (Refuse::NotNewest(w), PoolError::NotNewest { newer, .. }) => w == newer,
-            (Refuse::Exists, PoolError::Exists(_))
-            | (Refuse::SnapExists, PoolError::SnapshotExists(_))
-            | (Refuse::SizeChanged, PoolError::SizeChanged { .. })
-            | (Refuse::ShrinkLayered, PoolError::ShrinkLayered { .. })
-            | (Refuse::HasSnapshots, PoolError::HasSnapshots { .. }) => true,
-            _ => false,
-        }
-    }
-}
-
-#[derive(Default)]
-struct Coverage {
-    ops: [u64; 10],
-    /// Runs cut inside a pool operation, per kind.
-    cut_in_op: [u64; 10],
-    refusals: [u64; REFUSALS],
-    table_old: u64,
-    table_new: u64,
-    rolled_back: u64,
-    kept_unflushed: u64,
-    /// Snapshot blocks read back exactly after a reopen / while running.
-    snap_blocks_checked: u64,
-    snap_reads: u64,
-    read_only_refused: u64,
-    clone_writes: u64,
-    live_reopens: u64,
-    stale_tails: u64,
-}
-
-impl Coverage {
-    fn add(&mut self, o: Coverage) {
-        for i in 0..10 {
-            self.ops[i] += o.ops[i];
-            self.cut_in_op[i] += o.cut_in_op[i];
-        }
-        for i in 0..REFUSALS {
-            self.refusals[i] += o.refusals[i];
-        }
-        self.table_old += o.table_old;
-        self.table_new += o.table_new;
-        self.rolled_back += o.rolled_back;
-        self.kept_unflushed += o.kept_unflushed;
-        self.snap_blocks_checked += o.snap_blocks_checked;
-        self.snap_reads += o.snap_reads;
-        self.read_only_refused += o.read_only_refused;
-        self.clone_writes += o.clone_writes;
-        self.live_reopens += o.live_reopens;
-        self.stale_tails += o.stale_tails;
-    }
-}
-
-#[derive(Debug)]
-enum PoolOp {
-    Snap(String, String),
-    DelSnap(String, String),
-    Rollback(String, String),
-    Clone(String, String, String),
-    Resize(String, u64),
-    Create(String, u64),
-    Delete(String),
-}
-
 fn pick_snap(rng: &mut StdRng, v: &VolModel) -> Option<String> {
     (!v.snaps.is_empty()).then(|| v.snaps[rng.gen_range(0..v.snaps.len())].name.clone())
 }
@@ -403,107 +130,6 @@ fn pick_pool_op(rng: &mut StdRng, m: &PoolModel) -> PoolOp {
         _ => PoolOp::Delete(n),
     }
 }
-
-/// The model after `op` if it succeeds: its kind, and whether it flushes
-/// the pool on success; or the refusal expected.
-fn apply(m: &PoolModel, op: &PoolOp) -> Result<(PoolModel, usize, bool), Refuse> {
-    let mut next = m.clone();
-    let id = next.next_id;
-    match op {
-        PoolOp::Snap(v, s) => {
-            let vm = next.vols.get_mut(v).expect("a volume of the model");
-            if vm.snap(s).is_some() {
-                return Err(Refuse::SnapExists);
-            }
-            let (content, blocks, name) = (vm.content(), vm.blocks, s.clone());
-            vm.snaps.push(Snap { name, id, blocks, content });
-            next.next_id += 1;
-            Ok((next, 0, true))
-        }
-        PoolOp::DelSnap(v, s) => {
-            let i = m.vols[v].snap(s).expect("a snapshot of the model");
-            let clones = m.clones_of(m.vols[v].snaps[i].id);
-            if !clones.is_empty() {
-                return Err(Refuse::HasClones(clones));
-            }
-            let vm = next.vols.get_mut(v).expect("a volume of the model");
-            let last = vm.snaps.len() - 1;
-            vm.snaps.remove(i);
-            let kind = if i == last { 3 } else if i == 0 { 1 } else { 2 };
-            Ok((next, kind, true))
-        }
-        PoolOp::Rollback(v, s) => rollback(next, v, s),
-        PoolOp::Clone(v, s, c) => {
-            if m.vols.contains_key(c) {
-                return Err(Refuse::Exists);
-            }
-            let s = &m.vols[v].snaps[m.vols[v].snap(s).expect("a snapshot")];
-            let clone = VolModel::new(id, s.blocks, s.id, s.content.clone());
-            next.vols.insert(c.clone(), clone);
-            next.next_id += 1;
-            Ok((next, 5, false))
-        }
-        PoolOp::Resize(v, size) => {
-            let vm = next.vols.get_mut(v).expect("a volume of the model");
-            let shrink = size / BSU < vm.blocks;
-            if shrink && (vm.parent != 0 || !vm.snaps.is_empty()) {
-                return Err(Refuse::ShrinkLayered);
-            }
-            vm.written.split_off(&(size / BSU));
-            vm.blocks = size / BSU;
-            Ok((next, if shrink { 7 } else { 6 }, !shrink))
-        }
-        PoolOp::Create(v, size) => {
-            if m.vols.contains_key(v) {
-                return Err(Refuse::Exists);
-            }
-            next.vols.insert(v.clone(), VolModel::new(id, size / BSU, 0, Content::default()));
-            next.next_id += 1;
-            Ok((next, 8, true))
-        }
-        PoolOp::Delete(v) => {
-            if !m.vols[v].snaps.is_empty() {
-                return Err(Refuse::HasSnapshots);
-            }
-            next.vols.remove(v);
-            Ok((next, 9, true))
-        }
-    }
-}
-
-fn rollback(mut next: PoolModel, v: &str, s: &str) -> Result<(PoolModel, usize, bool), Refuse> {
-    let vm = next.vols.get_mut(v).expect("a volume of the model");
-    let i = vm.snap(s).expect("a snapshot of the model");
-    if i + 1 < vm.snaps.len() {
-        let newer = vm.snaps[i + 1..].iter().map(|x| format!("{v}@{}", x.name));
-        return Err(Refuse::NotNewest(newer.collect()));
-    }
-    let snap = vm.snaps[i].clone();
-    if snap.blocks != vm.blocks {
-        return Err(Refuse::SizeChanged);
-    }
-    let keys: BTreeSet<u64> = vm.keys().into_iter().chain(snap.content.keys().copied()).collect();
-    vm.written = (keys.into_iter())
-        .map(|b| (b, Blk::durable(snap.content.get(&b).cloned().unwrap_or_else(zeros))))
-        .collect();
-    Ok((next, 4, true))
-}
-
-fn call(pool: &Pool, op: &PoolOp) -> Result<(), PoolError> {
-    match op {
-        PoolOp::Snap(v, s) => pool.create_snapshot(&format!("{v}@{s}")),
-        PoolOp::DelSnap(v, s) => pool.delete_snapshot(&format!("{v}@{s}"), false),
-        PoolOp::Rollback(v, s) => pool.rollback(&format!("{v}@{s}")),
-        PoolOp::Clone(v, s, c) => pool.clone_volume(&format!("{v}@{s}"), c),
-        PoolOp::Resize(v, size) => pool.resize_volume(v, *size, true).map(|_| ()),
-        PoolOp::Create(v, size) => pool.create_volume(v, *size),
-        PoolOp::Delete(v) => pool.delete_volume(v, false),
-    }
-}
-
-/// The state the table may have taken instead when the store failed
-/// under a pool operation, and the operation's kind.
-type Alt = Option<(PoolModel, usize)>;
 
 fn pool_op(
     pool: &Pool,
@@ -662,195 +288,6 @@ fn run_ops(
     Ended::Done
 }
 
-fn open_pool(store: &SimStorage) -> Pool {
-    let vol = Volume::open(Arc::new(store.clone()), OpenOptions::default())
-        .unwrap_or_else(|e| panic!("reopen: {e}"));
-    Pool::attach(Arc::new(vol)).unwrap_or_else(|e| panic!("attach: {e}"))
-}
-
-/// Blocks `set` below `blocks` of `view`, read a run at a time.
-fn read_set(view: &VolumeView, set: &BTreeSet<u64>, blocks: u64) -> Vec<(u64, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut run: Vec<u64> = Vec::new();
-    let flush_run = |run: &mut Vec<u64>, out: &mut Vec<(u64, Vec<u8>)>| {
-        let Some(&first) = run.first() else { return };
-        let mut buf = vec![0u8; run.len() * BS];
-        view.read_at(first * BSU, &mut buf)
-            .unwrap_or_else(|e| panic!("read {} block {first}: {e}", view.name()));
-        out.extend(run.drain(..).zip(buf.chunks(BS).map(<[u8]>::to_vec)));
-    };
-    for &b in set.range(..blocks) {
-        if run.last().is_some_and(|&l| l + 1 != b) {
-            flush_run(&mut run, &mut out);
-        }
-        run.push(b);
-    }
-    flush_run(&mut run, &mut out);
-    out
-}
-
-/// Checks every volume and snapshot of `m` against what the pool reads
-/// at `set`, and makes what the volumes hold the model's durable state.
-fn check_data(
-    pool: &Pool,
-    mut m: PoolModel,
-    set: &BTreeSet<u64>,
-    cov: &mut Coverage,
-) -> Result<PoolModel, String> {
-    for (name, vm) in m.vols.iter_mut() {
-        let view = pool.volume(name).expect("a view");
-        for (b, got) in read_set(&view, set, vm.blocks) {
-            let hv = h(&got);
-            let blk = vm.blk(b);
-            if !blk.allowed.contains(&hv) {
-                let why = if blk.history.contains(&hv) {
-                    "an older version than its flushed one"
-                } else if got.iter().any(|&x| x != 0) {
-                    "data it never held there"
-                } else {
-                    "zeros instead of its flushed data"
-                };
-                return Err(format!("volume {name} block {b} holds {why}"));
-            }
-            cov.rolled_back += u64::from(hv != h(&blk.cur));
-            cov.kept_unflushed += u64::from(hv == h(&blk.cur) && blk.allowed.len() > 1);
-            blk.cur = got;
-            blk.allowed = HashSet::from([hv]);
-            blk.history.insert(hv);
-        }
-        for s in &vm.snaps {
-            let view = pool.volume(&format!("{name}@{}", s.name)).expect("a view");
-            for (b, got) in read_set(&view, set, s.blocks) {
-                if got != s.content.get(&b).cloned().unwrap_or_else(zeros) {
-                    let what = String::from_utf8_lossy(&got[..40]).to_string();
-                    return Err(format!("snapshot {name}@{} block {b} reads {what:?}", s.name));
-                }
-                cov.snap_blocks_checked += 1;
-            }
-        }
-    }
-    Ok(m)
-}
-
-/// Every layer's block that is mapped (at its place in the layer), and
-/// every block a model names: the blocks that may read other than zeros.
-fn blocks_to_check(pool: &Pool, t: &PoolTable, models: &[&PoolModel]) -> BTreeSet<u64> {
-    let mut set = BTreeSet::new();
-    let layers = (t.volumes.iter().map(|v| &v.extents)).chain(t.snapshots.iter().map(|s| &s.extents));
-    for extents in layers {
-        for (k, &e) in extents.iter().enumerate() {
-            let base = u64::from(e) * EXTENT_BLOCKS;
-            let mut at = base;
-            while let Some(l) = pool.engine().first_mapped(at, base + EXTENT_BLOCKS).expect("scan") {
-                set.insert(k as u64 * EXTENT_BLOCKS + l - base);
-                at = l + 1;
-            }
-        }
-    }
-    for vm in models.iter().flat_map(|m| m.vols.values()) {
-        set.extend(vm.keys());
-        set.extend(vm.snaps.iter().flat_map(|s| s.content.keys()));
-    }
-    set
-}
-
-/// No block outside the volumes' and snapshots' extents is mapped.
-fn check_no_strays(pool: &Pool, t: &PoolTable, cov: &mut Coverage) {
-    let mut owner = BTreeMap::new();
-    for v in &t.volumes {
-        for (k, &e) in v.extents.iter().enumerate() {
-            owner.insert(e, (k as u64, v.blocks()));
-        }
-    }
-    for s in &t.snapshots {
-        for (k, &e) in s.extents.iter().enumerate() {
-            owner.insert(e, (k as u64, s.size_bytes / BSU));
-        }
-    }
-    let end = u64::from(POOL_EXTENTS) * EXTENT_BLOCKS;
-    let mut at = 0;
-    while let Some(l) = pool.engine().first_mapped(at, end).expect("scan the map") {
-        let e = (l / EXTENT_BLOCKS) as u32;
-        let Some((k, blocks)) = owner.get(&e) else {
-            panic!("pool block {l} (extent {e}, no volume's or snapshot's) is mapped");
-        };
-        cov.stale_tails += u64::from(k * EXTENT_BLOCKS + l % EXTENT_BLOCKS >= *blocks);
-        at = l + 1;
-    }
-}
-
-/// The table of the store: settled, and naming what the pool lists.
-fn check_table(pool: &Pool, store: &SimStorage, k: &Key) -> PoolTable {
-    let t = raw_table(store, &pool.engine().superblock().uuid);
-    assert!(t.pending.is_empty(), "extents still pending: {:?}", t.pending);
-    assert!(
-        t.snapshots.iter().all(|s| s.state == SnapState::Live),
-        "a snapshot still marked after reopening"
-    );
-    let mut raw: Key = (t.volumes.iter()).map(|v| (v.name.clone(), v.id, v.size_bytes)).collect();
-    for s in &t.snapshots {
-        let v = t.volume_by_id(s.volume).expect("a snapshot's volume");
-        raw.push((format!("{}@{}", v.name, s.name), s.id, s.size_bytes));
-    }
-    raw.sort();
-    assert_eq!(&raw, k, "the table on the store and the pool's");
-    t
-}
-
-/// After a reopen: the table is `m`'s or `alt`'s (for a rollback both
-/// name the same: then the data decides, all one or all the other), and
-/// everything reads as that model says. Returns the model to go on with.
-fn check_reopened(
-    pool: &Pool,
-    store: &SimStorage,
-    m: &PoolModel,
-    alt: Option<&(PoolModel, usize)>,
-    cov: &mut Coverage,
-    full_check: bool,
-) -> PoolModel {
-    let k = key_of(pool);
-    let mut cands: Vec<(&PoolModel, bool)> = Vec::new();
-    if let Some((a, _)) = alt.filter(|(a, _)| a.key() == k) {
-        cands.push((a, true));
-    }
-    if m.key() == k {
-        cands.push((m, false));
-    }
-    assert!(!cands.is_empty(), "the table after reopening is neither the old nor the new one: {k:?}");
-    let t = check_table(pool, store, &k);
-    for (n, vm) in cands[0].0.vols.iter() {
-        let v = t.volume(n).expect("in the table");
-        assert_eq!(v.parent, vm.parent, "volume {n}'s parent in the table");
-    }
-    let set = blocks_to_check(pool, &t, &cands.iter().map(|c| c.0).collect::<Vec<_>>());
-    let mut why = Vec::new();
-    let mut next = None;
-    for (c, new) in cands {
-        let mut local = Coverage::default();
-        match check_data(pool, c.clone(), &set, &mut local) {
-            Ok(n) => {
-                cov.add(local);
-                cov.table_new += u64::from(new);
-                cov.table_old += u64::from(!new && alt.is_some());
-                next = Some(n);
-                break;
-            }
-            Err(e) => why.push(e),
-        }
-    }
-    let mut next = next.unwrap_or_else(|| panic!("after reopening: {}", why.join("; or ")));
-    check_no_strays(pool, &t, cov);
-    pool.engine()
-        .verify_refcounts()
-        .unwrap_or_else(|e| panic!("reference counts after reopening: {e}"));
-    if full_check {
-        let rep = check::check_volume(store, &mut |_, _| {});
-        assert!(rep.consistent(), "check found {:?}", rep.errors);
-    }
-    next.next_id = t.next_id;
-    next
-}
-
 /// A new pool on a new store: `default` and `a`, of random sizes.
 fn new_pool(rng: &mut StdRng) -> (SimStorage, Pool, PoolModel) {
     let store = SimStorage::new(STORE_BYTES);
@@ -981,4 +418,295 @@ fn snapshot_fault_simulation_seeds() {
     report("fault", n, &cov);
     assert_covered(&cov);
     assert!(cov.live_reopens > 0);
+}
+
+/// A block of text naming `tag` and block `b`.
+fn tagged(tag: &str, b: u64) -> Vec<u8> {
+    format!("{tag} block {b} ").into_bytes().into_iter().cycle().take(BS).collect()
+}
+
+/// What a view should read: blocks [first, end) of each `(tag, first, end)`
+/// in order (later ones over earlier ones; tag "" for zeros).
+fn image(runs: &[(&str, u64, u64)]) -> BTreeMap<u64, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    for &(tag, a, b) in runs {
+        for k in a..b {
+            m.insert(k, if tag.is_empty() { zeros() } else { tagged(tag, k) });
+        }
+    }
+    m
+}
+
+fn write_run(pool: &Pool, name: &str, tag: &str, first: u64, end: u64) {
+    let data: Vec<u8> = (first..end).flat_map(|b| tagged(tag, b)).collect();
+    pool.volume(name).unwrap().write_at(first * BSU, &data, false).unwrap();
+}
+
+/// Every block of `name` reads exactly `want` (zeros where it names none).
+fn assert_reads(pool: &Pool, name: &str, want: &BTreeMap<u64, Vec<u8>>) {
+    let view = pool.volume(name).unwrap_or_else(|| panic!("no view {name}"));
+    let blocks = view.size_bytes() / BSU;
+    let mut got = vec![0u8; blocks as usize * BS];
+    view.read_at(0, &mut got).unwrap();
+    for (b, d) in got.chunks(BS).enumerate() {
+        let w = want.get(&(b as u64)).cloned().unwrap_or_else(zeros);
+        assert!(d == w, "{name} block {b}: {:?}", String::from_utf8_lossy(&d[..24]));
+    }
+}
+
+/// A pool with volume `v` of `blocks` blocks (and `default`, unused).
+fn directed_pool(blocks: u64) -> (SimStorage, Pool) {
+    let store = SimStorage::new(STORE_BYTES);
+    let pool = Pool::create(Arc::new(store.clone()), &common::options(&store, 8 * BSU)).unwrap();
+    pool.create_volume("v", blocks * BSU).unwrap();
+    (store, pool)
+}
+
+/// Closes `pool` cleanly, reopens it, checks refcounts and `check`.
+fn reopen(pool: Pool, store: &SimStorage) -> Pool {
+    pool.engine().close().unwrap();
+    drop(pool);
+    let pool = open_pool(store);
+    pool.engine().verify_refcounts().unwrap();
+    let rep = cvol_engine::check::check_volume(store, &mut |_, _| {});
+    assert!(rep.consistent(), "check: {:?}", rep.errors);
+    pool
+}
+
+#[test]
+fn a_snapshot_keeps_what_the_volume_overwrites() {
+    let (store, pool) = directed_pool(64);
+    write_run(&pool, "v", "one", 0, 8);
+    pool.create_snapshot("v@s").unwrap();
+    write_run(&pool, "v", "two", 0, 4);
+    let v = pool.volume("v").unwrap();
+    v.trim(4 * BSU, 2 * BSU, false).unwrap();
+    v.write_zeroes(6 * BSU, 2 * BSU, true, false).unwrap();
+    write_run(&pool, "v", "new", 8, 10);
+    let one = image(&[("one", 0, 8)]);
+    let now = image(&[("two", 0, 4), ("new", 8, 10)]);
+    assert_reads(&pool, "v@s", &one);
+    assert_reads(&pool, "v", &now);
+    let e = pool.volume("v@s").unwrap().write_at(0, &zeros(), false);
+    assert!(matches!(e, Err(VolError::ReadOnly)), "{e:?}");
+    // Nothing was flushed since the snapshot: a power cut leaves the
+    // volume as the snapshot; after a flush, as written.
+    let p = open_pool(&store.crash_dropping(|_| true));
+    assert_reads(&p, "v@s", &one);
+    assert_reads(&p, "v", &one);
+    pool.engine().flush().unwrap();
+    let p = open_pool(&store.crash_dropping(|_| true));
+    assert_reads(&p, "v@s", &one);
+    assert_reads(&p, "v", &now);
+    let pool = reopen(pool, &store);
+    assert_reads(&pool, "v@s", &one);
+    assert_reads(&pool, "v", &now);
+}
+
+#[test]
+fn deleting_a_middle_snapshot_keeps_the_older_and_newer_ones() {
+    let (store, pool) = directed_pool(64);
+    write_run(&pool, "v", "A", 0, 12);
+    pool.create_snapshot("v@s1").unwrap();
+    write_run(&pool, "v", "B", 4, 12);
+    // s2 is larger than s1: what it keeps beyond s1's end has nowhere to go.
+    pool.resize_volume("v", 80 * BSU, false).unwrap();
+    write_run(&pool, "v", "E", 70, 72);
+    pool.create_snapshot("v@s2").unwrap();
+    write_run(&pool, "v", "C", 8, 16);
+    write_run(&pool, "v", "F", 71, 73);
+    pool.create_snapshot("v@s3").unwrap();
+    write_run(&pool, "v", "D", 0, 2);
+    write_run(&pool, "v", "D", 10, 14);
+    let s1 = image(&[("A", 0, 12)]);
+    let s3 = image(&[("A", 0, 4), ("B", 4, 8), ("C", 8, 16), ("E", 70, 71), ("F", 71, 73)]);
+    let v = image(&[("A", 0, 4), ("B", 4, 8), ("C", 8, 16), ("D", 0, 2), ("D", 10, 14)]);
+    let v = (v.into_iter()).chain(image(&[("E", 70, 71), ("F", 71, 73)])).collect();
+    pool.delete_snapshot("v@s2", false).unwrap();
+    assert!(pool.volume("v@s2").is_none());
+    let check = |p: &Pool| {
+        assert_reads(p, "v@s1", &s1);
+        assert_reads(p, "v@s3", &s3);
+        assert_reads(p, "v", &v);
+    };
+    check(&pool);
+    let pool = reopen(pool, &store);
+    check(&pool);
+    pool.delete_snapshot("v@s1", false).unwrap();
+    assert_reads(&pool, "v@s3", &s3);
+    pool.delete_snapshot("v@s3", false).unwrap();
+    assert_reads(&reopen(pool, &store), "v", &v);
+}
+
+#[test]
+fn a_rollback_reads_exactly_the_newest_snapshot() {
+    let (store, pool) = directed_pool(64);
+    write_run(&pool, "v", "A", 0, 8);
+    pool.create_snapshot("v@s1").unwrap();
+    write_run(&pool, "v", "B", 0, 4);
+    pool.create_snapshot("v@s2").unwrap();
+    write_run(&pool, "v", "C", 2, 6);
+    let v = pool.volume("v").unwrap();
+    v.trim(6 * BSU, 2 * BSU, false).unwrap();
+    write_run(&pool, "v", "D", 20, 22);
+    let e = pool.rollback("v@s1").unwrap_err();
+    assert!(matches!(&e, PoolError::NotNewest { newer, .. } if newer == &["v@s2"]), "{e}");
+    let s1 = image(&[("A", 0, 8)]);
+    let s2 = image(&[("B", 0, 4), ("A", 4, 8)]);
+    pool.rollback("v@s2").unwrap();
+    assert_reads(&pool, "v", &s2);
+    assert_reads(&pool, "v@s2", &s2);
+    assert_reads(&pool, "v@s1", &s1);
+    // Again, after more writes; then refused while a client has it open,
+    // and after a grow.
+    write_run(&pool, "v", "E", 0, 2);
+    pool.rollback("v@s2").unwrap();
+    assert_reads(&pool, "v", &s2);
+    let guard = pool.volume("v").unwrap().open_guard();
+    assert!(matches!(pool.rollback("v@s2"), Err(PoolError::InUse { .. })));
+    drop(guard);
+    let pool = reopen(pool, &store);
+    assert_reads(&pool, "v", &s2);
+    assert_reads(&pool, "v@s1", &s1);
+    pool.resize_volume("v", 72 * BSU, false).unwrap();
+    assert!(matches!(pool.rollback("v@s2"), Err(PoolError::SizeChanged { .. })));
+}
+
+#[test]
+fn a_clone_changes_neither_its_snapshot_nor_its_origin() {
+    let (store, pool) = directed_pool(64);
+    write_run(&pool, "v", "A", 0, 8);
+    pool.create_snapshot("v@s").unwrap();
+    pool.clone_volume("v@s", "c").unwrap();
+    write_run(&pool, "c", "X", 0, 2);
+    pool.volume("c").unwrap().trim(2 * BSU, BSU, false).unwrap();
+    write_run(&pool, "v", "Y", 4, 6);
+    let s = image(&[("A", 0, 8)]);
+    let v = image(&[("A", 0, 8), ("Y", 4, 6)]);
+    let c = image(&[("A", 0, 8), ("X", 0, 2), ("", 2, 3)]);
+    assert_reads(&pool, "v@s", &s);
+    assert_reads(&pool, "v", &v);
+    assert_reads(&pool, "c", &c);
+    pool.create_snapshot("c@t").unwrap();
+    write_run(&pool, "c", "Z", 5, 6);
+    let c2 = (c.clone().into_iter()).chain(image(&[("Z", 5, 6)])).collect();
+    assert_reads(&pool, "c@t", &c);
+    assert_reads(&pool, "c", &c2);
+    let e = pool.delete_snapshot("v@s", false).unwrap_err();
+    assert!(matches!(&e, PoolError::HasClones { clones, .. } if clones == &["c"]), "{e}");
+    assert!(matches!(pool.delete_volume("v", false), Err(PoolError::HasSnapshots { .. })));
+    let pool = reopen(pool, &store);
+    for (name, want) in [("v@s", &s), ("v", &v), ("c@t", &c), ("c", &c2)] {
+        assert_reads(&pool, name, want);
+    }
+    pool.delete_snapshot("c@t", false).unwrap();
+    pool.delete_volume("c", false).unwrap();
+    pool.delete_snapshot("v@s", false).unwrap();
+    assert_reads(&reopen(pool, &store), "v", &v);
+}
+
+/// The state a sweep starts from: `v` with A on blocks 0..16 (flushed),
+/// snapshot `v@a`, then B on 8..24 (flushed if `flush`).
+fn sweep_start(flush: bool) -> (SimStorage, Pool) {
+    let (store, pool) = directed_pool(64);
+    write_run(&pool, "v", "A", 0, 16);
+    pool.create_snapshot("v@a").unwrap();
+    write_run(&pool, "v", "B", 8, 24);
+    if flush {
+        pool.engine().flush().unwrap();
+    }
+    (store, pool)
+}
+
+/// Runs `op` from `sweep_start` with the store failing after n I/Os, for
+/// every n up to the I/Os it takes whole, then reopens after power cuts
+/// of every kind; `check` gets the reopened pool. Returns the cut points.
+fn sweep(flush: bool, op: impl Fn(&Pool) -> Result<(), PoolError>, check: impl Fn(&Pool)) -> u64 {
+    let (store, pool) = sweep_start(flush);
+    store.set_config(SimConfig::default());
+    op(&pool).unwrap();
+    let total = store.io_count();
+    for n in 0..=total {
+        let (store, pool) = sweep_start(flush);
+        store.set_config(SimConfig { io_budget: Some(n), ..SimConfig::default() });
+        let r = op(&pool);
+        assert!(r.is_ok() == (n == total), "{n} of {total} I/Os: {r:?}");
+        let cuts = [store.crash(n), store.crash(n + 1000), store.crash_dropping(|_| true)];
+        for crashed in cuts.iter().chain([&store.snapshot_live()]) {
+            let p = open_pool(crashed);
+            check(&p);
+            p.engine().verify_refcounts().unwrap();
+            let rep = cvol_engine::check::check_volume(crashed, &mut |_, _| {});
+            assert!(rep.consistent(), "{n} of {total} I/Os: check {:?}", rep.errors);
+        }
+    }
+    total
+}
+
+/// Every block of `v` below 24 reads one of the versions `allowed` gives.
+fn assert_volume_one_of(pool: &Pool, allowed: impl Fn(u64) -> Vec<Vec<u8>>) {
+    let mut got = vec![0u8; 24 * BS];
+    pool.volume("v").unwrap().read_at(0, &mut got).unwrap();
+    for (b, d) in got.chunks(BS).enumerate() {
+        assert!(allowed(b as u64).iter().any(|w| w == d), "v block {b}");
+    }
+}
+
+#[test]
+fn a_snapshot_cut_at_every_io_of_its_creation_is_whole_or_absent() {
+    let a = image(&[("A", 0, 16)]);
+    let b = image(&[("A", 0, 8), ("B", 8, 24)]);
+    let (seen_new, seen_old) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let total = sweep(
+        false,
+        |p| p.create_snapshot("v@b"),
+        |p| {
+            assert_reads(p, "v@a", &a);
+            if p.volume("v@b").is_some() {
+                // Its creation flushed first: B is in it, and in the volume.
+                assert_reads(p, "v@b", &b);
+                assert_reads(p, "v", &b);
+                seen_new.set(seen_new.get() + 1);
+            } else {
+                let old = |k| a.get(&k).cloned().unwrap_or_else(zeros);
+                let new = |k| b.get(&k).cloned().unwrap_or_else(zeros);
+                assert_volume_one_of(p, |k| vec![old(k), new(k)]);
+                seen_old.set(seen_old.get() + 1);
+            }
+        },
+    );
+    assert!(total > 2 && seen_new.get() > 0 && seen_old.get() > 0, "{total} I/Os");
+}
+
+#[test]
+fn a_rollback_or_delete_cut_at_every_io_is_all_or_nothing() {
+    let a = image(&[("A", 0, 16)]);
+    let b = image(&[("A", 0, 8), ("B", 8, 24)]);
+    let rolled_back = std::cell::Cell::new(0);
+    let total = sweep(
+        true,
+        |p| p.rollback("v@a"),
+        |p| {
+            assert_reads(p, "v@a", &a);
+            let mut got = vec![0u8; 24 * BS];
+            p.volume("v").unwrap().read_at(0, &mut got).unwrap();
+            let was = |m: &BTreeMap<u64, Vec<u8>>| {
+                (got.chunks(BS).enumerate())
+                    .all(|(k, d)| m.get(&(k as u64)).map_or(d == zeros(), |w| w == d))
+            };
+            assert!(was(&a) || was(&b), "the volume is neither rolled back nor as it was");
+            rolled_back.set(rolled_back.get() + u64::from(was(&a)));
+        },
+    );
+    assert!(rolled_back.get() > 0 && rolled_back.get() < 4 * (total + 1));
+    sweep(
+        true,
+        |p| p.delete_snapshot("v@a", false),
+        |p| {
+            if p.volume("v@a").is_some() {
+                assert_reads(p, "v@a", &a);
+            }
+            assert_reads(p, "v", &b);
+        },
+    );
 }
