@@ -50,9 +50,9 @@ const STORE_BYTES: u64 = 16 * MIB;
 /// Seeds each simulation runs by default.
 const SEEDS: u64 = 60;
 const VOLS: [&str; 5] = ["default", "a", "b", "c", "d"];
-const SNAPS: [&str; 5] = ["s0", "s1", "s2", "s3", "s4"];
+const SNAPS: [&str; 6] = ["s0", "s1", "s2", "s3", "s4", "s5"];
 /// Most snapshots the workload keeps of one volume.
-const SNAPS_MAX: usize = 4;
+const SNAPS_MAX: usize = 5;
 /// Pool operations by kind, as the coverage counts them.
 const KINDS: [&str; 10] = [
     "snapshot", "delete oldest", "delete middle", "delete newest", "rollback", "clone", "grow",
@@ -96,8 +96,15 @@ fn is_io(e: &VolError) -> bool {
     matches!(e, VolError::Io(_) | VolError::Poisoned)
 }
 
+/// The oldest, the newest or one between, of a volume's snapshots.
 fn pick_snap(rng: &mut StdRng, v: &VolModel) -> Option<String> {
-    (!v.snaps.is_empty()).then(|| v.snaps[rng.gen_range(0..v.snaps.len())].name.clone())
+    let n = v.snaps.len();
+    let i = match rng.gen_range(0..3) {
+        0 => 0,
+        1 if n > 2 => rng.gen_range(1..n - 1),
+        _ => n.checked_sub(1)?,
+    };
+    v.snaps.get(i).map(|s| s.name.clone())
 }
 
 fn pick_pool_op(rng: &mut StdRng, m: &PoolModel) -> PoolOp {
@@ -110,7 +117,7 @@ fn pick_pool_op(rng: &mut StdRng, m: &PoolModel) -> PoolOp {
     let snap = pick_snap(rng, v);
     let newest = v.snaps.last().map(|s| s.name.clone());
     match (rng.gen_range(0..100), snap) {
-        (0..30, _) if v.snaps.len() < SNAPS_MAX => {
+        (r, _) if v.snaps.len() < SNAPS_MAX && (r < 30 || r < 50 && v.snaps.len() < 3) => {
             PoolOp::Snap(n, SNAPS[rng.gen_range(0..SNAPS.len())].into())
         }
         (0..50, Some(s)) => PoolOp::DelSnap(n, s),
@@ -136,11 +143,11 @@ fn pool_op(
     m: &mut PoolModel,
     rng: &mut StdRng,
     cov: &mut Coverage,
-    arm: &dyn Fn(),
+    arm: &dyn Fn(Option<usize>),
 ) -> Result<(), Alt> {
     let op = pick_pool_op(rng, m);
     let after = apply(m, &op);
-    arm();
+    arm(after.as_ref().ok().map(|a| a.1));
     match (call(pool, &op), after) {
         (Ok(()), Ok((mut next, kind, flushes))) => {
             cov.ops[kind] += 1;
@@ -273,7 +280,7 @@ fn run_ops(
     rng: &mut StdRng,
     ops: usize,
     cov: &mut Coverage,
-    arm: &dyn Fn(),
+    arm: &dyn Fn(Option<usize>),
 ) -> Ended {
     let pool_rarity = [3, 6, 12][rng.gen_range(0..3)];
     for _ in 0..ops {
@@ -332,21 +339,21 @@ fn cycles(seed: u64, cov: &mut Coverage, fault: bool) {
     for _cycle in 0..3 {
         let ops = rng.gen_range(20..160);
         // The budget runs from the start of the cycle, or from just before
-        // one of its first pool operations (so that it fails inside one).
+        // the first pool operation of a chosen kind (it fails inside one).
         let targeted = fault || rng.gen_bool(0.5);
         let budget = match targeted {
-            true => rng.gen_range(0..24),
+            true => rng.gen_range(0..10),
             false => rng.gen_range(0..ops as u64 * 3),
         };
-        let at = (!targeted || rng.gen_ratio(3, 4)).then(|| rng.gen_range(0..3));
-        let calls = std::cell::Cell::new(0);
+        let target = (targeted && rng.gen_ratio(7, 8)).then(|| rng.gen_range(0..KINDS.len()));
+        let armed = std::cell::Cell::new(!targeted);
         let s = store.clone();
         let set = || s.set_config(SimConfig { io_budget: Some(budget), ..SimConfig::default() });
-        let arm = || {
-            if targeted && at == Some(calls.get()) {
+        let arm = |kind: Option<usize>| {
+            if !armed.get() && kind.is_some() && kind == target {
+                armed.set(true);
                 set();
             }
-            calls.set(calls.get() + 1);
         };
         if !targeted {
             set();
