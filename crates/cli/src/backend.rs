@@ -3,7 +3,7 @@
 use cvol_cache::CacheVolume;
 use cvol_engine::pool::OpenGuard;
 use cvol_engine::VolError;
-use cvol_nbd::{Backend, BackendError, CommandKind, Extent, WriteZeroesFlags};
+use cvol_nbd::{Backend, BackendError, CommandKind, ContextExtent, Extent, WriteZeroesFlags};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -38,6 +38,9 @@ pub(crate) fn to_nbd(e: VolError) -> BackendError {
 
 /// Adapter from one volume of a pool to the NBD server: each connection
 /// has its own, holding the volume open.
+/// The metadata context namespace and prefix of changed-block tracking.
+pub const DIRTY_BITMAP: &str = "qemu:dirty-bitmap:";
+
 pub struct ViewBackend {
     pub guard: OpenGuard,
 }
@@ -80,6 +83,39 @@ impl Backend for ViewBackend {
             .view()
             .write_zeroes(offset, length, flags.no_hole, flags.fua)
             .map_err(to_nbd)
+    }
+
+    /// `qemu:dirty-bitmap:SNAP` for each live snapshot of the volume:
+    /// the blocks changed since SNAP (flag 1 = dirty), as qemu's
+    /// persistent dirty bitmaps report them.
+    fn meta_contexts(&self) -> Vec<String> {
+        (self.guard.view().tracked_snapshots().into_iter())
+            .map(|s| format!("{DIRTY_BITMAP}{s}"))
+            .collect()
+    }
+
+    fn context_status(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<ContextExtent>, BackendError> {
+        let snap = name
+            .strip_prefix(DIRTY_BITMAP)
+            .ok_or(BackendError::NotSupported)?;
+        let runs = self
+            .guard
+            .view()
+            .changed_since(snap, offset, length)
+            .map_err(to_nbd)?
+            .ok_or(BackendError::NotSupported)?;
+        Ok(runs
+            .into_iter()
+            .map(|(length, dirty)| ContextExtent {
+                length,
+                flags: u32::from(dirty),
+            })
+            .collect())
     }
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, BackendError> {
@@ -247,6 +283,19 @@ impl<H: Hook> Backend for Hooked<H> {
     fn cache(&self, offset: u64, length: u64) -> Result<(), BackendError> {
         let c = call(CommandKind::Cache, offset, length, false);
         self.hook.around(c, || self.inner.cache(offset, length))
+    }
+    fn meta_contexts(&self) -> Vec<String> {
+        self.inner.meta_contexts()
+    }
+    fn context_status(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<ContextExtent>, BackendError> {
+        let c = call(CommandKind::BlockStatus, offset, length, false);
+        self.hook
+            .around(c, || self.inner.context_status(name, offset, length))
     }
 }
 

@@ -20,6 +20,7 @@ mod scrub;
 mod serve;
 mod service;
 mod size;
+mod snapshots;
 mod sockfile;
 mod stat;
 mod trace;
@@ -73,8 +74,9 @@ enum Command {
         #[arg(long, requires = "watch")]
         count: Option<u64>,
         /// One volume of the pool: its size, mapped bytes, the stored bytes
-        /// only it references (`unique_bytes`, what deleting it frees) and
-        /// those it shares with other blocks (`shared_bytes`).
+        /// only it references (`unique_bytes`, what deleting it frees),
+        /// those it shares with other blocks (`shared_bytes`) and its
+        /// snapshots; or one snapshot, VOLUME@SNAPSHOT.
         #[arg(long = "volume", value_name = "NAME", conflicts_with = "watch")]
         volume_name: Option<String>,
     },
@@ -145,6 +147,16 @@ enum Command {
     /// offline and on a served pool (the server runs it).
     #[command(subcommand)]
     Volume(volumes::VolumeCommand),
+    /// Snapshots of a pool's volumes: read-only copies that cost nothing
+    /// until the volume changes, served as VOLUME@SNAPSHOT, with the
+    /// blocks changed since each in the NBD metadata context
+    /// `qemu:dirty-bitmap:SNAPSHOT` of the volume's export (incremental
+    /// backup). Each command works offline and on a served pool.
+    #[command(subcommand)]
+    Snapshot(snapshots::SnapshotCommand),
+    /// Make a writable volume from a snapshot: it shares every block with
+    /// the snapshot until written (works offline and on a served pool).
+    Clone(snapshots::CloneArgs),
     /// Change the physical size of a pool's store (offline).
     ///
     /// Grows it (a file is extended, sparse; a block device must have grown
@@ -269,6 +281,8 @@ fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, Error> 
     match command {
         Command::Create(flags) => create::cmd_create(&flags, globals),
         Command::Volume(cmd) => volumes::cmd_volume(cmd, globals),
+        Command::Snapshot(cmd) => snapshots::cmd_snapshot(cmd, globals),
+        Command::Clone(args) => snapshots::cmd_clone(args, globals),
         Command::Resize(flags) => resize::cmd_resize(flags, globals),
         Command::Serve(args) => serve::cmd_serve(*args, globals),
         Command::Stat {

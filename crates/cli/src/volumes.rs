@@ -56,12 +56,17 @@ pub enum VolumeCommand {
 }
 
 /// A request the server runs (or this process, offline).
-enum Op {
+pub(crate) enum Op {
     List,
     Stat(String),
     Create(String, u64),
     Delete(String, bool),
     Resize(String, u64, bool),
+    SnapCreate(String),
+    SnapList,
+    SnapDelete(String, bool),
+    Rollback(String),
+    Clone(String, String),
 }
 
 impl Op {
@@ -73,6 +78,11 @@ impl Op {
             Op::Create(n, s) => format!("volume create {n} {s}"),
             Op::Delete(n, f) => format!("volume delete {n} {}", flag(*f, "force")),
             Op::Resize(n, s, d) => format!("volume resize {n} {s} {}", flag(*d, "discard")),
+            Op::SnapCreate(n) => format!("volume snapshot-create {n}"),
+            Op::SnapList => "volume snapshot-list".into(),
+            Op::SnapDelete(n, f) => format!("volume snapshot-delete {n} {}", flag(*f, "force")),
+            Op::Rollback(n) => format!("volume rollback {n}"),
+            Op::Clone(n, c) => format!("volume clone {n} {c}"),
         }
     }
 
@@ -85,12 +95,17 @@ impl Op {
             ["volume", "create", n, s] => Op::Create(n.to_string(), num(s)?),
             ["volume", "delete", n, f] => Op::Delete(n.to_string(), *f == "force"),
             ["volume", "resize", n, s, d] => Op::Resize(n.to_string(), num(s)?, *d == "discard"),
+            ["volume", "snapshot-create", n] => Op::SnapCreate(n.to_string()),
+            ["volume", "snapshot-list"] => Op::SnapList,
+            ["volume", "snapshot-delete", n, f] => Op::SnapDelete(n.to_string(), *f == "force"),
+            ["volume", "rollback", n] => Op::Rollback(n.to_string()),
+            ["volume", "clone", n, c] => Op::Clone(n.to_string(), c.to_string()),
             _ => return None,
         })
     }
 
     fn writes(&self) -> bool {
-        !matches!(self, Op::List | Op::Stat(_))
+        !matches!(self, Op::List | Op::Stat(_) | Op::SnapList)
     }
 
     /// Runs on `pool`: the reply (as the server sends it).
@@ -103,6 +118,13 @@ impl Op {
             Op::Resize(n, s, d) => pool
                 .resize_volume(n, *s, *d)
                 .map(|old| json!({"resized": n, "old_size_bytes": old, "size_bytes": s})),
+            Op::SnapCreate(n) => pool.create_snapshot(n).map(|()| json!({"created": n})),
+            Op::SnapList => Ok(crate::snapshots::list_json(pool)),
+            Op::SnapDelete(n, f) => pool.delete_snapshot(n, *f).map(|()| json!({"deleted": n})),
+            Op::Rollback(n) => pool.rollback(n).map(|()| json!({"rolled_back": n})),
+            Op::Clone(n, c) => pool
+                .clone_volume(n, c)
+                .map(|()| json!({"cloned": n, "volume": c})),
         }
     }
 }
@@ -122,6 +144,9 @@ fn list_json(pool: &Pool) -> Value {
 }
 
 fn stat_json(pool: &Pool, name: &str) -> Result<Value, PoolError> {
+    if name.contains('@') {
+        return crate::snapshots::stat_json(pool, name);
+    }
     let u = pool.usage(name)?;
     let info = pool.volumes().into_iter().find(|v| v.name == name);
     Ok(json!({
@@ -133,6 +158,7 @@ fn stat_json(pool: &Pool, name: &str) -> Result<Value, PoolError> {
         "shared_bytes": u.shared_bytes,
         "clients": info.as_ref().map_or(0, |i| i.clients),
         "created_unix_secs": info.as_ref().map_or(0, |i| i.created_unix_secs),
+        "snapshots": crate::snapshots::of_volume_json(pool, name)?,
     }))
 }
 
@@ -152,7 +178,7 @@ pub fn serve_request(pool: Option<&Pool>, line: &str) -> Option<String> {
 const SERVED_OP_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Runs `op` on the pool at `path`: through its server, or opened here.
-fn run(path: &Path, op: &Op, globals: &Globals) -> Result<Value, Error> {
+pub(crate) fn run(path: &Path, op: &Op, globals: &Globals) -> Result<Value, Error> {
     if let Some(v) = control::query_for(path, &op.line(), SERVED_OP_TIMEOUT) {
         return match v["error"].as_str() {
             Some(e) => Err(Error::Refused(format!("{}: {e}", path.display()))),
@@ -237,7 +263,7 @@ pub fn cmd_volume(cmd: VolumeCommand, globals: &Globals) -> Result<ExitCode, Err
             human_bytes(v["old_size_bytes"].as_u64().unwrap_or(0)),
             human_bytes(*s)
         ),
-        (Op::Stat(_), _) => unreachable!("not a volume subcommand"),
+        _ => unreachable!("not a volume subcommand"),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -268,6 +294,20 @@ pub fn cmd_stat_volume(
         return Ok(ExitCode::SUCCESS);
     }
     let b = |k: &str| human_bytes(v[k].as_u64().unwrap_or(0));
+    if name.contains('@') {
+        println!("snapshot          {} in {}", name, path.display());
+        println!("logical size      {}", b("logical_size_bytes"));
+        println!(
+            "changed since     {} (old content it keeps)",
+            b("changed_bytes")
+        );
+        println!(
+            "unique            {} stored only for it (what deleting it frees)",
+            b("unique_bytes")
+        );
+        println!("clients           {}", v["clients"].as_u64().unwrap_or(0));
+        return Ok(ExitCode::SUCCESS);
+    }
     println!("volume            {} in {}", name, path.display());
     println!("logical size      {}", b("logical_size_bytes"));
     println!(
@@ -284,6 +324,14 @@ pub fn cmd_stat_volume(
         b("shared_bytes")
     );
     println!("clients           {}", v["clients"].as_u64().unwrap_or(0));
+    for x in v["snapshots"].as_array().into_iter().flatten() {
+        println!(
+            "snapshot          {}: {} changed since, {} unique",
+            x["name"].as_str().unwrap_or("?"),
+            human_bytes(x["changed_bytes"].as_u64().unwrap_or(0)),
+            human_bytes(x["unique_bytes"].as_u64().unwrap_or(0))
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

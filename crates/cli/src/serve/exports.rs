@@ -2,6 +2,7 @@
 //! NBD_OPT_INFO, NBD_OPT_GO or NBD_OPT_EXPORT_NAME) asks the pool, so
 //! volumes created while serving are served at once and deleted ones
 //! vanish; each connection holds its volume open (`VolumeView::clients`).
+//! Each snapshot is served read-only as `VOLUME@SNAP`.
 use crate::backend::ViewBackend;
 use cvol_engine::pool::Pool;
 use cvol_format::pool::DEFAULT_VOLUME;
@@ -78,12 +79,18 @@ impl Exports for PoolExports {
     fn list(&self) -> Vec<(String, Option<String>)> {
         match &self.only {
             Some(o) => vec![(o.name.clone(), None)],
-            None => self
-                .pool
-                .volumes()
-                .into_iter()
-                .map(|v| (v.name, None))
-                .collect(),
+            None => {
+                let snaps = self.pool.snapshots().into_iter().map(|s| {
+                    let about = format!("snapshot of '{}' (read-only)", s.volume);
+                    (s.name, Some(about))
+                });
+                let mut all: Vec<_> = (self.pool.volumes().into_iter())
+                    .map(|v| (v.name, None))
+                    .chain(snaps)
+                    .collect();
+                all.sort();
+                all
+            }
         }
     }
 }

@@ -140,7 +140,6 @@ fn view_of(vol: &Arc<Volume>, t: &PoolTable, v: &PoolVolume) -> Arc<VolumeView> 
     Arc::new(VolumeView {
         vol: vol.clone(),
         name: v.name.clone(),
-        id: v.id,
         snapshot: false,
         layout: std::sync::RwLock::new(Layout {
             size_bytes: v.size_bytes,
@@ -158,7 +157,6 @@ fn snapshot_view(vol: &Arc<Volume>, t: &PoolTable, s: &PoolSnapshot) -> Option<A
     Some(Arc::new(VolumeView {
         vol: vol.clone(),
         name: format!("{}@{}", v.name, s.name),
-        id: s.id,
         snapshot: true,
         layout: std::sync::RwLock::new(Layout {
             size_bytes: s.size_bytes,

@@ -14,8 +14,6 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 pub struct VolumeView {
     pub(super) vol: Arc<Volume>,
     pub(super) name: String,
-    /// The table id of the volume or snapshot it shows.
-    pub(super) id: u64,
     /// A snapshot (`VOLUME@SNAP`, read-only).
     pub(super) snapshot: bool,
     pub(super) layout: RwLock<Layout>,
