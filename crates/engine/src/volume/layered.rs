@@ -141,11 +141,10 @@ impl Volume {
             }
             let (e, from) = resolve(st, lba + i, &l.below, i);
             match e.state_valid() {
-                EntryState::Data { offset, .. } => {
-                    if st.cleaning.contains(&st.segment_of(offset)) {
-                        return Ok(false);
-                    }
+                EntryState::Data { offset, .. } if st.cleaning.contains(&st.segment_of(offset)) => {
+                    return Ok(false);
                 }
+                EntryState::Data { .. } => {}
                 _ if zeroing => continue,
                 _ => {}
             }
