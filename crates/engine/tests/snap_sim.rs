@@ -62,8 +62,10 @@ const KINDS: [&str; 10] = [
 /// Shared text (dedup shares it across volumes and snapshots), or stamped
 /// with the volume's id, block and a counter.
 fn content(rng: &mut StdRng, id: u64, block: u64, len: usize) -> Vec<u8> {
-    match rng.gen_range(0..4) {
+    match rng.gen_range(0..5) {
         0 => sim::content(rng, len, 5, |tag| format!("snap block {tag:08x} ")),
+        // Incompressible: the log fills and the cleaner runs.
+        1 => (0..len).map(|_| rng.gen()).collect(),
         _ => {
             let n: u32 = rng.gen();
             let stamp = format!("volume {id} block {block} version {n:08x} ");
@@ -206,6 +208,14 @@ fn snapshot_op(pool: &Pool, m: &PoolModel, rng: &mut StdRng, cov: &mut Coverage)
     cov.read_only_refused += 1;
 }
 
+fn is_ok_or_space(r: Result<(), VolError>) -> bool {
+    match r {
+        Ok(()) | Err(VolError::NoSpace) => true,
+        Err(e) if is_io(&e) => false,
+        Err(e) => panic!("cleaning: {e}"),
+    }
+}
+
 /// One random I/O on a random volume; false when the store failed.
 fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -> bool {
     let names: Vec<String> = m.vols.keys().cloned().collect();
@@ -217,14 +227,27 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
     let vm = m.vols.get_mut(name).expect("a volume of the model");
     let view = pool.volume(name).expect("a view of every volume");
     let first = hot_block(rng, vm.blocks);
-    let nb = rng.gen_range(1..=8).min(vm.blocks - first);
+    let most = [8, 8, 32][rng.gen_range(0..3)];
+    let nb = rng.gen_range(1..=most).min(vm.blocks - first);
     let (off, len) = (first * BSU, nb * BSU);
     let (r, effect, fua) = match rng.gen_range(0..100) {
         0..=54 => {
-            let data = content(rng, vm.id, first, len as usize);
+            // One write in eight starts or ends inside a block.
+            let (o, l) = match rng.gen_ratio(1, 8) {
+                true => {
+                    let (cut, tail) = (rng.gen_range(0..len / 2), rng.gen_range(0..len / 2));
+                    (off + cut, len - cut - tail)
+                }
+                false => (off, len),
+            };
+            let data = content(rng, vm.id, first, l as usize);
             let fua = rng.gen_ratio(1, 10);
             cov.clone_writes += u64::from(vm.parent != 0);
-            (view.write_at(off, &data, fua), Some(data), fua)
+            let r = view.write_at(o, &data, fua);
+            if !matches!(r, Err(VolError::NoSpace)) {
+                vm.write(o, &data);
+            }
+            (r, None, fua)
         }
         55..=62 => {
             // Unaligned: whole blocks inside change, the edges are kept.
@@ -241,7 +264,17 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
             let zeros = Some(vec![0; len as usize]);
             (view.write_zeroes(off, len, rng.gen(), false), zeros, false)
         }
-        70..=89 => {
+        // The cleaner moves the records snapshots refer to; an idle pass
+        // that moved anything flushed.
+        70 => return is_ok_or_space(pool.engine().clean(u64::MAX, false).map(|_| ())),
+        71..=72 => {
+            let r = pool.engine().idle_clean(false);
+            if r.as_ref().is_ok_and(|r| r.segments > 0) {
+                m.all_durable();
+            }
+            return r.is_ok();
+        }
+        73..=89 => {
             let r = view.flush();
             if r.is_ok() {
                 m.all_durable();
@@ -256,15 +289,18 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
         }
     };
     match r {
-        Err(VolError::NoSpace) => return true,
+        Err(VolError::NoSpace) => {
+            cov.no_space += 1;
+            return true;
+        }
         Err(ref e) if !is_io(e) => panic!("unexpected error: {e}"),
         _ => {}
     }
     if let Some(data) = effect {
         vm.write(off, &data);
-        if fua && r.is_ok() {
-            vm.durable(first, first + nb);
-        }
+    }
+    if fua && r.is_ok() {
+        vm.durable(first, first + nb);
     }
     r.is_ok()
 }
@@ -368,6 +404,7 @@ fn cycles(seed: u64, cov: &mut Coverage, fault: bool) {
         } else {
             power_cut(&store, &mut rng)
         };
+        cov.cleaned += pool.engine().stats().cleaner.cleaner_segments_cleaned;
         drop(pool);
         pool = open_pool(&next);
         m = check_reopened(&pool, &next, &m, alt.as_ref(), cov, seed.is_multiple_of(4));
@@ -383,7 +420,8 @@ fn report(what: &str, n: u64, c: &Coverage) {
          has clones, not newest, size changed, shrink layered, has snapshots) {:?}; table old {} \
          new {} after a cut; {} blocks rolled back, {} unflushed kept; {} snapshot blocks \
          checked after reopens, {} snapshot reads, {} changes of a snapshot refused, {} clone \
-         writes, {} stale tail blocks, {} reopens of the written image",
+         writes, {} stale tail blocks, {} reopens of the written image, {} segments \
+         cleaned, {} writes refused for space",
         ops.join(", "),
         c.refusals,
         c.table_old,
@@ -395,7 +433,9 @@ fn report(what: &str, n: u64, c: &Coverage) {
         c.read_only_refused,
         c.clone_writes,
         c.stale_tails,
-        c.live_reopens
+        c.live_reopens,
+        c.cleaned,
+        c.no_space
     );
 }
 

@@ -252,6 +252,8 @@ pub struct Coverage {
     pub clone_writes: u64,
     pub live_reopens: u64,
     pub stale_tails: u64,
+    pub cleaned: u64,
+    pub no_space: u64,
 }
 
 impl Coverage {
@@ -273,6 +275,8 @@ impl Coverage {
         self.clone_writes += o.clone_writes;
         self.live_reopens += o.live_reopens;
         self.stale_tails += o.stale_tails;
+        self.cleaned += o.cleaned;
+        self.no_space += o.no_space;
     }
 }
 
