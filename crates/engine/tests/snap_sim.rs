@@ -35,7 +35,7 @@ mod model;
 use common::seeds;
 use common::sim::{self, h};
 use common::{BS, MIB};
-use cvol_engine::pool::{Pool, PoolError};
+use cvol_engine::pool::{Pool, PoolError, VolumeView};
 use cvol_engine::{Codec, VolError};
 use cvol_format::pool::EXTENT_BLOCKS;
 use cvol_storage::{SimConfig, SimStorage};
@@ -53,11 +53,6 @@ const VOLS: [&str; 5] = ["default", "a", "b", "c", "d"];
 const SNAPS: [&str; 6] = ["s0", "s1", "s2", "s3", "s4", "s5"];
 /// Most snapshots the workload keeps of one volume.
 const SNAPS_MAX: usize = 5;
-/// Pool operations by kind, as the coverage counts them.
-const KINDS: [&str; 10] = [
-    "snapshot", "delete oldest", "delete middle", "delete newest", "rollback", "clone", "grow",
-    "shrink", "create", "delete volume",
-];
 
 /// Shared text (dedup shares it across volumes and snapshots), or stamped
 /// with the volume's id, block and a counter.
@@ -80,7 +75,10 @@ fn hot_block(rng: &mut StdRng, blocks: u64) -> u64 {
     let b = match rng.gen_range(0..3) {
         0 => rng.gen_range(0..HOT),
         1 => near(blocks, rng),
-        _ => near(EXTENT_BLOCKS * rng.gen_range(1..=blocks.div_ceil(EXTENT_BLOCKS)), rng),
+        _ => near(
+            EXTENT_BLOCKS * rng.gen_range(1..=blocks.div_ceil(EXTENT_BLOCKS)),
+            rng,
+        ),
     };
     b.min(blocks - 1)
 }
@@ -123,7 +121,9 @@ fn pick_pool_op(rng: &mut StdRng, m: &PoolModel) -> PoolOp {
             PoolOp::Snap(n, SNAPS[rng.gen_range(0..SNAPS.len())].into())
         }
         (0..50, Some(s)) => PoolOp::DelSnap(n, s),
-        (50..62, Some(s)) => PoolOp::Rollback(n, newest.filter(|_| rng.gen_ratio(3, 4)).unwrap_or(s)),
+        (50..62, Some(s)) => {
+            PoolOp::Rollback(n, newest.filter(|_| rng.gen_ratio(3, 4)).unwrap_or(s))
+        }
         (62..74, Some(s)) => PoolOp::Clone(n, s, other),
         (0..74, _) => PoolOp::Snap(n, SNAPS[rng.gen_range(0..SNAPS.len())].into()),
         (74..88, _) => {
@@ -178,8 +178,9 @@ fn pool_op(
 /// A read or an attempted change of a random snapshot: it reads exactly
 /// its content, and refuses every change.
 fn snapshot_op(pool: &Pool, m: &PoolModel, rng: &mut StdRng, cov: &mut Coverage) {
-    let snaps: Vec<(&String, &Snap)> =
-        (m.vols.iter()).flat_map(|(n, v)| v.snaps.iter().map(move |s| (n, s))).collect();
+    let snaps: Vec<(&String, &Snap)> = (m.vols.iter())
+        .flat_map(|(n, v)| v.snaps.iter().map(move |s| (n, s)))
+        .collect();
     if snaps.is_empty() {
         return;
     }
@@ -197,14 +198,25 @@ fn snapshot_op(pool: &Pool, m: &PoolModel, rng: &mut StdRng, cov: &mut Coverage)
             let mut got = vec![0u8; len as usize];
             view.read_at(off, &mut got).expect("read a snapshot");
             for (i, b) in got.chunks(BS).enumerate() {
-                let want = s.content.get(&(first + i as u64)).cloned().unwrap_or_else(zeros);
-                assert!(b == want, "{full} block {} reads other than at its creation", first + i as u64);
+                let want = s
+                    .content
+                    .get(&(first + i as u64))
+                    .cloned()
+                    .unwrap_or_else(zeros);
+                assert!(
+                    b == want,
+                    "{full} block {} reads other than at its creation",
+                    first + i as u64
+                );
             }
             cov.snap_reads += 1;
             return;
         }
     };
-    assert!(matches!(r, Err(VolError::ReadOnly)), "a change of {full}: {r:?}");
+    assert!(
+        matches!(r, Err(VolError::ReadOnly)),
+        "a change of {full}: {r:?}"
+    );
     cov.read_only_refused += 1;
 }
 
@@ -230,25 +242,8 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
     let most = [8, 8, 32][rng.gen_range(0..3)];
     let nb = rng.gen_range(1..=most).min(vm.blocks - first);
     let (off, len) = (first * BSU, nb * BSU);
-    let (r, effect, fua) = match rng.gen_range(0..100) {
-        0..=54 => {
-            // One write in eight starts or ends inside a block.
-            let (o, l) = match rng.gen_ratio(1, 8) {
-                true => {
-                    let (cut, tail) = (rng.gen_range(0..len / 2), rng.gen_range(0..len / 2));
-                    (off + cut, len - cut - tail)
-                }
-                false => (off, len),
-            };
-            let data = content(rng, vm.id, first, l as usize);
-            let fua = rng.gen_ratio(1, 10);
-            cov.clone_writes += u64::from(vm.parent != 0);
-            let r = view.write_at(o, &data, fua);
-            if !matches!(r, Err(VolError::NoSpace)) {
-                vm.write(o, &data);
-            }
-            (r, None, fua)
-        }
+    let (r, effect) = match rng.gen_range(0..100) {
+        0..=54 => (write_op(&view, vm, rng, cov, off, len), None),
         55..=62 => {
             // Unaligned: whole blocks inside change, the edges are kept.
             let cut = rng.gen_range(0..BSU);
@@ -258,11 +253,11 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
             if a < b {
                 vm.write(a * BSU, &vec![0u8; ((b - a) * BSU) as usize]);
             }
-            (r, None, false)
+            (r, None)
         }
         63..=69 => {
             let zeros = Some(vec![0; len as usize]);
-            (view.write_zeroes(off, len, rng.gen(), false), zeros, false)
+            (view.write_zeroes(off, len, rng.gen(), false), zeros)
         }
         // The cleaner moves the records snapshots refer to; an idle pass
         // that moved anything flushed.
@@ -284,7 +279,10 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
         _ => {
             let mut b = vec![0u8; BS];
             view.read_at(off, &mut b).expect("a read");
-            assert!(b == vm.read(first), "volume {name} block {first} reads other than written");
+            assert!(
+                b == vm.read(first),
+                "volume {name} block {first} reads other than written"
+            );
             return true;
         }
     };
@@ -299,10 +297,37 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
     if let Some(data) = effect {
         vm.write(off, &data);
     }
-    if fua && r.is_ok() {
-        vm.durable(first, first + nb);
-    }
     r.is_ok()
+}
+
+/// A write of `len` bytes from `off` (one in eight starting or ending
+/// inside a block), FUA one time in ten, and its effect on the model.
+fn write_op(
+    view: &VolumeView,
+    vm: &mut VolModel,
+    rng: &mut StdRng,
+    cov: &mut Coverage,
+    off: u64,
+    len: u64,
+) -> Result<(), VolError> {
+    let (o, l) = match rng.gen_ratio(1, 8) {
+        true => {
+            let (cut, tail) = (rng.gen_range(0..len / 2), rng.gen_range(0..len / 2));
+            (off + cut, len - cut - tail)
+        }
+        false => (off, len),
+    };
+    let data = content(rng, vm.id, off / BSU, l as usize);
+    let fua = rng.gen_ratio(1, 10);
+    cov.clone_writes += u64::from(vm.parent != 0);
+    let r = view.write_at(o, &data, fua);
+    if !matches!(r, Err(VolError::NoSpace)) {
+        vm.write(o, &data);
+    }
+    if fua && r.is_ok() {
+        vm.durable(o / BSU, (o + l).div_ceil(BSU));
+    }
+    r
 }
 
 enum Ended {
@@ -342,7 +367,10 @@ fn new_pool(rng: &mut StdRng) -> (SimStorage, Pool, PoolModel) {
     let pool = Pool::create(Arc::new(store.clone()), &opts).expect("create a pool");
     pool.create_volume("a", b1 * BSU).expect("create a");
     let vols = BTreeMap::from([
-        ("default".to_string(), VolModel::new(1, b0, 0, Content::default())),
+        (
+            "default".to_string(),
+            VolModel::new(1, b0, 0, Content::default()),
+        ),
         ("a".to_string(), VolModel::new(2, b1, 0, Content::default())),
     ]);
     (store, pool, PoolModel { vols, next_id: 3 })
@@ -384,7 +412,12 @@ fn cycles(seed: u64, cov: &mut Coverage, fault: bool) {
         let target = (targeted && rng.gen_ratio(7, 8)).then(|| rng.gen_range(0..KINDS.len()));
         let armed = std::cell::Cell::new(!targeted);
         let s = store.clone();
-        let set = || s.set_config(SimConfig { io_budget: Some(budget), ..SimConfig::default() });
+        let set = || {
+            s.set_config(SimConfig {
+                io_budget: Some(budget),
+                ..SimConfig::default()
+            })
+        };
         let arm = |kind: Option<usize>| {
             if !armed.get() && kind.is_some() && kind == target {
                 armed.set(true);
@@ -413,54 +446,39 @@ fn cycles(seed: u64, cov: &mut Coverage, fault: bool) {
     close_and_verify(pool, &store, m, cov);
 }
 
-fn report(what: &str, n: u64, c: &Coverage) {
-    let ops: Vec<String> = (0..10).map(|i| format!("{} {}/{}", KINDS[i], c.ops[i], c.cut_in_op[i])).collect();
-    eprintln!(
-        "{what}: {n} seeds; operations done/cut inside: {}; refusals (exists, snapshot exists, \
-         has clones, not newest, size changed, shrink layered, has snapshots) {:?}; table old {} \
-         new {} after a cut; {} blocks rolled back, {} unflushed kept; {} snapshot blocks \
-         checked after reopens, {} snapshot reads, {} changes of a snapshot refused, {} clone \
-         writes, {} stale tail blocks, {} reopens of the written image, {} segments \
-         cleaned, {} writes refused for space",
-        ops.join(", "),
-        c.refusals,
-        c.table_old,
-        c.table_new,
-        c.rolled_back,
-        c.kept_unflushed,
-        c.snap_blocks_checked,
-        c.snap_reads,
-        c.read_only_refused,
-        c.clone_writes,
-        c.stale_tails,
-        c.live_reopens,
-        c.cleaned,
-        c.no_space
-    );
-}
-
-/// Every kind of operation ran and every refusal happened.
-fn assert_covered(c: &Coverage) {
-    assert!(c.ops.iter().all(|&x| x > 0), "an operation never ran: {:?}", c.ops);
-    assert!(c.refusals.iter().all(|&x| x > 0), "a refusal never happened: {:?}", c.refusals);
-    assert!(c.snap_blocks_checked > 0 && c.snap_reads > 0 && c.clone_writes > 0);
-}
-
 #[test]
 fn snapshot_crash_simulation_seeds() {
     let run = |seed, cov: &mut Coverage| cycles(seed, cov, false);
-    let r = seeds::run_seeds("CVOL_SNAP_SIM_SEED", "CVOL_SNAP_SIM_SEEDS", SEEDS, run, Coverage::add);
+    let r = seeds::run_seeds(
+        "CVOL_SNAP_SIM_SEED",
+        "CVOL_SNAP_SIM_SEEDS",
+        SEEDS,
+        run,
+        Coverage::add,
+    );
     let Some((n, cov)) = r else { return };
     report("crash", n, &cov);
     assert_covered(&cov);
-    assert!(cov.table_old > 0 && cov.table_new > 0, "a cut never left the old or the new table");
-    assert!(cov.rolled_back > 0 && cov.kept_unflushed > 0, "no unflushed data lost or kept");
+    assert!(
+        cov.table_old > 0 && cov.table_new > 0,
+        "a cut never left the old or the new table"
+    );
+    assert!(
+        cov.rolled_back > 0 && cov.kept_unflushed > 0,
+        "no unflushed data lost or kept"
+    );
 }
 
 #[test]
 fn snapshot_fault_simulation_seeds() {
     let run = |seed, cov: &mut Coverage| cycles(seed, cov, true);
-    let r = seeds::run_seeds("CVOL_SNAP_FAULT_SEED", "CVOL_SNAP_FAULT_SEEDS", SEEDS, run, Coverage::add);
+    let r = seeds::run_seeds(
+        "CVOL_SNAP_FAULT_SEED",
+        "CVOL_SNAP_FAULT_SEEDS",
+        SEEDS,
+        run,
+        Coverage::add,
+    );
     let Some((n, cov)) = r else { return };
     report("fault", n, &cov);
     assert_covered(&cov);
@@ -469,7 +487,12 @@ fn snapshot_fault_simulation_seeds() {
 
 /// A block of text naming `tag` and block `b`.
 fn tagged(tag: &str, b: u64) -> Vec<u8> {
-    format!("{tag} block {b} ").into_bytes().into_iter().cycle().take(BS).collect()
+    format!("{tag} block {b} ")
+        .into_bytes()
+        .into_iter()
+        .cycle()
+        .take(BS)
+        .collect()
 }
 
 /// What a view should read: blocks [first, end) of each `(tag, first, end)`
@@ -478,7 +501,14 @@ fn image(runs: &[(&str, u64, u64)]) -> BTreeMap<u64, Vec<u8>> {
     let mut m = BTreeMap::new();
     for &(tag, a, b) in runs {
         for k in a..b {
-            m.insert(k, if tag.is_empty() { zeros() } else { tagged(tag, k) });
+            m.insert(
+                k,
+                if tag.is_empty() {
+                    zeros()
+                } else {
+                    tagged(tag, k)
+                },
+            );
         }
     }
     m
@@ -486,18 +516,27 @@ fn image(runs: &[(&str, u64, u64)]) -> BTreeMap<u64, Vec<u8>> {
 
 fn write_run(pool: &Pool, name: &str, tag: &str, first: u64, end: u64) {
     let data: Vec<u8> = (first..end).flat_map(|b| tagged(tag, b)).collect();
-    pool.volume(name).unwrap().write_at(first * BSU, &data, false).unwrap();
+    pool.volume(name)
+        .unwrap()
+        .write_at(first * BSU, &data, false)
+        .unwrap();
 }
 
 /// Every block of `name` reads exactly `want` (zeros where it names none).
 fn assert_reads(pool: &Pool, name: &str, want: &BTreeMap<u64, Vec<u8>>) {
-    let view = pool.volume(name).unwrap_or_else(|| panic!("no view {name}"));
+    let view = pool
+        .volume(name)
+        .unwrap_or_else(|| panic!("no view {name}"));
     let blocks = view.size_bytes() / BSU;
     let mut got = vec![0u8; blocks as usize * BS];
     view.read_at(0, &mut got).unwrap();
     for (b, d) in got.chunks(BS).enumerate() {
         let w = want.get(&(b as u64)).cloned().unwrap_or_else(zeros);
-        assert!(d == w, "{name} block {b}: {:?}", String::from_utf8_lossy(&d[..24]));
+        assert!(
+            d == w,
+            "{name} block {b}: {:?}",
+            String::from_utf8_lossy(&d[..24])
+        );
     }
 }
 
@@ -566,9 +605,23 @@ fn deleting_a_middle_snapshot_keeps_the_older_and_newer_ones() {
     write_run(&pool, "v", "D", 0, 2);
     write_run(&pool, "v", "D", 10, 14);
     let s1 = image(&[("A", 0, 12)]);
-    let s3 = image(&[("A", 0, 4), ("B", 4, 8), ("C", 8, 16), ("E", 70, 71), ("F", 71, 73)]);
-    let v = image(&[("A", 0, 4), ("B", 4, 8), ("C", 8, 16), ("D", 0, 2), ("D", 10, 14)]);
-    let v = (v.into_iter()).chain(image(&[("E", 70, 71), ("F", 71, 73)])).collect();
+    let s3 = image(&[
+        ("A", 0, 4),
+        ("B", 4, 8),
+        ("C", 8, 16),
+        ("E", 70, 71),
+        ("F", 71, 73),
+    ]);
+    let v = image(&[
+        ("A", 0, 4),
+        ("B", 4, 8),
+        ("C", 8, 16),
+        ("D", 0, 2),
+        ("D", 10, 14),
+    ]);
+    let v = (v.into_iter())
+        .chain(image(&[("E", 70, 71), ("F", 71, 73)]))
+        .collect();
     pool.delete_snapshot("v@s2", false).unwrap();
     assert!(pool.volume("v@s2").is_none());
     let check = |p: &Pool| {
@@ -597,7 +650,10 @@ fn a_rollback_reads_exactly_the_newest_snapshot() {
     v.trim(6 * BSU, 2 * BSU, false).unwrap();
     write_run(&pool, "v", "D", 20, 22);
     let e = pool.rollback("v@s1").unwrap_err();
-    assert!(matches!(&e, PoolError::NotNewest { newer, .. } if newer == &["v@s2"]), "{e}");
+    assert!(
+        matches!(&e, PoolError::NotNewest { newer, .. } if newer == &["v@s2"]),
+        "{e}"
+    );
     let s1 = image(&[("A", 0, 8)]);
     let s2 = image(&[("B", 0, 4), ("A", 4, 8)]);
     pool.rollback("v@s2").unwrap();
@@ -610,13 +666,19 @@ fn a_rollback_reads_exactly_the_newest_snapshot() {
     pool.rollback("v@s2").unwrap();
     assert_reads(&pool, "v", &s2);
     let guard = pool.volume("v").unwrap().open_guard();
-    assert!(matches!(pool.rollback("v@s2"), Err(PoolError::InUse { .. })));
+    assert!(matches!(
+        pool.rollback("v@s2"),
+        Err(PoolError::InUse { .. })
+    ));
     drop(guard);
     let pool = reopen(pool, &store);
     assert_reads(&pool, "v", &s2);
     assert_reads(&pool, "v@s1", &s1);
     pool.resize_volume("v", 72 * BSU, false).unwrap();
-    assert!(matches!(pool.rollback("v@s2"), Err(PoolError::SizeChanged { .. })));
+    assert!(matches!(
+        pool.rollback("v@s2"),
+        Err(PoolError::SizeChanged { .. })
+    ));
 }
 
 #[test]
@@ -636,12 +698,20 @@ fn a_clone_changes_neither_its_snapshot_nor_its_origin() {
     assert_reads(&pool, "c", &c);
     pool.create_snapshot("c@t").unwrap();
     write_run(&pool, "c", "Z", 5, 6);
-    let c2 = (c.clone().into_iter()).chain(image(&[("Z", 5, 6)])).collect();
+    let c2 = (c.clone().into_iter())
+        .chain(image(&[("Z", 5, 6)]))
+        .collect();
     assert_reads(&pool, "c@t", &c);
     assert_reads(&pool, "c", &c2);
     let e = pool.delete_snapshot("v@s", false).unwrap_err();
-    assert!(matches!(&e, PoolError::HasClones { clones, .. } if clones == &["c"]), "{e}");
-    assert!(matches!(pool.delete_volume("v", false), Err(PoolError::HasSnapshots { .. })));
+    assert!(
+        matches!(&e, PoolError::HasClones { clones, .. } if clones == &["c"]),
+        "{e}"
+    );
+    assert!(matches!(
+        pool.delete_volume("v", false),
+        Err(PoolError::HasSnapshots { .. })
+    ));
     let pool = reopen(pool, &store);
     for (name, want) in [("v@s", &s), ("v", &v), ("c@t", &c), ("c", &c2)] {
         assert_reads(&pool, name, want);
@@ -675,16 +745,27 @@ fn sweep(flush: bool, op: impl Fn(&Pool) -> Result<(), PoolError>, check: impl F
     let total = store.io_count();
     for n in 0..=total {
         let (store, pool) = sweep_start(flush);
-        store.set_config(SimConfig { io_budget: Some(n), ..SimConfig::default() });
+        store.set_config(SimConfig {
+            io_budget: Some(n),
+            ..SimConfig::default()
+        });
         let r = op(&pool);
         assert!(r.is_ok() == (n == total), "{n} of {total} I/Os: {r:?}");
-        let cuts = [store.crash(n), store.crash(n + 1000), store.crash_dropping(|_| true)];
+        let cuts = [
+            store.crash(n),
+            store.crash(n + 1000),
+            store.crash_dropping(|_| true),
+        ];
         for crashed in cuts.iter().chain([&store.snapshot_live()]) {
             let p = open_pool(crashed);
             check(&p);
             p.engine().verify_refcounts().unwrap();
             let rep = cvol_engine::check::check_volume(crashed, &mut |_, _| {});
-            assert!(rep.consistent(), "{n} of {total} I/Os: check {:?}", rep.errors);
+            assert!(
+                rep.consistent(),
+                "{n} of {total} I/Os: check {:?}",
+                rep.errors
+            );
         }
     }
     total
@@ -722,7 +803,10 @@ fn a_snapshot_cut_at_every_io_of_its_creation_is_whole_or_absent() {
             }
         },
     );
-    assert!(total > 2 && seen_new.get() > 0 && seen_old.get() > 0, "{total} I/Os");
+    assert!(
+        total > 2 && seen_new.get() > 0 && seen_old.get() > 0,
+        "{total} I/Os"
+    );
 }
 
 #[test]
@@ -741,7 +825,10 @@ fn a_rollback_or_delete_cut_at_every_io_is_all_or_nothing() {
                 (got.chunks(BS).enumerate())
                     .all(|(k, d)| m.get(&(k as u64)).map_or(d == zeros(), |w| w == d))
             };
-            assert!(was(&a) || was(&b), "the volume is neither rolled back nor as it was");
+            assert!(
+                was(&a) || was(&b),
+                "the volume is neither rolled back nor as it was"
+            );
             rolled_back.set(rolled_back.get() + u64::from(was(&a)));
         },
     );

@@ -167,7 +167,11 @@ impl PoolModel {
 pub fn key_of(pool: &Pool) -> Key {
     let vols = pool.volumes().into_iter();
     let mut k: Key = vols.map(|v| (v.name, v.id, v.size_bytes)).collect();
-    k.extend(pool.snapshots().into_iter().map(|s| (s.name, s.id, s.size_bytes)));
+    k.extend(
+        pool.snapshots()
+            .into_iter()
+            .map(|s| (s.name, s.id, s.size_bytes)),
+    );
     k.sort();
     k
 }
@@ -303,7 +307,12 @@ pub fn apply(m: &PoolModel, op: &PoolOp) -> Result<(PoolModel, usize, bool), Ref
                 return Err(Refuse::SnapExists);
             }
             let (content, blocks, name) = (vm.content(), vm.blocks, s.clone());
-            vm.snaps.push(Snap { name, id, blocks, content });
+            vm.snaps.push(Snap {
+                name,
+                id,
+                blocks,
+                content,
+            });
             next.next_id += 1;
             Ok((next, 0, true))
         }
@@ -316,7 +325,13 @@ pub fn apply(m: &PoolModel, op: &PoolOp) -> Result<(PoolModel, usize, bool), Ref
             let vm = next.vols.get_mut(v).expect("a volume of the model");
             let last = vm.snaps.len() - 1;
             vm.snaps.remove(i);
-            let kind = if i == last { 3 } else if i == 0 { 1 } else { 2 };
+            let kind = if i == last {
+                3
+            } else if i == 0 {
+                1
+            } else {
+                2
+            };
             Ok((next, kind, true))
         }
         PoolOp::Rollback(v, s) => rollback(next, v, s),
@@ -344,7 +359,10 @@ pub fn apply(m: &PoolModel, op: &PoolOp) -> Result<(PoolModel, usize, bool), Ref
             if m.vols.contains_key(v) {
                 return Err(Refuse::Exists);
             }
-            next.vols.insert(v.clone(), VolModel::new(id, size / BSU, 0, Content::default()));
+            next.vols.insert(
+                v.clone(),
+                VolModel::new(id, size / BSU, 0, Content::default()),
+            );
             next.next_id += 1;
             Ok((next, 8, true))
         }
@@ -369,9 +387,18 @@ pub fn rollback(mut next: PoolModel, v: &str, s: &str) -> Result<(PoolModel, usi
     if snap.blocks != vm.blocks {
         return Err(Refuse::SizeChanged);
     }
-    let keys: BTreeSet<u64> = vm.keys().into_iter().chain(snap.content.keys().copied()).collect();
+    let keys: BTreeSet<u64> = vm
+        .keys()
+        .into_iter()
+        .chain(snap.content.keys().copied())
+        .collect();
     vm.written = (keys.into_iter())
-        .map(|b| (b, Blk::durable(snap.content.get(&b).cloned().unwrap_or_else(zeros))))
+        .map(|b| {
+            (
+                b,
+                Blk::durable(snap.content.get(&b).cloned().unwrap_or_else(zeros)),
+            )
+        })
         .collect();
     Ok((next, 4, true))
 }
@@ -453,7 +480,10 @@ pub fn check_data(
             for (b, got) in read_set(&view, set, s.blocks) {
                 if got != s.content.get(&b).cloned().unwrap_or_else(zeros) {
                     let what = String::from_utf8_lossy(&got[..40]).to_string();
-                    return Err(format!("snapshot {name}@{} block {b} reads {what:?}", s.name));
+                    return Err(format!(
+                        "snapshot {name}@{} block {b} reads {what:?}",
+                        s.name
+                    ));
                 }
                 cov.snap_blocks_checked += 1;
             }
@@ -466,12 +496,17 @@ pub fn check_data(
 /// every block a model names: the blocks that may read other than zeros.
 pub fn blocks_to_check(pool: &Pool, t: &PoolTable, models: &[&PoolModel]) -> BTreeSet<u64> {
     let mut set = BTreeSet::new();
-    let layers = (t.volumes.iter().map(|v| &v.extents)).chain(t.snapshots.iter().map(|s| &s.extents));
+    let layers =
+        (t.volumes.iter().map(|v| &v.extents)).chain(t.snapshots.iter().map(|s| &s.extents));
     for extents in layers {
         for (k, &e) in extents.iter().enumerate() {
             let base = u64::from(e) * EXTENT_BLOCKS;
             let mut at = base;
-            while let Some(l) = pool.engine().first_mapped(at, base + EXTENT_BLOCKS).expect("scan") {
+            while let Some(l) = pool
+                .engine()
+                .first_mapped(at, base + EXTENT_BLOCKS)
+                .expect("scan")
+            {
                 set.insert(k as u64 * EXTENT_BLOCKS + l - base);
                 at = l + 1;
             }
@@ -512,12 +547,18 @@ pub fn check_no_strays(pool: &Pool, t: &PoolTable, cov: &mut Coverage) {
 /// The table of the store: settled, and naming what the pool lists.
 pub fn check_table(pool: &Pool, store: &SimStorage, k: &Key) -> PoolTable {
     let t = raw_table(store, &pool.engine().superblock().uuid);
-    assert!(t.pending.is_empty(), "extents still pending: {:?}", t.pending);
+    assert!(
+        t.pending.is_empty(),
+        "extents still pending: {:?}",
+        t.pending
+    );
     assert!(
         t.snapshots.iter().all(|s| s.state == SnapState::Live),
         "a snapshot still marked after reopening"
     );
-    let mut raw: Key = (t.volumes.iter()).map(|v| (v.name.clone(), v.id, v.size_bytes)).collect();
+    let mut raw: Key = (t.volumes.iter())
+        .map(|v| (v.name.clone(), v.id, v.size_bytes))
+        .collect();
     for s in &t.snapshots {
         let v = t.volume_by_id(s.volume).expect("a snapshot's volume");
         raw.push((format!("{}@{}", v.name, s.name), s.id, s.size_bytes));
@@ -546,7 +587,10 @@ pub fn check_reopened(
     if m.key() == k {
         cands.push((m, false));
     }
-    assert!(!cands.is_empty(), "the table after reopening is neither the old nor the new one: {k:?}");
+    assert!(
+        !cands.is_empty(),
+        "the table after reopening is neither the old nor the new one: {k:?}"
+    );
     let t = check_table(pool, store, &k);
     for (n, vm) in cands[0].0.vols.iter() {
         let v = t.volume(n).expect("in the table");
@@ -579,4 +623,61 @@ pub fn check_reopened(
     }
     next.next_id = t.next_id;
     next
+}
+
+/// Pool operations by kind, as the coverage counts them.
+pub const KINDS: [&str; 10] = [
+    "snapshot",
+    "delete oldest",
+    "delete middle",
+    "delete newest",
+    "rollback",
+    "clone",
+    "grow",
+    "shrink",
+    "create",
+    "delete volume",
+];
+
+pub fn report(what: &str, n: u64, c: &Coverage) {
+    let ops: Vec<String> = (0..10)
+        .map(|i| format!("{} {}/{}", KINDS[i], c.ops[i], c.cut_in_op[i]))
+        .collect();
+    eprintln!(
+        "{what}: {n} seeds; operations done/cut inside: {}; refusals (exists, snapshot exists, \
+         has clones, not newest, size changed, shrink layered, has snapshots) {:?}; table old {} \
+         new {} after a cut; {} blocks rolled back, {} unflushed kept; {} snapshot blocks \
+         checked after reopens, {} snapshot reads, {} changes of a snapshot refused, {} clone \
+         writes, {} stale tail blocks, {} reopens of the written image, {} segments \
+         cleaned, {} writes refused for space",
+        ops.join(", "),
+        c.refusals,
+        c.table_old,
+        c.table_new,
+        c.rolled_back,
+        c.kept_unflushed,
+        c.snap_blocks_checked,
+        c.snap_reads,
+        c.read_only_refused,
+        c.clone_writes,
+        c.stale_tails,
+        c.live_reopens,
+        c.cleaned,
+        c.no_space
+    );
+}
+
+/// Every kind of operation ran and every refusal happened.
+pub fn assert_covered(c: &Coverage) {
+    assert!(
+        c.ops.iter().all(|&x| x > 0),
+        "an operation never ran: {:?}",
+        c.ops
+    );
+    assert!(
+        c.refusals.iter().all(|&x| x > 0),
+        "a refusal never happened: {:?}",
+        c.refusals
+    );
+    assert!(c.snap_blocks_checked > 0 && c.snap_reads > 0 && c.clone_writes > 0);
 }
