@@ -7,7 +7,8 @@ use crate::common::BS;
 use cvol_engine::check;
 use cvol_engine::pool::{Pool, PoolError, VolumeView};
 use cvol_engine::{OpenOptions, Volume};
-use cvol_format::pool::{PoolTable, SnapState, EXTENT_BLOCKS, POOL_EXTENTS, POOL_HEADER_BYTES};
+use cvol_format::pool::POOL_HEADER_BYTES;
+use cvol_format::pool::{PoolTable, SnapState, EXTENT_BLOCKS, NO_EXTENT, POOL_EXTENTS};
 use cvol_format::pool::{POOL_SLOT_BYTES, POOL_SLOT_OFFSETS};
 use cvol_storage::{SimStorage, Storage};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -99,6 +100,14 @@ impl VolModel {
             let v = h(&blk.cur);
             blk.allowed.insert(v);
             blk.history.insert(v);
+        }
+    }
+
+    /// A write of zeros over every block from `first` (that may or may
+    /// not persist).
+    pub fn zero_from(&mut self, first: u64) {
+        for b in self.keys().into_iter().filter(|&b| b >= first) {
+            self.write(b * BSU, &zeros());
         }
     }
 
@@ -258,6 +267,9 @@ pub struct Coverage {
     pub stale_tails: u64,
     pub cleaned: u64,
     pub no_space: u64,
+    /// Snapshot extents `NO_EXTENT` in the tables after reopens.
+    pub extents_not_taken: u64,
+    pub discards: u64,
 }
 
 impl Coverage {
@@ -281,6 +293,8 @@ impl Coverage {
         self.stale_tails += o.stale_tails;
         self.cleaned += o.cleaned;
         self.no_space += o.no_space;
+        self.extents_not_taken += o.extents_not_taken;
+        self.discards += o.discards;
     }
 }
 
@@ -499,7 +513,7 @@ pub fn blocks_to_check(pool: &Pool, t: &PoolTable, models: &[&PoolModel]) -> BTr
     let layers =
         (t.volumes.iter().map(|v| &v.extents)).chain(t.snapshots.iter().map(|s| &s.extents));
     for extents in layers {
-        for (k, &e) in extents.iter().enumerate() {
+        for (k, &e) in extents.iter().enumerate().filter(|(_, &e)| e != NO_EXTENT) {
             let base = u64::from(e) * EXTENT_BLOCKS;
             let mut at = base;
             while let Some(l) = pool
@@ -592,6 +606,8 @@ pub fn check_reopened(
         "the table after reopening is neither the old nor the new one: {k:?}"
     );
     let t = check_table(pool, store, &k);
+    let not_taken = t.snapshots.iter().flat_map(|s| &s.extents);
+    cov.extents_not_taken += not_taken.filter(|&&e| e == NO_EXTENT).count() as u64;
     for (n, vm) in cands[0].0.vols.iter() {
         let v = t.volume(n).expect("in the table");
         assert_eq!(v.parent, vm.parent, "volume {n}'s parent in the table");
@@ -649,7 +665,7 @@ pub fn report(what: &str, n: u64, c: &Coverage) {
          new {} after a cut; {} blocks rolled back, {} unflushed kept; {} snapshot blocks \
          checked after reopens, {} snapshot reads, {} changes of a snapshot refused, {} clone \
          writes, {} stale tail blocks, {} reopens of the written image, {} segments \
-         cleaned, {} writes refused for space",
+         cleaned, {} writes refused for space, {} snapshot extents not taken, {} whole discards",
         ops.join(", "),
         c.refusals,
         c.table_old,
@@ -663,7 +679,9 @@ pub fn report(what: &str, n: u64, c: &Coverage) {
         c.stale_tails,
         c.live_reopens,
         c.cleaned,
-        c.no_space
+        c.no_space,
+        c.extents_not_taken,
+        c.discards
     );
 }
 
