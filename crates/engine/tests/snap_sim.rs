@@ -681,7 +681,7 @@ fn a_rollback_reads_exactly_the_newest_snapshot() {
     let guard = pool.volume("v").unwrap().open_guard();
     assert!(matches!(
         pool.rollback("v@s2"),
-        Err(PoolError::InUse { .. })
+        Err(PoolError::RollbackInUse { .. })
     ));
     drop(guard);
     let pool = reopen(pool, &store);

@@ -149,6 +149,17 @@ impl fmt::Display for PoolError {
                  {size_bytes}: trim it first (e.g. shrink the file system), or pass \
                  --discard to drop it"
             ),
+            PoolError::Table(why) => write!(f, "the pool's volume table is unreadable: {why}"),
+            PoolError::Vol(e) => write!(f, "{e}"),
+            _ => self.fmt_snapshot(f),
+        }
+    }
+}
+
+impl PoolError {
+    /// The messages of the snapshot refusals.
+    fn fmt_snapshot(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             PoolError::BadSnapshotName { name, why } => {
                 write!(f, "invalid snapshot name '{name}': {why}")
             }
@@ -192,8 +203,7 @@ impl fmt::Display for PoolError {
                 f,
                 "volume '{name}' has snapshots or is a clone: it can grow, not shrink"
             ),
-            PoolError::Table(why) => write!(f, "the pool's volume table is unreadable: {why}"),
-            PoolError::Vol(e) => write!(f, "{e}"),
+            other => write!(f, "{other:?}"), // formatted by Display::fmt
         }
     }
 }
