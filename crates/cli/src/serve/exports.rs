@@ -29,7 +29,8 @@ pub fn only(pool: &Pool, export: &str) -> Result<Option<Only>, String> {
         return Ok(None);
     }
     let names: Vec<String> = pool.volumes().into_iter().map(|v| v.name).collect();
-    let volume = if names.iter().any(|n| n == export) {
+    let snapshot = export.contains('@') && pool.volume(export).is_some();
+    let volume = if snapshot || names.iter().any(|n| n == export) {
         export.to_string()
     } else if let [one] = names.as_slice() {
         one.clone()

@@ -9,6 +9,9 @@ use crate::log::Shape;
 use cvol_format::record::RecordKind;
 use cvol_format::{MapEntry, BLOCK_SIZE_BYTES};
 
+/// Blocks a TRIM keeping old entries handles per hold of the state lock.
+const LAYERED_STEP_BLOCKS: u64 = 4096;
+
 impl Volume {
     /// TRIM: whole blocks inside the range become unmapped holes; partial
     /// blocks at the edges are left alone (TRIM is advisory).
@@ -30,14 +33,25 @@ impl Volume {
         self.check_writable()?;
         let first = offset.div_ceil(BLOCK_SIZE_BYTES);
         let end = (offset + len) / BLOCK_SIZE_BYTES;
-        if first < end {
-            let _shared = self.rmw_shared()?;
-            let layers = layers.at(first - offset / BLOCK_SIZE_BYTES);
+        let _shared = self.rmw_shared()?;
+        // With old entries to keep (a REF record each), a long range goes
+        // a part at a time, so that no hold of the lock needs the log room
+        // of a whole 1 GiB discard.
+        let step = if layers.keep.is_some() {
+            LAYERED_STEP_BLOCKS
+        } else {
+            u64::MAX
+        };
+        let mut at = first;
+        while at < end {
+            let stop = end.min(at.saturating_add(step));
+            let layers = layers.at(at - offset / BLOCK_SIZE_BYTES);
             if layers.below.is_empty() {
-                self.unmap_blocks(first, end, &layers)?;
+                self.unmap_blocks(at, stop, &layers)?;
             } else {
-                self.zero_blocks(first, end, &layers)?;
+                self.zero_blocks(at, stop, &layers)?;
             }
+            at = stop;
         }
         self.after_write(fua)
     }
