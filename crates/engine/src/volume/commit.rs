@@ -133,8 +133,11 @@ impl Volume {
         assert!(data.len().is_multiple_of(BS));
         let n = (data.len() / BS) as u64;
         let mut items = self.prepare(lba, data, who)?;
-        self.prefault(lba, lba + n)?;
-        self.prefault_layers(layers, n)?;
+        if *layers == Layers::default() {
+            self.prefault(lba, lba + n)?;
+        } else {
+            self.prefault_layers(layers, n, lba)?;
+        }
         let mut kept = layers.keep.is_none();
         loop {
             let packing = self.sb.packing();

@@ -180,7 +180,7 @@ impl Volume {
     }
 
     fn zero_blocks(&self, first: u64, end: u64, layers: &Layers) -> Result<(), VolError> {
-        self.prefault_layers(layers, end - first)?;
+        self.prefault_layers(layers, end - first, first)?;
         let need = space::zero_blocks_bytes(end - first) + layers.keep_bytes(end - first);
         let mut st = loop {
             let mut st = self.lock_with_space(need)?;

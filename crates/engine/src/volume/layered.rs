@@ -93,18 +93,21 @@ fn unmapped(st: &State, lba: u64) -> bool {
 }
 
 impl Volume {
-    /// Reads the map pages of every layer of `n` blocks outside the lock.
-    pub(super) fn prefault_layers(&self, l: &Layers, n: u64) -> Result<(), VolError> {
-        for &b in &l.below {
-            self.prefault(b, b + n)?;
-        }
+    /// Reads the map pages of `n` blocks from `lba` and of every layer of
+    /// them outside the lock.
+    pub(super) fn prefault_layers(&self, l: &Layers, n: u64, lba: u64) -> Result<(), VolError> {
+        let mut ranges: Vec<(u64, u64)> = (std::iter::once(lba).chain(l.below.iter().copied()))
+            .map(|b| (b, b + n))
+            .collect();
         if let Some(k) = &l.keep {
             let m = n.min(k.blocks);
-            for &t in std::iter::once(&k.target).chain(&k.guards) {
-                self.prefault(t, t + m)?;
-            }
+            ranges.extend(
+                std::iter::once(&k.target)
+                    .chain(&k.guards)
+                    .map(|&t| (t, t + m)),
+            );
         }
-        Ok(())
+        self.prefault_ranges(&ranges)
     }
 
     /// A writer found an old entry to keep in a segment being cleaned (no

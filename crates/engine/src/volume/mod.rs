@@ -196,7 +196,18 @@ impl Volume {
     /// that follows then finds them (or reads what it still misses, e.g. a
     /// record still only in the open segment's buffer).
     fn prefault(&self, first: u64, end: u64) -> Result<(), VolError> {
-        let missing = self.lock_state()?.live.map_mut().missing_pages(first, end);
+        self.prefault_ranges(&[(first, end)])
+    }
+
+    /// `prefault` of several ranges, with one hold of the lock to find
+    /// what is missing.
+    fn prefault_ranges(&self, ranges: &[(u64, u64)]) -> Result<(), VolError> {
+        let missing: Vec<_> = {
+            let mut st = self.lock_state()?;
+            (ranges.iter())
+                .flat_map(|&(a, b)| st.live.map_mut().missing_pages(a, b))
+                .collect()
+        };
         if missing.is_empty() {
             return Ok(());
         }

@@ -222,9 +222,14 @@ impl Volume {
     /// `below`, in ref form when found there), and copies of the records
     /// still only in the open segment's buffer (one short hold of the lock).
     fn read_snapshot(&self, lba: u64, n: usize, below: &[u64]) -> Result<Snapshot, VolError> {
-        self.prefault(lba, lba + n as u64)?;
-        for &b in below {
-            self.prefault(b, b + n as u64)?;
+        let n64 = n as u64;
+        if below.is_empty() {
+            self.prefault(lba, lba + n64)?;
+        } else {
+            let ranges: Vec<_> = (std::iter::once(lba).chain(below.iter().copied()))
+                .map(|b| (b, b + n64))
+                .collect();
+            self.prefault_ranges(&ranges)?;
         }
         let mut st = self.lock_state()?;
         self.fault(&mut st, lba, lba + n as u64)?;
