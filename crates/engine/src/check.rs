@@ -124,6 +124,9 @@ fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep:
         .collect();
     for (s, name) in t.snapshots.iter().zip(&snap_names) {
         for (k, &e) in s.extents.iter().enumerate() {
+            if e == cvol_format::pool::NO_EXTENT {
+                continue; // not taken: reads zeros
+            }
             let end =
                 (s.size_bytes / BLOCK_SIZE_BYTES - k as u64 * EXTENT_BLOCKS).min(EXTENT_BLOCKS);
             owner[e as usize] = Some((name.as_str(), end));

@@ -123,8 +123,8 @@ impl fmt::Display for PoolError {
                 free_bytes,
             } => write!(
                 f,
-                "the pool's volumes may total 16 TiB of logical size, in 1 GiB steps: this \
-                 needs {} GiB more, {} GiB are left",
+                "the pool's volumes and snapshots may total 16 TiB of logical size, in \
+                 1 GiB steps: this needs {} GiB more, {} GiB are left",
                 needed_bytes >> 30,
                 free_bytes >> 30
             ),

@@ -6,7 +6,7 @@
 //! before the block first changes.
 use super::Layout;
 use crate::volume::{Keep, Layers};
-use cvol_format::pool::{PoolTable, SnapState, EXTENT_BLOCKS};
+use cvol_format::pool::{PoolTable, SnapState, EXTENT_BLOCKS, NO_EXTENT};
 use cvol_format::BLOCK_SIZE_BYTES;
 
 /// One layer: its extents and size in blocks.
@@ -18,11 +18,12 @@ pub struct Layer {
 
 impl Layer {
     /// The pool LBA of block `b`, if the layer has it.
+    /// The pool LBA of block `b`, if the layer has it: None beyond its
+    /// size or in an extent not taken (both read as zeros).
     pub(super) fn lba(&self, b: u64) -> Option<u64> {
-        (b < self.blocks).then(|| {
-            u64::from(self.extents[(b / EXTENT_BLOCKS) as usize]) * EXTENT_BLOCKS
-                + b % EXTENT_BLOCKS
-        })
+        let e = *self.extents.get((b / EXTENT_BLOCKS) as usize)?;
+        (b < self.blocks && e != NO_EXTENT)
+            .then(|| u64::from(e) * EXTENT_BLOCKS + b % EXTENT_BLOCKS)
     }
 }
 
@@ -121,14 +122,17 @@ impl Layout {
     /// The layers of the view's block `b` (a request's first).
     pub(super) fn layers_at(&self, b: u64) -> Layers {
         let p = &self.plan;
-        // A layer that ends before `b` ends the chain: what lies below
-        // it is not what the view saw there.
+        // A layer that ends before `b`, or has no extent there, ends the
+        // chain: the view reads zeros there, whatever lies below.
         let below = p.below.iter().map_while(|l| l.lba(b)).collect();
+        // A guard without an extent here read zeros here (its volume held
+        // nothing when it was taken), as if it mapped every block: a
+        // block changed since it needs no keeping in an older target.
         let keep = p.keep.as_ref().and_then(|k| {
             Some(Keep {
                 target: k.lba(b)?,
                 blocks: k.blocks - b,
-                guards: p.guards.iter().filter_map(|g| g.lba(b)).collect(),
+                guards: p.guards.iter().map(|g| g.lba(b)).collect::<Option<_>>()?,
             })
         });
         Layers { below, keep }

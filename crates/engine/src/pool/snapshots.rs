@@ -15,7 +15,7 @@ use super::{free_bytes, now_secs, view_of, Pool, PoolError, VolumeUsage};
 use crate::volume::RangeUsage;
 use cvol_format::pool::{
     extents_for, name_problem, snapshot_name_problem, PoolSnapshot, PoolTable, PoolVolume,
-    SnapState, EXTENT_BLOCKS, EXTENT_BYTES,
+    SnapState, EXTENT_BLOCKS, EXTENT_BYTES, NO_EXTENT,
 };
 use cvol_format::BLOCK_SIZE_BYTES;
 
@@ -54,14 +54,23 @@ pub fn split_snapshot_name(full: &str) -> Result<(&str, &str), PoolError> {
 
 /// The pool ranges of `n` blocks of a layer from its block 0, a range per
 /// extent: (layer block, pool block, blocks).
+/// Extents not taken (`NO_EXTENT`) are skipped.
 fn extent_ranges(extents: &[u32], blocks: u64) -> Vec<(u64, u64, u64)> {
     (0..extents_for(blocks * BLOCK_SIZE_BYTES))
-        .map(|x| {
+        .filter_map(|x| {
             let at = x * EXTENT_BLOCKS;
-            let base = u64::from(extents[x as usize]) * EXTENT_BLOCKS;
-            (at, base, (blocks - at).min(EXTENT_BLOCKS))
+            let base = u64::from(taken(extents, at)?) * EXTENT_BLOCKS;
+            Some((at, base, (blocks - at).min(EXTENT_BLOCKS)))
         })
         .collect()
+}
+
+/// The extent holding a layer's block `at`, if it has one.
+fn taken(extents: &[u32], at: u64) -> Option<u32> {
+    extents
+        .get((at / EXTENT_BLOCKS) as usize)
+        .copied()
+        .filter(|&e| e != NO_EXTENT)
 }
 
 impl Pool {
@@ -138,6 +147,29 @@ impl Pool {
         Ok(extents)
     }
 
+    /// A new snapshot's extents: a fresh one for each extent of `v` that
+    /// holds anything (every one, for a clone, which reads through its
+    /// snapshot), `NO_EXTENT` for the others (the snapshot reads zeros
+    /// there). The volume's requests must be drained.
+    fn snapshot_extents(&self, t: &PoolTable, v: &PoolVolume) -> Result<Vec<u32>, PoolError> {
+        let blocks = v.size_bytes / BLOCK_SIZE_BYTES;
+        let mut held = Vec::with_capacity(v.extents.len());
+        for (x, &e) in v.extents.iter().enumerate() {
+            let first = u64::from(e) * EXTENT_BLOCKS;
+            let n = (blocks - x as u64 * EXTENT_BLOCKS).min(EXTENT_BLOCKS);
+            held.push(v.parent != 0 || self.vol.first_mapped(first, first + n)?.is_some());
+        }
+        let need = held.iter().filter(|&&h| h).count() as u64;
+        let mut fresh = self.fresh_extents(t, need * EXTENT_BYTES)?.into_iter();
+        Ok(held
+            .into_iter()
+            .map(|h| match h {
+                true => fresh.next().expect("one fresh extent each"),
+                false => NO_EXTENT,
+            })
+            .collect())
+    }
+
     /// Takes snapshot `VOLUME@SNAP` of a volume: what its clients were
     /// told was written, made durable first. The volume's requests pause
     /// for a flush and a table write.
@@ -152,10 +184,10 @@ impl Pool {
         if t.snapshot(vname, sname).is_some() {
             return Err(PoolError::SnapshotExists(full.into()));
         }
-        let extents = self.fresh_extents(&t, v.size_bytes)?;
         let view = self.volume(vname).expect("every volume has a view");
         // Requests in flight finish first; new ones wait.
         let mut layout = view.layout.write().map_err(|_| crate::VolError::Poisoned)?;
+        let extents = self.snapshot_extents(&t, &v)?;
         self.vol.flush()?;
         let mut next = t.clone();
         next.snapshots.push(PoolSnapshot {
@@ -224,26 +256,44 @@ impl Pool {
             .last()
             .cloned();
         let blocks = s.size_bytes / BLOCK_SIZE_BYTES;
-        for (at, from, n) in extent_ranges(&s.extents, blocks) {
-            let (to, moved) = match &older {
-                Some(o) if at < o.size_bytes / BLOCK_SIZE_BYTES => {
-                    let to = u64::from(o.extents[(at / EXTENT_BLOCKS) as usize]) * EXTENT_BLOCKS;
-                    (Some(to), n.min(o.size_bytes / BLOCK_SIZE_BYTES - at))
-                }
-                _ => (None, 0),
+        let older_blocks = older
+            .as_ref()
+            .map_or(0, |o| o.size_bytes / BLOCK_SIZE_BYTES);
+        for x in 0..extents_for(s.size_bytes) {
+            let at = x * EXTENT_BLOCKS;
+            let n = (blocks - at).min(EXTENT_BLOCKS);
+            // What the older snapshot reads through this one here: its
+            // blocks up to its own size, if it has an extent here.
+            let to = older.as_ref().and_then(|o| taken(&o.extents, at));
+            let to = to
+                .filter(|_| at < older_blocks)
+                .map(|e| u64::from(e) * EXTENT_BLOCKS);
+            let moved = if to.is_some() {
+                n.min(older_blocks - at)
+            } else {
+                0
             };
-            if moved > 0 {
-                self.vol.move_entries(from, to, moved, true)?;
-            }
-            if moved < n {
-                self.vol
-                    .move_entries(from + moved, None, n - moved, false)?;
+            match (taken(&s.extents, at), to) {
+                (Some(e), _) => {
+                    let from = u64::from(e) * EXTENT_BLOCKS;
+                    if moved > 0 {
+                        self.vol.move_entries(from, to, moved, true)?;
+                    }
+                    if moved < n {
+                        self.vol
+                            .move_entries(from + moved, None, n - moved, false)?;
+                    }
+                }
+                // It read zeros here: so must the older one, after it.
+                (None, Some(to)) => self.vol.fill_zeros(to, moved)?,
+                (None, None) => {}
             }
         }
         self.vol.flush()?;
         let mut next = t.clone();
         next.snapshots.retain(|x| x.id != id);
-        next.pending.extend(&s.extents);
+        next.pending
+            .extend(s.extents.iter().filter(|&&e| e != NO_EXTENT));
         self.commit(t, next)?;
         self.relayout(t, None)?;
         self.settle_pending(t)
@@ -301,9 +351,19 @@ impl Pool {
             .volume_by_id(s.volume)
             .expect("a snapshot's volume")
             .clone();
-        for (at, from, n) in extent_ranges(&s.extents, s.size_bytes / BLOCK_SIZE_BYTES) {
-            let to = u64::from(v.extents[(at / EXTENT_BLOCKS) as usize]) * EXTENT_BLOCKS;
-            self.vol.move_entries(from, Some(to), n, false)?;
+        let blocks = s.size_bytes / BLOCK_SIZE_BYTES;
+        for x in 0..extents_for(s.size_bytes) {
+            let at = x * EXTENT_BLOCKS;
+            let n = (blocks - at).min(EXTENT_BLOCKS);
+            let to = u64::from(v.extents[x as usize]) * EXTENT_BLOCKS;
+            match taken(&s.extents, at) {
+                Some(e) => {
+                    let from = u64::from(e) * EXTENT_BLOCKS;
+                    self.vol.move_entries(from, Some(to), n, false)?;
+                }
+                // The snapshot reads zeros here (the volume held nothing).
+                None => self.vol.move_entries(to, None, n, false)?,
+            }
         }
         self.vol.flush()?;
         self.set_state(t, id, SnapState::Live)

@@ -279,3 +279,74 @@ fn rollback_and_clones() {
     assert_eq!(read(&v, 0), block(1));
     consistent(&p, &sim);
 }
+
+#[test]
+fn a_snapshot_takes_only_the_extents_its_volume_holds_data_in() {
+    let sim = SimStorage::new(64 << 20);
+    let p = Pool::create(Arc::new(sim.clone()), &options(&sim, 3 * EXTENT_BYTES)).unwrap();
+    let v = p.volume("default").unwrap();
+    v.write_at(0, &block(1), false).unwrap();
+    p.create_snapshot("default@a").unwrap();
+    let free_before = p.lock_table().unwrap().free_extents().len();
+    // Extents 1 and 2 were empty: written after the snapshot, it still
+    // reads zeros there, and they cost the pool no extent.
+    v.write_at(EXTENT_BYTES, &block(2), false).unwrap();
+    v.write_at(0, &block(3), false).unwrap();
+    let a = p.volume("default@a").unwrap();
+    assert_eq!(read(&a, EXTENT_BYTES), vec![0u8; BS]);
+    assert_eq!(read(&a, 0), block(1));
+    p.create_snapshot("default@b").unwrap();
+    assert_eq!(
+        p.lock_table().unwrap().free_extents().len(),
+        free_before - 2,
+        "b takes extents 0 and 1 only"
+    );
+    // Changed since a: block 0 (kept in a) and block 1 GiB (a has no
+    // extent there, the volume maps it now).
+    let runs = v
+        .changed_since("a", EXTENT_BYTES, 2 * BS as u64)
+        .unwrap()
+        .unwrap();
+    assert_eq!(runs, vec![(BS as u64, true), (BS as u64, false)]);
+    v.write_at(EXTENT_BYTES, &block(4), false).unwrap();
+    // Deleting b: a read zeros where b kept block 2 (a has no extent there).
+    p.delete_snapshot("default@b", false).unwrap();
+    assert_eq!(read(&a, EXTENT_BYTES), vec![0u8; BS]);
+    assert_eq!(read(&a, 0), block(1));
+    p.rollback("default@a").unwrap();
+    assert_eq!(read(&v, 0), block(1));
+    assert_eq!(
+        read(&v, EXTENT_BYTES),
+        vec![0u8; BS],
+        "rolled back to zeros"
+    );
+    consistent(&p, &sim);
+}
+
+#[test]
+fn deleting_a_snapshot_without_an_extent_keeps_the_older_one_zero_there() {
+    let sim = SimStorage::new(64 << 20);
+    let p = Pool::create(Arc::new(sim.clone()), &options(&sim, 2 * EXTENT_BYTES)).unwrap();
+    let v = p.volume("default").unwrap();
+    v.write_at(EXTENT_BYTES, &block(1), false).unwrap();
+    v.write_at(0, &block(9), false).unwrap();
+    p.create_snapshot("default@old").unwrap();
+    v.trim(EXTENT_BYTES, EXTENT_BYTES, false).unwrap();
+    p.create_snapshot("default@mid").unwrap(); // no extent 1: it was empty
+    v.write_at(EXTENT_BYTES + BS as u64, &block(2), false)
+        .unwrap();
+    let old = p.volume("default@old").unwrap();
+    assert_eq!(read(&old, EXTENT_BYTES), block(1));
+    assert_eq!(read(&old, EXTENT_BYTES + BS as u64), vec![0u8; BS]);
+    p.delete_snapshot("default@mid", false).unwrap();
+    assert_eq!(read(&old, EXTENT_BYTES), block(1));
+    assert_eq!(
+        read(&old, EXTENT_BYTES + BS as u64),
+        vec![0u8; BS],
+        "the volume's later write stays out of the older snapshot"
+    );
+    v.write_at(EXTENT_BYTES + 2 * BS as u64, &block(3), false)
+        .unwrap();
+    assert_eq!(read(&old, EXTENT_BYTES + 2 * BS as u64), vec![0u8; BS]);
+    consistent(&p, &sim);
+}

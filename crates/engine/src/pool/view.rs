@@ -6,7 +6,7 @@
 use super::Layout;
 use crate::error::VolError;
 use crate::volume::{Extent, Layers, Volume, Writer};
-use cvol_format::pool::{SnapState, EXTENT_BYTES};
+use cvol_format::pool::{SnapState, EXTENT_BLOCKS as EXTENT_BLOCKS_U, EXTENT_BYTES, NO_EXTENT};
 use cvol_format::{EntryState, BLOCK_SIZE_BYTES};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
@@ -21,9 +21,10 @@ pub struct VolumeView {
     pub(super) opens: AtomicUsize,
 }
 
-/// A piece of a request inside one extent: (pool offset, bytes, offset in
-/// the request, the layers of its first block).
-type Piece = (u64, u64, usize, Layers);
+/// A piece of a request inside one extent: (pool offset, None in a
+/// snapshot's extent not taken, which reads zeros; bytes; offset in the
+/// request; the layers of its first block).
+type Piece = (Option<u64>, u64, usize, Layers);
 
 fn gone() -> VolError {
     VolError::Io(std::io::Error::new(
@@ -82,8 +83,9 @@ impl VolumeView {
             let b = at / BLOCK_SIZE_BYTES;
             let cut = l.piece_end(b).saturating_mul(BLOCK_SIZE_BYTES);
             let n = (EXTENT_BYTES - within).min(offset + len - at).min(cut - at);
-            let base = u64::from(l.extents[x as usize]) * EXTENT_BYTES;
-            out.push((base + within, n, (at - offset) as usize, l.layers_at(b)));
+            let e = l.extents[x as usize];
+            let p = (e != NO_EXTENT).then(|| u64::from(e) * EXTENT_BYTES + within);
+            out.push((p, n, (at - offset) as usize, l.layers_at(b)));
             at += n;
         }
         Ok(out)
@@ -99,8 +101,11 @@ impl VolumeView {
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), VolError> {
         let l = self.layout()?;
         for (p, n, at, y) in Self::pieces(&l, offset, buf.len() as u64)? {
-            self.vol
-                .read_layered(p, &mut buf[at..at + n as usize], &y.below)?;
+            let out = &mut buf[at..at + n as usize];
+            match p {
+                Some(p) => self.vol.read_layered(p, out, &y.below)?,
+                None => out.fill(0),
+            }
         }
         Ok(())
     }
@@ -110,6 +115,7 @@ impl VolumeView {
         let l = self.layout()?;
         for (p, n, at, y) in Self::pieces(&l, offset, data.len() as u64)? {
             let d = &data[at..at + n as usize];
+            let p = p.ok_or(VolError::ReadOnly)?;
             self.vol.write_layered(Writer::Client, p, d, fua, &y)?;
         }
         Ok(())
@@ -119,7 +125,8 @@ impl VolumeView {
         self.writable()?;
         let l = self.layout()?;
         for (p, n, _, y) in Self::pieces(&l, offset, len)? {
-            self.vol.trim_layered(p, n, fua, &y)?;
+            self.vol
+                .trim_layered(p.ok_or(VolError::ReadOnly)?, n, fua, &y)?;
         }
         Ok(())
     }
@@ -134,6 +141,7 @@ impl VolumeView {
         self.writable()?;
         let l = self.layout()?;
         for (p, n, _, y) in Self::pieces(&l, offset, len)? {
+            let p = p.ok_or(VolError::ReadOnly)?;
             self.vol.write_zeroes_layered(p, n, no_hole, fua, &y)?;
         }
         Ok(())
@@ -149,7 +157,13 @@ impl VolumeView {
         let l = self.layout()?;
         let pieces = Self::pieces(&l, offset, len)?;
         let (p, n, _, y) = pieces.first().ok_or(VolError::OutOfRange)?;
-        self.vol.block_status_layered(*p, *n, &y.below)
+        match p {
+            Some(p) => self.vol.block_status_layered(*p, *n, &y.below),
+            None => Ok(vec![Extent {
+                length: *n,
+                zero: true,
+            }]),
+        }
     }
 
     /// The names of the snapshots whose changed blocks this view can
@@ -189,7 +203,16 @@ impl VolumeView {
             return Ok(Some(vec![(*n, true)]));
         }
         let end = (offset + n).min(since.blocks * BLOCK_SIZE_BYTES);
-        let bases: Vec<u64> = snaps[k..].iter().filter_map(|(_, _, s)| s.lba(b)).collect();
+        let lbas: Vec<Option<u64>> = snaps[k..].iter().map(|(_, _, s)| s.lba(b)).collect();
+        let mut bases: Vec<u64> = lbas.iter().flatten().copied().collect();
+        if lbas.iter().any(Option::is_none) {
+            // The volume held nothing there when one of these snapshots
+            // was taken (it has no extent there): every block it maps now
+            // was written since.
+            let own = u64::from(l.extents[(b / EXTENT_BLOCKS_U) as usize]) * EXTENT_BLOCKS_U
+                + b % EXTENT_BLOCKS_U;
+            bases.push(own);
+        }
         let within = offset % BLOCK_SIZE_BYTES;
         let mut runs = self.vol.layered_runs(
             bases[0] * BLOCK_SIZE_BYTES + within,

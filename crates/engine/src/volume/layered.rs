@@ -263,6 +263,36 @@ impl Volume {
         Ok(true)
     }
 
+    /// Makes every unmapped block of the `n` from `first` a zero block
+    /// (ZERO records), a page per hold of the state lock: a layer that
+    /// read zeros through another that goes away keeps reading zeros.
+    pub fn fill_zeros(&self, first: u64, n: u64) -> Result<(), VolError> {
+        self.check_range(first * BLOCK_SIZE_BYTES, n * BLOCK_SIZE_BYTES)?;
+        self.check_writable()?;
+        let _shared = self.rmw_shared()?;
+        let mut i = 0;
+        while i < n {
+            let (at, m) = (first + i, (PAGE - (first + i) % PAGE).min(n - i));
+            self.prefault(at, at + m)?;
+            let mut st = self.lock_with_space(super::space::zero_blocks_bytes(m))?;
+            self.fault(&mut st, at, at + m)?;
+            let mut run: Option<(u64, u32)> = None;
+            for l in at..at + m {
+                if !unmapped(&st, l) {
+                    self.zero_run(&mut st, run.take())?;
+                    continue;
+                }
+                run = match run {
+                    Some((s, c)) => Some((s, c + 1)),
+                    None => Some((l, 1)),
+                };
+            }
+            self.zero_run(&mut st, run)?;
+            i += m;
+        }
+        Ok(())
+    }
+
     /// Runs of blocks from the one holding `offset` up to `offset + len`
     /// (at least the first block; at most `RUNS_MAX` runs), each `(bytes,
     /// class)`: `class` gets the entries of one block in each of `bases`

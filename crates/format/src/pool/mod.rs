@@ -173,7 +173,9 @@ impl PoolTable {
             used[*e as usize] = true;
         }
         for e in self.snapshots.iter().flat_map(|s| &s.extents) {
-            used[*e as usize] = true;
+            if *e != NO_EXTENT {
+                used[*e as usize] = true;
+            }
         }
         for e in &self.pending {
             used[*e as usize] = true;
@@ -337,7 +339,7 @@ impl PoolTable {
             }
         }
         for s in &self.snapshots {
-            for &e in &s.extents {
+            for &e in s.extents.iter().filter(|&&e| e != NO_EXTENT) {
                 take(e)?;
             }
         }
@@ -405,7 +407,7 @@ impl Reader<'_> {
 }
 
 mod snap;
-pub use snap::{snapshot_name_problem, PoolSnapshot, SnapState};
+pub use snap::{snapshot_name_problem, PoolSnapshot, SnapState, NO_EXTENT};
 
 #[cfg(test)]
 mod tests;

@@ -22,9 +22,17 @@
 //!    volume is being rolled back to it)
 //! 4  extent count (exactly ceil(size / 1 GiB)), then the extents, u32 each
 //! ```
-//! Snapshots are listed in id order, which is creation order.
+//! Snapshots are listed in id order, which is creation order. A snapshot
+//! extent `NO_EXTENT` (0xffff_ffff) is *not taken*: the volume held
+//! nothing there when the snapshot was taken (and is not a clone), so the
+//! snapshot reads zeros there, keeps nothing there and reads through
+//! nothing: a snapshot of a big, sparsely written volume takes only the
+//! extents its volume had data in.
 use super::{extents_for, name_problem, put_u32, put_u64, PoolTable, Reader, POOL_EXTENTS};
 use crate::{FormatError, BLOCK_SIZE_BYTES, LOGICAL_SIZE_MAX_BYTES};
+
+/// A snapshot extent that is not taken: the snapshot reads zeros there.
+pub const NO_EXTENT: u32 = u32::MAX;
 
 /// What a snapshot is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
