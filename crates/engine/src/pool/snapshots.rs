@@ -196,6 +196,10 @@ impl Pool {
             return Err(PoolError::SnapshotExists(full.into()));
         }
         let view = self.volume(vname).expect("every volume has a view");
+        // Most of what clients wrote is made durable while they go on;
+        // the flush under the drained volume then syncs only the rest, so
+        // the pause is short.
+        self.vol.flush()?;
         // Requests in flight finish first; new ones wait.
         let mut layout = view.layout.write().map_err(|_| crate::VolError::Poisoned)?;
         let extents = self.snapshot_extents(&t, &v)?;

@@ -206,6 +206,16 @@ impl Volume {
         let _shared = self.rmw_shared()?;
         let mut i = 0;
         while i < n {
+            // Pages that hold nothing are skipped, a lock hold for all.
+            let next = self
+                .lock_state()?
+                .live
+                .map()
+                .next_allocated_page_lba(from + i);
+            match next.filter(|&l| l < from + n) {
+                Some(l) => i = l - from,
+                None => break,
+            }
             let m = (PAGE - (from + i) % PAGE).min(n - i);
             if self.move_page(from + i, to.map(|t| t + i), m, only_empty)? {
                 i += m;
