@@ -168,6 +168,19 @@ pub fn parse_codec(s: &str) -> Result<CodecPolicy, Error> {
     })
 }
 
+/// Prints `text` to stdout; a reader that stopped early (`| grep -q`,
+/// `| head`) is not an error, and no panic either.
+pub fn print_out(text: &str) -> Result<(), crate::error::Error> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(crate::error::Error::io("stdout", e))
+        }
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,18 +208,5 @@ mod tests {
         let e = parse_codec("zstd:99").unwrap_err().to_string();
         assert!(e.contains("out of range"), "{e}");
         assert!(codec_help().contains(&auto_words(Codec::Zstd(9))));
-    }
-}
-
-/// Prints `text` to stdout; a reader that stopped early (`| grep -q`,
-/// `| head`) is not an error, and no panic either.
-pub fn print_out(text: &str) -> Result<(), crate::error::Error> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(crate::error::Error::io("stdout", e))
-        }
-        _ => Ok(()),
     }
 }
