@@ -35,6 +35,8 @@
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+# shellcheck source=fuse-loop.sh
+. "$E2E_DIR/fuse-loop.sh"
 
 need_root
 need nbdinfo nbdcopy nbdfuse losetup mkfs.ext4 e2fsck resize2fs mount umount mountpoint diff tar
@@ -96,62 +98,8 @@ vol() {
 
 # ------------------------------------------------------- nbdfuse + loop ----
 
-declare -a LOOPS FPIDS
-# attach I NAME BYTES -- nbdfuse export NAME on $E2E_TMP/fuseI, a loop device
-# on it in LOOPS[I]
-attach() {
-    local i=$1 name=$2 bytes=$3 dir=$E2E_TMP/fuse$1 sz
-    mkdir -p "$dir"
-    nbdfuse "$dir" "$(uri "$name")" >"$E2E_TMP/nbdfuse$i.log" 2>&1 &
-    FPIDS[i]=$!
-    reg_pid "${FPIDS[i]}"
-    reg_fuse "$dir"
-    wait_until 20 "nbdfuse to expose $dir/nbd" test -f "$dir/nbd"
-    sz=$(stat -c %s "$dir/nbd")
-    ((sz == bytes)) || fail "export '$name' through nbdfuse has size $sz, expected $bytes"
-    LOOPS[i]=$(losetup -f --show "$dir/nbd") || fail "losetup on $dir/nbd failed"
-    reg_loop "${LOOPS[i]}"
-}
-# detach I [dead] -- loop device and nbdfuse away (dead: the server was
-# killed, so nbdfuse's exit status and a failing FUSE unmount are expected)
-detach() {
-    local i=$1 dead=${2:-} dir=$E2E_TMP/fuse$1 loop=${LOOPS[$1]} pid=${FPIDS[$1]} rc=0
-    losetup -d "$loop" || fail "losetup -d $loop failed"
-    unreg_loop "$loop"
-    wait_until 20 "$loop to detach" bash -c "! losetup '$loop' >/dev/null 2>&1"
-    fuse_unmount "$dir" 2>/dev/null || [[ -n $dead ]] || fail "unmounting FUSE $dir failed"
-    if [[ -n $dead ]] && mountpoint -q "$dir"; then umount -l "$dir" || true; fi
-    unreg_fuse "$dir"
-    wait_until 20 "nbdfuse to exit" bash -c "! kill -0 $pid 2>/dev/null || grep -q '^State:.*Z' /proc/$pid/status"
-    wait "$pid" || rc=$?
-    unreg_pid "$pid"
-    ((rc == 0)) || [[ -n $dead ]] || fail "nbdfuse exited with status $rc: $(cat "$E2E_TMP/nbdfuse$i.log")"
-}
-mount_fs() {
-    mkdir -p "$E2E_TMP/fs$1"
-    mount -t ext4 "${LOOPS[$1]}" "$E2E_TMP/fs$1" || fail "mount ${LOOPS[$1]} (fs$1) failed"
-    reg_mount "$E2E_TMP/fs$1"
-}
-umount_fs() {
-    umount "$E2E_TMP/fs$1" || fail "umount fs$1 failed"
-    unreg_mount "$E2E_TMP/fs$1"
-}
-# fsck_clean I WHAT
-fsck_clean() {
-    local rc=0
-    e2fsck -fn "${LOOPS[$1]}" >"$E2E_TMP/e2fsck$1.txt" 2>&1 || rc=$?
-    if ((rc != 0)); then
-        cat "$E2E_TMP/e2fsck$1.txt"
-        fail "e2fsck -fn of fs$1 ($2) reported problems (exit $rc)"
-    fi
-}
-# same_tree SRC DST WHAT
-same_tree() {
-    diff -r --no-dereference "$1" "$2" >"$E2E_TMP/diff.txt" 2>&1 || {
-        head -n 20 "$E2E_TMP/diff.txt"
-        fail "$3: diff -r $1 vs $2: differences found"
-    }
-}
+# attach I NAME BYTES -- nbdfuse + loop of export NAME (fuse-loop.sh)
+attach() { fuse_attach "$1" "$(uri "$2")" "$3"; }
 
 T_START=$(date +%s)
 declare -A TOOK
@@ -204,25 +152,7 @@ print(" ".join("%s:%d" % (x["export-name"], x["export-size"]) for x in sorted(e,
 
 # -------------------------------------------------------------- ext4 ----
 
-pick_sources() {
-    local d mb
-    if [[ -n ${E2E_POOLS_SRCS:-} ]]; then
-        read -ra SRCS <<<"$E2E_POOLS_SRCS"
-        ((${#SRCS[@]} >= 6)) || fail "E2E_POOLS_SRCS: six directories needed"
-        return
-    fi
-    SRCS=()
-    for d in /usr/share/vim /usr/lib/python3.[0-9]* /usr/lib/x86_64-linux-gnu/perl /usr/share/perl \
-        /usr/lib/git-core /usr/share/i18n /usr/share/man /usr/share/doc /usr/lib/gcc \
-        /usr/share/locale /usr/include /usr/sbin; do
-        [[ -d "$d" ]] || continue
-        mb=$(du -sm "$d" 2>/dev/null | cut -f1)
-        if ((mb >= 15 && mb <= 60)); then SRCS+=("$d"); fi
-        ((${#SRCS[@]} < 6)) || return 0
-    done
-    ((${#SRCS[@]} >= 3)) || fail "fewer than 3 source trees of 15-60 MB found; set E2E_POOLS_SRCS"
-    while ((${#SRCS[@]} < 6)); do SRCS+=("${SRCS[${#SRCS[@]} - 3]}"); done
-}
+pick_sources() { pick_trees 6 E2E_POOLS_SRCS; }
 
 # writer I -- round two: copy trees into fs I, `sync -f` after each; a line
 # "synced N" once copy N is durable. Stops at the first error.
