@@ -35,8 +35,8 @@
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
-# shellcheck source=fuse-loop.sh
-. "$E2E_DIR/fuse-loop.sh"
+# shellcheck source=pool-lib.sh
+. "$E2E_DIR/pool-lib.sh"
 
 need_root
 need nbdinfo nbdcopy nbdfuse losetup mkfs.ext4 e2fsck resize2fs mount umount mountpoint diff tar
@@ -63,7 +63,6 @@ wants() { [[ " $PARTS " == *" $1 "* ]]; }
 
 # uri NAME -- the export NAME of the current server
 uri() { echo "nbd+unix:///$1?socket=$SRV_SOCK"; }
-mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 vsize() { nbdinfo --size "$(uri "$1")" || fail "nbdinfo --size of export '$1' failed"; }
 
 # list_json POOL OUT -- `cvol volume list POOL --json` into OUT
@@ -76,17 +75,6 @@ v = json.load(open(sys.argv[1]))["volumes"]
 print(" ".join("%s:%d" % (x["name"], x["size_bytes"]) for x in sorted(v, key=lambda x: x["name"])))' \
         "$E2E_TMP/list.json"
 }
-# stat_key POOL KEY [VOLUME]
-stat_key() {
-    local out=$E2E_TMP/stat.json
-    if [[ -n ${3:-} ]]; then
-        "$CVOL" stat "$1" --volume "$3" --json >"$out" || fail "cvol stat $1 --volume $3 --json failed"
-    else
-        cvol_stat_json "$1" "$out"
-    fi
-    json_get "$out" "$2"
-}
-du_b() { du -B1 "$1" | cut -f1; }
 
 # vol CMD POOL NAME ARGS... -- `cvol volume CMD`, which must succeed
 vol() {
@@ -98,7 +86,7 @@ vol() {
 
 # ------------------------------------------------------- nbdfuse + loop ----
 
-# attach I NAME BYTES -- nbdfuse + loop of export NAME (fuse-loop.sh)
+# attach I NAME BYTES -- nbdfuse + loop of export NAME (pool-lib.sh)
 attach() { fuse_attach "$1" "$(uri "$2")" "$3"; }
 
 T_START=$(date +%s)
@@ -254,23 +242,6 @@ h.flush()
 h.shutdown()' "$(uri "$1")" || fail "writing unique data into $1 failed"
 }
 
-# settle POOL -- wait (at most 90 s) for the idle cleaner: until two polls
-# 5 s apart see the same physical_used_bytes; sets SETTLE_S
-settle() {
-    local t0 last=-1 pu f=$E2E_TMP/stat.json
-    t0=$(date +%s)
-    while :; do
-        sleep 5
-        pu=$(stat_key "$1" physical_used_bytes)
-        log "  idle: physical_used $(mib "$pu"), dead $(mib "$(json_get "$f" dead_bytes)")" \
-            "(reclaimable $(mib "$(json_get "$f" reclaimable_bytes)")), live $(mib "$(json_get "$f" live_bytes)")," \
-            "idle cleaning passes $(json_get "$f" idle_clean_passes), du $(mib "$(du_b "$1")")"
-        ((pu != last)) || break
-        last=$pu
-        (($(date +%s) - t0 < 90)) || fail "physical_used_bytes still changing after 90 s ($(mib "$pu"))"
-    done
-    SETTLE_S=$(($(date +%s) - t0))
-}
 # idle_target POOL WHAT -- idle cleaning collects dead space in segments at
 # most 90% live until it is at most 5% of the live bytes (`serve
 # --idle-clean`): once settled, what it could still collect is under that.

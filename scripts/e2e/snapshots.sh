@@ -51,8 +51,8 @@
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
-# shellcheck source=fuse-loop.sh
-. "$E2E_DIR/fuse-loop.sh"
+# shellcheck source=pool-lib.sh
+. "$E2E_DIR/pool-lib.sh"
 
 need_root
 need nbdinfo nbdcopy nbdfuse qemu-io losetup mkfs.ext4 e2fsck mount umount mountpoint diff sha256sum cmp
@@ -76,8 +76,6 @@ done
 # uri NAME -- the export NAME of the current server ('@' percent-encoded as
 # %40: libnbd and qemu accept it raw too, the ext4 part checks both)
 uri() { echo "nbd+unix:///${1//@/%40}?socket=$SRV_SOCK"; }
-mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
-du_b() { du -B1 "$1" | cut -f1; }
 # sha NAME -- sha256 of the whole export NAME
 sha() {
     local s
@@ -120,7 +118,7 @@ halt() {
 
 # ------------------------------------------------------- nbdfuse + loop ----
 
-# attach I NAME BYTES [ro] -- nbdfuse + loop of export NAME (fuse-loop.sh);
+# attach I NAME BYTES [ro] -- nbdfuse + loop of export NAME (pool-lib.sh);
 # nbdfuse takes the '@' raw here (the ext4 part's read-only mount)
 attach() {
     local u
@@ -487,22 +485,6 @@ part_errors() {
 
 # ------------------------------------------------------------ delete ----
 
-# settle -- wait (at most 90 s) until two polls 5 s apart see the same
-# physical_used_bytes; sets SETTLE_S
-settle() {
-    local t0 last=-1 pu
-    t0=$(date +%s)
-    while :; do
-        sleep 5
-        cvol_stat_json "$POOL" "$E2E_TMP/stat.json"
-        pu=$(json_get "$E2E_TMP/stat.json" physical_used_bytes)
-        log "  idle: physical_used $(mib "$pu"), reclaimable $(mib "$(json_get "$E2E_TMP/stat.json" reclaimable_bytes)"), du $(mib "$(du_b "$POOL")")"
-        ((pu != last)) || break
-        last=$pu
-        (($(date +%s) - t0 < 90)) || fail "physical_used_bytes still changing after 90 s ($(mib "$pu"))"
-    done
-    SETTLE_S=$(($(date +%s) - t0))
-}
 
 part_delete() {
     local rc=0 s unique=0 u x before after vols v
@@ -550,7 +532,7 @@ part_delete() {
     log "all deleted; the volumes ($vols) read as before"
 
     step "delete: the idle cleaner gives the space back"
-    settle
+    settle "$POOL"
     after=$(du_b "$POOL")
     local dead reclaimable live
     dead=$(json_get "$E2E_TMP/stat.json" dead_bytes)

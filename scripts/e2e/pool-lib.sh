@@ -1,8 +1,39 @@
 # shellcheck shell=bash
-# ext4 on cvol exports through nbdfuse and a loop device, for the e2e
-# scripts that mount several (pools.sh, snapshots.sh). Source it after
-# lib.sh; it uses lib.sh's reg_*/unreg_* cleanup registry, wait_until,
-# fuse_unmount and fail, and $E2E_TMP.
+# Helpers of the pool e2e tests (pools.sh, snapshots.sh): ext4 on cvol
+# exports through nbdfuse and a loop device, the pool's statistics, the
+# wait for idle cleaning. Source it after lib.sh; it uses lib.sh's
+# reg_*/unreg_* cleanup registry, wait_until, fuse_unmount, json_get,
+# cvol_stat_json and fail, and $E2E_TMP, $CVOL.
+
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+du_b() { du -B1 "$1" | cut -f1; }
+# stat_key POOL KEY [VOLUME]
+stat_key() {
+    local out=$E2E_TMP/stat.json
+    if [[ -n ${3:-} ]]; then
+        "$CVOL" stat "$1" --volume "$3" --json >"$out" || fail "cvol stat $1 --volume $3 --json failed"
+    else
+        cvol_stat_json "$1" "$out"
+    fi
+    json_get "$out" "$2"
+}
+# settle POOL -- wait (at most 90 s) for the idle cleaner: until two polls
+# 5 s apart see the same physical_used_bytes; sets SETTLE_S
+settle() {
+    local t0 last=-1 pu f=$E2E_TMP/stat.json
+    t0=$(date +%s)
+    while :; do
+        sleep 5
+        pu=$(stat_key "$1" physical_used_bytes)
+        log "  idle: physical_used $(mib "$pu"), dead $(mib "$(json_get "$f" dead_bytes)")" \
+            "(reclaimable $(mib "$(json_get "$f" reclaimable_bytes)")), live $(mib "$(json_get "$f" live_bytes)")," \
+            "idle cleaning passes $(json_get "$f" idle_clean_passes), du $(mib "$(du_b "$1")")"
+        ((pu != last)) || break
+        last=$pu
+        (($(date +%s) - t0 < 90)) || fail "physical_used_bytes still changing after 90 s ($(mib "$pu"))"
+    done
+    SETTLE_S=$(($(date +%s) - t0))
+}
 
 declare -a LOOPS FPIDS
 # fuse_attach I URI BYTES [ro] -- nbdfuse of URI on $E2E_TMP/fuseI, a loop
