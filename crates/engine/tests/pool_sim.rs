@@ -26,6 +26,7 @@
 //! More:     `CVOL_POOL_SIM_SEEDS=2000 cargo test --release -p cvol-engine --test pool_sim`
 //! (and `CVOL_POOL_FAULT_SEED`, `CVOL_POOL_FAULT_SEEDS` for the fault simulation).
 mod common;
+use common::pools;
 use common::seeds;
 use common::sim::{self, h};
 use common::{BS, MIB};
@@ -180,35 +181,6 @@ fn content(rng: &mut StdRng, id: u64, block: u64, len: usize) -> Vec<u8> {
     }
 }
 
-/// A block the workload touches: near the start, near the end, or around
-/// an extent boundary inside the volume.
-fn hot_block(rng: &mut StdRng, blocks: u64) -> u64 {
-    let near = |at: u64, rng: &mut StdRng| at.saturating_sub(HOT) + rng.gen_range(0..2 * HOT);
-    let b = match rng.gen_range(0..3) {
-        0 => rng.gen_range(0..HOT),
-        1 => near(blocks, rng),
-        _ => near(
-            EXTENT_BLOCKS * rng.gen_range(1..=blocks.div_ceil(EXTENT_BLOCKS)),
-            rng,
-        ),
-    };
-    b.min(blocks - 1)
-}
-
-/// A volume size in blocks: small, or just below or above an extent
-/// boundary (two extents).
-fn size_blocks(rng: &mut StdRng) -> u64 {
-    match rng.gen_range(0..5) {
-        0 => EXTENT_BLOCKS - rng.gen_range(0..HOT),
-        1 => EXTENT_BLOCKS + rng.gen_range(1..2 * HOT),
-        _ => rng.gen_range(8..4 * HOT),
-    }
-}
-
-fn is_io(e: &VolError) -> bool {
-    matches!(e, VolError::Io(_) | VolError::Poisoned)
-}
-
 /// What the seeds exercised.
 #[derive(Default)]
 struct Coverage {
@@ -263,7 +235,7 @@ enum PoolOp {
 fn pick_pool_op(rng: &mut StdRng, m: &PoolModel) -> PoolOp {
     let name = NAMES[rng.gen_range(0..NAMES.len())].to_string();
     if !m.vols.contains_key(&name) || rng.gen_ratio(1, 8) {
-        PoolOp::Create(name, size_blocks(rng) * BSU)
+        PoolOp::Create(name, pools::size_blocks(rng, HOT, 5) * BSU)
     } else if rng.gen_ratio(1, 3) {
         PoolOp::Delete(name)
     } else {
@@ -272,7 +244,7 @@ fn pick_pool_op(rng: &mut StdRng, m: &PoolModel) -> PoolOp {
         let cur = m.vols[&name].blocks;
         let blocks = match rng.gen_bool(0.5) {
             true => (cur + rng.gen_range(0..2 * HOT)).saturating_sub(HOT).max(1),
-            false => size_blocks(rng),
+            false => pools::size_blocks(rng, HOT, 5),
         };
         PoolOp::Resize(name, blocks * BSU, rng.gen_bool(0.6))
     }
@@ -340,7 +312,7 @@ fn pool_op(
             *m = next;
         }
         (Ok(()), None) => panic!("an operation the model refuses succeeded"),
-        (Err(PoolError::Vol(e)), after) if is_io(&e) => {
+        (Err(PoolError::Vol(e)), after) if pools::is_io(&e) => {
             let k = key_of(pool);
             let took = after.as_ref().is_some_and(|(n, _)| n.key() == k);
             assert!(took || m.key() == k, "after a failed operation: {k:?}");
@@ -382,7 +354,7 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng) -> bool {
     let view = pool
         .volume(name)
         .expect("every volume of the table has a view");
-    let (blocks, first) = (vm.blocks, hot_block(rng, vm.blocks));
+    let (blocks, first) = (vm.blocks, pools::hot_block(rng, vm.blocks, HOT));
     let nb = rng.gen_range(1..=8).min(blocks - first);
     let (off, len) = (first * BSU, nb * BSU);
     let (r, effect, fua) = match rng.gen_range(0..100) {
@@ -432,7 +404,7 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng) -> bool {
     };
     match r {
         Err(VolError::NoSpace) => return true,
-        Err(ref e) if !is_io(e) => panic!("unexpected error: {e}"),
+        Err(ref e) if !pools::is_io(e) => panic!("unexpected error: {e}"),
         _ => {}
     }
     if let Some(data) = effect {
@@ -602,7 +574,7 @@ fn check_reopened(
 /// A new pool on a new store: `default` of a random size.
 fn new_pool(rng: &mut StdRng) -> (SimStorage, Pool, PoolModel) {
     let store = SimStorage::new(STORE_BYTES);
-    let blocks = size_blocks(rng);
+    let blocks = pools::size_blocks(rng, HOT, 5);
     let codec = [Codec::Lz4, Codec::None, Codec::Zstd(1)][rng.gen_range(0..3)];
     let opts = common::options(&store, blocks * BSU)
         .with_codec(codec)

@@ -32,6 +32,7 @@
 mod common;
 #[path = "snap_sim/model.rs"]
 mod model;
+use common::pools;
 use common::seeds;
 use common::sim::{self, h};
 use common::{BS, MIB};
@@ -69,33 +70,6 @@ fn content(rng: &mut StdRng, id: u64, block: u64, len: usize) -> Vec<u8> {
     }
 }
 
-/// Near the start, near the end, or around an extent boundary.
-fn hot_block(rng: &mut StdRng, blocks: u64) -> u64 {
-    let near = |at: u64, rng: &mut StdRng| at.saturating_sub(HOT) + rng.gen_range(0..2 * HOT);
-    let b = match rng.gen_range(0..3) {
-        0 => rng.gen_range(0..HOT),
-        1 => near(blocks, rng),
-        _ => near(
-            EXTENT_BLOCKS * rng.gen_range(1..=blocks.div_ceil(EXTENT_BLOCKS)),
-            rng,
-        ),
-    };
-    b.min(blocks - 1)
-}
-
-/// Small, or just below or above an extent boundary.
-fn size_blocks(rng: &mut StdRng) -> u64 {
-    match rng.gen_range(0..6) {
-        0 => EXTENT_BLOCKS - rng.gen_range(0..HOT),
-        1 => EXTENT_BLOCKS + rng.gen_range(1..2 * HOT),
-        _ => rng.gen_range(8..4 * HOT),
-    }
-}
-
-fn is_io(e: &VolError) -> bool {
-    matches!(e, VolError::Io(_) | VolError::Poisoned)
-}
-
 /// The oldest, the newest or one between, of a volume's snapshots.
 fn pick_snap(rng: &mut StdRng, v: &VolModel) -> Option<String> {
     let n = v.snaps.len();
@@ -111,7 +85,7 @@ fn pick_pool_op(rng: &mut StdRng, m: &PoolModel) -> PoolOp {
     let other = VOLS[rng.gen_range(0..VOLS.len())].to_string();
     let names: Vec<&String> = m.vols.keys().collect();
     let Some(&name) = names.get(rng.gen_range(0..names.len().max(1))) else {
-        return PoolOp::Create(other, size_blocks(rng) * BSU);
+        return PoolOp::Create(other, pools::size_blocks(rng, HOT, 6) * BSU);
     };
     let (n, v) = (name.clone(), &m.vols[name]);
     let snap = pick_snap(rng, v);
@@ -129,13 +103,13 @@ fn pick_pool_op(rng: &mut StdRng, m: &PoolModel) -> PoolOp {
         (74..88, _) => {
             let cur = v.blocks;
             let blocks = match rng.gen_range(0..4) {
-                0 => size_blocks(rng),
+                0 => pools::size_blocks(rng, HOT, 6),
                 1 => cur.saturating_sub(rng.gen_range(1..HOT)).max(1),
                 _ => cur + rng.gen_range(0..2 * HOT),
             };
             PoolOp::Resize(n, blocks * BSU)
         }
-        (88..94, _) => PoolOp::Create(other, size_blocks(rng) * BSU),
+        (88..94, _) => PoolOp::Create(other, pools::size_blocks(rng, HOT, 6) * BSU),
         _ => PoolOp::Delete(n),
     }
 }
@@ -159,7 +133,7 @@ fn pool_op(
             *m = next;
         }
         (Ok(()), Err(want)) => panic!("{op:?} succeeded, the model expected {want:?}"),
-        (Err(PoolError::Vol(e)), after) if is_io(&e) => {
+        (Err(PoolError::Vol(e)), after) if pools::is_io(&e) => {
             let alt = after.ok().map(|(n, kind, _)| (n, kind));
             let k = key_of(pool);
             let took = alt.as_ref().is_some_and(|(n, _)| n.key() == k);
@@ -187,7 +161,7 @@ fn snapshot_op(pool: &Pool, m: &PoolModel, rng: &mut StdRng, cov: &mut Coverage)
     let (v, s) = snaps[rng.gen_range(0..snaps.len())];
     let full = format!("{v}@{}", s.name);
     let view = pool.volume(&full).expect("a view of every snapshot");
-    let first = hot_block(rng, s.blocks);
+    let first = pools::hot_block(rng, s.blocks, HOT);
     let nb = rng.gen_range(1..=8).min(s.blocks - first);
     let (off, len) = (first * BSU, nb * BSU);
     let r = match rng.gen_range(0..8) {
@@ -223,7 +197,7 @@ fn snapshot_op(pool: &Pool, m: &PoolModel, rng: &mut StdRng, cov: &mut Coverage)
 fn is_ok_or_space(r: Result<(), VolError>) -> bool {
     match r {
         Ok(()) | Err(VolError::NoSpace) => true,
-        Err(e) if is_io(&e) => false,
+        Err(e) if pools::is_io(&e) => false,
         Err(e) => panic!("cleaning: {e}"),
     }
 }
@@ -238,7 +212,7 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
     let name = &names[rng.gen_range(0..names.len())];
     let vm = m.vols.get_mut(name).expect("a volume of the model");
     let view = pool.volume(name).expect("a view of every volume");
-    let first = hot_block(rng, vm.blocks);
+    let first = pools::hot_block(rng, vm.blocks, HOT);
     let most = [8, 8, 32][rng.gen_range(0..3)];
     let nb = rng.gen_range(1..=most).min(vm.blocks - first);
     let (off, len) = (first * BSU, nb * BSU);
@@ -304,7 +278,7 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
             cov.no_space += 1;
             return true;
         }
-        Err(ref e) if !is_io(e) => panic!("unexpected error: {e}"),
+        Err(ref e) if !pools::is_io(e) => panic!("unexpected error: {e}"),
         _ => {}
     }
     if let Some(data) = effect {
@@ -372,7 +346,10 @@ fn run_ops(
 /// A new pool on a new store: `default` and `a`, of random sizes.
 fn new_pool(rng: &mut StdRng) -> (SimStorage, Pool, PoolModel) {
     let store = SimStorage::new(STORE_BYTES);
-    let (b0, b1) = (size_blocks(rng), size_blocks(rng));
+    let (b0, b1) = (
+        pools::size_blocks(rng, HOT, 6),
+        pools::size_blocks(rng, HOT, 6),
+    );
     let codec = [Codec::Lz4, Codec::None, Codec::Zstd(1)][rng.gen_range(0..3)];
     let opts = common::options(&store, b0 * BSU)
         .with_codec(codec)

@@ -3,6 +3,7 @@
 //! `sim` is what the seeded simulations share (their oracle), `seeds` how
 //! they pick seeds.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
+pub mod pools;
 pub mod seeds;
 pub mod sim;
 pub mod stores;
