@@ -5,6 +5,15 @@
 # reg_*/unreg_* cleanup registry, wait_until, fuse_unmount, json_get,
 # cvol_stat_json and fail, and $E2E_TMP, $CVOL.
 
+# timed PART ARGS... -- runs PART ARGS..., its seconds in TOOK[PART]
+declare -A TOOK
+timed() {
+    local t0
+    t0=$(date +%s)
+    "$@"
+    TOOK[$1]=$(($(date +%s) - t0))
+}
+
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 du_b() { du -B1 "$1" | cut -f1; }
 # stat_key POOL KEY [VOLUME]

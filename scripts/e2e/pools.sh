@@ -90,13 +90,6 @@ vol() {
 attach() { fuse_attach "$1" "$(uri "$2")" "$3"; }
 
 T_START=$(date +%s)
-declare -A TOOK
-timed() {
-    local t0
-    t0=$(date +%s)
-    "$@"
-    TOOK[$1]=$(($(date +%s) - t0))
-}
 
 "$CVOL" create "$POOL" --size 1G --physical-size 3G >/dev/null 2>&1 || fail "cvol create $POOL failed"
 

@@ -130,13 +130,6 @@ attach() {
 pick_sources() { pick_trees 2 E2E_SNAP_SRCS; }
 
 T_START=$(date +%s)
-declare -A TOOK
-timed() {
-    local t0
-    t0=$(date +%s)
-    "$@"
-    TOOK[$1]=$(($(date +%s) - t0))
-}
 
 "$CVOL" create "$POOL" --size $((VOL_BYTES / MIB))M --physical-size 4G >/dev/null 2>&1 || fail "cvol create $POOL failed"
 SHA_ONE="" # what default@one reads, once taken

@@ -373,6 +373,38 @@ impl Pool {
         Ok(())
     }
 
+    /// Free extents for `size_bytes`, lowest first, holding nothing: free
+    /// extents hold nothing unless a crash cut a delete short before it
+    /// wrote its table; what is mapped there is unmapped, durably, before
+    /// a table names them.
+    fn fresh_extents(&self, t: &PoolTable, size_bytes: u64) -> Result<Vec<u32>, PoolError> {
+        let need = extents_for(size_bytes) as usize;
+        let free = t.free_extents();
+        if free.len() < need {
+            return Err(PoolError::NoRoom {
+                needed_bytes: need as u64 * EXTENT_BYTES,
+                free_bytes: free_bytes(t),
+            });
+        }
+        let extents = free[..need].to_vec();
+        let mut dirty = false;
+        for &e in &extents {
+            let first = u64::from(e) * EXTENT_BLOCKS;
+            if self
+                .vol
+                .first_mapped(first, first + EXTENT_BLOCKS)?
+                .is_some()
+            {
+                self.unmap(first, first + EXTENT_BLOCKS)?;
+                dirty = true;
+            }
+        }
+        if dirty {
+            self.vol.flush()?;
+        }
+        Ok(extents)
+    }
+
     /// Unmaps the pending extents, durably, then drops them from the table.
     fn settle_pending(&self, t: &mut PoolTable) -> Result<(), PoolError> {
         if t.pending.is_empty() {

@@ -11,7 +11,7 @@
 //! (*rollback target*), the snapshot's entries move back to the volume,
 //! and the mark is cleared. Both moves are idempotent: an open for
 //! writing finishes one a crash cut short.
-use super::{free_bytes, now_secs, view_of, Pool, PoolError, VolumeUsage};
+use super::{now_secs, view_of, Pool, PoolError, VolumeUsage};
 use crate::volume::RangeUsage;
 use cvol_format::pool::{
     extents_for, name_problem, snapshot_name_problem, PoolSnapshot, PoolTable, PoolVolume,
@@ -126,36 +126,6 @@ impl Pool {
             Some(s) if s.state != SnapState::Deleting => Ok(s.clone()),
             _ => Err(self.snapshot_not_found(t, full)),
         }
-    }
-
-    /// Free extents for `size_bytes`, holding nothing (unmapped, durably,
-    /// if a crash left anything there).
-    fn fresh_extents(&self, t: &PoolTable, size_bytes: u64) -> Result<Vec<u32>, PoolError> {
-        let need = extents_for(size_bytes) as usize;
-        let free = t.free_extents();
-        if free.len() < need {
-            return Err(PoolError::NoRoom {
-                needed_bytes: need as u64 * EXTENT_BYTES,
-                free_bytes: free_bytes(t),
-            });
-        }
-        let extents = free[..need].to_vec();
-        let mut dirty = false;
-        for &e in &extents {
-            let first = u64::from(e) * EXTENT_BLOCKS;
-            if self
-                .vol
-                .first_mapped(first, first + EXTENT_BLOCKS)?
-                .is_some()
-            {
-                self.unmap(first, first + EXTENT_BLOCKS)?;
-                dirty = true;
-            }
-        }
-        if dirty {
-            self.vol.flush()?;
-        }
-        Ok(extents)
     }
 
     /// A new snapshot's extents: a fresh one for each extent of `v` that
