@@ -25,7 +25,9 @@ pub mod mapentry;
 pub mod metadev;
 pub mod pointer;
 pub mod pool;
+pub mod keyslot;
 pub mod record;
+pub mod seal;
 pub mod superblock;
 pub mod tables;
 pub mod trace;
@@ -99,6 +101,13 @@ pub enum FormatError {
     UnknownCodec(u8),
     UnknownKind(u8),
     Invalid(&'static str),
+    /// A sealed (encrypted) record read without the volume's key.
+    Sealed,
+    /// A record in the clear where the volume seals every record.
+    NotSealed,
+    /// A sealed record or blob whose tag does not verify: changed,
+    /// swapped, or sealed under another key.
+    Unauthentic,
 }
 
 impl std::fmt::Display for FormatError {
@@ -118,6 +127,13 @@ impl std::fmt::Display for FormatError {
             FormatError::UnknownCodec(c) => write!(f, "unknown codec tag {c}"),
             FormatError::UnknownKind(k) => write!(f, "unknown record kind {k}"),
             FormatError::Invalid(what) => write!(f, "invalid field: {what}"),
+            FormatError::Sealed => write!(f, "an encrypted record, and no key to open it"),
+            FormatError::NotSealed => {
+                write!(f, "a record in the clear on an encrypted volume (not written by cvol)")
+            }
+            FormatError::Unauthentic => {
+                write!(f, "authentication failed (changed, moved, or sealed under another key)")
+            }
         }
     }
 }

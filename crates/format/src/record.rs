@@ -29,6 +29,7 @@
 //! all its blocks, so every owner entry of a unit lies in that window of
 //! the map; a record that crosses it is invalid). ZERO
 //! and TRIM carry no payload. Records never span segments.
+use crate::seal::{KIND_SEALED_BIT, SEAL_TAG_BYTES};
 use crate::*;
 
 pub const RECORD_MAGIC: u32 = 0x524c_5643;
@@ -51,10 +52,10 @@ pub const RECORD_MAX_BYTES: usize = (1 << 17) - 1;
 /// Most blocks one DATA record holds (a merged compression unit): the live
 /// mask in the flags field has one bit per block.
 pub const UNIT_BLOCKS_MAX: u32 = u16::BITS;
-/// A DATA record of a whole unit stored uncompressed: the largest DATA
-/// record a writer makes.
+/// A DATA record of a whole unit stored uncompressed (and sealed): the
+/// largest DATA record a writer makes.
 pub const UNIT_RECORD_MAX_BYTES: usize =
-    RECORD_HEADER_BYTES + UNIT_BLOCKS_MAX as usize * BLOCK_SIZE_BYTES as usize;
+    RECORD_HEADER_BYTES + UNIT_BLOCKS_MAX as usize * BLOCK_SIZE_BYTES as usize + SEAL_TAG_BYTES;
 const _: () = assert!(UNIT_RECORD_MAX_BYTES <= RECORD_MAX_BYTES);
 /// A REF record's payload: one map entry (ref form).
 pub const REF_PAYLOAD_BYTES: usize = crate::mapentry::MAP_ENTRY_BYTES;
@@ -123,11 +124,20 @@ pub struct RecordHeader {
     pub payload_len: u32,
     /// Filled in by `encode_with_crc`; checked by `verify`.
     pub crc: u32,
+    /// The payload is sealed (encrypted volumes, `seal`): bit 7 of the
+    /// kind byte; `payload_len` then counts the AEAD tag.
+    pub sealed: bool,
 }
 
 impl RecordHeader {
     pub fn total_len(&self) -> usize {
         RECORD_HEADER_BYTES + self.payload_len as usize
+    }
+
+    /// The payload's length in the clear (without a sealed record's tag).
+    pub fn plain_len(&self) -> usize {
+        let tag = if self.sealed { SEAL_TAG_BYTES } else { 0 };
+        (self.payload_len as usize).saturating_sub(tag)
     }
 
     /// Does replaying this record map block `lba`?
@@ -141,7 +151,7 @@ impl RecordHeader {
     fn encode_without_crc(&self) -> [u8; RECORD_HEADER_BYTES] {
         let mut b = [0u8; RECORD_HEADER_BYTES];
         put_u32(&mut b, 0, RECORD_MAGIC);
-        b[OFF_KIND] = self.kind as u8;
+        b[OFF_KIND] = self.kind as u8 | if self.sealed { KIND_SEALED_BIT } else { 0 };
         assert!(self.level < 32, "codec level {} does not fit", self.level);
         b[OFF_CODEC] = self.codec as u8 | (self.level << 3);
         put_u16(&mut b, OFF_FLAGS, self.mask);
@@ -172,7 +182,7 @@ impl RecordHeader {
             return Err(FormatError::BadMagic);
         }
         let h = RecordHeader {
-            kind: RecordKind::from_u8(b[OFF_KIND])?,
+            kind: RecordKind::from_u8(b[OFF_KIND] & !KIND_SEALED_BIT)?,
             codec: CodecTag::from_u8(b[OFF_CODEC] & 7)?,
             level: b[OFF_CODEC] >> 3,
             mask: get_u16(b, OFF_FLAGS),
@@ -183,7 +193,12 @@ impl RecordHeader {
             nblocks: get_u32(b, OFF_NBLOCKS),
             payload_len: get_u32(b, OFF_PAYLOAD_LEN),
             crc: get_u32(b, OFF_CRC),
+            sealed: b[OFF_KIND] & KIND_SEALED_BIT != 0,
         };
+        if h.sealed && (h.payload_len as usize) < SEAL_TAG_BYTES {
+            return Err(FormatError::Invalid("sealed payload shorter than its tag"));
+        }
+        let plain = h.plain_len();
         if h.mask != 0 && (h.kind != RecordKind::Data || h.nblocks < 2) {
             return Err(FormatError::Invalid("record flags"));
         }
@@ -191,20 +206,19 @@ impl RecordHeader {
             return Err(FormatError::Invalid("live mask beyond the record"));
         }
         match h.kind {
-            RecordKind::Data if h.nblocks == 0 || h.payload_len == 0 => {
+            RecordKind::Data if h.nblocks == 0 || plain == 0 => {
                 return Err(FormatError::Invalid("empty data record"))
             }
             RecordKind::Data if h.total_len() > RECORD_MAX_BYTES => {
                 return Err(FormatError::Invalid("data record too long"))
             }
-            RecordKind::Zero | RecordKind::Trim if h.payload_len != 0 || h.nblocks == 0 => {
+            RecordKind::Zero | RecordKind::Trim if plain != 0 || h.nblocks == 0 => {
                 return Err(FormatError::Invalid("zero/trim record shape"))
             }
-            RecordKind::Ref if h.payload_len as usize != REF_PAYLOAD_BYTES || h.nblocks != 1 => {
+            RecordKind::Ref if plain != REF_PAYLOAD_BYTES || h.nblocks != 1 => {
                 return Err(FormatError::Invalid("ref record shape"))
             }
-            RecordKind::Synced
-                if h.payload_len as usize != SYNCED_PAYLOAD_BYTES || h.nblocks != 0 =>
+            RecordKind::Synced if plain != SYNCED_PAYLOAD_BYTES || h.nblocks != 0 =>
             {
                 return Err(FormatError::Invalid("synced record shape"))
             }
@@ -327,6 +341,7 @@ mod tests {
             nblocks: 1,
             payload_len: payload.len() as u32,
             crc: 0,
+            sealed: false,
         };
         let rec = encode_record(&mut h, &payload);
         for at in [OFF_SEQ, OFF_LBA, OFF_LBA + 3, OFF_NBLOCKS, OFF_EPOCH + 1] {
@@ -356,6 +371,7 @@ mod tests {
             nblocks: 1,
             payload_len,
             crc: 0,
+            sealed: false,
         }
     }
 

@@ -29,6 +29,10 @@
 //! 80     4    crc32c of bytes [0, 80)
 //! 84          end; the rest of the 4 KiB copy is zero
 //! ```
+use std::sync::Arc;
+
+use crate::keyslot::{KeySlot, KEY_SLOT_BYTES};
+use crate::seal::Sealer;
 use crate::*;
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"CVOLSUPR";
@@ -106,6 +110,13 @@ pub const FLAG_HOOK_SNAPSHOT: u32 = 2048;
 /// at create only: an older binary would serve the pool's space as one
 /// volume.
 pub const FLAG_POOL: u32 = 4096;
+/// The volume is encrypted (`seal`): every record is sealed, and a key
+/// slot (`keyslot`) at `KEY_SLOT_OFFSET` holds the wrapped data key. Set at
+/// create only: an older binary would read sealed records as damaged.
+pub const FLAG_ENCRYPTED: u32 = 8192;
+/// Where the key slot lies in each superblock copy (after the fields
+/// above and their crc; its own crc covers it).
+pub const KEY_SLOT_OFFSET: usize = 256;
 const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_AUTO_CODEC
     | FLAG_RESUME_AT_SNAPSHOT
@@ -118,7 +129,8 @@ const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_PAGE_PACKING
     | FLAG_PAGE_SORTED
     | FLAG_HOOK_SNAPSHOT
-    | FLAG_POOL;
+    | FLAG_POOL
+    | FLAG_ENCRYPTED;
 
 /// The page records are packed into under `Packing::Page*` (flash's page).
 pub const PACKING_PAGE_BYTES: u64 = 4096;
@@ -204,9 +216,27 @@ pub struct Superblock {
     pub flags: u32,
     /// Segments on the metadata device (0: none, everything in one store).
     pub metadata_segments: u32,
+    /// The wrapped data key of an encrypted volume (`FLAG_ENCRYPTED`).
+    pub key_slot: Option<KeySlot>,
+    /// The unwrapped data key, once an open was given the right key file:
+    /// held in memory only, never encoded. Records are sealed and opened
+    /// with it wherever the superblock goes.
+    pub seal: Option<Arc<Sealer>>,
 }
 
 impl Superblock {
+    /// Is this volume encrypted (`FLAG_ENCRYPTED`)?
+    pub fn is_encrypted(&self) -> bool {
+        self.flags & FLAG_ENCRYPTED != 0
+    }
+
+    /// The key records are sealed and opened with (None on a volume
+    /// without encryption; an encrypted one opened without its key has
+    /// none either, and reads no record).
+    pub fn sealer(&self) -> Option<&Sealer> {
+        self.seal.as_deref()
+    }
+
     /// Is this volume a cache in front of an origin (`cache`)?
     pub fn is_cache(&self) -> bool {
         self.flags & FLAG_CACHE != 0
@@ -315,6 +345,11 @@ impl Superblock {
 
     /// Checks the fields against each other; used after decode and before create.
     pub fn validate(&self) -> Result<(), FormatError> {
+        if self.is_encrypted() != self.key_slot.is_some() {
+            return Err(FormatError::Invalid(
+                "encryption flag and key slot disagree",
+            ));
+        }
         if self.logical_size_bytes == 0 || !self.logical_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
         {
             return Err(FormatError::Invalid(
@@ -392,6 +427,9 @@ impl Superblock {
         put_u64(&mut b, OFF_CREATED, self.created_unix_secs);
         let crc = crc32c::crc32c(&b[..OFF_CRC]);
         put_u32(&mut b, OFF_CRC, crc);
+        if let Some(slot) = &self.key_slot {
+            b[KEY_SLOT_OFFSET..KEY_SLOT_OFFSET + KEY_SLOT_BYTES].copy_from_slice(&slot.encode());
+        }
         b
     }
 
@@ -426,6 +464,11 @@ impl Superblock {
             created_unix_secs: get_u64(b, OFF_CREATED),
             flags,
             metadata_segments: get_u32(b, OFF_META_SEGMENTS),
+            key_slot: match flags & FLAG_ENCRYPTED != 0 {
+                true => Some(KeySlot::decode(b.get(KEY_SLOT_OFFSET..).unwrap_or(&[]))?),
+                false => None,
+            },
+            seal: None,
         };
         sb.validate()?;
         Ok(sb)
@@ -454,6 +497,8 @@ mod tests {
             created_unix_secs: 1_700_000_000,
             flags: FLAG_DEDUP,
             metadata_segments: 0,
+            key_slot: None,
+            seal: None,
         }
     }
 
@@ -507,7 +552,7 @@ mod tests {
         assert_eq!(FLAG_POOL, 1 << 12);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap().flags, sb.flags);
         assert!(sb.is_pool());
-        sb.flags |= FLAG_POOL << 1;
+        sb.flags |= FLAG_ENCRYPTED << 1;
         assert_eq!(
             Superblock::decode(&sb.encode()),
             Err(FormatError::Invalid("unknown superblock flags"))
