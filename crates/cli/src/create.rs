@@ -277,6 +277,7 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
         dedup: a.dedup,
         packing: a.packing,
         pool: false,
+        encryption: None,
     };
     write_or_undo(path, &target, a, &opts, meta.as_ref(), cache.as_ref())?;
     Ok(summary(path, a, &opts, meta.as_ref(), cache.as_ref()))

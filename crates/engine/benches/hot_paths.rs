@@ -64,9 +64,14 @@ fn codecs(c: &mut Criterion) {
     g.bench_function("crc32c", |b| {
         b.iter(|| crc32c::crc32c(black_box(&inputs[0].1)))
     });
-    let seed = cvol_engine::dedup::volume_seed(&[7; 16]);
+    use cvol_engine::dedup::{fingerprint, volume_seed, FpKey};
+    let seed = FpKey::Seed(volume_seed(&[7; 16]));
     g.bench_function("fingerprint xxh3-128", |b| {
-        b.iter(|| cvol_engine::dedup::fingerprint(seed, black_box(&inputs[0].1)))
+        b.iter(|| fingerprint(&seed, black_box(&inputs[0].1)))
+    });
+    let keyed = FpKey::Keyed(Box::new([7; 32]));
+    g.bench_function("fingerprint keyed (encrypted volumes)", |b| {
+        b.iter(|| fingerprint(&keyed, black_box(&inputs[0].1)))
     });
     g.finish();
 }
@@ -107,6 +112,7 @@ fn packing(c: &mut Criterion) {
             dedup: false,
             packing: Default::default(),
             pool: false,
+            encryption: None,
         },
     )
     .unwrap();
@@ -160,6 +166,7 @@ fn volume_io(c: &mut Criterion) {
                     dedup,
                     packing: Default::default(),
                     pool: false,
+                    encryption: None,
                 },
             )
             .unwrap(),

@@ -47,6 +47,7 @@ fn run(
         dedup: false,
         packing: Default::default(),
         pool: false,
+        encryption: None,
     };
     let st = Arc::new(FileStorage::create(&path, physical).expect("create backing file"));
     drop(Volume::create(st, &opts).expect("create volume"));

@@ -117,6 +117,7 @@ fn unit_sizes(dir: &Path, img: &[u8]) {
                 dedup: false,
                 packing: Default::default(),
                 pool: false,
+                encryption: None,
             };
             Volume::create(Arc::new(storage), &opts)
                 .unwrap()

@@ -513,7 +513,7 @@ fn verify_one(
     crate::logread::check_entry_location(sb, e).map_err(BadBlock::Location)?;
     let mut rec = vec![0u8; len as usize];
     storage.read_at(offset, &mut rec).map_err(BadBlock::Read)?;
-    decode_block_record(lba, e, &rec, out).map_err(BadBlock::Record)
+    decode_block_record(sb.sealer(), lba, e, &rec, out).map_err(BadBlock::Record)
 }
 
 /// What `cvol check --repair` did and what it could not save.

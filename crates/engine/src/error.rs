@@ -54,6 +54,9 @@ pub enum OpenError {
     MetadataDevice(String),
     /// A cache volume's label or origin does not allow serving it.
     Cache(String),
+    /// The volume is encrypted and the key is missing or wrong, or a key
+    /// was given for a volume without encryption.
+    Key(KeyProblem),
 }
 
 impl From<OpenError> for VolError {
@@ -103,6 +106,7 @@ impl fmt::Display for OpenError {
             ),
             OpenError::MetadataDevice(why) => write!(f, "metadata device: {why}"),
             OpenError::Cache(why) => write!(f, "cache: {why}"),
+            OpenError::Key(p) => write!(f, "{p}"),
         }
     }
 }
@@ -857,3 +861,33 @@ impl fmt::Display for BadWord {
 }
 
 impl std::error::Error for BadWord {}
+
+/// Why a key does not open a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyProblem {
+    /// The volume is encrypted and no key was given.
+    Needed(cvol_format::seal::Cipher),
+    /// A key was given for a volume without encryption.
+    NotEncrypted,
+    /// The key file is not this volume's, or unusable.
+    Key(cvol_format::keyslot::KeyError),
+}
+
+impl std::fmt::Display for KeyProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyProblem::Needed(c) => write!(
+                f,
+                "the volume is encrypted ({}): give its key file (--key-file FILE, or the \
+                 CVOL_KEY_FILE environment variable)",
+                c.name()
+            ),
+            KeyProblem::NotEncrypted => write!(
+                f,
+                "a key file was given, but the volume is not encrypted (drop --key-file)"
+            ),
+            KeyProblem::Key(e) => write!(f, "{e}"),
+        }
+    }
+}
+

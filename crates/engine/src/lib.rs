@@ -5,6 +5,7 @@
 //! list and on `cvol-format`, `cvol-storage`):
 //!
 //! - `error`: `VolError`, `OpenError`, `RecoveryError`
+//! - `keys`: encryption keys: key files, unwrapping the data key, rotation
 //! - `codec`: lz4 / zstd / none; `policy`: which codec a write gets (elastic)
 //! - `records`: record decoding shared by every reader of the log
 //! - `map`: the in-memory block map (12 bytes per written block)
@@ -37,6 +38,7 @@ pub mod clock;
 pub mod codec;
 pub mod dedup;
 pub mod error;
+pub mod keys;
 mod liveness;
 mod locks;
 mod logread;
@@ -51,7 +53,8 @@ pub use volume::CleanerConfig;
 
 pub use codec::Codec;
 // The record decoder every read goes through; the fuzz targets drive it.
-pub use error::{OpenError, RecoveryError, VolError};
+pub use error::{KeyProblem, OpenError, RecoveryError, VolError};
+pub use keys::{Encryption, KeyFile};
 pub use policy::{CodecPolicy, ElasticConfig};
 pub use records::decode_block_record;
 // The superblock, for tools that look at a store before opening it.

@@ -9,6 +9,7 @@ use crate::error::VolError;
 use crate::segments::{Region, SegState, SegmentTable};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAX_BYTES};
 use cvol_format::record::{REF_PAYLOAD_BYTES, SYNCED_PAYLOAD_BYTES, UNIT_BLOCKS_MAX};
+use cvol_format::seal::{Sealer, SEAL_AAD_BYTES, SEAL_TAG_BYTES};
 use cvol_format::superblock::Packing;
 use cvol_format::{align_up, CodecTag, Superblock, SECTOR_SIZE_BYTES};
 use cvol_storage::Storage;
@@ -263,6 +264,8 @@ pub struct Log {
     pub zero_ahead_bytes: u64,
     /// Where the data head was padded last (segment, fill).
     padded_at: (u64, usize),
+    /// The data key of an encrypted volume: every record is sealed.
+    seal: Option<Arc<Sealer>>,
 }
 
 impl Log {
@@ -306,7 +309,14 @@ impl Log {
             zero_ahead: 0,
             zero_ahead_bytes: 0,
             padded_at: (segment, fill),
+            seal: sb.seal.clone(),
         }
+    }
+
+    /// Bytes a record takes beyond its payload in the clear: the header,
+    /// and the AEAD tag on an encrypted volume.
+    pub fn record_overhead(&self) -> usize {
+        RECORD_HEADER_BYTES + self.seal.as_ref().map_or(0, |_| SEAL_TAG_BYTES)
     }
 
     /// The volume offset of the data head's segment.
@@ -412,7 +422,8 @@ impl Log {
     ) -> Result<Placed, VolError> {
         shape.assert_valid(payload.len());
         debug_assert_eq!(payload_crc, crc32c::crc32c(payload));
-        let total = RECORD_HEADER_BYTES + payload.len();
+        let sealed_len = payload.len() + self.seal.as_ref().map_or(0, |_| SEAL_TAG_BYTES);
+        let total = RECORD_HEADER_BYTES + sealed_len;
         assert!(
             total as u64 <= self.segment_size,
             "record larger than a segment"
@@ -431,8 +442,21 @@ impl Log {
             seq: self.next_seq,
             lba: shape.lba,
             nblocks: shape.nblocks,
-            payload_len: payload.len() as u32,
+            payload_len: sealed_len as u32,
             crc: 0,
+            sealed: self.seal.is_some(),
+        };
+        // On an encrypted volume the payload is sealed here, once its seq
+        // (the nonce) and header (the associated data) are known.
+        let sealed = self.seal.as_ref().map(|s| {
+            let aad = h.encode_with_crc(0);
+            let mut out = vec![0u8; sealed_len];
+            s.seal_record(&aad[..SEAL_AAD_BYTES], h.epoch, h.seq, payload, &mut out);
+            out
+        });
+        let (payload, payload_crc) = match &sealed {
+            Some(b) => (&b[..], crc32c::crc32c(b)),
+            None => (payload, payload_crc),
         };
         let hb = h.encode_with_crc(payload_crc);
         // What the log writes, recovery reads back as the same header.

@@ -12,6 +12,7 @@ use crate::map::{BlockMap, PageSource};
 use cvol_format::checkpoint::{decode_runs, PageRef};
 use cvol_format::fprints::directory_tables;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::seal;
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use cvol_storage::Storage;
 
@@ -49,7 +50,11 @@ pub(crate) fn read_record(
 }
 
 /// A record's bytes (read, or taken from the log's buffer), checked: its
-/// header and payload crc, this volume's tag, and its whole length.
+/// header and payload crc, this volume's tag, and its whole length. On an
+/// encrypted volume the payload is opened (authenticated and decrypted):
+/// the bytes returned are the header's, then the payload in the clear, so
+/// `rec[RECORD_HEADER_BYTES..]` is always the content (and `h.plain_len()`
+/// long).
 pub(crate) fn verify_record(
     sb: &Superblock,
     b: Vec<u8>,
@@ -58,7 +63,16 @@ pub(crate) fn verify_record(
     if h.volume_tag != sb.volume_tag() || h.total_len() != b.len() {
         return Err(RecordError::NotExpected);
     }
-    Ok((h, b))
+    if sb.sealer().is_none() && !h.sealed {
+        return Ok((h, b));
+    }
+    let plain = seal::payload(sb.sealer(), &h, &b)
+        .map_err(RecordError::Invalid)?
+        .into_owned();
+    let mut rec = b;
+    rec.truncate(RECORD_HEADER_BYTES);
+    rec.extend_from_slice(&plain);
+    Ok((h, rec))
 }
 
 /// A data entry must point inside one segment of the data area.
@@ -96,11 +110,10 @@ impl LogPages<'_> {
         let Some(rec) = copy else {
             return read_chunk(self.storage, self.sb, r.offset, r.len, r.crc);
         };
-        let (h, _) = RecordHeader::decode_verified(&rec)
-            .map_err(|e| ChunkError::Record(RecordError::Invalid(e)))?;
-        if h.volume_tag != self.sb.volume_tag() || h.total_len() != r.len as usize {
+        if rec.len() != r.len as usize {
             return Err(ChunkError::Record(RecordError::NotExpected));
         }
+        let (h, rec) = verify_record(self.sb, rec).map_err(ChunkError::Record)?;
         chunk_entries(self.sb, &h, &rec, r.offset, r.crc)
     }
 }

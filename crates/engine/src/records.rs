@@ -15,6 +15,8 @@ use crate::codec;
 use cvol_format::record::UNIT_BLOCKS_MAX;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
 use cvol_format::{align_up, CodecTag, EntryState, MapEntry, BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
+use cvol_format::seal::{self, Sealer};
+use cvol_format::FormatError;
 
 const BS: usize = BLOCK_SIZE_BYTES as usize;
 
@@ -166,17 +168,19 @@ pub(crate) struct DecodedUnit {
 }
 
 impl DecodedUnit {
-    /// Verifies and decompresses a whole DATA record.
-    pub(crate) fn decode(rec: &[u8]) -> Result<DecodedUnit, BlockError> {
-        let (h, payload) = RecordHeader::decode_verified(rec).map_err(BlockError::Invalid)?;
+    /// Verifies, opens (an encrypted volume's `seal`) and decompresses a
+    /// whole DATA record.
+    pub(crate) fn decode(seal: Option<&Sealer>, rec: &[u8]) -> Result<DecodedUnit, BlockError> {
+        let (h, _) = RecordHeader::decode_verified(rec).map_err(BlockError::Invalid)?;
         if h.kind != RecordKind::Data || h.nblocks > UNIT_BLOCKS_MAX {
             return Err(BlockError::NotData {
                 kind: h.kind,
                 nblocks: h.nblocks,
             });
         }
+        let payload = seal::payload(seal, &h, rec).map_err(BlockError::Invalid)?;
         let mut data = vec![0u8; h.nblocks as usize * BS];
-        codec::decompress(h.codec, payload, &mut data)?;
+        codec::decompress(h.codec, &payload, &mut data)?;
         debug_assert_eq!(data.len(), h.nblocks as usize * BS);
         Ok(DecodedUnit { header: h, data })
     }
@@ -201,21 +205,24 @@ impl DecodedUnit {
     }
 }
 
-/// Verifies a DATA record against the map entry that points at it and
-/// decompresses the block for `lba` into `out`.
+/// Verifies a DATA record against the map entry that points at it, opens
+/// it (an encrypted volume's `seal`) and decompresses the block for `lba`
+/// into `out`.
 pub fn decode_block_record(
+    seal: Option<&Sealer>,
     lba: u64,
     e: MapEntry,
     rec: &[u8],
     out: &mut [u8],
 ) -> Result<(), BlockError> {
-    let (h, payload) = RecordHeader::decode_verified(rec).map_err(BlockError::Invalid)?;
+    let (h, _) = RecordHeader::decode_verified(rec).map_err(BlockError::Invalid)?;
     let k = block_index(lba, e, &h)?;
+    let payload = seal::payload(seal, &h, rec).map_err(BlockError::Invalid)?;
     if h.nblocks == 1 {
-        return Ok(codec::decompress(h.codec, payload, out)?);
+        return Ok(codec::decompress(h.codec, &payload, out)?);
     }
     let mut unit = vec![0u8; h.nblocks as usize * BS];
-    codec::decompress(h.codec, payload, &mut unit)?;
+    codec::decompress(h.codec, &payload, &mut unit)?;
     out.copy_from_slice(&unit[k * BS..(k + 1) * BS]);
     Ok(())
 }
@@ -361,9 +368,14 @@ impl Found {
         &seg[self.at..self.at + self.header.total_len()]
     }
 
-    /// Its payload in the segment buffer it was found in.
-    pub(crate) fn payload<'a>(&self, seg: &'a [u8]) -> &'a [u8] {
-        &self.bytes(seg)[RECORD_HEADER_BYTES..]
+    /// Its payload in the clear (opened with an encrypted volume's
+    /// `seal`), from the segment buffer it was found in.
+    pub(crate) fn payload<'a>(
+        &self,
+        seal: Option<&Sealer>,
+        seg: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, FormatError> {
+        seal::payload(seal, &self.header, self.bytes(seg))
     }
 }
 
@@ -396,6 +408,7 @@ mod tests {
             nblocks: 1,
             payload_len: payload.len() as u32,
             crc: 0,
+            sealed: false,
         };
         encode_record(&mut h, payload)
     }

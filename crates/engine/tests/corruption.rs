@@ -24,6 +24,7 @@ fn volume_with_data(sim: &SimStorage) -> Volume {
         dedup: true,
         packing: Default::default(),
         pool: false,
+        encryption: None,
     };
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
     for i in 0..64 {

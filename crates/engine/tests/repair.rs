@@ -30,6 +30,7 @@ fn populate(sim: &SimStorage, codec: CodecPolicy) -> Vec<u8> {
         dedup: true,
         packing: Default::default(),
         pool: false,
+        encryption: None,
     };
     Volume::create(Arc::new(sim.clone()), &opts)
         .unwrap()
@@ -246,6 +247,7 @@ fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back
         dedup: false,
         packing: Default::default(),
         pool: false,
+        encryption: None,
     };
     let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
     vol.write_at(7 * BS as u64, &block(7, 0), false).unwrap();

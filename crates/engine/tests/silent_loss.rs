@@ -44,6 +44,7 @@ fn create(sim: &SimStorage) {
         dedup: false,
         packing: Default::default(),
         pool: false,
+        encryption: None,
     };
     Volume::create(Arc::new(sim.clone()), &opts)
         .unwrap()

@@ -65,6 +65,14 @@ pub const REF_RECORD_BYTES: usize = RECORD_HEADER_BYTES + REF_PAYLOAD_BYTES;
 pub const SYNCED_PAYLOAD_BYTES: usize = 8;
 /// A record without payload (ZERO, TRIM, EPOCH).
 pub const EMPTY_RECORD_BYTES: usize = RECORD_HEADER_BYTES;
+/// What a record costs beyond its payload in the clear, at most: the
+/// header, and on an encrypted volume the AEAD tag (`seal`). Space bounds
+/// use these, so that they hold on every volume.
+pub const RECORD_OVERHEAD_MAX_BYTES: usize = RECORD_HEADER_BYTES + SEAL_TAG_BYTES;
+/// A REF record's bytes, at most (sealed).
+pub const REF_RECORD_MAX_BYTES: usize = REF_RECORD_BYTES + SEAL_TAG_BYTES;
+/// A record without content's bytes, at most (sealed).
+pub const EMPTY_RECORD_MAX_BYTES: usize = EMPTY_RECORD_BYTES + SEAL_TAG_BYTES;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]

@@ -237,6 +237,17 @@ impl Superblock {
         self.seal.as_deref()
     }
 
+    /// What each of this volume's records takes beyond its payload in the
+    /// clear: the header, and the AEAD tag when it is encrypted.
+    pub fn record_overhead(&self) -> usize {
+        let tag = if self.is_encrypted() {
+            crate::seal::SEAL_TAG_BYTES
+        } else {
+            0
+        };
+        crate::record::RECORD_HEADER_BYTES + tag
+    }
+
     /// Is this volume a cache in front of an origin (`cache`)?
     pub fn is_cache(&self) -> bool {
         self.flags & FLAG_CACHE != 0

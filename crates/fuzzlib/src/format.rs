@@ -217,8 +217,8 @@ fn block_record(h: &RecordHeader, rec: &[u8], selector: u8) {
         MapEntry::data(h.codec, 1 << 20, len, h.crc)
     };
     for e in [owner, owner.as_ref_entry()] {
-        let _ = cvol_engine::decode_block_record(lba, e, rec, &mut out);
-        let _ = cvol_engine::decode_block_record(lba + 1, e, rec, &mut out);
+        let _ = cvol_engine::decode_block_record(None, lba, e, rec, &mut out);
+        let _ = cvol_engine::decode_block_record(None, lba + 1, e, rec, &mut out);
     }
 }
 

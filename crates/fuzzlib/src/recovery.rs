@@ -110,6 +110,7 @@ pub fn build_image() -> Vec<u8> {
         dedup: true,
         packing: Default::default(),
         pool: false,
+        encryption: None,
     };
     let w = |vol: &Volume, lba: u64, data: &[u8]| {
         vol.write_at(lba * BS as u64, data, false)

@@ -20,7 +20,7 @@
 //! and policy auto does not recompress shared records: with
 //! `shared_keep_lz4` its share counts at lz4 in the first column.
 use cvol_engine::codec::Codec;
-use cvol_engine::dedup::{fingerprint, key, volume_seed};
+use cvol_engine::dedup::{fingerprint, key, volume_seed, FpKey};
 use cvol_engine::policy::probe_compressible;
 use std::collections::{HashMap, HashSet};
 
@@ -107,7 +107,7 @@ enum Kind {
 /// The estimator's state.
 pub struct Tally {
     cfg: Config,
-    seed: u64,
+    seed: FpKey,
     seen: HashSet<u64>,
     counts: Counts,
     /// The units compressed.
@@ -130,7 +130,7 @@ impl Tally {
         Tally {
             cfg,
             // A fixed seed: the estimate does not depend on a volume.
-            seed: volume_seed(&[0; 16]),
+            seed: FpKey::Seed(volume_seed(&[0; 16])),
             seen: HashSet::new(),
             counts: Counts::default(),
             units: Vec::new(),
@@ -196,7 +196,7 @@ impl Tally {
             self.counts.zero_blocks += 1;
             return Kind::Zero;
         }
-        let k = key(fingerprint(self.seed, block));
+        let k = key(fingerprint(&self.seed, block));
         if !k.is_multiple_of(self.cfg.fp_modulus) {
             return Kind::Unknown;
         }

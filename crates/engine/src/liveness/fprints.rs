@@ -17,7 +17,7 @@ use cvol_format::fprints::{
     FP_ROW_MAX_BYTES, FP_TABLE_MAX_ROWS,
 };
 use cvol_format::hooks::hook_root_table;
-use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES, RECORD_OVERHEAD_MAX_BYTES};
 use cvol_format::tables::table_count;
 use cvol_format::Superblock;
 use std::collections::HashMap;
@@ -224,7 +224,7 @@ impl FpBooks {
 
     /// Upper bound on the log bytes of the changed parts' records.
     fn bytes_bound(&self) -> u64 {
-        let per_table = (RECORD_HEADER_BYTES + FP_HEADER_BYTES + 32 + DIR_ENTRY_BYTES) as u64;
+        let per_table = (RECORD_OVERHEAD_MAX_BYTES + FP_HEADER_BYTES + 32 + DIR_ENTRY_BYTES) as u64;
         self.dirty_parts * per_table + self.dirty_rows * (FP_ROW_MAX_BYTES as u64 + 1)
     }
 }
@@ -469,6 +469,8 @@ mod tests {
             created_unix_secs: 0,
             flags: 0,
             metadata_segments: 0,
+            key_slot: None,
+            seal: None,
         })
     }
 

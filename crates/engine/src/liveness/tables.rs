@@ -18,7 +18,7 @@ use crate::stats::MapCounters;
 use cvol_format::checkpoint::PageRef;
 use cvol_format::checkpoint::DIR_ENTRY_BYTES;
 use cvol_format::fprints::directory_tables;
-use cvol_format::record::RECORD_HEADER_BYTES;
+use cvol_format::record::RECORD_OVERHEAD_MAX_BYTES;
 use cvol_format::tables::{
     TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_HEADER_BYTES, ROOT_BYTES, ROW_MAX_BYTES,
     TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
@@ -298,11 +298,11 @@ impl LiveMap {
             return 0;
         }
         let per_table =
-            (RECORD_HEADER_BYTES + 20 + GROUP_HEADER_BYTES + 8 + 2 + DIR_ENTRY_BYTES + 1) as u64;
+            (RECORD_OVERHEAD_MAX_BYTES + 20 + GROUP_HEADER_BYTES + 8 + 2 + DIR_ENTRY_BYTES + 1) as u64;
         let rows = (self.shared.record_count() + self.shared.unit_count()) as u64;
         self.usage.count() * per_table
             + rows * (ROW_MAX_BYTES as u64 + 1)
-            + (ROOT_BYTES + RECORD_HEADER_BYTES + 64) as u64
+            + (ROOT_BYTES + RECORD_OVERHEAD_MAX_BYTES + 64) as u64
             + self.fp_bytes_bound()
     }
 

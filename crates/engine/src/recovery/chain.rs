@@ -10,6 +10,7 @@ use crate::error::{ApplyError, RecoveryError};
 use crate::logread::{check_entry_location, LogPages};
 use crate::map::BlockMap;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::seal::{self, Sealer};
 use cvol_format::{
     align_up, superblock::PACKING_PAGE_BYTES, EntryState, MapEntry, Superblock, SECTOR_SIZE_BYTES,
 };
@@ -186,7 +187,10 @@ impl<'a> Chain<'a> {
         let (expected, epoch) = (self.expected, self.epoch);
         let paged = self.sb.packing().paged();
         self.cursors.iter().enumerate().find_map(|(i, c)| {
-            let found = |at| chain_record_at(&c.buf, at, tag, expected, epoch).map(|h| (i, at, h));
+            let found = |at| {
+                chain_record_at(self.sb.sealer(), &c.buf, at, tag, expected, epoch)
+                    .map(|h| (i, at, h))
+            };
             found(c.pos).or_else(|| found(c.aligned())).or_else(|| {
                 paged
                     .then(|| found(c.page_aligned()))
@@ -209,11 +213,17 @@ impl<'a> Chain<'a> {
         // chain_record_at verified a whole record of the expected seq.
         assert!(at + h.total_len() <= c.buf.len() && h.seq == self.expected);
         let offset = self.sb.segment_offset(c.segment) + at as u64;
-        let payload = &c.buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
         let bad = |detail| RecoveryError::BadRecord {
             seq: h.seq,
             offset,
             detail,
+        };
+        // Only a REF record's content is needed (the others' meaning is in
+        // their header, authenticated by `chain_record_at`).
+        let payload = match h.kind {
+            RecordKind::Ref => seal::payload(self.sb.sealer(), h, &c.buf[at..at + h.total_len()])
+                .map_err(|e| bad(e.to_string()))?,
+            _ => std::borrow::Cow::Borrowed(&[][..]),
         };
         if changes_map(h.kind) {
             // A lazily loaded map: the pages it changes come into memory.
@@ -226,7 +236,7 @@ impl<'a> Chain<'a> {
             map.fault_in(h.lba, end, &src)
                 .map_err(|e| bad(e.to_string()))?;
         }
-        apply(map, self.sb, h, offset, payload).map_err(|e| bad(e.to_string()))?;
+        apply(map, self.sb, h, offset, &payload).map_err(|e| bad(e.to_string()))?;
         if h.kind == RecordKind::Data {
             self.new_records.push(offset);
         }
@@ -299,7 +309,7 @@ impl<'a> Chain<'a> {
                 continue;
             }
             let b = read_segment(self.storage, self.sb, s)?;
-            if chain_record_at(&b, 0, tag, self.expected, self.epoch).is_some() {
+            if chain_record_at(self.sb.sealer(), &b, 0, tag, self.expected, self.epoch).is_some() {
                 self.enter(s, b, 0);
                 return Ok(true);
             }
@@ -333,7 +343,11 @@ impl<'a> Chain<'a> {
 }
 
 /// A verified record at `at` in `seg` that continues the chain, if any.
+/// On an encrypted volume (`seal`) every record is authenticated too: a
+/// record changed or forged after the fact (its crc is no secret) ends
+/// the chain as a damaged one does.
 fn chain_record_at(
+    seal: Option<&Sealer>,
     seg: &[u8],
     at: usize,
     tag: u32,
@@ -348,6 +362,7 @@ fn chain_record_at(
         return None;
     }
     h.verify(b, &b[RECORD_HEADER_BYTES..h.total_len()]).ok()?;
+    seal::authenticate(seal, &h, b).ok()?;
     Some(h)
 }
 

@@ -6,8 +6,9 @@
 //! are skipped), and whole segments read (`read_segment`,
 //! `read_segment_around`). Uses no sibling room.
 use crate::error::RecoveryError;
-use crate::records::walk_segment;
+use crate::records::{walk_segment, RecordDamage};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::seal;
 use cvol_format::{MapEntry, Superblock, SECTOR_SIZE_BYTES};
 use cvol_storage::Storage;
 use std::collections::HashMap;
@@ -69,11 +70,25 @@ pub(super) fn scan_log(storage: &dyn Storage, sb: &Superblock) -> LogScan {
             .into_iter()
             .filter(|(_, h)| h.seq >= life_start)
         {
+            // An encrypted volume's records are authenticated: one that
+            // fails was changed after the fact, and is not replayed.
+            let Ok(payload) = seal::payload(sb.sealer(), &h, &buf[at..at + h.total_len()]) else {
+                let why = RecordDamage::Checksum {
+                    why: cvol_format::FormatError::Unauthentic,
+                    kind: h.kind,
+                    seq: h.seq,
+                    lba: h.lba,
+                    nblocks: h.nblocks,
+                };
+                out.damaged.push((s, at, why));
+                out.damaged_headers.push((s, at, h));
+                continue;
+            };
             let ref_entry = (h.kind == RecordKind::Ref)
-                .then(|| MapEntry::decode(&buf[at + RECORD_HEADER_BYTES..]).ok())
+                .then(|| MapEntry::decode(&payload).ok())
                 .flatten();
             let synced = (h.kind == RecordKind::Synced)
-                .then(|| synced_payload(&buf[at + RECORD_HEADER_BYTES..at + h.total_len()]))
+                .then(|| synced_payload(&payload))
                 .flatten();
             out.records.push(Scanned {
                 segment: s,

@@ -20,7 +20,8 @@ use crate::error::{CheckpointError, RecoveryError, ShortRollForward};
 use crate::logread::{read_record, volume_map, LogPages};
 use crate::map::BlockMap;
 use crate::records::walk_segment;
-use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::record::{RecordHeader, RecordKind};
+use cvol_format::seal;
 use cvol_format::{CheckpointPointer, EntryState, Superblock};
 use cvol_storage::Storage;
 use std::collections::HashMap;
@@ -317,8 +318,10 @@ fn certified_beyond(
             if h.kind != RecordKind::Synced || h.seq <= r.last_seq {
                 continue;
             }
-            let Some(certified) =
-                synced_payload(&buf[at + RECORD_HEADER_BYTES..at + h.total_len()])
+            let rec = &buf[at..at + h.total_len()];
+            let Some(certified) = seal::payload(sb.sealer(), &h, rec)
+                .ok()
+                .and_then(|p| synced_payload(&p))
             else {
                 continue;
             };

@@ -12,7 +12,8 @@ use crate::error::VolError;
 use crate::log::{pack, Shape};
 use crate::records::{full_mask, unit_entry};
 use cvol_format::fprints::FpRow;
-use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES, REF_PAYLOAD_BYTES, REF_RECORD_BYTES};
+use cvol_format::record::{RecordKind, REF_PAYLOAD_BYTES};
+use cvol_format::record::{EMPTY_RECORD_MAX_BYTES, RECORD_OVERHEAD_MAX_BYTES, REF_RECORD_MAX_BYTES};
 use cvol_format::superblock::{Packing, PACKING_PAGE_BYTES};
 use cvol_format::{EntryState, MapEntry, BLOCK_SIZE_BYTES};
 use std::collections::HashMap;
@@ -274,7 +275,7 @@ impl Volume {
         assert_eq!(fps.len(), nblocks as usize, "a fingerprint per block");
         let shape = Shape::data(codec, level, lba, nblocks, full_mask(nblocks));
         let p = self.append_with_crc(st, shape, &payload, payload_crc)?;
-        assert_eq!(p.len as usize, RECORD_HEADER_BYTES + payload.len());
+        assert_eq!(p.len as usize, self.sb.record_overhead() + payload.len());
         let mut indexed = Vec::new();
         for (k, &fp) in fps.iter().enumerate() {
             let e = unit_entry(codec, p.offset, p.len, p.crc, nblocks, k as u32);
@@ -396,10 +397,10 @@ fn record_bytes(p: &Prepared<'_>, packing: Packing) -> u64 {
             } else {
                 0
             };
-            (RECORD_HEADER_BYTES + payload.len()) as u64 + pad
+            (RECORD_OVERHEAD_MAX_BYTES + payload.len()) as u64 + pad
         }
-        Prepared::Zero { .. } => RECORD_HEADER_BYTES as u64,
-        Prepared::Dup { .. } => REF_RECORD_BYTES as u64,
+        Prepared::Zero { .. } => EMPTY_RECORD_MAX_BYTES as u64,
+        Prepared::Dup { .. } => REF_RECORD_MAX_BYTES as u64,
     }
 }
 

@@ -16,7 +16,7 @@ use super::{State, Volume};
 use crate::error::VolError;
 use crate::log::Shape;
 use crate::map::PAGE_BLOCKS;
-use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES, REF_RECORD_BYTES};
+use cvol_format::record::{RecordKind, EMPTY_RECORD_MAX_BYTES, REF_RECORD_MAX_BYTES};
 use cvol_format::{EntryState, MapEntry, BLOCK_SIZE_BYTES};
 
 const PAGE: u64 = PAGE_BLOCKS as u64;
@@ -68,7 +68,7 @@ impl Layers {
     pub(super) fn keep_bytes(&self, n: u64) -> u64 {
         self.keep
             .as_ref()
-            .map_or(0, |k| n.min(k.blocks) * REF_RECORD_BYTES as u64)
+            .map_or(0, |k| n.min(k.blocks) * REF_RECORD_MAX_BYTES as u64)
     }
 }
 
@@ -239,7 +239,7 @@ impl Volume {
         if let Some(t) = to {
             self.prefault(t, t + m)?;
         }
-        let need = m * REF_RECORD_BYTES as u64 + RECORD_HEADER_BYTES as u64;
+        let need = m * REF_RECORD_MAX_BYTES as u64 + EMPTY_RECORD_MAX_BYTES as u64;
         let mut st = self.lock_with_space(super::space::commit_bytes(need))?;
         self.fault(&mut st, from, from + m)?;
         if !st.live.map().any_mapped(from, from + m) {

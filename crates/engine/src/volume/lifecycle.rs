@@ -63,7 +63,7 @@ impl State {
 }
 
 /// The superblock of a new volume with options `c`.
-pub(super) fn new_superblock(c: &CreateOptions) -> Superblock {
+pub(super) fn new_superblock(c: &CreateOptions) -> Result<Superblock, VolError> {
     let segment_size_bytes = match c.segment_size_bytes {
         0 => default_segment_size(c.physical_size_bytes),
         s => s,
@@ -89,13 +89,21 @@ pub(super) fn new_superblock(c: &CreateOptions) -> Superblock {
             | FLAG_UNIT_WINDOWS
             | FLAG_HOOK_SNAPSHOT,
         metadata_segments: 0,
+        key_slot: None,
+        seal: None,
     };
     sb.set_packing(c.packing);
     if c.pool {
         sb.logical_size_bytes = cvol_format::LOGICAL_SIZE_MAX_BYTES;
         sb.flags |= cvol_format::superblock::FLAG_POOL;
     }
-    sb
+    if let Some(e) = &c.encryption {
+        let (slot, seal) = crate::keys::new_key_slot(&sb.uuid, e).map_err(OpenError::Key)?;
+        sb.flags |= cvol_format::superblock::FLAG_ENCRYPTED;
+        sb.key_slot = Some(slot);
+        sb.seal = Some(seal);
+    }
+    Ok(sb)
 }
 
 /// Writes a pool's first volume table (its one volume, `default`, of
@@ -137,7 +145,7 @@ impl Volume {
     pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Volume, VolError> {
         Volume::create_from(
             storage,
-            new_superblock(c),
+            new_superblock(c)?,
             c.pool.then_some(c.logical_size_bytes),
         )
     }
@@ -174,7 +182,7 @@ impl Volume {
         storage: Arc<dyn Storage>,
         c: &CreateOptions,
     ) -> Result<Volume, VolError> {
-        let mut sb = new_superblock(c);
+        let mut sb = new_superblock(c)?;
         sb.flags |= cvol_format::superblock::FLAG_CACHE;
         Volume::create_from(storage, sb, None)
     }
@@ -190,6 +198,12 @@ impl Volume {
             dedup: self.sb.dedup(),
             packing: self.sb.packing(),
             pool: false,
+            encryption: self.sb.key_slot.and_then(|slot| {
+                Some(crate::keys::Encryption {
+                    cipher: slot.cipher,
+                    key: self.options.key.clone()?,
+                })
+            }),
         }
     }
 
@@ -285,7 +299,7 @@ impl Volume {
                 index.load = dedup::HookLoad::Ready; // nothing to replay
             }
             Dedup {
-                seed: dedup::volume_seed(&sb.uuid),
+                seed: dedup::FpKey::of(&sb),
                 index: OrderedMutex::new(Level::Index, index),
             }
         });
@@ -422,8 +436,9 @@ fn recover(
     storage: &dyn Storage,
     options: &OpenOptions,
 ) -> Result<(Superblock, Recovered), VolError> {
-    let (sb, warnings) = recovery::read_superblock(storage).map_err(OpenError::Superblock)?;
+    let (mut sb, warnings) = recovery::read_superblock(storage).map_err(OpenError::Superblock)?;
     warnings.iter().for_each(|w| tracing::warn!("{w}"));
+    crate::keys::unlock(storage, &mut sb, options.key.as_ref())?;
     recovery::require_metadata_device(storage, &sb).map_err(OpenError::Superblock)?;
     let repair = options.rebuild_from_log && !options.read_only;
     let r = match recovery::recover_lazy(storage, &sb) {

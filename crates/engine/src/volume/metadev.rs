@@ -120,7 +120,7 @@ impl Volume {
         path: &str,
         c: &CreateOptions,
     ) -> Result<Volume, VolError> {
-        let mut sb = super::lifecycle::new_superblock(c);
+        let mut sb = super::lifecycle::new_superblock(c)?;
         let segments = metadata_segments_of(meta.len_bytes(), sb.segment_size_bytes);
         if segments < 2 {
             return Err(refuse(format!(

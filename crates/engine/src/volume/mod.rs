@@ -129,7 +129,7 @@ impl State {
 /// The dedup fingerprint seed and index (volumes with dedup on, opened for
 /// writing).
 struct Dedup {
-    seed: u64,
+    seed: dedup::FpKey,
     /// Hints only, checked against the map at commit. Its own lock (level
     /// `Index`, after `state`), so probes never wait for the log's I/O.
     index: OrderedMutex<dedup::Index>,

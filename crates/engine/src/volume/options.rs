@@ -3,6 +3,8 @@ use super::jobs::cleaner::CleanerConfig;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::Codec;
 use crate::policy::{CodecPolicy, ElasticConfig};
+use crate::keys::{Encryption, KeyFile};
+use cvol_format::seal::Cipher;
 use cvol_format::superblock::Packing;
 use std::sync::Arc;
 
@@ -61,6 +63,8 @@ pub struct CreateOptions {
     /// A pool (`crate::pool`): the logical size above is its first
     /// volume's, `default`; the map covers the pool's whole space.
     pub pool: bool,
+    /// Encryption at rest (`crate::keys`): None for a volume in the clear.
+    pub encryption: Option<Encryption>,
 }
 
 impl CreateOptions {
@@ -75,6 +79,7 @@ impl CreateOptions {
             dedup: true,
             packing: Packing::Compact,
             pool: false,
+            encryption: None,
         }
     }
 
@@ -102,6 +107,14 @@ impl CreateOptions {
     /// With inline deduplication on or off.
     pub fn with_dedup(self, dedup: bool) -> CreateOptions {
         CreateOptions { dedup, ..self }
+    }
+
+    /// Encrypted with this cipher under this key file.
+    pub fn with_encryption(self, cipher: Cipher, key: KeyFile) -> CreateOptions {
+        CreateOptions {
+            encryption: Some(Encryption { cipher, key }),
+            ..self
+        }
     }
 
     /// With this packing of DATA records.
@@ -169,6 +182,8 @@ pub struct OpenOptions {
     /// jobs' idle test read (`crate::clock`): the system clock by default,
     /// a `ManualClock` in a simulation that wants its seed to fix them.
     pub clock: Arc<dyn Clock>,
+    /// The key file of an encrypted volume (refused for one without).
+    pub key: Option<KeyFile>,
 }
 
 /// The zeros a flush writes past the data head, by default, on a store
@@ -193,6 +208,7 @@ impl Default for OpenOptions {
             warm_segments: None,
             zero_ahead_bytes: None,
             clock: SystemClock::shared(),
+            key: None,
         }
     }
 }

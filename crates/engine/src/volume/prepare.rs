@@ -88,7 +88,7 @@ impl Volume {
                 if is_zero(b) {
                     0
                 } else {
-                    dedup::fingerprint(d.seed, b)
+                    dedup::fingerprint(&d.seed, b)
                 }
             })
             .collect()
@@ -352,11 +352,11 @@ impl Volume {
         }
         let rec = self.record_bytes(offset, len).ok()?;
         if unit {
-            let u = Arc::new(DecodedUnit::decode(&rec).ok()?);
+            let u = Arc::new(DecodedUnit::decode(self.sb.sealer(), &rec).ok()?);
             u.copy_block(0, as_ref, &mut out).ok()?;
             self.caches.unit.insert((offset, len), u);
         } else {
-            decode_block_record(0, as_ref, &rec, &mut out).ok()?;
+            decode_block_record(self.sb.sealer(), 0, as_ref, &rec, &mut out).ok()?;
         }
         let b: Arc<[u8]> = Arc::from(out);
         self.caches.insert_block(offset, e.crc, &b, &self.counters);

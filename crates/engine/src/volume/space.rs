@@ -13,7 +13,8 @@ use crate::error::VolError;
 use cvol_format::checkpoint::{commit_payload_bytes, run_bytes, DIR_ENTRY_BYTES, DIR_PAGES};
 use cvol_format::mapentry::MAP_ENTRY_BYTES;
 use cvol_format::record::{
-    EMPTY_RECORD_BYTES, RECORD_HEADER_BYTES, RECORD_MAX_BYTES, UNIT_RECORD_MAX_BYTES,
+    EMPTY_RECORD_MAX_BYTES, RECORD_MAX_BYTES, RECORD_OVERHEAD_MAX_BYTES, REF_RECORD_MAX_BYTES,
+    UNIT_RECORD_MAX_BYTES,
 };
 use cvol_format::BLOCK_SIZE_BYTES;
 use std::sync::atomic::Ordering;
@@ -34,7 +35,7 @@ const SEGMENT_TAIL_MARGIN_BYTES: u64 = 2 * RECORD_MAX_BYTES as u64;
 /// What a record without payload costs, rounded up (ZERO, TRIM records and
 /// the header of a partial edge block).
 const RECORD_HEADER_ALLOWANCE_BYTES: u64 = 64;
-const _: () = assert!(RECORD_HEADER_ALLOWANCE_BYTES >= RECORD_HEADER_BYTES as u64);
+const _: () = assert!(RECORD_HEADER_ALLOWANCE_BYTES >= RECORD_OVERHEAD_MAX_BYTES as u64);
 /// Checkpoint growth per block turned into a ZERO entry: one map entry,
 /// plus lz4's byte.
 const ZERO_ENTRY_CHECKPOINT_BYTES: u64 = MAP_ENTRY_BYTES as u64 + 1;
@@ -57,7 +58,7 @@ pub(super) const RANGE_RECORD_BLOCKS_MAX: u64 = u32::MAX as u64;
 
 /// Log bytes one map page's record may take besides its entries: header,
 /// lz4's length prefix and its worst expansion of a page.
-const PAGE_RECORD_OVERHEAD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + 4 + 48;
+const PAGE_RECORD_OVERHEAD_BYTES: u64 = RECORD_OVERHEAD_MAX_BYTES as u64 + 4 + 48;
 /// The largest map page record (every entry a run of its own) or directory
 /// block record, rounded up: what a segment switch can leave unused.
 const MAP_RECORD_MAX_BYTES: u64 = 80 << 10;
@@ -97,7 +98,7 @@ pub(super) fn checkpoint_append_bytes(
     pages: u64,
     segment_size_bytes: u64,
 ) -> u64 {
-    let record = |len: usize| (RECORD_HEADER_BYTES + len) as u64;
+    let record = |len: usize| (RECORD_OVERHEAD_MAX_BYTES + len) as u64;
     let total_pages = pages + page_lens.len() as u64;
     let blocks = dir_blocks_max(total_pages);
     let total: u64 = page_lens.iter().map(|&l| record(l)).sum::<u64>()
@@ -113,7 +114,7 @@ pub(super) fn checkpoint_append_bytes(
 /// it frees space).
 pub(super) fn trim_bytes(nblocks: u64) -> u64 {
     let records = nblocks.div_ceil(RANGE_RECORD_BLOCKS_MAX);
-    records * EMPTY_RECORD_BYTES as u64 + SEGMENT_TAIL_MARGIN_BYTES
+    records * EMPTY_RECORD_MAX_BYTES as u64 + SEGMENT_TAIL_MARGIN_BYTES
 }
 
 /// Log bytes beyond the reserve WRITE_ZEROES needs: its partial edge
@@ -143,7 +144,7 @@ pub(super) fn commit_bytes(record_bytes: u64) -> u64 {
 /// Room a cleaner move needs: the copy (at most a whole unit), a REF
 /// record per holder, and a checkpoint of the map (`checkpoint` bytes).
 pub(super) fn relocation_bytes(holders: usize, checkpoint: u64) -> u64 {
-    holders as u64 * cvol_format::record::REF_RECORD_BYTES as u64
+    holders as u64 * REF_RECORD_MAX_BYTES as u64
         + checkpoint
         + UNIT_RECORD_MAX_BYTES as u64
 }
@@ -157,7 +158,7 @@ pub(super) fn cleaner_budget(free: u64, checkpoint: u64) -> u64 {
 /// Logical bytes that surely fit in `usable` log bytes: every block stored
 /// raw, in a record of its own.
 pub(super) fn worst_case_free_logical_bytes(usable: u64) -> u64 {
-    usable / (BLOCK_SIZE_BYTES + RECORD_HEADER_BYTES as u64) * BLOCK_SIZE_BYTES
+    usable / (BLOCK_SIZE_BYTES + RECORD_OVERHEAD_MAX_BYTES as u64) * BLOCK_SIZE_BYTES
 }
 
 impl Volume {

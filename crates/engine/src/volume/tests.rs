@@ -34,7 +34,7 @@ fn a_colliding_fingerprint_is_caught_by_verification() {
     vol.write_at(BS as u64, &b, false).unwrap();
     let b_entry = entry(&vol, 1);
     let d = vol.dedup.as_ref().unwrap();
-    let fp_a = crate::dedup::fingerprint(d.seed, &a);
+    let fp_a = crate::dedup::fingerprint(&d.seed, &a);
     d.index.lock().unwrap().hot.insert(fp_a, b_entry, 1);
     vol.write_at(2 * BS as u64, &a, false).unwrap();
     let mut got = vec![0u8; BS];
@@ -266,7 +266,7 @@ fn regression_a_stale_unit_at_a_reused_place_is_not_served() {
     let (o1, l1) = place(64);
     let mut rec = vec![0u8; l1 as usize];
     sim.read_at(o1, &mut rec).unwrap();
-    let other = Arc::new(crate::records::DecodedUnit::decode(&rec).unwrap());
+    let other = Arc::new(crate::records::DecodedUnit::decode(None, &rec).unwrap());
     // The other unit, cached at block 0's place.
     vol.caches.unit.insert((o0, l0), other);
     let mut got = vec![0u8; 4 * BS];
@@ -276,7 +276,7 @@ fn regression_a_stale_unit_at_a_reused_place_is_not_served() {
     // Dedup verification too: the same content is found again.
     vol.caches.unit.insert(
         (o0, l0),
-        Arc::new(crate::records::DecodedUnit::decode(&rec).unwrap()),
+        Arc::new(crate::records::DecodedUnit::decode(None, &rec).unwrap()),
     );
     vol.write_at(128 * BS as u64, &data(1)[..BS], false)
         .unwrap();

@@ -18,7 +18,8 @@ use crate::segments::{pack_order, VictimPolicy};
 use crate::volume::space::{self, CLEAN_GAIN_USEFUL_DIVISOR};
 use crate::volume::{State, Volume};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
-use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::record::{RecordHeader, RecordKind};
+use cvol_format::seal;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -487,8 +488,14 @@ impl Volume {
                             moved.store(true, Ordering::Relaxed);
                         }
                         Some(t) if st.live.is_fp_table(t) => {
-                            let payload = &v.buf[at + RECORD_HEADER_BYTES..at + h.total_len()];
-                            self.fp_table_moved(&mut st, t, payload);
+                            let rec = &v.buf[at..at + h.total_len()];
+                            match seal::payload(self.sb.sealer(), h, rec) {
+                                Ok(payload) => self.fp_table_moved(&mut st, t, &payload),
+                                Err(e) => {
+                                    tracing::warn!("fingerprint table {t}: {e}: dropped");
+                                    st.live.map_mut().set_table_ref(t, None);
+                                }
+                            }
                         }
                         Some(t) => st.live.table_moved(t),
                         None => {}
@@ -563,7 +570,7 @@ impl Volume {
                 compact.push(None);
                 continue;
             }
-            let unit = DecodedUnit::decode(f.bytes(&buf)).ok();
+            let unit = DecodedUnit::decode(self.sb.sealer(), f.bytes(&buf)).ok();
             if self.dedup.is_some() {
                 fps.push(
                     unit.as_ref()

@@ -21,7 +21,6 @@ use crate::policy::CodecPolicy;
 use crate::volume::jobs::cleaner::IDLE_VICTIM_LIVE_MAX_PERCENT;
 use crate::volume::prepare::Prepared;
 use crate::volume::{State, Volume, BS};
-use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CodecTag, EntryState, MapEntry, BLOCK_SIZE_BYTES};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -384,7 +383,7 @@ impl Volume {
         let new_bytes: u64 = items
             .iter()
             .map(|p| match p {
-                Prepared::Data { payload, .. } => (RECORD_HEADER_BYTES + payload.len()) as u64,
+                Prepared::Data { payload, .. } => (self.sb.record_overhead() + payload.len()) as u64,
                 _ => unreachable!("a data run compresses to data"),
             })
             .sum();

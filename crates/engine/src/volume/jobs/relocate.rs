@@ -14,7 +14,7 @@ use crate::records::{full_mask, Found};
 use crate::volume::commit::fp_row;
 use crate::volume::space::{self};
 use crate::volume::{State, Volume};
-use cvol_format::record::{RecordHeader, RECORD_HEADER_BYTES};
+use cvol_format::record::RecordHeader;
 use cvol_format::{CodecTag, EntryState, MapEntry};
 use std::sync::atomic::Ordering;
 
@@ -253,7 +253,11 @@ impl Volume {
     ) -> Result<MapEntry, VolError> {
         let h = &f.header;
         let shape = Shape::data(h.codec, h.level, owner, h.nblocks, mask);
-        let p = self.append(st, shape, f.payload(&v.buf))?;
+        let payload = f.payload(self.sb.sealer(), &v.buf).map_err(|e| VolError::Corrupt {
+            lba: h.lba,
+            detail: format!("a record the cleaner moves: {e}"),
+        })?;
+        let p = self.append(st, shape, &payload)?;
         assert_eq!(p.len as usize, h.total_len(), "a copy is the same record");
         let stats = &self.counters.cleaner;
         stats.records_relocated.fetch_add(1, Ordering::Relaxed);
@@ -319,7 +323,7 @@ pub(super) fn compacted(
     }
     let payload = codec.compress(&data)?;
     let old = f.header.total_len();
-    let new = RECORD_HEADER_BYTES + payload.len();
+    let new = f.header.total_len() - f.header.plain_len() + payload.len();
     (new + old / 16 <= old).then(|| Compacted {
         codec: codec.tag(),
         level: codec.level(),

@@ -15,6 +15,7 @@
 //!
 //! Scrub findings are counted in their own `stat` keys (`scrub_*`), not in
 //! `corrupt_reads`, which stays the count of client reads refused.
+use cvol_format::seal::{self, Sealer};
 use crate::error::VolError;
 use crate::records::{block_index, DecodedUnit};
 use crate::volume::read::READ_MERGE_MAX_BYTES;
@@ -211,8 +212,8 @@ enum Failure {
 type Verdicts = HashMap<(u64, u32), Result<RecordHeader, Failure>>;
 
 /// Verifies and decompresses the record at byte `at`.
-fn verify_record(at: u64, rec: &[u8]) -> Result<RecordHeader, Failure> {
-    DecodedUnit::decode(rec)
+fn verify_record(seal: Option<&Sealer>, at: u64, rec: &[u8]) -> Result<RecordHeader, Failure> {
+    DecodedUnit::decode(seal, rec)
         .map(|u| u.header)
         .map_err(|d| Failure::Corrupt(format!("record at byte {at} ({} bytes): {d}", rec.len())))
 }
@@ -547,7 +548,7 @@ impl Volume {
                     return Ok(());
                 };
                 let header = match &it.buffered {
-                    Some(rec) => verify_record(offset, rec)?,
+                    Some(rec) => verify_record(self.sb.sealer(), offset, rec)?,
                     None => match verdicts.get(&(offset, len)) {
                         Some(Ok(h)) => *h,
                         Some(Err(f)) => return Err(f.clone()),
@@ -581,7 +582,7 @@ impl Volume {
                     rep.stored_bytes_read += end - start;
                     for &(o, l) in &recs[i..j] {
                         let at = (o - start) as usize;
-                        verdicts.insert((o, l), verify_record(o, &run[at..at + l as usize]));
+                        verdicts.insert((o, l), verify_record(self.sb.sealer(), o, &run[at..at + l as usize]));
                     }
                 }
                 // Read the records one by one, to tell which are unreadable.
@@ -606,7 +607,7 @@ impl Volume {
         match self.storage.read_at(o, &mut rec) {
             Ok(()) => {
                 rep.stored_bytes_read += u64::from(l);
-                verify_record(o, &rec)
+                verify_record(self.sb.sealer(), o, &rec)
             }
             Err(e) => Err(Failure::Unreadable(format!(
                 "reading the record at byte {o} ({l} bytes): {e}"
@@ -672,14 +673,15 @@ impl Volume {
         };
         let gen = ptr.generation;
         let commit = match read(ptr.commit_offset, ptr.commit_len).and_then(|b| {
-            let (h, payload) = RecordHeader::decode_verified(&b).map_err(CkptFault::Invalid)?;
+            let (h, _) = RecordHeader::decode_verified(&b).map_err(CkptFault::Invalid)?;
+            let payload = seal::payload(self.sb.sealer(), &h, &b).map_err(CkptFault::Invalid)?;
             if h.kind != RecordKind::CkptCommit || h.seq != ptr.commit_seq {
                 return Err(CkptFault::Commit {
                     kind: h.kind,
                     seq: h.seq,
                 });
             }
-            CommitPayload::decode(payload).map_err(CkptFault::Invalid)
+            CommitPayload::decode(&payload).map_err(CkptFault::Invalid)
         }) {
             Ok(c) => c,
             Err(e) => return vec![format!("checkpoint {gen}: commit record: {e}")],
@@ -687,7 +689,9 @@ impl Volume {
         let mut errors = Vec::new();
         for (i, c) in commit.chunks.iter().enumerate() {
             let r = read(c.offset, c.len).and_then(|b| {
-                let (h, payload) = RecordHeader::decode_verified(&b).map_err(CkptFault::Invalid)?;
+                let (h, _) = RecordHeader::decode_verified(&b).map_err(CkptFault::Invalid)?;
+                let payload =
+                    seal::payload(self.sb.sealer(), &h, &b).map_err(CkptFault::Invalid)?;
                 if !matches!(h.kind, RecordKind::MapChunk | RecordKind::MapDir) || h.crc != c.crc {
                     return Err(CkptFault::Record {
                         kind: h.kind,
@@ -695,7 +699,7 @@ impl Volume {
                     });
                 }
                 if h.kind == RecordKind::MapDir {
-                    let raw = lz4_flex::block::decompress_size_prepended(payload)
+                    let raw = lz4_flex::block::decompress_size_prepended(&payload)
                         .map_err(CkptFault::Directory)?;
                     let block = h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS);
                     let dir = DirPayload::decode(&raw, block).map_err(CkptFault::Invalid)?;
@@ -710,6 +714,8 @@ impl Volume {
                         let page = read(r.offset, r.len).and_then(|b| {
                             let (h, _) =
                                 RecordHeader::decode_verified(&b).map_err(CkptFault::Invalid)?;
+                            seal::authenticate(self.sb.sealer(), &h, &b)
+                                .map_err(CkptFault::Invalid)?;
                             if h.kind != kind || h.crc != r.crc {
                                 return Err(CkptFault::Record {
                                     kind: h.kind,

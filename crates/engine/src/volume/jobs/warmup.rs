@@ -211,7 +211,7 @@ impl Volume {
     /// next batch starts, or None when done (end of map, index nearly full,
     /// no dedup, or the volume poisoned).
     fn warm_index_batch(&self, lba: u64) -> Option<u64> {
-        let seed = self.dedup.as_ref()?.seed;
+        let seed = self.dedup.as_ref()?.seed.clone();
         self.index_room()?;
         let blocks = self.sb.logical_blocks();
         let first = self
@@ -247,7 +247,7 @@ impl Volume {
             if after[i] != e || (shared && unit) {
                 continue; // changed; or a unit block, offered through its owner only
             }
-            let fp = dedup::fingerprint(seed, b);
+            let fp = dedup::fingerprint(&seed, b);
             let owner_form = e.as_owner_entry();
             if !ix.hot.insert_if_room(fp, owner_form, first + i as u64)
                 && ix.hot.entries >= ix.hot.capacity()
