@@ -110,7 +110,9 @@ fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep:
         let t = storage
             .read_at(off, &mut b)
             .map_err(|e| e.to_string())
-            .and_then(|()| PoolTable::decode(&b, &sb.uuid).map_err(|e| e.to_string()));
+            .and_then(|()| {
+                PoolTable::decode_with(&b, &sb.uuid, sb.sealer()).map_err(|e| e.to_string())
+            });
         match t {
             Ok(t) if best.as_ref().is_none_or(|b| b.generation < t.generation) => best = Some(t),
             Ok(_) => {}

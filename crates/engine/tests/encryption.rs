@@ -181,3 +181,28 @@ fn rotating_the_key_keeps_the_data_and_retires_the_old_key() {
         vol.close().unwrap();
     }
 }
+
+/// A pool's table (volume and snapshot names, sizes) is sealed too: the
+/// names are not in the store, and the pool opens again with the key.
+#[test]
+fn a_pools_volume_and_snapshot_names_are_sealed() {
+    use cvol_engine::pool::Pool;
+    let sim = SimStorage::new(64 * MIB);
+    let k = key(6);
+    let opts = options(&sim, 16 * MIB)
+        .as_pool()
+        .with_encryption(Cipher::Aes256Gcm, k.clone());
+    let pool = Pool::create(Arc::new(sim.clone()), &opts).expect("pool");
+    pool.create_volume("payroll-database", 8 * MIB)
+        .expect("volume");
+    pool.create_snapshot("payroll-database@before-audit")
+        .expect("snapshot");
+    drop(pool); // the table is durable once written (each change syncs it)
+    let store = bytes_of(&sim);
+    assert!(!contains(&store, b"payroll-database"));
+    assert!(!contains(&store, b"before-audit"));
+    let vol = Volume::open(Arc::new(sim.clone()), keyed(&k)).expect("open");
+    let pool = Pool::attach(Arc::new(vol)).expect("attach");
+    let names: Vec<String> = pool.volumes().into_iter().map(|v| v.name).collect();
+    assert!(names.iter().any(|n| n == "payroll-database"), "{names:?}");
+}
