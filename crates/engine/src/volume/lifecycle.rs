@@ -146,20 +146,19 @@ fn policy_of(sb: &Superblock) -> CodecPolicy {
 impl Volume {
     /// Formats `storage` as a new volume and opens it for writing.
     pub fn create(storage: Arc<dyn Storage>, c: &CreateOptions) -> Result<Volume, VolError> {
-        Volume::create_from(
-            storage,
-            new_superblock(c)?,
-            c.pool.then_some(c.logical_size_bytes),
-        )
+        Volume::create_from(storage, new_superblock(c)?, c)
     }
 
     /// Formats `storage` (joined with its metadata device, if `sb` names
-    /// one) as the volume of `sb` and opens it for writing.
+    /// one) as the volume of `sb`, made from `c`, and opens it for writing
+    /// (a pool's first volume has `c`'s logical size; the volume keeps
+    /// `c`'s key file, for a cache that is formatted again).
     pub(super) fn create_from(
         storage: Arc<dyn Storage>,
         sb: Superblock,
-        pool_default: Option<u64>,
+        c: &CreateOptions,
     ) -> Result<Volume, VolError> {
+        let pool_default = (c.pool && !sb.is_cache()).then_some(c.logical_size_bytes);
         sb.validate().map_err(OpenError::Geometry)?;
         if sb.physical_size_bytes > storage.len_bytes() {
             return Err(OpenError::BackingTooSmall {
@@ -173,7 +172,11 @@ impl Volume {
         let first = segs.open_next().expect("a new volume has free segments");
         let log = Log::new(&sb, segs, first, 0, 0, 1);
         let state = State::new(LiveMap::empty(&sb), log, 0, 0, 0);
-        let vol = Volume::assemble(storage, sb, OpenOptions::default(), state);
+        let options = OpenOptions {
+            key: c.encryption.as_ref().map(|e| e.key.clone()),
+            ..OpenOptions::default()
+        };
+        let vol = Volume::assemble(storage, sb, options, state);
         vol.begin_epoch()?;
         vol.checkpoint()?;
         Ok(vol)
@@ -187,7 +190,7 @@ impl Volume {
     ) -> Result<Volume, VolError> {
         let mut sb = new_superblock(c)?;
         sb.flags |= cvol_format::superblock::FLAG_CACHE;
-        Volume::create_from(storage, sb, None)
+        Volume::create_from(storage, sb, c)
     }
 
     /// The create options that made this volume (a cache starting cold is
@@ -201,11 +204,11 @@ impl Volume {
             dedup: self.sb.dedup(),
             packing: self.sb.packing(),
             pool: false,
-            encryption: self.sb.key_slot.and_then(|slot| {
-                Some(crate::keys::Encryption {
-                    cipher: slot.cipher,
-                    key: self.options.key.clone()?,
-                })
+            // Never a volume in the clear for an encrypted one: an open or
+            // create of an encrypted volume always has its key file.
+            encryption: self.sb.key_slot.map(|slot| crate::keys::Encryption {
+                cipher: slot.cipher,
+                key: (self.options.key.clone()).expect("an encrypted volume has its key file"),
             }),
         }
     }

@@ -145,6 +145,6 @@ impl Volume {
             store.sync().map_err(VolError::Io)?;
         }
         let joined = join(&sb, data, meta)?;
-        Volume::create_from(joined, sb, c.pool.then_some(c.logical_size_bytes))
+        Volume::create_from(joined, sb, c)
     }
 }
