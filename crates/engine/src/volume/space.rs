@@ -293,7 +293,9 @@ mod tests {
     fn the_named_costs_are_the_numbers_the_volume_always_used() {
         assert_eq!(CHECKPOINT_ENTRY_MAX_BYTES, 25);
         assert_eq!(ZERO_ENTRY_CHECKPOINT_BYTES, 13);
-        assert_eq!(UNIT_RECORD_MAX_BYTES, 16 * 4096 + 44);
+        // Every record is counted with the 16-byte tag an encrypted volume
+        // seals it with (44 header bytes + 16), on every volume.
+        assert_eq!(UNIT_RECORD_MAX_BYTES, 16 * 4096 + 44 + 16);
         // An empty map: two map records' worth and the commit allowance.
         assert_eq!(
             checkpoint_estimate_bytes(0, 0, 0, MIB),
@@ -302,20 +304,21 @@ mod tests {
         // A page record holds its entries with room for lz4 (the page's
         // directory entry and block count too).
         let one = checkpoint_estimate_bytes(1, 1, 0, MIB) - checkpoint_estimate_bytes(0, 0, 0, MIB);
-        assert_eq!(one, 25 + (44 + 4 + 48) + 33 + (44 + 4 + 48));
+        assert_eq!(one, 25 + (60 + 4 + 48) + 33 + (60 + 4 + 48));
         const { assert!(512 * 25 + 2 * PAGE_RECORD_OVERHEAD_BYTES < MAP_RECORD_MAX_BYTES) };
         const { assert!(DIR_PAGES * DIR_BYTES_PER_PAGE + 96 < MAP_RECORD_MAX_BYTES) };
-        assert_eq!(trim_bytes(1), 44 + 2 * ((1 << 17) - 1));
+        assert_eq!(trim_bytes(1), 60 + 2 * ((1 << 17) - 1));
         assert_eq!(
             trim_bytes(u64::from(u32::MAX) + 1),
-            2 * 44 + 2 * ((1 << 17) - 1)
+            2 * 60 + 2 * ((1 << 17) - 1)
         );
         assert_eq!(zero_blocks_bytes(10), 64 + 130);
         assert_eq!(
             write_zeroes_bytes(2, 10, true),
             2 * (4096 + 64) + 130 + 4 * ((1 << 17) - 1)
         );
-        assert_eq!(worst_case_free_logical_bytes(4140 * 3 + 100), 3 * 4096);
+        assert_eq!(worst_case_free_logical_bytes(4156 * 3 + 100), 3 * 4096);
+        assert_eq!(worst_case_free_logical_bytes(4156 * 3 - 1), 2 * 4096);
     }
 
     #[test]
@@ -324,8 +327,9 @@ mod tests {
         // records, their directory block, the commit record, and two of
         // the largest map record.
         let need = checkpoint_append_bytes(&[1000, 1000, 1000], 0, MIB);
-        let commit = (44 + 20 + 16) as u64;
-        assert_eq!(need, 3 * 1044 + 3 * 33 + 96 + commit + 2 * (80 << 10));
-        assert_eq!(checkpoint_append_bytes(&[], 0, MIB), 64 + 2 * (80 << 10));
+        // (Each record with the 16-byte tag of an encrypted volume.)
+        let commit = (60 + 20 + 16) as u64;
+        assert_eq!(need, 3 * 1060 + 3 * 33 + 112 + commit + 2 * (80 << 10));
+        assert_eq!(checkpoint_append_bytes(&[], 0, MIB), 80 + 2 * (80 << 10));
     }
 }
