@@ -101,25 +101,8 @@ pub fn check_volume_with_key(
 /// holds (a freed extent still pending its unmapping is finished at the
 /// next open for writing: a note).
 fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep: &mut CheckReport) {
-    use cvol_format::pool::{
-        PoolTable, EXTENT_BLOCKS, POOL_EXTENTS, POOL_SLOT_BYTES, POOL_SLOT_OFFSETS,
-    };
-    let mut best: Option<PoolTable> = None;
-    for (i, &off) in POOL_SLOT_OFFSETS.iter().enumerate() {
-        let mut b = vec![0u8; POOL_SLOT_BYTES as usize];
-        let t = storage
-            .read_at(off, &mut b)
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                PoolTable::decode_with(&b, &sb.uuid, sb.sealer()).map_err(|e| e.to_string())
-            });
-        match t {
-            Ok(t) if best.as_ref().is_none_or(|b| b.generation < t.generation) => best = Some(t),
-            Ok(_) => {}
-            Err(e) => rep.notes.push(format!("pool table slot {i}: {e}")),
-        }
-    }
-    let Some(t) = best else {
+    use cvol_format::pool::{EXTENT_BLOCKS, POOL_EXTENTS};
+    let Some(t) = newest_pool_table(storage, sb, rep) else {
         rep.errors
             .push("the pool's volume table is unreadable in both slots".into());
         return;
@@ -181,6 +164,31 @@ fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep:
         t.snapshots.len(),
         t.generation
     ));
+}
+
+/// The newest pool table that decodes (a note for each slot that does not).
+fn newest_pool_table(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    rep: &mut CheckReport,
+) -> Option<cvol_format::pool::PoolTable> {
+    use cvol_format::pool::{PoolTable, POOL_SLOT_BYTES, POOL_SLOT_OFFSETS};
+    let mut best: Option<PoolTable> = None;
+    for (i, &off) in POOL_SLOT_OFFSETS.iter().enumerate() {
+        let mut b = vec![0u8; POOL_SLOT_BYTES as usize];
+        let t = storage
+            .read_at(off, &mut b)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                PoolTable::decode_with(&b, &sb.uuid, sb.sealer()).map_err(|e| e.to_string())
+            });
+        match t {
+            Ok(t) if best.as_ref().is_none_or(|b| b.generation < t.generation) => best = Some(t),
+            Ok(_) => {}
+            Err(e) => rep.notes.push(format!("pool table slot {i}: {e}")),
+        }
+    }
+    best
 }
 
 /// The liveness tables the checkpoint persisted (what an open takes

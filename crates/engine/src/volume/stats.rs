@@ -211,16 +211,11 @@ impl Volume {
             client_bytes_written: client,
             media_bytes_written: st.log.media_bytes_written,
             write_amplification: ratio(st.log.media_bytes_written, client),
-            // The log writes whole 4 KiB pages of the store, each once.
-            pages_written_per_block: ratio(st.log.media_bytes_written, client),
+            pages_written_per_block: ratio(st.log.media_bytes_written, client), // pages: once each
             padding_bytes: st.log.padding_bytes,
             zero_ahead_bytes: st.log.zero_ahead_bytes,
-            packing: self.sb.packing().name().to_string(),
-            encryption: self
-                .sb
-                .key_slot
-                .map_or("none", |k| k.cipher.name())
-                .to_string(),
+            packing: self.sb.packing().name().into(),
+            encryption: self.encryption_name().into(),
             cleaner: self.cleaner_stats(),
             corrupt_reads: get(&self.counters.corrupt_reads),
             lost_bytes: lost,
@@ -248,6 +243,11 @@ impl Volume {
             cache: self.cache_stats(),
             object: crate::stats::ObjectStoreStats::from_storage(self.storage.object_stats()),
         }
+    }
+
+    /// The cipher records are sealed with, or "none".
+    fn encryption_name(&self) -> &'static str {
+        self.sb.key_slot.map_or("none", |k| k.cipher.name())
     }
 
     fn space_stats(&self, st: &State, compactable: u64) -> SpaceStats {
