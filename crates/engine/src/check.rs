@@ -27,14 +27,31 @@ impl CheckReport {
     }
 }
 
-/// Verifies the volume on `storage`. `progress(done, total)` is called as
-/// mapped blocks are verified.
+/// Verifies the volume on `storage` (one without encryption: see
+/// `check_volume_keyed`). `progress(done, total)` is called as mapped
+/// blocks are verified.
 pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -> CheckReport {
+    check_volume_keyed(storage, None, progress)
+}
+
+/// Verifies the volume on `storage`, unlocked with `key` when it is
+/// encrypted: every record is opened and authenticated as a read would.
+/// Without the key (or with a wrong one) an encrypted volume is not
+/// verified: the report's one error says why.
+pub fn check_volume_keyed(
+    storage: &dyn Storage,
+    key: Option<&crate::KeyFile>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> CheckReport {
     let mut rep = CheckReport::default();
-    let sb = match check_superblocks(storage, &mut rep) {
+    let mut sb = match check_superblocks(storage, &mut rep) {
         Some(sb) => sb,
         None => return rep,
     };
+    if let Err(e) = crate::keys::unlock(storage, &mut sb, key) {
+        rep.errors.push(e.to_string());
+        return rep;
+    }
     if let Err(e) = recovery::require_metadata_device(storage, &sb) {
         rep.errors.push(e.to_string());
         return rep;
@@ -540,6 +557,14 @@ pub struct RepairReport {
 /// valid again. Damaged data records cannot be repaired (there is no second
 /// copy): the final check lists their LBAs, which keep reading as EIO.
 pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
+    repair_volume_keyed(storage, None)
+}
+
+/// `repair_volume` of a volume unlocked with `key` when it is encrypted.
+pub fn repair_volume_keyed(
+    storage: std::sync::Arc<dyn Storage>,
+    key: Option<&crate::KeyFile>,
+) -> RepairReport {
     let mut rep = RepairReport::default();
     match recovery::repair_superblocks(&*storage) {
         Ok(notes) => rep.actions.extend(notes),
@@ -552,6 +577,7 @@ pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
         rebuild_from_log: true,
         dedup_memory_bytes: Some(1 << 20),
         read_cache_bytes: Some(0),
+        key: key.cloned(),
         ..crate::OpenOptions::default()
     };
     match crate::Volume::open(storage.clone(), options) {
@@ -585,6 +611,6 @@ pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
             .actions
             .push(format!("could not open the volume to repair it: {e}")),
     }
-    rep.after = check_volume(&*storage, &mut |_, _| {});
+    rep.after = check_volume_keyed(&*storage, key, &mut |_, _| {});
     rep
 }

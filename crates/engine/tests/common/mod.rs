@@ -4,6 +4,7 @@
 //! they pick seeds.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 pub mod pools;
+pub mod sealed;
 pub mod seeds;
 pub mod sim;
 pub mod stores;
