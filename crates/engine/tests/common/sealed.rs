@@ -66,3 +66,23 @@ pub fn assert_encrypted(storage: &dyn Storage) {
     let (sb, _) = cvol_engine::read_superblock(storage).expect("a superblock");
     assert!(sb.is_encrypted(), "the volume is not encrypted");
 }
+
+thread_local! {
+    /// The sealing of the seed this thread runs (`with_current`), for the
+    /// helpers a simulation shares that open its volume deep down.
+    static CURRENT: std::cell::RefCell<Option<Sealing>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `s` as this thread's sealing (`current`); the seed runners
+/// run each seed whole on one thread.
+pub fn with_current<R>(s: Option<Sealing>, f: impl FnOnce() -> R) -> R {
+    let before = CURRENT.with(|c| c.replace(s));
+    let r = f();
+    CURRENT.with(|c| *c.borrow_mut() = before);
+    r
+}
+
+/// The sealing `with_current` set on this thread (None: in the clear).
+pub fn current() -> Option<Sealing> {
+    CURRENT.with(|c| c.borrow().clone())
+}
