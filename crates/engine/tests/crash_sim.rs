@@ -663,7 +663,10 @@ fn sealed_crash_simulation_seeds() {
     );
     assert!(cov.cut_mid_run > n / 2 && cov.blocks_rolled_back > 0 && cov.blocks_kept_unflushed > 0);
     assert!(cov.cleaner_records_moved > 0, "the cleaner never ran");
-    assert!(cov.dedup_hits > 0 && cov.hits_table > 0, "dedup never found a repeat");
+    assert!(
+        cov.dedup_hits > 0 && cov.hits_table > 0,
+        "dedup never found a repeat"
+    );
     assert!(cov.metadata_device_seeds >= n / 4 && cov.window_seeds >= n / 4);
 }
 

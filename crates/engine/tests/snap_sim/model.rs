@@ -435,8 +435,8 @@ pub type Alt = Option<(PoolModel, usize)>;
 
 pub fn open_pool(store: &SimStorage) -> Pool {
     let options = sealed::open_opts(sealed::current().as_ref(), OpenOptions::default());
-    let vol = Volume::open(Arc::new(store.clone()), options)
-        .unwrap_or_else(|e| panic!("reopen: {e}"));
+    let vol =
+        Volume::open(Arc::new(store.clone()), options).unwrap_or_else(|e| panic!("reopen: {e}"));
     Pool::attach(Arc::new(vol)).unwrap_or_else(|e| panic!("attach: {e}"))
 }
 
