@@ -86,3 +86,16 @@ pub fn with_current<R>(s: Option<Sealing>, f: impl FnOnce() -> R) -> R {
 pub fn current() -> Option<Sealing> {
     CURRENT.with(|c| c.borrow().clone())
 }
+
+/// The payload in the clear of the record at `at` on `storage` (`len`
+/// bytes with its header), opened with the volume's key when sealed.
+pub fn payload(s: Option<&Sealing>, storage: &dyn Storage, at: u64, len: usize) -> Vec<u8> {
+    let (mut sb, _) = cvol_engine::read_superblock(storage).expect("a superblock");
+    cvol_engine::keys::unlock(storage, &mut sb, s.map(|s| &s.key)).expect("the volume's key");
+    let mut rec = vec![0u8; len];
+    storage.read_at(at, &mut rec).expect("read the record");
+    let h = cvol_format::RecordHeader::decode(&rec).expect("a record header");
+    cvol_format::seal::payload(sb.sealer(), &h, &rec)
+        .expect("an intact record")
+        .into_owned()
+}
