@@ -890,3 +890,4 @@ impl std::fmt::Display for KeyProblem {
         }
     }
 }
+
