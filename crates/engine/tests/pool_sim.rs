@@ -24,14 +24,16 @@
 //!
 //! One seed: `CVOL_POOL_SIM_SEED=N cargo test --release -p cvol-engine --test pool_sim -- --nocapture`
 //! More:     `CVOL_POOL_SIM_SEEDS=2000 cargo test --release -p cvol-engine --test pool_sim`
-//! (and `CVOL_POOL_FAULT_SEED`, `CVOL_POOL_FAULT_SEEDS` for the fault simulation).
+//! (and `CVOL_POOL_FAULT_SEED`, `CVOL_POOL_FAULT_SEEDS` for the fault simulation;
+//! `CVOL_SEALED_POOL_SEED`, `CVOL_SEALED_POOL_SEEDS` for both on encrypted pools).
 mod common;
 use common::pools;
+use common::sealed::{self, Sealing};
 use common::seeds;
 use common::sim::{self, h};
 use common::{BS, MIB};
 use cvol_engine::pool::{Pool, PoolError};
-use cvol_engine::{check, Codec, OpenOptions, VolError, Volume};
+use cvol_engine::{Codec, OpenOptions, VolError, Volume};
 use cvol_format::pool::{PoolTable, EXTENT_BLOCKS, POOL_EXTENTS, POOL_HEADER_BYTES};
 use cvol_format::pool::{POOL_SLOT_BYTES, POOL_SLOT_OFFSETS};
 use cvol_storage::{SimConfig, SimStorage, Storage};
@@ -440,8 +442,9 @@ fn run_ops(
 }
 
 fn open_pool(store: &SimStorage) -> Pool {
-    let vol = Volume::open(Arc::new(store.clone()), OpenOptions::default())
-        .unwrap_or_else(|e| panic!("reopen: {e}"));
+    let options = sealed::open_opts(sealed::current().as_ref(), OpenOptions::default());
+    let vol =
+        Volume::open(Arc::new(store.clone()), options).unwrap_or_else(|e| panic!("reopen: {e}"));
     Pool::attach(Arc::new(vol)).unwrap_or_else(|e| panic!("attach: {e}"))
 }
 
@@ -564,7 +567,7 @@ fn check_reopened(
         .verify_refcounts()
         .unwrap_or_else(|e| panic!("reference counts after reopening: {e}"));
     if full_check {
-        let rep = check::check_volume(store, &mut |_, _| {});
+        let rep = sealed::check(sealed::current().as_ref(), store);
         assert!(rep.consistent(), "check found {:?}", rep.errors);
     }
     next.next_id = t.next_id;
@@ -579,7 +582,11 @@ fn new_pool(rng: &mut StdRng) -> (SimStorage, Pool, PoolModel) {
     let opts = common::options(&store, blocks * BSU)
         .with_codec(codec)
         .with_dedup(rng.gen_ratio(3, 4));
+    let opts = sealed::create_opts(sealed::current().as_ref(), opts);
     let pool = Pool::create(Arc::new(store.clone()), &opts).expect("create a pool");
+    if opts.encryption.is_some() {
+        sealed::assert_encrypted(&store);
+    }
     let vols = BTreeMap::from([("default".to_string(), VolModel::new(1, blocks))]);
     (store, pool, PoolModel { vols, next_id: 2 })
 }
@@ -746,6 +753,27 @@ fn pool_fault_simulation_seeds() {
     report("fault", n, &cov);
     assert_covered(n, &cov);
     assert!(cov.live_reopens > 0);
+}
+
+/// Both simulations on encrypted pools (`Sealing::of_seed`): even seeds
+/// crash, odd ones fail inside pool operations. Few seeds in a plain run
+/// (`CVOL_SEALED_POOL_SEEDS` for more, `CVOL_SEALED_POOL_SEED` for one).
+#[test]
+fn sealed_pool_simulation_seeds() {
+    let run = |seed, cov: &mut Coverage| {
+        let f = [crash_seed, fault_seed][seed as usize % 2];
+        sealed::with_current(Some(Sealing::of_seed(seed)), || f(seed, cov))
+    };
+    let r = seeds::run_seeds(
+        "CVOL_SEALED_POOL_SEED",
+        "CVOL_SEALED_POOL_SEEDS",
+        24,
+        run,
+        Coverage::add,
+    );
+    let Some((n, cov)) = r else { return };
+    report("sealed", n, &cov);
+    assert!(cov.live_reopens > 0 && cov.rolled_back > 0 && cov.refusals > 0);
 }
 
 /// The fault simulation's shrinks once counted only blocks holding data

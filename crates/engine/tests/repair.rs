@@ -2,8 +2,11 @@
 //! checkpoint found in the log; a volume whose every checkpoint is damaged
 //! refuses to guess at open and `repair_volume` (`cvol check --repair`)
 //! rebuilds its map from the self-describing log; a damaged superblock copy
-//! is rewritten; damaged data is reported by LBA, never returned.
-use cvol_engine::{check, Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, Volume};
+//! is rewritten; damaged data is reported by LBA, never returned. Each
+//! test runs in the clear and sealed with each cipher (`variants`).
+mod common;
+use common::sealed::{self, Sealing};
+use cvol_engine::{Codec, CodecPolicy, CreateOptions, ElasticConfig, OpenOptions, Volume};
 use cvol_storage::{SimStorage, Storage};
 use std::sync::Arc;
 
@@ -21,7 +24,7 @@ fn block(i: u64, v: u32) -> Vec<u8> {
 
 /// A volume with units, dedup references, a TRIM and zeros, closed cleanly.
 /// Returns the expected image.
-fn populate(sim: &SimStorage, codec: CodecPolicy) -> Vec<u8> {
+fn populate(sim: &SimStorage, codec: CodecPolicy, s: Option<&Sealing>) -> Vec<u8> {
     let opts = CreateOptions {
         logical_size_bytes: 8 * MIB,
         physical_size_bytes: sim.len_bytes(),
@@ -32,7 +35,7 @@ fn populate(sim: &SimStorage, codec: CodecPolicy) -> Vec<u8> {
         pool: false,
         encryption: None,
     };
-    Volume::create(Arc::new(sim.clone()), &opts)
+    Volume::create(Arc::new(sim.clone()), &sealed::create_opts(s, opts))
         .unwrap()
         .close()
         .unwrap();
@@ -44,7 +47,7 @@ fn populate(sim: &SimStorage, codec: CodecPolicy) -> Vec<u8> {
         },
         ..OpenOptions::default()
     };
-    let vol = Volume::open(Arc::new(sim.clone()), options).unwrap();
+    let vol = Volume::open(Arc::new(sim.clone()), sealed::open_opts(s, options)).unwrap();
     let mut image = vec![0u8; 8 * MIB as usize];
     let mut put = |vol: &Volume, lba: u64, data: &[u8]| {
         vol.write_at(lba * BS as u64, data, false).unwrap();
@@ -70,8 +73,16 @@ fn populate(sim: &SimStorage, codec: CodecPolicy) -> Vec<u8> {
     image
 }
 
-fn open(sim: &SimStorage) -> Result<Volume, cvol_engine::VolError> {
-    Volume::open(Arc::new(sim.clone()), OpenOptions::default())
+fn open(sim: &SimStorage, s: Option<&Sealing>) -> Result<Volume, cvol_engine::VolError> {
+    Volume::open(
+        Arc::new(sim.clone()),
+        sealed::open_opts(s, OpenOptions::default()),
+    )
+}
+
+/// In the clear, then sealed with AES-256-GCM and with ChaCha20-Poly1305.
+fn variants() -> [Option<Sealing>; 3] {
+    [None, Some(Sealing::of_seed(0)), Some(Sealing::of_seed(1))]
 }
 
 fn assert_image(vol: &Volume, image: &[u8]) {
@@ -87,7 +98,7 @@ fn records_of_kind(sim: &SimStorage, kind: u8) -> Vec<u64> {
     let mut img = vec![0u8; sim.len_bytes() as usize];
     sim.read_at(0, &mut img).unwrap();
     (0..img.len() - 44)
-        .filter(|&i| img[i..i + 4] == RECORD_MAGIC && img[i + 4] == kind)
+        .filter(|&i| img[i..i + 4] == RECORD_MAGIC && img[i + 4] & 0x7f == kind)
         .map(|i| i as u64)
         .collect()
 }
@@ -104,10 +115,16 @@ fn smash_pointer_slots(sim: &SimStorage) {
 
 #[test]
 fn damaged_pointer_slots_fall_back_to_a_checkpoint_found_in_the_log() {
+    for s in variants() {
+        damaged_pointer_slots_fall_back_to_a_checkpoint_found_in_the_log_in(s.as_ref());
+    }
+}
+
+fn damaged_pointer_slots_fall_back_to_a_checkpoint_found_in_the_log_in(s: Option<&Sealing>) {
     let sim = SimStorage::new(16 * MIB);
-    let image = populate(&sim, Codec::Lz4.into());
+    let image = populate(&sim, Codec::Lz4.into(), s);
     smash_pointer_slots(&sim);
-    let vol = open(&sim).expect("opens from a commit record found by scanning");
+    let vol = open(&sim, s).expect("opens from a commit record found by scanning");
     assert!(
         vol.recovery_warnings()
             .iter()
@@ -119,9 +136,9 @@ fn damaged_pointer_slots_fall_back_to_a_checkpoint_found_in_the_log() {
     vol.close().unwrap();
     drop(vol);
     // Closing wrote a fresh checkpoint into one slot; repair rewrites both.
-    let rep = check::repair_volume(Arc::new(sim.clone()));
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
     assert!(rep.after.consistent(), "{:?}", rep.after.errors);
-    let vol = open(&sim).unwrap();
+    let vol = open(&sim, s).unwrap();
     assert!(
         vol.recovery_warnings().is_empty(),
         "{:?}",
@@ -132,6 +149,14 @@ fn damaged_pointer_slots_fall_back_to_a_checkpoint_found_in_the_log() {
 
 #[test]
 fn with_every_checkpoint_damaged_open_refuses_and_repair_rebuilds_from_the_log() {
+    for s in variants() {
+        with_every_checkpoint_damaged_open_refuses_and_repair_rebuilds_from_the_log_in(s.as_ref());
+    }
+}
+
+fn with_every_checkpoint_damaged_open_refuses_and_repair_rebuilds_from_the_log_in(
+    s: Option<&Sealing>,
+) {
     for codec in [
         Codec::Lz4.into(),
         CodecPolicy::Auto {
@@ -139,19 +164,19 @@ fn with_every_checkpoint_damaged_open_refuses_and_repair_rebuilds_from_the_log()
         },
     ] {
         let sim = SimStorage::new(16 * MIB);
-        let image = populate(&sim, codec);
+        let image = populate(&sim, codec, s);
         smash_pointer_slots(&sim);
         for at in records_of_kind(&sim, 6) {
             sim.flip_bit(at + 50, 1); // every CKPT_COMMIT payload
         }
-        let err = match open(&sim) {
+        let err = match open(&sim, s) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("opened without any usable checkpoint"),
         };
         assert!(err.contains("check --repair"), "{err}");
-        let before = check::check_volume(&sim, &mut |_, _| {});
+        let before = sealed::check(s, &sim);
         assert!(!before.consistent());
-        let rep = check::repair_volume(Arc::new(sim.clone()));
+        let rep = sealed::repair(s, Arc::new(sim.clone()));
         assert!(
             rep.actions.iter().any(|a| a.contains("salvage from")),
             "{:?}",
@@ -160,7 +185,7 @@ fn with_every_checkpoint_damaged_open_refuses_and_repair_rebuilds_from_the_log()
         assert!(rep.lost_lbas.is_empty() && rep.unknown_records.is_empty());
         assert!(rep.after.consistent(), "{:?}", rep.after.errors);
         // Nothing was reused, so the rebuild is exact: units, refs, TRIM, zeros.
-        let vol = open(&sim).unwrap();
+        let vol = open(&sim, s).unwrap();
         assert!(vol.recovery_warnings().is_empty());
         assert_image(&vol, &image);
         vol.verify_refcounts().unwrap();
@@ -172,15 +197,21 @@ fn with_every_checkpoint_damaged_open_refuses_and_repair_rebuilds_from_the_log()
 
 #[test]
 fn a_damaged_superblock_copy_is_rewritten_from_the_other() {
+    for s in variants() {
+        a_damaged_superblock_copy_is_rewritten_from_the_other_in(s.as_ref());
+    }
+}
+
+fn a_damaged_superblock_copy_is_rewritten_from_the_other_in(s: Option<&Sealing>) {
     let sim = SimStorage::new(16 * MIB);
-    let image = populate(&sim, Codec::Lz4.into());
+    let image = populate(&sim, Codec::Lz4.into(), s);
     sim.flip_bit(cvol_format::SUPERBLOCK_A_OFFSET + 30, 0);
-    let before = check::check_volume(&sim, &mut |_, _| {});
+    let before = sealed::check(s, &sim);
     assert!(!before.consistent(), "check sees the damaged copy");
-    let vol = open(&sim).expect("copy B covers copy A");
+    let vol = open(&sim, s).expect("copy B covers copy A");
     assert_image(&vol, &image);
     drop(vol);
-    let rep = check::repair_volume(Arc::new(sim.clone()));
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
     assert!(
         rep.actions
             .iter()
@@ -193,15 +224,21 @@ fn a_damaged_superblock_copy_is_rewritten_from_the_other() {
 
 #[test]
 fn damaged_data_is_reported_by_lba_and_never_returned() {
+    for s in variants() {
+        damaged_data_is_reported_by_lba_and_never_returned_in(s.as_ref());
+    }
+}
+
+fn damaged_data_is_reported_by_lba_and_never_returned_in(s: Option<&Sealing>) {
     let sim = SimStorage::new(16 * MIB);
-    let image = populate(&sim, Codec::Lz4.into());
+    let image = populate(&sim, Codec::Lz4.into(), s);
     // The single-block record of lba 130 (version 2): damage its payload.
     let mut img = vec![0u8; sim.len_bytes() as usize];
     sim.read_at(0, &mut img).unwrap();
     let at = (0..img.len() - 44)
         .find(|&i| {
             img[i..i + 4] == RECORD_MAGIC
-                && img[i + 4] == 1
+                && img[i + 4] & 0x7f == 1
                 && img[i + 24..i + 32] == 130u64.to_le_bytes()
                 && img[i + 32..i + 36] == 1u32.to_le_bytes()
         })
@@ -210,19 +247,22 @@ fn damaged_data_is_reported_by_lba_and_never_returned() {
             (0..img.len() - 44).rev().find(|&i| {
                 let lba = u64::from_le_bytes(img[i + 24..i + 32].try_into().unwrap());
                 let n = u64::from(u32::from_le_bytes(img[i + 32..i + 36].try_into().unwrap()));
-                img[i..i + 4] == RECORD_MAGIC && img[i + 4] == 1 && lba <= 130 && 130 < lba + n
+                img[i..i + 4] == RECORD_MAGIC
+                    && img[i + 4] & 0x7f == 1
+                    && lba <= 130
+                    && 130 < lba + n
             })
         })
         .expect("the record of lba 130") as u64;
     sim.flip_bit(at + 70, 2);
-    let rep = check::repair_volume(Arc::new(sim.clone()));
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
     assert!(!rep.after.consistent());
     assert!(
         rep.after.errors.iter().any(|e| e.starts_with("lba 130 ")),
         "{:?}",
         rep.after.errors
     );
-    let vol = open(&sim).unwrap();
+    let vol = open(&sim, s).unwrap();
     let mut b = vec![0u8; BS];
     assert!(vol.read_at(130 * BS as u64, &mut b).is_err());
     for lba in [0u64, 5, 99, 300, 315] {
@@ -238,6 +278,16 @@ fn damaged_data_is_reported_by_lba_and_never_returned() {
 /// recovery refuses, and repair rebuilds around the damaged record.
 #[test]
 fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back() {
+    for s in variants() {
+        regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back_in(
+            s.as_ref(),
+        );
+    }
+}
+
+fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back_in(
+    s: Option<&Sealing>,
+) {
     let sim = SimStorage::new(16 * MIB);
     let opts = CreateOptions {
         logical_size_bytes: 8 * MIB,
@@ -249,7 +299,7 @@ fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back
         pool: false,
         encryption: None,
     };
-    let vol = Volume::create(Arc::new(sim.clone()), &opts).unwrap();
+    let vol = Volume::create(Arc::new(sim.clone()), &sealed::create_opts(s, opts)).unwrap();
     vol.write_at(7 * BS as u64, &block(7, 0), false).unwrap();
     vol.checkpoint().unwrap();
     vol.write_at(7 * BS as u64, &block(7, 1), false).unwrap();
@@ -267,18 +317,18 @@ fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back
     let at = (0..img.len() - 44)
         .filter(|&i| {
             img[i..i + 4] == RECORD_MAGIC
-                && img[i + 4] == 1
+                && img[i + 4] & 0x7f == 1
                 && img[i + 24..i + 32] == 7u64.to_le_bytes()
         })
         .max_by_key(|&i| u64::from_le_bytes(img[i + 16..i + 24].try_into().unwrap()))
         .unwrap() as u64;
     sim.flip_bit(at + 100, 4);
-    let err = match open(&sim) {
+    let err = match open(&sim, s) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("opened a log with a hole in its flushed records"),
     };
     assert!(err.contains("the log is damaged"), "{err}");
-    let rep = check::repair_volume(Arc::new(sim.clone()));
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
     assert!(
         rep.actions.iter().any(|a| a.contains("for lba 7+1")),
         "repair names the damaged record's blocks: {:?}",
@@ -289,7 +339,7 @@ fn regression_damage_in_the_flushed_log_tail_is_refused_not_silently_rolled_back
     assert_eq!(rep.lost_lbas, vec![7]);
     assert_eq!(rep.after.lost_lbas, vec![7]);
     assert!(!rep.after.consistent());
-    let vol = open(&sim).unwrap();
+    let vol = open(&sim, s).unwrap();
     let mut b = vec![0u8; BS];
     for i in 20..40u64 {
         vol.read_at(i * BS as u64, &mut b).unwrap();

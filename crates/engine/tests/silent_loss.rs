@@ -5,7 +5,10 @@
 //! refuses and writes nothing, `check` reports it, and `check --repair`
 //! salvages every intact record and marks exactly the blocks whose newest
 //! flushed version is gone as lost (EIO), never zeros or an older version.
-use cvol_engine::{check, Codec, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume};
+//! Each test runs in the clear and sealed (`variants`).
+mod common;
+use common::sealed::{self, Sealing};
+use cvol_engine::{Codec, CreateOptions, ElasticConfig, OpenOptions, VolError, Volume};
 use cvol_format::checkpoint::CommitPayload;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CheckpointPointer, RecordHeader, RecordKind};
@@ -24,18 +27,25 @@ fn block(lba: u64) -> Vec<u8> {
         .collect()
 }
 
-fn options() -> OpenOptions {
-    OpenOptions {
+/// In the clear, then sealed (ChaCha20-Poly1305: corruption.rs and
+/// repair.rs run both ciphers; these tests scan a 64 MiB store often).
+fn variants() -> [Option<Sealing>; 2] {
+    [None, Some(Sealing::of_seed(1))]
+}
+
+fn options(s: Option<&Sealing>) -> OpenOptions {
+    let o = OpenOptions {
         elastic: ElasticConfig {
             unit_blocks: 1,
             recompress: false,
             ..ElasticConfig::default()
         },
         ..OpenOptions::default()
-    }
+    };
+    sealed::open_opts(s, o)
 }
 
-fn create(sim: &SimStorage) {
+fn create(sim: &SimStorage, s: Option<&Sealing>) {
     let opts = CreateOptions {
         logical_size_bytes: BLOCKS * BS as u64,
         physical_size_bytes: sim.len_bytes(),
@@ -46,7 +56,7 @@ fn create(sim: &SimStorage) {
         pool: false,
         encryption: None,
     };
-    Volume::create(Arc::new(sim.clone()), &opts)
+    Volume::create(Arc::new(sim.clone()), &sealed::create_opts(s, opts))
         .unwrap()
         .close()
         .unwrap();
@@ -90,7 +100,10 @@ fn damage_payload(sim: &SimStorage, off: u64, h: &RecordHeader) {
 }
 
 /// The newest pointer and its checkpoint's chunk records (offset, len).
-fn newest_checkpoint(sim: &SimStorage) -> (CheckpointPointer, Vec<(u64, u32)>) {
+fn newest_checkpoint(
+    sim: &SimStorage,
+    s: Option<&Sealing>,
+) -> (CheckpointPointer, Vec<(u64, u32)>) {
     let mut ptrs: Vec<CheckpointPointer> = (0..2)
         .filter_map(|slot| {
             let mut b = vec![0u8; 512];
@@ -101,18 +114,17 @@ fn newest_checkpoint(sim: &SimStorage) -> (CheckpointPointer, Vec<(u64, u32)>) {
         .collect();
     ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
     let p = ptrs[0];
-    let mut rec = vec![0u8; p.commit_len as usize];
-    sim.read_at(p.commit_offset, &mut rec).unwrap();
-    let commit = CommitPayload::decode(&rec[RECORD_HEADER_BYTES..]).unwrap();
+    let payload = sealed::payload(s, sim, p.commit_offset, p.commit_len as usize);
+    let commit = CommitPayload::decode(&payload).unwrap();
     (p, commit.chunks.iter().map(|c| (c.offset, c.len)).collect())
 }
 
 /// A volume with every block written (a flush every `flush_every` blocks)
 /// and stopped cleanly.
-fn written_volume(flush_every: u64) -> SimStorage {
+fn written_volume(flush_every: u64, s: Option<&Sealing>) -> SimStorage {
     let sim = SimStorage::new(64 * MIB);
-    create(&sim);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    create(&sim, s);
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     write_all(&vol, flush_every);
     vol.close().unwrap();
     sim
@@ -120,8 +132,8 @@ fn written_volume(flush_every: u64) -> SimStorage {
 
 /// Damages the payload of the newest checkpoint's first map chunk;
 /// returns how many chunks that checkpoint has.
-fn damage_newest_chunk(sim: &SimStorage) -> usize {
-    let (_, chunks) = newest_checkpoint(sim);
+fn damage_newest_chunk(sim: &SimStorage, s: Option<&Sealing>) -> usize {
+    let (_, chunks) = newest_checkpoint(sim, s);
     let (coff, _) = chunks[0];
     let h = RecordHeader::decode(&image(sim)[coff as usize..]).unwrap();
     damage_payload(sim, coff, &h);
@@ -164,13 +176,23 @@ fn assert_exact_or_lost(vol: &Volume, lost: &[u64]) {
 /// and open with every later block reading zeros.
 #[test]
 fn regression_damaged_newest_checkpoint_and_early_log_record_never_drop_flushed_data() {
+    for s in variants() {
+        regression_damaged_newest_checkpoint_and_early_log_record_never_drop_flushed_data_in(
+            s.as_ref(),
+        );
+    }
+}
+
+fn regression_damaged_newest_checkpoint_and_early_log_record_never_drop_flushed_data_in(
+    s: Option<&Sealing>,
+) {
     let sim = SimStorage::new(64 * MIB);
-    create(&sim);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    create(&sim, s);
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     write_all(&vol, 0);
     vol.close().unwrap();
     drop(vol);
-    let (p, chunks) = newest_checkpoint(&sim);
+    let (p, chunks) = newest_checkpoint(&sim, s);
     assert!(p.generation >= 2, "the clean stop wrote a checkpoint");
     let (coff, clen) = chunks[0];
     let chunk_hdr = RecordHeader::decode(&image(&sim)[coff as usize..]).unwrap();
@@ -181,7 +203,7 @@ fn regression_damaged_newest_checkpoint_and_early_log_record_never_drop_flushed_
 
     // Open refuses, names the repair, and writes nothing.
     let before = image(&sim);
-    let err = match Volume::open(Arc::new(sim.clone()), options()) {
+    let err = match Volume::open(Arc::new(sim.clone()), options(s)) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("opened a volume whose flushed data is damaged"),
     };
@@ -190,7 +212,7 @@ fn regression_damaged_newest_checkpoint_and_early_log_record_never_drop_flushed_
     assert!(image(&sim) == before, "a refused open changed the volume");
 
     // check says so.
-    let rep = check::check_volume(&sim, &mut |_, _| {});
+    let rep = sealed::check(s, &sim);
     assert!(
         !rep.consistent(),
         "check called the damaged volume consistent"
@@ -199,20 +221,20 @@ fn regression_damaged_newest_checkpoint_and_early_log_record_never_drop_flushed_
 
     // Repair salvages every intact record around the damage and names the
     // one block whose newest flushed version is gone.
-    let rep = check::repair_volume(Arc::new(sim.clone()));
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
     assert_eq!(rep.lost_lbas, vec![37], "{:?}", rep.actions);
     assert!(rep.unknown_records.is_empty(), "{:?}", rep.unknown_records);
     assert!(!rep.after.consistent(), "a lost block is a problem");
     assert_eq!(rep.after.lost_lbas, vec![37]);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     assert_exact_or_lost(&vol, &[37]);
     // Rewriting the lost block heals it.
     vol.write_at(37 * BS as u64, &block(37), false).unwrap();
     vol.close().unwrap();
     drop(vol);
-    let rep = check::check_volume(&sim, &mut |_, _| {});
+    let rep = sealed::check(s, &sim);
     assert!(rep.consistent(), "{:?}", rep.errors);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     assert_exact_or_lost(&vol, &[]);
 }
 
@@ -222,22 +244,28 @@ fn regression_damaged_newest_checkpoint_and_early_log_record_never_drop_flushed_
 /// the damaged checkpoint until a repair rewrites it.
 #[test]
 fn a_damaged_newest_checkpoint_alone_loses_nothing_and_check_reports_it() {
+    for s in variants() {
+        a_damaged_newest_checkpoint_alone_loses_nothing_and_check_reports_it_in(s.as_ref());
+    }
+}
+
+fn a_damaged_newest_checkpoint_alone_loses_nothing_and_check_reports_it_in(s: Option<&Sealing>) {
     let sim = SimStorage::new(64 * MIB);
-    create(&sim);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    create(&sim, s);
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     write_all(&vol, 0);
     vol.close().unwrap();
     drop(vol);
-    let (_, chunks) = newest_checkpoint(&sim);
+    let (_, chunks) = newest_checkpoint(&sim, s);
     let (coff, _) = chunks[chunks.len() - 1];
     let h = RecordHeader::decode(&image(&sim)[coff as usize..]).unwrap();
     damage_payload(&sim, coff, &h);
-    let rep = check::check_volume(&sim, &mut |_, _| {});
+    let rep = sealed::check(s, &sim);
     assert!(
         !rep.consistent(),
         "a damaged newest checkpoint is a problem"
     );
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     assert!(
         vol.recovery_warnings()
             .iter()
@@ -247,7 +275,7 @@ fn a_damaged_newest_checkpoint_alone_loses_nothing_and_check_reports_it() {
     );
     assert_exact_or_lost(&vol, &[]);
     drop(vol);
-    let rep = check::repair_volume(Arc::new(sim.clone()));
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
     assert!(rep.after.consistent(), "{:?}", rep.after.errors);
     assert!(rep.lost_lbas.is_empty());
 }
@@ -257,26 +285,34 @@ fn a_damaged_newest_checkpoint_alone_loses_nothing_and_check_reports_it() {
 /// makes open refuse, and repair salvages the records after the damage.
 #[test]
 fn after_a_crash_a_damaged_record_certified_by_a_later_flush_makes_open_refuse() {
+    for s in variants() {
+        after_a_crash_a_damaged_record_certified_by_a_later_flush_makes_open_refuse_in(s.as_ref());
+    }
+}
+
+fn after_a_crash_a_damaged_record_certified_by_a_later_flush_makes_open_refuse_in(
+    s: Option<&Sealing>,
+) {
     let sim = SimStorage::new(64 * MIB);
-    create(&sim);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    create(&sim, s);
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     write_all(&vol, 64);
     drop(vol); // no clean close
     let sim = sim.crash(7);
     let (doff, dh) = data_record_of(&sim, 100);
     damage_payload(&sim, doff, &dh);
     let before = image(&sim);
-    let err = match Volume::open(Arc::new(sim.clone()), options()) {
+    let err = match Volume::open(Arc::new(sim.clone()), options(s)) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("opened a volume whose flushed data is damaged"),
     };
     assert!(err.contains("check --repair"), "{err}");
     assert!(image(&sim) == before, "a refused open changed the volume");
-    assert!(!check::check_volume(&sim, &mut |_, _| {}).consistent());
-    let rep = check::repair_volume(Arc::new(sim.clone()));
+    assert!(!sealed::check(s, &sim).consistent());
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
     assert_eq!(rep.lost_lbas, vec![100], "{:?}", rep.actions);
     assert!(rep.unknown_records.is_empty());
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     assert_exact_or_lost(&vol, &[100]);
 }
 
@@ -286,8 +322,14 @@ fn after_a_crash_a_damaged_record_certified_by_a_later_flush_makes_open_refuse()
 /// older checkpoint found in the log and stop at the damaged record.
 #[test]
 fn damaged_pointer_slots_and_superblock_copy_keep_the_rule() {
-    let sim = written_volume(64);
-    damage_newest_chunk(&sim);
+    for s in variants() {
+        damaged_pointer_slots_and_superblock_copy_keep_the_rule_in(s.as_ref());
+    }
+}
+
+fn damaged_pointer_slots_and_superblock_copy_keep_the_rule_in(s: Option<&Sealing>) {
+    let sim = written_volume(64, s);
+    damage_newest_chunk(&sim, s);
     let (doff, dh) = data_record_of(&sim, 5);
     damage_payload(&sim, doff, &dh);
     for slot in 0..2 {
@@ -297,12 +339,12 @@ fn damaged_pointer_slots_and_superblock_copy_keep_the_rule() {
     sim.write_at(cvol_format::SUPERBLOCK_A_OFFSET + 40, &[0x5a; 4])
         .unwrap();
     let before = image(&sim);
-    assert!(Volume::open(Arc::new(sim.clone()), options()).is_err());
+    assert!(Volume::open(Arc::new(sim.clone()), options(s)).is_err());
     assert!(image(&sim) == before, "a refused open changed the volume");
-    assert!(!check::check_volume(&sim, &mut |_, _| {}).consistent());
-    let rep = check::repair_volume(Arc::new(sim.clone()));
+    assert!(!sealed::check(s, &sim).consistent());
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
     assert_eq!(rep.lost_lbas, vec![5], "{:?}", rep.actions);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     assert_exact_or_lost(&vol, &[5]);
 }
 
@@ -317,9 +359,17 @@ fn damaged_pointer_slots_and_superblock_copy_keep_the_rule() {
 /// the scan done for generation 2's check ended the search.)
 #[test]
 fn regression_a_commit_found_by_the_scan_is_tried_after_an_older_pointer_fails() {
+    for s in variants() {
+        regression_a_commit_found_by_the_scan_is_tried_after_an_older_pointer_fails_in(s.as_ref());
+    }
+}
+
+fn regression_a_commit_found_by_the_scan_is_tried_after_an_older_pointer_fails_in(
+    s: Option<&Sealing>,
+) {
     let sim = SimStorage::new(64 * MIB);
-    create(&sim);
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    create(&sim, s);
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     write_all(&vol, 0);
     vol.checkpoint().unwrap();
     let v2 = b"block 37, first rewrite ";
@@ -339,7 +389,7 @@ fn regression_a_commit_found_by_the_scan_is_tried_after_an_older_pointer_fails()
             })
             .expect("slot of the generation")
     };
-    let (p3, chunks3) = newest_checkpoint(&sim);
+    let (p3, chunks3) = newest_checkpoint(&sim, s);
     let s2 = slot_of(p3.generation - 1);
     let mut slot2 = vec![0u8; 512];
     sim.read_at(CheckpointPointer::slot_offset(s2), &mut slot2)
@@ -349,18 +399,18 @@ fn regression_a_commit_found_by_the_scan_is_tried_after_an_older_pointer_fails()
     vol.write_at(37 * BS as u64, &block(37), false).unwrap();
     vol.close().unwrap();
     drop(vol);
-    assert_eq!(newest_checkpoint(&sim).0.generation, p3.generation + 1);
+    assert_eq!(newest_checkpoint(&sim, s).0.generation, p3.generation + 1);
     // Generation 4 never published; generation 3's map and block 37's
     // first rewrite damaged.
     sim.write_at(CheckpointPointer::slot_offset(s2), &slot2)
         .unwrap();
-    assert_eq!(newest_checkpoint(&sim).0.generation, p3.generation);
+    assert_eq!(newest_checkpoint(&sim, s).0.generation, p3.generation);
     let (coff, _) = chunks3[0];
     let chunk_hdr = RecordHeader::decode(&image(&sim)[coff as usize..]).unwrap();
     damage_payload(&sim, coff, &chunk_hdr);
     damage_payload(&sim, roff, &rh);
 
-    let vol = Volume::open(Arc::new(sim.clone()), options())
+    let vol = Volume::open(Arc::new(sim.clone()), options(s))
         .unwrap_or_else(|e| panic!("refused although a commit in the log holds it all: {e}"));
     assert_exact_or_lost(&vol, &[]);
 }
@@ -376,8 +426,18 @@ fn regression_a_commit_found_by_the_scan_is_tried_after_an_older_pointer_fails()
 /// destroyed record may have held stay LOST.
 #[test]
 fn regression_repair_recovers_a_damaged_chunks_span_from_the_older_log() {
-    let sim = written_volume(0);
-    assert_eq!(damage_newest_chunk(&sim), 1, "one chunk maps every block");
+    for s in variants() {
+        regression_repair_recovers_a_damaged_chunks_span_from_the_older_log_in(s.as_ref());
+    }
+}
+
+fn regression_repair_recovers_a_damaged_chunks_span_from_the_older_log_in(s: Option<&Sealing>) {
+    let sim = written_volume(0, s);
+    assert_eq!(
+        damage_newest_chunk(&sim, s),
+        1,
+        "one chunk maps every block"
+    );
     let (doff, dh) = data_record_of(&sim, 100);
     for at in [doff, doff + 8, doff + 20] {
         sim.flip_bit(at, 1);
@@ -388,8 +448,8 @@ fn regression_repair_recovers_a_damaged_chunks_span_from_the_older_log() {
             h.seq != dh.seq
         }
     );
-    assert!(Volume::open(Arc::new(sim.clone()), options()).is_err());
-    let rep = check::repair_volume(Arc::new(sim.clone()));
+    assert!(Volume::open(Arc::new(sim.clone()), options(s)).is_err());
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
     let expect: Vec<u64> = (0..=100).collect();
     assert_eq!(rep.lost_lbas, expect, "{:?}", rep.actions);
     assert!(
@@ -397,6 +457,6 @@ fn regression_repair_recovers_a_damaged_chunks_span_from_the_older_log() {
         "{:?}",
         rep.actions
     );
-    let vol = Volume::open(Arc::new(sim.clone()), options()).unwrap();
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
     assert_exact_or_lost(&vol, &expect);
 }

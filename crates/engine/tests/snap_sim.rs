@@ -28,11 +28,13 @@
 //!
 //! One seed: `CVOL_SNAP_SIM_SEED=N cargo test --release -p cvol-engine --test snap_sim -- --nocapture`
 //! More:     `CVOL_SNAP_SIM_SEEDS=2000 cargo test --release -p cvol-engine --test snap_sim`
-//! (and `CVOL_SNAP_FAULT_SEED`, `CVOL_SNAP_FAULT_SEEDS` for the fault simulation).
+//! (and `CVOL_SNAP_FAULT_SEED`, `CVOL_SNAP_FAULT_SEEDS` for the fault simulation;
+//! `CVOL_SEALED_SNAP_SEED`, `CVOL_SEALED_SNAP_SEEDS` for both on encrypted pools).
 mod common;
 #[path = "snap_sim/model.rs"]
 mod model;
 use common::pools;
+use common::sealed::{self, Sealing};
 use common::seeds;
 use common::sim::{self, h};
 use common::{BS, MIB};
@@ -354,8 +356,12 @@ fn new_pool(rng: &mut StdRng) -> (SimStorage, Pool, PoolModel) {
     let opts = common::options(&store, b0 * BSU)
         .with_codec(codec)
         .with_dedup(rng.gen_ratio(3, 4));
+    let opts = sealed::create_opts(sealed::current().as_ref(), opts);
     let pool = Pool::create(Arc::new(store.clone()), &opts).expect("create a pool");
     pool.create_volume("a", b1 * BSU).expect("create a");
+    if opts.encryption.is_some() {
+        sealed::assert_encrypted(&store);
+    }
     let vols = BTreeMap::from([
         (
             "default".to_string(),
@@ -473,6 +479,27 @@ fn snapshot_fault_simulation_seeds() {
     report("fault", n, &cov);
     assert_covered(&cov);
     assert!(cov.live_reopens > 0);
+}
+
+/// Both simulations on encrypted pools (`Sealing::of_seed`): even seeds
+/// cut the power, odd ones add live reopens under failing I/O. Few seeds
+/// in a plain run (`CVOL_SEALED_SNAP_SEEDS` for more).
+#[test]
+fn sealed_snapshot_simulation_seeds() {
+    let run = |seed, cov: &mut Coverage| {
+        let fault = seed % 2 == 1;
+        sealed::with_current(Some(Sealing::of_seed(seed)), || cycles(seed, cov, fault))
+    };
+    let r = seeds::run_seeds(
+        "CVOL_SEALED_SNAP_SEED",
+        "CVOL_SEALED_SNAP_SEEDS",
+        24,
+        run,
+        Coverage::add,
+    );
+    let Some((n, cov)) = r else { return };
+    report("sealed", n, &cov);
+    assert!(cov.live_reopens > 0 && cov.rolled_back > 0);
 }
 
 /// A block of text naming `tag` and block `b`.

@@ -1,9 +1,10 @@
 //! Helpers shared by the engine's integration tests: the usual volume
 //! options, create and open, and reading record headers off the store;
 //! `sim` is what the seeded simulations share (their oracle), `seeds` how
-//! they pick seeds.
+//! they pick seeds, `sealed` their runs on encrypted volumes.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 pub mod pools;
+pub mod sealed;
 pub mod seeds;
 pub mod sim;
 pub mod stores;

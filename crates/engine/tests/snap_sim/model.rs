@@ -2,9 +2,9 @@
 //! what every volume, clone and snapshot of a pool may read, the pool
 //! operations on the model (with the refusals it expects), and the
 //! checks after a reopen.
+use crate::common::sealed;
 use crate::common::sim::h;
 use crate::common::BS;
-use cvol_engine::check;
 use cvol_engine::pool::{Pool, PoolError, VolumeView};
 use cvol_engine::{OpenOptions, Volume};
 use cvol_format::pool::POOL_HEADER_BYTES;
@@ -434,8 +434,9 @@ pub fn call(pool: &Pool, op: &PoolOp) -> Result<(), PoolError> {
 pub type Alt = Option<(PoolModel, usize)>;
 
 pub fn open_pool(store: &SimStorage) -> Pool {
-    let vol = Volume::open(Arc::new(store.clone()), OpenOptions::default())
-        .unwrap_or_else(|e| panic!("reopen: {e}"));
+    let options = sealed::open_opts(sealed::current().as_ref(), OpenOptions::default());
+    let vol =
+        Volume::open(Arc::new(store.clone()), options).unwrap_or_else(|e| panic!("reopen: {e}"));
     Pool::attach(Arc::new(vol)).unwrap_or_else(|e| panic!("attach: {e}"))
 }
 
@@ -634,7 +635,7 @@ pub fn check_reopened(
         .verify_refcounts()
         .unwrap_or_else(|e| panic!("reference counts after reopening: {e}"));
     if full_check {
-        let rep = check::check_volume(store, &mut |_, _| {});
+        let rep = sealed::check(sealed::current().as_ref(), store);
         assert!(rep.consistent(), "check found {:?}", rep.errors);
     }
     next.next_id = t.next_id;
