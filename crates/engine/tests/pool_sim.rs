@@ -153,6 +153,7 @@ fn key_of(pool: &Pool) -> Key {
 
 /// The newest valid table on the store, read the way `Pool::attach` does.
 fn raw_table(store: &dyn Storage, uuid: &[u8; 16]) -> PoolTable {
+    let seal = common::sealed::current_sealer(store);
     let mut best: Option<PoolTable> = None;
     for off in POOL_SLOT_OFFSETS {
         let mut b = vec![0u8; POOL_SLOT_BYTES as usize];
@@ -160,7 +161,7 @@ fn raw_table(store: &dyn Storage, uuid: &[u8; 16]) -> PoolTable {
         let Ok(n) = PoolTable::payload_len(&b, uuid) else {
             continue;
         };
-        if let Ok(t) = PoolTable::decode(&b[..POOL_HEADER_BYTES + n], uuid) {
+        if let Ok(t) = PoolTable::decode_with(&b[..POOL_HEADER_BYTES + n], uuid, seal.as_deref()) {
             if best.as_ref().is_none_or(|b| b.generation < t.generation) {
                 best = Some(t);
             }

@@ -99,3 +99,13 @@ pub fn payload(s: Option<&Sealing>, storage: &dyn Storage, at: u64, len: usize) 
         .expect("an intact record")
         .into_owned()
 }
+
+/// The unlocked key of the volume on `storage` under this thread's sealing
+/// (`current`), for oracles that decode sealed structures themselves (the
+/// pool table); None in the clear.
+pub fn current_sealer(storage: &dyn Storage) -> Option<Arc<cvol_format::seal::Sealer>> {
+    let s = current()?;
+    let (mut sb, _) = cvol_engine::read_superblock(storage).expect("a superblock");
+    cvol_engine::keys::unlock(storage, &mut sb, Some(&s.key)).expect("the volume's key");
+    sb.seal
+}
