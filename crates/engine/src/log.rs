@@ -446,25 +446,30 @@ impl Log {
             crc: 0,
             sealed: self.seal.is_some(),
         };
-        // On an encrypted volume the payload is sealed here, once its seq
-        // (the nonce) and header (the associated data) are known.
-        let sealed = self.seal.as_ref().map(|s| {
-            let aad = h.encode_with_crc(0);
-            let mut out = vec![0u8; sealed_len];
-            s.seal_record(&aad[..SEAL_AAD_BYTES], h.epoch, h.seq, payload, &mut out);
-            out
-        });
-        let (payload, payload_crc) = match &sealed {
-            Some(b) => (&b[..], crc32c::crc32c(b)),
-            None => (payload, payload_crc),
+        let seal = self.seal.clone();
+        let head = self.head_mut(r);
+        let at = head.fill;
+        let payload_crc = match seal {
+            // On an encrypted volume the payload is sealed in place, once
+            // its seq (the nonce) and header (the associated data) are known.
+            Some(s) => {
+                let aad = h.encode_with_crc(0);
+                let (epoch, seq) = (h.epoch, h.seq);
+                head.buf
+                    .fill_with(at + RECORD_HEADER_BYTES, sealed_len, |out| {
+                        s.seal_record(&aad[..SEAL_AAD_BYTES], epoch, seq, payload, out);
+                        crc32c::crc32c(out)
+                    })
+            }
+            None => {
+                head.buf.put(at + RECORD_HEADER_BYTES, payload);
+                payload_crc
+            }
         };
         let hb = h.encode_with_crc(payload_crc);
         // What the log writes, recovery reads back as the same header.
         debug_assert_eq!(RecordHeader::decode(&hb), Ok(h));
-        let head = self.head_mut(r);
-        let at = head.fill;
         head.buf.put(at, &hb);
-        head.buf.put(at + RECORD_HEADER_BYTES, payload);
         head.fill += total;
         let segment = head.segment;
         self.appended_bytes += total as u64;

@@ -67,6 +67,19 @@ impl SegBuf {
         }
     }
 
+    /// Lets `write` fill `[at, at + len)` in place (a sealed payload): the
+    /// same range rule as `put`. Returns what `write` returns.
+    pub fn fill_with<R>(&self, at: usize, len: usize, write: impl FnOnce(&mut [u8]) -> R) -> R {
+        let cells = &self.cells[at..at + len];
+        // SAFETY: as for `put`: the caller holds the state lock and writes
+        // at or beyond the head's `fill`, which no write-behind reads and no
+        // other slice of this buffer covers; the slice lives only while
+        // `write` runs.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(UnsafeCell::raw_get(cells.as_ptr()), len) };
+        write(out)
+    }
+
     /// Zeroes `[a, b)` (padding beyond `fill`, under the state lock).
     pub fn zero(&self, a: usize, b: usize) {
         let cells = &self.cells[a..b];
