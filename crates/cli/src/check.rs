@@ -34,6 +34,7 @@ pub fn cmd_check(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode,
         )));
     }
     let (storage, kind) = volfile::open_store(path, Purpose::Check)?;
+    crate::keyfile::require(path, &storage)?;
     let rep = match volfile::read_header(path, &storage, kind)? {
         Header::Short(problem) => early_report(problem),
         header @ (Header::Volume | Header::Damaged) => {
@@ -67,7 +68,11 @@ pub fn cmd_check(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode,
                     pb.set_position(done);
                 }
             };
-            let rep = cvol_engine::check::check_volume(&*storage, &mut progress);
+            let rep = cvol_engine::check::check_volume_with_key(
+                &*storage,
+                crate::keyfile::current().as_ref(),
+                &mut progress,
+            );
             if let Some(pb) = bar {
                 pb.finish_and_clear();
             }
@@ -106,6 +111,7 @@ pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode
         )));
     }
     let (storage, kind) = volfile::open_store(path, Purpose::Repair)?;
+    crate::keyfile::require(path, &storage)?;
     // A short store cannot be repaired from what is in it: say so, write nothing.
     if let Header::Short(problem) = volfile::read_header(path, &storage, kind)? {
         let problem =
@@ -131,14 +137,15 @@ pub fn cmd_repair(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode
         globals,
         &mut Default::default(),
     )?;
-    let mut rep = cvol_engine::check::repair_volume(storage.clone());
+    let mut rep =
+        cvol_engine::check::repair_volume_with_key(storage.clone(), crate::keyfile::current());
     // Consistent records are not enough: the volume must also open.
     if rep.after.consistent() {
         let options = OpenOptions {
             read_only: true,
             dedup_memory_bytes: Some(1 << 20),
             read_cache_bytes: Some(0),
-            ..OpenOptions::default()
+            ..crate::keyfile::open_options()
         };
         if let Err(e) = Volume::open(storage, options) {
             rep.after.errors.push(format!(

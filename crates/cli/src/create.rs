@@ -6,7 +6,8 @@ use crate::volfile::{self, Globals, Kind};
 use crate::words::{describe_policy, human_bytes};
 use crate::{origin, size, words};
 use cvol_cache::{CacheConfig, CacheMode, OriginStamp, CACHE_LINE_DEFAULT_BYTES};
-use cvol_engine::{CreateOptions, Volume};
+use cvol_engine::{CreateOptions, Encryption, Volume};
+use cvol_format::seal::Cipher;
 use cvol_format::superblock::{Packing, SEGMENT_SIZE_MAX_BYTES, SEGMENT_SIZE_MIN_BYTES};
 use cvol_format::{DATA_OFFSET_BYTES, LOGICAL_SIZE_MAX_BYTES, PHYSICAL_SIZE_MAX_BYTES};
 use cvol_storage::{FileStorage, Storage};
@@ -71,6 +72,30 @@ pub struct CreateFlags {
     /// at a time (serve needs the flag too).
     #[arg(long)]
     pub unsafe_no_fencing: bool,
+    /// Encrypt every record and all metadata at rest with this AEAD
+    /// (aes-256-gcm or chacha20-poly1305), keeping dedup (by keyed
+    /// fingerprints) and compression. Needs --key-file: the volume's
+    /// random data key is wrapped under it. Fixed at create.
+    #[arg(long, value_name = "CIPHER", value_parser = words::choice::<CipherWord>())]
+    pub encryption: Option<CipherWord>,
+}
+
+/// `--encryption`'s words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CipherWord {
+    #[value(name = "aes-256-gcm")]
+    Aes256Gcm,
+    #[value(name = "chacha20-poly1305")]
+    Chacha20Poly1305,
+}
+
+impl CipherWord {
+    pub fn cipher(self) -> Cipher {
+        match self {
+            CipherWord::Aes256Gcm => Cipher::Aes256Gcm,
+            CipherWord::Chacha20Poly1305 => Cipher::ChaCha20Poly1305,
+        }
+    }
 }
 
 /// `--packing`'s words.
@@ -149,6 +174,7 @@ pub fn cmd_create(f: &CreateFlags, globals: &Globals) -> Result<ExitCode, Error>
         metadata_device: globals.metadata_device.as_deref(),
         metadata_size: f.metadata_size.as_deref(),
         unsafe_no_fencing: f.unsafe_no_fencing,
+        encryption: encryption(f.encryption)?,
     };
     println!("{}", create_volume(&f.volume, &args)?);
     Ok(ExitCode::SUCCESS)
@@ -173,6 +199,27 @@ pub struct CreateArgs<'a> {
     pub cache: Option<CacheArgs<'a>>,
     /// Object store: `--unsafe-no-fencing`.
     pub unsafe_no_fencing: bool,
+    /// `--encryption` with the key file.
+    pub encryption: Option<Encryption>,
+}
+
+/// `--encryption` and the key file: both or neither.
+pub fn encryption(word: Option<CipherWord>) -> Result<Option<Encryption>, Error> {
+    match (word, crate::keyfile::current()) {
+        (Some(w), Some(key)) => Ok(Some(Encryption {
+            cipher: w.cipher(),
+            key,
+        })),
+        (Some(_), None) => Err(Error::Usage(
+            "--encryption needs --key-file FILE (32 random bytes, or a passphrase)".into(),
+        )),
+        (None, Some(_)) => Err(Error::Usage(
+            "a key file was given (--key-file or CVOL_KEY_FILE) without --encryption: \
+             say --encryption aes-256-gcm (or chacha20-poly1305) to encrypt the volume"
+                .into(),
+        )),
+        (None, None) => Ok(None),
+    }
 }
 
 /// `--origin`, `--cache-mode`, `--line-size`.
@@ -277,7 +324,7 @@ pub fn create_volume(path: &Path, a: &CreateArgs) -> Result<String, Error> {
         dedup: a.dedup,
         packing: a.packing,
         pool: false,
-        encryption: None,
+        encryption: a.encryption.clone(),
     };
     write_or_undo(path, &target, a, &opts, meta.as_ref(), cache.as_ref())?;
     Ok(summary(path, a, &opts, meta.as_ref(), cache.as_ref()))
@@ -489,6 +536,10 @@ fn summary(
     let packing = match a.packing {
         Packing::Compact => String::new(),
         p => format!(", packing {}", p.name()),
+    };
+    let packing = match &a.encryption {
+        Some(e) => format!("{packing}, encrypted ({})", e.cipher.name()),
+        None => packing,
     };
     format!(
         "created {}: {} logical, {} physical, codec {}, dedup {}{packing}{on_meta}",

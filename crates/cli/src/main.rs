@@ -12,6 +12,8 @@ mod create;
 mod edge;
 mod error;
 mod estimate;
+mod keyfile;
+mod keys;
 mod metrics;
 mod objvol;
 mod origin;
@@ -48,6 +50,14 @@ struct Cli {
     /// to find it if not at the path recorded at create.
     #[arg(long, global = true, value_name = "PATH")]
     metadata_device: Option<PathBuf>,
+    /// The key file of an encrypted volume: exactly 32 random bytes (a
+    /// raw key, `head -c 32 /dev/urandom`) or a passphrase (at least 8
+    /// bytes, stretched with Argon2id). With `create --encryption`, the
+    /// key the new volume's data key is wrapped under. Default: the
+    /// CVOL_KEY_FILE environment variable, else the systemd credential
+    /// `cvol.key`.
+    #[arg(long, global = true, value_name = "FILE", env = "CVOL_KEY_FILE")]
+    key_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -154,6 +164,9 @@ enum Command {
     /// backup). Each command works offline and on a served pool.
     #[command(subcommand)]
     Snapshot(snapshots::SnapshotCommand),
+    /// Keys of an encrypted volume (`cvol create --encryption`).
+    #[command(subcommand)]
+    Key(keys::KeyCommand),
     /// Make a writable volume from a snapshot: it shares every block with
     /// the snapshot until written (works offline and on a served pool).
     Clone(snapshots::CloneArgs),
@@ -264,6 +277,10 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    if let Err(msg) = keyfile::load(cli.key_file.as_deref()) {
+        eprintln!("cvol: {msg}");
+        return ExitCode::from(2);
+    }
     let globals = volfile::Globals {
         metadata_device: cli.metadata_device,
     };
@@ -282,6 +299,7 @@ fn run(command: Command, globals: &volfile::Globals) -> Result<ExitCode, Error> 
         Command::Create(flags) => create::cmd_create(&flags, globals),
         Command::Volume(cmd) => volumes::cmd_volume(cmd, globals),
         Command::Snapshot(cmd) => snapshots::cmd_snapshot(cmd, globals),
+        Command::Key(cmd) => keys::cmd_key(cmd, globals),
         Command::Clone(args) => snapshots::cmd_clone(args, globals),
         Command::Resize(flags) => resize::cmd_resize(flags, globals),
         Command::Serve(args) => serve::cmd_serve(*args, globals),

@@ -174,7 +174,7 @@ pub fn open_read_only(url: &str, read_cache_bytes: Option<u64>) -> Result<Volume
     let options = cvol_engine::OpenOptions {
         read_only: true,
         read_cache_bytes,
-        ..cvol_engine::OpenOptions::default()
+        ..crate::keyfile::open_options()
     };
     Volume::open(st, options).map_err(|e| Error::Refused(format!("{url}: {e}")))
 }

@@ -96,7 +96,7 @@ pub fn cmd_resize(f: ResizeFlags, _globals: &Globals) -> Result<ExitCode, Error>
     // store is opened again: its length changed.)
     drop(storage);
     let dynstore: Arc<dyn Storage> = Arc::new(volfile::open_volume_store(path, Purpose::Change)?);
-    match volfile::open_with_progress(path, dynstore, OpenOptions::default(), None) {
+    match volfile::open_with_progress(path, dynstore, crate::keyfile::open_options(), None) {
         Opened::Volume(v) => v
             .close()
             .map_err(|e| refuse(path, format!("closing: {e}")))?,
@@ -156,11 +156,12 @@ fn check_shrink(
     let keep = (new - sb.data_offset_bytes) / sb.segment_size_bytes;
     let dynstore: Arc<dyn Storage> = storage.clone();
     // Opened for writing and closed: the log is checkpointed where it is.
-    let vol = match volfile::open_with_progress(path, dynstore, OpenOptions::default(), None) {
-        Opened::Volume(v) => *v,
-        Opened::Failed(e) => return Err(e),
-        Opened::Stopped => unreachable!("no stop flag"),
-    };
+    let vol =
+        match volfile::open_with_progress(path, dynstore, crate::keyfile::open_options(), None) {
+            Opened::Volume(v) => *v,
+            Opened::Failed(e) => return Err(e),
+            Opened::Stopped => unreachable!("no stop flag"),
+        };
     let checked = (|| -> Result<(), Error> {
         let (busy, commit_beyond) = vol.shrink_blockers(keep).map_err(|e| refuse(path, e))?;
         let stats = vol.stats();
@@ -204,7 +205,7 @@ fn check_shrink(
     let again: Arc<dyn Storage> = storage.clone();
     let opts = OpenOptions {
         read_only: true,
-        ..OpenOptions::default()
+        ..crate::keyfile::open_options()
     };
     let vol = Volume::open(again, opts).map_err(|e| refuse(path, e))?;
     let (busy, commit_beyond) = vol.shrink_blockers(keep).map_err(|e| refuse(path, e))?;

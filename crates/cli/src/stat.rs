@@ -111,6 +111,10 @@ pub fn cmd_stat(path: &Path, json: bool, globals: &Globals) -> Result<ExitCode, 
             crate::volumes::list_for_stat(path, true, None),
         ),
         None => {
+            if let Some(locked) = crate::keyfile::locked_stat(path, json)? {
+                print!("{locked}");
+                return Ok(ExitCode::SUCCESS);
+            }
             let vol = Arc::new(volfile::open_read_only(path, None, globals)?);
             cvol_cache::describe_offline(&vol);
             // A pool's statistics count its volumes' sizes.
@@ -369,6 +373,7 @@ fn space_rows(s: &VolumeStats, served: bool) -> Vec<(&'static str, String)> {
             "packing",
             format!("{} ({} padding since start)", s.packing, b(s.padding_bytes)),
         ),
+        ("encryption", s.encryption.clone()),
         ("logical size", b(s.logical_size_bytes)),
         ("physical size", b(s.physical_size_bytes)),
         ("mapped (non-zero data)", b(s.mapped_bytes)),

@@ -295,7 +295,7 @@ pub fn open_read_only(
     let mut options = OpenOptions {
         read_only: true,
         read_cache_bytes,
-        ..OpenOptions::default()
+        ..crate::keyfile::open_options()
     };
     let storage = with_metadata(path, storage, Purpose::Read, globals, &mut options)?;
     match open_with_progress(path, storage, options, None) {

@@ -204,7 +204,7 @@ pub fn open(path: &Path, writable: bool, globals: &Globals) -> Result<Pool, Erro
     }
     let vol = if writable {
         let storage = volfile::open_volume_store(path, Purpose::Change)?;
-        let mut options = cvol_engine::OpenOptions::default();
+        let mut options = crate::keyfile::open_options();
         let storage =
             volfile::with_metadata(path, storage, Purpose::Change, globals, &mut options)?;
         match volfile::open_with_progress(path, storage, options, None) {

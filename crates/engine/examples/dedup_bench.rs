@@ -87,7 +87,10 @@ fn hashes() {
     for (name, s) in [
         ("BLAKE3 keyed of the whole block, 128 bits", best[0]),
         ("xxh3-128 seeded (volumes in the clear)", best[1]),
-        ("xxh3-128, then BLAKE3 keyed of it (encrypted volumes)", best[3]),
+        (
+            "xxh3-128, then BLAKE3 keyed of it (encrypted volumes)",
+            best[3],
+        ),
         (
             "verify on match (lz4 decompress + compare, no I/O)",
             best[2],

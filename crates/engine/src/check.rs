@@ -30,11 +30,24 @@ impl CheckReport {
 /// Verifies the volume on `storage`. `progress(done, total)` is called as
 /// mapped blocks are verified.
 pub fn check_volume(storage: &dyn Storage, progress: &mut dyn FnMut(u64, u64)) -> CheckReport {
+    check_volume_with_key(storage, None, progress)
+}
+
+/// `check_volume` of a volume that may be encrypted: `key` opens it.
+pub fn check_volume_with_key(
+    storage: &dyn Storage,
+    key: Option<&crate::keys::KeyFile>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> CheckReport {
     let mut rep = CheckReport::default();
-    let sb = match check_superblocks(storage, &mut rep) {
+    let mut sb = match check_superblocks(storage, &mut rep) {
         Some(sb) => sb,
         None => return rep,
     };
+    if let Err(e) = crate::keys::unlock(storage, &mut sb, key) {
+        rep.errors.push(e.to_string());
+        return rep;
+    }
     if let Err(e) = recovery::require_metadata_device(storage, &sb) {
         rep.errors.push(e.to_string());
         return rep;
@@ -97,7 +110,9 @@ fn check_pool_table(storage: &dyn Storage, sb: &Superblock, map: &BlockMap, rep:
         let t = storage
             .read_at(off, &mut b)
             .map_err(|e| e.to_string())
-            .and_then(|()| PoolTable::decode(&b, &sb.uuid).map_err(|e| e.to_string()));
+            .and_then(|()| {
+                PoolTable::decode_with(&b, &sb.uuid, sb.sealer()).map_err(|e| e.to_string())
+            });
         match t {
             Ok(t) if best.as_ref().is_none_or(|b| b.generation < t.generation) => best = Some(t),
             Ok(_) => {}
@@ -540,6 +555,14 @@ pub struct RepairReport {
 /// valid again. Damaged data records cannot be repaired (there is no second
 /// copy): the final check lists their LBAs, which keep reading as EIO.
 pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
+    repair_volume_with_key(storage, None)
+}
+
+/// `repair_volume` of a volume that may be encrypted: `key` opens it.
+pub fn repair_volume_with_key(
+    storage: std::sync::Arc<dyn Storage>,
+    key: Option<crate::keys::KeyFile>,
+) -> RepairReport {
     let mut rep = RepairReport::default();
     match recovery::repair_superblocks(&*storage) {
         Ok(notes) => rep.actions.extend(notes),
@@ -552,6 +575,7 @@ pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
         rebuild_from_log: true,
         dedup_memory_bytes: Some(1 << 20),
         read_cache_bytes: Some(0),
+        key: key.clone(),
         ..crate::OpenOptions::default()
     };
     match crate::Volume::open(storage.clone(), options) {
@@ -585,6 +609,6 @@ pub fn repair_volume(storage: std::sync::Arc<dyn Storage>) -> RepairReport {
             .actions
             .push(format!("could not open the volume to repair it: {e}")),
     }
-    rep.after = check_volume(&*storage, &mut |_, _| {});
+    rep.after = check_volume_with_key(&*storage, key.as_ref(), &mut |_, _| {});
     rep
 }

@@ -890,4 +890,3 @@ impl std::fmt::Display for KeyProblem {
         }
     }
 }
-

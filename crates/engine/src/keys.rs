@@ -43,10 +43,7 @@ pub struct Encryption {
 
 /// A new volume's key slot and sealer: a fresh random data key wrapped
 /// under `e`'s key file.
-pub fn new_key_slot(
-    uuid: &[u8; 16],
-    e: &Encryption,
-) -> Result<(KeySlot, Arc<Sealer>), KeyProblem> {
+pub fn new_key_slot(uuid: &[u8; 16], e: &Encryption) -> Result<(KeySlot, Arc<Sealer>), KeyProblem> {
     let data_key = new_data_key();
     let slot = KeySlot::wrap(e.cipher, uuid, &data_key, e.key.bytes()).map_err(KeyProblem::Key)?;
     Ok((slot, Arc::new(Sealer::new(e.cipher, &data_key))))

@@ -14,9 +14,9 @@
 use crate::codec;
 use cvol_format::record::UNIT_BLOCKS_MAX;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
-use cvol_format::{align_up, CodecTag, EntryState, MapEntry, BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
 use cvol_format::seal::{self, Sealer};
 use cvol_format::FormatError;
+use cvol_format::{align_up, CodecTag, EntryState, MapEntry, BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
 
 const BS: usize = BLOCK_SIZE_BYTES as usize;
 

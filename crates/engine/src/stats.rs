@@ -174,6 +174,8 @@ pub struct VolumeStats {
     pub zero_ahead_bytes: u64,
     /// How records are laid out: compact, page or page-sorted (`--packing`).
     pub packing: String,
+    /// The AEAD every record is sealed with (`--encryption`), or "none".
+    pub encryption: String,
     #[serde(flatten)]
     pub cleaner: CleanerStats,
     pub corrupt_reads: u64,

@@ -44,7 +44,8 @@ fn written_data_never_reaches_the_store_in_the_clear() {
         let opts = options(&sim, 32 * MIB).with_encryption(cipher, k.clone());
         let vol = Volume::create(Arc::new(sim.clone()), &opts).expect("create");
         for i in 0..512u64 {
-            vol.write_at(i * BS as u64, &block(i % 300), false).expect("write");
+            vol.write_at(i * BS as u64, &block(i % 300), false)
+                .expect("write");
         }
         vol.flush().expect("flush");
         // Dedup still works inside the volume: 300 distinct blocks stored.
@@ -89,13 +90,19 @@ fn a_missing_or_wrong_key_is_refused_before_anything_is_written() {
     let before = bytes_of(&sim);
     let e = open_error(&sim, OpenOptions::default());
     assert!(
-        matches!(e, VolError::Open(OpenError::Key(KeyProblem::Needed(Cipher::Aes256Gcm)))),
+        matches!(
+            e,
+            VolError::Open(OpenError::Key(KeyProblem::Needed(Cipher::Aes256Gcm)))
+        ),
         "{e}"
     );
     assert!(e.to_string().contains("encrypted"), "{e}");
     let e = open_error(&sim, keyed(&key(2)));
     assert!(
-        matches!(e, VolError::Open(OpenError::Key(KeyProblem::Key(KeyError::WrongKey)))),
+        matches!(
+            e,
+            VolError::Open(OpenError::Key(KeyProblem::Key(KeyError::WrongKey)))
+        ),
         "{e}"
     );
     assert!(e.to_string().contains("wrong key"), "{e}");
@@ -105,7 +112,10 @@ fn a_missing_or_wrong_key_is_refused_before_anything_is_written() {
     let clear = SimStorage::new(32 * MIB);
     common::create_closed(&clear, &options(&clear, 16 * MIB));
     let e = open_error(&clear, keyed(&key(1)));
-    assert!(matches!(e, VolError::Open(OpenError::Key(KeyProblem::NotEncrypted))), "{e}");
+    assert!(
+        matches!(e, VolError::Open(OpenError::Key(KeyProblem::NotEncrypted))),
+        "{e}"
+    );
 }
 
 #[test]
@@ -159,13 +169,40 @@ fn rotating_the_key_keeps_the_data_and_retires_the_old_key() {
     let third = key(5);
     let b_copy = {
         let mut b = vec![0u8; 4096];
-        sim.read_at(cvol_format::SUPERBLOCK_B_OFFSET, &mut b).unwrap();
+        sim.read_at(cvol_format::SUPERBLOCK_B_OFFSET, &mut b)
+            .unwrap();
         b
     };
     cvol_engine::keys::rotate(&sim, &sb, &new, &third).unwrap();
-    sim.write_at(cvol_format::SUPERBLOCK_B_OFFSET, &b_copy).unwrap();
+    sim.write_at(cvol_format::SUPERBLOCK_B_OFFSET, &b_copy)
+        .unwrap();
     for k in [&new, &third] {
         let vol = Volume::open(Arc::new(sim.clone()), keyed(k)).expect("either key");
         vol.close().unwrap();
     }
+}
+
+/// A pool's table (volume and snapshot names, sizes) is sealed too: the
+/// names are not in the store, and the pool opens again with the key.
+#[test]
+fn a_pools_volume_and_snapshot_names_are_sealed() {
+    use cvol_engine::pool::Pool;
+    let sim = SimStorage::new(64 * MIB);
+    let k = key(6);
+    let opts = options(&sim, 16 * MIB)
+        .as_pool()
+        .with_encryption(Cipher::Aes256Gcm, k.clone());
+    let pool = Pool::create(Arc::new(sim.clone()), &opts).expect("pool");
+    pool.create_volume("payroll-database", 8 * MIB)
+        .expect("volume");
+    pool.create_snapshot("payroll-database@before-audit")
+        .expect("snapshot");
+    drop(pool); // the table is durable once written (each change syncs it)
+    let store = bytes_of(&sim);
+    assert!(!contains(&store, b"payroll-database"));
+    assert!(!contains(&store, b"before-audit"));
+    let vol = Volume::open(Arc::new(sim.clone()), keyed(&k)).expect("open");
+    let pool = Pool::attach(Arc::new(vol)).expect("attach");
+    let names: Vec<String> = pool.volumes().into_iter().map(|v| v.name).collect();
+    assert!(names.iter().any(|n| n == "payroll-database"), "{names:?}");
 }

@@ -216,8 +216,9 @@ impl KeySlot {
         match self.kdf {
             Kdf::Raw => kek.copy_from_slice(material),
             Kdf::Argon2id { m_kib, t, p } => {
-                let params = argon2::Params::new(m_kib, t, p, Some(KEY_BYTES))
-                    .map_err(|_| KeyError::BadKeyFile("the key slot's Argon2id costs are invalid"))?;
+                let params = argon2::Params::new(m_kib, t, p, Some(KEY_BYTES)).map_err(|_| {
+                    KeyError::BadKeyFile("the key slot's Argon2id costs are invalid")
+                })?;
                 argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params)
                     .hash_password_into(material, &self.salt, &mut kek[..])
                     .map_err(|_| KeyError::BadKeyFile("Argon2id refused the passphrase"))?;
@@ -288,7 +289,9 @@ impl KeySlot {
             cipher: Cipher::from_u8(b[OFF_CIPHER])?,
             kdf,
             salt: b[OFF_SALT..OFF_SALT + SALT_BYTES].try_into().expect("salt"),
-            nonce: b[OFF_NONCE..OFF_NONCE + NONCE_LEN].try_into().expect("nonce"),
+            nonce: b[OFF_NONCE..OFF_NONCE + NONCE_LEN]
+                .try_into()
+                .expect("nonce"),
             wrapped: b[OFF_WRAPPED..OFF_WRAPPED + WRAPPED_BYTES]
                 .try_into()
                 .expect("wrapped key"),

@@ -21,11 +21,11 @@ pub mod cache;
 pub mod checkpoint;
 pub mod fprints;
 pub mod hooks;
+pub mod keyslot;
 pub mod mapentry;
 pub mod metadev;
 pub mod pointer;
 pub mod pool;
-pub mod keyslot;
 pub mod record;
 pub mod seal;
 pub mod superblock;
@@ -94,9 +94,15 @@ impl CodecTag {
 /// Why a byte string is not a valid structure. Decoders never panic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FormatError {
-    TooShort { needed: usize, got: usize },
+    TooShort {
+        needed: usize,
+        got: usize,
+    },
     BadMagic,
-    BadChecksum { stored: u32, computed: u32 },
+    BadChecksum {
+        stored: u32,
+        computed: u32,
+    },
     UnsupportedVersion(u32),
     UnknownCodec(u8),
     UnknownKind(u8),
@@ -129,10 +135,16 @@ impl std::fmt::Display for FormatError {
             FormatError::Invalid(what) => write!(f, "invalid field: {what}"),
             FormatError::Sealed => write!(f, "an encrypted record, and no key to open it"),
             FormatError::NotSealed => {
-                write!(f, "a record in the clear on an encrypted volume (not written by cvol)")
+                write!(
+                    f,
+                    "a record in the clear on an encrypted volume (not written by cvol)"
+                )
             }
             FormatError::Unauthentic => {
-                write!(f, "authentication failed (changed, moved, or sealed under another key)")
+                write!(
+                    f,
+                    "authentication failed (changed, moved, or sealed under another key)"
+                )
             }
         }
     }

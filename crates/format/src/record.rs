@@ -226,8 +226,7 @@ impl RecordHeader {
             RecordKind::Ref if plain != REF_PAYLOAD_BYTES || h.nblocks != 1 => {
                 return Err(FormatError::Invalid("ref record shape"))
             }
-            RecordKind::Synced if plain != SYNCED_PAYLOAD_BYTES || h.nblocks != 0 =>
-            {
+            RecordKind::Synced if plain != SYNCED_PAYLOAD_BYTES || h.nblocks != 0 => {
                 return Err(FormatError::Invalid("synced record shape"))
             }
             _ => {}

@@ -259,7 +259,11 @@ pub fn payload<'a>(
 /// records replayed by recovery: their meaning is in the header, which
 /// the tag covers). Nothing to check without a key, but a sealed record
 /// is refused then.
-pub fn authenticate(seal: Option<&Sealer>, h: &RecordHeader, rec: &[u8]) -> Result<(), FormatError> {
+pub fn authenticate(
+    seal: Option<&Sealer>,
+    h: &RecordHeader,
+    rec: &[u8],
+) -> Result<(), FormatError> {
     payload(seal, h, rec).map(|_| ())
 }
 

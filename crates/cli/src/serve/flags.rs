@@ -233,7 +233,7 @@ impl ServeArgs {
             read_cache_bytes,
             map_cache_bytes,
             elastic: self.elastic.config()?,
-            ..OpenOptions::default()
+            ..crate::keyfile::open_options()
         })
     }
 

@@ -212,6 +212,7 @@ fn create_default(path: &Path, purpose: Purpose) -> Result<FileStorage, Error> {
             metadata_size: None,
             cache: None,
             unsafe_no_fencing: false,
+            encryption: None,
         },
     )?;
     tracing::info!("{made}");

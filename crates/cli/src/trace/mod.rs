@@ -11,7 +11,7 @@ use crate::backend::{Call, Hook, Hooked, ViewBackend};
 use crate::error::Error;
 use crate::volfile::{self, Globals, Opened, Purpose};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
-use cvol_engine::{OpenOptions, Volume};
+use cvol_engine::Volume;
 use cvol_format::trace::{
     TraceCommand, TraceHeader, TraceRecord, TRACE_FLAG_FAST_ZERO, TRACE_FLAG_FUA,
     TRACE_FLAG_NO_HOLE, TRACE_HEADER_BYTES, TRACE_RECORD_BYTES,
@@ -576,7 +576,7 @@ fn open_for_replay(
             .map_err(|e| Error::Refused(format!("{}: --direct: {e}", volume.display())))?;
     }
     let unit_blocks = args.unit_blocks;
-    let mut options = OpenOptions::default();
+    let mut options = crate::keyfile::open_options();
     options.elastic.unit_blocks = unit_blocks;
     let store = volfile::with_metadata(volume, store, purpose, globals, &mut options)?;
     match volfile::open_with_progress(volume, store, options, None) {

@@ -634,7 +634,10 @@ mod tests {
         assert_ne!(fingerprint(&k1, &a), fingerprint(&k1, &b));
         assert_ne!(fingerprint(&k1, &a), fingerprint(&k2, &a));
         // Keyed (encrypted volumes): by key and content, and not xxh3's.
-        let (x1, x2) = (FpKey::Keyed(Box::new([1; 32])), FpKey::Keyed(Box::new([2; 32])));
+        let (x1, x2) = (
+            FpKey::Keyed(Box::new([1; 32])),
+            FpKey::Keyed(Box::new([2; 32])),
+        );
         assert_eq!(fingerprint(&x1, &a), fingerprint(&x1, &a));
         assert_ne!(fingerprint(&x1, &a), fingerprint(&x1, &b));
         assert_ne!(fingerprint(&x1, &a), fingerprint(&x2, &a));

@@ -298,7 +298,8 @@ impl LiveMap {
             return 0;
         }
         let per_table =
-            (RECORD_OVERHEAD_MAX_BYTES + 20 + GROUP_HEADER_BYTES + 8 + 2 + DIR_ENTRY_BYTES + 1) as u64;
+            (RECORD_OVERHEAD_MAX_BYTES + 20 + GROUP_HEADER_BYTES + 8 + 2 + DIR_ENTRY_BYTES + 1)
+                as u64;
         let rows = (self.shared.record_count() + self.shared.unit_count()) as u64;
         self.usage.count() * per_table
             + rows * (ROW_MAX_BYTES as u64 + 1)

@@ -84,7 +84,8 @@ fn now_secs() -> u64 {
 }
 
 /// Reads the newest valid table of the volume `uuid`.
-fn read_table(storage: &dyn Storage, uuid: &[u8; 16]) -> Result<PoolTable, PoolError> {
+fn read_table(storage: &dyn Storage, sb: &cvol_format::Superblock) -> Result<PoolTable, PoolError> {
+    let uuid = &sb.uuid;
     let mut best: Option<PoolTable> = None;
     let mut why = Vec::new();
     for (i, &off) in POOL_SLOT_OFFSETS.iter().enumerate() {
@@ -100,7 +101,7 @@ fn read_table(storage: &dyn Storage, uuid: &[u8; 16]) -> Result<PoolTable, PoolE
             storage
                 .read_at(off, &mut b)
                 .map_err(|_| cvol_format::FormatError::Invalid("pool table slot unreadable"))?;
-            PoolTable::decode(&b, uuid)
+            PoolTable::decode_with(&b, uuid, sb.sealer())
         });
         match t {
             Ok(t) if t.slot() != i => why.push(format!("slot {i}: generation in the wrong slot")),
@@ -128,8 +129,12 @@ fn read_table(storage: &dyn Storage, uuid: &[u8; 16]) -> Result<PoolTable, PoolE
 }
 
 /// Writes `t` to its slot and syncs.
-fn write_table(storage: &dyn Storage, t: &PoolTable) -> Result<(), PoolError> {
-    let b = t.encode();
+fn write_table(
+    storage: &dyn Storage,
+    sb: &cvol_format::Superblock,
+    t: &PoolTable,
+) -> Result<(), PoolError> {
+    let b = t.encode_with(sb.sealer());
     assert!(b.len() as u64 <= POOL_SLOT_BYTES, "table checked to fit");
     storage.write_at(POOL_SLOT_OFFSETS[t.slot()], &b)?;
     storage.sync()?;
@@ -200,7 +205,7 @@ impl Pool {
     pub fn attach(vol: Arc<Volume>) -> Result<Pool, PoolError> {
         let sb = vol.superblock().clone();
         let (legacy, table) = if sb.is_pool() {
-            (false, read_table(&**vol.storage(), &sb.uuid)?)
+            (false, read_table(&**vol.storage(), &sb)?)
         } else {
             let size = sb.logical_size_bytes;
             let mut t = PoolTable::new(sb.uuid, size, sb.created_unix_secs);
@@ -347,7 +352,7 @@ impl Pool {
         if !next.fits() {
             return Err(PoolError::TooManyVolumes);
         }
-        write_table(&**self.vol.storage(), &next)?;
+        write_table(&**self.vol.storage(), self.vol.superblock(), &next)?;
         *t = next;
         self.vol.set_reported_logical_bytes(sum_sizes(t));
         Ok(())

@@ -13,7 +13,9 @@ use crate::log::{pack, Shape};
 use crate::records::{full_mask, unit_entry};
 use cvol_format::fprints::FpRow;
 use cvol_format::record::{RecordKind, REF_PAYLOAD_BYTES};
-use cvol_format::record::{EMPTY_RECORD_MAX_BYTES, RECORD_OVERHEAD_MAX_BYTES, REF_RECORD_MAX_BYTES};
+use cvol_format::record::{
+    EMPTY_RECORD_MAX_BYTES, RECORD_OVERHEAD_MAX_BYTES, REF_RECORD_MAX_BYTES,
+};
 use cvol_format::superblock::{Packing, PACKING_PAGE_BYTES};
 use cvol_format::{EntryState, MapEntry, BLOCK_SIZE_BYTES};
 use std::collections::HashMap;

@@ -118,7 +118,10 @@ fn format_store(
     if let Some(size) = pool_default.filter(|_| sb.is_pool()) {
         let t = cvol_format::pool::PoolTable::new(sb.uuid, size, sb.created_unix_secs);
         // Before the superblock: a pool whose superblock exists has its table.
-        io(storage.write_at(cvol_format::pool::POOL_SLOT_OFFSETS[t.slot()], &t.encode()))?;
+        io(storage.write_at(
+            cvol_format::pool::POOL_SLOT_OFFSETS[t.slot()],
+            &t.encode_with(sb.sealer()),
+        ))?;
     }
     let enc = sb.encode();
     io(storage.write_at(SUPERBLOCK_A_OFFSET, &enc))?;

@@ -2,8 +2,8 @@
 use super::jobs::cleaner::CleanerConfig;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::Codec;
-use crate::policy::{CodecPolicy, ElasticConfig};
 use crate::keys::{Encryption, KeyFile};
+use crate::policy::{CodecPolicy, ElasticConfig};
 use cvol_format::seal::Cipher;
 use cvol_format::superblock::Packing;
 use std::sync::Arc;

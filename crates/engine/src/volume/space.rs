@@ -144,9 +144,7 @@ pub(super) fn commit_bytes(record_bytes: u64) -> u64 {
 /// Room a cleaner move needs: the copy (at most a whole unit), a REF
 /// record per holder, and a checkpoint of the map (`checkpoint` bytes).
 pub(super) fn relocation_bytes(holders: usize, checkpoint: u64) -> u64 {
-    holders as u64 * REF_RECORD_MAX_BYTES as u64
-        + checkpoint
-        + UNIT_RECORD_MAX_BYTES as u64
+    holders as u64 * REF_RECORD_MAX_BYTES as u64 + checkpoint + UNIT_RECORD_MAX_BYTES as u64
 }
 
 /// Log bytes the cleaner may fill with moved records, with `free` bytes

@@ -216,6 +216,11 @@ impl Volume {
             padding_bytes: st.log.padding_bytes,
             zero_ahead_bytes: st.log.zero_ahead_bytes,
             packing: self.sb.packing().name().to_string(),
+            encryption: self
+                .sb
+                .key_slot
+                .map_or("none", |k| k.cipher.name())
+                .to_string(),
             cleaner: self.cleaner_stats(),
             corrupt_reads: get(&self.counters.corrupt_reads),
             lost_bytes: lost,

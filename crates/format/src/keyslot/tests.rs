@@ -20,15 +20,31 @@ fn a_raw_key_wraps_and_unwraps() {
 #[test]
 fn a_passphrase_goes_through_argon2id() {
     let dk = new_data_key();
-    let slot = KeySlot::wrap(Cipher::Aes256Gcm, &UUID, &dk, b"correct horse battery\n").expect("wraps");
+    let slot =
+        KeySlot::wrap(Cipher::Aes256Gcm, &UUID, &dk, b"correct horse battery\n").expect("wraps");
     assert!(matches!(slot.kdf, Kdf::Argon2id { .. }));
     // The trailing newline is not part of the passphrase.
-    assert_eq!(*slot.unwrap(&UUID, b"correct horse battery").expect("unwraps"), *dk);
-    assert_eq!(slot.unwrap(&UUID, b"correct horse batterx"), Err(KeyError::WrongKey));
+    assert_eq!(
+        *slot
+            .unwrap(&UUID, b"correct horse battery")
+            .expect("unwraps"),
+        *dk
+    );
+    assert_eq!(
+        slot.unwrap(&UUID, b"correct horse batterx"),
+        Err(KeyError::WrongKey)
+    );
     // Lowering the stored cost changes the associated data: refused.
     let mut cheap = slot;
-    cheap.kdf = Kdf::Argon2id { m_kib: 8, t: 1, p: 1 };
-    assert_eq!(cheap.unwrap(&UUID, b"correct horse battery"), Err(KeyError::WrongKey));
+    cheap.kdf = Kdf::Argon2id {
+        m_kib: 8,
+        t: 1,
+        p: 1,
+    };
+    assert_eq!(
+        cheap.unwrap(&UUID, b"correct horse battery"),
+        Err(KeyError::WrongKey)
+    );
 }
 
 #[test]
@@ -45,7 +61,9 @@ fn unusable_key_files_are_named() {
 #[test]
 fn damaged_slots_are_refused() {
     let dk = new_data_key();
-    let b = KeySlot::wrap(Cipher::ChaCha20Poly1305, &UUID, &dk, &[1; 32]).expect("wraps").encode();
+    let b = KeySlot::wrap(Cipher::ChaCha20Poly1305, &UUID, &dk, &[1; 32])
+        .expect("wraps")
+        .encode();
     for i in 0..KEY_SLOT_BYTES {
         let mut bad = b;
         bad[i] ^= 0x10;

@@ -46,6 +46,7 @@
 //! `parent u64` after each volume's extents (the id of the snapshot a
 //! clone was made from; 0 for none), and between the volumes and the
 //! pending extents the snapshots (`snap.rs`).
+use crate::seal::{Sealer, BLOB_OVERHEAD_BYTES};
 use crate::*;
 
 /// Blocks of one extent: 2^18 (1 GiB).
@@ -185,6 +186,23 @@ impl PoolTable {
 
     /// The whole slot image: header and payload.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(None)
+    }
+
+    /// What an encrypted volume's table payload is sealed for: the volume
+    /// and the generation, so that a payload moved to another slot,
+    /// generation or volume does not open.
+    fn seal_domain(uuid: &[u8; 16], generation: u64) -> Vec<u8> {
+        let mut d = b"cvol pool table".to_vec();
+        d.extend_from_slice(uuid);
+        d.extend_from_slice(&generation.to_le_bytes());
+        d
+    }
+
+    /// The slot image, its payload sealed when `seal` is given (an
+    /// encrypted volume: volume and snapshot names and sizes are not left
+    /// in the clear). The header stays in the clear.
+    pub fn encode_with(&self, seal: Option<&Sealer>) -> Vec<u8> {
         let v2 = self.version() == POOL_VERSION_SNAPSHOTS;
         let mut p = Vec::new();
         put_u64(&mut p, self.next_id);
@@ -210,6 +228,9 @@ impl PoolTable {
         for &e in &self.pending {
             put_u32(&mut p, e);
         }
+        if let Some(s) = seal {
+            p = s.seal_blob(&PoolTable::seal_domain(&self.uuid, self.generation), &p);
+        }
         let mut out = Vec::with_capacity(POOL_HEADER_BYTES + p.len());
         out.extend_from_slice(&POOL_MAGIC);
         put_u32(&mut out, self.version());
@@ -225,7 +246,7 @@ impl PoolTable {
 
     /// Whether the encoded table fits its slot.
     pub fn fits(&self) -> bool {
-        self.encode().len() as u64 <= POOL_SLOT_BYTES
+        (self.encode().len() + BLOB_OVERHEAD_BYTES) as u64 <= POOL_SLOT_BYTES
     }
 
     /// The header's payload length, if `b` starts with a valid header of
@@ -256,6 +277,16 @@ impl PoolTable {
 
     /// Decodes a slot image (header and payload) of the volume `uuid`.
     pub fn decode(b: &[u8], uuid: &[u8; 16]) -> Result<PoolTable, FormatError> {
+        PoolTable::decode_with(b, uuid, None)
+    }
+
+    /// Decodes a slot image of the volume `uuid`, opening its payload
+    /// with `seal` (an encrypted volume's tables are all sealed).
+    pub fn decode_with(
+        b: &[u8],
+        uuid: &[u8; 16],
+        seal: Option<&Sealer>,
+    ) -> Result<PoolTable, FormatError> {
         let n = PoolTable::payload_len(b, uuid)?;
         let p = b
             .get(POOL_HEADER_BYTES..POOL_HEADER_BYTES + n)
@@ -264,6 +295,14 @@ impl PoolTable {
             return Err(FormatError::Invalid("pool table checksum mismatch"));
         }
         let generation = u64::from_le_bytes(b[16..24].try_into().unwrap());
+        let opened;
+        let p = match seal {
+            Some(s) => {
+                opened = s.open_blob(&PoolTable::seal_domain(uuid, generation), p)?;
+                &opened[..]
+            }
+            None => p,
+        };
         let v2 = u32::from_le_bytes(b[8..12].try_into().unwrap()) == POOL_VERSION_SNAPSHOTS;
         let mut r = Reader { b: p, at: 0 };
         let mut t = PoolTable {

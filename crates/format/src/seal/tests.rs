@@ -38,7 +38,10 @@ fn a_sealed_record_opens_with_its_key_only() {
         let (h, _) = RecordHeader::decode_verified(&rec).expect("verifies");
         assert!(h.sealed);
         assert_eq!(h.plain_len(), plain.len());
-        assert_eq!(payload(Some(&s), &h, &rec).expect("opens").as_ref(), &plain[..]);
+        assert_eq!(
+            payload(Some(&s), &h, &rec).expect("opens").as_ref(),
+            &plain[..]
+        );
         // The plaintext appears nowhere in the record.
         assert!(!rec.windows(16).any(|w| w == &plain[..16]));
         let other = Sealer::new(cipher, &[2; 32]);
@@ -86,7 +89,8 @@ fn a_record_in_the_clear_is_refused_on_an_encrypted_volume() {
 #[test]
 fn known_answer_of_the_record_format() {
     const SUBKEY: &str = "dfe3257df4385a45046ae7d07a1e6aec65c79cd4938d15632ab25237003ac256";
-    const AAD: &str = "43564c52810100007856341207000000921000000000000063000000000000000100000021000000";
+    const AAD: &str =
+        "43564c52810100007856341207000000921000000000000063000000000000000100000021000000";
     let expect = [
         (
             Cipher::Aes256Gcm,
@@ -115,12 +119,22 @@ fn known_answer_of_the_record_format() {
 fn blobs_open_in_their_domain_only() {
     let s = Sealer::new(Cipher::Aes256Gcm, &[5; 32]);
     let b = s.seal_blob(b"pool table", b"volume names");
-    assert_ne!(b, s.seal_blob(b"pool table", b"volume names"), "fresh nonce");
-    assert_eq!(s.open_blob(b"pool table", &b).expect("opens"), b"volume names");
+    assert_ne!(
+        b,
+        s.seal_blob(b"pool table", b"volume names"),
+        "fresh nonce"
+    );
+    assert_eq!(
+        s.open_blob(b"pool table", &b).expect("opens"),
+        b"volume names"
+    );
     assert_eq!(s.open_blob(b"other", &b), Err(FormatError::Unauthentic));
     let mut bad = b.clone();
     bad[20] ^= 4;
-    assert_eq!(s.open_blob(b"pool table", &bad), Err(FormatError::Unauthentic));
+    assert_eq!(
+        s.open_blob(b"pool table", &bad),
+        Err(FormatError::Unauthentic)
+    );
 }
 
 #[test]

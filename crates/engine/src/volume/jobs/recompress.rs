@@ -383,7 +383,9 @@ impl Volume {
         let new_bytes: u64 = items
             .iter()
             .map(|p| match p {
-                Prepared::Data { payload, .. } => (self.sb.record_overhead() + payload.len()) as u64,
+                Prepared::Data { payload, .. } => {
+                    (self.sb.record_overhead() + payload.len()) as u64
+                }
                 _ => unreachable!("a data run compresses to data"),
             })
             .sum();

@@ -253,10 +253,12 @@ impl Volume {
     ) -> Result<MapEntry, VolError> {
         let h = &f.header;
         let shape = Shape::data(h.codec, h.level, owner, h.nblocks, mask);
-        let payload = f.payload(self.sb.sealer(), &v.buf).map_err(|e| VolError::Corrupt {
-            lba: h.lba,
-            detail: format!("a record the cleaner moves: {e}"),
-        })?;
+        let payload = f
+            .payload(self.sb.sealer(), &v.buf)
+            .map_err(|e| VolError::Corrupt {
+                lba: h.lba,
+                detail: format!("a record the cleaner moves: {e}"),
+            })?;
         let p = self.append(st, shape, &payload)?;
         assert_eq!(p.len as usize, h.total_len(), "a copy is the same record");
         let stats = &self.counters.cleaner;

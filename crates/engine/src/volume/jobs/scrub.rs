@@ -15,13 +15,13 @@
 //!
 //! Scrub findings are counted in their own `stat` keys (`scrub_*`), not in
 //! `corrupt_reads`, which stays the count of client reads refused.
-use cvol_format::seal::{self, Sealer};
 use crate::error::VolError;
 use crate::records::{block_index, DecodedUnit};
 use crate::volume::read::READ_MERGE_MAX_BYTES;
 use crate::volume::Volume;
 use cvol_format::checkpoint::{CommitPayload, DirPayload, DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::record::{RecordHeader, RecordKind};
+use cvol_format::seal::{self, Sealer};
 use cvol_format::{CheckpointPointer, EntryState, MapEntry, Superblock, BLOCK_SIZE_BYTES};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -582,7 +582,10 @@ impl Volume {
                     rep.stored_bytes_read += end - start;
                     for &(o, l) in &recs[i..j] {
                         let at = (o - start) as usize;
-                        verdicts.insert((o, l), verify_record(self.sb.sealer(), o, &run[at..at + l as usize]));
+                        verdicts.insert(
+                            (o, l),
+                            verify_record(self.sb.sealer(), o, &run[at..at + l as usize]),
+                        );
                     }
                 }
                 // Read the records one by one, to tell which are unreadable.
