@@ -13,7 +13,8 @@
 #             `--key-file`, the same data in (nbdcopy --flush) and out, cmp
 #             equal; stopped: not one of the strings is in the backing file;
 #             `cvol check --key-file` passes; `cvol stat` without the key
-#             names the cipher and the size and says the key is needed
+#             names the cipher and the physical size and asks for
+#             `--key-file` for the rest
 #   refusals  serve and check without a key (exit 2, "encrypted" and
 #             "--key-file"), with a wrong key, also through CVOL_KEY_FILE
 #             (exit 2, "wrong key"), a key for the volume in the clear
@@ -131,6 +132,7 @@ log "clear: the search strings occur ($hits) times in the backing file"
 [[ " $hits " != *" 0 "* ]] || fail "a search string is missing from the volume in the clear ($hits): the search cannot prove anything"
 
 # -------------------------------------------------------------- ciphers ----
+umask 077
 head -c 32 /dev/urandom >"$E2E_TMP/aes.key"
 head -c 32 /dev/urandom >"$E2E_TMP/other.key"
 printf '%s\n' "$PASS" >"$E2E_TMP/chacha.pass"
@@ -152,7 +154,7 @@ for c in aes-256-gcm chacha20-poly1305; do
     before=$(sha "${VOL[$c]}")
     "$CVOL" stat "${VOL[$c]}" >"$E2E_TMP/stat.out" 2>&1 ||
         fail "$c: cvol stat without the key exited $?: $(cat "$E2E_TMP/stat.out")"
-    for p in "$c" "$MB.0 MiB" "key"; do
+    for p in "$c" "64.0 MiB" "--key-file"; do
         grep -qiF -e "$p" "$E2E_TMP/stat.out" || fail "$c: cvol stat without the key does not say '$p': $(cat "$E2E_TMP/stat.out")"
     done
     [[ $(sha "${VOL[$c]}") == "$before" ]] || fail "$c: cvol stat without the key changed the file"
