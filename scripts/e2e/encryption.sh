@@ -19,7 +19,7 @@
 #             "--key-file"), with a wrong key, also through CVOL_KEY_FILE
 #             (exit 2, "wrong key"), a key for the volume in the clear
 #             (exit 2, "not encrypted"), a too short passphrase file (exit
-#             2): every time the file's sha256 is unchanged and no socket
+#             2, "passphrase"): every time the file's sha256 is unchanged and no socket
 #             is left
 #   rotate    `cvol key rotate --key-file OLD --new-key-file NEW` (a
 #             passphrase): only the two superblock copies (first 8 KiB)
@@ -107,18 +107,21 @@ read_back() {
 # with every PATTERN (fixed, case-insensitive) in its output; FILE's sha256
 # is unchanged and no socket is left in $E2E_TMP
 refused() {
-    local want=$1 file=$2 pats=$3 before rc=0 p out=$E2E_TMP/refused.out
+    local want=$1 file=$2 pats=$3 before rc=0 p what out=$E2E_TMP/refused.out
     shift 3
+    what="$*"
+    what=${what//"$CVOL"/cvol}
+    what=${what//$E2E_TMP\//}
     before=$(sha "$file")
     timeout 60 "$@" >"$out" 2>&1 </dev/null || rc=$?
-    ((rc == want)) || fail "'${*#"$CVOL" }' exited $rc, expected $want: $(head -c 600 "$out")"
+    ((rc == want)) || fail "'$what' exited $rc, expected $want: $(head -c 600 "$out")"
     IFS=';' read -ra list <<<"$pats"
     for p in "${list[@]}"; do
-        grep -qiF -e "$p" "$out" || fail "'${*#"$CVOL" }': no '$p' in its message: $(head -c 600 "$out")"
+        grep -qiF -e "$p" "$out" || fail "'$what': no '$p' in its message: $(head -c 600 "$out")"
     done
-    [[ $(sha "$file") == "$before" ]] || fail "'${*#"$CVOL" }' changed ${file##*/}"
-    [[ -z $(find "$E2E_TMP" -maxdepth 1 -name '*.sock') ]] || fail "'${*#"$CVOL" }' left a socket"
-    log "refused (exit $rc): ${*#"$CVOL" } -- $(grep -v '^\s*$' "$out" | head -n 1 | cut -c1-150)"
+    [[ $(sha "$file") == "$before" ]] || fail "'$what' changed ${file##*/}"
+    [[ -z $(find "$E2E_TMP" -maxdepth 1 -name '*.sock') ]] || fail "'$what' left a socket"
+    log "refused (exit $rc): $what -- $(grep -v '^\s*$' "$out" | head -n 1 | sed "s|$E2E_TMP/||g" | cut -c1-140)"
 }
 
 # ---------------------------------------------------------------- clear ----
@@ -172,7 +175,7 @@ refused 2 "$AES" "wrong key" env CVOL_KEY_FILE="$E2E_TMP/other.key" "$CVOL" serv
 refused 2 "$CLEAR" "not encrypted" "$CVOL" serve "$CLEAR" --socket "$E2E_TMP/r.sock" --key-file "$E2E_TMP/aes.key"
 refused 2 "$CLEAR" "not encrypted" env CVOL_KEY_FILE="$E2E_TMP/aes.key" "$CVOL" check "$CLEAR"
 printf 'short\n' >"$E2E_TMP/short.pass"
-refused 2 "$AES" "" "$CVOL" serve "$AES" --socket "$E2E_TMP/r.sock" --key-file "$E2E_TMP/short.pass"
+refused 2 "$AES" "passphrase" "$CVOL" serve "$AES" --socket "$E2E_TMP/r.sock" --key-file "$E2E_TMP/short.pass"
 
 # --------------------------------------------------------------- rotate ----
 step "rotate: the aes-256-gcm volume's raw key to a passphrase"
