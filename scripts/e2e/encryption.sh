@@ -49,28 +49,9 @@ tar_image usr-doc "$MB" /usr/share/doc
 DATA=$TAR_IMAGE
 WANT_SHA=$(sha256sum "$DATA" | cut -d' ' -f1)
 
-# Eight distinctive strings of the data, spread over it: 48 printable bytes
-# (no newline) with at least 16 different characters, inside one 4 KiB
-# block (stored whole in the clear with --codec none).
-"$PY" - "$DATA" "$NEEDLES" <<'EOF'
-import re, sys
-data = open(sys.argv[1], "rb").read()
-out, n, step = [], 48, len(data) // 8
-for k in range(8):
-    for m in re.compile(rb"[ -~]{%d,}" % n).finditer(data, k * step):
-        at = m.start() + (-m.start()) % 64  # a few candidates in each run
-        while at + n <= m.end():
-            w = data[at:at + n]
-            if at % 4096 + n <= 4096 and len(set(w)) >= 16 and w not in out:
-                out.append(w)
-                break
-            at += 64
-        if len(out) > k:
-            break
-    else:
-        sys.exit("no distinctive string after offset %d" % (k * step))
-open(sys.argv[2], "wb").write(b"\n".join(out) + b"\n")
-EOF
+# Eight distinctive strings of the data (py/needles.py: 48 printable bytes,
+# inside one 4 KiB block, stored whole in the clear with --codec none).
+"$PY" "$E2E_DIR/py/needles.py" "$DATA" "$NEEDLES" 8 || fail "no search strings in $DATA"
 [[ $(wc -l <"$NEEDLES") -eq 8 ]] || fail "expected 8 search strings, got $(wc -l <"$NEEDLES")"
 
 # plaintext_hits FILE -- prints, per search string, how often it occurs in FILE
