@@ -656,13 +656,14 @@ step_errors() {
 
 # s3_get NAME OUT -- one object of $BUCKET through the S3 API
 s3_get() {
-    curl -sSf --aws-sigv4 "aws:amz:${AWS_REGION:-us-east-1}:s3" \
+    curl -sSf --aws-sigv4 "aws:amz:${AWS_REGION:-us-east-1}:s3" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
         --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -o "$2" \
         "$AWS_ENDPOINT_URL/$BUCKET/$1" || fail "S3 GET $BUCKET/$1 failed"
 }
 
-# plaintext_hits PREFIX -- per search string, how often it occurs in the
-# objects under $BUCKET/PREFIX (all fetched, then searched together)
+# plaintext_hits PREFIX -- HITS: per search string, how often it occurs in
+# the objects under $BUCKET/PREFIX (all fetched, then searched together);
+# OBJECTS: how many there are
 plaintext_hits() {
     local name s dir=$E2E_TMP/objects n=0 hits=()
     rm -rf "$dir"
@@ -678,7 +679,7 @@ plaintext_hits() {
     done <"$E2E_TMP/needles"
     rm -rf "$dir"
     OBJECTS=$n
-    echo "${hits[*]}"
+    HITS=${hits[*]}
 }
 
 step_encrypted() {
@@ -703,12 +704,12 @@ step_encrypted() {
         cmp "$data" "$out" || fail "$url reads back different data"
         rm -f "$out"
         stop_server
-        hits=$(plaintext_hits "enc-$c/")
-        log "$c: the search strings occur ($hits) times in the $OBJECTS objects under enc-$c/"
+        plaintext_hits "enc-$c/"
+        log "$c: the search strings occur ($HITS) times in the $OBJECTS objects under enc-$c/"
         if [[ $c == clear ]]; then
-            [[ " $hits " != *" 0 "* ]] || fail "a search string is missing from the objects of the volume in the clear ($hits): the search cannot prove anything"
+            [[ " $HITS " != *" 0 "* ]] || fail "a search string is missing from the objects of the volume in the clear ($HITS): the search cannot prove anything"
         else
-            [[ $hits == "0 0 0 0 0 0 0 0" ]] || fail "plaintext of the data is in the objects of the encrypted volume ($hits)"
+            [[ $HITS == "0 0 0 0 0 0 0 0" ]] || fail "plaintext of the data is in the objects of the encrypted volume ($HITS)"
             hits=$(while IFS= read -r s; do
                 find "$CACHE_DIR" -type f -exec cat {} + | grep -c -F -a -e "$s" || true
             done <"$E2E_TMP/needles" | tr '\n' ' ')
