@@ -56,11 +56,11 @@ WANT_SHA=$(sha256sum "$DATA" | cut -d' ' -f1)
 
 # plaintext_hits FILE -- prints, per search string, how often it occurs in FILE
 plaintext_hits() {
-    local s hits=()
+    local s counts=()
     while IFS= read -r s; do
-        hits+=("$(grep -c -F -a -e "$s" "$1" || true)")
+        counts+=("$(grep -c -F -a -e "$s" "$1" || true)")
     done <"$NEEDLES"
-    echo "${hits[*]}"
+    echo "${counts[*]}"
 }
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }

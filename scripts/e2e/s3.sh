@@ -665,7 +665,7 @@ s3_get() {
 # the objects under $BUCKET/PREFIX (all fetched, then searched together);
 # OBJECTS: how many there are
 plaintext_hits() {
-    local name s dir=$E2E_TMP/objects n=0 hits=()
+    local name s dir=$E2E_TMP/objects n=0 counts=()
     rm -rf "$dir"
     mkdir "$dir"
     while IFS= read -r name; do
@@ -675,15 +675,15 @@ plaintext_hits() {
     done < <(rgw_names "$BUCKET" "$1")
     ((n > 0)) || fail "no objects under $BUCKET/$1"
     while IFS= read -r s; do
-        hits+=("$(cat "$dir"/* | grep -c -F -a -e "$s" || true)")
+        counts+=("$(cat "$dir"/* | grep -c -F -a -e "$s" || true)")
     done <"$E2E_TMP/needles"
     rm -rf "$dir"
     OBJECTS=$n
-    HITS=${hits[*]}
+    HITS=${counts[*]}
 }
 
 step_encrypted() {
-    local key=$E2E_TMP/enc.key data out=$E2E_TMP/enc-out.img hits c s url
+    local key=$E2E_TMP/enc.key data back=$E2E_TMP/enc-out.img hits c s url
     begin encrypted "no plaintext of written data in the objects of an encrypted volume"
     tar_image usr-doc 24 /usr/share/doc
     data=$TAR_IMAGE
@@ -699,10 +699,10 @@ step_encrypted() {
             s3_serve "$url" --key-file "$key"
         fi
         nbdcopy --flush "$data" "$SRV_URI" || fail "nbdcopy --flush into $url failed"
-        rm -f "$out"
-        nbdcopy "$SRV_URI" "$out" || fail "nbdcopy out of $url failed"
-        cmp "$data" "$out" || fail "$url reads back different data"
-        rm -f "$out"
+        rm -f "$back"
+        nbdcopy "$SRV_URI" "$back" || fail "nbdcopy out of $url failed"
+        cmp "$data" "$back" || fail "$url reads back different data"
+        rm -f "$back"
         stop_server
         plaintext_hits "enc-$c/"
         log "$c: the search strings occur ($HITS) times in the $OBJECTS objects under enc-$c/"
