@@ -10,7 +10,7 @@
 set -euo pipefail
 
 DIR=$(cd "$(dirname "$0")" && pwd)
-ALL=(cli bad-input hostile-local nbdinfo qemu-io nbdcopy fio ext4 ext4-paged kill9 pools snapshots metadata-device overwrite thin-full trim-du dedup dedup-window estimate elastic idle-space scrub bitrot cache tls service package s3-fencing s3)
+ALL=(cli bad-input hostile-local nbdinfo qemu-io nbdcopy fio ext4 ext4-paged kill9 pools snapshots metadata-device overwrite thin-full trim-du dedup dedup-window estimate elastic idle-space scrub bitrot cache tls encryption service package s3-fencing s3)
 TIMEOUT=${E2E_TEST_TIMEOUT:-300}
 : "${E2E_SERVER:=cvol}"
 export E2E_SERVER

@@ -70,7 +70,7 @@ need nbdfuse losetup mkfs.ext4 e2fsck mount umount diff cmp qemu-io nbdcopy time
 [[ -e /dev/fuse ]] || skip "/dev/fuse missing"
 need_server
 
-STEPS=${E2E_S3_STEPS:-ext4 kill9 single errors takeover stale trim}
+STEPS=${E2E_S3_STEPS:-ext4 kill9 single errors takeover stale trim encrypted}
 LEASE=${E2E_S3_LEASE:-2}
 TRIM_WAIT=${E2E_S3_TRIM_WAIT:-90}
 TRIM_IDLE=${E2E_S3_TRIM_IDLE:-35}
@@ -86,8 +86,8 @@ FS_DIR=$E2E_TMP/fs
 mkdir -p "$FUSE_DIR" "$FS_DIR"
 for s in $STEPS; do
     case $s in
-        ext4 | kill9 | single | takeover | stale | trim | errors) ;;
-        *) fail "E2E_S3_STEPS: unknown step '$s' (ext4 kill9 single takeover stale trim errors)" ;;
+        ext4 | kill9 | single | takeover | stale | trim | errors | encrypted) ;;
+        *) fail "E2E_S3_STEPS: unknown step '$s' (ext4 kill9 single takeover stale trim errors encrypted)" ;;
     esac
 done
 
@@ -654,6 +654,75 @@ step_errors() {
     end_step
 }
 
+# s3_get NAME OUT -- one object of $BUCKET through the S3 API
+s3_get() {
+    curl -sSf --aws-sigv4 "aws:amz:${AWS_REGION:-us-east-1}:s3" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
+        --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -o "$2" \
+        "$AWS_ENDPOINT_URL/$BUCKET/$1" || fail "S3 GET $BUCKET/$1 failed"
+}
+
+# plaintext_hits PREFIX -- HITS: per search string, how often it occurs in
+# the objects under $BUCKET/PREFIX (all fetched, then searched together);
+# OBJECTS: how many there are
+plaintext_hits() {
+    local name s dir=$E2E_TMP/objects n=0 counts=()
+    rm -rf "$dir"
+    mkdir "$dir"
+    while IFS= read -r name; do
+        [[ -n $name ]] || continue
+        n=$((n + 1))
+        s3_get "$name" "$dir/$n"
+    done < <(rgw_names "$BUCKET" "$1")
+    ((n > 0)) || fail "no objects under $BUCKET/$1"
+    while IFS= read -r s; do
+        counts+=("$(cat "$dir"/* | grep -c -F -a -e "$s" || true)")
+    done <"$E2E_TMP/needles"
+    rm -rf "$dir"
+    OBJECTS=$n
+    HITS=${counts[*]}
+}
+
+step_encrypted() {
+    local key=$E2E_TMP/enc.key data back=$E2E_TMP/enc-out.img hits c s url
+    begin encrypted "no plaintext of written data in the objects of an encrypted volume"
+    tar_image usr-doc 24 /usr/share/doc
+    data=$TAR_IMAGE
+    "$PY" "$E2E_DIR/py/needles.py" "$data" "$E2E_TMP/needles" 8 || fail "no search strings in $data"
+    (umask 077 && head -c 32 /dev/urandom >"$key")
+    for c in clear encrypted; do
+        url=s3://$BUCKET/enc-$c
+        if [[ $c == clear ]]; then
+            create "$url" 24M --codec none
+            s3_serve "$url"
+        else
+            create "$url" 24M --codec none --encryption aes-256-gcm --key-file "$key"
+            s3_serve "$url" --key-file "$key"
+        fi
+        nbdcopy --flush "$data" "$SRV_URI" || fail "nbdcopy --flush into $url failed"
+        rm -f "$back"
+        nbdcopy "$SRV_URI" "$back" || fail "nbdcopy out of $url failed"
+        cmp "$data" "$back" || fail "$url reads back different data"
+        rm -f "$back"
+        stop_server
+        plaintext_hits "enc-$c/"
+        log "$c: the search strings occur ($HITS) times in the $OBJECTS objects under enc-$c/"
+        if [[ $c == clear ]]; then
+            [[ " $HITS " != *" 0 "* ]] || fail "a search string is missing from the objects of the volume in the clear ($HITS): the search cannot prove anything"
+        else
+            [[ $HITS == "0 0 0 0 0 0 0 0" ]] || fail "plaintext of the data is in the objects of the encrypted volume ($HITS)"
+            hits=$(while IFS= read -r s; do
+                find "$CACHE_DIR" -type f -exec cat {} + | grep -c -F -a -e "$s" || true
+            done <"$E2E_TMP/needles" | tr '\n' ' ')
+            log "$c: in its serve's --cache-dir ($(du -sk "$CACHE_DIR" | cut -f1) KiB): ($hits)"
+            [[ $hits == "0 0 0 0 0 0 0 0 " ]] || fail "plaintext of the data is in the --cache-dir of the encrypted volume ($hits)"
+        fi
+    done
+    refused "serve of the encrypted volume without its key" "--key-file" \
+        "$CVOL" serve "$url" --cache-dir "$E2E_TMP/cache-nokey" --socket "$E2E_TMP/e5.sock"
+    grep -qF encrypted "$E2E_TMP/refused.err" || fail "serve without the key: no 'encrypted' in $(cat "$E2E_TMP/refused.err")"
+    end_step
+}
+
 # ================================================================== main ====
 
 # Control sockets of object-store volumes are named after the URL: ours only.
@@ -670,6 +739,7 @@ for s in $STEPS; do
         stale) step_stale ;;
         trim) step_trim ;;
         errors) step_errors ;;
+        encrypted) step_encrypted ;;
     esac
 done
 TIMES+=("total $(awk -v a="$T_START" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')s")
