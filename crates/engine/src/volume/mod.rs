@@ -292,7 +292,7 @@ impl Volume {
     /// Appends a record (its payload crc computed here); an I/O error
     /// poisons the volume.
     fn append(&self, st: &mut State, shape: Shape, payload: &[u8]) -> Result<Placed, VolError> {
-        self.append_with_crc(st, shape, payload, crc32c::crc32c(payload))
+        self.append_with_crc(st, shape, payload, self.payload_crc(payload))
     }
 
     /// Appends a record whose payload crc was computed earlier (outside

@@ -94,6 +94,16 @@ impl Volume {
             .collect()
     }
 
+    /// The crc32c of a payload in the clear, which the log's header covers
+    /// on a volume in the clear; 0 on an encrypted one, whose log takes the
+    /// crc of the sealed payload itself (`Log::append`).
+    pub(in crate::volume) fn payload_crc(&self, payload: &[u8]) -> u32 {
+        match self.sb.is_encrypted() {
+            true => 0,
+            false => crc32c::crc32c(payload),
+        }
+    }
+
     /// Blocks per merged compression unit (the window writes are cut at):
     /// a power of two up to `UNIT_BLOCKS_MAX`, so that every unit lies
     /// inside one aligned window of that many blocks (the format's rule).
@@ -244,7 +254,7 @@ impl Volume {
                     nblocks: n as u32,
                     codec: CodecTag::None,
                     level: 0,
-                    payload_crc: crc32c::crc32c(data),
+                    payload_crc: self.payload_crc(data),
                     payload: Cow::Borrowed(data),
                     fps: fps.to_vec(),
                 }]
@@ -290,7 +300,7 @@ impl Volume {
                     nblocks: n as u32,
                     codec: codec.tag(),
                     level: codec.level(),
-                    payload_crc: crc32c::crc32c(&c),
+                    payload_crc: self.payload_crc(&c),
                     payload: Cow::Owned(c),
                     fps: fps.to_vec(),
                 }]
@@ -305,7 +315,7 @@ impl Volume {
                         nblocks: 1,
                         codec: CodecTag::None,
                         level: 0,
-                        payload_crc: crc32c::crc32c(b),
+                        payload_crc: self.payload_crc(b),
                         payload: Cow::Borrowed(b),
                         fps: vec![fps[i]],
                     }
