@@ -692,10 +692,11 @@ step_encrypted() {
     for c in clear encrypted; do
         url=s3://$BUCKET/enc-$c
         if [[ $c == clear ]]; then
-            create "$url" 24M --codec none
+            # Room for the 24 MiB stored as it is (no codec) and the metadata.
+            create "$url" 24M --physical-size 48M --codec none
             s3_serve "$url"
         else
-            create "$url" 24M --codec none --encryption aes-256-gcm --key-file "$key"
+            create "$url" 24M --physical-size 48M --codec none --encryption aes-256-gcm --key-file "$key"
             s3_serve "$url" --key-file "$key"
         fi
         nbdcopy --flush "$data" "$SRV_URI" || fail "nbdcopy --flush into $url failed"
@@ -720,7 +721,35 @@ step_encrypted() {
     refused "serve of the encrypted volume without its key" "--key-file" \
         "$CVOL" serve "$url" --cache-dir "$E2E_TMP/cache-nokey" --socket "$E2E_TMP/e5.sock"
     grep -qF encrypted "$E2E_TMP/refused.err" || fail "serve without the key: no 'encrypted' in $(cat "$E2E_TMP/refused.err")"
+    step_encrypted_rotate "$url" "$key" "$data"
     end_step
+}
+
+# step_encrypted_rotate URL KEY DATA -- `cvol key rotate` of a volume in the
+# store: refused while served (here, and by a server this host cannot see:
+# its lease), then the new key reads DATA back and the old key is refused.
+step_encrypted_rotate() {
+    local url=$1 key=$2 data=$3 newkey=$E2E_TMP/enc-new.key back=$E2E_TMP/enc-out.img
+    (umask 077 && printf 'a passphrase for the rotated volume\n' >"$newkey")
+    s3_serve "$url" --key-file "$key"
+    refused "key rotate of a served volume" "served" \
+        "$CVOL" --key-file "$key" key rotate "$url" --new-key-file "$newkey"
+    stop_server
+    SRV_RUN_DIR=$E2E_TMP/run-elsewhere s3_serve "$url" --key-file "$key"
+    refused "key rotate of a volume served where its control socket is not seen" "stop it first" \
+        "$CVOL" --key-file "$key" key rotate "$url" --new-key-file "$newkey"
+    stop_server
+    "$CVOL" --key-file "$key" key rotate "$url" --new-key-file "$newkey" >"$E2E_TMP/rotate.out" 2>&1 ||
+        fail "key rotate of $url: $(cat "$E2E_TMP/rotate.out")"
+    log "rotated: $(cat "$E2E_TMP/rotate.out")"
+    refused "serve with the key the rotation retired" "key" \
+        "$CVOL" serve "$url" --key-file "$key" --cache-dir "$E2E_TMP/cache-oldkey" --socket "$E2E_TMP/e6.sock"
+    s3_serve "$url" --key-file "$newkey"
+    rm -f "$back"
+    nbdcopy "$SRV_URI" "$back" || fail "nbdcopy out of $url after the rotation failed"
+    cmp "$data" "$back" || fail "$url reads back different data after the rotation"
+    rm -f "$back"
+    stop_server
 }
 
 # ================================================================== main ====

@@ -179,6 +179,16 @@ pub fn open_read_only(url: &str, read_cache_bytes: Option<u64>) -> Result<Volume
     Volume::open(st, options).map_err(|e| Error::Refused(format!("{url}: {e}")))
 }
 
+/// Opens `url` writable for a short offline change (`cvol key rotate`):
+/// claims the volume (refused while a server renews its lease) with a
+/// cache directory of its own, kept until the change is closed.
+pub fn open_for_change(url: &str) -> Result<(TempCache, Arc<ObjectStorage>), Error> {
+    let tmp = TempCache::new("change")?;
+    let cfg = config(url, tmp.path().to_path_buf())?;
+    let st = Arc::new(ObjectStorage::open(&cfg).map_err(store_error)?);
+    Ok((tmp, st))
+}
+
 /// An object store's refusal or failure, in its words.
 fn store_error(e: impl std::fmt::Display) -> Error {
     Error::Refused(e.to_string())

@@ -239,8 +239,13 @@ fn serve_object(
     options.read_only = args.read_only;
     let vol = match volfile::open_with_progress(path, store.clone(), options, Some(stop)) {
         Opened::Volume(v) => Arc::new(*v),
-        Opened::Failed(e) => return Err(e),
+        Opened::Failed(e) => {
+            // A wrong key, say: the next server need not wait for the lease.
+            store.release();
+            return Err(e);
+        }
         Opened::Stopped => {
+            store.release();
             tracing::info!("stopped by a signal while opening {url}: nothing was served");
             return Ok(ExitCode::SUCCESS);
         }

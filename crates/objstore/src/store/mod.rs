@@ -188,6 +188,19 @@ impl ObjectStorage {
         })
     }
 
+    /// Gives the volume up without a last commit, after an open the engine
+    /// refused (a wrong key, a damaged superblock, a signal): stops the
+    /// threads and releases the lease, so the next server need not wait a
+    /// lease time. Nothing more is written; what was not synced is dropped,
+    /// as after a crash (its uploads, if any, are garbage the next
+    /// server's collection removes).
+    pub fn release(&self) {
+        self.stop_threads();
+        if !self.inner.read_only {
+            self.inner.release_lease();
+        }
+    }
+
     /// Close's last commit: a manifest, and an empty delta after it so its
     /// garbage goes.
     fn finish(&self) -> Result<(), Error> {

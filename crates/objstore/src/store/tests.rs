@@ -246,3 +246,51 @@ fn a_failed_flush_leaves_every_change_to_the_next() {
     assert!(buf.iter().all(|&b| b == 3), "the whole chunk survives");
     st.close().expect("close");
 }
+
+/// `release` (an open the engine refused, e.g. for a wrong key) marks the
+/// lease released, so the next server claims at once, and commits nothing:
+/// no manifest and no delta beyond the claim's fencing one.
+#[test]
+fn release_gives_the_lease_up_and_commits_nothing() {
+    let mem = Arc::new(InMemory::new());
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let cfg = Config::new(mem.clone(), "vols/released", dir.path().to_path_buf());
+    let d = Descriptor {
+        size_bytes: 8 * MIB,
+        head_bytes: MIB,
+        chunk_bytes: MIB,
+    };
+    create(&cfg, &d, false).expect("create");
+    let names = Names::new("vols/released");
+    let rt = objects::runtime().expect("runtime");
+    let listed = |kind: &str| {
+        let mut v: Vec<String> = rt
+            .block_on(objects::list(&*mem, &names.dir(kind)))
+            .expect("list")
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        v.sort();
+        v
+    };
+    let st = ObjectStorage::open(&cfg).expect("open");
+    let (manifests, deltas) = (listed("manifest"), listed("log"));
+    st.write_at(2 * MIB, &[7u8; 4096])
+        .expect("an unsynced write");
+    st.release();
+    let lease = rt
+        .block_on(objects::get(&*mem, &names.lease(st.epoch())))
+        .expect("the lease object");
+    assert_eq!(&lease[..], RELEASED);
+    assert_eq!(listed("manifest"), manifests, "release wrote a manifest");
+    assert_eq!(listed("log"), deltas, "release wrote a delta");
+    drop(st);
+    let st = ObjectStorage::open(&cfg).expect("the next open");
+    let mut buf = [1u8; 4096];
+    st.read_at(2 * MIB, &mut buf).expect("read");
+    assert_eq!(
+        buf, [0u8; 4096],
+        "the unsynced write is gone, as after a crash"
+    );
+    st.close().expect("close");
+}
