@@ -172,15 +172,27 @@ impl DecodedUnit {
     /// whole DATA record.
     pub(crate) fn decode(seal: Option<&Sealer>, rec: &[u8]) -> Result<DecodedUnit, BlockError> {
         let (h, _) = RecordHeader::decode_verified(rec).map_err(BlockError::Invalid)?;
+        Self::check_kind(&h)?;
+        let payload = seal::payload(seal, &h, rec).map_err(BlockError::Invalid)?;
+        Self::from_payload(h, &payload)
+    }
+
+    fn check_kind(h: &RecordHeader) -> Result<(), BlockError> {
         if h.kind != RecordKind::Data || h.nblocks > UNIT_BLOCKS_MAX {
             return Err(BlockError::NotData {
                 kind: h.kind,
                 nblocks: h.nblocks,
             });
         }
-        let payload = seal::payload(seal, &h, rec).map_err(BlockError::Invalid)?;
+        Ok(())
+    }
+
+    /// Decompresses the DATA record `h` from its opened `payload`
+    /// ([`open_in_place`]).
+    pub(crate) fn from_payload(h: RecordHeader, payload: &[u8]) -> Result<DecodedUnit, BlockError> {
+        Self::check_kind(&h)?;
         let mut data = vec![0u8; h.nblocks as usize * BS];
-        codec::decompress(h.codec, &payload, &mut data)?;
+        codec::decompress(h.codec, payload, &mut data)?;
         debug_assert_eq!(data.len(), h.nblocks as usize * BS);
         Ok(DecodedUnit { header: h, data })
     }
@@ -216,15 +228,41 @@ pub fn decode_block_record(
     out: &mut [u8],
 ) -> Result<(), BlockError> {
     let (h, _) = RecordHeader::decode_verified(rec).map_err(BlockError::Invalid)?;
-    let k = block_index(lba, e, &h)?;
+    block_index(lba, e, &h)?;
     let payload = seal::payload(seal, &h, rec).map_err(BlockError::Invalid)?;
+    decode_block_payload(&h, lba, e, &payload, out)
+}
+
+/// [`decode_block_record`] of a record already verified and opened
+/// ([`open_in_place`]): `h` its header, `payload` its content.
+pub(crate) fn decode_block_payload(
+    h: &RecordHeader,
+    lba: u64,
+    e: MapEntry,
+    payload: &[u8],
+    out: &mut [u8],
+) -> Result<(), BlockError> {
+    let k = block_index(lba, e, h)?;
     if h.nblocks == 1 {
-        return Ok(codec::decompress(h.codec, &payload, out)?);
+        return Ok(codec::decompress(h.codec, payload, out)?);
     }
     let mut unit = vec![0u8; h.nblocks as usize * BS];
-    codec::decompress(h.codec, &payload, &mut unit)?;
+    codec::decompress(h.codec, payload, &mut unit)?;
     out.copy_from_slice(&unit[k * BS..(k + 1) * BS]);
     Ok(())
+}
+
+/// Verifies the record at the start of `rec` and opens its payload where
+/// it lies (an encrypted volume's `seal`; no copy): its header, and the
+/// place of its content in `rec`. A record that fails leaves `rec`'s
+/// payload bytes unspecified.
+pub(crate) fn open_in_place(
+    seal: Option<&Sealer>,
+    rec: &mut [u8],
+) -> Result<(RecordHeader, std::ops::Range<usize>), BlockError> {
+    let (h, _) = RecordHeader::decode_verified(rec).map_err(BlockError::Invalid)?;
+    let at = seal::payload_in_place(seal, &h, rec).map_err(BlockError::Invalid)?;
+    Ok((h, at))
 }
 
 /// The verified records of one segment, and where damaged ones were.

@@ -25,6 +25,7 @@
 //! subkey per use (records, dedup fingerprints, other sealed blobs).
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use aws_lc_rs::aead::{
     Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, CHACHA20_POLY1305, NONCE_LEN,
@@ -189,6 +190,38 @@ impl Sealer {
         Ok(buf)
     }
 
+    /// [`Sealer::open_record`] in the record's own buffer: the payload is
+    /// decrypted where it lies (no copy), and its plaintext's place in
+    /// `rec` returned. A record that fails leaves its payload bytes
+    /// unspecified: the caller drops the buffer.
+    pub fn open_record_in_place(
+        &self,
+        h: &RecordHeader,
+        rec: &mut [u8],
+    ) -> Result<Range<usize>, FormatError> {
+        if !h.sealed {
+            return Err(FormatError::NotSealed);
+        }
+        if rec.len() < h.total_len() {
+            return Err(FormatError::TooShort {
+                needed: h.total_len(),
+                got: rec.len(),
+            });
+        }
+        let (head, rest) = rec.split_at_mut(RECORD_HEADER_BYTES);
+        let body = &mut rest[..h.total_len() - RECORD_HEADER_BYTES];
+        let n = self
+            .records
+            .open_in_place(
+                Self::record_nonce(h.epoch, h.seq),
+                Aad::from(&head[..SEAL_AAD_BYTES]),
+                body,
+            )
+            .map_err(|_| FormatError::Unauthentic)?
+            .len();
+        Ok(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + n)
+    }
+
     /// Seals a blob that is not a record (a random nonce, stored in front:
     /// written rarely, so 2^-96 per pair bounds a repeat). `domain` names
     /// what it is and is authenticated with it.
@@ -252,6 +285,25 @@ pub fn payload<'a>(
                 })
         }
         Some(s) => s.open_record(h, rec).map(Cow::Owned),
+    }
+}
+
+/// [`payload`] in the record's own buffer: where the payload's content
+/// lies in `rec` once opened in place (a sealed record's plaintext, or the
+/// bytes after the header), with the same refusals.
+pub fn payload_in_place(
+    seal: Option<&Sealer>,
+    h: &RecordHeader,
+    rec: &mut [u8],
+) -> Result<Range<usize>, FormatError> {
+    match seal {
+        None if h.sealed => Err(FormatError::Sealed),
+        None if rec.len() < h.total_len() => Err(FormatError::TooShort {
+            needed: h.total_len(),
+            got: rec.len(),
+        }),
+        None => Ok(RECORD_HEADER_BYTES..h.total_len()),
+        Some(s) => s.open_record_in_place(h, rec),
     }
 }
 

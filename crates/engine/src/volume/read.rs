@@ -7,8 +7,8 @@
 use super::stats::{Counters, ElasticCounters};
 use super::{Volume, BS};
 use crate::error::VolError;
-use crate::records::{decode_block_record, DecodedUnit};
-use cvol_format::{EntryState, MapEntry, BLOCK_SIZE_BYTES};
+use crate::records::{decode_block_payload, decode_block_record, open_in_place, DecodedUnit};
+use cvol_format::{EntryState, MapEntry, RecordHeader, BLOCK_SIZE_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -381,14 +381,24 @@ impl Volume {
         }
         let fill_cache = j - i <= READ_CACHE_RUN_MAX;
         let mut current: Option<(u64, Arc<DecodedUnit>)> = None;
+        // Each record of the run is verified and opened once, in the run's
+        // own buffer (an encrypted volume's records decrypted where they
+        // lie); blocks after the first of a record reuse it.
+        let mut opened: Option<(u64, RecordHeader, std::ops::Range<usize>)> = None;
         for k in i..j {
             let (o, l, unit) = r.data(k).expect("run holds data");
-            let at = (o - offset) as usize;
-            let rec = &run[at..at + l as usize];
+            if opened.as_ref().is_none_or(|(oo, _, _)| *oo != o) {
+                let at = (o - offset) as usize;
+                let (h, p) = open_in_place(self.sb.sealer(), &mut run[at..at + l as usize])
+                    .map_err(|d| r.corrupt(k, d))?;
+                opened = Some((o, h, at + p.start..at + p.end));
+            }
+            let (_, h, p) = opened.as_ref().expect("opened above");
+            let payload = &run[p.clone()];
             if unit {
-                self.decode_unit_block(r, k, rec, &mut current)?;
+                self.decode_unit_block(r, k, h, payload, &mut current)?;
             } else {
-                self.decode_single(r, k, rec, fill_cache)?;
+                self.decode_single(r, k, h, payload, fill_cache)?;
             }
         }
         if self.caches.block.is_some() {
@@ -399,16 +409,18 @@ impl Volume {
         Ok(j)
     }
 
-    /// Decodes block `k`, a single-block record `rec`, into the read.
+    /// Decodes block `k`, from the opened record `h` (its content
+    /// `payload`), into the read.
     fn decode_single(
         &self,
         r: &mut Reading<'_>,
         k: usize,
-        rec: &[u8],
+        h: &RecordHeader,
+        payload: &[u8],
         fill_cache: bool,
     ) -> Result<(), VolError> {
         let (l, e) = (r.lba + k as u64, r.snap.entries[k]);
-        self.decode_block(l, e, rec, r.block(k))?;
+        decode_block_payload(h, l, e, payload, r.block(k)).map_err(|d| r.corrupt(k, d))?;
         self.count_read(r.client, |c| &c.bytes_decoded, BS as u64);
         if let (Some(c), true) = (&self.caches.block, fill_cache) {
             let (EntryState::Data { offset, .. }, crc) = (e.state_valid(), e.crc) else {
@@ -419,19 +431,21 @@ impl Volume {
         Ok(())
     }
 
-    /// Copies block `k` out of the unit `rec`, decoding it once per run
-    /// (`current`) and caching it.
+    /// Copies block `k` out of the unit `h` (opened; its content
+    /// `payload`), decoding it once per run (`current`) and caching it.
     fn decode_unit_block(
         &self,
         r: &mut Reading<'_>,
         k: usize,
-        rec: &[u8],
+        h: &RecordHeader,
+        payload: &[u8],
         current: &mut Option<(u64, Arc<DecodedUnit>)>,
     ) -> Result<(), VolError> {
         let (o, l, _) = r.data(k).expect("unit data");
         if current.as_ref().is_none_or(|(co, _)| *co != o) {
-            let u =
-                Arc::new(DecodedUnit::decode(self.sb.sealer(), rec).map_err(|d| r.corrupt(k, d))?);
+            let u = Arc::new(
+                DecodedUnit::from_payload(h.clone(), payload).map_err(|d| r.corrupt(k, d))?,
+            );
             self.count_read(r.client, |c| &c.unit_cache_misses, 1);
             self.count_read(r.client, |c| &c.bytes_decoded, u.data.len() as u64);
             self.caches.unit.insert((o, l), u.clone());

@@ -146,3 +146,52 @@ fn subkeys_differ_by_use_and_key() {
     assert_eq!(a, Sealer::new(Cipher::Aes256Gcm, &[6; 32]));
     assert_ne!(a, b);
 }
+
+/// Opening in place gives the same plaintext as `open_record`, at the
+/// place the range names; every changed byte fails it too; and a record
+/// in the clear, or a sealed one without a key, is refused as by `payload`.
+#[test]
+fn opening_in_place_matches_opening_a_copy() {
+    let plain = b"in place, in the record's own buffer; ".repeat(30);
+    for cipher in Cipher::ALL {
+        let s = Sealer::new(cipher, &[5; 32]);
+        let rec = sealed_record(&s, &plain);
+        let (h, _) = RecordHeader::decode_verified(&rec).expect("verifies");
+        let mut buf = rec.clone();
+        buf.extend_from_slice(&[0xee; 10]); // the next record's bytes
+        let r = payload_in_place(Some(&s), &h, &mut buf).expect("opens");
+        assert_eq!(&buf[r.clone()], &plain[..]);
+        assert_eq!(&buf[r], &s.open_record(&h, &rec).unwrap()[..]);
+        assert_eq!(&buf[rec.len()..], &[0xee; 10], "past the record untouched");
+        for i in (0..rec.len()).filter(|i| !(40..44).contains(i)) {
+            let mut bad = rec.clone();
+            bad[i] ^= 0x40;
+            let Ok(h) = RecordHeader::decode(&bad) else {
+                continue;
+            };
+            assert!(
+                payload_in_place(Some(&s), &h, &mut bad).is_err(),
+                "{}: a flip of byte {i} went unnoticed",
+                cipher.name()
+            );
+        }
+        let mut copy = rec.clone();
+        assert_eq!(
+            payload_in_place(None, &h, &mut copy),
+            Err(FormatError::Sealed)
+        );
+    }
+    let mut h = header(0);
+    h.sealed = false;
+    h.payload_len = 5;
+    let mut rec = crate::record::encode_record(&mut h, b"hello");
+    let s = Sealer::new(Cipher::Aes256Gcm, &[6; 32]);
+    assert_eq!(
+        payload_in_place(Some(&s), &h, &mut rec),
+        Err(FormatError::NotSealed)
+    );
+    let r = payload_in_place(None, &h, &mut rec).expect("clear");
+    assert_eq!(&rec[r], b"hello");
+    let mut short = rec[..rec.len() - 1].to_vec();
+    assert!(payload_in_place(None, &h, &mut short).is_err());
+}
