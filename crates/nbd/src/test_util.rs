@@ -42,6 +42,8 @@ pub struct MemBackend {
     pub slow_read_offset: Mutex<Option<u64>>,
     pub delay_ms: AtomicU64,
     pub log: Mutex<Vec<String>>,
+    /// The name of the thread of every read and write (while logging).
+    pub threads: Mutex<Vec<String>>,
     active: AtomicUsize,
     pub max_active: AtomicUsize,
     /// While true, writes block (see `hold_writes`).
@@ -73,6 +75,7 @@ impl MemBackend {
             slow_read_offset: Mutex::new(None),
             delay_ms: AtomicU64::new(0),
             log: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
             active: AtomicUsize::new(0),
             max_active: AtomicUsize::new(0),
             writes_held: Mutex::new(false),
@@ -172,6 +175,13 @@ impl MemBackend {
         std::thread::sleep(Duration::from_millis(self.delay_ms.load(Ordering::SeqCst)));
     }
 
+    fn note_thread(&self) {
+        if self.logging {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            lock(&self.threads).push(name);
+        }
+    }
+
     fn enter(&self) -> ActiveGuard<'_> {
         let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_active.fetch_max(now, Ordering::SeqCst);
@@ -223,6 +233,7 @@ impl Backend for MemBackend {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
         let _g = self.enter();
+        self.note_thread();
         self.check()?;
         if *lock(&self.slow_read_offset) == Some(offset) {
             self.delay();
@@ -237,6 +248,7 @@ impl Backend for MemBackend {
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
         let _g = self.enter();
+        self.note_thread();
         self.check()?;
         self.assert_writable("write");
         if self.fail_byte.is_some() && data.first() == self.fail_byte.as_ref() {

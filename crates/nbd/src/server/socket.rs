@@ -139,6 +139,23 @@ impl Socket {
         }
     }
 
+    /// Whether the client has sent bytes the server has not read yet, as
+    /// far as a poll without waiting tells: true under TLS (the session
+    /// may hold plaintext the poll cannot see) and when the poll fails.
+    pub(crate) fn may_have_input(&self) -> bool {
+        if self.is_tls() {
+            return true;
+        }
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is a valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        n != 0
+    }
+
     /// Whether TLS has been started on this connection.
     pub(crate) fn is_tls(&self) -> bool {
         self.tls.get().is_some()

@@ -28,6 +28,22 @@ const MIN_PAYLOAD_BUDGET_BYTES: u64 = 64 * 1024 * 1024;
 const DISCARD_CHUNK_BYTES: usize = 64 * 1024;
 /// Stack of a connection's reply writer thread (it only sends bytes).
 const REPLY_WRITER_STACK_BYTES: usize = 256 * 1024;
+/// A READ or WRITE of at most this many bytes runs on the connection's
+/// reader thread when it is the only request in flight and nothing more
+/// has arrived (`runs_inline`).
+const INLINE_MAX_BYTES: u32 = 256 * 1024;
+
+/// The connection's request stream: a reader that can tell whether it
+/// holds bytes already read from the socket but not yet consumed.
+pub(crate) trait Input: Read {
+    fn buffered_bytes(&self) -> usize;
+}
+
+impl<R: Read> Input for std::io::BufReader<R> {
+    fn buffered_bytes(&self) -> usize {
+        self.buffer().len()
+    }
+}
 
 /// A request that has been dispatched and whose reply is not yet sent.
 struct Entry {
@@ -390,7 +406,7 @@ impl Stop {
 pub(crate) fn serve(
     inner: &Inner,
     socket: &Arc<Socket>,
-    reader: &mut impl Read,
+    reader: &mut impl Input,
     negotiated: Negotiated,
     id: u64,
 ) {
@@ -452,7 +468,7 @@ pub(crate) fn connection_payload_budget_bytes(config: &crate::ServerConfig) -> u
 }
 
 /// The reader loop: until DISC, EOF, a protocol violation or shutdown.
-fn read_requests(inner: &Inner, conn: &Arc<Conn>, reader: &mut impl Read) {
+fn read_requests(inner: &Inner, conn: &Arc<Conn>, reader: &mut impl Input) {
     let discard_cap_bytes = MIN_DISCARD_CAP_BYTES.max(u64::from(conn.ctx.max_request_bytes));
     let stop = loop {
         if let Err(stop) = next_request(inner, conn, reader, discard_cap_bytes) {
@@ -466,7 +482,7 @@ fn read_requests(inner: &Inner, conn: &Arc<Conn>, reader: &mut impl Read) {
 fn next_request(
     inner: &Inner,
     conn: &Arc<Conn>,
-    reader: &mut impl Read,
+    reader: &mut impl Input,
     discard_cap_bytes: u64,
 ) -> Result<(), Stop> {
     let header = read_request_header(conn, reader, inner.config.idle_timeout.is_some())?;
@@ -517,7 +533,7 @@ fn read_request_header(
 fn handle_request(
     inner: &Inner,
     conn: &Arc<Conn>,
-    reader: &mut impl Read,
+    reader: &mut impl Input,
     header: RequestHeader,
     discard_cap_bytes: u64,
 ) -> Result<(), Stop> {
@@ -578,7 +594,7 @@ fn discard(reader: &mut impl Read, length_bytes: u64) -> io::Result<()> {
 fn dispatch(
     inner: &Inner,
     conn: &Arc<Conn>,
-    reader: &mut impl Read,
+    reader: &mut impl Input,
     handle: u64,
     cmd: Command,
 ) -> Result<(), Stop> {
@@ -604,6 +620,11 @@ fn dispatch(
         Command::Flush => Lane::Flush,
         _ => Lane::Write,
     };
+    if lane != Lane::Flush && runs_inline(conn, reader, &cmd) {
+        let reply = execute(conn, handle, cmd, data);
+        conn.send(reply, release);
+        return Ok(());
+    }
     let job_conn = Arc::clone(conn);
     inner.jobs.submit(
         lane,
@@ -613,6 +634,24 @@ fn dispatch(
         }),
     );
     Ok(())
+}
+
+/// Whether `cmd` (in flight, its slot taken) runs here, on the reader
+/// thread, rather than on a worker: a small READ or WRITE that is the
+/// connection's only request in flight, with nothing more from the client
+/// buffered or waiting on the socket. A client at queue depth 1 then pays
+/// no hand-off to a worker and no wake-up (the reader would only wait for
+/// the next request, which comes after the reply); a client with more
+/// requests coming keeps the workers, so the reader goes on reading.
+fn runs_inline(conn: &Conn, reader: &impl Input, cmd: &Command) -> bool {
+    let small = match cmd {
+        Command::Read { length, .. } | Command::Write { length, .. } => *length <= INLINE_MAX_BYTES,
+        _ => false,
+    };
+    small
+        && reader.buffered_bytes() == 0
+        && lock(&conn.inflight).entries.len() == 1
+        && !conn.socket.may_have_input()
 }
 
 /// Maps a backend error to the NBD error the spec allows for `cmd`.
