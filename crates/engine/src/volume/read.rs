@@ -443,9 +443,7 @@ impl Volume {
     ) -> Result<(), VolError> {
         let (o, l, _) = r.data(k).expect("unit data");
         if current.as_ref().is_none_or(|(co, _)| *co != o) {
-            let u = Arc::new(
-                DecodedUnit::from_payload(h.clone(), payload).map_err(|d| r.corrupt(k, d))?,
-            );
+            let u = Arc::new(DecodedUnit::from_payload(*h, payload).map_err(|d| r.corrupt(k, d))?);
             self.count_read(r.client, |c| &c.unit_cache_misses, 1);
             self.count_read(r.client, |c| &c.bytes_decoded, u.data.len() as u64);
             self.caches.unit.insert((o, l), u.clone());
