@@ -229,6 +229,7 @@ impl Volume {
         vol.recovery_salvage = recovery_salvage;
         if !vol.options.read_only {
             vol.upgrade_superblock()?;
+            vol.finish_resize()?;
             match vol.begin_epoch() {
                 Err(VolError::NoSpace) => return Err(OpenError::LogFull.into()),
                 r => r?,

@@ -187,6 +187,37 @@ impl Volume {
             .map_err(|e| ResizeError::Vol(VolError::Io(e)))
     }
 
+    /// An open for writing finishes a resize a crash cut between the two
+    /// superblock copies: copy B is rewritten from copy A (the one the
+    /// volume opened with) when they differ in the physical size alone.
+    /// Left so, a torn copy A at the next resize would bring back B's old
+    /// size with records beyond it. (Copies that differ otherwise are
+    /// damage, for `cvol check --repair`.)
+    pub(super) fn finish_resize(&self) -> Result<(), VolError> {
+        let mut b = vec![0u8; cvol_format::superblock::SUPERBLOCK_BYTES];
+        let Ok(copy_b) = (self.storage.read_at(SUPERBLOCK_B_OFFSET, &mut b))
+            .map_err(drop)
+            .and_then(|()| Superblock::decode(&b).map_err(drop))
+        else {
+            return Ok(());
+        };
+        let size = self.sb.physical_size_bytes;
+        let mut same = copy_b.clone();
+        same.physical_size_bytes = size;
+        if copy_b.physical_size_bytes == size || same.encode() != self.sb.encode() {
+            return Ok(());
+        }
+        let r = (self.storage.write_at(SUPERBLOCK_B_OFFSET, &self.sb.encode()))
+            .and_then(|()| self.storage.sync());
+        self.guard(r.map_err(VolError::Io))?;
+        tracing::info!(
+            from = copy_b.physical_size_bytes,
+            to = size,
+            "superblock copy B given copy A's physical size (a resize was cut short)"
+        );
+        Ok(())
+    }
+
     /// Writes both superblock copies (A, synced, then B, synced): a crash
     /// between leaves A (the new size) or, if A was torn, B (the old one).
     /// An I/O error stops the volume, as any on its store does.
