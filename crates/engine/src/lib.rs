@@ -61,4 +61,4 @@ pub use records::decode_block_record;
 pub use recovery::read_superblock;
 pub use stats::VolumeStats;
 pub use volume::{CreateOptions, Extent, IndexWarmup, OpenOptions, Volume};
-pub use volume::{ResizeError, SHRINK_FREE_MIN_SEGMENTS};
+pub use volume::{resize_unsupported, ResizeError, SHRINK_FREE_MIN_SEGMENTS};

@@ -72,7 +72,7 @@ pub use options::{
     dedup_memory_default_bytes, map_cache_pages, read_cache_default_bytes, CreateOptions,
     OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, MAP_CACHE_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
 };
-pub use physical::{ResizeError, SHRINK_FREE_MIN_SEGMENTS};
+pub use physical::{resize_unsupported, ResizeError, SHRINK_FREE_MIN_SEGMENTS};
 pub use read::Extent;
 pub use usage::{RangeUsage, UsageBytes};
 

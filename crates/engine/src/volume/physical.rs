@@ -76,7 +76,11 @@ impl fmt::Display for ResizeError {
         match self {
             ResizeError::Unsupported(why) => f.write_str(why),
             ResizeError::Size(e) => write!(f, "no valid store at that size: {e}"),
-            ResizeError::Backing(e) => write!(f, "the store cannot take that size: {e}"),
+            ResizeError::Backing(e) => write!(
+                f,
+                "the store cannot take that size ({e}); a block device must be grown first \
+                 (e.g. lvextend), then the pool resized"
+            ),
             ResizeError::Busy {
                 segments,
                 commit,
@@ -106,24 +110,32 @@ impl fmt::Display for ResizeError {
 
 impl std::error::Error for ResizeError {}
 
+/// Why the store of `sb`'s volume cannot change size, if it cannot.
+pub fn resize_unsupported(sb: &Superblock) -> Option<ResizeError> {
+    if !sb.is_pool() {
+        return Some(ResizeError::Unsupported(
+            "this volume was made before pools: its metadata is laid out for its size, \
+             which cannot change; copy its data into a pool made by `cvol create` (nbdcopy)",
+        ));
+    }
+    if sb.has_metadata_device() || sb.is_cache() {
+        return Some(ResizeError::Unsupported(
+            "a pool with a metadata device (or a cache) keeps its size: its metadata \
+             segments are numbered after the data store's",
+        ));
+    }
+    None
+}
+
 impl Volume {
     /// Makes the pool's store `want` bytes (rounded down to whole
     /// segments) while it is open: see the module. Returns the old size
     /// and the new one (equal: nothing to do).
     pub fn resize_physical(&self, want: u64) -> Result<(u64, u64), ResizeError> {
+        if let Some(e) = resize_unsupported(&self.sb) {
+            return Err(e);
+        }
         self.check_writable()?;
-        if !self.sb.is_pool() {
-            return Err(ResizeError::Unsupported(
-                "this volume was made before pools: its metadata is laid out for its size, \
-                 which cannot change; copy its data into a pool made by `cvol create` (nbdcopy)",
-            ));
-        }
-        if self.sb.has_metadata_device() || self.sb.is_cache() {
-            return Err(ResizeError::Unsupported(
-                "a pool with a metadata device (or a cache) keeps its size: its metadata \
-                 segments are numbered after the data store's",
-            ));
-        }
         let _cleaner = self.lock_cleaner()?;
         let _checkpoint = self.lock_checkpoint()?;
         let mut next: Superblock = (*self.sb).clone();
