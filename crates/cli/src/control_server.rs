@@ -104,10 +104,11 @@ fn serve_one(conn: UnixStream, vol: &Arc<Volume>, pool: Option<&Pool>) -> std::i
             .unwrap_or_else(|| {
                 serde_json::json!({ "error": format!("malformed request '{other}'") }).to_string()
             }),
-        other if other.starts_with("store ") => resize::serve_request(vol, other)
-            .unwrap_or_else(|| {
+        other if other.starts_with("store ") => {
+            resize::serve_request(vol, other).unwrap_or_else(|| {
                 serde_json::json!({ "error": format!("malformed request '{other}'") }).to_string()
-            }),
+            })
+        }
         other => scrub::serve_request(vol, other).unwrap_or_else(|| {
             serde_json::json!({ "error": format!("unknown request '{other}'") }).to_string()
         }),

@@ -62,7 +62,11 @@ pub fn cmd_resize(f: ResizeFlags, _globals: &Globals) -> Result<ExitCode, Error>
     );
     match new.cmp(&old) {
         std::cmp::Ordering::Equal => {
-            println!("{}: the store is already {}", path.display(), human_bytes(old))
+            println!(
+                "{}: the store is already {}",
+                path.display(),
+                human_bytes(old)
+            )
         }
         o => println!(
             "{}: the store {} from {} to {}",

@@ -135,7 +135,10 @@ impl SegmentTable {
     /// segments dropped must be free (the caller checked). None if one
     /// of them is not.
     pub fn resize_data(&mut self, count: u64) -> Option<()> {
-        assert!(!self.has_meta(), "a volume with a metadata device keeps its size");
+        assert!(
+            !self.has_meta(),
+            "a volume with a metadata device keeps its size"
+        );
         let old = self.count();
         if (count..old).any(|s| self.state(s) != SegState::Free) {
             return None;

@@ -91,7 +91,11 @@ fn an_open_pool_grows_while_written_and_fills_beyond_its_old_size() {
     std::thread::sleep(std::time::Duration::from_millis(5));
     let (old, new) = p.engine().resize_physical(96 * MIB).unwrap();
     assert_eq!((old, new), (24 * MIB, 96 * MIB));
-    assert_eq!(w.join().unwrap(), 24, "the writer ran short during the grow");
+    assert_eq!(
+        w.join().unwrap(),
+        24,
+        "the writer ran short during the grow"
+    );
     assert_eq!(sim.len_bytes(), 96 * MIB, "the store was extended");
     let stats = p.engine().stats();
     assert_eq!(stats.physical_size_bytes, 96 * MIB);
@@ -122,8 +126,15 @@ fn an_open_pool_shrinks_only_when_the_end_is_free() {
     assert!(e.is_refusal());
     // Free segments beyond 20 MiB, but too few left below it.
     let e = p.engine().resize_physical(20 * MIB).unwrap_err();
-    assert!(matches!(e, ResizeError::TooFull { .. } | ResizeError::Busy { .. }), "{e}");
-    assert_eq!(p.engine().stats().physical_size_bytes, 64 * MIB, "refused: unchanged");
+    assert!(
+        matches!(e, ResizeError::TooFull { .. } | ResizeError::Busy { .. }),
+        "{e}"
+    );
+    assert_eq!(
+        p.engine().stats().physical_size_bytes,
+        64 * MIB,
+        "refused: unchanged"
+    );
     assert_eq!(sim.len_bytes(), 64 * MIB);
     let p = Arc::new(p);
     let w = {
@@ -137,7 +148,10 @@ fn an_open_pool_shrinks_only_when_the_end_is_free() {
     assert_eq!(p.engine().stats().physical_size_bytes, 40 * MIB);
     // The log keeps below the end: writes fill the rest, then run short.
     let n = fill(&p, 3, 2000, requests_in(40 * MIB));
-    assert!(n > 0 && n < requests_in(40 * MIB - 18 * MIB), "{n} requests fit");
+    assert!(
+        n > 0 && n < requests_in(40 * MIB - 18 * MIB),
+        "{n} requests fit"
+    );
     assert_reads(&p, 1, 0, 64);
     assert_reads(&p, 2, 1000, 8);
     assert_reads(&p, 3, 2000, n);

@@ -299,12 +299,19 @@ fn store_op(
         StoreResize::Refused => cov.refusals += 1,
         StoreResize::Failed => {
             let k = key_of(pool);
-            assert!(k == m.key() || k == next.key(), "after a failed resize: {k:?}");
+            assert!(
+                k == m.key() || k == next.key(),
+                "after a failed resize: {k:?}"
+            );
             cov.cut_in_op[kind] += 1;
             return Err(Some((next, kind)));
         }
     }
-    assert_eq!(key_of(pool), m.key(), "the pool after a resize of its store");
+    assert_eq!(
+        key_of(pool),
+        m.key(),
+        "the pool after a resize of its store"
+    );
     Ok(())
 }
 

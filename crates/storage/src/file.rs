@@ -356,11 +356,14 @@ impl Storage for FileStorage {
         }
         let _serial = self.lock_inode_writes();
         // A shrink stops I/O beyond the new end before the file is cut; a
-        // grow makes the file longer before I/O may go there.
+        // grow makes the file longer before I/O may go there, and keeps a
+        // file already made longer (`truncate -s`) at its length.
         if len < self.len_bytes() {
             self.size_bytes.store(len, Ordering::Release);
+            self.file.set_len(len)?;
+        } else if self.file.metadata()?.len() < len {
+            self.file.set_len(len)?;
         }
-        self.file.set_len(len)?;
         self.size_bytes.store(len, Ordering::Release);
         Ok(())
     }
@@ -513,6 +516,41 @@ mod tests {
         assert_eq!(s.next_data(41 << 20).unwrap(), None);
         assert_eq!(s.next_data(64 << 20).unwrap(), None);
         assert!(s.next_data((64 << 20) + 1).is_err());
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn set_len_extends_cuts_and_keeps_a_longer_file() {
+        let dir = std::env::temp_dir().join(format!("cvol-storage-len-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("vol");
+        let s = FileStorage::create(&p, 1 << 20).unwrap();
+        assert!(s.write_at(2 << 20, b"x").is_err());
+        s.set_len(3 << 20).unwrap();
+        assert_eq!(
+            (s.len_bytes(), std::fs::metadata(&p).unwrap().len()),
+            (3 << 20, 3 << 20)
+        );
+        s.write_at(2 << 20, b"x").unwrap();
+        s.set_len(2 << 20).unwrap();
+        assert_eq!(
+            (s.len_bytes(), std::fs::metadata(&p).unwrap().len()),
+            (2 << 20, 2 << 20)
+        );
+        assert!(s.write_at(2 << 20, b"x").is_err(), "beyond the cut");
+        // Made longer outside (truncate -s): a grow keeps the file's length.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(8 << 20)
+            .unwrap();
+        s.set_len(4 << 20).unwrap();
+        assert_eq!(
+            (s.len_bytes(), std::fs::metadata(&p).unwrap().len()),
+            (4 << 20, 8 << 20)
+        );
         drop(s);
         std::fs::remove_dir_all(&dir).unwrap();
     }

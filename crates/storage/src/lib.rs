@@ -74,7 +74,8 @@ pub trait Storage: Send + Sync {
     }
     /// Makes the store `len` bytes long, for a volume whose store grew or
     /// shrank while open (`cvol resize --physical-size`): a file is
-    /// extended (sparse: the new bytes read as zeros) or cut; a block
+    /// extended (sparse: the new bytes read as zeros; one already longer
+    /// keeps its length) or cut; a block
     /// device must already hold `len` bytes (its size is read again: it
     /// may have grown since it was opened) and keeps its size. A store
     /// that cannot change size refuses (the default).

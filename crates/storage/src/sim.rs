@@ -265,6 +265,23 @@ mod tests {
     }
 
     #[test]
+    fn set_len_grows_with_zeros_and_a_cut_drops_unsynced_writes_beyond() {
+        let s = SimStorage::new(4096);
+        s.set_len(8192).unwrap();
+        assert_eq!(s.len_bytes(), 8192);
+        s.write_at(4096, &[7u8; 4096]).unwrap();
+        let c = s.clone();
+        c.set_len(6144).unwrap();
+        assert_eq!(s.len_bytes(), 6144, "clones share the image");
+        let crashed = s.crash_dropping(|_| false);
+        assert_eq!(crashed.len_bytes(), 6144);
+        let mut b = vec![0u8; 2048];
+        crashed.read_at(4096, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 7), "the write's part below the cut");
+        assert!(s.read_at(6144, &mut [0u8; 1]).is_err());
+    }
+
+    #[test]
     fn next_data_finds_non_zero_bytes_and_unreadable_ranges() {
         let s = SimStorage::new(1 << 16);
         assert_eq!(s.next_data(0).unwrap(), None);

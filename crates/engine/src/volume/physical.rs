@@ -47,9 +47,16 @@ pub enum ResizeError {
     Backing(std::io::Error),
     /// Segments at or beyond `end` (bytes) hold records, or the newest
     /// checkpoint's commit lies there.
-    Busy { segments: u64, commit: bool, end: u64 },
+    Busy {
+        segments: u64,
+        commit: bool,
+        end: u64,
+    },
     /// The shrink would leave `free_after` free segments, too few.
-    TooFull { free_after: u64, end: u64 },
+    TooFull {
+        free_after: u64,
+        end: u64,
+    },
     Vol(VolError),
 }
 
@@ -63,10 +70,7 @@ impl ResizeError {
     /// A refusal (nothing changed; the user can act on it), as opposed to
     /// an I/O failure or a stopped volume.
     pub fn is_refusal(&self) -> bool {
-        !matches!(
-            self,
-            ResizeError::Vol(VolError::Io(_) | VolError::Poisoned)
-        )
+        !matches!(self, ResizeError::Vol(VolError::Io(_) | VolError::Poisoned))
     }
 }
 
@@ -219,8 +223,10 @@ impl Volume {
         if copy_b.physical_size_bytes == size || same.encode() != self.sb.encode() {
             return Ok(());
         }
-        let r = (self.storage.write_at(SUPERBLOCK_B_OFFSET, &self.sb.encode()))
-            .and_then(|()| self.storage.sync());
+        let r = (self
+            .storage
+            .write_at(SUPERBLOCK_B_OFFSET, &self.sb.encode()))
+        .and_then(|()| self.storage.sync());
         self.guard(r.map_err(VolError::Io))?;
         tracing::info!(
             from = copy_b.physical_size_bytes,
