@@ -99,10 +99,15 @@ pub fn resize_store(
         _ if cur < max => cur + MIB,
         _ => cur - MIB,
     };
+    let free = || pool.engine().stats().segments_free;
+    let before = free();
     arm();
     let how = match pool.engine().resize_physical(want) {
         Ok(sizes) => {
             assert_eq!(sizes, (cur, want), "a resize of the store");
+            // The segments added are free, those dropped were.
+            let after = (before * MIB + want).checked_sub(cur).map(|b| b / MIB);
+            assert_eq!(Some(free()), after, "free segments after {cur} -> {want}");
             StoreResize::Done
         }
         Err(ResizeError::Busy { .. } | ResizeError::TooFull { .. }) if want < cur => {
