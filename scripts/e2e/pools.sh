@@ -17,18 +17,20 @@
 #   resize  a volume grown while served: a new connection sees the new size,
 #           resize2fs grows ext4 into it online; a shrink below the data is
 #           refused (nothing changed), `--discard` shrinks it
-#   physical  `cvol resize --physical-size`: refused while served; a pool
-#           of 96 MiB holding 64 MiB of random data grows to 400 MiB offline
-#           (the file too), then takes 200 MiB more, all read back exact; a
-#           shrink below the data is refused (exit 2, file unchanged); a
-#           shrink of an empty pool cuts its file; `cvol check`
+#   physical  `cvol resize --physical-size` on a served pool: a pool of
+#           96 MiB holding 64 MiB of random data, its file made 400 MiB,
+#           grows to 400 MiB while a client writes (`cvol stat --json`
+#           shows it), then takes 184 MiB more, all read back exact; a
+#           shrink below the data is refused served and offline (exit 2,
+#           nothing changed); an empty pool shrinks served, then offline,
+#           cutting its file; `cvol check`
 #   errors  refused `volume` commands, offline and served: an existing name,
 #           '/' or '@' in a name, sizes 0 and 4095, an unknown name, deleting a
 #           volume a client holds open (refused unless --force): exit 2, a
 #           message naming the problem, `volume list` unchanged
 #   check   `cvol check` of both pools
 #
-#   E2E_POOLS_PARTS  parts to run (default: "list ext4 dedup resize errors check")
+#   E2E_POOLS_PARTS  parts to run (default: "list ext4 dedup resize physical errors check")
 #   E2E_POOLS_SRCS   six directory trees for the ext4 part (default: picked,
 #                    15-60 MB each)
 #   E2E_POOLS_MB     image size of the dedup part in MiB (default 64)
@@ -373,58 +375,86 @@ part_resize() {
 # ---------------------------------------------------------- physical ----
 
 part_physical() {
-    local rc=0 len
-    step "physical: a 96 MiB pool with 64 MiB of random data grows to 400 MiB"
+    local rc=0 len wpid
+    step "physical: a served 96 MiB pool with 64 MiB of random data grows to 400 MiB while a client writes"
     "$CVOL" create "$PPOOL" --size 1G --physical-size 96M >/dev/null 2>&1 || fail "create of the 96 MiB pool failed"
     head -c $((64 * MIB)) /dev/urandom >"$E2E_TMP/p1.bin"
     head -c $((200 * MIB)) /dev/urandom >"$E2E_TMP/p2.bin"
     start_server "$PPOOL"
     nbdcopy "$E2E_TMP/p1.bin" "$(uri default)" || fail "writing 64 MiB into the 96 MiB pool failed"
-    "$CVOL" resize "$PPOOL" --physical-size 400M >"$E2E_TMP/presize.out" 2>&1 || rc=$?
-    ((rc == 2)) && grep -q "stop the server first" "$E2E_TMP/presize.out" ||
-        fail "resize of a served pool: exit $rc, $(cat "$E2E_TMP/presize.out")"
-    stop_server
-    "$CVOL" resize "$PPOOL" --physical-size 400M >"$E2E_TMP/presize.out" 2>&1 ||
-        fail "resize to 400M failed: $(cat "$E2E_TMP/presize.out")"
-    log "$(grep -v ' WARN \| INFO ' "$E2E_TMP/presize.out" | head -n 1)"
-    len=$(stat -c %s "$PPOOL")
-    ((len == 400 * MIB)) || fail "the file is $len bytes after the grow, expected 400 MiB"
-    start_server "$PPOOL"
-    # 200 MiB more at offset 64 MiB (more than the 96 MiB store held).
-    "$NBD_PY" - "$(uri default)" "$E2E_TMP/p2.bin" <<'PYEOF' || fail "writing 200 MiB more after the grow failed"
-import nbd, sys
+    # The file grows first (as a device would), then the pool, served.
+    truncate -s 400M "$PPOOL"
+    # pwrite_p2 FROM TO PAUSE -- bytes [FROM, TO) of p2.bin at 64 MiB + FROM,
+    # 1 MiB a request, PAUSE seconds apart, then a flush
+    pwrite_p2() {
+        "$NBD_PY" - "$(uri default)" "$E2E_TMP/p2.bin" "$1" "$2" "$3" <<'PYEOF'
+import nbd, sys, time
 h = nbd.NBD(); h.connect_uri(sys.argv[1])
 data = open(sys.argv[2], "rb").read()
-off = 64 << 20
-for i in range(0, len(data), 4 << 20):
-    h.pwrite(data[i:i + (4 << 20)], off + i)
+a, b, pause = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+for i in range(a, b, 1 << 20):
+    h.pwrite(data[i:min(b, i + (1 << 20))], (64 << 20) + i)
+    time.sleep(pause)
 h.flush(); h.shutdown()
 PYEOF
+    }
+    # 16 MiB more while the store grows: it fits the old store too.
+    pwrite_p2 0 $((16 * MIB)) 0.02 &
+    wpid=$!
+    sleep 0.1
+    "$CVOL" resize "$PPOOL" --physical-size 400M >"$E2E_TMP/presize.out" 2>&1 ||
+        fail "resize of the served pool to 400M failed: $(cat "$E2E_TMP/presize.out")"
+    grep -q "grew from 96.0 MiB to 400.0 MiB" "$E2E_TMP/presize.out" ||
+        fail "resize said: $(cat "$E2E_TMP/presize.out")"
+    log "$(head -n 1 "$E2E_TMP/presize.out")"
+    wait "$wpid" || fail "the client writing during the grow failed"
+    len=$(stat_key "$PPOOL" physical_size_bytes)
+    ((len == 400 * MIB)) || fail "cvol stat shows physical_size_bytes $len after the grow, expected 400 MiB"
+    (($(stat -c %s "$PPOOL") == 400 * MIB)) || fail "the file is $(stat -c %s "$PPOOL") bytes after the grow"
+    # 184 MiB more (264 MiB in all: more than the 96 MiB store held).
+    pwrite_p2 $((16 * MIB)) $((200 * MIB)) 0 || fail "writing 184 MiB more after the grow failed"
+    log "physical_used $(mib "$(stat_key "$PPOOL" physical_used_bytes)") of $(mib "$len")"
     nbdcopy "$(uri default)" "$E2E_TMP/pall.out" || fail "reading the pool back failed"
-    stop_server
     cmp <(head -c $((64 * MIB)) "$E2E_TMP/pall.out") "$E2E_TMP/p1.bin" || fail "the data written before the grow differs"
     cmp <(tail -c +$((64 * MIB + 1)) "$E2E_TMP/pall.out" | head -c $((200 * MIB))) "$E2E_TMP/p2.bin" ||
-        fail "the data written after the grow differs"
-    log "64 MiB before the grow and 200 MiB after it read back exact"
+        fail "the data written during and after the grow differs"
+    log "64 MiB before the grow and 200 MiB during and after it read back exact"
     rm -f "$E2E_TMP/pall.out"
 
-    step "physical: a shrink below the data is refused; an empty pool's file is cut"
+    step "physical: a shrink below the data is refused, served and offline (exit 2, file unchanged)"
     len=$(stat -c %s "$PPOOL")
     rc=0
     "$CVOL" resize "$PPOOL" --physical-size 100M >"$E2E_TMP/presize.out" 2>&1 || rc=$?
     ((rc == 2)) && grep -q "cannot shrink below them" "$E2E_TMP/presize.out" ||
-        fail "shrink below the data: exit $rc, $(cat "$E2E_TMP/presize.out")"
-    (($(stat -c %s "$PPOOL") == len)) || fail "a refused shrink changed the file's size"
+        fail "shrink below the data (served): exit $rc, $(cat "$E2E_TMP/presize.out")"
     log "  refused: $(grep -v ' WARN \| INFO ' "$E2E_TMP/presize.out" | head -n 1)"
+    (($(stat_key "$PPOOL" physical_size_bytes) == 400 * MIB)) || fail "a refused shrink changed the pool's size"
+    stop_server
+    (($(stat -c %s "$PPOOL") == len)) || fail "a refused shrink changed the file's size"
     cvol_check "$PPOOL"
+    rc=0
+    "$CVOL" resize "$PPOOL" --physical-size 100M >"$E2E_TMP/presize.out" 2>&1 || rc=$?
+    ((rc == 2)) && grep -q "cannot shrink below them" "$E2E_TMP/presize.out" ||
+        fail "shrink below the data (offline): exit $rc, $(cat "$E2E_TMP/presize.out")"
+    (($(stat -c %s "$PPOOL") == len)) || fail "a refused shrink changed the file's size"
+
+    step "physical: an empty pool's file is cut, served and offline"
     rm -f "$E2E_TMP/e.cvol"
     "$CVOL" create "$E2E_TMP/e.cvol" --size 1G --physical-size 1G >/dev/null 2>&1 || fail "create e.cvol failed"
+    start_server "$E2E_TMP/e.cvol"
+    "$CVOL" resize "$E2E_TMP/e.cvol" --physical-size 256M >"$E2E_TMP/presize.out" 2>&1 ||
+        fail "shrinking a served empty pool failed: $(cat "$E2E_TMP/presize.out")"
+    # (Rounded down to whole segments after the first MiB.)
+    len=$(stat_key "$E2E_TMP/e.cvol" physical_size_bytes)
+    ((len <= 256 * MIB && len > 240 * MIB)) || fail "cvol stat shows physical_size_bytes $len after the served shrink to 256 MiB"
+    (($(stat -c %s "$E2E_TMP/e.cvol") == len)) || fail "the empty pool's file is $(stat -c %s "$E2E_TMP/e.cvol") bytes after a served shrink to $len"
+    stop_server
     "$CVOL" resize "$E2E_TMP/e.cvol" --physical-size 128M >"$E2E_TMP/presize.out" 2>&1 ||
-        fail "shrinking an empty pool failed: $(cat "$E2E_TMP/presize.out")"
+        fail "shrinking an empty pool offline failed: $(cat "$E2E_TMP/presize.out")"
     len=$(stat -c %s "$E2E_TMP/e.cvol")
     ((len <= 128 * MIB)) || fail "the empty pool's file is $len bytes after a shrink to 128 MiB"
     cvol_check "$E2E_TMP/e.cvol"
-    log "an empty pool shrank to $(mib "$len")"
+    log "an empty pool shrank to $(mib "$len") (served to 256 MiB, then offline)"
 }
 
 # ------------------------------------------------------------ errors ----

@@ -1,7 +1,7 @@
 //! The server side of the control socket (crate::control): a thread that
 //! answers each request with the command that owns it.
 use crate::error::Error;
-use crate::{control, scrub, sockfile, stat, volumes};
+use crate::{control, resize, scrub, sockfile, stat, volumes};
 use cvol_engine::pool::Pool;
 use cvol_engine::Volume;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -104,6 +104,11 @@ fn serve_one(conn: UnixStream, vol: &Arc<Volume>, pool: Option<&Pool>) -> std::i
             .unwrap_or_else(|| {
                 serde_json::json!({ "error": format!("malformed request '{other}'") }).to_string()
             }),
+        other if other.starts_with("store ") => {
+            resize::serve_request(vol, other).unwrap_or_else(|| {
+                serde_json::json!({ "error": format!("malformed request '{other}'") }).to_string()
+            })
+        }
         other => scrub::serve_request(vol, other).unwrap_or_else(|| {
             serde_json::json!({ "error": format!("unknown request '{other}'") }).to_string()
         }),

@@ -170,12 +170,12 @@ enum Command {
     /// Make a writable volume from a snapshot: it shares every block with
     /// the snapshot until written (works offline and on a served pool).
     Clone(snapshots::CloneArgs),
-    /// Change the physical size of a pool's store (offline).
+    /// Change the physical size of a pool's store (offline or served).
     ///
     /// Grows it (a file is extended, sparse; a block device must have grown
     /// first) or shrinks it when nothing lies beyond the new end (a file is
-    /// cut). The volumes and their data stay as they are; the next open
-    /// rebuilds the segment tables once.
+    /// cut). The volumes and their data stay as they are. On a served pool
+    /// the server does it while clients go on reading and writing.
     Resize(resize::ResizeFlags),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     ///

@@ -60,4 +60,5 @@ pub use records::decode_block_record;
 // The superblock, for tools that look at a store before opening it.
 pub use recovery::read_superblock;
 pub use stats::VolumeStats;
+pub use volume::{resize_unsupported, ResizeError, SHRINK_FREE_MIN_SEGMENTS};
 pub use volume::{CreateOptions, Extent, IndexWarmup, OpenOptions, Volume};

@@ -183,6 +183,26 @@ impl LiveMap {
         self.changes
     }
 
+    /// The data store now has `segments` segments (a pool's physical
+    /// resize): every per-segment book follows. Segments dropped must be
+    /// free (no live record); their liveness tables are named no more,
+    /// and the next checkpoint's root counts `segments`.
+    pub(crate) fn set_segment_count(&mut self, segments: u64) {
+        let old = self.usage.count();
+        if self.map.tables() > 0 {
+            for s in segments..old {
+                let t = 1 + s as usize;
+                if t < self.map.tables() && self.map.table_ref(t).is_some() {
+                    self.map.set_table_ref(t, None);
+                }
+            }
+        }
+        self.fp_set_segments(segments);
+        self.usage.resize(segments);
+        self.books.resize(segments);
+        self.hints.resize(segments);
+    }
+
     /// Sets one map entry and keeps every derived table exact: the new
     /// entry's record gains an entry (it is new, or live already), the old
     /// one loses one and dies with its last. `segs` is the log's segment

@@ -119,10 +119,42 @@ impl SegmentTable {
     /// The table of `sb`'s volume: data segments, then the metadata device's.
     pub fn for_volume(sb: &cvol_format::Superblock) -> SegmentTable {
         let mut t = SegmentTable::new(sb.segment_count(), sb.segment_size_bytes);
+        t.warm_max = SegmentTable::warm_max_for(sb);
+        t.split_at(sb.data_segment_count())
+    }
+
+    /// How many freed segments of `sb`'s volume may keep their host space.
+    pub fn warm_max_for(sb: &cvol_format::Superblock) -> usize {
         let data_bytes = sb.data_segment_count() * sb.segment_size_bytes;
         let warm_bytes = (data_bytes / WARM_SHARE_DIVISOR).min(WARM_BYTES_MAX);
-        t.warm_max = usize::try_from(warm_bytes / sb.segment_size_bytes).unwrap_or(usize::MAX);
-        t.split_at(sb.data_segment_count())
+        usize::try_from(warm_bytes / sb.segment_size_bytes).unwrap_or(usize::MAX)
+    }
+
+    /// The data store now has `count` segments (a pool's physical resize;
+    /// a volume without a metadata device): segments added are free, and
+    /// segments dropped must be free (the caller checked). None if one
+    /// of them is not.
+    pub fn resize_data(&mut self, count: u64) -> Option<()> {
+        assert!(
+            !self.has_meta(),
+            "a volume with a metadata device keeps its size"
+        );
+        let old = self.count();
+        if (count..old).any(|s| self.state(s) != SegState::Free) {
+            return None;
+        }
+        let n = count as usize;
+        self.state.resize(n, SegState::Free);
+        self.max_seq.resize(n, 0);
+        self.free[0] = self.free[0] + count.saturating_sub(old) - old.saturating_sub(count);
+        self.split = count;
+        self.cursor = [self.cursor[0] % count.max(1), count];
+        self.warm.retain(|&s| s < count);
+        debug_assert_eq!(
+            self.free[0],
+            self.state.iter().filter(|&&x| x == SegState::Free).count() as u64
+        );
+        Some(())
     }
 
     /// Makes segments from `first_meta` on the metadata region (all free).
@@ -362,6 +394,16 @@ impl SegmentUsage {
         self.live.iter().sum()
     }
 
+    /// `count` segments: added ones hold nothing; dropped ones must not.
+    pub(crate) fn resize(&mut self, count: u64) {
+        let n = count as usize;
+        assert!(
+            self.live.iter().skip(n).all(|&l| l == 0),
+            "a segment dropped holds live bytes"
+        );
+        self.live.resize(n, 0);
+    }
+
     pub(crate) fn add_live(&mut self, s: u64, bytes: u64) {
         let l = &mut self.live[s as usize];
         *l += bytes;
@@ -479,6 +521,15 @@ impl CompactionHints {
         self.partial[s as usize] = 0;
         self.raw_total -= self.raw[s as usize];
         self.raw[s as usize] = 0;
+    }
+
+    /// `count` segments: added ones have nothing to compact, dropped ones
+    /// are forgotten.
+    pub fn resize(&mut self, count: u64) {
+        let n = count as usize;
+        self.raw_total -= self.raw.iter().skip(n).sum::<u64>();
+        self.partial.resize(n, 0);
+        self.raw.resize(n, 0);
     }
 
     /// Bytes cleaning `s` (with `live` live bytes) is expected to save

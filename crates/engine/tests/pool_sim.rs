@@ -1,7 +1,9 @@
 //! Seeded crash and fault simulation of pools: random writes, trims,
 //! write-zeroes and flushes to several volumes of one pool, mixed with
 //! creating, deleting and resizing (grow, shrink, shrink with discard)
-//! volumes, against a model of what each volume may hold.
+//! volumes and resizing the pool's store (`Volume::resize_physical`, a
+//! few segments up or down), against a model of what each volume may
+//! hold and the store's size.
 //!
 //! Crash simulation: the store fails every I/O after a random number of
 //! them (so the cut lands anywhere, inside a pool operation too: between
@@ -14,7 +16,8 @@
 //!
 //! After every reopen (`Volume::open`, `Pool::attach`):
 //! - the table is the one before or the one after the operation in flight
-//!   (names, ids, sizes), and no extent is pending any more;
+//!   (names, ids, sizes), and no extent is pending any more; the store's
+//!   size too;
 //! - every block of every volume reads its flushed (or FUA) version or a
 //!   later write, and never data the volume did not write itself: not a
 //!   deleted volume's, not another volume's, not the volume's own from
@@ -27,16 +30,15 @@
 //! (and `CVOL_POOL_FAULT_SEED`, `CVOL_POOL_FAULT_SEEDS` for the fault simulation;
 //! `CVOL_SEALED_POOL_SEED`, `CVOL_SEALED_POOL_SEEDS` for both on encrypted pools).
 mod common;
-use common::pools;
+use common::pools::{self, power_cut, raw_table, StoreResize};
 use common::sealed::{self, Sealing};
 use common::seeds;
 use common::sim::{self, h};
 use common::{BS, MIB};
 use cvol_engine::pool::{Pool, PoolError};
 use cvol_engine::{Codec, OpenOptions, VolError, Volume};
-use cvol_format::pool::{PoolTable, EXTENT_BLOCKS, POOL_EXTENTS, POOL_HEADER_BYTES};
-use cvol_format::pool::{POOL_SLOT_BYTES, POOL_SLOT_OFFSETS};
-use cvol_storage::{SimConfig, SimStorage, Storage};
+use cvol_format::pool::{PoolTable, EXTENT_BLOCKS, POOL_EXTENTS, POOL_SLOT_OFFSETS};
+use cvol_storage::{SimConfig, SimStorage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -46,6 +48,8 @@ const BSU: u64 = BS as u64;
 /// the workload writes: the rest of a volume stays unwritten.
 const HOT: u64 = 48;
 const STORE_BYTES: u64 = 12 * MIB;
+/// The sizes a resize of the store picks from.
+const STORE_RANGE: (u64, u64) = (6 * MIB, 24 * MIB);
 /// Seeds each simulation runs by default (each opens its pool about six
 /// times, and every open builds a map of the pool's 16 TiB).
 const SEEDS: u64 = 300;
@@ -130,44 +134,28 @@ impl VolModel {
 struct PoolModel {
     vols: BTreeMap<String, VolModel>,
     next_id: u64,
+    /// The store's size (the superblock's).
+    store: u64,
 }
 
-/// A table as the checks compare it: (name, id, size in bytes), by name.
-type Key = Vec<(String, u64, u64)>;
+/// A table as the checks compare it: (name, id, size in bytes), by name;
+/// and the store's size.
+type Key = (Vec<(String, u64, u64)>, u64);
 
 impl PoolModel {
     fn key(&self) -> Key {
-        self.vols
-            .iter()
+        let vols = (self.vols.iter())
             .map(|(n, v)| (n.clone(), v.id, v.blocks * BSU))
-            .collect()
+            .collect();
+        (vols, self.store)
     }
 }
 
 fn key_of(pool: &Pool) -> Key {
-    pool.volumes()
-        .into_iter()
+    let vols = (pool.volumes().into_iter())
         .map(|v| (v.name, v.id, v.size_bytes))
-        .collect()
-}
-
-/// The newest valid table on the store, read the way `Pool::attach` does.
-fn raw_table(store: &dyn Storage, uuid: &[u8; 16]) -> PoolTable {
-    let seal = common::sealed::current_sealer(store);
-    let mut best: Option<PoolTable> = None;
-    for off in POOL_SLOT_OFFSETS {
-        let mut b = vec![0u8; POOL_SLOT_BYTES as usize];
-        store.read_at(off, &mut b).expect("read a table slot");
-        let Ok(n) = PoolTable::payload_len(&b, uuid) else {
-            continue;
-        };
-        if let Ok(t) = PoolTable::decode_with(&b[..POOL_HEADER_BYTES + n], uuid, seal.as_deref()) {
-            if best.as_ref().is_none_or(|b| b.generation < t.generation) {
-                best = Some(t);
-            }
-        }
-    }
-    best.expect("a valid table")
+        .collect();
+    (vols, pool.engine().superblock().physical_size_bytes)
 }
 
 /// Block contents: shared text (the same in every volume, so dedup shares
@@ -187,10 +175,11 @@ fn content(rng: &mut StdRng, id: u64, block: u64, len: usize) -> Vec<u8> {
 /// What the seeds exercised.
 #[derive(Default)]
 struct Coverage {
-    ops: [u64; 4],
+    ops: [u64; 6],
     /// Runs cut inside a pool operation, per kind (create, delete, grow,
-    /// shrink), and how the table came out of them.
-    cut_in_op: [u64; 4],
+    /// shrink, and the store's grow and shrink), and how the table came
+    /// out of them.
+    cut_in_op: [u64; 6],
     table_old: u64,
     table_new: u64,
     refusals: u64,
@@ -203,7 +192,7 @@ struct Coverage {
 
 impl Coverage {
     fn add(&mut self, o: Coverage) {
-        for i in 0..4 {
+        for i in 0..6 {
             self.ops[i] += o.ops[i];
             self.cut_in_op[i] += o.cut_in_op[i];
         }
@@ -288,6 +277,44 @@ fn call(pool: &Pool, op: &PoolOp) -> Result<(), PoolError> {
     }
 }
 
+/// Resizes the pool's store (kinds 4, grow, and 5, shrink); as `pool_op`.
+fn store_op(
+    pool: &Pool,
+    m: &mut PoolModel,
+    rng: &mut StdRng,
+    cov: &mut Coverage,
+    arm: &dyn Fn(),
+) -> Result<(), Option<(PoolModel, usize)>> {
+    let (want, how) = pools::resize_store(pool, rng, m.store, STORE_RANGE, arm);
+    let kind = if want >= m.store { 4 } else { 5 };
+    let next = PoolModel {
+        store: want,
+        ..m.clone()
+    };
+    match how {
+        StoreResize::Done => {
+            cov.ops[kind] += 1;
+            *m = next;
+        }
+        StoreResize::Refused => cov.refusals += 1,
+        StoreResize::Failed => {
+            let k = key_of(pool);
+            assert!(
+                k == m.key() || k == next.key(),
+                "after a failed resize: {k:?}"
+            );
+            cov.cut_in_op[kind] += 1;
+            return Err(Some((next, kind)));
+        }
+    }
+    assert_eq!(
+        key_of(pool),
+        m.key(),
+        "the pool after a resize of its store"
+    );
+    Ok(())
+}
+
 /// Runs one pool operation. `Err` carries the state the table may have
 /// taken instead when the store failed under it.
 fn pool_op(
@@ -297,6 +324,9 @@ fn pool_op(
     cov: &mut Coverage,
     arm: &dyn Fn(),
 ) -> Result<(), Option<(PoolModel, usize)>> {
+    if rng.gen_ratio(1, 5) {
+        return store_op(pool, m, rng, cov, arm);
+    }
     let op = pick_pool_op(rng, m);
     let after = apply(m, &op);
     // Blocks written as zeros past a shrink's end may be mapped (as zeros)
@@ -552,14 +582,11 @@ fn check_reopened(
         "extents still pending: {:?}",
         t.pending
     );
-    let raw: Key = t
-        .volumes
-        .iter()
+    let mut raw: Vec<_> = (t.volumes.iter())
         .map(|v| (v.name.clone(), v.id, v.size_bytes))
         .collect();
-    let mut raw = raw;
     raw.sort();
-    assert_eq!(raw, k, "the table on the store and the pool's");
+    assert_eq!(raw, k.0, "the table on the store and the pool's");
     for (name, vm) in next.vols.iter_mut() {
         check_volume_data(pool, &t, name, vm, cov);
     }
@@ -589,18 +616,12 @@ fn new_pool(rng: &mut StdRng) -> (SimStorage, Pool, PoolModel) {
         sealed::assert_encrypted(&store);
     }
     let vols = BTreeMap::from([("default".to_string(), VolModel::new(1, blocks))]);
-    (store, pool, PoolModel { vols, next_id: 2 })
-}
-
-/// A power cut: unsynced writes kept, dropped or torn at random, or all
-/// kept but some sectors.
-fn power_cut(store: &SimStorage, rng: &mut StdRng) -> SimStorage {
-    if rng.gen_ratio(3, 4) {
-        store.crash(rng.gen())
-    } else {
-        let salt: u64 = rng.gen();
-        store.crash_dropping(move |s| h(&(s ^ salt).to_le_bytes()).is_multiple_of(3))
-    }
+    let m = PoolModel {
+        vols,
+        next_id: 2,
+        store: STORE_BYTES,
+    };
+    (store, pool, m)
 }
 
 /// After the last cycle: a clean close makes everything durable, and the
@@ -685,7 +706,8 @@ fn fault_seed(seed: u64, cov: &mut Coverage) {
 
 fn report(what: &str, n: u64, c: &Coverage) {
     eprintln!(
-        "{what}: {n} seeds; pool operations done (create, delete, grow, shrink) {:?}, \
+        "{what}: {n} seeds; pool operations done (create, delete, grow, shrink, store \
+         grow, store shrink) {:?}, \
          cut inside one {:?}, table old {} new {} after a cut, {} refused, \
          {} blocks rolled back, {} unflushed kept, {} stale tail blocks, \
          {} creates after a delete, {} reopens of the written image",

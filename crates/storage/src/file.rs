@@ -3,12 +3,14 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// A regular file or a block device, accessed with pread/pwrite.
 pub struct FileStorage {
     file: File,
-    size_bytes: u64,
+    /// The store's length: changed only by `set_len` (and at creation).
+    size_bytes: AtomicU64,
     is_block_device: bool,
     /// Set by `set_direct`: the file is open with O_DIRECT; every I/O goes
     /// through an aligned bounce buffer, and writes that cover part of a
@@ -107,7 +109,7 @@ impl FileStorage {
         let size_bytes = file.seek(SeekFrom::End(0))?;
         Ok(FileStorage {
             file,
-            size_bytes,
+            size_bytes: AtomicU64::new(size_bytes),
             is_block_device,
             direct: None,
             inode_writes: TicketLock::default(),
@@ -129,7 +131,7 @@ impl FileStorage {
             .open(path)?;
         let mut st = FileStorage::from_file(file, true)?;
         st.file.set_len(size_bytes)?;
-        st.size_bytes = size_bytes;
+        *st.size_bytes.get_mut() = size_bytes;
         Ok(st)
     }
 
@@ -173,7 +175,7 @@ impl FileStorage {
         let mut st = FileStorage::from_file(file, true)?;
         st.file.set_len(0)?;
         st.file.set_len(size_bytes)?;
-        st.size_bytes = size_bytes;
+        *st.size_bytes.get_mut() = size_bytes;
         Ok(st)
     }
 
@@ -187,7 +189,7 @@ impl FileStorage {
     /// benchmark of what reaches the device wants). Fails on a file system
     /// without it or a size that is not a multiple of 4096.
     pub fn set_direct(&mut self) -> io::Result<()> {
-        if !self.size_bytes.is_multiple_of(DIRECT_ALIGN_BYTES) {
+        if !self.len_bytes().is_multiple_of(DIRECT_ALIGN_BYTES) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("direct I/O needs a size that is a multiple of {DIRECT_ALIGN_BYTES}"),
@@ -259,15 +261,15 @@ impl FileStorage {
         if !is_block {
             st.file.set_len(0)?;
             st.file.set_len(size_bytes)?;
-            st.size_bytes = size_bytes;
+            *st.size_bytes.get_mut() = size_bytes;
         }
-        if st.size_bytes < size_bytes {
+        if st.len_bytes() < size_bytes {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
                     "{} holds {} bytes, less than the {} requested",
                     path.display(),
-                    st.size_bytes,
+                    st.len_bytes(),
                     size_bytes
                 ),
             ));
@@ -282,11 +284,11 @@ impl FileStorage {
 
 impl Storage for FileStorage {
     fn len_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(Ordering::Acquire)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        check_range(offset, buf.len(), self.size_bytes)?;
+        check_range(offset, buf.len(), self.len_bytes())?;
         if self.direct.is_some() {
             return self.read_direct(offset, buf);
         }
@@ -294,7 +296,7 @@ impl Storage for FileStorage {
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        check_range(offset, data.len(), self.size_bytes)?;
+        check_range(offset, data.len(), self.len_bytes())?;
         if let Some(rmw) = &self.direct {
             return self.write_direct(offset, data, rmw);
         }
@@ -324,13 +326,14 @@ impl Storage for FileStorage {
     }
 
     fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
-        check_range(offset, 0, self.size_bytes)?;
-        if self.is_block_device || offset == self.size_bytes {
-            return Ok((offset < self.size_bytes).then_some(offset));
+        let size = self.len_bytes();
+        check_range(offset, 0, size)?;
+        if self.is_block_device || offset == size {
+            return Ok((offset < size).then_some(offset));
         }
         // Positional I/O ignores the file offset this moves.
         match rustix::fs::seek(&self.file, rustix::fs::SeekFrom::Data(offset)) {
-            Ok(at) => Ok(Some(at.min(self.size_bytes))),
+            Ok(at) => Ok(Some(at.min(size))),
             // ENXIO: no data at or after `offset`.
             Err(rustix::io::Errno::NXIO) => Ok(None),
             // A file system without SEEK_DATA: data may be anywhere.
@@ -338,8 +341,35 @@ impl Storage for FileStorage {
         }
     }
 
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        if self.is_block_device {
+            // Positional I/O ignores the file offset this moves.
+            let have = rustix::fs::seek(&self.file, rustix::fs::SeekFrom::End(0))?;
+            if have < len {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("the device holds {have} bytes, less than {len}"),
+                ));
+            }
+            self.size_bytes.store(have, Ordering::Release);
+            return Ok(());
+        }
+        let _serial = self.lock_inode_writes();
+        // A shrink stops I/O beyond the new end before the file is cut; a
+        // grow makes the file longer before I/O may go there, and keeps a
+        // file already made longer (`truncate -s`) at its length.
+        if len < self.len_bytes() {
+            self.size_bytes.store(len, Ordering::Release);
+            self.file.set_len(len)?;
+        } else if self.file.metadata()?.len() < len {
+            self.file.set_len(len)?;
+        }
+        self.size_bytes.store(len, Ordering::Release);
+        Ok(())
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(offset, 0, self.size_bytes)?;
+        check_range(offset, 0, self.len_bytes())?;
         if self.is_block_device {
             return blk_discard(&self.file, offset, len);
         }
@@ -486,6 +516,41 @@ mod tests {
         assert_eq!(s.next_data(41 << 20).unwrap(), None);
         assert_eq!(s.next_data(64 << 20).unwrap(), None);
         assert!(s.next_data((64 << 20) + 1).is_err());
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn set_len_extends_cuts_and_keeps_a_longer_file() {
+        let dir = std::env::temp_dir().join(format!("cvol-storage-len-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("vol");
+        let s = FileStorage::create(&p, 1 << 20).unwrap();
+        assert!(s.write_at(2 << 20, b"x").is_err());
+        s.set_len(3 << 20).unwrap();
+        assert_eq!(
+            (s.len_bytes(), std::fs::metadata(&p).unwrap().len()),
+            (3 << 20, 3 << 20)
+        );
+        s.write_at(2 << 20, b"x").unwrap();
+        s.set_len(2 << 20).unwrap();
+        assert_eq!(
+            (s.len_bytes(), std::fs::metadata(&p).unwrap().len()),
+            (2 << 20, 2 << 20)
+        );
+        assert!(s.write_at(2 << 20, b"x").is_err(), "beyond the cut");
+        // Made longer outside (truncate -s): a grow keeps the file's length.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(8 << 20)
+            .unwrap();
+        s.set_len(4 << 20).unwrap();
+        assert_eq!(
+            (s.len_bytes(), std::fs::metadata(&p).unwrap().len()),
+            (4 << 20, 8 << 20)
+        );
         drop(s);
         std::fs::remove_dir_all(&dir).unwrap();
     }

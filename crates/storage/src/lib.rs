@@ -72,6 +72,19 @@ pub trait Storage: Send + Sync {
         check_range(offset, 0, self.len_bytes())?;
         Ok((offset < self.len_bytes()).then_some(offset))
     }
+    /// Makes the store `len` bytes long, for a volume whose store grew or
+    /// shrank while open (`cvol resize --physical-size`): a file is
+    /// extended (sparse: the new bytes read as zeros; one already longer
+    /// keeps its length) or cut; a block
+    /// device must already hold `len` bytes (its size is read again: it
+    /// may have grown since it was opened) and keeps its size. A store
+    /// that cannot change size refuses (the default).
+    fn set_len(&self, _len: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this store cannot change size while open",
+        ))
+    }
     /// Counters of a store kept in an object store (None for local media).
     fn object_stats(&self) -> Option<ObjectStats> {
         None

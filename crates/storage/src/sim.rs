@@ -28,10 +28,10 @@ struct Inner {
 }
 
 /// In-memory store with crash and fault injection. Clones share the image.
+/// (Its length is `live.len()`, which `set_len` changes.)
 #[derive(Clone)]
 pub struct SimStorage {
     inner: Arc<Mutex<Inner>>,
-    size_bytes: u64,
 }
 
 impl SimStorage {
@@ -40,7 +40,6 @@ impl SimStorage {
     }
 
     fn from_image(image: Vec<u8>) -> SimStorage {
-        let size_bytes = image.len() as u64;
         let inner = Inner {
             live: image.clone(),
             durable: image,
@@ -51,7 +50,6 @@ impl SimStorage {
         };
         SimStorage {
             inner: Arc::new(Mutex::new(inner)),
-            size_bytes,
         }
     }
 
@@ -150,12 +148,12 @@ fn apply(image: &mut [u8], offset: u64, data: &[u8], keep: impl Fn(usize) -> boo
 
 impl Storage for SimStorage {
     fn len_bytes(&self) -> u64 {
-        self.size_bytes
+        self.lock().live.len() as u64
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        check_range(offset, buf.len(), self.size_bytes)?;
         let g = self.lock();
+        check_range(offset, buf.len(), g.live.len() as u64)?;
         let end = offset + buf.len() as u64;
         if g.config
             .bad_read_ranges
@@ -169,8 +167,8 @@ impl Storage for SimStorage {
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        check_range(offset, data.len(), self.size_bytes)?;
         let mut g = self.lock();
+        check_range(offset, data.len(), g.live.len() as u64)?;
         SimStorage::charge(&mut g)?;
         let s = offset as usize;
         g.live[s..s + data.len()].copy_from_slice(data);
@@ -182,8 +180,8 @@ impl Storage for SimStorage {
     /// non-zero byte at or after `offset`, or the first byte of a range
     /// whose reads fail (an unreadable region is never skipped).
     fn next_data(&self, offset: u64) -> io::Result<Option<u64>> {
-        check_range(offset, 0, self.size_bytes)?;
         let g = self.lock();
+        check_range(offset, 0, g.live.len() as u64)?;
         let nonzero = g.live[offset as usize..]
             .iter()
             .position(|&b| b != 0)
@@ -204,6 +202,24 @@ impl Storage for SimStorage {
     /// Like a hole punch: the range reads as zeros; unsynced, so a crash may undo it.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.write_at(offset, &vec![0u8; len as usize])
+    }
+
+    /// As a file's length: counted as an I/O (it may fail), and durable
+    /// at once (a file system logs it; the superblock that names the new
+    /// size is written and synced after a grow, before a cut). The bytes
+    /// a grow adds read as zeros; writes not synced beyond a cut are gone.
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut g = self.lock();
+        SimStorage::charge(&mut g)?;
+        let n = usize::try_from(len).map_err(io::Error::other)?;
+        g.live.resize(n, 0);
+        g.durable.resize(n, 0);
+        g.pending.retain_mut(|(offset, data)| {
+            let keep = (n as u64).saturating_sub(*offset).min(data.len() as u64);
+            data.truncate(keep as usize);
+            keep > 0
+        });
+        Ok(())
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -246,6 +262,23 @@ mod tests {
             saw_kept |= b[1024..].contains(&2);
         }
         assert!(saw_lost && saw_kept);
+    }
+
+    #[test]
+    fn set_len_grows_with_zeros_and_a_cut_drops_unsynced_writes_beyond() {
+        let s = SimStorage::new(4096);
+        s.set_len(8192).unwrap();
+        assert_eq!(s.len_bytes(), 8192);
+        s.write_at(4096, &[7u8; 4096]).unwrap();
+        let c = s.clone();
+        c.set_len(6144).unwrap();
+        assert_eq!(s.len_bytes(), 6144, "clones share the image");
+        let crashed = s.crash_dropping(|_| false);
+        assert_eq!(crashed.len_bytes(), 6144);
+        let mut b = vec![0u8; 2048];
+        crashed.read_at(4096, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 7), "the write's part below the cut");
+        assert!(s.read_at(6144, &mut [0u8; 1]).is_err());
     }
 
     #[test]

@@ -413,6 +413,17 @@ impl HookIndex {
         }
     }
 
+    /// The store has `segments` segments now (a pool's physical resize):
+    /// hooks may name the tables of the segments added. A shrink keeps
+    /// the generations (the segments it dropped were freed: every hook
+    /// into them is dead) and the geometry.
+    pub fn grow_segments(&mut self, segments: u64) {
+        if segments > self.gens.geo.segments {
+            self.gens.gens.resize(segments as usize, 0);
+            self.gens.geo.segments = segments;
+        }
+    }
+
     pub fn stats(&self) -> HookStats {
         HookStats {
             entries: self.entries,

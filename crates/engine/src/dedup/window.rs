@@ -87,6 +87,12 @@ impl Index {
         self.cache.remove_range(a..b);
     }
 
+    /// The store has `segments` segments now (`HookIndex::grow_segments`).
+    pub fn grow_segments(&mut self, segments: u64) {
+        self.hooks.grow_segments(segments);
+        self.geo.segments = self.geo.segments.max(segments);
+    }
+
     /// RAM of all three parts.
     pub fn memory_bytes(&self) -> u64 {
         self.hot.memory_bytes() + self.hooks.memory_bytes() + self.cache.memory_bytes()

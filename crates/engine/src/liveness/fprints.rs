@@ -306,6 +306,15 @@ impl LiveMap {
         }
     }
 
+    /// The data store now has `segments` segments (a pool's physical
+    /// resize): the fingerprint tables of segments dropped (free: their
+    /// rows went when they were freed) are named no more.
+    pub(crate) fn fp_set_segments(&mut self, segments: u64) {
+        let dropped: Vec<u64> = (segments..self.fps.segments).collect();
+        self.fp_segments_freed(&dropped);
+        self.fps.segments = segments;
+    }
+
     /// Bytes of the fingerprint rows not yet in a table.
     pub(crate) fn fp_pending_bytes(&self) -> u64 {
         self.fps.dirty_rows * FP_ROW_BYTES as u64

@@ -53,6 +53,14 @@ impl TableBooks {
         }
     }
 
+    /// Books for `segments` segments: groups added are unchanged (an empty
+    /// group has no record), groups dropped are forgotten.
+    pub(crate) fn resize(&mut self, segments: u64) {
+        self.meta_live.resize(segments as usize, 0);
+        let groups = segments.div_ceil(TABLE_SEGMENTS) as usize;
+        self.dirty.resize(groups, 0);
+    }
+
     /// Something of segment `s` changed.
     pub(crate) fn touch(&mut self, s: u64) {
         self.stamp += 1;

@@ -229,6 +229,7 @@ impl Volume {
         vol.recovery_salvage = recovery_salvage;
         if !vol.options.read_only {
             vol.upgrade_superblock()?;
+            vol.finish_resize()?;
             match vol.begin_epoch() {
                 Err(VolError::NoSpace) => return Err(OpenError::LogFull.into()),
                 r => r?,
@@ -270,7 +271,7 @@ impl Volume {
             self.guard(r.map_err(VolError::Io))?;
         }
         tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot (format flags 4, 8, 16, 32, 128, 2048)");
-        self.sb = sb;
+        self.sb.replace(sb);
         Ok(())
     }
 
@@ -337,7 +338,7 @@ impl Volume {
             jobs: JobsState::default(),
             cache_stats: std::sync::OnceLock::new(),
             storage,
-            sb,
+            sb: super::sbcell::SbCell::new(sb),
             options,
         }
     }

@@ -31,7 +31,7 @@ use crate::liveness::LiveMap;
 use crate::locks::{Held, OrderedMutex, OrderedRwLock};
 use crate::log::{Log, Placed, Shape};
 use crate::policy::CodecPolicy;
-use cvol_format::{MapEntry, Superblock, BLOCK_SIZE_BYTES};
+use cvol_format::{MapEntry, BLOCK_SIZE_BYTES};
 use cvol_storage::Storage;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,8 +46,10 @@ mod layered;
 mod lifecycle;
 pub mod metadev;
 mod options;
+mod physical;
 mod prepare;
 mod read;
+mod sbcell;
 mod space;
 mod stats;
 #[cfg(test)]
@@ -70,6 +72,7 @@ pub use options::{
     dedup_memory_default_bytes, map_cache_pages, read_cache_default_bytes, CreateOptions,
     OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, MAP_CACHE_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
 };
+pub use physical::{resize_unsupported, ResizeError, SHRINK_FREE_MIN_SEGMENTS};
 pub use read::Extent;
 pub use usage::{RangeUsage, UsageBytes};
 
@@ -137,7 +140,8 @@ struct Dedup {
 
 pub struct Volume {
     storage: Arc<dyn Storage>,
-    sb: Superblock,
+    /// Replaced, under the state lock, only by a physical resize.
+    sb: sbcell::SbCell,
     options: OpenOptions,
     /// Map pages kept in memory (`OpenOptions::map_cache_bytes`).
     map_cache_pages: usize,
