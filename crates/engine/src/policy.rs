@@ -59,6 +59,15 @@ pub struct ElasticConfig {
     /// recompression only). Some(0): defer every unit while busy; None:
     /// always compress inline.
     pub inline_cpu_percent: Option<u32>,
+    /// Least saving, in percent of the stored bytes a background rewrite
+    /// replaces, for recompression to write it. On a file or device a
+    /// small gain pays (6%); in an object store every rewrite is a PUT of
+    /// what it writes and a later cleaning of what it kills, so there a
+    /// rewrite must save at least as much as it writes (50%).
+    pub recompress_min_gain_percent: u32,
+    /// The codec of policy auto while the load is busy: lz4 where the CPU
+    /// is the bottleneck, zstd:1 in an object store, where the store is.
+    pub busy_codec: Codec,
 }
 
 impl Default for ElasticConfig {
@@ -72,6 +81,34 @@ impl Default for ElasticConfig {
             recompress_idle_ms: 1_000,
             recompress_pass_bytes: 16 << 20,
             inline_cpu_percent: Some(INLINE_CPU_PERCENT_DEFAULT),
+            recompress_min_gain_percent: RECOMPRESS_MIN_GAIN_PERCENT_DEFAULT,
+            busy_codec: auto_codec(Load::Busy),
+        }
+    }
+}
+
+impl ElasticConfig {
+    /// The defaults for a volume kept in an object store, where the store,
+    /// not the CPU, is the bottleneck (EDC picks the codec by the
+    /// bottleneck): compress inline always (a deferred unit would be PUT
+    /// raw, then PUT again compressed), with zstd:1 rather than lz4 while
+    /// busy (a third fewer bytes to PUT on text, so the background has
+    /// little left to gain), and recompress in the background only what
+    /// saves at least as many bytes as the rewrite PUTs.
+    pub fn for_object_store() -> ElasticConfig {
+        ElasticConfig {
+            inline_cpu_percent: None,
+            recompress_min_gain_percent: RECOMPRESS_MIN_GAIN_PERCENT_OBJECT_STORE,
+            busy_codec: Codec::Zstd(1),
+            ..ElasticConfig::default()
+        }
+    }
+
+    /// The codec policy auto gives compressible data at `load`.
+    pub fn codec_at(&self, load: Load) -> Codec {
+        match load {
+            Load::Busy => self.busy_codec,
+            _ => auto_codec(load),
         }
     }
 }
@@ -80,6 +117,10 @@ pub const UNIT_BLOCKS_MAX: u32 = 16;
 /// Default share of the CPU inline compression may take while busy.
 pub const INLINE_CPU_PERCENT_DEFAULT: u32 = 30;
 pub const UNIT_BLOCKS_DEFAULT: u32 = 4;
+/// Least saving of a background rewrite on a file or device, in percent.
+pub const RECOMPRESS_MIN_GAIN_PERCENT_DEFAULT: u32 = 6;
+/// ...and in an object store: the rewrite must save what it writes.
+pub const RECOMPRESS_MIN_GAIN_PERCENT_OBJECT_STORE: u32 = 50;
 
 /// How the volume picks codecs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,7 +192,8 @@ pub enum Load {
     Busy,
 }
 
-/// The codec the auto policy uses for compressible data at `load`.
+/// The codec the auto policy uses by default for compressible data at
+/// `load` (`ElasticConfig::codec_at` applies the configured busy codec).
 pub fn auto_codec(load: Load) -> Codec {
     match load {
         Load::Busy => Codec::Lz4,

@@ -278,6 +278,50 @@ fn recompression_shrinks_lz4_data_and_keeps_it_exact() {
     );
 }
 
+/// In an object store a rewrite costs a PUT of what it writes: a rewrite
+/// saving less than `recompress_min_gain_percent` of what it replaces is
+/// left alone, and the busy codec is what the configuration names.
+#[test]
+fn recompression_rewrites_only_what_saves_the_least_gain() {
+    let image = text(8, MIB as usize);
+    let lz4_volume = |min_gain: u32| {
+        let sim = SimStorage::new(64 * MIB);
+        let cfg = ElasticConfig {
+            recompress_min_gain_percent: min_gain,
+            ..pinned("busy", 16)
+        };
+        let vol = volume(&sim, auto(), true, cfg);
+        for (i, b) in image.chunks(BS).enumerate() {
+            vol.write_at((i * BS) as u64, b, false).unwrap();
+        }
+        assert_eq!(vol.stats().codec_lz4_blocks, 256);
+        let r = vol.recompress_pass(u64::MAX, false).unwrap();
+        (vol, r)
+    };
+    // lz4 single blocks to zstd:9 units of 16 saves 20-50% of this text.
+    let (vol, r) = lz4_volume(6);
+    assert_eq!(r.blocks_rewritten, 256);
+    assert!(r.bytes_after * 10 < r.bytes_before * 8, "{r:?}");
+    let saved = 100 - r.bytes_after * 100 / r.bytes_before;
+    assert!(saved < 90, "{r:?}");
+    assert_reads(&vol, &image);
+    let (vol, r) = lz4_volume(90);
+    assert_eq!(r.blocks_rewritten, 0, "{r:?}");
+    assert!(r.skipped > 0, "{r:?}");
+    assert_eq!(vol.stats().codec_lz4_blocks, 256);
+    assert_reads(&vol, &image);
+    // The busy codec of an object store: zstd:1 inline.
+    let sim = SimStorage::new(64 * MIB);
+    let cfg = ElasticConfig {
+        busy_codec: Codec::Zstd(1),
+        ..pinned("busy", 4)
+    };
+    let vol = volume(&sim, auto(), true, cfg);
+    vol.write_at(0, &image, false).unwrap();
+    assert_eq!(blocks_by_codec(&vol.stats()), [0, 0, 256]);
+    assert_reads(&vol, &image);
+}
+
 #[test]
 fn recompression_racing_a_writer_never_loses_the_newer_write() {
     let sim = SimStorage::new(96 * MIB);

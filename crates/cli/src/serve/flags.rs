@@ -5,7 +5,7 @@ use crate::error::Error;
 use crate::words::{self, OnOff};
 use crate::{edge, size};
 use cvol_engine::segments::VictimPolicy;
-use cvol_engine::{CleanerConfig, ElasticConfig, OpenOptions};
+use cvol_engine::{CleanerConfig, Codec, ElasticConfig, OpenOptions};
 use cvol_nbd::ServerConfig;
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
@@ -172,9 +172,22 @@ pub(super) struct ElasticFlags {
     /// CPU (percent of all cores) inline compression may use while the
     /// load is busy; beyond it, units are written raw and compressed by
     /// background recompression once clients are idle (EDC's lightest
-    /// level). 0 defers every unit while busy; off always compresses inline.
-    #[arg(long, default_value = "30")]
-    pub(super) inline_cpu: String,
+    /// level). 0 defers every unit while busy; off always compresses inline
+    /// [default: 30; off for a volume in an object store, where the store
+    /// is the bottleneck and a deferred unit would be PUT twice]
+    #[arg(long, value_name = "PERCENT|off")]
+    pub(super) inline_cpu: Option<String>,
+    /// Background recompression rewrites data only if that saves at least
+    /// this percent of the bytes it replaces [default: 6; 50 for a volume
+    /// in an object store, where a rewrite must save as many bytes as it
+    /// PUTs]
+    #[arg(long, value_name = "PERCENT")]
+    pub(super) recompress_min_gain: Option<String>,
+    /// Codec policy auto: the codec of compressible data while the load is
+    /// busy, lz4 or zstd:LEVEL [default: lz4; zstd:1 for a volume in an
+    /// object store, where the store, not the CPU, is the bottleneck]
+    #[arg(long, value_name = "CODEC")]
+    pub(super) busy_codec: Option<String>,
 }
 
 /// `--max-handshaking` is at least this by default (or `--max-connections`
@@ -232,9 +245,17 @@ impl ServeArgs {
             dedup_memory_bytes,
             read_cache_bytes,
             map_cache_bytes,
-            elastic: self.elastic.config()?,
+            elastic: self.elastic.config(self.in_object_store())?,
             ..crate::keyfile::open_options()
         })
+    }
+
+    /// Is the volume an `s3://` URL?
+    fn in_object_store(&self) -> bool {
+        self.volume
+            .as_deref()
+            .and_then(|p| p.to_str())
+            .is_some_and(cvol_objstore::url::is_object_url)
     }
 
     /// How the NBD server runs. Checks the client limits, then TLS and
@@ -294,7 +315,15 @@ impl CleanerFlags {
 }
 
 impl ElasticFlags {
-    fn config(&self) -> Result<ElasticConfig, Error> {
+    /// The elastic configuration; `object_store`: the volume is kept in
+    /// an object store, which changes two defaults
+    /// (`ElasticConfig::for_object_store`).
+    fn config(&self, object_store: bool) -> Result<ElasticConfig, Error> {
+        let defaults = if object_store {
+            ElasticConfig::for_object_store()
+        } else {
+            ElasticConfig::default()
+        };
         let (unit_size, busy_iops, idle_iops) = (&self.unit_size, self.busy_iops, self.idle_iops);
         let unit_blocks = crate::trace::parse_unit_size(unit_size)?;
         if idle_iops >= busy_iops {
@@ -307,8 +336,19 @@ impl ElasticFlags {
             busy_iops,
             idle_iops,
             recompress: self.recompress.on(),
-            inline_cpu_percent: inline_cpu(&self.inline_cpu)?,
-            ..ElasticConfig::default()
+            inline_cpu_percent: match &self.inline_cpu {
+                Some(v) => inline_cpu(v)?,
+                None => defaults.inline_cpu_percent,
+            },
+            recompress_min_gain_percent: match &self.recompress_min_gain {
+                Some(v) => min_gain(v)?,
+                None => defaults.recompress_min_gain_percent,
+            },
+            busy_codec: match &self.busy_codec {
+                Some(v) => busy_codec(v)?,
+                None => defaults.busy_codec,
+            },
+            ..defaults
         })
     }
 }
@@ -322,6 +362,29 @@ fn inline_cpu(v: &str) -> Result<Option<u32>, Error> {
         Ok(p) if p <= 100 => Ok(Some(p)),
         _ => Err(Error::Usage(format!(
             "--inline-cpu {v}: expected a percentage from 0 to 100, or off"
+        ))),
+    }
+}
+
+/// `--busy-codec lz4|zstd:LEVEL`.
+fn busy_codec(v: &str) -> Result<Codec, Error> {
+    match Codec::parse(v) {
+        Ok(Codec::None) => Err(Error::Usage(
+            "--busy-codec none: to leave compression to the background while busy, \
+             use --inline-cpu 0"
+                .into(),
+        )),
+        Ok(c) => Ok(c),
+        Err(e) => Err(Error::Usage(format!("--busy-codec {v}: {e}"))),
+    }
+}
+
+/// `--recompress-min-gain PERCENT`.
+fn min_gain(v: &str) -> Result<u32, Error> {
+    match v.trim_end_matches('%').parse::<u32>() {
+        Ok(p) if p < 100 => Ok(p),
+        _ => Err(Error::Usage(format!(
+            "--recompress-min-gain {v}: expected a percentage from 0 to 99"
         ))),
     }
 }

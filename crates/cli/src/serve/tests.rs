@@ -2,6 +2,7 @@
 use super::flags::*;
 use super::*;
 use clap::Parser;
+use cvol_engine::Codec;
 
 #[derive(Parser)]
 struct Cmd {
@@ -83,6 +84,35 @@ fn inline_cpu_takes_a_percentage_or_off() {
         let e = pct(bad).unwrap_err().to_string();
         assert!(e.contains("--inline-cpu") && e.contains("0 to 100"), "{e}");
     }
+}
+
+#[test]
+fn an_object_store_volume_compresses_inline_and_rewrites_only_what_pays() {
+    let file = parse(&["vol.cvol"]).open_options().unwrap().elastic;
+    assert_eq!(file.inline_cpu_percent, Some(30));
+    assert_eq!(file.recompress_min_gain_percent, 6);
+    assert_eq!(file.busy_codec, Codec::Lz4);
+    let s3 = parse(&["s3://bucket/vol"]).open_options().unwrap().elastic;
+    assert_eq!(s3.inline_cpu_percent, None, "a deferred unit is PUT twice");
+    assert_eq!(s3.recompress_min_gain_percent, 50);
+    assert_eq!(s3.busy_codec, Codec::Zstd(1));
+    // The flags still win.
+    let flags = [
+        "s3://bucket/vol",
+        "--inline-cpu",
+        "20",
+        "--recompress-min-gain",
+        "10%",
+        "--busy-codec",
+        "lz4",
+    ];
+    let s3 = parse(&flags).open_options().unwrap().elastic;
+    assert_eq!(s3.inline_cpu_percent, Some(20));
+    assert_eq!(s3.recompress_min_gain_percent, 10);
+    assert_eq!(s3.busy_codec, Codec::Lz4);
+    assert!(err(&["--recompress-min-gain", "100"]).contains("0 to 99"));
+    assert!(err(&["--busy-codec", "none"]).contains("--inline-cpu 0"));
+    assert!(err(&["--busy-codec", "zstd:99"]).starts_with("--busy-codec zstd:99"));
 }
 
 #[test]

@@ -227,7 +227,7 @@ impl Volume {
                     return Choice::Defer;
                 }
                 es.count_auto_choice(load);
-                Choice::Codec(policy::auto_codec(load))
+                Choice::Codec(self.options.elastic.codec_at(load))
             }
         }
     }

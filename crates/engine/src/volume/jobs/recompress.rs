@@ -39,8 +39,6 @@ const SCAN_WINDOWS_PER_PASS: u64 = 1 << 18;
 /// lock throughout (1.2 GB at zstd:9 on a loaded machine: a minute and
 /// more, which a closing server waits out too).
 const EXAMINED_PER_BUDGET: u64 = 2;
-/// A rewrite must save at least 1/16 of the bytes it replaces.
-const MIN_GAIN_DIVISOR: u64 = 16;
 /// How often the background recompressor looks for idle time.
 const BACKGROUND_PERIOD: Duration = Duration::from_millis(200);
 /// Recompression appends before old records die: it runs only with this
@@ -67,6 +65,12 @@ pub struct RecompressReport {
     /// stay more than 90% live): rewriting them would grow what the host
     /// holds.
     pub uncollectable: u64,
+}
+
+/// Does a rewrite of `old` stored bytes into `new` save at least
+/// `min_gain_percent` of `old`?
+fn pays(old: u64, new: u64, min_gain_percent: u32) -> bool {
+    new * 100 <= old * u64::from(100 - min_gain_percent.min(100))
 }
 
 /// Records background recompression may rewrite: compressed ones, and raw
@@ -392,7 +396,13 @@ impl Volume {
         // A deferred raw unit is rewritten even without a gain: as raw
         // single blocks it is judged, and no pass visits it again.
         let deferred = run.before.iter().any(|e| is_raw_unit(*e));
-        if !deferred && new_bytes + old_bytes / MIN_GAIN_DIVISOR > old_bytes {
+        if !deferred
+            && !pays(
+                old_bytes,
+                new_bytes,
+                self.options.elastic.recompress_min_gain_percent,
+            )
+        {
             rep.skipped += 1;
             return Ok(0);
         }

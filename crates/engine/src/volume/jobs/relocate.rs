@@ -9,7 +9,7 @@ use crate::codec::Codec;
 use crate::dedup::Fingerprint;
 use crate::error::VolError;
 use crate::log::Shape;
-use crate::policy::{self, CodecPolicy};
+use crate::policy::CodecPolicy;
 use crate::records::{full_mask, Found};
 use crate::volume::commit::fp_row;
 use crate::volume::space::{self};
@@ -38,9 +38,11 @@ impl Volume {
         match self.policy {
             CodecPolicy::Fixed(Codec::None) => None,
             CodecPolicy::Fixed(c) => Some(c),
-            CodecPolicy::Auto { .. } => Some(policy::auto_codec(
-                self.activity.load.load(&self.options.elastic),
-            )),
+            CodecPolicy::Auto { .. } => Some(
+                self.options
+                    .elastic
+                    .codec_at(self.activity.load.load(&self.options.elastic)),
+            ),
         }
     }
 
