@@ -696,6 +696,15 @@ impl Volume {
     /// makes the moves durable so the emptied segments are returned to the
     /// host. With `stop_at_client` it stops at the first client request.
     pub fn idle_clean(&self, stop_at_client: bool) -> Result<IdleCleanReport, VolError> {
+        self.idle_clean_below(stop_at_client, IDLE_VICTIM_LIVE_MAX_PERCENT)
+    }
+
+    /// `idle_clean` of victims at most `max_live_percent` live.
+    pub(in crate::volume) fn idle_clean_below(
+        &self,
+        stop_at_client: bool,
+        max_live_percent: u64,
+    ) -> Result<IdleCleanReport, VolError> {
         let _c = self.lock_cleaner()?;
         self.check_writable()?;
         let mut rep = IdleCleanReport::default();
@@ -709,7 +718,7 @@ impl Volume {
             .cleaner
             .bytes_relocated
             .load(Ordering::Relaxed);
-        for victim in self.idle_victims()? {
+        for victim in self.idle_victims(max_live_percent)? {
             if stop_at_client && self.activity.clients_busy() {
                 rep.yielded = true;
                 break;
@@ -744,7 +753,7 @@ impl Volume {
 
     /// The victims of an idle pass, best first: enough of them to bring the
     /// dead space in sealed segments down to the idle target.
-    fn idle_victims(&self) -> Result<Vec<u64>, VolError> {
+    fn idle_victims(&self, max_live_percent: u64) -> Result<Vec<u64>, VolError> {
         let st = self.lock_state()?;
         let usage = st.live.usage();
         let size = self.sb.segment_size_bytes;
@@ -753,7 +762,7 @@ impl Volume {
         let mut dead: u64 = all.iter().map(|&(_, left, _)| size - left).sum();
         let candidates: Vec<_> = all
             .into_iter()
-            .filter(|&(_, left, _)| left * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
+            .filter(|&(_, left, _)| left * 100 <= size * max_live_percent)
             .collect();
         let left: HashMap<u64, u64> = candidates.iter().map(|&(s, l, _)| (s, l)).collect();
         let order = self
@@ -775,9 +784,14 @@ impl Volume {
     /// Dead bytes idle cleaning would collect now: the dead space of sealed
     /// segments it may move (for `stat`).
     pub(in crate::volume) fn idle_reclaimable_bytes(&self, st: &State) -> u64 {
+        self.reclaimable_below(st, IDLE_VICTIM_LIVE_MAX_PERCENT)
+    }
+
+    /// The dead bytes of sealed segments at most `max_live_percent` live.
+    pub(in crate::volume) fn reclaimable_below(&self, st: &State, max_live_percent: u64) -> u64 {
         let size = self.sb.segment_size_bytes;
         (st.log.segments.candidates(st.live.usage()).into_iter())
-            .filter(|&(_, live, _)| live * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT)
+            .filter(|&(_, live, _)| live * 100 <= size * max_live_percent)
             .map(|(_, live, _)| size - live)
             .sum()
     }

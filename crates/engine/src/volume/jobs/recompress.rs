@@ -39,6 +39,8 @@ const SCAN_WINDOWS_PER_PASS: u64 = 1 << 18;
 /// lock throughout (1.2 GB at zstd:9 on a loaded machine: a minute and
 /// more, which a closing server waits out too).
 const EXAMINED_PER_BUDGET: u64 = 2;
+/// Segments at most this live count as emptied by recompression.
+const EMPTIED_LIVE_MAX_PERCENT: u64 = 5;
 /// How often the background recompressor looks for idle time.
 const BACKGROUND_PERIOD: Duration = Duration::from_millis(200);
 /// Recompression appends before old records die: it runs only with this
@@ -477,6 +479,7 @@ impl Volume {
             Ok(r) => {
                 if r.blocks_rewritten > 0 {
                     tracing::debug!(?r, "background recompression pass");
+                    self.collect_what_recompression_left();
                 }
                 if r.wrapped && r.blocks_rewritten == 0 && !r.yielded {
                     *quiet_at = Some(written);
@@ -484,6 +487,31 @@ impl Volume {
                 }
             }
             Err(e) => tracing::warn!("background recompression: {e}"),
+        }
+    }
+}
+
+impl Volume {
+    /// After a pass that rewrote data, collects the segments its rewrites
+    /// emptied (at most `EMPTIED_LIVE_MAX_PERCENT` live) before the next
+    /// pass appends more, once they hold half a pass's worth of dead
+    /// bytes: what the host holds (`du`) then grows by about a pass while
+    /// recompression runs, instead of by every rewrite until the sweep
+    /// ends and idle cleaning starts. Fuller segments wait for idle
+    /// cleaning: moving their data now would compact what the next passes
+    /// would recompress with the strong codec.
+    fn collect_what_recompression_left(&self) {
+        let reclaimable = match self.lock_state() {
+            Ok(st) => self.reclaimable_below(&st, EMPTIED_LIVE_MAX_PERCENT),
+            Err(_) => return,
+        };
+        if reclaimable < self.options.elastic.recompress_pass_bytes / 2 {
+            return;
+        }
+        match self.idle_clean_below(true, EMPTIED_LIVE_MAX_PERCENT) {
+            Ok(r) if r.segments > 0 => tracing::debug!(?r, "cleaning between recompression passes"),
+            Ok(_) | Err(VolError::NoSpace) => {}
+            Err(e) => tracing::warn!("cleaning between recompression passes: {e}"),
         }
     }
 }
