@@ -794,3 +794,15 @@ fn regression_seed_2392_a_write_refused_for_space_is_not_in_the_oracle() {
 fn regression_seed_794_a_rebuild_from_the_log_goes_on_in_the_data_store() {
     run_seed(794, None, &mut Coverage::default());
 }
+
+/// Seed 1181: a misdirected write of zeros landed on the log's last three
+/// KiB after a power cut. It destroyed the records of the last two flushes
+/// (a TRIM of lba 82 among them) together with both SYNCED records that
+/// certified them, so nothing left in the log said they had been flushed:
+/// the chain ended early and open served lba 82's older data. The flush
+/// mark outside the log still certifies the earlier flush: open refuses,
+/// and repair names what it cannot tell.
+#[test]
+fn regression_seed_1181_misdirected_write_over_the_log_tail() {
+    run_seed(1181, None, &mut Coverage::default());
+}

@@ -316,6 +316,70 @@ fn after_a_crash_a_damaged_record_certified_by_a_later_flush_makes_open_refuse_i
     assert_exact_or_lost(&vol, &[100]);
 }
 
+/// A misdirected write of zeros over the log's tail after a power cut
+/// destroys the last two flushes' records together with every SYNCED
+/// record certifying them: nothing left in the log says they were flushed,
+/// and the chain's early end looks like a crash's unsynced tail. The flush
+/// mark, outside the log, still certifies the flush before the last: open
+/// refuses and writes nothing, `check` reports it, and repair says it
+/// cannot tell what the destroyed records held.
+#[test]
+fn damage_over_the_log_tail_and_its_synced_records_makes_open_refuse() {
+    for s in variants() {
+        damage_over_the_log_tail_and_its_synced_records_makes_open_refuse_in(s.as_ref());
+    }
+}
+
+fn damage_over_the_log_tail_and_its_synced_records_makes_open_refuse_in(s: Option<&Sealing>) {
+    let sim = SimStorage::new(64 * MIB);
+    create(&sim, s);
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
+    for batch in 0..3u64 {
+        for lba in batch * 8..batch * 8 + 8 {
+            vol.write_at(lba * BS as u64, &block(lba), false).unwrap();
+        }
+        vol.flush().unwrap();
+    }
+    drop(vol); // no clean close
+    let sim = sim.crash(7);
+    let recs = records(&sim);
+    let (from, _) = data_record_of(&sim, 8);
+    let end = recs
+        .iter()
+        .map(|(o, h)| o + h.total_len() as u64)
+        .max()
+        .unwrap();
+    let synced_in = |a: u64, b: u64| {
+        recs.iter()
+            .filter(|(o, h)| h.kind == RecordKind::Synced && (a..b).contains(o))
+            .count()
+    };
+    assert_eq!(
+        synced_in(from, end),
+        2,
+        "the damage takes both SYNCED records"
+    );
+    let from = from / 512 * 512;
+    sim.write_at(from, &vec![0u8; (end - from) as usize])
+        .unwrap();
+    let before = image(&sim);
+    let err = match Volume::open(Arc::new(sim.clone()), options(s)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("opened a volume whose flushed records are destroyed"),
+    };
+    assert!(err.contains("flush mark"), "{err}");
+    assert!(image(&sim) == before, "a refused open changed the volume");
+    assert!(!sealed::check(s, &sim).consistent());
+    let rep = sealed::repair(s, Arc::new(sim.clone()));
+    assert!(!rep.unknown_records.is_empty(), "{:?}", rep.actions);
+    let vol = Volume::open(Arc::new(sim.clone()), options(s)).unwrap();
+    let mut b = vec![0u8; BS];
+    for lba in 0..8 {
+        vol.read_at(lba * BS as u64, &mut b).unwrap();
+        assert!(b == block(lba), "block {lba} of the certified flush");
+    }
+}
+
 /// Both pointer slots and superblock copy A damaged at once, with the
 /// newest checkpoint's chunk and a flushed record: the SYNCED records still
 /// certify the flushed data, so open refuses rather than fall back to an

@@ -13,12 +13,14 @@
 //! 16 KiB   metadata device label copies A and B (only with a metadata
 //!          device, `metadev`)
 //! 24 KiB   cache label copies A and B (only for a cache, `cache`)
+//! 32 KiB   flush mark slots 0 and 1 (one 512-byte sector used each, `flushmark`)
 //! 64 KiB   pool table slots 0 and 1 (480 KiB each; pools, `pool`)
 //! 1 MiB    segment 0, segment 1, ...  (fixed size; records packed byte-granular)
 //! ```
 
 pub mod cache;
 pub mod checkpoint;
+pub mod flushmark;
 pub mod fprints;
 pub mod hooks;
 pub mod keyslot;

@@ -1,5 +1,5 @@
 //! What the volume certified as flushed (`Certified`): the commit seqs of
-//! the pointer slots, the seqs SYNCED records certify, and, when a pointer
+//! the pointer slots, the flush mark, the seqs SYNCED records certify, and, when a pointer
 //! slot is damaged, the newest complete checkpoint in the log. A recovery
 //! never ends below it. Uses `superblock` (the pointer slots) and `scan`
 //! (the whole-log scan).
@@ -7,6 +7,7 @@ use super::scan::{scan_log, LogScan};
 use super::superblock::{damaged_pointer_slots, read_pointers};
 use crate::logread::read_record;
 use cvol_format::checkpoint::CommitPayload;
+use cvol_format::flushmark::{FlushMark, FLUSH_MARK_BYTES, FLUSH_MARK_OFFSETS};
 use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::{CheckpointPointer, Superblock};
 use cvol_storage::Storage;
@@ -43,6 +44,17 @@ impl Certified {
             });
         }
         c
+    }
+
+    /// What the flush mark certifies (written only after the sync it
+    /// names returned, outside the log: it survives damage to the log's
+    /// tail that takes the SYNCED records along).
+    pub(super) fn raise_from_flush_mark(&mut self, mark: Option<FlushMark>) {
+        if let Some(m) = mark {
+            self.raise(m.seq, || {
+                format!("the flush mark (epoch {}, seq {})", m.epoch, m.seq)
+            });
+        }
     }
 
     /// What the log itself certifies: every SYNCED record (written only
@@ -109,6 +121,20 @@ impl Certified {
 pub fn certified_in_log(storage: &dyn Storage, sb: &Superblock) -> Certified {
     let ptrs: Vec<CheckpointPointer> = read_pointers(storage).into_iter().flatten().collect();
     let mut c = Certified::from_pointers(&ptrs);
+    c.raise_from_flush_mark(read_flush_mark(storage, sb));
     c.raise_from_scan(storage, sb, &scan_log(storage, sb));
     c
+}
+
+/// The flush mark that counts: of the slots that decode for this volume,
+/// the highest (epoch, seq). None on a volume that never wrote one (older
+/// versions left the slots zero) or when both are damaged.
+pub(super) fn read_flush_mark(storage: &dyn Storage, sb: &Superblock) -> Option<FlushMark> {
+    let tag = sb.volume_tag();
+    let slot = |at: u64| {
+        let mut b = vec![0u8; FLUSH_MARK_BYTES];
+        storage.read_at(at, &mut b).ok()?;
+        FlushMark::decode(&b, tag).ok()
+    };
+    FlushMark::newest(slot(FLUSH_MARK_OFFSETS[0]), slot(FLUSH_MARK_OFFSETS[1]))
 }

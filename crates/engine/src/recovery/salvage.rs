@@ -6,7 +6,7 @@
 //! still holds (`rebuild_from_log`). Uses `salvage_walk`, `checkpoint`
 //! (loading bases), `chain` (seq 1 as a base, applying records), `scan`,
 //! `certified`, `superblock` and `outcome`.
-use super::certified::Certified;
+use super::certified::{read_flush_mark, Certified};
 use super::chain::{apply_scanned, log_start};
 use super::checkpoint::{known_checkpoint_records, load_checkpoint, scanned_commits, Load, Source};
 use super::outcome::{Recovered, Salvage};
@@ -31,6 +31,7 @@ pub(super) fn salvage_from(
 ) -> Result<Recovered, RecoveryError> {
     let ptrs = pointers_newest_first(storage);
     let mut certified = Certified::from_pointers(&ptrs);
+    certified.raise_from_flush_mark(read_flush_mark(storage, sb));
     certified.raise_from_scan(storage, sb, scan);
     let known = known_checkpoint_records(storage, sb, &ptrs);
     let mut commits: Vec<(CheckpointPointer, Source)> =

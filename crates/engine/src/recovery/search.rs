@@ -6,7 +6,7 @@
 //! certified as flushed (`certified_beyond`, `Certified`). Uses
 //! `checkpoint` (loading a candidate), `chain` (its roll-forward),
 //! `certified`, `scan`, `superblock` (the pointer slots) and `outcome`.
-use super::certified::Certified;
+use super::certified::{read_flush_mark, Certified};
 use super::chain::{log_start, roll_forward};
 use super::checkpoint::{
     known_checkpoint_records, load_checkpoint, scanned_commits, Load, LoadedCheckpoint, Source,
@@ -45,10 +45,13 @@ pub(super) fn recover_with(
     }
     let had_checkpoint = !ptrs.is_empty() || damaged_slots > 0;
     let index = first_record_index(storage, sb)?;
-    let certified = Certified::from_pointers(&ptrs);
+    let mut certified = Certified::from_pointers(&ptrs);
+    let mark = read_flush_mark(storage, sb);
+    certified.raise_from_flush_mark(mark);
+    let flush_mark = mark.map_or(0, |m| m.seq);
     let known = known_checkpoint_records(storage, sb, &ptrs);
     if !had_checkpoint {
-        return replay_without_checkpoint(storage, sb, &index, &known, warnings);
+        return replay_without_checkpoint(storage, sb, &index, &known, flush_mark, warnings);
     }
     let search = CheckpointSearch {
         storage,
@@ -57,6 +60,7 @@ pub(super) fn recover_with(
         known: &known,
         lazy,
         certified,
+        flush_mark,
         warnings,
         scan: None,
         shortfall: None,
@@ -73,12 +77,14 @@ fn replay_without_checkpoint(
     sb: &Superblock,
     index: &HashMap<u64, Vec<u64>>,
     known: &HashMap<u64, (u64, u32, u32)>,
+    flush_mark: u64,
     warnings: Vec<String>,
 ) -> Result<Recovered, RecoveryError> {
     let start = log_start(index).ok_or(RecoveryError::NeverInitialised)?;
     let mut map = volume_map(sb);
     let r = roll_forward(storage, sb, &mut map, start, index, known)?;
-    if let Some(certified) = certified_beyond(storage, sb, &r, index) {
+    let beyond = certified_beyond(storage, sb, &r, index);
+    if let Some(certified) = beyond.or((flush_mark > r.last_seq).then_some(flush_mark)) {
         return Err(RecoveryError::ChainEndsBeforeCertified {
             last_seq: r.last_seq,
             certified,
@@ -110,6 +116,9 @@ struct CheckpointSearch<'a> {
     /// The highest certified seq known so far (the pointers'; the whole
     /// log's once it has been scanned).
     certified: Certified,
+    /// The seq the flush mark certifies (0 without one): every candidate,
+    /// the newest pointer's too, must roll forward to it.
+    flush_mark: u64,
     /// Notes on every candidate tried.
     warnings: Vec<String>,
     /// The whole-log scan, once a fallback needed it.
@@ -210,6 +219,17 @@ impl CheckpointSearch<'_> {
                 format!("a SYNCED record beyond the damage (certifies seq {certified})")
             });
             self.chain_gap.get_or_insert((r.last_seq, certified));
+            return Ok(None);
+        }
+        if r.last_seq < self.flush_mark {
+            // Damage took the log's tail with every SYNCED record that
+            // certified it; the mark outside the log still does.
+            self.warnings.push(format!(
+                "{what}: its chain of records ends at seq {}, below seq {} that the flush mark \
+                 certifies",
+                r.last_seq, self.flush_mark
+            ));
+            self.chain_gap.get_or_insert((r.last_seq, self.flush_mark));
             return Ok(None);
         }
         if !newest && !self.accept_fallback(what, &map, &r) {

@@ -12,6 +12,7 @@ use cvol_format::checkpoint::{
     push_run, run_bytes, ChunkRef, CommitPayload, DirPayload, PageRef, Resume,
 };
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
+use cvol_format::flushmark::FlushMark;
 use cvol_format::record::RecordKind;
 use cvol_format::{CheckpointPointer, CodecTag, MapEntry};
 use std::sync::atomic::Ordering;
@@ -73,11 +74,17 @@ impl Volume {
         st.log.epoch = st.log.epoch.checked_add(1).expect("epochs never run out");
         self.append(&mut st, Shape::meta(RecordKind::Epoch, CodecTag::None), &[])?;
         self.guard(st.log.pad_and_write(&*self.storage))?;
+        let (epoch, seq) = (st.log.epoch, st.log.last_seq());
         drop(st);
         self.guard(self.storage.sync().map_err(VolError::Io))?;
-        let mut st = self.lock_state()?;
-        st.synced_seq = st.log.last_seq();
-        Ok(())
+        self.lock_state()?.synced_seq = seq;
+        // Both flush mark slots name the EPOCH record, synced: after a
+        // repair that accepted losing flushed records, a mark of the
+        // epoch before (certifying them) would refuse every open.
+        for slot in 0..2 {
+            self.write_flush_mark(slot, epoch, seq)?;
+        }
+        self.guard(self.storage.sync().map_err(VolError::Io))
     }
 
     /// Makes every write that completed before this call durable. When a
@@ -212,8 +219,29 @@ impl Volume {
             let shape = Shape::meta(RecordKind::Synced, CodecTag::None);
             self.append(st, shape, &seq.to_le_bytes())?;
             st.synced_marked = seq;
+            // The same outside the log, made durable by this flush's sync:
+            // damage to the log's tail that takes the SYNCED records with
+            // what they certify leaves the mark.
+            let slot = (st.flush_marks % 2) as usize;
+            st.flush_marks += 1;
+            self.write_flush_mark(slot, st.log.epoch, seq)?;
         }
         Ok(())
+    }
+
+    /// Writes flush mark `slot` (not synced): records up to `seq` are durable.
+    fn write_flush_mark(&self, slot: usize, epoch: u32, seq: u64) -> Result<(), VolError> {
+        let mark = FlushMark {
+            volume_tag: self.sb.volume_tag(),
+            epoch,
+            seq,
+        };
+        let at = cvol_format::flushmark::FLUSH_MARK_OFFSETS[slot];
+        self.guard(
+            self.storage
+                .write_at(at, &mark.encode())
+                .map_err(VolError::Io),
+        )
     }
 
     /// A checkpoint is due after `checkpoint_interval_bytes` of log, or

@@ -51,6 +51,7 @@ impl State {
             log,
             synced_seq,
             synced_marked: 0,
+            flush_marks: 0,
             checkpoint_generation: generation,
             appended_at_checkpoint: 0,
             appended_at_tables: 0,

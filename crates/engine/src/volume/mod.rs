@@ -97,6 +97,8 @@ struct State {
     synced_seq: u64,
     /// The synced seq the newest SYNCED record in the log certifies.
     synced_marked: u64,
+    /// Flush marks written by flushes (the parity picks the slot).
+    flush_marks: u64,
     checkpoint_generation: u64,
     /// `log.appended_bytes` at the last checkpoint (for the checkpoint interval).
     appended_at_checkpoint: u64,
