@@ -208,15 +208,24 @@ impl Volume {
     /// `prefault` of several ranges, with one hold of the lock to find
     /// what is missing.
     fn prefault_ranges(&self, ranges: &[(u64, u64)]) -> Result<(), VolError> {
-        let missing: Vec<_> = {
-            let mut st = self.lock_state()?;
-            (ranges.iter())
-                .flat_map(|&(a, b)| st.live.map_mut().missing_pages(a, b))
-                .collect()
-        };
+        self.lock_state_prefaulted(ranges).map(drop)
+    }
+
+    /// The state lock, held after the map pages of `ranges` that were not
+    /// in memory were read without it (`prefault`). When every page is in
+    /// memory, the common case of a read, that is one hold of the lock: the
+    /// caller's lookups run in the hold that found nothing missing. The
+    /// caller still `fault`s its ranges (a page dropped, or rewritten, while
+    /// the lock was released is read under it).
+    fn lock_state_prefaulted(&self, ranges: &[(u64, u64)]) -> Result<StateGuard<'_>, VolError> {
+        let mut st = self.lock_state()?;
+        let missing: Vec<_> = (ranges.iter())
+            .flat_map(|&(a, b)| st.live.map_mut().missing_pages(a, b))
+            .collect();
         if missing.is_empty() {
-            return Ok(());
+            return Ok(st);
         }
+        drop(st);
         let src = crate::logread::LogPages {
             storage: &*self.storage,
             sb: &self.sb,
@@ -234,7 +243,7 @@ impl Volume {
         for (p, page, r) in read {
             st.live.map_mut().install_read(p, page, &r);
         }
-        Ok(())
+        Ok(st)
     }
 
     /// Brings the map pages of LBAs [first, end) into memory, for this

@@ -1,5 +1,6 @@
-//! The read path: the map is looked up under the state lock (records still
-//! only in the open segment's buffer are copied), then adjacent records are
+//! The read path: the map is looked up under the state lock, one hold per
+//! request when its map pages are in memory (records still only in the
+//! open segment's buffer are copied), then adjacent records are
 //! read from the store in one `pread`, verified (record crc, the map's
 //! identity check) and decompressed outside the lock, each unit once per
 //! request. Decompressed blocks and units go to small caches. Also block
@@ -220,18 +221,18 @@ impl Volume {
 
     /// The map entries of `n` blocks from `lba` (through the layers
     /// `below`, in ref form when found there), and copies of the records
-    /// still only in the open segment's buffer (one short hold of the lock).
+    /// still only in the open segment's buffer: one short hold of the
+    /// lock when the map pages are in memory (`lock_state_prefaulted`).
     fn read_snapshot(&self, lba: u64, n: usize, below: &[u64]) -> Result<Snapshot, VolError> {
         let n64 = n as u64;
-        if below.is_empty() {
-            self.prefault(lba, lba + n64)?;
+        let mut st = if below.is_empty() {
+            self.lock_state_prefaulted(&[(lba, lba + n64)])?
         } else {
             let ranges: Vec<_> = (std::iter::once(lba).chain(below.iter().copied()))
                 .map(|b| (b, b + n64))
                 .collect();
-            self.prefault_ranges(&ranges)?;
-        }
-        let mut st = self.lock_state()?;
+            self.lock_state_prefaulted(&ranges)?
+        };
         self.fault(&mut st, lba, lba + n as u64)?;
         for &b in below {
             self.fault(&mut st, b, b + n as u64)?;
