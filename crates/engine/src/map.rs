@@ -198,6 +198,9 @@ pub struct CacheCounts {
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
+    /// Page records the open that made this map read to verify them
+    /// (pages it left on disk unverified are verified when first read).
+    pub verified_at_open: u64,
 }
 
 pub struct BlockMap {
@@ -601,6 +604,11 @@ impl BlockMap {
         assert!(!self.pages.has(p));
         self.allocate(p);
         self.set_ref(p, Some(r));
+    }
+
+    /// Counts a page record open read to verify it (`CacheCounts`).
+    pub fn count_verified_at_open(&mut self) {
+        self.counts.verified_at_open += 1;
     }
 
     /// Names the MAP_DIR record of directory block `b` at open (clean).

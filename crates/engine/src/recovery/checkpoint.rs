@@ -217,11 +217,35 @@ fn checkpoint_start(
 /// How to read a checkpoint's map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Load {
-    /// Every record must read; `lazy`: pages are verified, not kept.
-    Whole { lazy: bool },
+    /// Every record must read; the pages are kept in memory.
+    Whole,
+    /// The pages are left on disk, to be read (and verified) when first
+    /// used. Those whose record is newer than seq `verify_above` are read
+    /// and verified now, and must be intact: an older record is one the
+    /// fallback checkpoint names as well (see `Load::lazy_for`), so its
+    /// damage could not make recovery choose another, and it reads as an
+    /// error when first used (`cvol check` and scrub read every page).
+    Lazy { verify_above: u64 },
     /// A damaged record loses the LBAs it held (`lost_spans`) instead of
     /// failing the load.
     Partial,
+}
+
+impl Load {
+    /// `Load::Lazy` for a candidate: the newest pointer's checkpoint
+    /// verifies only the page records written after the older pointer's
+    /// commit (`older_commit_seq`). A record at or below that seq was
+    /// named by the older checkpoint too (checkpoints are serialized, and
+    /// a page's record is only ever replaced by a newer one), so falling
+    /// back to it could not avoid the record's damage. Every other
+    /// candidate verifies every page (a fallback may be stale).
+    pub(super) fn lazy_for(newest: bool, older_commit_seq: Option<u64>) -> Load {
+        let verify_above = match (newest, older_commit_seq) {
+            (true, Some(seq)) => seq,
+            _ => 0,
+        };
+        Load::Lazy { verify_above }
+    }
 }
 
 /// A checkpoint's map, read from the records its commit names.
@@ -382,7 +406,7 @@ fn load_paged(
     for (b, r) in dirs {
         loaded.map.install_dir_record(b, r);
     }
-    if load == (Load::Whole { lazy: true }) {
+    if matches!(load, Load::Lazy { .. }) {
         loaded.map.record_originals();
     }
     if !partial {
@@ -398,8 +422,8 @@ fn load_paged(
     Ok(())
 }
 
-/// Reads page `p`'s record `r` into `map`: whole, or (lazy) verified and
-/// left on disk.
+/// Reads page `p`'s record `r` into `map`: whole, or (lazy) left on disk,
+/// verified now if it is newer than `verify_above`, else when first used.
 fn load_page(
     storage: &dyn Storage,
     sb: &Superblock,
@@ -408,10 +432,13 @@ fn load_page(
     load: Load,
     map: &mut BlockMap,
 ) -> Result<(), PageError> {
-    if load == (Load::Whole { lazy: true }) {
-        let (h, _) = read_record(storage, sb, r.offset, r.len).map_err(PageError::Record)?;
-        if h.kind != RecordKind::MapChunk || h.crc != r.crc || h.lba != p * MAP_PAGE_BLOCKS {
-            return Err(PageError::NotNamed);
+    if let Load::Lazy { verify_above } = load {
+        if r.seq > verify_above {
+            let (h, _) = read_record(storage, sb, r.offset, r.len).map_err(PageError::Record)?;
+            if h.kind != RecordKind::MapChunk || h.crc != r.crc || h.lba != p * MAP_PAGE_BLOCKS {
+                return Err(PageError::NotNamed);
+            }
+            map.count_verified_at_open();
         }
         map.install_unread(p as usize, r);
         return Ok(());

@@ -56,6 +56,7 @@ pub(super) fn recover_with(
         index: &index,
         known: &known,
         lazy,
+        older_commit_seq: (ptrs.get(1).map(|p| p.commit_seq)).filter(|&s| s < ptrs[0].commit_seq),
         certified,
         warnings,
         scan: None,
@@ -107,6 +108,10 @@ struct CheckpointSearch<'a> {
     known: &'a HashMap<u64, (u64, u32, u32)>,
     /// Leave map pages on disk (`recover_lazy`).
     lazy: bool,
+    /// The commit seq of the older pointer, if two decode: the newest
+    /// pointer's candidate verifies at open only the page records written
+    /// after it (`Load::lazy_for`).
+    older_commit_seq: Option<u64>,
     /// The highest certified seq known so far (the pointers'; the whole
     /// log's once it has been scanned).
     certified: Certified,
@@ -182,7 +187,10 @@ impl CheckpointSearch<'_> {
     ) -> Result<Option<Recovered>, RecoveryError> {
         let (storage, sb) = (self.storage, self.sb);
         let what = source.name(p);
-        let load = Load::Whole { lazy: self.lazy };
+        let load = match self.lazy {
+            true => Load::lazy_for(newest, self.older_commit_seq),
+            false => Load::Whole,
+        };
         let (mut map, start, tables) = match load_checkpoint(storage, sb, p, load) {
             Ok(LoadedCheckpoint {
                 map, start, tables, ..

@@ -359,6 +359,16 @@ impl Volume {
         self.lock_state().is_ok_and(|st| st.live.loaded_tables())
     }
 
+    /// How many map page records open read to verify them: those the
+    /// newest checkpoint wrote since the one before it (the rest are
+    /// verified when first read), none for a checkpoint of whole-map chunks.
+    #[doc(hidden)]
+    pub fn map_pages_verified_at_open(&self) -> u64 {
+        self.lock_state()
+            .map(|st| st.live.map().cache_counts().verified_at_open)
+            .unwrap_or(0)
+    }
+
     /// Why open could not use the liveness tables its checkpoint named
     /// and rebuilt them from the whole map, if it could not (a bug, or
     /// damage: the simulations count it).
