@@ -1,9 +1,11 @@
 //! A pool's open does not read the map pages of snapshots (nor any other
 //! page) that an earlier checkpoint wrote: open verifies only the page
-//! records the newest checkpoint wrote since the one before it (the
-//! fallback), and the rest when first read. A damaged page that open left
-//! on disk reads as an error where it is used, and `check` and scrub
-//! report it.
+//! records the newest checkpoint wrote since the one before it (so that a
+//! torn newest checkpoint still falls back to the older one), and the rest
+//! when first read. A damaged page that open left on disk reads as an
+//! error where it is used, refuses writes into its range (its other
+//! entries are unknown), `check` and scrub report it, and `check
+//! --repair` (which verifies every page) falls back past it.
 mod common;
 use common::{BS, MIB};
 use cvol_engine::pool::Pool;
@@ -78,6 +80,8 @@ fn snapshotted_pool() -> (SimStorage, Vec<(u64, u64)>) {
     pool.engine().close().unwrap();
     let uuid = pool.engine().superblock().uuid;
     let t = table(&store, &uuid);
+    let base = u64::from(t.volume("default").expect("default").extents[0]) * EXTENT_BLOCKS;
+    DEFAULT_BASE.with(|b| b.set(base));
     let s = t.snapshot("default", "s").expect("the snapshot");
     let extents = (s.extents.iter())
         .filter(|&&e| e != NO_EXTENT)
@@ -89,6 +93,18 @@ fn snapshotted_pool() -> (SimStorage, Vec<(u64, u64)>) {
         })
         .collect();
     (store, extents)
+}
+
+thread_local! {
+    /// The pool LBA of volume `default`'s block 0 (`snapshotted_pool`).
+    static DEFAULT_BASE: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
+}
+
+/// The pool map page of volume `default`'s map page `p`.
+fn default_page(p: u64) -> u64 {
+    let base = DEFAULT_BASE.with(|b| b.get());
+    assert!(base != u64::MAX, "snapshotted_pool first");
+    (base + p * MAP_PAGE_BLOCKS) / MAP_PAGE_BLOCKS
 }
 
 /// Offsets of the MAP_CHUNK records on the store whose page lies in one
@@ -172,4 +188,117 @@ fn a_damaged_snapshot_page_reads_as_an_error_and_check_reports_it() {
     drop(pool);
     let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
     assert!(!rep.consistent(), "check finds the damaged pages");
+    // Repair verifies every page of the checkpoint it takes: it falls back
+    // past them (to an older commit in the log, rolling forward), and the
+    // snapshot reads its blocks again.
+    cvol_engine::check::repair_volume(Arc::new(store.clone()));
+    let pool = open_pool(&store);
+    let s = pool.volume("default@s").expect("the snapshot's view");
+    for p in 0..PAGES {
+        let l = p * MAP_PAGE_BLOCKS + 7;
+        s.read_at(l * BSU, &mut b).unwrap();
+        assert!(b == block(l, 1), "the snapshot's block {l} after repair");
+    }
+    drop(s);
+    drop(pool);
+    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
+    assert!(rep.consistent(), "after repair: {:?}", rep.errors);
+}
+
+/// (offset, seq) of every MAP_CHUNK record on the store whose page is
+/// page `page` of pool LBA space.
+fn page_records_of(store: &SimStorage, page: u64) -> Vec<(u64, u64)> {
+    let lba = page * MAP_PAGE_BLOCKS;
+    common::records_of(store, RecordKind::MapChunk, lba)
+        .into_iter()
+        .map(|at| (at, common::record_header(store, at).seq))
+        .collect()
+}
+
+/// The two checkpoint pointers' commit seqs, newest first.
+fn pointer_seqs(store: &SimStorage) -> (u64, u64) {
+    let mut ptrs: Vec<_> = (0..2)
+        .filter_map(|i| common::pointer_slot(store, i))
+        .collect();
+    ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
+    assert_eq!(ptrs.len(), 2, "two checkpoints published");
+    (ptrs[0].commit_seq, ptrs[1].commit_seq)
+}
+
+#[test]
+fn a_damaged_page_the_newest_checkpoint_wrote_falls_back_at_open() {
+    let (store, _) = snapshotted_pool();
+    let (newest, older) = pointer_seqs(&store);
+    // The last session wrote block 7 (version 3): page 0's newest record
+    // is the newest checkpoint's own (written after the older commit).
+    let recs = page_records_of(&store, default_page(0));
+    let &(at, seq) = recs.iter().max_by_key(|r| r.1).expect("page 0's records");
+    assert!(
+        seq > older && seq < newest,
+        "seq {seq}, commits {older} and {newest}"
+    );
+    // A torn write of it: damage that open must see, and fall back.
+    store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 1, 5);
+    store.sync().unwrap();
+    let pool = open_pool(&store);
+    let warnings = pool.engine().recovery_warnings().join("; ");
+    assert!(
+        warnings.contains("recovered from the checkpoint generation"),
+        "open falls back to the older pointer (mutation: leaving the newest \
+         checkpoint's own pages unverified takes it): {warnings}"
+    );
+    // The older checkpoint and the roll-forward from it hold every block.
+    let v = pool.volume("default").expect("default");
+    let mut b = vec![0u8; BS];
+    for p in 0..PAGES {
+        let l = p * MAP_PAGE_BLOCKS + 7;
+        v.read_at(l * BSU, &mut b).unwrap();
+        assert!(b == block(l, if l == 7 { 3 } else { 2 }), "block {l}");
+    }
+}
+
+#[test]
+fn a_write_into_a_damaged_carried_over_page_is_refused_and_keeps_its_entries() {
+    let (store, _) = snapshotted_pool();
+    let (_, older) = pointer_seqs(&store);
+    // Volume page 3 (block 3 * 512 + 7, version 2) was written by the
+    // older checkpoint and carried over by the newest: open leaves it.
+    let recs = page_records_of(&store, default_page(3));
+    let &(at, seq) = recs.iter().max_by_key(|r| r.1).expect("page 3's records");
+    assert!(seq <= older, "seq {seq}, older commit {older}");
+    store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 1, 2);
+    store.sync().unwrap();
+    let pool = open_pool(&store);
+    assert!(
+        pool.engine().map_pages_verified_at_open() <= 2,
+        "page 3 is not read at open"
+    );
+    let v = pool.volume("default").expect("default");
+    let l = 3 * MAP_PAGE_BLOCKS + 7;
+    let mut b = vec![0u8; BS];
+    let e = v.read_at(l * BSU, &mut b).expect_err("its page is damaged");
+    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
+    // A write elsewhere in that page would have to rewrite the page whole:
+    // it is refused (writing the page from its one known entry would drop
+    // block `l` silently).
+    let other = 3 * MAP_PAGE_BLOCKS + 100;
+    let e = (v.write_at(other * BSU, &block(other, 9), false)).expect_err("refused");
+    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
+    // Pages around it take writes.
+    let next = 4 * MAP_PAGE_BLOCKS + 100;
+    v.write_at(next * BSU, &block(next, 9), false).unwrap();
+    drop(v);
+    pool.engine().close().unwrap();
+    drop(pool);
+    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
+    assert!(!rep.consistent(), "check finds the damaged page");
+    cvol_engine::check::repair_volume(Arc::new(store.clone()));
+    let pool = open_pool(&store);
+    let v = pool.volume("default").expect("default");
+    v.read_at(l * BSU, &mut b).unwrap();
+    assert!(b == block(l, 2), "block {l} after repair");
+    v.read_at(next * BSU, &mut b).unwrap();
+    assert!(b == block(next, 9), "block {next} after repair");
+    v.read_at(other * BSU, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0), "block {other} was never written");
 }

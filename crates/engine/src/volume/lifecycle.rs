@@ -458,7 +458,12 @@ fn recover(
     crate::keys::unlock(storage, &mut sb, options.key.as_ref())?;
     recovery::require_metadata_device(storage, &sb).map_err(OpenError::Superblock)?;
     let repair = options.rebuild_from_log && !options.read_only;
-    let r = match recovery::recover_lazy(storage, &sb) {
+    // Repair verifies every map page: a damaged one is salvaged.
+    let recovered = match repair {
+        true => recovery::recover_lazy_verified(storage, &sb),
+        false => recovery::recover_lazy(storage, &sb),
+    };
+    let r = match recovered {
         // Repair reads the whole log: flushed records the chain cannot
         // reach (a segment whose start was erased) are salvaged too.
         Ok(r) if repair => salvage_if_short(storage, &sb, r)?,
