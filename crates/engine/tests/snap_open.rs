@@ -275,14 +275,14 @@ fn a_write_into_a_damaged_carried_over_page_is_refused_and_keeps_its_entries() {
     );
     let v = pool.volume("default").expect("default");
     let l = 3 * MAP_PAGE_BLOCKS + 7;
-    let mut b = vec![0u8; BS];
-    let e = v.read_at(l * BSU, &mut b).expect_err("its page is damaged");
-    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
     // A write elsewhere in that page would have to rewrite the page whole:
-    // it is refused (writing the page from its one known entry would drop
-    // block `l` silently).
+    // it is refused (mutation: taking the unreadable page for an empty one
+    // writes it with the one new entry, dropping block `l` silently).
     let other = 3 * MAP_PAGE_BLOCKS + 100;
     let e = (v.write_at(other * BSU, &block(other, 9), false)).expect_err("refused");
+    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
+    let mut b = vec![0u8; BS];
+    let e = v.read_at(l * BSU, &mut b).expect_err("its page is damaged");
     assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
     // Pages around it take writes.
     let next = 4 * MAP_PAGE_BLOCKS + 100;
