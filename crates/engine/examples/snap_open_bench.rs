@@ -11,7 +11,10 @@
 //! the random writes fall on those)
 //! (DIR/pool-snaps and DIR/pool-none are left behind; with
 //! `SNAP_OPEN_REUSE=1` they are timed again, not rebuilt: how a build and
-//! its peer time the same pools, one after the other)
+//! its peer time the same pools, one after the other; `SNAP_OPEN_SETTLE=1`
+//! first opens each, writes one block and closes, so that the newest
+//! checkpoint carries over every other page from the one before it,
+//! instead of having written the last snapshots' pages itself)
 use cvol_engine::pool::Pool;
 use cvol_engine::{Codec, CodecPolicy, CreateOptions, OpenOptions, Volume};
 use cvol_storage::FileStorage;
@@ -96,6 +99,17 @@ fn build(path: &Path, snaps: u64, per: u64, fill_blocks: u64, size: u64, take: b
     pool.engine().close().expect("close");
 }
 
+/// Opens the pool at `path`, rewrites one block of `default` and closes.
+fn settle(path: &Path) {
+    let st = Arc::new(FileStorage::open(path, true, true).expect("open file"));
+    let vol = Arc::new(Volume::open(st, OpenOptions::default()).expect("open"));
+    let pool = Pool::attach(vol.clone()).expect("attach");
+    let v = pool.volume("default").expect("default");
+    v.write_at(0, &block(0, 1 << 20), false).expect("write");
+    drop(v);
+    vol.close().expect("close");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let dir = Path::new(args.get(1).map_or("/tmp", |s| s.as_str())).to_path_buf();
@@ -108,6 +122,10 @@ fn main() {
         build(&without, snaps, per, fill, size_gib << 30, false);
         build(&with, snaps, per, fill, size_gib << 30, true);
         println!("built in {:.1} s", t.elapsed().as_secs_f64());
+    }
+    if std::env::var_os("SNAP_OPEN_SETTLE").is_some() {
+        settle(&without);
+        settle(&with);
     }
     time_open(&without, 1);
     time_open(&with, 1);

@@ -436,6 +436,7 @@ fn load_paged(
         let first = (b as u64 * block_blocks).min(sb.logical_blocks());
         let end = (first + block_blocks).min(sb.logical_blocks());
         spans.push(Some(Some((first, end))));
+        let mut unread = Vec::new();
         for (p, r) in pages {
             loaded.records.push((r.offset, r.seq));
             if p >= npages {
@@ -446,7 +447,7 @@ fn load_paged(
                 if r.seq > verify_above {
                     verify.push((p, r));
                 }
-                loaded.map.install_unread(p as usize, r);
+                unread.push((p, r));
                 continue;
             }
             if let Err(e) = load_page(storage, sb, p, r, &mut loaded.map) {
@@ -458,6 +459,7 @@ fn load_paged(
                 loaded.lost_spans.push((first, end));
             }
         }
+        loaded.map.install_unread_block(&unread);
     }
     verify_pages(storage, sb, &verify, &mut loaded.map)?;
     for &(t, r) in &tables {
