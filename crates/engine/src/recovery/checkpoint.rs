@@ -399,8 +399,9 @@ fn load_flat(
 }
 
 /// `load_commit_map` for MAP_DIRs and the pages they name: every page is
-/// read (the map is whole in memory after open; the volume drops clean
-/// pages down to its cache size afterwards).
+/// read (`Load::Whole`, `Load::Partial`: the map is whole in memory), or
+/// named and left on disk (`Load::Lazy`), those it must verify read
+/// together once every directory block is named (`verify_pages`).
 fn load_paged(
     storage: &dyn Storage,
     sb: &Superblock,
@@ -415,7 +416,7 @@ fn load_paged(
     let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
     let mut dirs = Vec::new();
     let mut tables: Vec<(usize, PageRef)> = Vec::new();
-    let mut verify: Vec<(u64, PageRef)> = Vec::new();
+    let (mut verify, mut pages_of_block) = (Vec::new(), Vec::new());
     for (c, rec) in commit
         .chunks
         .iter()
@@ -436,30 +437,15 @@ fn load_paged(
         let first = (b as u64 * block_blocks).min(sb.logical_blocks());
         let end = (first + block_blocks).min(sb.logical_blocks());
         spans.push(Some(Some((first, end))));
-        let mut unread = Vec::new();
         for (p, r) in pages {
             loaded.records.push((r.offset, r.seq));
-            if p >= npages {
-                tables.push(((p - npages) as usize, r));
-                continue;
-            }
-            if let Load::Lazy { verify_above } = load {
-                if r.seq > verify_above {
-                    verify.push((p, r));
-                }
-                unread.push((p, r));
-                continue;
-            }
-            if let Err(e) = load_page(storage, sb, p, r, &mut loaded.map) {
-                if !partial {
-                    return Err(CheckpointError::Page { page: p, why: e });
-                }
-                let first = p * MAP_PAGE_BLOCKS;
-                let end = (first + MAP_PAGE_BLOCKS).min(sb.logical_blocks());
-                loaded.lost_spans.push((first, end));
+            match p.checked_sub(npages) {
+                Some(t) => tables.push((t as usize, r)),
+                None => pages_of_block.push((p, r)),
             }
         }
-        loaded.map.install_unread_block(&unread);
+        load_pages(storage, sb, &pages_of_block, load, &mut verify, loaded)?;
+        pages_of_block.clear();
     }
     verify_pages(storage, sb, &verify, &mut loaded.map)?;
     for &(t, r) in &tables {
@@ -481,6 +467,36 @@ fn load_paged(
         .lost_spans
         .extend(damaged_spans(&spans, sb.logical_blocks()));
     loaded.lost_spans.sort_unstable();
+    Ok(())
+}
+
+/// Loads the map pages of one directory block (page, record) per `load`:
+/// named and left on disk (lazy; those to verify added to `verify`), or
+/// read whole (a damaged one failing the load, or, partial, losing its
+/// LBAs).
+fn load_pages(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    pages: &[(u64, PageRef)],
+    load: Load,
+    verify: &mut Vec<(u64, PageRef)>,
+    loaded: &mut LoadedMap,
+) -> Result<(), CheckpointError> {
+    if let Load::Lazy { verify_above } = load {
+        verify.extend(pages.iter().filter(|(_, r)| r.seq > verify_above));
+        loaded.map.install_unread_block(pages);
+        return Ok(());
+    }
+    for &(p, r) in pages {
+        if let Err(e) = load_page(storage, sb, p, r, &mut loaded.map) {
+            if load != Load::Partial {
+                return Err(CheckpointError::Page { page: p, why: e });
+            }
+            let first = p * MAP_PAGE_BLOCKS;
+            let end = (first + MAP_PAGE_BLOCKS).min(sb.logical_blocks());
+            loaded.lost_spans.push((first, end));
+        }
+    }
     Ok(())
 }
 
@@ -611,7 +627,7 @@ fn parse_dir(
     rec: &[u8],
 ) -> Result<DirRead, DirError> {
     let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
-    if h.kind != RecordKind::MapDir || h.crc != c.crc || h.lba % block_blocks != 0 {
+    if h.kind != RecordKind::MapDir || h.crc != c.crc || !h.lba.is_multiple_of(block_blocks) {
         return Err(DirError::NotNamed { offset: c.offset });
     }
     // Directory slots: the map's pages, then its tables.
