@@ -1,7 +1,7 @@
 //! Reading records back from the store, for every room that reads the log
 //! after it was written: the empty map of a volume (`volume_map`), one
 //! verified record at a place a map entry, pointer or directory names
-//! (`read_record`), where a data entry may point (`check_entry_location`),
+//! (`read_record`, several at once `read_records`), where a data entry may point (`check_entry_location`),
 //! and the map pages of the log (`LogPages`, the map's `PageSource`).
 //!
 //! It depends on `error`, `map` and `cvol-format`/`cvol-storage` only, so
@@ -29,6 +29,67 @@ pub(crate) fn read_record(
     offset: u64,
     len: u32,
 ) -> Result<(RecordHeader, Vec<u8>), RecordError> {
+    record_bounds(sb, offset, len)?;
+    let mut b = vec![0u8; len as usize];
+    storage.read_at(offset, &mut b).map_err(RecordError::Read)?;
+    verify_record(sb, b)
+}
+
+/// `read_record` for each of `at` (offset, length), in that order; records
+/// that lie close together in one segment (a checkpoint's page records
+/// are written side by side) are read with one read of the store. A
+/// read that fails is retried record by record, so that each record's
+/// result is its own.
+pub(crate) fn read_records(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    at: &[(u64, u32)],
+) -> Vec<Result<(RecordHeader, Vec<u8>), RecordError>> {
+    /// The most one read takes, and the widest hole it reads over.
+    const SPAN_BYTES: u64 = 4 << 20;
+    const GAP_BYTES: u64 = 64 << 10;
+    let segment = |o: u64| (o - sb.data_offset_bytes) / sb.segment_size_bytes;
+    let mut order: Vec<usize> = (0..at.len()).collect();
+    order.sort_unstable_by_key(|&i| at[i].0);
+    let mut out: Vec<Option<_>> = (0..at.len()).map(|_| None).collect();
+    let mut i = 0;
+    while i < order.len() {
+        let (first, len) = at[order[i]];
+        if record_bounds(sb, first, len).is_err() {
+            out[order[i]] = Some(read_record(storage, sb, first, len));
+            i += 1;
+            continue;
+        }
+        let (mut end, mut j) = (first + u64::from(len), i + 1);
+        while let Some(&(o, l)) = order.get(j).map(|&k| &at[k]) {
+            let next_end = o + u64::from(l);
+            if record_bounds(sb, o, l).is_err()
+                || segment(o) != segment(first)
+                || o > end + GAP_BYTES
+                || next_end - first > SPAN_BYTES
+            {
+                break;
+            }
+            (end, j) = (end.max(next_end), j + 1);
+        }
+        let mut buf = vec![0u8; (end - first) as usize];
+        let read = storage.read_at(first, &mut buf).is_ok();
+        for &k in &order[i..j] {
+            let (o, l) = at[k];
+            out[k] = Some(match read {
+                true => verify_record(sb, buf[(o - first) as usize..][..l as usize].to_vec()),
+                false => read_record(storage, sb, o, l),
+            });
+        }
+        i = j;
+    }
+    out.into_iter()
+        .map(|r| r.expect("every record read"))
+        .collect()
+}
+
+/// Where a record may lie: inside one segment of the data area.
+fn record_bounds(sb: &Superblock, offset: u64, len: u32) -> Result<(), RecordError> {
     let seg_rel = offset
         .checked_sub(sb.data_offset_bytes)
         .ok_or(RecordError::InMetadataArea)?;
@@ -44,9 +105,7 @@ pub(crate) fn read_record(
     {
         return Err(RecordError::BeyondPhysicalSize { offset, len });
     }
-    let mut b = vec![0u8; len as usize];
-    storage.read_at(offset, &mut b).map_err(RecordError::Read)?;
-    verify_record(sb, b)
+    Ok(())
 }
 
 /// A record's bytes (read, or taken from the log's buffer), checked: its

@@ -198,6 +198,9 @@ pub struct CacheCounts {
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
+    /// Page records the open that made this map read to verify them
+    /// (pages it left on disk unverified are verified when first read).
+    pub verified_at_open: u64,
 }
 
 pub struct BlockMap {
@@ -587,30 +590,6 @@ impl BlockMap {
         }
     }
 
-    /// Installs page `p` as read from record `r` at open (clean).
-    pub fn install_loaded(&mut self, p: usize, page: Page, r: PageRef) {
-        assert!(page.used > 0 && !self.pages.has(p));
-        self.insert(p, Arc::new(page));
-        self.allocate(p);
-        self.set_ref(p, Some(r));
-    }
-
-    /// Names page `p`'s record at open without reading it (the page stays
-    /// on disk until faulted in).
-    pub fn install_unread(&mut self, p: usize, r: PageRef) {
-        assert!(!self.pages.has(p));
-        self.allocate(p);
-        self.set_ref(p, Some(r));
-    }
-
-    /// Names the MAP_DIR record of directory block `b` at open (clean).
-    pub fn install_dir_record(&mut self, b: usize, r: PageRef) {
-        if let Some(d) = self.dirs[b].as_mut() {
-            d.record = Some(r);
-            d.dirty = false;
-        }
-    }
-
     /// Drops clean pages, least recently used first, until at most
     /// `max_pages` are in memory (dirty pages stay: a checkpoint must write
     /// them first). Returns how many it dropped.
@@ -866,6 +845,7 @@ fn split(lba: u64) -> (usize, usize) {
     ((lba as usize) / PAGE_BLOCKS, (lba as usize) % PAGE_BLOCKS)
 }
 
+mod install;
 mod sparse;
 #[cfg(test)]
 mod tests;

@@ -444,6 +444,10 @@ struct Coverage {
     unknown_losses: u64,
     /// Cycles with the newest checkpoint and one log record damaged.
     checkpoint_and_record: u64,
+    /// Repairs because a damaged map page left blocks unwritable (open
+    /// verifies the pages the newest checkpoint carried over when first
+    /// used).
+    page_repairs: u64,
     /// Cycles where an erased segment start hid flushed records from open
     /// (check reported them).
     unseen_by_open: u64,
@@ -469,6 +473,7 @@ impl Coverage {
             lost_listed,
             unknown_losses,
             checkpoint_and_record,
+            page_repairs,
             unseen_by_open,
             metadata_device_seeds,
             window_seeds,
@@ -489,6 +494,7 @@ impl Coverage {
         self.lost_listed += lost_listed;
         self.unknown_losses += unknown_losses;
         self.checkpoint_and_record += checkpoint_and_record;
+        self.page_repairs += page_repairs;
         self.unseen_by_open += unseen_by_open;
         self.metadata_device_seeds += metadata_device_seeds;
     }
@@ -649,29 +655,60 @@ fn run_seed(seed: u64, sealing: Option<&Sealing>, cov: &mut Coverage) {
             );
             cov.check_named += 1;
         }
-        // The read errors go away (a replaced cable); damaged records stay
-        // damaged. The next cycle starts from what reads now, unreadable
-        // blocks rewritten with zeros.
         drop(image);
-        store.set_config(SimConfig::default());
+        vol = restart_from_what_reads(reopened, &store, &open, sealing, &mut model, cov);
+    }
+}
+
+/// The read errors go away (a replaced cable); damaged records stay
+/// damaged. The next cycle starts from what reads now, unreadable blocks
+/// rewritten with zeros. A block whose map page is damaged cannot be
+/// written either (open leaves the pages the newest checkpoint carried
+/// over from the older one to be verified when first used, and the page's
+/// other entries are unknown): then the store is repaired first (`cvol
+/// check --repair`), as an operator would once `check` named the damage.
+fn restart_from_what_reads(
+    mut vol: Volume,
+    store: &Stores,
+    open: &OpenOptions,
+    sealing: Option<&Sealing>,
+    model: &mut Model,
+    cov: &mut Coverage,
+) -> Volume {
+    store.set_config(SimConfig::default());
+    let z = vec![0u8; BS];
+    for _ in 0..3 {
         let mut now = vec![0u8; BLOCKS * BS];
         let mut unreadable = Vec::new();
         for (lba, b) in now.chunks_mut(BS).enumerate() {
-            if reopened.read_at((lba * BS) as u64, b).is_err() {
+            if vol.read_at((lba * BS) as u64, b).is_err() {
                 b.fill(0);
                 unreadable.push(lba);
             }
         }
         model.reset_to(now);
+        let mut unwritable = false;
         for lba in unreadable {
-            let z = vec![0u8; BS];
-            reopened.write_at((lba * BS) as u64, &z, false).unwrap();
-            model.written(lba * BS, &z);
+            match vol.write_at((lba * BS) as u64, &z, false) {
+                Ok(()) => model.written(lba * BS, &z),
+                Err(VolError::Corrupt { .. }) => {
+                    unwritable = true;
+                    break;
+                }
+                Err(e) => panic!("rewriting unreadable block {lba}: {e}"),
+            }
         }
-        reopened.flush().unwrap();
-        model.flushed();
-        vol = reopened;
+        if !unwritable {
+            vol.flush().unwrap();
+            model.flushed();
+            return vol;
+        }
+        drop(vol);
+        sealed::repair(sealing, store.joined());
+        cov.page_repairs += 1;
+        vol = (store.open(open.clone())).unwrap_or_else(|e| panic!("refused after repair: {e}"));
     }
+    panic!("blocks still unwritable after repairs");
 }
 
 #[test]
@@ -688,8 +725,8 @@ fn fault_simulation_seeds() {
     eprintln!(
         "{n} seeds: {} cycles with injected faults ({} newest checkpoint + log record), {} reads \
          refused (EIO; {} where the block's own record was hit), {} opens refused then repaired \
-         ({} blocks listed lost, {} repairs that could not tell), {} times check named damaged \
-         blocks; {} cycles where an erased segment start hid flushed records from open and \
+         ({} blocks listed lost, {} repairs that could not tell), {} repairs of blocks a damaged \
+         map page left unwritable, {} times check named damaged blocks; {} cycles where an erased segment start hid flushed records from open and \
          check reported it; {} seeds with a metadata device; {} window seeds: {} duplicates \
          found through fingerprint tables, {} hook snapshots written, {} hooks loaded from \
          snapshots",
@@ -700,6 +737,7 @@ fn fault_simulation_seeds() {
         cov.refused_opens,
         cov.lost_listed,
         cov.unknown_losses,
+        cov.page_repairs,
         cov.check_named,
         cov.unseen_by_open,
         cov.metadata_device_seeds,

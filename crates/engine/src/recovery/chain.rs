@@ -48,6 +48,19 @@ pub(super) fn log_start(index: &HashMap<u64, Vec<u64>>) -> Option<Start> {
     })
 }
 
+/// The records checkpoint pointers name that roll-forward may step over
+/// when damaged (`checkpoint::known_checkpoint_records`), by seq: where
+/// (physical offset, length) and their epoch.
+pub(super) trait KnownRecords {
+    fn record(&self, seq: u64) -> Option<(u64, u32, u32)>;
+}
+
+impl KnownRecords for HashMap<u64, (u64, u32, u32)> {
+    fn record(&self, seq: u64) -> Option<(u64, u32, u32)> {
+        self.get(&seq).copied()
+    }
+}
+
 /// Rolls forward from `start` along the chain of records (docs/FORMAT.md
 /// "Recovery", step 3), applying each to `map`, until no record continues
 /// the chain. The result's map is empty: the caller keeps `map`.
@@ -57,7 +70,7 @@ pub(super) fn roll_forward(
     map: &mut BlockMap,
     start: Start,
     index: &HashMap<u64, Vec<u64>>,
-    known: &HashMap<u64, (u64, u32, u32)>,
+    known: &dyn KnownRecords,
 ) -> Result<Recovered, RecoveryError> {
     let mut chain = Chain::new(storage, sb, &start)?;
     loop {
@@ -255,8 +268,8 @@ impl<'a> Chain<'a> {
     /// a cursor's position or next sector boundary, or at the start of
     /// another segment): damaged, since no intact record continued the
     /// chain there.
-    fn at_known_checkpoint_record(&self, known: &HashMap<u64, (u64, u32, u32)>) -> bool {
-        known.get(&self.expected).is_some_and(|&(off, _, ep)| {
+    fn at_known_checkpoint_record(&self, known: &dyn KnownRecords) -> bool {
+        known.record(self.expected).is_some_and(|(off, _, ep)| {
             self.sb.locate(off).is_some_and(|(s, at)| {
                 let mut here = self.cursors.iter().filter(|c| c.segment == s).peekable();
                 ep == self.epoch
@@ -271,11 +284,8 @@ impl<'a> Chain<'a> {
     /// Steps over the damaged checkpoint record `at_known_checkpoint_record`
     /// found: it changes no block, so a damaged newest checkpoint must not
     /// cut the roll-forward from the older one short.
-    fn step_over_known(
-        &mut self,
-        known: &HashMap<u64, (u64, u32, u32)>,
-    ) -> Result<(), RecoveryError> {
-        let (off, len, _) = known[&self.expected];
+    fn step_over_known(&mut self, known: &dyn KnownRecords) -> Result<(), RecoveryError> {
+        let (off, len, _) = known.record(self.expected).expect("checked above");
         let (s, at) = self.sb.locate(off).expect("checked above");
         let i = match self.cursors.iter().position(|c| c.segment == s) {
             Some(i) => i,

@@ -6,16 +6,16 @@
 //! reads (`Load`), and the records a pointer names that the roll-forward
 //! may step over when damaged (`known_checkpoint_records`). Uses `chain`
 //! (`Start`) and `scan` (the records a scan found).
-use super::chain::Start;
+use super::chain::{KnownRecords, Start};
 use super::scan::{LogScan, Scanned};
-use crate::error::{CheckpointError, DirError, PageError, TableError};
+use crate::error::{CheckpointError, DirError, PageError, RecordError, TableError};
 use crate::liveness::LoadedTables;
-use crate::logread::{read_chunk, read_record, volume_map, LogPages};
+use crate::logread::{read_chunk, read_record, read_records, volume_map, LogPages};
 use crate::map::{BlockMap, Page};
 use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirPayload, PageRef};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::fprints::directory_tables;
-use cvol_format::record::{RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::tables::{table_count, TableGroup, TableRoot};
 use cvol_format::{CheckpointPointer, CodecTag, Superblock};
 use cvol_storage::Storage;
@@ -108,6 +108,46 @@ pub(super) fn known_checkpoint_records(
         }
     }
     known
+}
+
+/// `known_checkpoint_records`, read when first needed: roll-forward asks
+/// only where no intact record continues the chain, normally once, at its
+/// end, past every pointer's commit seq (no record a pointer names can be
+/// there, so nothing is read). Open then reads each MAP_DIR of the newest
+/// checkpoint once (`load_checkpoint`), not again for these records, nor
+/// the older pointer's at all unless recovery falls back or meets damage.
+pub(super) struct Known<'a> {
+    storage: &'a dyn Storage,
+    sb: &'a Superblock,
+    ptrs: &'a [CheckpointPointer],
+    records: std::cell::OnceCell<HashMap<u64, (u64, u32, u32)>>,
+}
+
+impl KnownRecords for Known<'_> {
+    /// Every record a pointer names has a seq at or below its commit's.
+    fn record(&self, seq: u64) -> Option<(u64, u32, u32)> {
+        if self.ptrs.iter().all(|p| seq > p.commit_seq) {
+            return None;
+        }
+        let records = (self.records)
+            .get_or_init(|| known_checkpoint_records(self.storage, self.sb, self.ptrs));
+        records.get(&seq).copied()
+    }
+}
+
+impl<'a> Known<'a> {
+    pub(super) fn new(
+        storage: &'a dyn Storage,
+        sb: &'a Superblock,
+        ptrs: &'a [CheckpointPointer],
+    ) -> Known<'a> {
+        Known {
+            storage,
+            sb,
+            ptrs,
+            records: std::cell::OnceCell::new(),
+        }
+    }
 }
 
 /// A checkpoint read: its map, where the roll-forward from it starts, its
@@ -217,11 +257,39 @@ fn checkpoint_start(
 /// How to read a checkpoint's map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Load {
-    /// Every record must read; `lazy`: pages are verified, not kept.
-    Whole { lazy: bool },
+    /// Every record must read; the pages are kept in memory.
+    Whole,
+    /// The pages are left on disk, to be read (and verified) when first
+    /// used. Those whose record is newer than seq `verify_above` are read
+    /// and verified now, and must be intact: an older record is one the
+    /// fallback checkpoint names as well (see `Load::lazy_for`), so its
+    /// damage could not make recovery choose another, and it reads as an
+    /// error when first used (`cvol check` and scrub read every page).
+    Lazy { verify_above: u64 },
     /// A damaged record loses the LBAs it held (`lost_spans`) instead of
     /// failing the load.
     Partial,
+}
+
+impl Load {
+    /// `Load::Lazy` for a candidate: the newest pointer's checkpoint
+    /// verifies only the page records written after the older pointer's
+    /// commit (`older_commit_seq`): those are what a crash or a torn
+    /// write of the newest checkpoint can leave damaged, and their damage
+    /// must send recovery to the older pointer. A record at or below that
+    /// seq was synced before the older commit, and is named by the older
+    /// checkpoint too (checkpoints are serialized, and a page's record is
+    /// only ever replaced by a newer one), so falling back could not avoid
+    /// its damage: it is verified when first read, like any page after
+    /// open. Every other candidate verifies every page (a fallback may be
+    /// stale).
+    pub(super) fn lazy_for(newest: bool, older_commit_seq: Option<u64>) -> Load {
+        let verify_above = match (newest, older_commit_seq) {
+            (true, Some(seq)) => seq,
+            _ => 0,
+        };
+        Load::Lazy { verify_above }
+    }
 }
 
 /// A checkpoint's map, read from the records its commit names.
@@ -246,11 +314,9 @@ fn load_commit_map(
     load: Load,
 ) -> Result<LoadedMap, CheckpointError> {
     let partial = load == Load::Partial;
-    let kind = commit
-        .chunks
-        .iter()
-        .find_map(|c| read_record(storage, sb, c.offset, c.len).ok())
-        .map(|(h, _)| h.kind);
+    let first = (commit.chunks.iter().enumerate())
+        .find_map(|(i, c)| Some((i, read_record(storage, sb, c.offset, c.len).ok()?)));
+    let kind = first.as_ref().map(|(_, (h, _))| h.kind);
     let mut loaded = LoadedMap {
         map: volume_map(sb),
         tables: None,
@@ -261,7 +327,10 @@ fn load_commit_map(
         None if commit.chunks.is_empty() => {}
         None if partial => loaded.lost_spans.push((0, sb.logical_blocks())),
         None => return Err(CheckpointError::NoMapRecordReads),
-        Some(RecordKind::MapDir) => load_paged(storage, sb, commit, load, &mut loaded)?,
+        Some(RecordKind::MapDir) => {
+            let first = first.expect("a record read above");
+            load_paged(storage, sb, commit, first, load, &mut loaded)?
+        }
         Some(_) => load_flat(storage, sb, p.commit_seq, commit, partial, &mut loaded)?,
     }
     Ok(loaded)
@@ -330,12 +399,14 @@ fn load_flat(
 }
 
 /// `load_commit_map` for MAP_DIRs and the pages they name: every page is
-/// read (the map is whole in memory after open; the volume drops clean
-/// pages down to its cache size afterwards).
+/// read (`Load::Whole`, `Load::Partial`: the map is whole in memory), or
+/// named and left on disk (`Load::Lazy`), those it must verify read
+/// together once every directory block is named (`verify_pages`).
 fn load_paged(
     storage: &dyn Storage,
     sb: &Superblock,
     commit: &CommitPayload,
+    first: (usize, Record),
     load: Load,
     loaded: &mut LoadedMap,
 ) -> Result<(), CheckpointError> {
@@ -345,8 +416,14 @@ fn load_paged(
     let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
     let mut dirs = Vec::new();
     let mut tables: Vec<(usize, PageRef)> = Vec::new();
-    for c in &commit.chunks {
-        let (b, r, pages) = match read_dir(storage, sb, c) {
+    let (mut verify, mut pages_of_block) = (Vec::new(), Vec::new());
+    for (c, rec) in commit
+        .chunks
+        .iter()
+        .zip(dir_records(storage, sb, commit, first))
+    {
+        let dir = rec.map_err(DirError::Record);
+        let (b, r, pages) = match dir.and_then(|(h, rec)| parse_dir(sb, c, &h, &rec)) {
             Ok(d) if dirs.last().is_none_or(|&(last, _)| last < d.0) => d,
             Ok(_) => return Err(CheckpointError::DirsOutOfOrder),
             Err(e) if !partial => return Err(CheckpointError::Dir(e)),
@@ -362,27 +439,22 @@ fn load_paged(
         spans.push(Some(Some((first, end))));
         for (p, r) in pages {
             loaded.records.push((r.offset, r.seq));
-            if p >= npages {
-                tables.push(((p - npages) as usize, r));
-                continue;
-            }
-            if let Err(e) = load_page(storage, sb, p, r, load, &mut loaded.map) {
-                if !partial {
-                    return Err(CheckpointError::Page { page: p, why: e });
-                }
-                let first = p * MAP_PAGE_BLOCKS;
-                let end = (first + MAP_PAGE_BLOCKS).min(sb.logical_blocks());
-                loaded.lost_spans.push((first, end));
+            match p.checked_sub(npages) {
+                Some(t) => tables.push((t as usize, r)),
+                None => pages_of_block.push((p, r)),
             }
         }
+        load_pages(storage, sb, &pages_of_block, load, &mut verify, loaded)?;
+        pages_of_block.clear();
     }
+    verify_pages(storage, sb, &verify, &mut loaded.map)?;
     for &(t, r) in &tables {
         loaded.map.set_table_ref(t, Some(r));
     }
     for (b, r) in dirs {
         loaded.map.install_dir_record(b, r);
     }
-    if load == (Load::Whole { lazy: true }) {
+    if matches!(load, Load::Lazy { .. }) {
         loaded.map.record_originals();
     }
     if !partial {
@@ -398,24 +470,93 @@ fn load_paged(
     Ok(())
 }
 
-/// Reads page `p`'s record `r` into `map`: whole, or (lazy) verified and
-/// left on disk.
+/// Loads the map pages of one directory block (page, record) per `load`:
+/// named and left on disk (lazy; those to verify added to `verify`), or
+/// read whole (a damaged one failing the load, or, partial, losing its
+/// LBAs).
+fn load_pages(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    pages: &[(u64, PageRef)],
+    load: Load,
+    verify: &mut Vec<(u64, PageRef)>,
+    loaded: &mut LoadedMap,
+) -> Result<(), CheckpointError> {
+    if let Load::Lazy { verify_above } = load {
+        verify.extend(pages.iter().filter(|(_, r)| r.seq > verify_above));
+        loaded.map.install_unread_block(pages);
+        return Ok(());
+    }
+    for &(p, r) in pages {
+        if let Err(e) = load_page(storage, sb, p, r, &mut loaded.map) {
+            if load != Load::Partial {
+                return Err(CheckpointError::Page { page: p, why: e });
+            }
+            let first = p * MAP_PAGE_BLOCKS;
+            let end = (first + MAP_PAGE_BLOCKS).min(sb.logical_blocks());
+            loaded.lost_spans.push((first, end));
+        }
+    }
+    Ok(())
+}
+
+/// The MAP_DIR records `commit` names, read in the order it names them:
+/// `first` (its index, and the record) was read already, the others are
+/// read together (`read_records`), each once.
+fn dir_records(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    commit: &CommitPayload,
+    first: (usize, Record),
+) -> Vec<Result<Record, RecordError>> {
+    let (i0, rec) = first;
+    let at: Vec<(u64, u32)> = (commit.chunks.iter().enumerate())
+        .filter(|&(i, _)| i != i0)
+        .map(|(_, c)| (c.offset, c.len))
+        .collect();
+    let mut out = read_records(storage, sb, &at);
+    out.insert(i0, Ok(rec));
+    out
+}
+
+/// Verifies the page records `pages` names (page, record), read together
+/// (`read_records`): each must be the MAP_CHUNK its directory names
+/// (kind, crc, page). The first that is not fails the checkpoint.
+fn verify_pages(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    pages: &[(u64, PageRef)],
+    map: &mut BlockMap,
+) -> Result<(), CheckpointError> {
+    let at: Vec<(u64, u32)> = pages.iter().map(|(_, r)| (r.offset, r.len)).collect();
+    for (&(p, r), rec) in pages.iter().zip(read_records(storage, sb, &at)) {
+        let why = match rec {
+            Err(e) => PageError::Record(e),
+            Ok((h, _))
+                if h.kind != RecordKind::MapChunk
+                    || h.crc != r.crc
+                    || h.lba != p * MAP_PAGE_BLOCKS =>
+            {
+                PageError::NotNamed
+            }
+            Ok(_) => {
+                map.count_verified_at_open();
+                continue;
+            }
+        };
+        return Err(CheckpointError::Page { page: p, why });
+    }
+    Ok(())
+}
+
+/// Reads page `p`'s record `r` into `map`, whole.
 fn load_page(
     storage: &dyn Storage,
     sb: &Superblock,
     p: u64,
     r: PageRef,
-    load: Load,
     map: &mut BlockMap,
 ) -> Result<(), PageError> {
-    if load == (Load::Whole { lazy: true }) {
-        let (h, _) = read_record(storage, sb, r.offset, r.len).map_err(PageError::Record)?;
-        if h.kind != RecordKind::MapChunk || h.crc != r.crc || h.lba != p * MAP_PAGE_BLOCKS {
-            return Err(PageError::NotNamed);
-        }
-        map.install_unread(p as usize, r);
-        return Ok(());
-    }
     let src = LogPages {
         storage,
         sb,
@@ -465,6 +606,9 @@ fn read_tables(
     Ok(root.map(|root| LoadedTables { root, groups }))
 }
 
+/// A record read and verified: its header and bytes (`read_record`).
+type Record = (RecordHeader, Vec<u8>);
+
 /// A directory block read: its index, its record, the pages it lists.
 type DirRead = (usize, PageRef, Vec<(u64, PageRef)>);
 
@@ -472,8 +616,18 @@ type DirRead = (usize, PageRef, Vec<(u64, PageRef)>);
 /// reference, and the pages it lists.
 fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirRead, DirError> {
     let (h, rec) = read_record(storage, sb, c.offset, c.len).map_err(DirError::Record)?;
+    parse_dir(sb, c, &h, &rec)
+}
+
+/// `read_dir` of the record `c` names, read (its header `h`, bytes `rec`).
+fn parse_dir(
+    sb: &Superblock,
+    c: &ChunkRef,
+    h: &RecordHeader,
+    rec: &[u8],
+) -> Result<DirRead, DirError> {
     let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
-    if h.kind != RecordKind::MapDir || h.crc != c.crc || h.lba % block_blocks != 0 {
+    if h.kind != RecordKind::MapDir || h.crc != c.crc || !h.lba.is_multiple_of(block_blocks) {
         return Err(DirError::NotNamed { offset: c.offset });
     }
     // Directory slots: the map's pages, then its tables.

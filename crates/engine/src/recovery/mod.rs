@@ -36,7 +36,7 @@ use cvol_format::Superblock;
 use cvol_storage::Storage;
 use salvage::salvage_from;
 use scan::{first_record_index, scan_log};
-use search::recover_with;
+use search::{recover_with, Pages};
 use std::collections::HashMap;
 
 /// Recovers the map when opening a volume (docs/FORMAT.md "Recovery"): the
@@ -45,14 +45,33 @@ use std::collections::HashMap;
 /// checkpoints existed but none is usable, or when the result would end
 /// below a certified seq (`cvol check --repair` salvages then).
 pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, RecoveryError> {
-    recover_with(storage, sb, false)
+    recover_with(storage, sb, Pages::Read)
 }
 
-/// `recover`, leaving the checkpoint's map pages on disk (each read once
-/// to verify it, then dropped): the volume faults them in as it needs
-/// them. Roll-forward faults in the pages it changes.
+/// `recover`, leaving the checkpoint's map pages on disk: the volume
+/// faults them in (and verifies them) as it needs them. Open reads the
+/// map's directory, and verifies now only the page records the newest
+/// checkpoint wrote since the older pointer's commit: a torn newest
+/// checkpoint still sends recovery to the older one. A record at or below
+/// that seq is named by the older checkpoint as well and was durable
+/// before it, so falling back could not help it; it is verified when
+/// first read (damage at rest: an error where the page is used, which
+/// `cvol check` and scrub report). A fallback checkpoint's pages are each
+/// read once now to verify them. Roll-forward faults in the pages it
+/// changes.
 pub fn recover_lazy(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, RecoveryError> {
-    recover_with(storage, sb, true)
+    recover_with(storage, sb, Pages::Lazy)
+}
+
+/// `recover_lazy`, verifying every map page of the checkpoint it takes
+/// (each read once, then dropped): repair (`cvol check --repair`) falls
+/// back or salvages when one is damaged, where an open would take the
+/// checkpoint and the page would read as an error when used.
+pub fn recover_lazy_verified(
+    storage: &dyn Storage,
+    sb: &Superblock,
+) -> Result<Recovered, RecoveryError> {
+    recover_with(storage, sb, Pages::LazyVerified)
 }
 
 /// Rebuilds the map from the whole log, ignoring every checkpoint. Used by

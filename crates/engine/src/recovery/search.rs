@@ -8,9 +8,7 @@
 //! `certified`, `scan`, `superblock` (the pointer slots) and `outcome`.
 use super::certified::{read_flush_mark, Certified};
 use super::chain::{log_start, roll_forward};
-use super::checkpoint::{
-    known_checkpoint_records, load_checkpoint, scanned_commits, Load, LoadedCheckpoint, Source,
-};
+use super::checkpoint::{load_checkpoint, scanned_commits, Known, Load, LoadedCheckpoint, Source};
 use super::outcome::Recovered;
 use super::scan::{
     first_record_index, read_segment, read_segment_around, scan_log, synced_payload, LogScan,
@@ -26,11 +24,24 @@ use cvol_format::{CheckpointPointer, EntryState, Superblock};
 use cvol_storage::Storage;
 use std::collections::HashMap;
 
-/// `recover` and `recover_lazy` (`lazy`: map pages verified, left on disk).
+/// How recovery reads a checkpoint's map pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pages {
+    /// Every page read into memory (`recover`).
+    Read,
+    /// Left on disk; the newest pointer's verified now only where it wrote
+    /// them since the older pointer's commit (`Load::lazy_for`), a
+    /// fallback's all verified now (`recover_lazy`).
+    Lazy,
+    /// Left on disk, every one verified now (`recover_lazy_verified`).
+    LazyVerified,
+}
+
+/// `recover`, `recover_lazy` and `recover_lazy_verified`.
 pub(super) fn recover_with(
     storage: &dyn Storage,
     sb: &Superblock,
-    lazy: bool,
+    lazy: Pages,
 ) -> Result<Recovered, RecoveryError> {
     let mut warnings = Vec::new();
     let ptrs = pointers_newest_first(storage);
@@ -49,7 +60,7 @@ pub(super) fn recover_with(
     let mark = read_flush_mark(storage, sb);
     certified.raise_from_flush_mark(mark);
     let flush_mark = mark.map_or(0, |m| m.seq);
-    let known = known_checkpoint_records(storage, sb, &ptrs);
+    let known = Known::new(storage, sb, &ptrs);
     if !had_checkpoint {
         return replay_without_checkpoint(storage, sb, &index, &known, flush_mark, warnings);
     }
@@ -59,6 +70,7 @@ pub(super) fn recover_with(
         index: &index,
         known: &known,
         lazy,
+        older_commit_seq: (ptrs.get(1).map(|p| p.commit_seq)).filter(|&s| s < ptrs[0].commit_seq),
         certified,
         flush_mark,
         warnings,
@@ -76,7 +88,7 @@ fn replay_without_checkpoint(
     storage: &dyn Storage,
     sb: &Superblock,
     index: &HashMap<u64, Vec<u64>>,
-    known: &HashMap<u64, (u64, u32, u32)>,
+    known: &Known,
     flush_mark: u64,
     warnings: Vec<String>,
 ) -> Result<Recovered, RecoveryError> {
@@ -110,9 +122,13 @@ struct CheckpointSearch<'a> {
     storage: &'a dyn Storage,
     sb: &'a Superblock,
     index: &'a HashMap<u64, Vec<u64>>,
-    known: &'a HashMap<u64, (u64, u32, u32)>,
-    /// Leave map pages on disk (`recover_lazy`).
-    lazy: bool,
+    known: &'a Known<'a>,
+    /// How map pages are read.
+    lazy: Pages,
+    /// The commit seq of the older pointer, if two decode: the newest
+    /// pointer's candidate verifies at open only the page records written
+    /// after it (`Load::lazy_for`).
+    older_commit_seq: Option<u64>,
     /// The highest certified seq known so far (the pointers'; the whole
     /// log's once it has been scanned).
     certified: Certified,
@@ -191,7 +207,11 @@ impl CheckpointSearch<'_> {
     ) -> Result<Option<Recovered>, RecoveryError> {
         let (storage, sb) = (self.storage, self.sb);
         let what = source.name(p);
-        let load = Load::Whole { lazy: self.lazy };
+        let load = match self.lazy {
+            Pages::Lazy => Load::lazy_for(newest, self.older_commit_seq),
+            Pages::LazyVerified => Load::lazy_for(false, None),
+            Pages::Read => Load::Whole,
+        };
         let (mut map, start, tables) = match load_checkpoint(storage, sb, p, load) {
             Ok(LoadedCheckpoint {
                 map, start, tables, ..

@@ -360,6 +360,16 @@ impl Volume {
         self.lock_state().is_ok_and(|st| st.live.loaded_tables())
     }
 
+    /// How many map page records open read to verify them: those the
+    /// newest checkpoint wrote since the one before it (the rest are
+    /// verified when first read), none for a checkpoint of whole-map chunks.
+    #[doc(hidden)]
+    pub fn map_pages_verified_at_open(&self) -> u64 {
+        self.lock_state()
+            .map(|st| st.live.map().cache_counts().verified_at_open)
+            .unwrap_or(0)
+    }
+
     /// Why open could not use the liveness tables its checkpoint named
     /// and rebuilt them from the whole map, if it could not (a bug, or
     /// damage: the simulations count it).
@@ -449,7 +459,12 @@ fn recover(
     crate::keys::unlock(storage, &mut sb, options.key.as_ref())?;
     recovery::require_metadata_device(storage, &sb).map_err(OpenError::Superblock)?;
     let repair = options.rebuild_from_log && !options.read_only;
-    let r = match recovery::recover_lazy(storage, &sb) {
+    // Repair verifies every map page: a damaged one is salvaged.
+    let recovered = match repair {
+        true => recovery::recover_lazy_verified(storage, &sb),
+        false => recovery::recover_lazy(storage, &sb),
+    };
+    let r = match recovered {
         // Repair reads the whole log: flushed records the chain cannot
         // reach (a segment whose start was erased) are salvaged too.
         Ok(r) if repair => salvage_if_short(storage, &sb, r)?,

@@ -1,0 +1,304 @@
+//! A pool's open does not read the map pages of snapshots (nor any other
+//! page) that an earlier checkpoint wrote: open verifies only the page
+//! records the newest checkpoint wrote since the one before it (so that a
+//! torn newest checkpoint still falls back to the older one), and the rest
+//! when first read. A damaged page that open left on disk reads as an
+//! error where it is used, refuses writes into its range (its other
+//! entries are unknown), `check` and scrub report it, and `check
+//! --repair` (which verifies every page) falls back past it.
+mod common;
+use common::{BS, MIB};
+use cvol_engine::pool::Pool;
+use cvol_engine::volume::ScrubOptions;
+use cvol_engine::{OpenOptions, Volume};
+use cvol_format::checkpoint::MAP_PAGE_BLOCKS;
+use cvol_format::pool::{PoolTable, EXTENT_BLOCKS, POOL_HEADER_BYTES, POOL_SLOT_BYTES};
+use cvol_format::pool::{NO_EXTENT, POOL_SLOT_OFFSETS};
+use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
+use cvol_storage::{SimStorage, Storage};
+use std::sync::Arc;
+
+const BSU: u64 = BS as u64;
+/// Map pages the volume writes a block in (and its snapshot copies).
+const PAGES: u64 = 40;
+const VOLUME_BYTES: u64 = PAGES * MAP_PAGE_BLOCKS * BSU;
+
+fn block(lba: u64, version: u64) -> Vec<u8> {
+    let line = format!("block {lba} version {version} of a snapshotted volume. ");
+    line.repeat(BS / line.len() + 1).as_bytes()[..BS].to_vec()
+}
+
+fn open_pool(store: &SimStorage) -> Pool {
+    let vol = Volume::open(Arc::new(store.clone()), OpenOptions::default()).expect("open");
+    Pool::attach(Arc::new(vol)).expect("attach")
+}
+
+/// The newest valid pool table on the store.
+fn table(store: &SimStorage, uuid: &[u8; 16]) -> PoolTable {
+    let mut best: Option<PoolTable> = None;
+    for off in POOL_SLOT_OFFSETS {
+        let mut b = vec![0u8; POOL_SLOT_BYTES as usize];
+        store.read_at(off, &mut b).expect("read a table slot");
+        let Ok(n) = PoolTable::payload_len(&b, uuid) else {
+            continue;
+        };
+        if let Ok(t) = PoolTable::decode_with(&b[..POOL_HEADER_BYTES + n], uuid, None) {
+            if best.as_ref().is_none_or(|b| b.generation < t.generation) {
+                best = Some(t);
+            }
+        }
+    }
+    best.expect("a valid table")
+}
+
+/// A pool whose volume `default` wrote a block in each of `PAGES` map
+/// pages, took snapshot `default@s`, and overwrote them all (so the
+/// snapshot's map holds `PAGES` pages of copied entries); then closed and
+/// reopened once, writing one block, so that the checkpoint that wrote
+/// those pages is the older of the two pointers. Returns the store and
+/// the pool LBAs of the snapshot's extents.
+fn snapshotted_pool() -> (SimStorage, Vec<(u64, u64)>) {
+    let store = SimStorage::new(16 * MIB);
+    let opts = common::options(&store, VOLUME_BYTES);
+    let pool = Pool::create(Arc::new(store.clone()), &opts).expect("create a pool");
+    let v = pool.volume("default").expect("default");
+    let lbas: Vec<u64> = (0..PAGES).map(|p| p * MAP_PAGE_BLOCKS + 7).collect();
+    for &l in &lbas {
+        v.write_at(l * BSU, &block(l, 1), false).unwrap();
+    }
+    pool.create_snapshot("default@s").unwrap();
+    for &l in &lbas {
+        v.write_at(l * BSU, &block(l, 2), false).unwrap();
+    }
+    drop(v);
+    pool.engine().close().unwrap();
+    drop(pool);
+    let pool = open_pool(&store);
+    let v = pool.volume("default").expect("default");
+    v.write_at(7 * BSU, &block(7, 3), false).unwrap();
+    drop(v);
+    pool.engine().close().unwrap();
+    let uuid = pool.engine().superblock().uuid;
+    let t = table(&store, &uuid);
+    let base = u64::from(t.volume("default").expect("default").extents[0]) * EXTENT_BLOCKS;
+    DEFAULT_BASE.with(|b| b.set(base));
+    let s = t.snapshot("default", "s").expect("the snapshot");
+    let extents = (s.extents.iter())
+        .filter(|&&e| e != NO_EXTENT)
+        .map(|&e| {
+            (
+                u64::from(e) * EXTENT_BLOCKS,
+                (u64::from(e) + 1) * EXTENT_BLOCKS,
+            )
+        })
+        .collect();
+    (store, extents)
+}
+
+thread_local! {
+    /// The pool LBA of volume `default`'s block 0 (`snapshotted_pool`).
+    static DEFAULT_BASE: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
+}
+
+/// The pool map page of volume `default`'s map page `p`.
+fn default_page(p: u64) -> u64 {
+    let base = DEFAULT_BASE.with(|b| b.get());
+    assert!(base != u64::MAX, "snapshotted_pool first");
+    (base + p * MAP_PAGE_BLOCKS) / MAP_PAGE_BLOCKS
+}
+
+/// Offsets of the MAP_CHUNK records on the store whose page lies in one
+/// of `ranges` (pool LBAs).
+fn page_records_in(store: &SimStorage, ranges: &[(u64, u64)]) -> Vec<u64> {
+    let mut img = vec![0u8; store.len_bytes() as usize];
+    store.read_at(0, &mut img).expect("read the store");
+    (0..img.len() - RECORD_HEADER_BYTES)
+        .filter(|&i| img[i..i + 4] == RECORD_MAGIC.to_le_bytes())
+        .filter(|&i| {
+            RecordHeader::decode_verified(&img[i..]).is_ok_and(|(h, _)| {
+                h.kind == RecordKind::MapChunk
+                    && ranges.iter().any(|&(a, b)| (a..b).contains(&h.lba))
+            })
+        })
+        .map(|i| i as u64)
+        .collect()
+}
+
+#[test]
+fn open_verifies_only_the_pages_the_newest_checkpoint_wrote() {
+    let (store, snap) = snapshotted_pool();
+    assert_eq!(page_records_in(&store, &snap).len() as u64, PAGES);
+    let pool = open_pool(&store);
+    let vol = pool.engine();
+    // The last session changed one page (and wrote its record): open
+    // verifies that one, not the snapshot's (mutation: verifying every page
+    // at open, as before, reads all of them).
+    let verified = vol.map_pages_verified_at_open();
+    assert!(
+        verified <= 2,
+        "{verified} map pages verified at open (the volume's {PAGES} and the snapshot's {PAGES} \
+         were written by the older checkpoint)"
+    );
+    // Pages are read (and verified) when used.
+    let s = pool.volume("default@s").expect("the snapshot's view");
+    let mut b = vec![0u8; BS];
+    for p in 0..PAGES {
+        let l = p * MAP_PAGE_BLOCKS + 7;
+        s.read_at(l * BSU, &mut b).unwrap();
+        assert!(b == block(l, 1), "the snapshot's block {l}");
+    }
+}
+
+#[test]
+fn a_damaged_snapshot_page_reads_as_an_error_and_check_reports_it() {
+    let (store, snap) = snapshotted_pool();
+    let records = page_records_in(&store, &snap);
+    assert_eq!(records.len() as u64, PAGES);
+    // Damage at rest: a byte of each snapshot page's payload.
+    for &at in &records {
+        store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 1, 3);
+    }
+    store.sync().unwrap();
+    // Open does not read those pages: it opens (before, every page was
+    // verified at open, the older checkpoint names the same records, and
+    // open refused).
+    let pool = open_pool(&store);
+    let v = pool.volume("default").expect("default");
+    let s = pool.volume("default@s").expect("the snapshot's view");
+    let mut b = vec![0u8; BS];
+    for p in 0..PAGES {
+        let l = p * MAP_PAGE_BLOCKS + 7;
+        v.read_at(l * BSU, &mut b).unwrap();
+        let want = block(l, if l == 7 { 3 } else { 2 });
+        assert!(b == want, "the volume's block {l} reads its own page");
+        let e = s.read_at(l * BSU, &mut b).expect_err("a damaged page");
+        assert!(
+            matches!(e, cvol_engine::VolError::Corrupt { .. }),
+            "the snapshot's block {l}: {e}"
+        );
+    }
+    let scrub = pool.engine().scrub(&ScrubOptions::default(), &|_| {});
+    let scrub = scrub.expect("no scrub runs");
+    assert!(
+        scrub.metadata_errors.iter().any(|e| e.contains("map page")),
+        "scrub: {:?}",
+        scrub.metadata_errors
+    );
+    drop((v, s));
+    drop(pool);
+    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
+    assert!(!rep.consistent(), "check finds the damaged pages");
+    // Repair verifies every page of the checkpoint it takes: it falls back
+    // past them (to an older commit in the log, rolling forward), and the
+    // snapshot reads its blocks again.
+    cvol_engine::check::repair_volume(Arc::new(store.clone()));
+    let pool = open_pool(&store);
+    let s = pool.volume("default@s").expect("the snapshot's view");
+    for p in 0..PAGES {
+        let l = p * MAP_PAGE_BLOCKS + 7;
+        s.read_at(l * BSU, &mut b).unwrap();
+        assert!(b == block(l, 1), "the snapshot's block {l} after repair");
+    }
+    drop(s);
+    drop(pool);
+    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
+    assert!(rep.consistent(), "after repair: {:?}", rep.errors);
+}
+
+/// (offset, seq) of every MAP_CHUNK record on the store whose page is
+/// page `page` of pool LBA space.
+fn page_records_of(store: &SimStorage, page: u64) -> Vec<(u64, u64)> {
+    let lba = page * MAP_PAGE_BLOCKS;
+    common::records_of(store, RecordKind::MapChunk, lba)
+        .into_iter()
+        .map(|at| (at, common::record_header(store, at).seq))
+        .collect()
+}
+
+/// The two checkpoint pointers' commit seqs, newest first.
+fn pointer_seqs(store: &SimStorage) -> (u64, u64) {
+    let mut ptrs: Vec<_> = (0..2)
+        .filter_map(|i| common::pointer_slot(store, i))
+        .collect();
+    ptrs.sort_by_key(|p| std::cmp::Reverse(p.generation));
+    assert_eq!(ptrs.len(), 2, "two checkpoints published");
+    (ptrs[0].commit_seq, ptrs[1].commit_seq)
+}
+
+#[test]
+fn a_damaged_page_the_newest_checkpoint_wrote_falls_back_at_open() {
+    let (store, _) = snapshotted_pool();
+    let (newest, older) = pointer_seqs(&store);
+    // The last session wrote block 7 (version 3): page 0's newest record
+    // is the newest checkpoint's own (written after the older commit).
+    let recs = page_records_of(&store, default_page(0));
+    let &(at, seq) = recs.iter().max_by_key(|r| r.1).expect("page 0's records");
+    assert!(
+        seq > older && seq < newest,
+        "seq {seq}, commits {older} and {newest}"
+    );
+    // A torn write of it: damage that open must see, and fall back.
+    store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 1, 5);
+    store.sync().unwrap();
+    let pool = open_pool(&store);
+    let warnings = pool.engine().recovery_warnings().join("; ");
+    assert!(
+        warnings.contains("recovered from the checkpoint generation"),
+        "open falls back to the older pointer (mutation: leaving the newest \
+         checkpoint's own pages unverified takes it): {warnings}"
+    );
+    // The older checkpoint and the roll-forward from it hold every block.
+    let v = pool.volume("default").expect("default");
+    let mut b = vec![0u8; BS];
+    for p in 0..PAGES {
+        let l = p * MAP_PAGE_BLOCKS + 7;
+        v.read_at(l * BSU, &mut b).unwrap();
+        assert!(b == block(l, if l == 7 { 3 } else { 2 }), "block {l}");
+    }
+}
+
+#[test]
+fn a_write_into_a_damaged_carried_over_page_is_refused_and_keeps_its_entries() {
+    let (store, _) = snapshotted_pool();
+    let (_, older) = pointer_seqs(&store);
+    // Volume page 3 (block 3 * 512 + 7, version 2) was written by the
+    // older checkpoint and carried over by the newest: open leaves it.
+    let recs = page_records_of(&store, default_page(3));
+    let &(at, seq) = recs.iter().max_by_key(|r| r.1).expect("page 3's records");
+    assert!(seq <= older, "seq {seq}, older commit {older}");
+    store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 1, 2);
+    store.sync().unwrap();
+    let pool = open_pool(&store);
+    assert!(
+        pool.engine().map_pages_verified_at_open() <= 2,
+        "page 3 is not read at open"
+    );
+    let v = pool.volume("default").expect("default");
+    let l = 3 * MAP_PAGE_BLOCKS + 7;
+    // A write elsewhere in that page would have to rewrite the page whole:
+    // it is refused (mutation: taking the unreadable page for an empty one
+    // writes it with the one new entry, dropping block `l` silently).
+    let other = 3 * MAP_PAGE_BLOCKS + 100;
+    let e = (v.write_at(other * BSU, &block(other, 9), false)).expect_err("refused");
+    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
+    let mut b = vec![0u8; BS];
+    let e = v.read_at(l * BSU, &mut b).expect_err("its page is damaged");
+    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
+    // Pages around it take writes.
+    let next = 4 * MAP_PAGE_BLOCKS + 100;
+    v.write_at(next * BSU, &block(next, 9), false).unwrap();
+    drop(v);
+    pool.engine().close().unwrap();
+    drop(pool);
+    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
+    assert!(!rep.consistent(), "check finds the damaged page");
+    cvol_engine::check::repair_volume(Arc::new(store.clone()));
+    let pool = open_pool(&store);
+    let v = pool.volume("default").expect("default");
+    v.read_at(l * BSU, &mut b).unwrap();
+    assert!(b == block(l, 2), "block {l} after repair");
+    v.read_at(next * BSU, &mut b).unwrap();
+    assert!(b == block(next, 9), "block {next} after repair");
+    v.read_at(other * BSU, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0), "block {other} was never written");
+}
