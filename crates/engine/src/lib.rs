@@ -30,6 +30,7 @@
 pub mod log;
 #[doc(hidden)]
 pub mod map;
+pub mod memory;
 pub mod policy;
 pub mod segments;
 

@@ -5,7 +5,7 @@ use super::jobs::recompress::RecompressReport;
 use super::{space, State, Volume};
 use crate::policy::Load;
 use crate::segments::Region;
-use crate::stats::VolumeStats;
+use crate::stats::{MemoryBytes, VolumeStats};
 use crate::stats::{CleanerStats, CodecBlocks, DedupStats, ElasticStats, ScrubStats, SpaceStats};
 use cvol_format::{CodecTag, BLOCK_SIZE_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -242,7 +242,28 @@ impl Volume {
             scrub: self.scrub_stats(),
             cache: self.cache_stats(),
             object: crate::stats::ObjectStoreStats::from_storage(self.storage.object_stats()),
+            memory_bytes: self.memory_bytes(&st),
+            rss_bytes: crate::memory::process_rss_bytes(),
+            allocator_free_bytes: crate::memory::allocator_bytes().free,
         }
+    }
+
+    /// `memory_bytes`: what each part holds by the engine's own counts,
+    /// the rest of what the allocator handed out as `other`.
+    fn memory_bytes(&self, st: &State) -> MemoryBytes {
+        let index = self.dedup.as_ref().map(|d| d.index.lock_for_report());
+        MemoryBytes {
+            map: st.live.map().memory_bytes(),
+            dedup_index: index.as_deref().map_or(0, |i| i.memory_bytes()),
+            dedup_shared: st.live.shared().memory_bytes(),
+            fingerprint_rows: st.live.fp_pending_bytes(),
+            read_cache: self.caches.block_bytes(),
+            unit_cache: self.caches.unit_bytes(),
+            segment_buffers: st.log.buffer_bytes(),
+            nbd_buffers: self.edge_memory.get().map_or(0, |hook| hook()),
+            ..MemoryBytes::default()
+        }
+        .with_allocated(crate::memory::allocator_bytes().in_use)
     }
 
     /// The cipher records are sealed with, or "none".
@@ -379,6 +400,12 @@ impl Volume {
             .get()
             .map(|hook| hook())
             .unwrap_or_default()
+    }
+
+    /// Lets the server in front of this volume report the request payload
+    /// it holds in `memory_bytes` (set once).
+    pub fn set_edge_memory(&self, hook: super::EdgeMemoryHook) {
+        let _ = self.edge_memory.set(hook);
     }
 
     /// Lets the cache layer above this volume answer `stat` (set once).
