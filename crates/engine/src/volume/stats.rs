@@ -5,8 +5,8 @@ use super::jobs::recompress::RecompressReport;
 use super::{space, State, Volume};
 use crate::policy::Load;
 use crate::segments::Region;
-use crate::stats::{MemoryBytes, VolumeStats};
 use crate::stats::{CleanerStats, CodecBlocks, DedupStats, ElasticStats, ScrubStats, SpaceStats};
+use crate::stats::{MemoryBytes, VolumeStats};
 use cvol_format::{CodecTag, BLOCK_SIZE_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
 

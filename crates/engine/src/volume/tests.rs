@@ -179,7 +179,11 @@ fn memory_bytes_are_the_engine_counts_and_add_up() {
     assert_eq!(m.dedup_index, s.dedup.dedup_index_memory_bytes);
     assert!(m.dedup_index > 0);
     assert_eq!(m.dedup_shared, s.dedup.dedup_shared_table_bytes);
-    assert_eq!(m.fingerprint_rows, 768 * 24, "rows since the last checkpoint");
+    assert_eq!(
+        m.fingerprint_rows,
+        768 * 24,
+        "rows since the last checkpoint"
+    );
     assert_eq!(m.segment_buffers, 1 << 20);
     assert_eq!(m.nbd_buffers, 12_345);
     assert!(m.read_cache >= 32 * 4096, "{m:?}");

@@ -467,6 +467,8 @@ impl Volume {
             Ok(r) => {
                 if r.blocks_rewritten > 0 {
                     tracing::debug!(?r, "background recompression pass");
+                    // What the pass read and compressed is free again.
+                    crate::memory::trim_allocator();
                 }
                 if r.wrapped && r.blocks_rewritten == 0 && !r.yielded {
                     *quiet_at = Some(written);
