@@ -607,7 +607,7 @@ fn background_rows(s: &VolumeStats) -> Vec<(&'static str, String)> {
 /// The `memory` line: `memory_bytes` by use, the allocator's free memory
 /// and the process's RSS.
 fn memory_line(s: &VolumeStats) -> String {
-    let (m, b) = (&s.memory_bytes, human_bytes);
+    let (m, b) = (&s.memory.memory_bytes, human_bytes);
     format!(
         "{} (map {}, dedup index {}, shared table {}, fingerprint rows {}, read cache {}, \
          unit cache {}, segment buffers {}, NBD buffers {}, other {}); allocator free {}; RSS {}",
@@ -621,8 +621,8 @@ fn memory_line(s: &VolumeStats) -> String {
         b(m.segment_buffers),
         b(m.nbd_buffers),
         b(m.other),
-        b(s.allocator_free_bytes),
-        b(s.rss_bytes)
+        b(s.memory.allocator_free_bytes),
+        b(s.memory.rss_bytes)
     )
 }
 

@@ -221,8 +221,15 @@ pub struct VolumeStats {
     pub cache: CacheStats,
     #[serde(flatten)]
     pub object: ObjectStoreStats,
-    /// Memory the volume's process holds, by use (from the engine's and
-    /// the allocator's own counts): the parts add up to `total`.
+    #[serde(flatten)]
+    pub memory: MemoryStats,
+}
+
+/// The memory of the process holding the volume.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MemoryStats {
+    /// Memory the process holds, by use (from the engine's and the
+    /// allocator's own counts): the parts add up to `total`.
     pub memory_bytes: MemoryBytes,
     /// The process's resident set size, for comparison with
     /// `memory_bytes.total` (pages the allocator keeps free, code and

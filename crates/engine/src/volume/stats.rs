@@ -6,7 +6,7 @@ use super::{space, State, Volume};
 use crate::policy::Load;
 use crate::segments::Region;
 use crate::stats::{CleanerStats, CodecBlocks, DedupStats, ElasticStats, ScrubStats, SpaceStats};
-use crate::stats::{MemoryBytes, VolumeStats};
+use crate::stats::{MemoryBytes, MemoryStats, VolumeStats};
 use cvol_format::{CodecTag, BLOCK_SIZE_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -169,12 +169,11 @@ impl Volume {
         let (c, bs) = (st.live.counters(), BLOCK_SIZE_BYTES);
         let (mapped, zero) = (c.data_blocks * bs, c.zero_blocks * bs);
         let unique = (c.data_blocks - st.live.shared().extra_refs) * bs;
-        let meta = self.metadata_use(&st);
+        let (logical, meta) = (self.reported_logical_bytes(), self.metadata_use(&st));
         let used = self.sb.data_offset_bytes + st.log.used_bytes() + meta.used;
         let live = st.live.usage().total_live_bytes();
         let (usable, compactable) = (self.usable_bytes(&st), self.compactable_bytes(&st));
         let (client, segs) = (get(&self.counters.client_bytes_written), &st.log.segments);
-        let logical = self.reported_logical_bytes();
         let (lost, cache) = (c.lost_blocks * bs, st.live.map().cache_counts());
         VolumeStats {
             logical_size_bytes: logical,
@@ -242,7 +241,14 @@ impl Volume {
             scrub: self.scrub_stats(),
             cache: self.cache_stats(),
             object: crate::stats::ObjectStoreStats::from_storage(self.storage.object_stats()),
-            memory_bytes: self.memory_bytes(&st),
+            memory: self.memory_stats(&st),
+        }
+    }
+
+    /// `memory_bytes` and what the kernel and the allocator say.
+    fn memory_stats(&self, st: &State) -> MemoryStats {
+        MemoryStats {
+            memory_bytes: self.memory_bytes(st),
             rss_bytes: crate::memory::process_rss_bytes(),
             allocator_free_bytes: crate::memory::allocator_bytes().free,
         }

@@ -174,7 +174,7 @@ fn memory_bytes_are_the_engine_counts_and_add_up() {
     }
     vol.set_edge_memory(Box::new(|| 12_345));
     let s = vol.stats();
-    let m = &s.memory_bytes;
+    let m = &s.memory.memory_bytes;
     assert_eq!(m.map, s.map_memory_bytes);
     assert_eq!(m.dedup_index, s.dedup.dedup_index_memory_bytes);
     assert!(m.dedup_index > 0);
@@ -197,7 +197,7 @@ fn memory_bytes_are_the_engine_counts_and_add_up() {
     assert_eq!(sum, parts["total"].as_u64().unwrap());
     assert_eq!(parts.len(), 10);
     #[cfg(target_os = "linux")]
-    assert!(s.rss_bytes > 0);
+    assert!(s.memory.rss_bytes > 0);
 }
 
 /// A server sends `VolumeStats` as JSON and `cvol stat` reads it back:
