@@ -269,6 +269,9 @@ fn write_man_pages(dir: &std::path::Path) -> Result<ExitCode, Error> {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: a server's memory stays near what its
+    // caches are configured to (ARCHITECTURE.md "State and memory").
+    cvol_engine::memory::tune_allocator();
     let filter = tracing_subscriber::EnvFilter::try_from_env("CVOL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()

@@ -10,6 +10,7 @@
 //! * **Every `stat` figure**, read at each scrape ([`StatCollector`]):
 //!   `cvol_<key>` for gauges, `cvol_<key>_total` for counters (what counts
 //!   up from the server's start: [`COUNTERS`]), `cvol_blocks_by_codec{codec}`,
+//!   `cvol_memory_bytes{use}`,
 //!   and `cvol_volume_info{...} 1` carrying the text figures as labels.
 //!   Booleans are 0 or 1; figures a volume does not have (null) are left out.
 use crate::backend::{Call, Hook, Hooked};
@@ -280,6 +281,21 @@ impl Collector for StatCollector {
     }
 }
 
+/// `stat` objects of numbers exported as one gauge family: the key, the
+/// label naming each part, the help text.
+const LABELLED: [(&str, &str, &str); 2] = [
+    (
+        "blocks_by_codec",
+        "codec",
+        "cvol stat: mapped blocks by the codec that stored them",
+    ),
+    (
+        "memory_bytes",
+        "use",
+        "cvol stat: heap memory by use (the parts and their total)",
+    ),
+];
+
 /// Encodes a `stat --json` object (see the module's naming rules).
 fn encode_stats(stats: &serde_json::Value, mut encoder: DescriptorEncoder) -> std::fmt::Result {
     use serde_json::Value;
@@ -319,16 +335,12 @@ fn encode_stats(stats: &serde_json::Value, mut encoder: DescriptorEncoder) -> st
                 )?)?;
             }
             Value::String(s) => info.push((key.clone(), s.clone())),
-            Value::Object(parts) if key == "blocks_by_codec" => {
+            Value::Object(parts) if LABELLED.iter().any(|l| l.0 == key) => {
+                let (_, label, help) = LABELLED.iter().find(|l| l.0 == key).expect("matched");
                 let g = ConstGauge::new(0i64);
-                let mut family = encoder.encode_descriptor(
-                    key,
-                    "cvol stat: mapped blocks by the codec that stored them",
-                    None,
-                    g.metric_type(),
-                )?;
-                for (codec, n) in parts {
-                    let labels = vec![("codec".to_string(), codec.clone())];
+                let mut family = encoder.encode_descriptor(key, help, None, g.metric_type())?;
+                for (part, n) in parts {
+                    let labels = vec![(label.to_string(), part.clone())];
                     ConstGauge::new(n.as_i64().unwrap_or(0))
                         .encode(family.encode_family(&labels)?)?;
                 }
@@ -758,6 +770,9 @@ mod tests {
                 serde_json::Value::String(_) => format!("{key}=\""),
                 serde_json::Value::Object(_) if key == "blocks_by_codec" => {
                     "\ncvol_blocks_by_codec{codec=\"lz4\"} ".to_string()
+                }
+                serde_json::Value::Object(_) if key == "memory_bytes" => {
+                    "\ncvol_memory_bytes{use=\"map\"} ".to_string()
                 }
                 _ => continue,
             };

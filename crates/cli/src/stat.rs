@@ -598,9 +598,32 @@ fn background_rows(s: &VolumeStats) -> Vec<(&'static str, String)> {
                 s.checkpoint_generation
             ),
         ),
+        ("memory", memory_line(s)),
         ("corrupt reads", s.corrupt_reads.to_string()),
         ("scrub", scrub_line(&s.scrub)),
     ]
+}
+
+/// The `memory` line: `memory_bytes` by use, the allocator's free memory
+/// and the process's RSS.
+fn memory_line(s: &VolumeStats) -> String {
+    let (m, b) = (&s.memory.memory_bytes, human_bytes);
+    format!(
+        "{} (map {}, dedup index {}, shared table {}, fingerprint rows {}, read cache {}, \
+         unit cache {}, segment buffers {}, NBD buffers {}, other {}); allocator free {}; RSS {}",
+        b(m.total),
+        b(m.map),
+        b(m.dedup_index),
+        b(m.dedup_shared),
+        b(m.fingerprint_rows),
+        b(m.read_cache),
+        b(m.unit_cache),
+        b(m.segment_buffers),
+        b(m.nbd_buffers),
+        b(m.other),
+        b(s.memory.allocator_free_bytes),
+        b(s.memory.rss_bytes)
+    )
 }
 
 fn scrub_line(s: &ScrubStats) -> String {

@@ -5,6 +5,8 @@
 //! list and on `cvol-format`, `cvol-storage`):
 //!
 //! - `error`: `VolError`, `OpenError`, `RecoveryError`
+//! - `memory`: the allocator's settings for a server, its counts, the
+//!   process's RSS (`stat`'s `memory_bytes`)
 //! - `keys`: encryption keys: key files, unwrapping the data key, rotation
 //! - `codec`: lz4 / zstd / none; `policy`: which codec a write gets (elastic)
 //! - `records`: record decoding shared by every reader of the log
@@ -30,6 +32,7 @@
 pub mod log;
 #[doc(hidden)]
 pub mod map;
+pub mod memory;
 pub mod policy;
 pub mod segments;
 

@@ -269,6 +269,12 @@ pub struct Log {
 }
 
 impl Log {
+    /// Bytes of the open segments' buffers (data, metadata).
+    pub fn buffer_bytes(&self) -> u64 {
+        let meta = self.meta.as_ref().map_or(0, |h| h.buf.len());
+        (self.head.buf.len() + meta) as u64
+    }
+
     /// The segments the heads write into now (data, metadata).
     pub fn head_segments(&self) -> [Option<u64>; 2] {
         [

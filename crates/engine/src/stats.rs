@@ -221,6 +221,87 @@ pub struct VolumeStats {
     pub cache: CacheStats,
     #[serde(flatten)]
     pub object: ObjectStoreStats,
+    #[serde(flatten)]
+    pub memory: MemoryStats,
+}
+
+/// The memory of the process holding the volume.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MemoryStats {
+    /// Memory the process holds, by use (from the engine's and the
+    /// allocator's own counts): the parts add up to `total`.
+    pub memory_bytes: MemoryBytes,
+    /// The process's resident set size, for comparison with
+    /// `memory_bytes.total` (pages the allocator keeps free, code and
+    /// stacks make the difference).
+    pub rss_bytes: u64,
+    /// Bytes the allocator keeps free for reuse (not in `memory_bytes`).
+    pub allocator_free_bytes: u64,
+}
+
+/// `memory_bytes`: heap memory by use. Every part is what the engine
+/// counts for it, except `other`: what the allocator has handed out
+/// beyond the counted parts (requests being worked on, stacks of
+/// tables being built, small structures). `total` is their sum.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryBytes {
+    pub total: u64,
+    /// Map pages in memory (bounded by `--map-cache`), the directory and
+    /// the bitmaps (`map_memory_bytes`).
+    pub map: u64,
+    /// The dedup index (`--dedup-memory`).
+    pub dedup_index: u64,
+    /// The shared-record table (`dedup_shared_table_bytes`).
+    pub dedup_shared: u64,
+    /// Fingerprint rows waiting for their table (spilled beyond 32 MiB).
+    pub fingerprint_rows: u64,
+    /// Decompressed blocks (`--read-cache`).
+    pub read_cache: u64,
+    /// Decompressed units (at most 8 MiB).
+    pub unit_cache: u64,
+    /// The open segment's buffer(s).
+    pub segment_buffers: u64,
+    /// NBD request payload held by the server (`--max-buffered`).
+    pub nbd_buffers: u64,
+    /// The rest of what the allocator handed out.
+    pub other: u64,
+}
+
+impl MemoryBytes {
+    /// The counted parts, `other` set to what the allocator reports in
+    /// use beyond them, `total` to the sum.
+    pub fn with_allocated(mut self, allocated: u64) -> MemoryBytes {
+        self.total = 0;
+        self.other = 0;
+        let counted = self.sum();
+        self.other = allocated.saturating_sub(counted);
+        self.total = self.sum();
+        self
+    }
+
+    /// The sum of the parts.
+    pub fn sum(&self) -> u64 {
+        let MemoryBytes {
+            total: _,
+            map,
+            dedup_index,
+            dedup_shared,
+            fingerprint_rows,
+            read_cache,
+            unit_cache,
+            segment_buffers,
+            nbd_buffers,
+            other,
+        } = self;
+        map + dedup_index
+            + dedup_shared
+            + fingerprint_rows
+            + read_cache
+            + unit_cache
+            + segment_buffers
+            + nbd_buffers
+            + other
+    }
 }
 
 /// A volume kept in an object store (`cvol create s3://...`): zeros and a

@@ -427,6 +427,7 @@ fn run(
             config,
         ),
     };
+    vol.set_edge_memory(Box::new(server.buffered_payload_gauge()));
     let cache_worker = cache
         .filter(|_| !args.read_only)
         .map(|c| c.start_background());

@@ -338,6 +338,7 @@ impl Volume {
             counters: Counters::default(),
             jobs: JobsState::default(),
             cache_stats: std::sync::OnceLock::new(),
+            edge_memory: std::sync::OnceLock::new(),
             storage,
             sb: super::sbcell::SbCell::new(sb),
             options,

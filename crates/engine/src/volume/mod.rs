@@ -78,6 +78,8 @@ pub use usage::{RangeUsage, UsageBytes};
 
 /// What `stat` asks the cache layer above a volume for (`cvol_cache`).
 pub type CacheStatsHook = Box<dyn Fn() -> crate::stats::CacheStats + Send + Sync>;
+/// The bytes of request payload the server in front of a volume holds.
+pub type EdgeMemoryHook = Box<dyn Fn() -> u64 + Send + Sync>;
 
 /// Handle of the background cleaner thread (stops when dropped).
 pub type BackgroundCleaner = Worker;
@@ -175,6 +177,9 @@ pub struct Volume {
     jobs: jobs::JobsState,
     /// The cache layer's counters (`cvol_cache`), when one is above.
     cache_stats: std::sync::OnceLock<CacheStatsHook>,
+    /// What the server in front holds for its clients' requests (bytes),
+    /// for `memory_bytes` (set once).
+    edge_memory: std::sync::OnceLock<EdgeMemoryHook>,
     /// The logical size statistics report, when a pool above holds
     /// volumes (the sum of their sizes); None: the superblock's.
     reported_logical: std::sync::Mutex<Option<u64>>,

@@ -26,9 +26,14 @@ const READ_RETRIES: u32 = 2;
 const READ_CACHE_RUN_MAX: usize = 4;
 /// Most extents one block-status call returns.
 const EXTENTS_MAX: usize = 1024;
-/// Decompressed units kept for reads of their other blocks (at most
-/// 64 KiB each).
+/// Decompressed units kept for reads of their other blocks: about this
+/// many (at most 64 KiB each)...
 const UNIT_CACHE_UNITS: usize = 128;
+/// ...and at most this many bytes of them.
+const UNIT_CACHE_BYTES: u64 = 8 << 20;
+/// What a cache entry costs beyond its bytes (key, `Arc` counts, the
+/// cache's own slot), for `memory_bytes`.
+const CACHE_ENTRY_OVERHEAD_BYTES: u64 = 64;
 
 /// One run of block status: `length` bytes that are all zero-reading holes or all data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,8 +44,19 @@ pub struct Extent {
 
 /// Decompressed blocks by (record offset, record crc).
 type ReadCache = quick_cache::sync::Cache<(u64, u32), Arc<[u8]>>;
-/// Decompressed multi-block units by (record offset, record length).
-type UnitCache = quick_cache::sync::Cache<(u64, u32), Arc<DecodedUnit>>;
+/// Decompressed multi-block units by (record offset, record length),
+/// weighed by their bytes.
+type UnitCache = quick_cache::sync::Cache<(u64, u32), Arc<DecodedUnit>, UnitBytes>;
+
+/// A unit's weight in the unit cache: its decompressed bytes.
+#[derive(Clone)]
+pub(in crate::volume) struct UnitBytes;
+
+impl quick_cache::Weighter<(u64, u32), Arc<DecodedUnit>> for UnitBytes {
+    fn weight(&self, _: &(u64, u32), u: &Arc<DecodedUnit>) -> u64 {
+        u.data.len() as u64 + CACHE_ENTRY_OVERHEAD_BYTES
+    }
+}
 
 /// The caches of decompressed data.
 pub(in crate::volume) struct Caches {
@@ -54,8 +70,24 @@ impl Caches {
         let blocks = read_cache_bytes / BLOCK_SIZE_BYTES;
         Caches {
             block: (blocks > 0).then(|| quick_cache::sync::Cache::new(blocks as usize)),
-            unit: quick_cache::sync::Cache::new(UNIT_CACHE_UNITS),
+            unit: quick_cache::sync::Cache::with_weighter(
+                UNIT_CACHE_UNITS,
+                UNIT_CACHE_BYTES,
+                UnitBytes,
+            ),
         }
+    }
+
+    /// Bytes of the decompressed blocks cached (`--read-cache`).
+    pub(in crate::volume) fn block_bytes(&self) -> u64 {
+        self.block.as_ref().map_or(0, |c| {
+            c.len() as u64 * (BLOCK_SIZE_BYTES + CACHE_ENTRY_OVERHEAD_BYTES)
+        })
+    }
+
+    /// Bytes of the decompressed units cached.
+    pub(in crate::volume) fn unit_bytes(&self) -> u64 {
+        self.unit.weight()
     }
 
     /// A cached block of the record at `offset` with crc `crc` (a hit is counted).

@@ -5,8 +5,8 @@ use super::jobs::recompress::RecompressReport;
 use super::{space, State, Volume};
 use crate::policy::Load;
 use crate::segments::Region;
-use crate::stats::VolumeStats;
 use crate::stats::{CleanerStats, CodecBlocks, DedupStats, ElasticStats, ScrubStats, SpaceStats};
+use crate::stats::{MemoryBytes, MemoryStats, VolumeStats};
 use cvol_format::{CodecTag, BLOCK_SIZE_BYTES};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -169,12 +169,11 @@ impl Volume {
         let (c, bs) = (st.live.counters(), BLOCK_SIZE_BYTES);
         let (mapped, zero) = (c.data_blocks * bs, c.zero_blocks * bs);
         let unique = (c.data_blocks - st.live.shared().extra_refs) * bs;
-        let meta = self.metadata_use(&st);
+        let (logical, meta) = (self.reported_logical_bytes(), self.metadata_use(&st));
         let used = self.sb.data_offset_bytes + st.log.used_bytes() + meta.used;
         let live = st.live.usage().total_live_bytes();
         let (usable, compactable) = (self.usable_bytes(&st), self.compactable_bytes(&st));
         let (client, segs) = (get(&self.counters.client_bytes_written), &st.log.segments);
-        let logical = self.reported_logical_bytes();
         let (lost, cache) = (c.lost_blocks * bs, st.live.map().cache_counts());
         VolumeStats {
             logical_size_bytes: logical,
@@ -242,7 +241,35 @@ impl Volume {
             scrub: self.scrub_stats(),
             cache: self.cache_stats(),
             object: crate::stats::ObjectStoreStats::from_storage(self.storage.object_stats()),
+            memory: self.memory_stats(&st),
         }
+    }
+
+    /// `memory_bytes` and what the kernel and the allocator say.
+    fn memory_stats(&self, st: &State) -> MemoryStats {
+        MemoryStats {
+            memory_bytes: self.memory_bytes(st),
+            rss_bytes: crate::memory::process_rss_bytes(),
+            allocator_free_bytes: crate::memory::allocator_bytes().free,
+        }
+    }
+
+    /// `memory_bytes`: what each part holds by the engine's own counts,
+    /// the rest of what the allocator handed out as `other`.
+    fn memory_bytes(&self, st: &State) -> MemoryBytes {
+        let index = self.dedup.as_ref().map(|d| d.index.lock_for_report());
+        MemoryBytes {
+            map: st.live.map().memory_bytes(),
+            dedup_index: index.as_deref().map_or(0, |i| i.memory_bytes()),
+            dedup_shared: st.live.shared().memory_bytes(),
+            fingerprint_rows: st.live.fp_pending_bytes(),
+            read_cache: self.caches.block_bytes(),
+            unit_cache: self.caches.unit_bytes(),
+            segment_buffers: st.log.buffer_bytes(),
+            nbd_buffers: self.edge_memory.get().map_or(0, |hook| hook()),
+            ..MemoryBytes::default()
+        }
+        .with_allocated(crate::memory::allocator_bytes().in_use)
     }
 
     /// The cipher records are sealed with, or "none".
@@ -379,6 +406,12 @@ impl Volume {
             .get()
             .map(|hook| hook())
             .unwrap_or_default()
+    }
+
+    /// Lets the server in front of this volume report the request payload
+    /// it holds in `memory_bytes` (set once).
+    pub fn set_edge_memory(&self, hook: super::EdgeMemoryHook) {
+        let _ = self.edge_memory.set(hook);
     }
 
     /// Lets the cache layer above this volume answer `stat` (set once).

@@ -121,7 +121,7 @@ fn stats_serialize_flat_in_field_order() {
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(at("scrub_runs") < at("cache_hits"));
     assert!(at("cache_dirty_bytes") < at("object_store"));
-    assert_eq!(json.as_object().unwrap().len(), 187);
+    assert_eq!(json.as_object().unwrap().len(), 190);
     assert!(at("worst_case_free_logical_bytes") < at("space_pressure"));
     assert!(json["space_pressure"].is_string());
     assert!(json["cache"].is_null(), "not a cache");
@@ -154,6 +154,50 @@ fn pages_read_per_read_counts_the_store_pages_a_read_touches() {
     assert!(s.padding_bytes > 0, "the flush padded to a sector");
     assert!(s.map_bytes_per_mapped_block > 0.0);
     assert_eq!(s.pages_written_per_block, s.write_amplification);
+}
+
+/// `memory_bytes`: each part is the engine's own count for it (the same
+/// figure other keys report), and the parts add up to the total.
+#[test]
+fn memory_bytes_are_the_engine_counts_and_add_up() {
+    let sim = SimStorage::new(16 << 20);
+    let vol = volume_of(&sim, 8 << 20, Codec::Lz4);
+    // Incompressible blocks seal the first segments; reads of single
+    // blocks of them fill the read cache.
+    let noise = pseudo_random(768 * 4096, 0x9e37_79b9_7f4a_7c15);
+    for (b, data) in (0u64..).zip(noise.chunks(4096)) {
+        vol.write_at(b * 4096, data, false).unwrap();
+    }
+    let mut buf = vec![0u8; 4096];
+    for b in (0..64).step_by(2) {
+        vol.read_at(b * 4096, &mut buf).unwrap();
+    }
+    vol.set_edge_memory(Box::new(|| 12_345));
+    let s = vol.stats();
+    let m = &s.memory.memory_bytes;
+    assert_eq!(m.map, s.map_memory_bytes);
+    assert_eq!(m.dedup_index, s.dedup.dedup_index_memory_bytes);
+    assert!(m.dedup_index > 0);
+    assert_eq!(m.dedup_shared, s.dedup.dedup_shared_table_bytes);
+    assert_eq!(
+        m.fingerprint_rows,
+        768 * 24,
+        "rows since the last checkpoint"
+    );
+    assert_eq!(m.segment_buffers, 1 << 20);
+    assert_eq!(m.nbd_buffers, 12_345);
+    assert!(m.read_cache >= 32 * 4096, "{m:?}");
+    assert_eq!(m.total, m.sum());
+    let json = serde_json::to_value(&s).unwrap();
+    let parts = json["memory_bytes"].as_object().unwrap();
+    let sum: u64 = (parts.iter())
+        .filter(|(k, _)| *k != "total")
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(sum, parts["total"].as_u64().unwrap());
+    assert_eq!(parts.len(), 10);
+    #[cfg(target_os = "linux")]
+    assert!(s.memory.rss_bytes > 0);
 }
 
 /// A server sends `VolumeStats` as JSON and `cvol stat` reads it back:

@@ -674,6 +674,13 @@ impl Server {
     pub fn buffered_payload_bytes(&self) -> u64 {
         self.inner.payload_budget.used()
     }
+
+    /// [`Server::buffered_payload_bytes`] as a function that outlives
+    /// the borrow of the server (for a volume's `stat`).
+    pub fn buffered_payload_gauge(&self) -> impl Fn() -> u64 + Send + Sync + 'static {
+        let budget = self.inner.payload_budget.clone();
+        move || budget.used()
+    }
 }
 
 impl Drop for Server {

@@ -4,6 +4,7 @@
 //! default, the simulations) the flush writes the checkpoint itself. The
 //! thread sleeps on a channel: an idle volume costs it nothing.
 use crate::volume::Volume;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
@@ -53,8 +54,15 @@ impl Volume {
                 super::background_priority();
                 while rx.recv().is_ok() {
                     let Some(v) = weak.upgrade() else { return };
+                    let before = v.counters.checkpoints.load(Ordering::Relaxed);
                     if let Err(e) = v.checkpoint_if_due() {
                         tracing::warn!("background checkpoint: {e}");
+                    }
+                    // A checkpoint frees what it encoded and the pages it
+                    // wrote may leave: give the allocator's free pages back
+                    // (crate::memory), here, off the request path.
+                    if v.counters.checkpoints.load(Ordering::Relaxed) != before {
+                        crate::memory::trim_allocator();
                     }
                 }
             })

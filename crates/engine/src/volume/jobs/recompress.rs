@@ -480,6 +480,8 @@ impl Volume {
                 if r.blocks_rewritten > 0 {
                     tracing::debug!(?r, "background recompression pass");
                     self.collect_what_recompression_left();
+                    // What the pass read and compressed is free again.
+                    crate::memory::trim_allocator();
                 }
                 if r.wrapped && r.blocks_rewritten == 0 && !r.yielded {
                     *quiet_at = Some(written);
