@@ -254,8 +254,7 @@ impl ServeArgs {
     fn in_object_store(&self) -> bool {
         self.volume
             .as_deref()
-            .and_then(|p| p.to_str())
-            .is_some_and(cvol_objstore::url::is_object_url)
+            .is_some_and(|p| crate::objvol::url_of(p).is_some())
     }
 
     /// How the NBD server runs. Checks the client limits, then TLS and
@@ -336,18 +335,17 @@ impl ElasticFlags {
             busy_iops,
             idle_iops,
             recompress: self.recompress.on(),
-            inline_cpu_percent: match &self.inline_cpu {
-                Some(v) => inline_cpu(v)?,
-                None => defaults.inline_cpu_percent,
-            },
-            recompress_min_gain_percent: match &self.recompress_min_gain {
-                Some(v) => min_gain(v)?,
-                None => defaults.recompress_min_gain_percent,
-            },
-            busy_codec: match &self.busy_codec {
-                Some(v) => busy_codec(v)?,
-                None => defaults.busy_codec,
-            },
+            inline_cpu_percent: given_or(
+                &self.inline_cpu,
+                inline_cpu,
+                defaults.inline_cpu_percent,
+            )?,
+            recompress_min_gain_percent: given_or(
+                &self.recompress_min_gain,
+                min_gain,
+                defaults.recompress_min_gain_percent,
+            )?,
+            busy_codec: given_or(&self.busy_codec, busy_codec, defaults.busy_codec)?,
             ..defaults
         })
     }
@@ -364,6 +362,15 @@ fn inline_cpu(v: &str) -> Result<Option<u32>, Error> {
             "--inline-cpu {v}: expected a percentage from 0 to 100, or off"
         ))),
     }
+}
+
+/// A flag's value parsed with `parse` if it was given, else `default`.
+fn given_or<T>(
+    flag: &Option<String>,
+    parse: fn(&str) -> Result<T, Error>,
+    default: T,
+) -> Result<T, Error> {
+    flag.as_deref().map_or(Ok(default), parse)
 }
 
 /// `--busy-codec lz4|zstd:LEVEL`.
