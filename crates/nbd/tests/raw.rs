@@ -419,9 +419,17 @@ fn overlapping_writes_keep_arrival_order_and_replies_can_be_out_of_order() {
     ts.backend.delay_ms.store(300, Ordering::SeqCst);
     *ts.backend.slow_write_byte.lock().unwrap() = Some(0xaa);
     let (mut c, _, _) = Client::handshake(&ts, false, false);
-    c.request(NBD_CMD_WRITE, 0, 1, 0, 8192, &[0xaa; 8192]); // slow
-    c.request(NBD_CMD_WRITE, 0, 3, 65536, 4096, &[0xcc; 4096]); // independent: may pass
-    c.request(NBD_CMD_WRITE, 0, 2, 4096, 4096, &[0xbb; 4096]); // overlaps: must wait
+    // All three in one send: a request alone on the connection with
+    // nothing more to read runs on the connection's thread, which would
+    // hold the next ones back while the slow one sleeps (a race with the
+    // client's second send otherwise).
+    let mut burst = Client::header(NBD_CMD_WRITE, 0, 1, 0, 8192); // slow
+    burst.extend_from_slice(&[0xaa; 8192]);
+    burst.extend(Client::header(NBD_CMD_WRITE, 0, 3, 65536, 4096)); // independent: may pass
+    burst.extend_from_slice(&[0xcc; 4096]);
+    burst.extend(Client::header(NBD_CMD_WRITE, 0, 2, 4096, 4096)); // overlaps: must wait
+    burst.extend_from_slice(&[0xbb; 4096]);
+    c.s.write_all(&burst).unwrap();
     let order: Vec<u64> = (0..3).map(|_| c.reply(0).0.handle()).collect();
     assert_eq!(
         order,
