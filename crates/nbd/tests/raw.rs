@@ -485,8 +485,11 @@ fn reads_complete_out_of_order_and_inflight_is_bounded() {
     ts.backend.delay_ms.store(300, Ordering::SeqCst);
     *ts.backend.slow_read_offset.lock().unwrap() = Some(0);
     let (mut c, _, _) = Client::handshake(&ts, true, false);
-    c.request(NBD_CMD_READ, 0, 1, 0, 512, &[]); // slow
-    c.request(NBD_CMD_READ, 0, 2, 4096, 512, &[]);
+    // Both in one send, so the slow one cannot run alone on the
+    // connection's thread and hold the second back.
+    let mut burst = Client::header(NBD_CMD_READ, 0, 1, 0, 512); // slow
+    burst.extend(Client::header(NBD_CMD_READ, 0, 2, 4096, 512));
+    c.s.write_all(&burst).unwrap();
     assert_eq!(c.reply(0).0.handle(), 2);
     assert_eq!(c.reply(0).0.handle(), 1);
     ts.backend.delay_ms.store(50, Ordering::SeqCst);
