@@ -1,7 +1,8 @@
 //! Where requests run: a client at queue depth 1 has its small READs and
 //! WRITEs run on the connection's own thread (no hand-off to a worker, no
-//! wake-up), while requests that arrive together go to the workers so the
-//! connection goes on reading.
+//! wake-up), and so do small READs that arrive together while the
+//! connection's reads are quick (in memory); WRITEs that arrive together,
+//! and READs that wait for a device, go to the workers.
 mod common;
 
 use common::client::Client;
@@ -44,29 +45,76 @@ fn requests_one_at_a_time_run_on_the_connection_thread() {
     );
 }
 
+/// Sends `n` requests of `command` (4 KiB at 4 KiB steps from `first`)
+/// in one write, so the first is read with the rest buffered, and returns
+/// the threads they ran on.
+fn burst(ts: &TestServer, c: &mut Client, command: u16, n: u64, first: u64) -> Vec<String> {
+    threads(ts);
+    let mut bytes = Vec::new();
+    for i in 0..n {
+        bytes.extend(Client::header(
+            command,
+            0,
+            100 + i,
+            (first + i) * 4096,
+            4096,
+        ));
+        if command == NBD_CMD_WRITE {
+            bytes.extend(pattern(4096, i as u8));
+        }
+    }
+    c.s.write_all(&bytes).unwrap();
+    let reply_bytes = if command == NBD_CMD_READ { 4096 } else { 0 };
+    let mut handles: Vec<u64> = (0..n).map(|_| c.reply_one(reply_bytes).0).collect();
+    handles.sort_unstable();
+    assert_eq!(handles, (100..100 + n).collect::<Vec<_>>());
+    let names = threads(ts);
+    assert_eq!(names.len() as u64, n);
+    names
+}
+
+fn on_workers(names: &[String]) -> usize {
+    names
+        .iter()
+        .filter(|n| n.starts_with("nbd-worker-"))
+        .count()
+}
+
 #[test]
-fn requests_sent_together_go_to_the_workers() {
+fn writes_sent_together_go_to_the_workers() {
+    let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
+    let mut c = Client::ready(&ts, true);
+    let names = burst(&ts, &mut c, NBD_CMD_WRITE, 32, 0);
+    assert!(
+        on_workers(&names) >= 31,
+        "only {} of 32 pipelined writes ran on workers: {names:?}",
+        on_workers(&names)
+    );
+}
+
+#[test]
+fn quick_reads_sent_together_run_on_the_connection_thread() {
     let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
     let mut c = Client::ready(&ts, true);
     assert_eq!(c.write(1, 0, &pattern(64 * 4096, 9)), 0);
-    threads(&ts);
-    // 32 READs in one send: the first is read with the rest buffered.
-    let mut burst = Vec::new();
-    for i in 0..32u64 {
-        burst.extend(Client::header(NBD_CMD_READ, 0, 100 + i, i * 4096, 4096));
-    }
-    c.s.write_all(&burst).unwrap();
-    let mut handles: Vec<u64> = (0..32).map(|_| c.reply_one(4096).0).collect();
-    handles.sort_unstable();
-    assert_eq!(handles, (100..132).collect::<Vec<_>>());
-    let names = threads(&ts);
-    assert_eq!(names.len(), 32);
-    let on_workers = names
-        .iter()
-        .filter(|n| n.starts_with("nbd-worker-"))
-        .count();
-    assert!(
-        on_workers >= 31,
-        "only {on_workers} of 32 pipelined reads ran on workers: {names:?}"
-    );
+    let names = burst(&ts, &mut c, NBD_CMD_READ, 32, 0);
+    assert_eq!(on_workers(&names), 0, "{names:?}");
+}
+
+#[test]
+fn reads_that_wait_go_to_the_workers() {
+    let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
+    let mut c = Client::ready(&ts, true);
+    assert_eq!(c.write(1, 0, &pattern(64 * 4096, 9)), 0);
+    // One read waits 5 ms (a device, not memory): the connection's next
+    // reads are handed to the workers, which wait in parallel.
+    *ts.backend.slow_read_offset.lock().unwrap() = Some(0);
+    ts.backend
+        .delay_ms
+        .store(5, std::sync::atomic::Ordering::Relaxed);
+    assert!(c.read(2, 0, 4096).is_ok());
+    let names = burst(&ts, &mut c, NBD_CMD_READ, 8, 1);
+    // The last may run inline all the same: read when the others had
+    // replied, it was the only request in flight.
+    assert!(on_workers(&names) >= 7, "{names:?}");
 }

@@ -485,6 +485,11 @@ fn reads_complete_out_of_order_and_inflight_is_bounded() {
     ts.backend.delay_ms.store(300, Ordering::SeqCst);
     *ts.backend.slow_read_offset.lock().unwrap() = Some(0);
     let (mut c, _, _) = Client::handshake(&ts, true, false);
+    // A first slow read, alone: the connection's reads now wait for a
+    // device, so they go to the workers (quick reads would run on the
+    // connection's thread, in order).
+    c.request(NBD_CMD_READ, 0, 0, 0, 512, &[]);
+    assert_eq!(c.reply(0).0.handle(), 0);
     // Both in one send, so the slow one cannot run alone on the
     // connection's thread and hold the second back.
     let mut burst = Client::header(NBD_CMD_READ, 0, 1, 0, 512); // slow

@@ -1,21 +1,24 @@
 //! Transmission phase: the per-connection reader loop, in-flight tracking
 //! with the ordering rules, and execution of commands on the worker pool.
 
-use std::collections::VecDeque;
 use std::io::{self, Read};
-use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
 mod block_status;
+mod outbox;
+mod read_cost;
+
+use outbox::Outbox;
+use read_cost::ReadCost;
 
 use super::handshake::{MetaContext, Negotiated};
 use super::socket::Socket;
-use super::{deadline_after, lock, BudgetShare, Inner, Lane, PayloadBudget};
+use super::{lock, BudgetShare, Inner, Lane, PayloadBudget};
 use crate::proto::{self, Command, ProtoError, RequestError, RequestHeader, TransmissionContext};
 use crate::{Backend, BackendError, CommandKind, WriteZeroesFlags};
 
@@ -88,26 +91,6 @@ impl Inflight {
     }
 }
 
-/// A reply waiting for the connection's writer thread. It holds the
-/// request's in-flight slot, so the outbox never holds more replies than
-/// `max_inflight_per_conn` nor more payload than the connection's budget.
-struct Pending {
-    bytes: Vec<u8>,
-    /// Bytes already written by a worker before the socket filled up.
-    sent: usize,
-    _release: Release,
-}
-
-/// Replies not yet written. Exactly one party writes to the socket at a
-/// time: a worker (only while `queue` is empty and the writer is idle, with
-/// a non-blocking send, under the lock) or the writer thread (`busy`).
-#[derive(Default)]
-struct Outbox {
-    queue: VecDeque<Pending>,
-    busy: bool,
-    closed: bool,
-}
-
 /// State shared by a connection's reader, its reply writer and the workers
 /// running its requests.
 pub(crate) struct Conn {
@@ -120,6 +103,8 @@ pub(crate) struct Conn {
     broken: AtomicBool,
     outbox: Mutex<Outbox>,
     outbox_changed: Condvar,
+    /// How long this connection's reads take (where they run).
+    read_cost: ReadCost,
     inflight: Mutex<Inflight>,
     inflight_changed: Condvar,
     max_inflight: usize,
@@ -136,90 +121,6 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Queues one complete reply; replies never interleave. A worker never
-    /// blocks on the client here: whatever the socket does not take at once
-    /// goes to the connection's writer thread, so a client that stops
-    /// reading stalls only itself. After a send error the connection is
-    /// dead: later replies are dropped (their slots released).
-    fn send(&self, bytes: Vec<u8>, release: Release) {
-        let mut outbox = lock(&self.outbox);
-        if self.broken.load(Ordering::Acquire) {
-            return;
-        }
-        let mut pending = Pending {
-            bytes,
-            sent: 0,
-            _release: release,
-        };
-        if outbox.queue.is_empty() && !outbox.busy {
-            match self.socket.send_nonblocking(&pending.bytes) {
-                // Under TLS, ciphertext of a taken reply may wait in the
-                // session: the writer thread's next send pushes it out.
-                Ok(n) if n == pending.bytes.len() && !self.socket.has_unsent() => {
-                    drop(outbox);
-                    return; // `pending` releases its slot
-                }
-                Ok(n) => pending.sent = n,
-                Err(e) => {
-                    drop(outbox);
-                    self.fail(&e);
-                    return;
-                }
-            }
-        }
-        outbox.queue.push_back(pending);
-        self.outbox_changed.notify_all();
-    }
-
-    /// Marks the connection dead after a send error.
-    fn fail(&self, e: &io::Error) {
-        debug!(conn = self.id, error = %e, "reply not sent, dropping connection");
-        self.broken.store(true, Ordering::Release);
-        self.socket.shutdown(Shutdown::Both);
-        let dropped: Vec<Pending> = lock(&self.outbox).queue.drain(..).collect();
-        drop(dropped); // releases the slots outside the outbox lock
-    }
-
-    /// The writer thread: sends queued replies (blocking, up to the send
-    /// timeout) until the connection is closed and the outbox is empty.
-    fn write_replies(&self) {
-        let mut outbox = lock(&self.outbox);
-        loop {
-            let Some(pending) = outbox.queue.pop_front() else {
-                if outbox.closed {
-                    return;
-                }
-                outbox = self
-                    .outbox_changed
-                    .wait(outbox)
-                    .unwrap_or_else(|e| e.into_inner());
-                continue;
-            };
-            outbox.busy = true;
-            drop(outbox);
-            if !self.broken.load(Ordering::Acquire) {
-                let bytes = &pending.bytes[pending.sent..];
-                let deadline = deadline_after(reply_time_allowed(
-                    self.send_timeout,
-                    self.min_reply_bytes_per_sec,
-                    bytes.len(),
-                ));
-                if let Err(e) = self.socket.send_all_by(bytes, deadline, self.send_timeout) {
-                    self.fail(&e);
-                }
-            }
-            drop(pending); // the request stops counting as in flight
-            outbox = lock(&self.outbox);
-            outbox.busy = false;
-        }
-    }
-
-    /// Lets the writer thread end once the outbox is empty.
-    fn close_outbox(&self) {
-        lock(&self.outbox).closed = true;
-        self.outbox_changed.notify_all();
-    }
-
     /// Sends an error reply (structured if negotiated) for a request that
     /// never reached a worker; it takes an in-flight slot like any request,
     /// so a client flooding invalid requests cannot queue unbounded replies.
@@ -426,6 +327,7 @@ pub(crate) fn serve(
         broken: AtomicBool::new(false),
         outbox: Mutex::new(Outbox::default()),
         outbox_changed: Condvar::new(),
+        read_cost: ReadCost::default(),
         inflight: Mutex::new(Inflight::default()),
         inflight_changed: Condvar::new(),
         max_inflight: inner.config.max_inflight_per_conn,
@@ -637,17 +539,24 @@ fn dispatch(
 }
 
 /// Whether `cmd` (in flight, its slot taken) runs here, on the reader
-/// thread, rather than on a worker: a small READ or WRITE that is the
-/// connection's only request in flight, with nothing more from the client
-/// buffered or waiting on the socket. A client at queue depth 1 then pays
-/// no hand-off to a worker and no wake-up (the reader would only wait for
-/// the next request, which comes after the reply); a client with more
-/// requests coming keeps the workers, so the reader goes on reading.
+/// thread, rather than on a worker:
+/// - a small READ, while this connection's reads have been quick (their
+///   data in memory: `read_cost`), since the hand-off to a worker would
+///   cost as much as the read;
+/// - a small READ or WRITE that is the connection's only request in
+///   flight, with nothing more from the client buffered or waiting on the
+///   socket. A client at queue depth 1 then pays no hand-off to a worker
+///   and no wake-up (the reader would only wait for the next request,
+///   which comes after the reply); a client with more requests coming
+///   keeps the workers for its writes, so the reader goes on reading.
 fn runs_inline(conn: &Conn, reader: &impl Input, cmd: &Command) -> bool {
     let small = match cmd {
         Command::Read { length, .. } | Command::Write { length, .. } => *length <= INLINE_MAX_BYTES,
         _ => false,
     };
+    if small && matches!(cmd, Command::Read { .. }) && conn.read_cost.quick() {
+        return true;
+    }
     small
         && reader.buffered_bytes() == 0
         && lock(&conn.inflight).entries.len() == 1
@@ -758,7 +667,10 @@ fn execute_read(conn: &Conn, handle: u64, cmd: &Command, offset: u64, length: u3
     };
     let mut reply = vec![0u8; prefix_bytes + length as usize];
     let backend = &*conn.backend;
-    if let Err(e) = guarded(|| backend.read(offset, &mut reply[prefix_bytes..])) {
+    let started = Instant::now();
+    let read = guarded(|| backend.read(offset, &mut reply[prefix_bytes..]));
+    conn.read_cost.add(started.elapsed());
+    if let Err(e) = read {
         return error_reply(
             conn,
             handle,
