@@ -118,3 +118,28 @@ fn reads_that_wait_go_to_the_workers() {
     // replied, it was the only request in flight.
     assert!(on_workers(&names) >= 7, "{names:?}");
 }
+
+#[test]
+fn quick_reads_go_to_the_workers_while_a_write_is_in_flight() {
+    let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
+    let mut c = Client::ready(&ts, true);
+    assert_eq!(c.write(1, 0, &pattern(64 * 4096, 9)), 0);
+    // A write held in the backend, then reads of other blocks: the reader
+    // leaves them to the workers, so it goes on reading the client's next
+    // writes while the workers compress.
+    ts.backend.hold_writes(true);
+    let mut bytes = Client::header(NBD_CMD_WRITE, 0, 50, 63 * 4096, 4096);
+    bytes.extend(pattern(4096, 1));
+    for i in 0..8u64 {
+        bytes.extend(Client::header(NBD_CMD_READ, 0, 100 + i, i * 4096, 4096));
+    }
+    threads(&ts);
+    c.s.write_all(&bytes).unwrap();
+    let mut handles: Vec<u64> = (0..8).map(|_| c.reply_one(4096).0).collect();
+    ts.backend.hold_writes(false);
+    handles.push(c.reply_one(0).0);
+    handles.sort_unstable();
+    assert_eq!(handles, [50, 100, 101, 102, 103, 104, 105, 106, 107]);
+    let names = threads(&ts);
+    assert_eq!(on_workers(&names), 9, "{names:?}");
+}

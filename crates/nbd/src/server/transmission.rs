@@ -61,6 +61,8 @@ struct Inflight {
     next_id: u64,
     entries: Vec<Entry>,
     payload_bytes: u64,
+    /// Entries that write (WRITE, TRIM, WRITE_ZEROES).
+    writes: usize,
     /// Threads waiting on `inflight_changed` (the reader, or a close
     /// waiting for idle): a release wakes them only if there are any
     /// (a wake is a syscall, and every reply releases a slot).
@@ -176,6 +178,7 @@ impl Conn {
         let id = state.next_id;
         state.next_id += 1;
         state.payload_bytes += payload_bytes;
+        state.writes += usize::from(is_write);
         state.entries.push(Entry {
             id,
             range,
@@ -199,6 +202,7 @@ impl Conn {
         let mut state = lock(&self.inflight);
         if let Some(pos) = state.entries.iter().position(|e| e.id == id) {
             let entry = state.entries.swap_remove(pos);
+            state.writes -= usize::from(entry.is_write);
             state.payload_bytes -= entry.payload_bytes;
             self.server_budget
                 .release(&self.budget_share, entry.payload_bytes);
@@ -541,8 +545,10 @@ fn dispatch(
 /// Whether `cmd` (in flight, its slot taken) runs here, on the reader
 /// thread, rather than on a worker:
 /// - a small READ, while this connection's reads have been quick (their
-///   data in memory: `read_cost`), since the hand-off to a worker would
-///   cost as much as the read;
+///   data in memory: `read_cost`) and none of its writes is in flight,
+///   since the hand-off to a worker would cost as much as the read (with
+///   writes in flight, the workers compress while the reader, running
+///   reads, would leave the next writes unread);
 /// - a small READ or WRITE that is the connection's only request in
 ///   flight, with nothing more from the client buffered or waiting on the
 ///   socket. A client at queue depth 1 then pays no hand-off to a worker
@@ -554,7 +560,11 @@ fn runs_inline(conn: &Conn, reader: &impl Input, cmd: &Command) -> bool {
         Command::Read { length, .. } | Command::Write { length, .. } => *length <= INLINE_MAX_BYTES,
         _ => false,
     };
-    if small && matches!(cmd, Command::Read { .. }) && conn.read_cost.quick() {
+    if small
+        && matches!(cmd, Command::Read { .. })
+        && conn.read_cost.quick()
+        && lock(&conn.inflight).writes == 0
+    {
         return true;
     }
     small
