@@ -719,6 +719,7 @@ mod tests {
             next_id: 2,
             entries: vec![entry(1, (0, 4096), false)],
             payload_bytes: 0,
+            writes: 0,
             waiters: 0,
         };
         let read = Command::Read {
@@ -744,6 +745,7 @@ mod tests {
             next_id: 2,
             entries: vec![entry(1, (0, 4096), true)],
             payload_bytes: 0,
+            writes: 1,
             waiters: 0,
         };
         assert!(state.conflicts(&read));
