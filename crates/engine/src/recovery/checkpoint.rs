@@ -678,3 +678,39 @@ fn parse_dir(
     };
     Ok((block as usize, r, d.pages))
 }
+
+#[cfg(test)]
+mod segment_seqs_tests {
+    use crate::recovery::checkpoint::SegmentSeqs;
+    use cvol_format::{CodecTag, Superblock, DATA_OFFSET_BYTES};
+
+    #[test]
+    fn each_segment_keeps_the_highest_seq_noted_in_it() {
+        let sb = Superblock {
+            uuid: [7; 16],
+            logical_size_bytes: 1 << 30,
+            physical_size_bytes: 1 << 29,
+            segment_size_bytes: 4 << 20,
+            data_offset_bytes: DATA_OFFSET_BYTES,
+            codec: CodecTag::Lz4,
+            codec_level: 0,
+            created_unix_secs: 0,
+            flags: 0,
+            metadata_segments: 0,
+            key_slot: None,
+            seal: None,
+        };
+        let at = |s: u64, off: u64| sb.segment_offset(s) + off;
+        let mut seqs = SegmentSeqs::new(&sb);
+        seqs.note(&sb, at(3, 100), 9);
+        seqs.note(&sb, at(3, 9000), 12);
+        seqs.note(&sb, at(3, 5000), 4);
+        seqs.note(&sb, at(0, 0), 0);
+        seqs.note(&sb, at(7, 64), 5);
+        seqs.note(&sb, 1, 99); // before the segments: no segment's
+        seqs.note(&sb, sb.segment_offset_end() + 4096, 99);
+        let mut got: Vec<(u64, u64)> = seqs.into_map().into_iter().collect();
+        got.sort_unstable();
+        assert_eq!(got, [(0, 0), (3, 12), (7, 5)]);
+    }
+}
