@@ -68,7 +68,12 @@ impl TableBooks {
     }
 
     pub(crate) fn meta_born(&mut self, s: u64, len: u32) {
-        self.meta_live[s as usize] += u64::from(len);
+        self.meta_born_bytes(s, u64::from(len));
+    }
+
+    /// `meta_born` of records of segment `s` holding `bytes` in all.
+    pub(crate) fn meta_born_bytes(&mut self, s: u64, bytes: u64) {
+        self.meta_live[s as usize] += bytes;
     }
 
     pub(crate) fn meta_died(&mut self, s: u64, len: u32) {
@@ -549,18 +554,38 @@ fn load_group(
 }
 
 /// Counts the records the map names, and those it retired, live (they
-/// are the map's own: `books.meta_live`).
+/// are the map's own: `books.meta_live`): summed per segment first, a
+/// slot each (a map names a record per page: hundreds of thousands with
+/// many snapshots).
 pub(super) fn count_map_records(
     map: &BlockMap,
     geometry: Geometry,
     segs: &mut RebuiltSegments,
     books: &mut TableBooks,
 ) -> Result<(), MetaError> {
-    let mut records: Vec<(u64, u32)> = map.retired().iter().map(|r| (r.offset, r.len)).collect();
-    map.for_each_record(|offset, len| records.push((offset, len)));
-    for (offset, len) in records {
+    // Per segment: bytes, and whether any record lies there.
+    let mut per: Vec<(u64, bool)> = vec![(0, false); segs.table.count() as usize];
+    let mut outside = None;
+    let mut note = |offset: u64, len: u32| {
         let s = geometry.segment_of(offset);
-        if segs.usage.live_bytes(s) + u64::from(len) > geometry.segment_size_bytes {
+        match per.get_mut(s as usize) {
+            Some(p) => *p = (p.0 + u64::from(len), true),
+            None => outside = Some(s),
+        }
+    };
+    map.retired().iter().for_each(|r| note(r.offset, r.len));
+    map.for_each_record(note);
+    if let Some(s) = outside {
+        return Err(MetaError::Damaged(format!(
+            "a map record in segment {s}, beyond the volume's"
+        )));
+    }
+    for (s, (bytes, any)) in per.into_iter().enumerate() {
+        let s = s as u64;
+        if !any {
+            continue;
+        }
+        if segs.usage.live_bytes(s) + bytes > geometry.segment_size_bytes {
             return Err(MetaError::Damaged(format!(
                 "segment {s} would hold more live bytes than it has"
             )));
@@ -568,8 +593,8 @@ pub(super) fn count_map_records(
         if segs.table.state(s) == SegState::Free {
             segs.table.mark(s, SegState::Sealed, 0);
         }
-        segs.usage.add_live(s, u64::from(len));
-        books.meta_born(s, len);
+        segs.usage.add_live(s, bytes);
+        books.meta_born_bytes(s, bytes);
     }
     Ok(())
 }

@@ -178,15 +178,9 @@ pub(super) fn load_checkpoint(
     if commit.logical_blocks != sb.logical_blocks() {
         return Err(CheckpointError::OtherLogicalSize);
     }
-    let loaded = load_commit_map(storage, sb, p, &commit, load)?;
-    let mut checkpoint_segments = HashMap::new();
-    let records = loaded.records.iter().copied();
-    for (off, seq) in records.chain([(p.commit_offset, p.commit_seq)]) {
-        if let Some((seg, _)) = sb.locate(off) {
-            let m = checkpoint_segments.entry(seg).or_insert(0);
-            *m = seq.max(*m);
-        }
-    }
+    let mut loaded = load_commit_map(storage, sb, p, &commit, load)?;
+    loaded.records.note(sb, p.commit_offset, p.commit_seq);
+    let checkpoint_segments = loaded.records.into_map();
     Ok(LoadedCheckpoint {
         map: loaded.map,
         start: checkpoint_start(sb, p, &commit, checkpoint_segments)?,
@@ -299,8 +293,37 @@ struct LoadedMap {
     tables: Option<LoadedTables>,
     /// LBA spans whose entries were in damaged records (partial loads).
     lost_spans: Vec<(u64, u64)>,
-    /// (offset, seq) of the records read: segments recovery needs.
-    records: Vec<(u64, u64)>,
+    /// The segments of the records read, with their highest seq: those
+    /// recovery needs.
+    records: SegmentSeqs,
+}
+
+/// The highest seq of the records noted in each segment, a slot per
+/// segment (seq + 1; 0: none noted): a map names a record per page
+/// (hundreds of thousands with many snapshots), which a hash map entry
+/// each made a large part of open's time.
+struct SegmentSeqs(Vec<u64>);
+
+impl SegmentSeqs {
+    fn new(sb: &Superblock) -> SegmentSeqs {
+        SegmentSeqs(vec![0; sb.segment_count() as usize])
+    }
+
+    /// Notes the record at `offset` (outside the segments: ignored).
+    fn note(&mut self, sb: &Superblock, offset: u64, seq: u64) {
+        if let Some((seg, _)) = sb.locate(offset) {
+            let m = &mut self.0[seg as usize];
+            *m = seq.saturating_add(1).max(*m);
+        }
+    }
+
+    /// The segments holding a noted record, with their highest seq.
+    fn into_map(self) -> HashMap<u64, u64> {
+        (self.0.into_iter().enumerate())
+            .filter(|&(_, m)| m > 0)
+            .map(|(s, m)| (s as u64, m - 1))
+            .collect()
+    }
 }
 
 /// Reads the map a commit names: MAP_CHUNKs of runs (the whole map), or
@@ -321,7 +344,7 @@ fn load_commit_map(
         map: volume_map(sb),
         tables: None,
         lost_spans: Vec::new(),
-        records: Vec::new(),
+        records: SegmentSeqs::new(sb),
     };
     match kind {
         None if commit.chunks.is_empty() => {}
@@ -382,7 +405,7 @@ fn load_flat(
     // the intact chunks around it.
     let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
     for c in &commit.chunks {
-        loaded.records.push((c.offset, commit_seq));
+        loaded.records.note(sb, c.offset, commit_seq);
         match read_chunk(storage, sb, c.offset, c.len, c.crc) {
             Ok(v) => {
                 spans.push(Some(v.first().map(|f| (f.0, v[v.len() - 1].0 + 1))));
@@ -432,13 +455,13 @@ fn load_paged(
                 continue;
             }
         };
-        loaded.records.push((r.offset, r.seq));
+        loaded.records.note(sb, r.offset, r.seq);
         dirs.push((b, r));
         let first = (b as u64 * block_blocks).min(sb.logical_blocks());
         let end = (first + block_blocks).min(sb.logical_blocks());
         spans.push(Some(Some((first, end))));
         for (p, r) in pages {
-            loaded.records.push((r.offset, r.seq));
+            loaded.records.note(sb, r.offset, r.seq);
             match p.checked_sub(npages) {
                 Some(t) => tables.push((t as usize, r)),
                 None => pages_of_block.push((p, r)),
@@ -654,4 +677,40 @@ fn parse_dir(
         seq: h.seq,
     };
     Ok((block as usize, r, d.pages))
+}
+
+#[cfg(test)]
+mod segment_seqs_tests {
+    use crate::recovery::checkpoint::SegmentSeqs;
+    use cvol_format::{CodecTag, Superblock, DATA_OFFSET_BYTES};
+
+    #[test]
+    fn each_segment_keeps_the_highest_seq_noted_in_it() {
+        let sb = Superblock {
+            uuid: [7; 16],
+            logical_size_bytes: 1 << 30,
+            physical_size_bytes: 1 << 29,
+            segment_size_bytes: 4 << 20,
+            data_offset_bytes: DATA_OFFSET_BYTES,
+            codec: CodecTag::Lz4,
+            codec_level: 0,
+            created_unix_secs: 0,
+            flags: 0,
+            metadata_segments: 0,
+            key_slot: None,
+            seal: None,
+        };
+        let at = |s: u64, off: u64| sb.segment_offset(s) + off;
+        let mut seqs = SegmentSeqs::new(&sb);
+        seqs.note(&sb, at(3, 100), 9);
+        seqs.note(&sb, at(3, 9000), 12);
+        seqs.note(&sb, at(3, 5000), 4);
+        seqs.note(&sb, at(0, 0), 0);
+        seqs.note(&sb, at(7, 64), 5);
+        seqs.note(&sb, 1, 99); // before the segments: no segment's
+        seqs.note(&sb, sb.segment_offset_end() + 4096, 99);
+        let mut got: Vec<(u64, u64)> = seqs.into_map().into_iter().collect();
+        got.sort_unstable();
+        assert_eq!(got, [(0, 0), (3, 12), (7, 5)]);
+    }
 }
