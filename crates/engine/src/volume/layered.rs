@@ -64,6 +64,29 @@ impl Layers {
         self.below.iter().map(|b| b + k).collect()
     }
 
+    /// The map ranges of `n` blocks from `lba` in every layer (the blocks'
+    /// own, those below, the keep target's and its guards'): what a write
+    /// faults in. Without layers below or guards (the common case: a
+    /// volume with snapshots, none being deleted), two ranges in place.
+    pub(super) fn ranges(&self, n: u64, lba: u64) -> Result<[(u64, u64); 2], Vec<(u64, u64)>> {
+        let keep = self.keep.as_ref().map(|k| (k, n.min(k.blocks)));
+        if self.below.is_empty() && keep.is_none_or(|(k, _)| k.guards.is_empty()) {
+            let (t, m) = keep.map_or((lba, 0), |(k, m)| (k.target, m));
+            return Ok([(lba, lba + n), (t, t + m)]);
+        }
+        let mut ranges: Vec<(u64, u64)> = (std::iter::once(lba).chain(self.below.iter().copied()))
+            .map(|b| (b, b + n))
+            .collect();
+        if let Some((k, m)) = keep {
+            ranges.extend(
+                std::iter::once(&k.target)
+                    .chain(&k.guards)
+                    .map(|&t| (t, t + m)),
+            );
+        }
+        Err(ranges)
+    }
+
     /// Log bytes keeping the old entries of `n` blocks may take.
     pub(super) fn keep_bytes(&self, n: u64) -> u64 {
         self.keep
@@ -96,18 +119,10 @@ impl Volume {
     /// Reads the map pages of `n` blocks from `lba` and of every layer of
     /// them outside the lock.
     pub(super) fn prefault_layers(&self, l: &Layers, n: u64, lba: u64) -> Result<(), VolError> {
-        let mut ranges: Vec<(u64, u64)> = (std::iter::once(lba).chain(l.below.iter().copied()))
-            .map(|b| (b, b + n))
-            .collect();
-        if let Some(k) = &l.keep {
-            let m = n.min(k.blocks);
-            ranges.extend(
-                std::iter::once(&k.target)
-                    .chain(&k.guards)
-                    .map(|&t| (t, t + m)),
-            );
+        match l.ranges(n, lba) {
+            Ok(r) => self.prefault_ranges(&r),
+            Err(r) => self.prefault_ranges(&r),
         }
-        self.prefault_ranges(&ranges)
     }
 
     /// A writer found an old entry to keep in a segment being cleaned (no
