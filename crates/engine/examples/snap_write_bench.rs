@@ -37,6 +37,7 @@ fn fill_block(rng: &mut impl Rng, b: &mut [u8]) {
 
 /// User + system CPU seconds of the whole process.
 fn cpu_secs() -> f64 {
+    // SAFETY: rusage is plain integers, for which zeros are valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage fills the struct it is given.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
@@ -46,6 +47,7 @@ fn cpu_secs() -> f64 {
 
 /// CPU seconds of the process's threads named `name` (from /proc).
 fn thread_cpu_secs(name: &str) -> f64 {
+    // SAFETY: sysconf reads a system constant.
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0.0;

@@ -280,7 +280,7 @@ fn pages_match_a_model_sparse_until_full_and_keep_their_byte_counts() {
         m.fault_in(lba, lba + 1, &src).unwrap();
         let e = match rng.gen_range(0..4) {
             0 if step % 3 != 0 => MapEntry::UNMAPPED,
-            1 => ref_at(1 + rng.gen_range(0..64u64) << 20),
+            1 => ref_at((1 + rng.gen_range(0..64u64)) << 20),
             _ => entry(1 + step),
         };
         let old = model.get(&lba).copied().unwrap_or(MapEntry::UNMAPPED);

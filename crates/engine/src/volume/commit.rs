@@ -136,17 +136,7 @@ impl Volume {
         assert!(data.len().is_multiple_of(BS));
         let n = (data.len() / BS) as u64;
         let mut items = self.prepare(lba, data, who)?;
-        let (simple, other);
-        let ranges: &[(u64, u64)] = match layers.ranges(n, lba) {
-            Ok(r) => {
-                simple = r;
-                &simple
-            }
-            Err(r) => {
-                other = r;
-                &other
-            }
-        };
+        let ranges = layers.ranges(n, lba);
         let mut kept = layers.keep.is_none();
         loop {
             let packing = self.sb.packing();
@@ -154,7 +144,7 @@ impl Volume {
             // The map pages not in memory are read without the lock; the
             // hold that finds them all is this commit's.
             let mut st = self
-                .lock_prefaulted_by(ranges, || self.lock_with_space(space::commit_bytes(need)))?;
+                .lock_prefaulted_by(&ranges, || self.lock_with_space(space::commit_bytes(need)))?;
             if !kept {
                 if !self.keep_old(&mut st, lba, n, layers, false)? {
                     drop(st);

@@ -68,11 +68,11 @@ impl Layers {
     /// own, those below, the keep target's and its guards'): what a write
     /// faults in. Without layers below or guards (the common case: a
     /// volume with snapshots, none being deleted), two ranges in place.
-    pub(super) fn ranges(&self, n: u64, lba: u64) -> Result<[(u64, u64); 2], Vec<(u64, u64)>> {
+    pub(super) fn ranges(&self, n: u64, lba: u64) -> Ranges {
         let keep = self.keep.as_ref().map(|k| (k, n.min(k.blocks)));
         if self.below.is_empty() && keep.is_none_or(|(k, _)| k.guards.is_empty()) {
             let (t, m) = keep.map_or((lba, 0), |(k, m)| (k.target, m));
-            return Ok([(lba, lba + n), (t, t + m)]);
+            return Ranges::Two([(lba, lba + n), (t, t + m)]);
         }
         let mut ranges: Vec<(u64, u64)> = (std::iter::once(lba).chain(self.below.iter().copied()))
             .map(|b| (b, b + n))
@@ -84,7 +84,7 @@ impl Layers {
                     .map(|&t| (t, t + m)),
             );
         }
-        Err(ranges)
+        Ranges::Many(ranges)
     }
 
     /// Log bytes keeping the old entries of `n` blocks may take.
@@ -92,6 +92,23 @@ impl Layers {
         self.keep
             .as_ref()
             .map_or(0, |k| n.min(k.blocks) * REF_RECORD_MAX_BYTES as u64)
+    }
+}
+
+/// Map ranges of a request in its layers (`Layers::ranges`).
+pub(super) enum Ranges {
+    Two([(u64, u64); 2]),
+    Many(Vec<(u64, u64)>),
+}
+
+impl std::ops::Deref for Ranges {
+    type Target = [(u64, u64)];
+
+    fn deref(&self) -> &[(u64, u64)] {
+        match self {
+            Ranges::Two(r) => r,
+            Ranges::Many(r) => r,
+        }
     }
 }
 
@@ -119,10 +136,7 @@ impl Volume {
     /// Reads the map pages of `n` blocks from `lba` and of every layer of
     /// them outside the lock.
     pub(super) fn prefault_layers(&self, l: &Layers, n: u64, lba: u64) -> Result<(), VolError> {
-        match l.ranges(n, lba) {
-            Ok(r) => self.prefault_ranges(&r),
-            Err(r) => self.prefault_ranges(&r),
-        }
+        self.prefault_ranges(&l.ranges(n, lba))
     }
 
     /// A writer found an old entry to keep in a segment being cleaned (no
