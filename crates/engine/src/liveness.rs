@@ -25,7 +25,6 @@ use fprints::FpBooks;
 pub(crate) use fprints::{decode_fp_record, read_fp_table, FpSnapshot};
 pub(crate) use replay::{Replay, ReplaySource};
 use std::collections::HashMap;
-use std::sync::Arc;
 use tables::TableBooks;
 pub(crate) use tables::{check_tables, EncodedTables, LoadedTables, TableSnapshot};
 
@@ -446,13 +445,13 @@ impl LiveMap {
         self.map.fault_in(first, end, src)
     }
 
-    /// Drops clean map pages beyond `max_pages`.
-    pub(crate) fn evict(&mut self, max_pages: usize) -> usize {
-        self.map.evict(max_pages)
+    /// Drops clean map pages beyond `max_bytes` of them.
+    pub(crate) fn evict(&mut self, max_bytes: u64) -> usize {
+        self.map.evict(max_bytes)
     }
 
     /// The dirty map pages, for a checkpoint (`BlockMap::take_dirty`).
-    pub(crate) fn dirty_pages(&self) -> Vec<(usize, Arc<Page>)> {
+    pub(crate) fn dirty_pages(&self) -> Vec<(usize, Page)> {
         self.map.take_dirty()
     }
 
@@ -464,7 +463,7 @@ impl LiveMap {
     }
 
     /// Names `r` as page `p`'s record (`BlockMap::page_written`).
-    pub(crate) fn page_written(&mut self, p: usize, snap: &Arc<Page>, r: PageRef) {
+    pub(crate) fn page_written(&mut self, p: usize, snap: &Page, r: PageRef) {
         self.map_record_born(&r);
         self.map.page_written(p, snap, r);
     }

@@ -17,9 +17,9 @@
 use crate::error::MetaError;
 use cvol_format::checkpoint::{PageRef, DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::MapEntry;
+pub use page::Page;
 use sparse::{Bits, Slots};
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 pub const PAGE_BLOCKS: usize = MAP_PAGE_BLOCKS as usize;
 /// The aligned window every block of a unit lies in.
@@ -34,98 +34,8 @@ pub fn unit_identity(entry_crc: u32) -> u32 {
 
 const DIR_SLOTS: usize = DIR_PAGES as usize;
 
-#[derive(Clone)]
-pub struct Page {
-    loc: [u64; PAGE_BLOCKS],
-    crc: [u32; PAGE_BLOCKS],
-    /// Entries that are not unmapped.
-    used: u32,
-}
-
-/// Bytes one page in memory takes.
-pub const PAGE_MEMORY_BYTES: u64 = std::mem::size_of::<Page>() as u64 + 16;
-
-impl Page {
-    fn empty() -> Page {
-        Page {
-            loc: [0; PAGE_BLOCKS],
-            crc: [0; PAGE_BLOCKS],
-            used: 0,
-        }
-    }
-
-    /// A page from the entries of its record (`PageSource::load`); None if
-    /// an entry lies outside page `p`.
-    pub fn from_entries(p: u64, entries: &[(u64, MapEntry)]) -> Option<Page> {
-        let mut page = Page::empty();
-        for &(lba, e) in entries {
-            if lba / MAP_PAGE_BLOCKS != p || e.is_unmapped() {
-                return None;
-            }
-            let i = (lba % MAP_PAGE_BLOCKS) as usize;
-            page.used += u32::from(page.loc[i] == 0);
-            page.loc[i] = e.loc;
-            page.crc[i] = e.crc;
-        }
-        Some(page)
-    }
-
-    /// This page's reference summary (`ref_summary`).
-    fn ref_summary(&self) -> u64 {
-        ref_summary((0..PAGE_BLOCKS).map(|i| self.entry(i)))
-    }
-
-    /// Entries that are not unmapped.
-    pub fn used(&self) -> u32 {
-        self.used
-    }
-
-    fn entry(&self, i: usize) -> MapEntry {
-        MapEntry {
-            loc: self.loc[i],
-            crc: self.crc[i],
-        }
-    }
-
-    /// `BlockMap::window_owners` for entry `i` of this page, counting only
-    /// the entries of the record whose identity (`unit_identity`) is
-    /// `ident`, if given: two records at one offset (a segment reused
-    /// between a checkpoint and a crash) are told apart.
-    pub fn window_owners(&self, i: usize, offset: u64, ident: Option<u32>) -> u32 {
-        let w = UNIT_WINDOW_BLOCKS;
-        let first = i / w * w;
-        (first..first + w)
-            .map(|j| self.entry(j))
-            .filter(|e| e.is_unit_owner_of(offset))
-            .filter(|e| ident.is_none_or(|id| unit_identity(e.crc) == id))
-            .count() as u32
-    }
-
-    /// Calls `f(i, before, after)` for every entry `i` that differs
-    /// between `before` and `after` (None: a page without entries).
-    pub fn for_each_change(
-        before: Option<&Page>,
-        after: Option<&Page>,
-        f: &mut impl FnMut(usize, MapEntry, MapEntry),
-    ) {
-        let at = |page: Option<&Page>, i: usize| page.map_or(MapEntry::UNMAPPED, |p| p.entry(i));
-        for i in 0..PAGE_BLOCKS {
-            let (b, a) = (at(before, i), at(after, i));
-            if b != a {
-                f(i, b, a);
-            }
-        }
-    }
-
-    /// Calls `f(lba, entry)` for every entry of page `p` that is not unmapped.
-    pub fn for_each_mapped(&self, p: usize, f: &mut impl FnMut(u64, MapEntry)) {
-        for i in 0..PAGE_BLOCKS {
-            if self.loc[i] != 0 {
-                f((p * PAGE_BLOCKS + i) as u64, self.entry(i));
-            }
-        }
-    }
-}
+/// Bytes one page in memory takes at most (a dense one).
+pub const PAGE_MEMORY_BYTES: u64 = page::DENSE_PAGE_BYTES;
 
 /// Reads a page's record: what `fault_in` calls on a miss.
 pub trait PageSource {
@@ -203,11 +113,19 @@ pub struct CacheCounts {
     pub verified_at_open: u64,
 }
 
+/// A page in memory, and its reference summary (`BlockMap::ref_sums`),
+/// next to it: a change to a ref entry updates it where the page's slot
+/// was just read.
+struct Resident {
+    page: Page,
+    sum: u64,
+}
+
 pub struct BlockMap {
     /// Pages in memory (`Slots` and `Bits` cost what they hold: a map
     /// of 2^32 blocks with a few pages used takes a few KiB, not the
     /// logical size's share).
-    pages: Slots<Arc<Page>>,
+    pages: Slots<Resident>,
     /// The pages with entries (in memory or not): finding the next
     /// allocated page skips holes a chunk or a word at a time, so scans of
     /// a large sparse volume cost what is mapped, not the logical size.
@@ -216,6 +134,8 @@ pub struct BlockMap {
     /// none): they stay in memory until a checkpoint writes them.
     dirty: Bits,
     dirty_count: usize,
+    /// Memory of the dirty pages (`Page::memory_bytes`).
+    dirty_bytes: u64,
     dirs: Vec<Option<Box<DirBlock>>>,
     /// Records no longer named (superseded pages and directory blocks):
     /// live until a checkpoint that no longer names them is durable.
@@ -226,6 +146,8 @@ pub struct BlockMap {
     /// The pages used since the clock last passed them.
     touched: Bits,
     resident: usize,
+    /// Memory of the pages in memory.
+    resident_bytes: u64,
     /// Pages with entries.
     allocated_count: usize,
     counts: CacheCounts,
@@ -235,15 +157,16 @@ pub struct BlockMap {
     tables: usize,
     /// While recording (recovery's roll-forward): every page read from its
     /// record, as read (`record_originals`).
-    originals: Option<Vec<(usize, Arc<Page>)>>,
+    originals: Option<Vec<(usize, Page)>>,
     /// Reference summaries (`ref_region_bits` of every ref entry's record
-    /// offset), kept for pages in memory and after they leave it, of the
-    /// pages that had any; a page with a summary bit in `summed` and none
-    /// here has no ref entry. A page that has not been in memory since
-    /// the map was made (open leaves pages on disk) has none yet. Bits are
-    /// only added while a page changes (a superset, never a miss), and
-    /// recomputed when it comes into memory. The cleaner scans only the
-    /// pages whose summary may name its victim (`may_refer_to`).
+    /// offset) of the pages not in memory that had any, kept after they
+    /// left it (a page in memory keeps its own, `Resident::sum`); a page
+    /// with a summary bit in `summed` and none here has no ref entry. A
+    /// page that has not been in memory since the map was made (open
+    /// leaves pages on disk) has none yet. Bits are only added while a
+    /// page changes (a superset, never a miss), and recomputed when it
+    /// comes into memory. The cleaner scans only the pages whose summary
+    /// may name its victim (`may_refer_to`).
     ref_sums: rustc_hash::FxHashMap<usize, u64>,
     summed: Bits,
 }
@@ -264,6 +187,7 @@ impl BlockMap {
             allocated: Bits::new(npages),
             dirty: Bits::new(npages),
             dirty_count: 0,
+            dirty_bytes: 0,
             dirs: (0..(npages + tables).div_ceil(DIR_SLOTS))
                 .map(|_| None)
                 .collect(),
@@ -271,6 +195,7 @@ impl BlockMap {
             clock: VecDeque::new(),
             touched: Bits::new(npages),
             resident: 0,
+            resident_bytes: 0,
             allocated_count: 0,
             counts: CacheCounts::default(),
             blocks,
@@ -287,13 +212,13 @@ impl BlockMap {
 
     /// The pages kept since `record_originals` (None if not recording), and
     /// stops recording.
-    pub fn take_originals(&mut self) -> Option<Vec<(usize, Arc<Page>)>> {
+    pub fn take_originals(&mut self) -> Option<Vec<(usize, Page)>> {
         self.originals.take()
     }
 
     /// Page `p` if it is in memory.
-    pub fn resident(&self, p: usize) -> Option<&Arc<Page>> {
-        self.pages.get(p)
+    pub fn resident(&self, p: usize) -> Option<&Page> {
+        self.pages.get(p).map(|r| &r.page)
     }
 
     /// Whether page `p` has entries (in memory or not).
@@ -368,7 +293,7 @@ impl BlockMap {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
         match self.pages.get(p) {
-            Some(page) => page.entry(i),
+            Some(r) => r.page.entry(i),
             None => {
                 assert!(!self.allocated.get(p), "map page {p} not faulted in");
                 MapEntry::UNMAPPED
@@ -384,11 +309,11 @@ impl BlockMap {
     pub fn window_owners(&self, lba: u64, offset: u64) -> u32 {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
-        let Some(page) = self.pages.get(p) else {
+        let Some(r) = self.pages.get(p) else {
             assert!(!self.allocated.get(p), "map page {p} not faulted in");
             return 0;
         };
-        page.window_owners(i, offset, None)
+        r.page.window_owners(i, offset, None)
     }
 
     /// Sets an entry, returning the previous one. Its page must be in
@@ -401,22 +326,22 @@ impl BlockMap {
             if e.is_unmapped() {
                 return MapEntry::UNMAPPED;
             }
-            self.insert(p, Arc::new(Page::empty()));
+            self.insert(p, Page::empty());
             self.allocate(p);
         }
         self.mark_dirty(p);
+        let r = self.pages.get_mut(p).expect("page in memory above");
         if let Some(offset) = e.ref_offset() {
-            *self.ref_sums.entry(p).or_default() |= ref_region_bits(offset, offset + 1);
+            r.sum |= ref_region_bits(offset, offset + 1);
         }
-        let page = Arc::make_mut(self.pages.get_mut(p).expect("page in memory above"));
-        let old = page.entry(i);
-        page.loc[i] = e.loc;
-        page.crc[i] = e.crc;
-        page.used = (page.used + u32::from(!e.is_unmapped()))
-            .checked_sub(u32::from(!old.is_unmapped()))
-            .expect("a page's count of used entries matches its entries");
-        debug_assert!(page.used as usize <= PAGE_BLOCKS);
-        if page.used == 0 {
+        let before = r.page.memory_bytes();
+        let old = r.page.set(i, e);
+        let (after, used) = (r.page.memory_bytes(), r.page.used());
+        debug_assert!(used as usize <= PAGE_BLOCKS);
+        // The page is dirty (marked above): both sums follow its size.
+        self.resident_bytes = self.resident_bytes + after - before;
+        self.dirty_bytes = self.dirty_bytes + after - before;
+        if used == 0 {
             self.drop_page(p);
         }
         old
@@ -424,8 +349,9 @@ impl BlockMap {
 
     /// A page that lost its last entry: no memory, no record.
     fn drop_page(&mut self, p: usize) {
-        self.pages.take(p);
+        let page = self.pages.take(p).expect("a page in memory").page;
         self.resident -= 1;
+        self.resident_bytes -= page.memory_bytes();
         self.ref_sums.remove(&p);
         self.summed.set(p, false);
         self.touched.set(p, false);
@@ -434,6 +360,7 @@ impl BlockMap {
         if self.dirty.get(p) {
             self.dirty.set(p, false);
             self.dirty_count -= 1;
+            self.dirty_bytes -= page.memory_bytes();
         }
         self.set_ref(p, None);
     }
@@ -447,9 +374,10 @@ impl BlockMap {
     /// Takes `sum` as page `p`'s reference summary (`ref_summary` of all
     /// its entries).
     pub fn learn_summary(&mut self, p: usize, sum: u64) {
-        match sum {
-            0 => self.ref_sums.remove(&p),
-            sum => self.ref_sums.insert(p, sum),
+        match (self.pages.get_mut(p), sum) {
+            (Some(r), _) => r.sum = sum,
+            (None, 0) => drop(self.ref_sums.remove(&p)),
+            (None, sum) => drop(self.ref_sums.insert(p, sum)),
         };
         self.summed.set(p, true);
     }
@@ -458,6 +386,9 @@ impl BlockMap {
     /// whose summary bits are `bits` (`ref_region_bits`): false only if
     /// its summary is known and has none of them.
     pub fn may_refer_to(&self, p: usize, bits: u64) -> bool {
+        if let Some(r) = self.pages.get(p) {
+            return r.sum & bits != 0;
+        }
         !self.summed.get(p) || self.ref_sums.get(&p).is_some_and(|&s| s & bits != 0)
     }
 
@@ -466,10 +397,13 @@ impl BlockMap {
         self.allocated_count
     }
 
-    fn insert(&mut self, p: usize, page: Arc<Page>) {
+    fn insert(&mut self, p: usize, page: Page) {
         debug_assert!(!self.pages.has(p));
-        self.learn_summary(p, page.ref_summary());
-        self.pages.put(p, page);
+        let sum = page.ref_summary();
+        self.ref_sums.remove(&p);
+        self.summed.set(p, true);
+        self.resident_bytes += page.memory_bytes();
+        self.pages.put(p, Resident { page, sum });
         self.resident += 1;
         self.clock.push_back(p);
         self.touched.set(p, true);
@@ -481,6 +415,7 @@ impl BlockMap {
         if !self.dirty.get(p) {
             self.dirty.set(p, true);
             self.dirty_count += 1;
+            self.dirty_bytes += self.pages.get(p).map_or(0, |r| r.page.memory_bytes());
         }
     }
 
@@ -554,7 +489,7 @@ impl BlockMap {
         let current = !self.pages.has(p) && self.page_ref(p).as_ref() == Some(r);
         if current {
             self.counts.misses += 1;
-            self.insert(p, Arc::new(page));
+            self.insert(p, page);
         }
         current
     }
@@ -569,9 +504,9 @@ impl BlockMap {
             return Ok(());
         }
         self.counts.misses += 1;
-        let page = Arc::new(self.read_page(p, src)?);
+        let page = self.read_page(p, src)?;
         if let Some(o) = self.originals.as_mut() {
-            o.push((p, Arc::clone(&page)));
+            o.push((p, page.clone()));
         }
         self.insert(p, page);
         Ok(())
@@ -583,26 +518,31 @@ impl BlockMap {
             .expect("an allocated page not in memory has a record");
         let entries = src.load(p as u64, &r)?;
         match Page::from_entries(p as u64, &entries) {
-            Some(page) if page.used > 0 => Ok(page),
+            Some(page) if page.used() > 0 => Ok(page),
             _ => Err(MetaError::Damaged(format!(
                 "map page {p}'s record holds entries of another page"
             ))),
         }
     }
 
-    /// Drops clean pages, least recently used first, until at most
-    /// `max_pages` are in memory (dirty pages stay: a checkpoint must write
-    /// them first). Returns how many it dropped.
-    pub fn evict(&mut self, max_pages: usize) -> usize {
+    /// Drops clean pages, least recently used first, until the pages in
+    /// memory take at most `max_bytes` (dirty pages stay: a checkpoint must
+    /// write them first). Returns how many it dropped.
+    pub fn evict(&mut self, max_bytes: u64) -> usize {
         // Only clean pages go: with more dirty pages than the cache holds
         // there is nothing to look for until a checkpoint cleans them, and
         // the clock is passed at most a few times per page to drop, so a
         // cache full of dirty pages costs nothing per call.
-        let clean = self.resident - self.dirty_count;
-        let want = self.resident.saturating_sub(max_pages).min(clean);
-        let mut passes = (want * 4 + 64).min(self.clock.len() * 2);
-        let mut dropped = 0;
-        while dropped < want && passes > 0 {
+        let clean = self.resident_bytes - self.dirty_bytes;
+        let want = self.resident_bytes.saturating_sub(max_bytes).min(clean);
+        // Pages to drop, at most (the smallest page takes 64 bytes or more).
+        let pages = usize::try_from(want.div_ceil(64)).unwrap_or(usize::MAX);
+        let mut passes = pages
+            .saturating_mul(4)
+            .saturating_add(64)
+            .min(self.clock.len() * 2);
+        let (mut dropped, mut freed) = (0, 0);
+        while freed < want && passes > 0 {
             passes -= 1;
             let Some(p) = self.clock.pop_front() else {
                 break;
@@ -615,8 +555,13 @@ impl BlockMap {
                 self.clock.push_back(p);
                 continue;
             }
-            self.pages.take(p);
+            let Resident { page, sum } = self.pages.take(p).expect("in memory above");
+            if sum != 0 {
+                self.ref_sums.insert(p, sum);
+            }
             self.resident -= 1;
+            self.resident_bytes -= page.memory_bytes();
+            freed += page.memory_bytes();
             dropped += 1;
         }
         if self.clock.len() > 2 * self.resident + 64 {
@@ -635,16 +580,21 @@ impl BlockMap {
         self.dirty_count
     }
 
+    /// Memory of the dirty pages.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes
+    }
+
     pub fn cache_counts(&self) -> CacheCounts {
         self.counts
     }
 
     /// The dirty pages, shared, for a checkpoint to write. They stay dirty
     /// (in memory) until `page_written` names their record.
-    pub fn take_dirty(&self) -> Vec<(usize, Arc<Page>)> {
-        let page = |p: usize| self.pages.get(p).expect("a dirty page is in memory");
+    pub fn take_dirty(&self) -> Vec<(usize, Page)> {
+        let page = |p: usize| self.resident(p).expect("a dirty page is in memory");
         (self.dirty_indexes().into_iter())
-            .map(|p| (p, Arc::clone(page(p))))
+            .map(|p| (p, page(p).clone()))
             .collect()
     }
 
@@ -652,7 +602,7 @@ impl BlockMap {
     /// `take_dirty` handed it out), as the page's record; the page is
     /// clean if it has not changed since. A page that has lost its entries
     /// since keeps none (the record is retired at once).
-    pub fn page_written(&mut self, p: usize, snap: &Arc<Page>, r: PageRef) {
+    pub fn page_written(&mut self, p: usize, snap: &Page, r: PageRef) {
         if !self.allocated.get(p) {
             self.retired.push(r);
             return;
@@ -661,13 +611,14 @@ impl BlockMap {
         // Its summary afresh (bits are only added while a page changes, so
         // one whose references moved again and again would name the whole
         // log): the page is in memory, written pages are dirty ones.
-        if let Some(sum) = self.pages.get(p).map(|live| live.ref_summary()) {
+        if let Some(sum) = self.resident(p).map(|live| live.ref_summary()) {
             self.learn_summary(p, sum);
         }
-        let same = self.pages.get(p).is_some_and(|c| Arc::ptr_eq(c, snap));
-        if same && self.dirty.get(p) {
+        let live = self.resident(p).filter(|c| Page::same(c, snap));
+        if let Some(bytes) = live.map(Page::memory_bytes).filter(|_| self.dirty.get(p)) {
             self.dirty.set(p, false);
             self.dirty_count -= 1;
+            self.dirty_bytes -= bytes;
         }
     }
 
@@ -759,7 +710,7 @@ impl BlockMap {
     ) -> Result<(), MetaError> {
         let mut next = self.next_allocated_page(0);
         while let Some(p) = next {
-            match (self.pages.get(p), src) {
+            match (self.resident(p), src) {
                 (Some(page), _) => page.for_each_mapped(p, &mut f),
                 (None, Some(src)) => self.read_page(p, src)?.for_each_mapped(p, &mut f),
                 (None, None) => panic!("map page {p} not faulted in"),
@@ -827,12 +778,28 @@ impl BlockMap {
             + dirs
             + self.clock.capacity() * 8
             + self.ref_sums.capacity() * 24) as u64
-            + self.resident as u64 * PAGE_MEMORY_BYTES
+            + self.resident_bytes
     }
 
     /// Bytes of the pages in memory.
     pub fn cache_bytes(&self) -> u64 {
-        self.resident as u64 * PAGE_MEMORY_BYTES
+        self.resident_bytes
+    }
+
+    /// The bytes of the pages in memory and of the dirty ones, summed
+    /// afresh (what `cache_bytes` and `dirty_bytes` keep).
+    #[cfg(test)]
+    fn recount_bytes(&self) -> (u64, u64) {
+        let mut sums = (0, 0);
+        for p in 0..self.pages.len() {
+            if let Some(r) = self.pages.get(p) {
+                sums.0 += r.page.memory_bytes();
+                if self.dirty.get(p) {
+                    sums.1 += r.page.memory_bytes();
+                }
+            }
+        }
+        sums
     }
 }
 
@@ -846,6 +813,7 @@ fn split(lba: u64) -> (usize, usize) {
 }
 
 mod install;
+mod page;
 mod sparse;
 #[cfg(test)]
 mod tests;

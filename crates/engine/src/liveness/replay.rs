@@ -18,7 +18,6 @@ const _: () = assert!(TABLE_SEGMENTS == 1);
 use super::tables::TableBooks;
 use cvol_format::{CodecTag, EntryState, MapEntry};
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
 /// What recovery's roll-forward did after the tables' snapshot.
 pub(crate) struct Replay<'a> {
     /// Map records (DATA, ZERO, TRIM, REF) replayed.
@@ -85,7 +84,7 @@ struct Changed<'m> {
     map: &'m BlockMap,
     /// As read from their records (pages faulted in and left unchanged
     /// too).
-    before: HashMap<usize, Arc<Page>>,
+    before: HashMap<usize, Page>,
     /// Changed since their records (those not in `before` were made by
     /// roll-forward).
     dirty: HashSet<usize>,
@@ -131,7 +130,7 @@ impl Changed<'_> {
 /// all lie in its window: they are counted there, before and after.
 pub(super) fn apply_replay(
     map: &mut BlockMap,
-    originals: Vec<(usize, Arc<Page>)>,
+    originals: Vec<(usize, Page)>,
     replay: &Replay<'_>,
     t: &mut Tables<'_>,
 ) -> Result<(), MetaError> {
@@ -162,12 +161,12 @@ pub(super) fn apply_replay(
 /// the way.
 fn changed_records(
     map: &BlockMap,
-    originals: &[(usize, Arc<Page>)],
+    originals: &[(usize, Page)],
     counters: &mut MapCounters,
 ) -> Result<HashMap<RecordKey, Touched>, MetaError> {
     let mut pages: BTreeSet<usize> = originals.iter().map(|(p, _)| *p).collect();
     pages.extend(map.dirty_indexes());
-    let before: HashMap<usize, &Arc<Page>> = originals.iter().map(|(p, a)| (*p, a)).collect();
+    let before: HashMap<usize, &Page> = originals.iter().map(|(p, a)| (*p, a)).collect();
     let mut recs: HashMap<RecordKey, Touched> = HashMap::new();
     let mut note = |e: MapEntry, now: bool, lba: u64| {
         let EntryState::Data {
@@ -204,11 +203,11 @@ fn changed_records(
                 "a page roll-forward changed is not in memory".into(),
             ));
         };
-        let was = before.get(&p).map(|a| &***a);
-        if was.zip(now).is_some_and(|(a, b)| std::ptr::eq(a, &**b)) {
+        let was = before.get(&p).copied();
+        if was.zip(now).is_some_and(|(a, b)| Page::same(a, b)) {
             continue;
         }
-        Page::for_each_change(was, now.map(|b| &**b), &mut |i, a, b| {
+        Page::for_each_change(was, now, &mut |i, a, b| {
             let lba = (p * PAGE_BLOCKS + i) as u64;
             counters.remove(a);
             counters.add(b);
@@ -398,7 +397,7 @@ mod tests {
             for k in 0..4u64 {
                 map.set(k, MapEntry::unit(CodecTag::Lz4, o, len, crc_x, k as u32));
             }
-            let before = Arc::clone(map.resident(0).expect("page 0"));
+            let before = map.resident(0).expect("page 0").clone();
             for k in 0..4u64 {
                 let single = MapEntry::data(CodecTag::Lz4, (6 << 20) + k * 400, 300, k as u32 + 1);
                 map.set(k, single);

@@ -374,7 +374,7 @@ fn tables_of(
     sb: &Superblock,
     map: &mut BlockMap,
     t: &LoadedTables,
-    originals: Option<Vec<(usize, Arc<Page>)>>,
+    originals: Option<Vec<(usize, Page)>>,
     replay: &Replay<'_>,
 ) -> Result<Rebuilt, MetaError> {
     let geometry = Geometry::of(sb);

@@ -3,13 +3,12 @@
 //! directory block at a time.
 use super::{BlockMap, DirBlock, Page, DIR_SLOTS};
 use cvol_format::checkpoint::PageRef;
-use std::sync::Arc;
 
 impl BlockMap {
     /// Installs page `p` as read from record `r` at open (clean).
     pub fn install_loaded(&mut self, p: usize, page: Page, r: PageRef) {
-        assert!(page.used > 0 && !self.pages.has(p));
-        self.insert(p, Arc::new(page));
+        assert!(page.used() > 0 && !self.pages.has(p));
+        self.insert(p, page);
         self.allocate(p);
         self.set_ref(p, Some(r));
     }

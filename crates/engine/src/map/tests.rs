@@ -254,3 +254,93 @@ fn a_map_of_the_largest_logical_size_costs_what_it_holds() {
     assert_eq!(m.next_allocated_page_lba(0), None);
     assert_eq!(m.memory_bytes(), fresh + 8 * m.clock.capacity() as u64);
 }
+
+/// A ref entry to a record at `offset`.
+fn ref_at(offset: u64) -> MapEntry {
+    MapEntry::data(CodecTag::Lz4, offset, 100, 7).as_ref_entry()
+}
+
+#[test]
+fn pages_match_a_model_sparse_until_full_and_keep_their_byte_counts() {
+    use super::page::SPARSE_MAX;
+    use rand::{Rng, SeedableRng};
+    let src = Records::default();
+    let pb = MAP_PAGE_BLOCKS;
+    let mut m = BlockMap::new(3 * pb);
+    let mut model: HashMap<u64, MapEntry> = HashMap::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for step in 0..6000u64 {
+        // Page 0 fills up (dense past SPARSE_MAX), page 1 stays sparse-ish,
+        // page 2 gains and loses entries.
+        let lba = match step % 3 {
+            0 => rng.gen_range(0..pb),
+            1 => pb + rng.gen_range(0..40),
+            _ => 2 * pb + rng.gen_range(0..pb),
+        };
+        m.fault_in(lba, lba + 1, &src).unwrap();
+        let e = match rng.gen_range(0..4) {
+            0 if step % 3 != 0 => MapEntry::UNMAPPED,
+            1 => ref_at((1 + rng.gen_range(0..64u64)) << 20),
+            _ => entry(1 + step),
+        };
+        let old = model.get(&lba).copied().unwrap_or(MapEntry::UNMAPPED);
+        assert_eq!(m.set(lba, e), old, "step {step}: lba {lba}");
+        match e.is_unmapped() {
+            true => drop(model.remove(&lba)),
+            false => drop(model.insert(lba, e)),
+        }
+        if step % 500 == 499 {
+            src.checkpoint(&mut m);
+            m.evict(0);
+            m.fault_in(0, 3 * pb, &src).unwrap();
+        }
+        assert_eq!(m.recount_bytes(), (m.cache_bytes(), m.dirty_bytes()));
+    }
+    for lba in 0..3 * pb {
+        let want = model.get(&lba).copied().unwrap_or(MapEntry::UNMAPPED);
+        assert_eq!(m.get(lba), want, "lba {lba}");
+    }
+    for p in 0..3 {
+        let used = model.keys().filter(|&&l| l / pb == p).count();
+        let Some(page) = m.resident(p as usize) else {
+            assert_eq!(used, 0);
+            continue;
+        };
+        assert_eq!(page.used() as usize, used);
+        if used <= SPARSE_MAX / 2 {
+            assert!(page.is_sparse(), "page {p} with {used} entries");
+            assert!(page.memory_bytes() < PAGE_MEMORY_BYTES / 2);
+        }
+    }
+    let full = m.resident(0).expect("page 0");
+    assert!(!full.is_sparse(), "{} entries", full.used());
+    assert_eq!(full.memory_bytes(), PAGE_MEMORY_BYTES);
+}
+
+#[test]
+fn one_entry_per_page_costs_a_small_part_of_a_dense_page() {
+    // A snapshot's pages after random writes: an old entry or a few each.
+    let pages = 1000u64;
+    let mut m = BlockMap::new(pages * MAP_PAGE_BLOCKS);
+    for p in 0..pages {
+        m.set(p * MAP_PAGE_BLOCKS + p % 512, ref_at(p << 20));
+    }
+    let per_page = m.cache_bytes() / pages;
+    assert!(per_page <= 256, "{per_page} bytes a page");
+    assert_eq!(m.dirty_bytes(), m.cache_bytes());
+    // Summaries of pages in memory and out of it.
+    let src = Records::default();
+    let bits = |o: u64| super::ref_region_bits(o, o + 1);
+    assert!(m.may_refer_to(3, bits(3 << 20)));
+    assert!(!m.may_refer_to(3, bits(4 << 20)));
+    src.checkpoint(&mut m);
+    assert_eq!(m.evict(0), pages as usize);
+    assert_eq!((m.cache_bytes(), m.dirty_bytes()), (0, 0));
+    assert!(m.may_refer_to(3, bits(3 << 20)), "kept once out of memory");
+    assert!(!m.may_refer_to(3, bits(4 << 20)));
+    m.fault_in(3 * MAP_PAGE_BLOCKS, 4 * MAP_PAGE_BLOCKS, &src)
+        .unwrap();
+    m.set(3 * MAP_PAGE_BLOCKS, ref_at(5 << 20));
+    assert!(m.may_refer_to(3, bits(3 << 20)) && m.may_refer_to(3, bits(5 << 20)));
+    assert!(!m.may_refer_to(3, bits(4 << 20)));
+}

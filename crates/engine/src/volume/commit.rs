@@ -136,16 +136,15 @@ impl Volume {
         assert!(data.len().is_multiple_of(BS));
         let n = (data.len() / BS) as u64;
         let mut items = self.prepare(lba, data, who)?;
-        if *layers == Layers::default() {
-            self.prefault(lba, lba + n)?;
-        } else {
-            self.prefault_layers(layers, n, lba)?;
-        }
+        let ranges = layers.ranges(n, lba);
         let mut kept = layers.keep.is_none();
         loop {
             let packing = self.sb.packing();
             let need = log_bytes(&items, packing) + if kept { 0 } else { layers.keep_bytes(n) };
-            let mut st = self.lock_with_space(space::commit_bytes(need))?;
+            // The map pages not in memory are read without the lock; the
+            // hold that finds them all is this commit's.
+            let mut st = self
+                .lock_prefaulted_by(&ranges, || self.lock_with_space(space::commit_bytes(need)))?;
             if !kept {
                 if !self.keep_old(&mut st, lba, n, layers, false)? {
                     drop(st);

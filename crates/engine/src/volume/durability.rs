@@ -16,7 +16,6 @@ use cvol_format::flushmark::FlushMark;
 use cvol_format::record::RecordKind;
 use cvol_format::{CheckpointPointer, CodecTag, MapEntry};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 /// A flush also checkpoints when this share of the segments (at least
 /// `CHECKPOINT_EMPTY_SEGMENTS_MIN`) only waits for one to be reused.
@@ -33,9 +32,10 @@ const CHECKPOINT_LOG_PER_CHECKPOINT_BYTE: u64 = 4;
 /// checkpoint's worth of dirty pages to write back (at 128 GiB mapped a
 /// checkpoint is 100+ MiB, a second of writeback), nor does its commit.
 const CHECKPOINT_SYNC_BYTES: u64 = 8 << 20;
-/// Dirty map pages that make a checkpoint due, at least (the map cache's
-/// pages otherwise): a small cache does not checkpoint every few writes.
-const DIRTY_PAGES_MIN: usize = 256;
+/// Dirty map pages that make a checkpoint due, at least (as many bytes of
+/// dense pages; the map cache's bytes otherwise): a small cache does not
+/// checkpoint every few writes.
+const DIRTY_PAGES_MIN: u64 = 256;
 /// Page records a checkpoint appends per hold of the state lock.
 const PAGES_PER_HOLD: usize = 64;
 /// Table records a checkpoint appends per hold of the state lock stop
@@ -271,9 +271,9 @@ impl Volume {
             .options
             .checkpoint_interval_bytes
             .max(last.saturating_mul(CHECKPOINT_LOG_PER_CHECKPOINT_BYTE));
-        let dirty_max = self.map_cache_pages.max(DIRTY_PAGES_MIN);
+        let dirty_max = (self.map_cache_bytes).max(DIRTY_PAGES_MIN * crate::map::PAGE_MEMORY_BYTES);
         st.log.appended_bytes - st.appended_at_checkpoint >= interval
-            || st.live.map().dirty_pages() > dirty_max
+            || st.live.map().dirty_bytes() > dirty_max
     }
 
     /// Whether the fingerprint rows in memory call for a spill
@@ -430,7 +430,7 @@ impl Volume {
     /// copied.
     fn append_pages(
         &self,
-        pages: Vec<(usize, Arc<Page>)>,
+        pages: Vec<(usize, Page)>,
         tables: &EncodedTables,
         between: impl FnOnce(),
     ) -> Result<u64, VolError> {
@@ -451,7 +451,7 @@ impl Volume {
         let (mut total, mut unsynced) = (0u64, 0u64);
         let mut rest = pages.into_iter();
         loop {
-            let batch: Vec<(usize, Arc<Page>)> = rest.by_ref().take(PAGES_PER_HOLD).collect();
+            let batch: Vec<(usize, Page)> = rest.by_ref().take(PAGES_PER_HOLD).collect();
             if batch.is_empty() {
                 break;
             }
@@ -708,7 +708,7 @@ enum Tables {
 /// What a checkpoint writes, taken under the state lock.
 struct CheckpointSnapshot {
     /// The dirty map pages, by page index.
-    pages: Vec<(usize, Arc<Page>)>,
+    pages: Vec<(usize, Page)>,
     /// The changed liveness tables.
     tables: TableSnapshot,
     /// `log.appended_bytes` at the snapshot, if the tables are written.

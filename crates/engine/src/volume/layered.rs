@@ -64,11 +64,51 @@ impl Layers {
         self.below.iter().map(|b| b + k).collect()
     }
 
+    /// The map ranges of `n` blocks from `lba` in every layer (the blocks'
+    /// own, those below, the keep target's and its guards'): what a write
+    /// faults in. Without layers below or guards (the common case: a
+    /// volume with snapshots, none being deleted), two ranges in place.
+    pub(super) fn ranges(&self, n: u64, lba: u64) -> Ranges {
+        let keep = self.keep.as_ref().map(|k| (k, n.min(k.blocks)));
+        if self.below.is_empty() && keep.is_none_or(|(k, _)| k.guards.is_empty()) {
+            let (t, m) = keep.map_or((lba, 0), |(k, m)| (k.target, m));
+            return Ranges::Two([(lba, lba + n), (t, t + m)]);
+        }
+        let mut ranges: Vec<(u64, u64)> = (std::iter::once(lba).chain(self.below.iter().copied()))
+            .map(|b| (b, b + n))
+            .collect();
+        if let Some((k, m)) = keep {
+            ranges.extend(
+                std::iter::once(&k.target)
+                    .chain(&k.guards)
+                    .map(|&t| (t, t + m)),
+            );
+        }
+        Ranges::Many(ranges)
+    }
+
     /// Log bytes keeping the old entries of `n` blocks may take.
     pub(super) fn keep_bytes(&self, n: u64) -> u64 {
         self.keep
             .as_ref()
             .map_or(0, |k| n.min(k.blocks) * REF_RECORD_MAX_BYTES as u64)
+    }
+}
+
+/// Map ranges of a request in its layers (`Layers::ranges`).
+pub(super) enum Ranges {
+    Two([(u64, u64); 2]),
+    Many(Vec<(u64, u64)>),
+}
+
+impl std::ops::Deref for Ranges {
+    type Target = [(u64, u64)];
+
+    fn deref(&self) -> &[(u64, u64)] {
+        match self {
+            Ranges::Two(r) => r,
+            Ranges::Many(r) => r,
+        }
     }
 }
 
@@ -96,18 +136,7 @@ impl Volume {
     /// Reads the map pages of `n` blocks from `lba` and of every layer of
     /// them outside the lock.
     pub(super) fn prefault_layers(&self, l: &Layers, n: u64, lba: u64) -> Result<(), VolError> {
-        let mut ranges: Vec<(u64, u64)> = (std::iter::once(lba).chain(l.below.iter().copied()))
-            .map(|b| (b, b + n))
-            .collect();
-        if let Some(k) = &l.keep {
-            let m = n.min(k.blocks);
-            ranges.extend(
-                std::iter::once(&k.target)
-                    .chain(&k.guards)
-                    .map(|&t| (t, t + m)),
-            );
-        }
-        self.prefault_ranges(&ranges)
+        self.prefault_ranges(&l.ranges(n, lba))
     }
 
     /// A writer found an old entry to keep in a segment being cleaned (no

@@ -312,7 +312,7 @@ impl Volume {
             }
         });
         Volume {
-            map_cache_pages: super::options::map_cache_pages(options.map_cache_bytes),
+            map_cache_bytes: super::options::map_cache_limit_bytes(options.map_cache_bytes),
             policy: policy_of(&sb),
             recovery_warnings: Vec::new(),
             recovery_salvage: None,

@@ -69,7 +69,7 @@ pub use jobs::Worker;
 pub use layered::{Keep, Layers};
 pub use lifecycle::default_segment_size;
 pub use options::{
-    dedup_memory_default_bytes, map_cache_pages, read_cache_default_bytes, CreateOptions,
+    dedup_memory_default_bytes, map_cache_limit_bytes, read_cache_default_bytes, CreateOptions,
     OpenOptions, DEDUP_MEMORY_DEFAULT_BYTES, MAP_CACHE_DEFAULT_BYTES, READ_CACHE_DEFAULT_BYTES,
 };
 pub use physical::{resize_unsupported, ResizeError, SHRINK_FREE_MIN_SEGMENTS};
@@ -147,8 +147,8 @@ pub struct Volume {
     /// Replaced, under the state lock, only by a physical resize.
     sb: sbcell::SbCell,
     options: OpenOptions,
-    /// Map pages kept in memory (`OpenOptions::map_cache_bytes`).
-    map_cache_pages: usize,
+    /// Bytes of map pages kept in memory (`OpenOptions::map_cache_bytes`).
+    map_cache_bytes: u64,
     policy: CodecPolicy,
     /// What recovery had to skip or rebuild at open (shown by repair).
     recovery_warnings: Vec<String>,
@@ -193,10 +193,10 @@ impl Volume {
     /// relies on a page it faulted in under an earlier hold.
     fn lock_state(&self) -> Result<StateGuard<'_>, VolError> {
         let mut st = self.note_poison(self.state.lock())?;
-        if st.live.map().resident_pages() > self.map_cache_pages {
+        if st.live.map().cache_bytes() > self.map_cache_bytes {
             // Down to 15/16 of the cache, so that eviction runs in batches.
             st.live
-                .evict(self.map_cache_pages - self.map_cache_pages / 16);
+                .evict(self.map_cache_bytes - self.map_cache_bytes / 16);
         }
         Ok(st)
     }
@@ -223,7 +223,18 @@ impl Volume {
     /// caller still `fault`s its ranges (a page dropped, or rewritten, while
     /// the lock was released is read under it).
     fn lock_state_prefaulted(&self, ranges: &[(u64, u64)]) -> Result<StateGuard<'_>, VolError> {
-        let mut st = self.lock_state()?;
+        self.lock_prefaulted_by(ranges, || self.lock_state())
+    }
+
+    /// `lock_state_prefaulted`, the lock taken by `lock` (a writer's takes
+    /// it with room for its records, `lock_with_space`): when the pages are
+    /// in memory, the hold that found none missing is the writer's.
+    fn lock_prefaulted_by<'a>(
+        &'a self,
+        ranges: &[(u64, u64)],
+        lock: impl Fn() -> Result<StateGuard<'a>, VolError>,
+    ) -> Result<StateGuard<'a>, VolError> {
+        let mut st = lock()?;
         let missing: Vec<_> = (ranges.iter())
             .flat_map(|&(a, b)| st.live.map_mut().missing_pages(a, b))
             .collect();
@@ -244,7 +255,7 @@ impl Volume {
                 (page.used() > 0).then_some((p, page, r))
             })
             .collect();
-        let mut st = self.lock_state()?;
+        let mut st = lock()?;
         for (p, page, r) in read {
             st.live.map_mut().install_read(p, page, &r);
         }

@@ -127,11 +127,13 @@ impl CreateOptions {
 /// to ~170 GiB mapped (3 MiB of map per GiB); beyond that, the pages used
 /// least recently are read back from the log on demand.
 pub const MAP_CACHE_DEFAULT_BYTES: u64 = 512 << 20;
-/// Map pages `map_cache_bytes` holds. None may be: every clean page is
-/// dropped whenever the state lock is taken (the simulations run so).
-pub fn map_cache_pages(map_cache_bytes: Option<u64>) -> usize {
-    let bytes = map_cache_bytes.unwrap_or(MAP_CACHE_DEFAULT_BYTES);
-    usize::try_from(bytes / crate::map::PAGE_MEMORY_BYTES).unwrap_or(usize::MAX)
+/// Bytes of map pages the cache holds (`OpenOptions::map_cache_bytes`,
+/// or the default): a page takes what its entries need
+/// (`map::Page::memory_bytes`, at most `map::PAGE_MEMORY_BYTES`). 0 may
+/// be: every clean page is dropped whenever the state lock is taken (the
+/// simulations run so).
+pub fn map_cache_limit_bytes(map_cache_bytes: Option<u64>) -> u64 {
+    map_cache_bytes.unwrap_or(MAP_CACHE_DEFAULT_BYTES)
 }
 
 #[derive(Debug, Clone)]
