@@ -24,7 +24,7 @@ fn request(i: u64) -> (bool, u64, u32) {
     let lengths = [512u32, 4096, 4096, 4096, 16 * 1024, 64 * 1024, 256 * 1024];
     let length = lengths[(i * 7 % lengths.len() as u64) as usize];
     let slot = (i * 2_654_435_761) % (HALF / 4096 - 64);
-    let is_write = i % 5 == 0;
+    let is_write = i.is_multiple_of(5);
     let offset = slot * 4096 + if is_write { HALF } else { 0 };
     (is_write, offset, length)
 }
@@ -59,7 +59,7 @@ fn every_reply_arrives_once_whole_and_in_one_piece_to_a_slow_reader() {
     });
     let mut seen: HashMap<u64, usize> = HashMap::new();
     for n in 0..REQUESTS {
-        if n % 8 == 0 {
+        if n.is_multiple_of(8) {
             std::thread::sleep(Duration::from_millis(5)); // the socket fills
         }
         let (handle, error, data) = read_reply_in_pieces(&mut c);
