@@ -192,17 +192,7 @@ fn a_damaged_snapshot_page_reads_as_an_error_and_check_reports_it() {
     // past them (to an older commit in the log, rolling forward), and the
     // snapshot reads its blocks again.
     cvol_engine::check::repair_volume(Arc::new(store.clone()));
-    let pool = open_pool(&store);
-    let s = pool.volume("default@s").expect("the snapshot's view");
-    for p in 0..PAGES {
-        let l = p * MAP_PAGE_BLOCKS + 7;
-        s.read_at(l * BSU, &mut b).unwrap();
-        assert!(b == block(l, 1), "the snapshot's block {l} after repair");
-    }
-    drop(s);
-    drop(pool);
-    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
-    assert!(rep.consistent(), "after repair: {:?}", rep.errors);
+    snapshot_reads_its_blocks_and_checks_clean(&store, "after repair");
 }
 
 /// (offset, seq) of every MAP_CHUNK record on the store whose page is
@@ -334,16 +324,22 @@ fn open_counts_the_records_of_the_pages_it_leaves_on_disk_live() {
     drop(v);
     pool.engine().close().unwrap();
     drop(pool);
-    let pool = open_pool(&store);
+    snapshot_reads_its_blocks_and_checks_clean(&store, "after the log reused segments");
+}
+
+/// Opens the pool: `default@s` reads block (l, 1) at block 7 of every page,
+/// and `check` finds the store consistent.
+fn snapshot_reads_its_blocks_and_checks_clean(store: &SimStorage, when: &str) {
+    let pool = open_pool(store);
     let s = pool.volume("default@s").expect("the snapshot's view");
     let mut b = vec![0u8; BS];
     for p in 0..PAGES {
         let l = p * MAP_PAGE_BLOCKS + 7;
         s.read_at(l * BSU, &mut b).unwrap();
-        assert!(b == block(l, 1), "the snapshot's block {l}");
+        assert!(b == block(l, 1), "the snapshot's block {l} {when}");
     }
     drop(s);
     drop(pool);
-    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
-    assert!(rep.consistent(), "{:?}", rep.errors);
+    let rep = cvol_engine::check::check_volume(store, &mut |_, _| {});
+    assert!(rep.consistent(), "{when}: {:?}", rep.errors);
 }

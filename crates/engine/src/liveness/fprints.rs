@@ -467,20 +467,7 @@ mod tests {
     use cvol_format::{CodecTag, MapEntry, DATA_OFFSET_BYTES};
 
     fn books() -> FpBooks {
-        FpBooks::new(&Superblock {
-            uuid: [7; 16],
-            logical_size_bytes: 1 << 30,
-            physical_size_bytes: 1 << 29,
-            segment_size_bytes: 4 << 20,
-            data_offset_bytes: DATA_OFFSET_BYTES,
-            codec: CodecTag::Lz4,
-            codec_level: 0,
-            created_unix_secs: 0,
-            flags: 0,
-            metadata_segments: 0,
-            key_slot: None,
-            seal: None,
-        })
+        FpBooks::new(&crate::test_util::small_superblock())
     }
 
     fn row(offset: u64) -> FpRow {

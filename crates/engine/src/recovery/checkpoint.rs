@@ -682,24 +682,10 @@ fn parse_dir(
 #[cfg(test)]
 mod segment_seqs_tests {
     use crate::recovery::checkpoint::SegmentSeqs;
-    use cvol_format::{CodecTag, Superblock, DATA_OFFSET_BYTES};
 
     #[test]
     fn each_segment_keeps_the_highest_seq_noted_in_it() {
-        let sb = Superblock {
-            uuid: [7; 16],
-            logical_size_bytes: 1 << 30,
-            physical_size_bytes: 1 << 29,
-            segment_size_bytes: 4 << 20,
-            data_offset_bytes: DATA_OFFSET_BYTES,
-            codec: CodecTag::Lz4,
-            codec_level: 0,
-            created_unix_secs: 0,
-            flags: 0,
-            metadata_segments: 0,
-            key_slot: None,
-            seal: None,
-        };
+        let sb = crate::test_util::small_superblock();
         let at = |s: u64, off: u64| sb.segment_offset(s) + off;
         let mut seqs = SegmentSeqs::new(&sb);
         seqs.note(&sb, at(3, 100), 9);
