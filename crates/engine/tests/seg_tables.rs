@@ -271,11 +271,15 @@ fn a_checkpoint_that_falls_due_early_leaves_only_costly_tables_out() {
         map_cache_bytes: Some(0),
         ..OpenOptions::default()
     };
-    // One block in each of 300 pages: more dirty pages than the 256 that
-    // make a checkpoint due, far less log than the interval.
+    // One block in each of 300 pages, and 160 zero blocks after it (ZERO
+    // entries: no data, no rows) so that each page is dense in memory:
+    // more dirty page bytes than the 256 full pages that make a checkpoint
+    // due, far less log than the interval.
+    let zeros = vec![0u8; 160 * BS];
     let touch_pages = |vol: &Volume, content: &dyn Fn(u64) -> Vec<u8>| {
         for p in 30..330u64 {
             vol.write_at(p * PAGE, &content(p), false).unwrap();
+            vol.write_at(p * PAGE + BS as u64, &zeros, false).unwrap();
         }
         let before = vol.stats().checkpoints_written;
         vol.flush().unwrap();
