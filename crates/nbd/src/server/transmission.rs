@@ -556,21 +556,21 @@ fn dispatch(
 ///   which comes after the reply); a client with more requests coming
 ///   keeps the workers for its writes, so the reader goes on reading.
 fn runs_inline(conn: &Conn, reader: &impl Input, cmd: &Command) -> bool {
-    let small = match cmd {
-        Command::Read { length, .. } | Command::Write { length, .. } => *length <= INLINE_MAX_BYTES,
-        _ => false,
+    let (length, is_read) = match cmd {
+        Command::Read { length, .. } => (*length, true),
+        Command::Write { length, .. } => (*length, false),
+        _ => return false,
     };
-    if small
-        && matches!(cmd, Command::Read { .. })
-        && conn.read_cost.quick()
-        && lock(&conn.inflight).writes == 0
-    {
-        return true;
+    if length > INLINE_MAX_BYTES {
+        return false;
     }
-    small
-        && reader.buffered_bytes() == 0
-        && lock(&conn.inflight).entries.len() == 1
-        && !conn.socket.may_have_input()
+    // One look at the in-flight table for both rules.
+    let (in_flight, writes) = {
+        let state = lock(&conn.inflight);
+        (state.entries.len(), state.writes)
+    };
+    (is_read && writes == 0 && conn.read_cost.quick())
+        || (in_flight == 1 && reader.buffered_bytes() == 0 && !conn.socket.may_have_input())
 }
 
 /// Maps a backend error to the NBD error the spec allows for `cmd`.
