@@ -395,7 +395,9 @@ fn a_packed_directory_block_is_decoded_when_first_needed() {
     let (mut named, mut by_use) = (0, HashMap::new());
     m.for_each_record_use(
         |_, _| named += 1,
-        |u| drop(by_use.insert(u.segment, u.bytes)),
+        |u| {
+            by_use.insert(u.segment, u.bytes);
+        },
     );
     let mut want = HashMap::new();
     for (_, r) in &pages {

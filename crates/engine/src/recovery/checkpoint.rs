@@ -472,7 +472,7 @@ fn load_paged(
                         .for_each(|u| loaded.records.note_segment(u.segment, u.max_seq));
                     loaded
                         .map
-                        .install_packed_block(b, s, list, Segments::of(sb));
+                        .install_packed_block(b, *s, list, Segments::of(sb));
                     Ok((b, r, Vec::new()))
                 }
                 DirBody::Summarized(s, list) => {
@@ -703,7 +703,7 @@ fn parse_dir(
 /// record, `FLAG_DIR_SUMMARY`) its summary and its list still compressed.
 enum DirBody<'a> {
     Pages(Vec<(u64, PageRef)>),
-    Summarized(DirSummary, &'a [u8]),
+    Summarized(Box<DirSummary>, &'a [u8]),
 }
 
 /// The directory block, record and body of the MAP_DIR record `c` names
@@ -735,7 +735,7 @@ fn parse_dir_body<'a>(
             if last.is_some_and(|p| p >= slots) {
                 return Err(DirError::PageBeyondVolume);
             }
-            DirBody::Summarized(s, list)
+            DirBody::Summarized(Box::new(s), list)
         }
         codec => {
             let raw = match codec {

@@ -760,22 +760,6 @@ fn encode_page(p: usize, page: &Page) -> Vec<u8> {
     lz4_flex::block::compress_prepend_size(&raw)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hold_batches_stop_at_the_count_or_the_bytes() {
-        let small: Vec<(usize, u64, usize)> = (0..130).map(|i| (i, 0, 100)).collect();
-        let b = hold_batches(&small, |&l| l);
-        assert_eq!(b.iter().map(|x| x.len()).collect::<Vec<_>>(), [64, 64, 2]);
-        let big: Vec<(usize, u64, usize)> = (0..5).map(|i| (i, 0, 100 << 10)).collect();
-        let b = hold_batches(&big, |&l| l);
-        assert_eq!(b.iter().map(|x| x.len()).collect::<Vec<_>>(), [3, 2]);
-        assert!(hold_batches(&big[..0], |&l| l).is_empty());
-    }
-}
-
 /// The MAP_DIR record of the directory block at `lba` listing `pages`:
 /// summarized (`DirSummary`, codec none: which pages have records and
 /// their bytes per segment before the lz4-compressed list, so that open
@@ -798,5 +782,21 @@ pub(crate) fn dir_record(
             s.encode(&packed),
         ),
         None => (Shape::map_meta(RecordKind::MapDir, lba), packed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hold_batches_stop_at_the_count_or_the_bytes() {
+        let small: Vec<(usize, u64, usize)> = (0..130).map(|i| (i, 0, 100)).collect();
+        let b = hold_batches(&small, |&l| l);
+        assert_eq!(b.iter().map(|x| x.len()).collect::<Vec<_>>(), [64, 64, 2]);
+        let big: Vec<(usize, u64, usize)> = (0..5).map(|i| (i, 0, 100 << 10)).collect();
+        let b = hold_batches(&big, |&l| l);
+        assert_eq!(b.iter().map(|x| x.len()).collect::<Vec<_>>(), [3, 2]);
+        assert!(hold_batches(&big[..0], |&l| l).is_empty());
     }
 }
