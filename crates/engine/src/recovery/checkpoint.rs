@@ -448,41 +448,14 @@ fn load_paged(
     let mut dirs = Vec::new();
     let mut tables: Vec<(usize, PageRef)> = Vec::new();
     let (mut verify, mut pages_of_block) = (Vec::new(), Vec::new());
-    // A summarized block stays packed (its list decoded when first needed)
-    // on a lazy load when no page of it needs verifying (the block's
-    // record is no newer than `verify_above`, so neither are its pages'),
-    // and it holds no table slot (tables are read now).
-    let stays_packed = |b: usize, seq: u64| match load {
-        Load::Lazy { verify_above } => seq <= verify_above && (b as u64 + 1) * DIR_PAGES <= npages,
-        _ => false,
-    };
     for (c, rec) in commit
         .chunks
         .iter()
         .zip(dir_records(storage, sb, commit, first))
     {
         let after = dirs.last().map(|&(last, _)| last);
-        let read = rec.map_err(DirError::Record).and_then(|(h, rec)| {
-            let (b, r, body) = parse_dir_body(sb, c, &h, &rec)?;
-            let in_order = after.is_none_or(|last| last < b);
-            match body {
-                DirBody::Summarized(s, list) if in_order && stays_packed(b, r.seq) => {
-                    s.uses
-                        .iter()
-                        .for_each(|u| loaded.records.note_segment(u.segment, u.max_seq));
-                    loaded
-                        .map
-                        .install_packed_block(b, *s, list, Segments::of(sb));
-                    Ok((b, r, Vec::new()))
-                }
-                DirBody::Summarized(s, list) => {
-                    let d = decode_summarized(b as u64, &s, list, Segments::of(sb))
-                        .map_err(DirError::Summary)?;
-                    Ok((b, r, d.pages))
-                }
-                DirBody::Pages(pages) => Ok((b, r, pages)),
-            }
-        });
+        let read = (rec.map_err(DirError::Record))
+            .and_then(|(h, rec)| dir_pages(sb, c, &h, &rec, (load, after), loaded));
         let (b, r, pages) = match read {
             Ok(d) if dirs.last().is_none_or(|&(last, _)| last < d.0) => d,
             Ok(_) => return Err(CheckpointError::DirsOutOfOrder),
@@ -528,6 +501,48 @@ fn load_paged(
         .extend(damaged_spans(&spans, sb.logical_blocks()));
     loaded.lost_spans.sort_unstable();
     Ok(())
+}
+
+/// The directory block, record and pages of the MAP_DIR record `c` names
+/// (its header `h`, bytes `rec`), the block read after block `after`. A
+/// summarized block stays packed in `loaded` (its pages none here, its
+/// list decoded when first needed) on a lazy load when no page of it
+/// needs verifying (the block's record is no newer than `verify_above`,
+/// so neither are its pages') and it holds no table slot (tables are
+/// read now).
+fn dir_pages(
+    sb: &Superblock,
+    c: &ChunkRef,
+    h: &RecordHeader,
+    rec: &[u8],
+    (load, after): (Load, Option<usize>),
+    loaded: &mut LoadedMap,
+) -> Result<DirRead, DirError> {
+    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+    let (b, r, body) = parse_dir_body(sb, c, h, rec)?;
+    let stays_packed = match load {
+        Load::Lazy { verify_above } => {
+            r.seq <= verify_above && (b as u64 + 1) * DIR_PAGES <= npages
+        }
+        _ => false,
+    };
+    // One out of order fails the load (the caller's check).
+    let in_order = after.is_none_or(|last| last < b);
+    match body {
+        DirBody::Summarized(s, list) if in_order && stays_packed => {
+            (s.uses.iter()).for_each(|u| loaded.records.note_segment(u.segment, u.max_seq));
+            loaded
+                .map
+                .install_packed_block(b, *s, list, Segments::of(sb));
+            Ok((b, r, Vec::new()))
+        }
+        DirBody::Summarized(s, list) => {
+            let d = decode_summarized(b as u64, &s, list, Segments::of(sb))
+                .map_err(DirError::Summary)?;
+            Ok((b, r, d.pages))
+        }
+        DirBody::Pages(pages) => Ok((b, r, pages)),
+    }
 }
 
 /// Loads the map pages of one directory block (page, record) per `load`:

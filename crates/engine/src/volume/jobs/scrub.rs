@@ -703,21 +703,7 @@ impl Volume {
                     });
                 }
                 if h.kind == RecordKind::MapDir {
-                    let block = h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS);
-                    let dir = match h.codec {
-                        cvol_format::CodecTag::None if self.sb.flags & FLAG_DIR_SUMMARY != 0 => {
-                            let (s, list) =
-                                DirSummary::decode(&payload).map_err(CkptFault::Invalid)?;
-                            let segments = crate::map::Segments::of(&self.sb);
-                            crate::map::decode_summarized(block, &s, list, segments)
-                                .map_err(CkptFault::Summary)?
-                        }
-                        _ => {
-                            let raw = lz4_flex::block::decompress_size_prepended(&payload)
-                                .map_err(CkptFault::Directory)?;
-                            DirPayload::decode(&raw, block).map_err(CkptFault::Invalid)?
-                        }
-                    };
+                    let dir = dir_payload(&self.sb, &h, &payload)?;
                     let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
                     for (p, r) in dir.pages {
                         // Slots after the pages' name liveness tables.
@@ -757,6 +743,27 @@ impl Volume {
             }
         }
         errors
+    }
+}
+
+/// The pages a MAP_DIR record (header `h`, `payload`) lists, summarized or not.
+fn dir_payload(
+    sb: &cvol_format::Superblock,
+    h: &RecordHeader,
+    payload: &[u8],
+) -> Result<DirPayload, CkptFault> {
+    let block = h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS);
+    match h.codec {
+        cvol_format::CodecTag::None if sb.flags & FLAG_DIR_SUMMARY != 0 => {
+            let (s, list) = DirSummary::decode(payload).map_err(CkptFault::Invalid)?;
+            let segments = crate::map::Segments::of(sb);
+            crate::map::decode_summarized(block, &s, list, segments).map_err(CkptFault::Summary)
+        }
+        _ => {
+            let raw = lz4_flex::block::decompress_size_prepended(payload)
+                .map_err(CkptFault::Directory)?;
+            DirPayload::decode(&raw, block).map_err(CkptFault::Invalid)
+        }
     }
 }
 
