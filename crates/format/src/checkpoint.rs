@@ -490,4 +490,45 @@ mod tests {
         assert!(decode_runs(&v, 100, |_, _| {}).is_err());
         assert!(decode_runs(&v[..v.len() - 1], 101, |_, _| {}).is_err());
     }
+
+    #[test]
+    fn dir_summary_roundtrip_and_bounds() {
+        let r = |offset: u64, seq: u64| PageRef {
+            offset,
+            len: 100,
+            crc: 1,
+            seq,
+        };
+        let pages = vec![
+            (DIR_PAGES, r(10, 5)),
+            (DIR_PAGES + 70, r(30, 9)),
+            (DIR_PAGES + 71, r(12, 7)),
+        ];
+        // Segments of 10 bytes: records at 10 and 12 share segment 1.
+        let s = DirSummary::of(&pages, |o| Some(o / 10));
+        assert_eq!(s.pages, 3);
+        assert_eq!(s.bitmap[0], 1);
+        assert_eq!(s.bitmap[1], 0b1100_0000);
+        let uses: Vec<_> = s
+            .uses
+            .iter()
+            .map(|u| (u.segment, u.bytes, u.max_seq))
+            .collect();
+        assert_eq!(uses, vec![(1, 200, 7), (3, 100, 9)]);
+        let b = s.encode(b"list");
+        let (back, list) = DirSummary::decode(&b).unwrap();
+        assert_eq!((back, list), (s.clone(), &b"list"[..]));
+        // A page count that is not the bitmap's, segments out of order, a
+        // use without bytes and a short payload are refused.
+        let mut wrong = b.clone();
+        wrong[0] = 4;
+        assert!(DirSummary::decode(&wrong).is_err());
+        let mut swapped = s.clone();
+        swapped.uses.swap(0, 1);
+        assert!(DirSummary::decode(&swapped.encode(b"")).is_err());
+        let mut empty_use = s.clone();
+        empty_use.uses[0].bytes = 0;
+        assert!(DirSummary::decode(&empty_use.encode(b"")).is_err());
+        assert!(DirSummary::decode(&b[..DIRSUM_HEADER_BYTES + 30]).is_err());
+    }
 }
