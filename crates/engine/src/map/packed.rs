@@ -142,6 +142,17 @@ impl BlockMap {
         self.unpack(p / DIR_SLOTS)
     }
 
+    /// Marks every decoded directory block with a record changed: the next
+    /// checkpoint writes each again (an older volume's blocks, summarized).
+    /// Packed blocks are summarized already.
+    pub fn mark_all_dirs_dirty(&mut self) {
+        for d in self.dirs.iter_mut().flatten() {
+            if d.packed.is_none() && d.record.is_some() {
+                d.dirty = true;
+            }
+        }
+    }
+
     /// `unpack` of every directory block: what whole-map walks (`scan`,
     /// `for_each_record`, `cvol check`) need first.
     pub fn unpack_all(&mut self) -> Result<(), MetaError> {

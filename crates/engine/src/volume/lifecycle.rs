@@ -264,6 +264,7 @@ impl Volume {
             return Ok(());
         }
         let mut sb = self.sb.clone();
+        let summaries_new = sb.flags & FLAG_DIR_SUMMARY == 0;
         sb.flags |= NEW;
         let enc = sb.encode();
         for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
@@ -275,6 +276,13 @@ impl Volume {
         }
         tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot, summarized directory blocks (format flags 4, 8, 16, 32, 128, 2048, 16384)");
         self.sb.replace(sb);
+        if summaries_new {
+            // Every directory block is written summarized by the next
+            // checkpoint (the whole directory once), so that later opens
+            // leave the blocks they need not verify packed.
+            let mut st = self.lock_state()?;
+            st.live.map_mut().mark_all_dirs_dirty();
+        }
         Ok(())
     }
 
