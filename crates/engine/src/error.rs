@@ -432,6 +432,8 @@ pub enum DirError {
     Payload(FormatError),
     /// It names a page beyond the volume's slots.
     PageBeyondVolume,
+    /// Its summarized list does not decode or disagrees with its summary.
+    Summary(String),
 }
 
 /// Why one map page record a directory names is unusable.
@@ -595,6 +597,7 @@ impl fmt::Display for DirError {
             DirError::PageBeyondVolume => {
                 write!(f, "map directory names a page beyond the volume")
             }
+            DirError::Summary(why) => write!(f, "map directory: {why}"),
         }
     }
 }

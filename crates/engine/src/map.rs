@@ -73,6 +73,8 @@ struct DirBlock {
     /// (slot in the block, record) of its pages that have one, by slot:
     /// memory for what is named, not for the `DIR_SLOTS` pages of a block.
     refs: Vec<(u16, PageRef)>,
+    /// Its list still compressed, `refs` empty meanwhile (`packed`).
+    packed: Option<Box<packed::Packed>>,
     /// Its MAP_DIR record, once written.
     record: Option<PageRef>,
     /// Changed since `record` was written.
@@ -137,6 +139,10 @@ pub struct BlockMap {
     /// Memory of the dirty pages (`Page::memory_bytes`).
     dirty_bytes: u64,
     dirs: Vec<Option<Box<DirBlock>>>,
+    /// Directory blocks still packed (`packed`).
+    packed_count: usize,
+    /// Where the log's segments lie, once a block is packed.
+    packed_segments: Option<packed::Segments>,
     /// Records no longer named (superseded pages and directory blocks):
     /// live until a checkpoint that no longer names them is durable.
     retired: Vec<PageRef>,
@@ -191,6 +197,8 @@ impl BlockMap {
             dirs: (0..(npages + tables).div_ceil(DIR_SLOTS))
                 .map(|_| None)
                 .collect(),
+            packed_count: 0,
+            packed_segments: None,
             retired: Vec::new(),
             clock: VecDeque::new(),
             touched: Bits::new(npages),
@@ -269,6 +277,7 @@ impl BlockMap {
             let Some(d) = self.dirs.get(b).and_then(|d| d.as_ref()) else {
                 continue;
             };
+            assert!(d.packed.is_none(), "directory block {b} read while packed");
             for &(k, r) in &d.refs {
                 let slot = b * DIR_SLOTS + usize::from(k);
                 if (lo..hi).contains(&slot) {
@@ -429,11 +438,16 @@ impl BlockMap {
             }
             self.dirs[b] = Some(Box::new(DirBlock {
                 refs: Vec::new(),
+                packed: None,
                 record: None,
                 dirty: true,
             }));
         }
         let d = self.dirs[b].as_mut().expect("made above");
+        assert!(
+            d.packed.is_none(),
+            "directory block {b} changed while packed"
+        );
         let old = d.replace(k, r);
         d.dirty = true;
         self.retired.extend(old);
@@ -441,7 +455,12 @@ impl BlockMap {
 
     /// Page `p`'s record, if it has one.
     pub fn page_ref(&self, p: usize) -> Option<PageRef> {
-        self.dirs[p / DIR_SLOTS].as_ref()?.get(p % DIR_SLOTS)
+        let d = self.dirs[p / DIR_SLOTS].as_ref()?;
+        assert!(
+            d.packed.is_none(),
+            "page {p}'s directory block read while packed"
+        );
+        d.get(p % DIR_SLOTS)
     }
 
     /// Makes sure every page holding an LBA of [first, end) is in memory,
@@ -453,6 +472,7 @@ impl BlockMap {
         src: &dyn PageSource,
     ) -> Result<(), MetaError> {
         let end = end.min(self.blocks);
+        self.unpack_lbas(first, end)?;
         let mut lba = first;
         while let Some(l) = self.next_allocated_page_lba(lba).filter(|&l| l < end) {
             self.fault_page(l as usize / PAGE_BLOCKS, src)?;
@@ -465,8 +485,13 @@ impl BlockMap {
     /// their records: what `fault_in` would read. The lookup of a client
     /// request: its pages in memory count as hits (a miss counts when the
     /// page is read).
-    pub fn missing_pages(&mut self, first: u64, end: u64) -> Vec<(usize, PageRef)> {
+    pub fn missing_pages(
+        &mut self,
+        first: u64,
+        end: u64,
+    ) -> Result<Vec<(usize, PageRef)>, MetaError> {
         let end = end.min(self.blocks);
+        self.unpack_lbas(first, end)?;
         let mut out = Vec::new();
         let mut lba = first;
         while let Some(l) = self.next_allocated_page_lba(lba).filter(|&l| l < end) {
@@ -479,7 +504,7 @@ impl BlockMap {
             }
             lba = page_end(l);
         }
-        out
+        Ok(out)
     }
 
     /// Puts page `p`, read from record `r` without the volume's lock, in
@@ -503,6 +528,7 @@ impl BlockMap {
         if !self.allocated.get(p) {
             return Ok(());
         }
+        self.unpack_page(p)?;
         self.counts.misses += 1;
         let page = self.read_page(p, src)?;
         if let Some(o) = self.originals.as_mut() {
@@ -631,6 +657,10 @@ impl BlockMap {
             let Some(d) = self.dirs[b].as_mut().filter(|d| d.dirty) else {
                 continue;
             };
+            assert!(
+                d.packed.is_none(),
+                "directory block {b} changed while packed"
+            );
             d.dirty = false;
             if d.refs.is_empty() {
                 let record = d.record.take();
@@ -658,11 +688,14 @@ impl BlockMap {
         }
     }
 
-    /// Marks directory block `b` changed (its record must be rewritten).
-    pub fn mark_dir_dirty(&mut self, b: usize) {
+    /// Marks directory block `b` changed (its record must be rewritten),
+    /// its list decoded first if packed.
+    pub fn mark_dir_dirty(&mut self, b: usize) -> Result<(), MetaError> {
+        self.unpack(b)?;
         if let Some(d) = self.dirs[b].as_mut() {
             d.dirty = true;
         }
+        Ok(())
     }
 
     /// Is `offset` the record of directory block `b`?
@@ -692,7 +725,10 @@ impl BlockMap {
 
     /// Calls `f(offset, len)` for every record the map names (pages and
     /// directory blocks): live data of their segments.
+    /// No directory block may be packed (`unpack_all`; liveness counts
+    /// packed blocks by their summaries, `for_each_record_use`).
     pub fn for_each_record(&self, mut f: impl FnMut(u64, u32)) {
+        assert_eq!(self.packed_count, 0, "records of packed directory blocks");
         for d in self.dirs.iter().flatten() {
             if let Some(r) = d.record {
                 f(r.offset, r.len);
@@ -708,6 +744,7 @@ impl BlockMap {
         src: Option<&dyn PageSource>,
         mut f: impl FnMut(u64, MapEntry),
     ) -> Result<(), MetaError> {
+        assert_eq!(self.packed_count, 0, "a scan of packed directory blocks");
         let mut next = self.next_allocated_page(0);
         while let Some(p) = next {
             match (self.resident(p), src) {
@@ -769,7 +806,12 @@ impl BlockMap {
     /// Bytes of heap this map uses.
     pub fn memory_bytes(&self) -> u64 {
         let dirs: usize = (self.dirs.iter().flatten())
-            .map(|d| d.refs.capacity() * std::mem::size_of::<(u16, PageRef)>() + 64)
+            .map(|d| {
+                let packed = d.packed.as_ref().map_or(0, |p| {
+                    p.list.len() + p.summary.uses.capacity() * 24 + DIR_SLOTS / 8 + 64
+                });
+                d.refs.capacity() * std::mem::size_of::<(u16, PageRef)>() + packed + 64
+            })
             .sum();
         let bits = [&self.allocated, &self.dirty, &self.touched, &self.summed];
         (self.pages.memory_bytes()
@@ -813,6 +855,8 @@ fn split(lba: u64) -> (usize, usize) {
 }
 
 mod install;
+mod packed;
+pub use packed::{decode_summarized, Segments};
 mod page;
 mod sparse;
 #[cfg(test)]

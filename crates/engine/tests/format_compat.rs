@@ -177,3 +177,48 @@ fn a_volume_with_a_row_per_unit_opens_from_its_tables_and_is_marked() {
     vol.verify_refcounts().unwrap();
     assert_eq!(vol.stats().dedup.dedup_shared_records, 1);
 }
+
+/// A volume whose directory blocks predate summaries gets the flag at its
+/// first open for writing and every block written summarized by the next
+/// checkpoint, not only those changed since (`unsummarized-dirs-volume`:
+/// three directory blocks with a page each; the sessions write in the
+/// first only). An open after a checkpoint that carried the other two
+/// over leaves both packed, and the volume reads and checks as before
+/// (mutation: not marking the blocks changed at the upgrade leaves those
+/// two unsummarized, none packed).
+#[test]
+fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
+    use cvol_format::superblock::FLAG_DIR_SUMMARY;
+    let sim = volume_of(include_bytes!("fixtures/unsummarized-dirs-volume.sectors"));
+    assert_eq!(flags(&sim, SUPERBLOCK_A_OFFSET) & FLAG_DIR_SUMMARY, 0);
+    const GIB: u64 = 1 << 30;
+    let expect = [(0, 0x41u8), (4 * GIB, 0x42), (8 * GIB, 0x43)];
+    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
+        assert_ne!(flags(&sim, at) & FLAG_DIR_SUMMARY, 0);
+    }
+    vol.write_at(4096, &[0x44; 4096], false).unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    // A session that writes in the first block only: its checkpoint
+    // carries the other two over.
+    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    vol.write_at(8192, &[0x45; 4096], false).unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let vol = Volume::open(Arc::new(sim.clone()), ro).unwrap();
+    assert_eq!(vol.map_dir_blocks_packed(), 2);
+    let mut b = vec![0u8; 4096];
+    for (at, byte) in expect {
+        vol.read_at(at, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == byte), "the block at {at}");
+    }
+    assert_eq!(vol.map_dir_blocks_packed(), 0);
+    drop(vol);
+    let report = check::check_volume(&sim, &mut |_, _| {});
+    assert!(report.consistent(), "{report:?}");
+}

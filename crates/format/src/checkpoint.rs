@@ -236,6 +236,134 @@ impl DirPayload {
     }
 }
 
+/// Bytes of a summarized MAP_DIR payload's page bitmap: a bit per page of
+/// the block.
+pub const DIR_BITMAP_BYTES: usize = (DIR_PAGES / 8) as usize;
+const DIRSUM_OFF_PAGES: usize = 0;
+const DIRSUM_OFF_USES: usize = DIRSUM_OFF_PAGES + 4;
+const DIRSUM_OFF_BITMAP: usize = DIRSUM_OFF_USES + 4;
+/// Bytes before a summarized MAP_DIR payload's segment uses.
+pub const DIRSUM_HEADER_BYTES: usize = DIRSUM_OFF_BITMAP + DIR_BITMAP_BYTES;
+/// Bytes of one segment use.
+pub const DIR_USE_BYTES: usize = 24;
+
+/// The page records of a directory block that lie in one segment: how
+/// many bytes they hold and the highest seq among them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentUse {
+    pub segment: u64,
+    pub bytes: u64,
+    pub max_seq: u64,
+}
+
+/// What a summarized MAP_DIR payload says before its entries: which pages
+/// of the block have a record (`bitmap`, bit `i % 64` of word `i / 64` for
+/// the block's page `i`), and per segment the bytes and highest seq of
+/// those records (`uses`, ascending segments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirSummary {
+    pub pages: u32,
+    pub bitmap: [u64; (DIR_PAGES / 64) as usize],
+    pub uses: Vec<SegmentUse>,
+}
+
+impl DirSummary {
+    /// The summary of `pages` (a block's list, as `DirPayload`), their
+    /// records located in segments by `segment_of` (None: in none).
+    pub fn of(pages: &[(u64, PageRef)], segment_of: impl Fn(u64) -> Option<u64>) -> DirSummary {
+        let mut bitmap = [0u64; (DIR_PAGES / 64) as usize];
+        let mut uses: Vec<SegmentUse> = Vec::new();
+        for &(p, r) in pages {
+            let i = (p % DIR_PAGES) as usize;
+            bitmap[i / 64] |= 1 << (i % 64);
+            let Some(segment) = segment_of(r.offset) else {
+                continue;
+            };
+            match uses.binary_search_by_key(&segment, |u| u.segment) {
+                Ok(at) => {
+                    let u = &mut uses[at];
+                    u.bytes += u64::from(r.len);
+                    u.max_seq = u.max_seq.max(r.seq);
+                }
+                Err(at) => uses.insert(
+                    at,
+                    SegmentUse {
+                        segment,
+                        bytes: u64::from(r.len),
+                        max_seq: r.seq,
+                    },
+                ),
+            }
+        }
+        DirSummary {
+            pages: pages.len() as u32,
+            bitmap,
+            uses,
+        }
+    }
+
+    /// The summarized payload: this summary, then `packed` (the block's
+    /// `DirPayload` entries, compressed by the caller).
+    pub fn encode(&self, packed: &[u8]) -> Vec<u8> {
+        let uses_at = DIRSUM_HEADER_BYTES;
+        let packed_at = uses_at + self.uses.len() * DIR_USE_BYTES;
+        let mut v = vec![0u8; packed_at + packed.len()];
+        put_u32(&mut v, DIRSUM_OFF_PAGES, self.pages);
+        put_u32(&mut v, DIRSUM_OFF_USES, self.uses.len() as u32);
+        for (i, w) in self.bitmap.iter().enumerate() {
+            put_u64(&mut v, DIRSUM_OFF_BITMAP + i * 8, *w);
+        }
+        for (i, u) in self.uses.iter().enumerate() {
+            let at = uses_at + i * DIR_USE_BYTES;
+            put_u64(&mut v, at, u.segment);
+            put_u64(&mut v, at + 8, u.bytes);
+            put_u64(&mut v, at + 16, u.max_seq);
+        }
+        v[packed_at..].copy_from_slice(packed);
+        v
+    }
+
+    /// Decodes a summarized payload: the summary, and the bytes after it
+    /// (the compressed entries). The page count must match the bitmap, the
+    /// segments ascend and every use holds bytes.
+    pub fn decode(b: &[u8]) -> Result<(DirSummary, &[u8]), FormatError> {
+        need(b, DIRSUM_HEADER_BYTES)?;
+        let pages = get_u32(b, DIRSUM_OFF_PAGES);
+        let nuses = get_u32(b, DIRSUM_OFF_USES) as usize;
+        let packed_at = nuses
+            .checked_mul(DIR_USE_BYTES)
+            .and_then(|n| n.checked_add(DIRSUM_HEADER_BYTES))
+            .filter(|&n| n <= b.len())
+            .ok_or(FormatError::Invalid("map directory summary length"))?;
+        let mut bitmap = [0u64; (DIR_PAGES / 64) as usize];
+        for (i, w) in bitmap.iter_mut().enumerate() {
+            *w = get_u64(b, DIRSUM_OFF_BITMAP + i * 8);
+        }
+        if bitmap.iter().map(|w| w.count_ones()).sum::<u32>() != pages || pages == 0 {
+            return Err(FormatError::Invalid("map directory summary page count"));
+        }
+        let mut uses: Vec<SegmentUse> = Vec::with_capacity(nuses);
+        for i in 0..nuses {
+            let at = DIRSUM_HEADER_BYTES + i * DIR_USE_BYTES;
+            let u = SegmentUse {
+                segment: get_u64(b, at),
+                bytes: get_u64(b, at + 8),
+                max_seq: get_u64(b, at + 16),
+            };
+            if u.bytes == 0 || uses.last().is_some_and(|l| l.segment >= u.segment) {
+                return Err(FormatError::Invalid("map directory summary segments"));
+            }
+            uses.push(u);
+        }
+        let s = DirSummary {
+            pages,
+            bitmap,
+            uses,
+        };
+        Ok((s, &b[packed_at..]))
+    }
+}
+
 /// Appends one run to a chunk payload being built.
 pub fn push_run(out: &mut Vec<u8>, first_lba: u64, entries: &[MapEntry]) {
     assert!(!entries.is_empty());
@@ -361,5 +489,46 @@ mod tests {
         assert_eq!(got, vec![(10, e), (11, MapEntry::ZERO), (100, e)]);
         assert!(decode_runs(&v, 100, |_, _| {}).is_err());
         assert!(decode_runs(&v[..v.len() - 1], 101, |_, _| {}).is_err());
+    }
+
+    #[test]
+    fn dir_summary_roundtrip_and_bounds() {
+        let r = |offset: u64, seq: u64| PageRef {
+            offset,
+            len: 100,
+            crc: 1,
+            seq,
+        };
+        let pages = vec![
+            (DIR_PAGES, r(10, 5)),
+            (DIR_PAGES + 70, r(30, 9)),
+            (DIR_PAGES + 71, r(12, 7)),
+        ];
+        // Segments of 10 bytes: records at 10 and 12 share segment 1.
+        let s = DirSummary::of(&pages, |o| Some(o / 10));
+        assert_eq!(s.pages, 3);
+        assert_eq!(s.bitmap[0], 1);
+        assert_eq!(s.bitmap[1], 0b1100_0000);
+        let uses: Vec<_> = s
+            .uses
+            .iter()
+            .map(|u| (u.segment, u.bytes, u.max_seq))
+            .collect();
+        assert_eq!(uses, vec![(1, 200, 7), (3, 100, 9)]);
+        let b = s.encode(b"list");
+        let (back, list) = DirSummary::decode(&b).unwrap();
+        assert_eq!((back, list), (s.clone(), &b"list"[..]));
+        // A page count that is not the bitmap's, segments out of order, a
+        // use without bytes and a short payload are refused.
+        let mut wrong = b.clone();
+        wrong[0] = 4;
+        assert!(DirSummary::decode(&wrong).is_err());
+        let mut swapped = s.clone();
+        swapped.uses.swap(0, 1);
+        assert!(DirSummary::decode(&swapped.encode(b"")).is_err());
+        let mut empty_use = s.clone();
+        empty_use.uses[0].bytes = 0;
+        assert!(DirSummary::decode(&empty_use.encode(b"")).is_err());
+        assert!(DirSummary::decode(&b[..DIRSUM_HEADER_BYTES + 30]).is_err());
     }
 }

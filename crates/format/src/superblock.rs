@@ -114,6 +114,13 @@ pub const FLAG_POOL: u32 = 4096;
 /// slot (`keyslot`) at `KEY_SLOT_OFFSET` holds the wrapped data key. Set at
 /// create only: an older binary would read sealed records as damaged.
 pub const FLAG_ENCRYPTED: u32 = 8192;
+/// Map directory blocks may be summarized (MAP_DIR records with codec
+/// none, `checkpoint::DirSummary`): which pages have records and the
+/// bytes and highest seq of those records per segment come before the
+/// compressed list, so open reads a block's list only when first needed.
+/// Set at create and at the first open for writing of an older volume:
+/// an older binary would misread a summarized block.
+pub const FLAG_DIR_SUMMARY: u32 = 16384;
 /// Where the key slot lies in each superblock copy (after the fields
 /// above and their crc; its own crc covers it).
 pub const KEY_SLOT_OFFSET: usize = 256;
@@ -130,7 +137,8 @@ const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_PAGE_SORTED
     | FLAG_HOOK_SNAPSHOT
     | FLAG_POOL
-    | FLAG_ENCRYPTED;
+    | FLAG_ENCRYPTED
+    | FLAG_DIR_SUMMARY;
 
 /// The page records are packed into under `Packing::Page*` (flash's page).
 pub const PACKING_PAGE_BYTES: u64 = 4096;

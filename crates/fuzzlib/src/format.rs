@@ -11,7 +11,9 @@
 //! validation behind the checksum. Oracles: decoders return `Err`, never
 //! panic; whatever decodes re-encodes to something that decodes to the same
 //! value.
-use cvol_format::checkpoint::{decode_runs, push_run, CommitPayload, DirPayload, DIR_PAGES};
+use cvol_format::checkpoint::{
+    decode_runs, push_run, CommitPayload, DirPayload, DirSummary, DIR_PAGES,
+};
 use cvol_format::fprints::FpTable;
 use cvol_format::pointer::{POINTER_BYTES, POINTER_MAGIC};
 use cvol_format::record::{encode_record, RECORD_HEADER_BYTES, RECORD_MAGIC};
@@ -79,6 +81,7 @@ pub fn decoders(data: &[u8]) {
     map_entries(body);
     commit(body);
     dir(body, logical_blocks);
+    dir_summary(body);
     tables(body, logical_blocks);
     runs(body, logical_blocks);
     codecs(body, selector);
@@ -259,6 +262,19 @@ fn commit(body: &[u8]) {
         let c = CommitPayload::decode(&b).expect("well-sized commit payload decodes");
         assert_eq!(c.chunks.len(), count as usize);
         assert_eq!(c.encode(), b);
+    }
+}
+
+/// A summarized MAP_DIR payload: a summary that decodes names as many
+/// pages as its bitmap holds, segments strictly ascending with bytes, and
+/// re-encodes (with the rest as its list) byte for byte.
+fn dir_summary(body: &[u8]) {
+    if let Ok((s, list)) = DirSummary::decode(body) {
+        let bits: u32 = s.bitmap.iter().map(|w| w.count_ones()).sum();
+        assert_eq!(bits, s.pages);
+        assert!(s.uses.windows(2).all(|w| w[0].segment < w[1].segment));
+        assert!(s.uses.iter().all(|u| u.bytes > 0));
+        assert_eq!(s.encode(list), body, "a summary re-encodes byte for byte");
     }
 }
 

@@ -574,7 +574,16 @@ pub(super) fn count_map_records(
         }
     };
     map.retired().iter().for_each(|r| note(r.offset, r.len));
-    map.for_each_record(note);
+    let mut packed = Vec::new();
+    map.for_each_record_use(&mut note, |u| packed.push((u.segment, u.bytes)));
+    // The page records of directory blocks open left packed, by their
+    // summaries (per segment already).
+    for (s, bytes) in packed {
+        match per.get_mut(s as usize) {
+            Some(p) => *p = (p.0 + bytes, true),
+            None => outside = Some(s),
+        }
+    }
     if let Some(s) = outside {
         return Err(MetaError::Damaged(format!(
             "a map record in segment {s}, beyond the volume's"

@@ -51,6 +51,7 @@ impl BlockMap {
         }
         self.dirs[b] = Some(Box::new(DirBlock {
             refs,
+            packed: None,
             record: None,
             dirty: true,
         }));

@@ -135,6 +135,24 @@ impl Bits {
         }
     }
 
+    /// Sets the members of `word` at 64-aligned index `at` (bit `i` of the
+    /// word: index `at + i`); returns how many of them were set already.
+    pub fn or_word(&mut self, at: usize, word: u64) -> u32 {
+        if word == 0 {
+            return 0;
+        }
+        assert!(
+            at.is_multiple_of(64) && at < self.len,
+            "word at {at} of {}",
+            self.len
+        );
+        let (c, w) = (at / BIT_CHUNK, at % BIT_CHUNK / 64);
+        let ch = self.chunks[c].get_or_insert_with(|| Box::new([0; BIT_CHUNK_WORDS]));
+        let before = ch[w] & word;
+        ch[w] |= word;
+        before.count_ones()
+    }
+
     /// The first member at or after `start`.
     pub fn next_set(&self, start: usize) -> Option<usize> {
         if start >= self.len {

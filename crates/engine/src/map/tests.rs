@@ -137,10 +137,9 @@ fn a_checkpoint_writes_only_what_changed_and_clean_pages_can_be_dropped() {
     let counts = m.cache_counts();
     assert_eq!((counts.misses, counts.evictions), (1, 11));
     // A client request's lookup counts a page in memory as a hit.
-    assert!(m
-        .missing_pages(5 * MAP_PAGE_BLOCKS, 6 * MAP_PAGE_BLOCKS)
-        .is_empty());
-    assert_eq!(m.missing_pages(0, 2 * MAP_PAGE_BLOCKS).len(), 2);
+    let missing = |m: &mut BlockMap, a, b| m.missing_pages(a, b).expect("nothing packed");
+    assert!(missing(&mut m, 5 * MAP_PAGE_BLOCKS, 6 * MAP_PAGE_BLOCKS).is_empty());
+    assert_eq!(missing(&mut m, 0, 2 * MAP_PAGE_BLOCKS).len(), 2);
     assert_eq!(m.cache_counts().hits, 1);
 }
 
@@ -343,4 +342,111 @@ fn one_entry_per_page_costs_a_small_part_of_a_dense_page() {
     m.set(3 * MAP_PAGE_BLOCKS, ref_at(5 << 20));
     assert!(m.may_refer_to(3, bits(3 << 20)) && m.may_refer_to(3, bits(5 << 20)));
     assert!(!m.may_refer_to(3, bits(4 << 20)));
+}
+
+/// Block 0's pages 3, 5 and 700 written (their records in `recs`), and
+/// their (page, record) list as a directory block names them.
+fn written_block() -> (Records, Vec<(u64, PageRef)>) {
+    let recs = Records::default();
+    let mut m = BlockMap::new(3000 * MAP_PAGE_BLOCKS);
+    for p in [3u64, 5, 700] {
+        m.set(p * MAP_PAGE_BLOCKS + 1, entry(p));
+    }
+    recs.checkpoint(&mut m);
+    let pages = [3u64, 5, 700]
+        .iter()
+        .map(|&p| (p, m.page_ref(p as usize).expect("written")))
+        .collect();
+    (recs, pages)
+}
+
+/// Segments of 2 bytes: the test records (offsets 1, 2, ...) lie two to a
+/// segment.
+const TWO_BYTE_SEGMENTS: Segments = Segments {
+    data_offset: 0,
+    segment_size: 2,
+    count: 1000,
+};
+
+/// A map with directory block 0 installed packed: summarized from
+/// `summarized`, its list holding `listed`.
+fn packed_map(summarized: &[(u64, PageRef)], listed: &[(u64, PageRef)]) -> BlockMap {
+    use cvol_format::checkpoint::{DirPayload, DirSummary};
+    let s = DirSummary::of(summarized, |o| TWO_BYTE_SEGMENTS.locate(o));
+    let raw = DirPayload {
+        pages: listed.to_vec(),
+    }
+    .encode();
+    let list = lz4_flex::block::compress_prepend_size(&raw);
+    let mut m = BlockMap::new(3000 * MAP_PAGE_BLOCKS);
+    m.install_packed_block(0, s, &list, TWO_BYTE_SEGMENTS);
+    m
+}
+
+#[test]
+fn a_packed_directory_block_is_decoded_when_first_needed() {
+    let (recs, pages) = written_block();
+    let mut m = packed_map(&pages, &pages);
+    // Allocation is known from the summary alone.
+    assert!(m.is_allocated(3) && m.is_allocated(5) && m.is_allocated(700));
+    assert!(!m.is_allocated(4));
+    assert_eq!((m.allocated_pages(), m.packed_blocks()), (3, 1));
+    // Liveness counts the packed block by its summary, per segment.
+    let (mut named, mut by_use) = (0, HashMap::new());
+    m.for_each_record_use(
+        |_, _| named += 1,
+        |u| {
+            by_use.insert(u.segment, u.bytes);
+        },
+    );
+    let mut want = HashMap::new();
+    for (_, r) in &pages {
+        *want.entry(r.offset / 2).or_insert(0) += u64::from(r.len);
+    }
+    assert_eq!((named, by_use), (0, want));
+    // A fault decodes the block, and the page reads its entries.
+    m.fault_in(5 * MAP_PAGE_BLOCKS, 5 * MAP_PAGE_BLOCKS + 1, &recs)
+        .expect("fault");
+    assert_eq!(m.packed_blocks(), 0);
+    assert_eq!(m.get(5 * MAP_PAGE_BLOCKS + 1), entry(5));
+    for &(p, r) in &pages {
+        assert_eq!(m.page_ref(p as usize), Some(r));
+    }
+    let mut named = 0;
+    m.for_each_record_use(|_, _| named += 1, |_| panic!("nothing packed"));
+    assert_eq!(named, 3);
+}
+
+#[test]
+fn a_packed_list_that_disagrees_with_its_summary_is_damage_not_a_panic() {
+    let (recs, pages) = written_block();
+    let mut other = pages.clone();
+    other[1].1.seq += 7;
+    for listed in [&other[..], &pages[..2]] {
+        let mut m = packed_map(&pages, listed);
+        let lba = 5 * MAP_PAGE_BLOCKS;
+        let e = m.fault_in(lba, lba + 1, &recs).expect_err("damage");
+        assert!(matches!(e, MetaError::Damaged(_)), "{e}");
+        assert!(m.missing_pages(lba, lba + 1).is_err());
+        assert!(m.mark_dir_dirty(0).is_err());
+        assert_eq!(m.packed_blocks(), 1, "still packed, nothing half-installed");
+    }
+}
+
+#[test]
+fn a_page_added_to_a_packed_block_is_written_with_its_list() {
+    let (recs, pages) = written_block();
+    let mut m = packed_map(&pages, &pages);
+    // Page 9 has no entries: the fault of its LBAs decodes its block all
+    // the same, so that the set below can name its record later.
+    m.fault_in(9 * MAP_PAGE_BLOCKS, 10 * MAP_PAGE_BLOCKS, &recs)
+        .expect("fault");
+    assert_eq!(m.packed_blocks(), 0);
+    m.set(9 * MAP_PAGE_BLOCKS, entry(9));
+    recs.checkpoint(&mut m);
+    let named: Vec<usize> = [3, 5, 9, 700]
+        .into_iter()
+        .filter(|&p| m.page_ref(p).is_some())
+        .collect();
+    assert_eq!(named, vec![3, 5, 9, 700]);
 }

@@ -8,11 +8,15 @@ use super::Layout;
 use crate::volume::{Keep, Layers};
 use cvol_format::pool::{PoolTable, SnapState, EXTENT_BLOCKS, NO_EXTENT};
 use cvol_format::BLOCK_SIZE_BYTES;
+use std::collections::HashMap;
+use std::sync::Arc;
 
-/// One layer: its extents and size in blocks.
+/// One layer: its extents and size in blocks. The extents are shared:
+/// every view of a volume with n snapshots reads through up to n layers,
+/// each a clone of one of the table's (`LayerSet`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Layer {
-    pub extents: Vec<u32>,
+    pub extents: Arc<[u32]>,
     pub blocks: u64,
 }
 
@@ -41,34 +45,71 @@ pub struct Plan {
 
 fn layer(extents: &[u32], size_bytes: u64) -> Layer {
     Layer {
-        extents: extents.to_vec(),
+        extents: extents.into(),
         blocks: size_bytes / BLOCK_SIZE_BYTES,
     }
 }
 
+/// The layer of every snapshot and volume of a table, built once for all
+/// the plans made from it.
+pub struct LayerSet<'t> {
+    t: &'t PoolTable,
+    snaps: HashMap<u64, Layer>,
+    vols: HashMap<u64, Layer>,
+}
+
+impl<'t> LayerSet<'t> {
+    pub fn of(t: &'t PoolTable) -> LayerSet<'t> {
+        LayerSet {
+            t,
+            snaps: (t.snapshots.iter())
+                .map(|s| (s.id, layer(&s.extents, s.size_bytes)))
+                .collect(),
+            vols: (t.volumes.iter())
+                .map(|v| (v.id, layer(&v.extents, v.size_bytes)))
+                .collect(),
+        }
+    }
+
+    /// The table the layers are of.
+    pub fn table(&self) -> &'t PoolTable {
+        self.t
+    }
+
+    fn snap(&self, id: u64) -> Layer {
+        self.snaps[&id].clone()
+    }
+
+    fn vol(&self, id: u64) -> Layer {
+        self.vols[&id].clone()
+    }
+}
+
 /// What a block of snapshot `id` reads through after the snapshot itself.
-fn below_snapshot(t: &PoolTable, id: u64) -> Vec<Layer> {
+fn below_snapshot(ls: &LayerSet, id: u64) -> Vec<Layer> {
+    let t = ls.t;
     let Some(s) = t.snapshot_by_id(id) else {
         return Vec::new();
     };
     let mut out: Vec<Layer> = (t.snapshots_of(s.volume))
         .filter(|n| n.id > id)
-        .map(|n| layer(&n.extents, n.size_bytes))
+        .map(|n| ls.snap(n.id))
         .collect();
     if let Some(v) = t.volume_by_id(s.volume) {
-        out.push(layer(&v.extents, v.size_bytes));
-        out.extend(below_volume(t, v.id));
+        out.push(ls.vol(v.id));
+        out.extend(below_volume(ls, v.id));
     }
     out
 }
 
 /// What a block of volume `id` reads through (a clone: its snapshot).
-fn below_volume(t: &PoolTable, id: u64) -> Vec<Layer> {
+fn below_volume(ls: &LayerSet, id: u64) -> Vec<Layer> {
+    let t = ls.t;
     match t.volume_by_id(id) {
         Some(v) if v.parent != 0 => match t.snapshot_by_id(v.parent) {
             Some(s) => {
-                let mut out = vec![layer(&s.extents, s.size_bytes)];
-                out.extend(below_snapshot(t, s.id));
+                let mut out = vec![ls.snap(s.id)];
+                out.extend(below_snapshot(ls, s.id));
                 out
             }
             None => Vec::new(),
@@ -78,31 +119,28 @@ fn below_volume(t: &PoolTable, id: u64) -> Vec<Layer> {
 }
 
 /// The plan of volume `id`.
-pub fn plan_volume(t: &PoolTable, id: u64) -> Plan {
-    let snaps: Vec<_> = t.snapshots_of(id).collect();
+pub fn plan_volume(ls: &LayerSet, id: u64) -> Plan {
+    let snaps: Vec<_> = ls.t.snapshots_of(id).collect();
     let target = snaps.iter().rposition(|s| s.state != SnapState::Deleting);
     Plan {
         read_only: false,
-        below: below_volume(t, id),
-        keep: target.map(|i| layer(&snaps[i].extents, snaps[i].size_bytes)),
+        below: below_volume(ls, id),
+        keep: target.map(|i| ls.snap(snaps[i].id)),
         guards: target.map_or(Vec::new(), |i| {
-            snaps[i + 1..]
-                .iter()
-                .map(|s| layer(&s.extents, s.size_bytes))
-                .collect()
+            snaps[i + 1..].iter().map(|s| ls.snap(s.id)).collect()
         }),
         snaps: snaps
             .iter()
-            .map(|s| (s.name.clone(), s.state, layer(&s.extents, s.size_bytes)))
+            .map(|s| (s.name.clone(), s.state, ls.snap(s.id)))
             .collect(),
     }
 }
 
 /// The plan of snapshot `id` (read-only).
-pub fn plan_snapshot(t: &PoolTable, id: u64) -> Plan {
+pub fn plan_snapshot(ls: &LayerSet, id: u64) -> Plan {
     Plan {
         read_only: true,
-        below: below_snapshot(t, id),
+        below: below_snapshot(ls, id),
         ..Plan::default()
     }
 }

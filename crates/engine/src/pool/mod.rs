@@ -141,7 +141,7 @@ fn write_table(
     Ok(())
 }
 
-fn view_of(vol: &Arc<Volume>, t: &PoolTable, v: &PoolVolume) -> Arc<VolumeView> {
+fn view_of(vol: &Arc<Volume>, ls: &layers::LayerSet, v: &PoolVolume) -> Arc<VolumeView> {
     Arc::new(VolumeView {
         vol: vol.clone(),
         name: v.name.clone(),
@@ -150,15 +150,19 @@ fn view_of(vol: &Arc<Volume>, t: &PoolTable, v: &PoolVolume) -> Arc<VolumeView> 
             size_bytes: v.size_bytes,
             extents: v.extents.clone(),
             deleted: false,
-            plan: layers::plan_volume(t, v.id),
+            plan: layers::plan_volume(ls, v.id),
         }),
         opens: Default::default(),
     })
 }
 
 /// The read-only view of a live snapshot, named `VOLUME@SNAP`.
-fn snapshot_view(vol: &Arc<Volume>, t: &PoolTable, s: &PoolSnapshot) -> Option<Arc<VolumeView>> {
-    let v = t.volume_by_id(s.volume)?;
+fn snapshot_view(
+    vol: &Arc<Volume>,
+    ls: &layers::LayerSet,
+    s: &PoolSnapshot,
+) -> Option<Arc<VolumeView>> {
+    let v = ls.table().volume_by_id(s.volume)?;
     Some(Arc::new(VolumeView {
         vol: vol.clone(),
         name: format!("{}@{}", v.name, s.name),
@@ -167,7 +171,7 @@ fn snapshot_view(vol: &Arc<Volume>, t: &PoolTable, s: &PoolSnapshot) -> Option<A
             size_bytes: s.size_bytes,
             extents: s.extents.clone(),
             deleted: false,
-            plan: layers::plan_snapshot(t, s.id),
+            plan: layers::plan_snapshot(ls, s.id),
         }),
         opens: Default::default(),
     }))
@@ -175,15 +179,16 @@ fn snapshot_view(vol: &Arc<Volume>, t: &PoolTable, s: &PoolSnapshot) -> Option<A
 
 /// Every view of table `t`: its volumes and its live snapshots.
 fn views_of(vol: &Arc<Volume>, t: &PoolTable) -> BTreeMap<String, Arc<VolumeView>> {
+    let ls = layers::LayerSet::of(t);
     let mut out: BTreeMap<String, Arc<VolumeView>> = (t.volumes.iter())
-        .map(|v| (v.name.clone(), view_of(vol, t, v)))
+        .map(|v| (v.name.clone(), view_of(vol, &ls, v)))
         .collect();
     for s in t
         .snapshots
         .iter()
         .filter(|s| s.state != SnapState::Deleting)
     {
-        if let Some(w) = snapshot_view(vol, t, s) {
+        if let Some(w) = snapshot_view(vol, &ls, s) {
             out.insert(w.name.clone(), w);
         }
     }

@@ -65,7 +65,10 @@ impl Pool {
         next.next_id += 1;
         next.volumes.push(v.clone());
         self.commit(&mut t, next)?;
-        self.views().insert(name.into(), view_of(&self.vol, &t, &v));
+        self.views().insert(
+            name.into(),
+            view_of(&self.vol, &super::layers::LayerSet::of(&t), &v),
+        );
         tracing::info!("volume '{name}' created, {size_bytes} bytes");
         Ok(())
     }

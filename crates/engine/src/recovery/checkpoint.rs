@@ -11,11 +11,12 @@ use super::scan::{LogScan, Scanned};
 use crate::error::{CheckpointError, DirError, PageError, RecordError, TableError};
 use crate::liveness::LoadedTables;
 use crate::logread::{read_chunk, read_record, read_records, volume_map, LogPages};
-use crate::map::{BlockMap, Page};
-use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirPayload, PageRef};
+use crate::map::{decode_summarized, BlockMap, Page, Segments};
+use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirPayload, DirSummary, PageRef};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::fprints::directory_tables;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::superblock::FLAG_DIR_SUMMARY;
 use cvol_format::tables::{table_count, TableGroup, TableRoot};
 use cvol_format::{CheckpointPointer, CodecTag, Superblock};
 use cvol_storage::Storage;
@@ -312,7 +313,14 @@ impl SegmentSeqs {
     /// Notes the record at `offset` (outside the segments: ignored).
     fn note(&mut self, sb: &Superblock, offset: u64, seq: u64) {
         if let Some((seg, _)) = sb.locate(offset) {
-            let m = &mut self.0[seg as usize];
+            self.note_segment(seg, seq);
+        }
+    }
+
+    /// Notes records of segment `seg` up to seq `seq` (beyond the
+    /// segments: ignored).
+    fn note_segment(&mut self, seg: u64, seq: u64) {
+        if let Some(m) = self.0.get_mut(seg as usize) {
             *m = seq.saturating_add(1).max(*m);
         }
     }
@@ -445,8 +453,10 @@ fn load_paged(
         .iter()
         .zip(dir_records(storage, sb, commit, first))
     {
-        let dir = rec.map_err(DirError::Record);
-        let (b, r, pages) = match dir.and_then(|(h, rec)| parse_dir(sb, c, &h, &rec)) {
+        let after = dirs.last().map(|&(last, _)| last);
+        let read = (rec.map_err(DirError::Record))
+            .and_then(|(h, rec)| dir_pages(sb, c, &h, &rec, (load, after), loaded));
+        let (b, r, pages) = match read {
             Ok(d) if dirs.last().is_none_or(|&(last, _)| last < d.0) => d,
             Ok(_) => return Err(CheckpointError::DirsOutOfOrder),
             Err(e) if !partial => return Err(CheckpointError::Dir(e)),
@@ -491,6 +501,48 @@ fn load_paged(
         .extend(damaged_spans(&spans, sb.logical_blocks()));
     loaded.lost_spans.sort_unstable();
     Ok(())
+}
+
+/// The directory block, record and pages of the MAP_DIR record `c` names
+/// (its header `h`, bytes `rec`), the block read after block `after`. A
+/// summarized block stays packed in `loaded` (its pages none here, its
+/// list decoded when first needed) on a lazy load when no page of it
+/// needs verifying (the block's record is no newer than `verify_above`,
+/// so neither are its pages') and it holds no table slot (tables are
+/// read now).
+fn dir_pages(
+    sb: &Superblock,
+    c: &ChunkRef,
+    h: &RecordHeader,
+    rec: &[u8],
+    (load, after): (Load, Option<usize>),
+    loaded: &mut LoadedMap,
+) -> Result<DirRead, DirError> {
+    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+    let (b, r, body) = parse_dir_body(sb, c, h, rec)?;
+    let stays_packed = match load {
+        Load::Lazy { verify_above } => {
+            r.seq <= verify_above && (b as u64 + 1) * DIR_PAGES <= npages
+        }
+        _ => false,
+    };
+    // One out of order fails the load (the caller's check).
+    let in_order = after.is_none_or(|last| last < b);
+    match body {
+        DirBody::Summarized(s, list) if in_order && stays_packed => {
+            (s.uses.iter()).for_each(|u| loaded.records.note_segment(u.segment, u.max_seq));
+            loaded
+                .map
+                .install_packed_block(b, *s, list, Segments::of(sb));
+            Ok((b, r, Vec::new()))
+        }
+        DirBody::Summarized(s, list) => {
+            let d = decode_summarized(b as u64, &s, list, Segments::of(sb))
+                .map_err(DirError::Summary)?;
+            Ok((b, r, d.pages))
+        }
+        DirBody::Pages(pages) => Ok((b, r, pages)),
+    }
 }
 
 /// Loads the map pages of one directory block (page, record) per `load`:
@@ -642,13 +694,41 @@ fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirR
     parse_dir(sb, c, &h, &rec)
 }
 
-/// `read_dir` of the record `c` names, read (its header `h`, bytes `rec`).
+/// `read_dir` of the record `c` names, read (its header `h`, bytes `rec`):
+/// its list decoded, summarized or not.
 fn parse_dir(
     sb: &Superblock,
     c: &ChunkRef,
     h: &RecordHeader,
     rec: &[u8],
 ) -> Result<DirRead, DirError> {
+    let (b, r, body) = parse_dir_body(sb, c, h, rec)?;
+    let pages = match body {
+        DirBody::Pages(pages) => pages,
+        DirBody::Summarized(s, list) => {
+            (decode_summarized(b as u64, &s, list, Segments::of(sb)))
+                .map_err(DirError::Summary)?
+                .pages
+        }
+    };
+    Ok((b, r, pages))
+}
+
+/// What a MAP_DIR record holds past its header: its list, or (a summarized
+/// record, `FLAG_DIR_SUMMARY`) its summary and its list still compressed.
+enum DirBody<'a> {
+    Pages(Vec<(u64, PageRef)>),
+    Summarized(Box<DirSummary>, &'a [u8]),
+}
+
+/// The directory block, record and body of the MAP_DIR record `c` names
+/// (its header `h`, bytes `rec`), checked against the volume's slots.
+fn parse_dir_body<'a>(
+    sb: &Superblock,
+    c: &ChunkRef,
+    h: &RecordHeader,
+    rec: &'a [u8],
+) -> Result<(usize, PageRef, DirBody<'a>), DirError> {
     let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
     if h.kind != RecordKind::MapDir || h.crc != c.crc || !h.lba.is_multiple_of(block_blocks) {
         return Err(DirError::NotNamed { offset: c.offset });
@@ -659,24 +739,40 @@ fn parse_dir(
     if h.lba / MAP_PAGE_BLOCKS >= slots {
         return Err(DirError::BeyondVolume { offset: c.offset });
     }
-    let raw = match h.codec {
-        CodecTag::Lz4 => lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
-            .map_err(DirError::Decompress)?,
-        CodecTag::None => rec[RECORD_HEADER_BYTES..].to_vec(),
-        CodecTag::Zstd => return Err(DirError::Zstd),
-    };
     let block = h.lba / block_blocks;
-    let d = DirPayload::decode(&raw, block).map_err(DirError::Payload)?;
-    if d.pages.last().is_some_and(|&(p, _)| p >= slots) {
-        return Err(DirError::PageBeyondVolume);
-    }
+    let payload = &rec[RECORD_HEADER_BYTES..];
+    let body = match h.codec {
+        CodecTag::None if sb.flags & FLAG_DIR_SUMMARY != 0 => {
+            let (s, list) = DirSummary::decode(payload).map_err(DirError::Payload)?;
+            let last = s.bitmap.iter().enumerate().rev().find(|(_, w)| **w != 0);
+            let last = last
+                .map(|(i, w)| block * DIR_PAGES + i as u64 * 64 + 63 - w.leading_zeros() as u64);
+            if last.is_some_and(|p| p >= slots) {
+                return Err(DirError::PageBeyondVolume);
+            }
+            DirBody::Summarized(Box::new(s), list)
+        }
+        codec => {
+            let raw = match codec {
+                CodecTag::Lz4 => lz4_flex::block::decompress_size_prepended(payload)
+                    .map_err(DirError::Decompress)?,
+                CodecTag::None => payload.to_vec(),
+                CodecTag::Zstd => return Err(DirError::Zstd),
+            };
+            let d = DirPayload::decode(&raw, block).map_err(DirError::Payload)?;
+            if d.pages.last().is_some_and(|&(p, _)| p >= slots) {
+                return Err(DirError::PageBeyondVolume);
+            }
+            DirBody::Pages(d.pages)
+        }
+    };
     let r = PageRef {
         offset: c.offset,
         len: c.len,
         crc: c.crc,
         seq: h.seq,
     };
-    Ok((block as usize, r, d.pages))
+    Ok((block as usize, r, body))
 }
 
 #[cfg(test)]

@@ -9,11 +9,13 @@ use crate::liveness::{EncodedTables, TableSnapshot};
 use crate::log::{Placed, Shape};
 use crate::map::Page;
 use cvol_format::checkpoint::{
-    push_run, run_bytes, ChunkRef, CommitPayload, DirPayload, PageRef, Resume,
+    push_run, run_bytes, ChunkRef, CommitPayload, DirPayload, DirSummary, PageRef, Resume,
 };
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::flushmark::FlushMark;
 use cvol_format::record::RecordKind;
+use cvol_format::superblock::FLAG_DIR_SUMMARY;
+use cvol_format::Superblock;
 use cvol_format::{CheckpointPointer, CodecTag, MapEntry};
 use std::sync::atomic::Ordering;
 
@@ -557,12 +559,11 @@ impl Volume {
     ) -> Result<(CheckpointPointer, usize), VolError> {
         let mut st = self.lock_state()?;
         self.check_writable()?;
+        let summarized = self.sb.flags & FLAG_DIR_SUMMARY != 0;
         for (b, pages) in st.live.dirty_dirs() {
-            let raw = DirPayload { pages }.encode();
-            let payload = lz4_flex::block::compress_prepend_size(&raw);
             let lba = b as u64 * DIR_PAGES * MAP_PAGE_BLOCKS;
-            let placed =
-                self.append(&mut st, Shape::map_meta(RecordKind::MapDir, lba), &payload)?;
+            let (shape, payload) = dir_record(&self.sb, lba, pages, summarized);
+            let placed = self.append(&mut st, shape, &payload)?;
             st.live.dir_written(b, page_ref(&placed));
         }
         let dirs = (st.live.map().dir_records()).expect("every directory block was just written");
@@ -757,6 +758,31 @@ fn encode_page(p: usize, page: &Page) -> Vec<u8> {
     assert!(!run.is_empty(), "a dirty page with entries");
     push_run(&mut raw, run_start, &run);
     lz4_flex::block::compress_prepend_size(&raw)
+}
+
+/// The MAP_DIR record of the directory block at `lba` listing `pages`:
+/// summarized (`DirSummary`, codec none: which pages have records and
+/// their bytes per segment before the lz4-compressed list, so that open
+/// reads the list only when first needed) or, on a volume an older binary
+/// may still open, the lz4-compressed list alone.
+pub(crate) fn dir_record(
+    sb: &Superblock,
+    lba: u64,
+    pages: Vec<(u64, PageRef)>,
+    summarized: bool,
+) -> (Shape, Vec<u8>) {
+    let summary = summarized.then(|| DirSummary::of(&pages, |o| sb.locate(o).map(|(s, _)| s)));
+    let packed = lz4_flex::block::compress_prepend_size(&DirPayload { pages }.encode());
+    match summary {
+        Some(s) => (
+            Shape {
+                codec: CodecTag::None,
+                ..Shape::map_meta(RecordKind::MapDir, lba)
+            },
+            s.encode(&packed),
+        ),
+        None => (Shape::map_meta(RecordKind::MapDir, lba), packed),
+    }
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@ use crate::recovery::{self, Recovered};
 use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::superblock::{
-    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_FP_TABLES, FLAG_HOOK_SNAPSHOT, FLAG_PAGED_MAP,
-    FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES, FLAG_UNIT_WINDOWS,
+    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_DIR_SUMMARY, FLAG_FP_TABLES, FLAG_HOOK_SNAPSHOT,
+    FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES, FLAG_UNIT_WINDOWS,
 };
 use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};
 use cvol_format::{BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES, SECTOR_SIZE_BYTES};
@@ -88,7 +88,8 @@ pub(super) fn new_superblock(c: &CreateOptions) -> Result<Superblock, VolError> 
             | FLAG_SEG_TABLES
             | FLAG_FP_TABLES
             | FLAG_UNIT_WINDOWS
-            | FLAG_HOOK_SNAPSHOT,
+            | FLAG_HOOK_SNAPSHOT
+            | FLAG_DIR_SUMMARY,
         metadata_segments: 0,
         key_slot: None,
         seal: None,
@@ -246,8 +247,8 @@ impl Volume {
     /// (`FLAG_RESUME_AT_SNAPSHOT`) or wrote a paged map (`FLAG_PAGED_MAP`)
     /// with liveness tables (`FLAG_SEG_TABLES`) and fingerprint tables
     /// (`FLAG_FP_TABLES`) without a row per unit (`FLAG_UNIT_WINDOWS`) or a
-    /// dedup hook snapshot (`FLAG_HOOK_SNAPSHOT`)
-    /// before this open writes one, so that older binaries refuse it
+    /// dedup hook snapshot (`FLAG_HOOK_SNAPSHOT`) or summarized directory
+    /// blocks (`FLAG_DIR_SUMMARY`) before this open writes one, so that older binaries refuse it
     /// rather than misread its commits. Each superblock copy is rewritten
     /// whole (a sector-atomic write each); either copy, old or new, opens
     /// the volume here.
@@ -257,11 +258,13 @@ impl Volume {
             | FLAG_SEG_TABLES
             | FLAG_FP_TABLES
             | FLAG_UNIT_WINDOWS
-            | FLAG_HOOK_SNAPSHOT;
+            | FLAG_HOOK_SNAPSHOT
+            | FLAG_DIR_SUMMARY;
         if self.sb.flags & NEW == NEW {
             return Ok(());
         }
         let mut sb = self.sb.clone();
+        let summaries_new = sb.flags & FLAG_DIR_SUMMARY == 0;
         sb.flags |= NEW;
         let enc = sb.encode();
         for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
@@ -271,8 +274,15 @@ impl Volume {
                 .and_then(|()| self.storage.sync());
             self.guard(r.map_err(VolError::Io))?;
         }
-        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot (format flags 4, 8, 16, 32, 128, 2048)");
+        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot, summarized directory blocks (format flags 4, 8, 16, 32, 128, 2048, 16384)");
         self.sb.replace(sb);
+        if summaries_new {
+            // Every directory block is written summarized by the next
+            // checkpoint (the whole directory once), so that later opens
+            // leave the blocks they need not verify packed.
+            let mut st = self.lock_state()?;
+            st.live.map_mut().mark_all_dirs_dirty();
+        }
         Ok(())
     }
 
@@ -368,6 +378,15 @@ impl Volume {
     pub fn map_pages_verified_at_open(&self) -> u64 {
         self.lock_state()
             .map(|st| st.live.map().cache_counts().verified_at_open)
+            .unwrap_or(0)
+    }
+
+    /// Directory blocks of the map still packed: left so by open (their
+    /// lists not decoded) and not needed since.
+    #[doc(hidden)]
+    pub fn map_dir_blocks_packed(&self) -> usize {
+        self.lock_state()
+            .map(|st| st.live.map().packed_blocks())
             .unwrap_or(0)
     }
 
@@ -585,6 +604,12 @@ fn recovered_tables(
         sb,
         buffered: None,
     };
+    // A rebuild reads every page: the directory blocks open left packed
+    // are decoded first.
+    map.unpack_all().map_err(|e| VolError::Corrupt {
+        lba: 0,
+        detail: e.to_string(),
+    })?;
     let tables =
         liveness::rebuild(sb, &map, Some(&src), &r.needed_segments, head).map_err(|e| {
             VolError::Corrupt {

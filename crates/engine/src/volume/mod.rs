@@ -235,9 +235,14 @@ impl Volume {
         lock: impl Fn() -> Result<StateGuard<'a>, VolError>,
     ) -> Result<StateGuard<'a>, VolError> {
         let mut st = lock()?;
-        let missing: Vec<_> = (ranges.iter())
-            .flat_map(|&(a, b)| st.live.map_mut().missing_pages(a, b))
-            .collect();
+        let mut missing = Vec::new();
+        for &(a, b) in ranges {
+            let pages = (st.live.map_mut().missing_pages(a, b)).map_err(|e| VolError::Corrupt {
+                lba: a,
+                detail: e.to_string(),
+            })?;
+            missing.extend(pages);
+        }
         if missing.is_empty() {
             return Ok(st);
         }
@@ -386,7 +391,9 @@ impl Volume {
     /// and block counters from the map and compares them with the running
     /// tables.
     pub fn verify_refcounts(&self) -> Result<(), VolError> {
-        let st = self.lock_state()?;
+        let mut st = self.lock_state()?;
+        // The rebuild reads every page: packed directory blocks first.
+        st.live.map_mut().unpack_all()?;
         let buffered = |offset: u64, len: usize| st.log.buffered(offset, len).map(<[u8]>::to_vec);
         let src = crate::logread::LogPages {
             storage: &*self.storage,

@@ -463,6 +463,9 @@ impl Volume {
             let live = match h.kind {
                 RecordKind::MapChunk => {
                     let p = (h.lba / MAP_PAGE_BLOCKS) as usize;
+                    if h.lba < st.live.blocks() {
+                        st.live.map_mut().unpack_page(p)?;
+                    }
                     let named = h.lba < st.live.blocks()
                         && st
                             .live
@@ -506,7 +509,7 @@ impl Volume {
                     let b = (h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS)) as usize;
                     let named = st.live.map().dir_record_is(b, offset);
                     if named {
-                        st.live.map_mut().mark_dir_dirty(b);
+                        st.live.map_mut().mark_dir_dirty(b)?;
                     }
                     named
                 }

@@ -111,18 +111,24 @@ impl Volume {
     ) -> Result<(Vec<Unread>, Option<u64>), VolError> {
         let mut st = self.lock_state()?;
         learn(&mut st, learnt);
-        let map = st.live.map();
         let mut unread = Vec::new();
         let mut lba = from;
         for _ in 0..PAGES_PER_HOLD {
-            let Some(l) = map.next_allocated_page_lba(lba) else {
+            let Some(l) = st.live.map().next_allocated_page_lba(lba) else {
                 return Ok((unread, None));
             };
             let p = l as usize / PAGE_BLOCKS;
             lba = page_end(l);
-            if !scope.wants(map, p) {
+            if !scope.wants(st.live.map(), p) {
                 continue;
             }
+            // A page wanted from a directory block open left packed: its
+            // list decoded now (its record is needed below).
+            (st.live.map_mut().unpack_page(p)).map_err(|e| VolError::Corrupt {
+                lba: l,
+                detail: e.to_string(),
+            })?;
+            let map = st.live.map();
             self.counters
                 .cleaner
                 .holder_pages_scanned

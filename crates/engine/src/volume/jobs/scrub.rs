@@ -19,9 +19,10 @@ use crate::error::VolError;
 use crate::records::{block_index, DecodedUnit};
 use crate::volume::read::READ_MERGE_MAX_BYTES;
 use crate::volume::Volume;
-use cvol_format::checkpoint::{CommitPayload, DirPayload, DIR_PAGES, MAP_PAGE_BLOCKS};
+use cvol_format::checkpoint::{CommitPayload, DirPayload, DirSummary, DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::record::{RecordHeader, RecordKind};
 use cvol_format::seal::{self, Sealer};
+use cvol_format::superblock::FLAG_DIR_SUMMARY;
 use cvol_format::{CheckpointPointer, EntryState, MapEntry, Superblock, BLOCK_SIZE_BYTES};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -702,10 +703,7 @@ impl Volume {
                     });
                 }
                 if h.kind == RecordKind::MapDir {
-                    let raw = lz4_flex::block::decompress_size_prepended(&payload)
-                        .map_err(CkptFault::Directory)?;
-                    let block = h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS);
-                    let dir = DirPayload::decode(&raw, block).map_err(CkptFault::Invalid)?;
+                    let dir = dir_payload(&self.sb, &h, &payload)?;
                     let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
                     for (p, r) in dir.pages {
                         // Slots after the pages' name liveness tables.
@@ -748,6 +746,27 @@ impl Volume {
     }
 }
 
+/// The pages a MAP_DIR record (header `h`, `payload`) lists, summarized or not.
+fn dir_payload(
+    sb: &cvol_format::Superblock,
+    h: &RecordHeader,
+    payload: &[u8],
+) -> Result<DirPayload, CkptFault> {
+    let block = h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS);
+    match h.codec {
+        cvol_format::CodecTag::None if sb.flags & FLAG_DIR_SUMMARY != 0 => {
+            let (s, list) = DirSummary::decode(payload).map_err(CkptFault::Invalid)?;
+            let segments = crate::map::Segments::of(sb);
+            crate::map::decode_summarized(block, &s, list, segments).map_err(CkptFault::Summary)
+        }
+        _ => {
+            let raw = lz4_flex::block::decompress_size_prepended(payload)
+                .map_err(CkptFault::Directory)?;
+            DirPayload::decode(&raw, block).map_err(CkptFault::Invalid)
+        }
+    }
+}
+
 /// What a scrub finds wrong with a checkpoint's records.
 #[derive(Debug)]
 enum CkptFault {
@@ -766,6 +785,8 @@ enum CkptFault {
     },
     /// A directory payload that does not decompress.
     Directory(lz4_flex::block::DecompressError),
+    /// A summarized directory whose list disagrees with its summary.
+    Summary(String),
 }
 
 impl std::fmt::Display for CkptFault {
@@ -776,6 +797,7 @@ impl std::fmt::Display for CkptFault {
             CkptFault::Commit { kind, seq } => write!(f, "{kind:?} record of seq {seq}"),
             CkptFault::Record { kind, crc } => write!(f, "{kind:?} record with crc {crc:#010x}"),
             CkptFault::Directory(e) => write!(f, "directory: {e}"),
+            CkptFault::Summary(e) => write!(f, "directory: {e}"),
         }
     }
 }

@@ -1,0 +1,225 @@
+//! Directory blocks left packed at open (`FLAG_DIR_SUMMARY`): a
+//! summarized MAP_DIR record says which pages of its block have records,
+//! and their bytes and highest seq per segment, before the compressed
+//! list of those records. Open takes the summary (the pages' allocation
+//! and what liveness needs) and keeps the list compressed; the list is
+//! decoded when something first needs a page record of the block
+//! (`unpack_*`): a fault, a change, a checkpoint, the cleaner. Opening a
+//! map with many pages then costs what the summaries hold, not a decode
+//! per page (a pool's snapshots name hundreds of thousands of pages).
+use super::{BlockMap, DirBlock, DIR_SLOTS, PAGE_BLOCKS};
+use crate::error::MetaError;
+use cvol_format::checkpoint::{DirPayload, DirSummary, PageRef, SegmentUse, DIR_ENTRY_BYTES};
+
+/// A packed block: its summary and its compressed list.
+pub(super) struct Packed {
+    pub(super) summary: DirSummary,
+    pub(super) list: Box<[u8]>,
+}
+
+/// Where the log's segments lie: how a summary's segments are checked
+/// against the records its list names.
+#[derive(Clone, Copy, Debug)]
+pub struct Segments {
+    pub data_offset: u64,
+    pub segment_size: u64,
+    pub count: u64,
+}
+
+impl Segments {
+    pub fn of(sb: &cvol_format::Superblock) -> Segments {
+        Segments {
+            data_offset: sb.data_offset_bytes,
+            segment_size: sb.segment_size_bytes,
+            count: sb.segment_count(),
+        }
+    }
+
+    /// The segment holding the log offset `offset`, if any.
+    pub fn locate(&self, offset: u64) -> Option<u64> {
+        let s = offset.checked_sub(self.data_offset)? / self.segment_size;
+        (s < self.count).then_some(s)
+    }
+}
+
+impl BlockMap {
+    /// Installs directory block `b` at open from its summarized record:
+    /// its pages allocated (left on disk), its list kept compressed.
+    pub fn install_packed_block(
+        &mut self,
+        b: usize,
+        summary: DirSummary,
+        list: &[u8],
+        segments: Segments,
+    ) {
+        assert!(
+            self.dirs[b].is_none(),
+            "directory block {b} installed twice"
+        );
+        self.packed_segments = Some(segments);
+        // No page of the block is allocated yet (it had no directory
+        // block), so none is in memory: its pages' bits are set a word at
+        // a time.
+        assert!(
+            (b + 1) * DIR_SLOTS <= self.pages.len(),
+            "block {b} holds table slots"
+        );
+        for (w, &word) in summary.bitmap.iter().enumerate() {
+            let at = b * DIR_SLOTS + w * 64;
+            assert_eq!(
+                self.allocated.or_word(at, word),
+                0,
+                "pages of block {b} allocated twice"
+            );
+            self.allocated_count += word.count_ones() as usize;
+        }
+        self.packed_count += 1;
+        self.dirs[b] = Some(Box::new(DirBlock {
+            refs: Vec::new(),
+            packed: Some(Box::new(Packed {
+                summary,
+                list: list.into(),
+            })),
+            record: None,
+            dirty: true,
+        }));
+    }
+
+    /// Is directory block `b` still packed?
+    pub fn is_packed(&self, b: usize) -> bool {
+        self.dirs
+            .get(b)
+            .and_then(|d| d.as_ref())
+            .is_some_and(|d| d.packed.is_some())
+    }
+
+    /// Directory blocks still packed.
+    pub fn packed_blocks(&self) -> usize {
+        self.packed_count
+    }
+
+    /// Decodes directory block `b`'s list if it is packed. A list that
+    /// does not decode, or disagrees with its summary, is damage.
+    pub fn unpack(&mut self, b: usize) -> Result<(), MetaError> {
+        let Some(d) = self.dirs.get_mut(b).and_then(|d| d.as_mut()) else {
+            return Ok(());
+        };
+        let Some(packed) = d.packed.take() else {
+            return Ok(());
+        };
+        let segments = self
+            .packed_segments
+            .expect("set with the first packed block");
+        match decode_list(b, &packed, segments) {
+            Ok(refs) => {
+                d.refs = refs;
+                self.packed_count -= 1;
+                Ok(())
+            }
+            Err(e) => {
+                d.packed = Some(packed);
+                Err(e)
+            }
+        }
+    }
+
+    /// `unpack` of every directory block holding a page of the LBAs
+    /// [first, end).
+    pub fn unpack_lbas(&mut self, first: u64, end: u64) -> Result<(), MetaError> {
+        let end = end.min(self.blocks);
+        if first >= end || self.packed_count == 0 {
+            return Ok(());
+        }
+        let block_lbas = (DIR_SLOTS * PAGE_BLOCKS) as u64;
+        for b in first / block_lbas..end.div_ceil(block_lbas) {
+            self.unpack(b as usize)?;
+        }
+        Ok(())
+    }
+
+    /// `unpack` of the directory block of page `p`.
+    pub fn unpack_page(&mut self, p: usize) -> Result<(), MetaError> {
+        self.unpack(p / DIR_SLOTS)
+    }
+
+    /// Marks every decoded directory block with a record changed: the next
+    /// checkpoint writes each again (an older volume's blocks, summarized).
+    /// Packed blocks are summarized already.
+    pub fn mark_all_dirs_dirty(&mut self) {
+        for d in self.dirs.iter_mut().flatten() {
+            if d.packed.is_none() && d.record.is_some() {
+                d.dirty = true;
+            }
+        }
+    }
+
+    /// `unpack` of every directory block: what whole-map walks (`scan`,
+    /// `for_each_record`, `cvol check`) need first.
+    pub fn unpack_all(&mut self) -> Result<(), MetaError> {
+        for b in 0..self.dirs.len() {
+            if self.packed_count == 0 {
+                break;
+            }
+            self.unpack(b)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `rec(offset, len)` for every record the map names that its
+    /// directory holds decoded (pages, tables and directory blocks), and
+    /// `uses(use)` for the page records of the packed blocks, by segment:
+    /// what liveness counts as the map's own live bytes.
+    pub fn for_each_record_use(
+        &self,
+        mut rec: impl FnMut(u64, u32),
+        mut uses: impl FnMut(&SegmentUse),
+    ) {
+        for d in self.dirs.iter().flatten() {
+            if let Some(r) = d.record {
+                rec(r.offset, r.len);
+            }
+            match &d.packed {
+                Some(p) => p.summary.uses.iter().for_each(&mut uses),
+                None => d.refs.iter().for_each(|(_, r)| rec(r.offset, r.len)),
+            }
+        }
+    }
+}
+
+/// The list of packed block `b`, decoded and checked against its summary.
+fn decode_list(
+    b: usize,
+    packed: &Packed,
+    segments: Segments,
+) -> Result<Vec<(u16, PageRef)>, MetaError> {
+    let d = decode_summarized(b as u64, &packed.summary, &packed.list, segments)
+        .map_err(|why| MetaError::Damaged(format!("map directory block {b}: {why}")))?;
+    let base = (b * DIR_SLOTS) as u64;
+    Ok((d.pages.into_iter())
+        .map(|(p, r)| ((p - base) as u16, r))
+        .collect())
+}
+
+/// The page list of summarized directory block `block` (`list`: as its
+/// record holds it, lz4 with its size first), decoded and checked against
+/// `summary`: the same pages, and per segment of `segments` the same
+/// bytes and highest seq.
+pub fn decode_summarized(
+    block: u64,
+    summary: &DirSummary,
+    list: &[u8],
+    segments: Segments,
+) -> Result<DirPayload, String> {
+    let max = DIR_SLOTS * DIR_ENTRY_BYTES;
+    let declared = (list.get(..4)).map(|n| u32::from_le_bytes(n.try_into().expect("4 bytes")));
+    if declared.is_none_or(|n| n as usize > max) {
+        return Err("its page list is longer than a block".into());
+    }
+    let raw = lz4_flex::block::decompress_size_prepended(list)
+        .map_err(|e| format!("its page list does not decompress: {e}"))?;
+    let d = DirPayload::decode(&raw, block).map_err(|e| e.to_string())?;
+    if DirSummary::of(&d.pages, |o| segments.locate(o)) != *summary {
+        return Err("its page list disagrees with its summary".into());
+    }
+    Ok(d)
+}
