@@ -98,6 +98,17 @@ fn is_raw_unit(e: MapEntry) -> bool {
     )
 }
 
+/// What bounds a pass within a sweep.
+struct Limit {
+    /// Bytes the pass may add to what the host holds (beyond its first
+    /// segment's rewrites).
+    room: u64,
+    /// What the host held when the pass began.
+    held: u64,
+    /// Each candidate's segment, in the pass's order.
+    segs: Vec<u64>,
+}
+
 struct Candidate {
     first: u64,
     score: u64,
@@ -321,33 +332,8 @@ impl Volume {
             .min(total);
         let window_bytes = self.window_blocks() * BLOCK_SIZE_BYTES;
         let examined = budget_bytes.saturating_mul(EXAMINED_PER_BUDGET) / window_bytes;
-        let max_candidates = match sweep {
-            Some(_) => SCAN_WINDOWS_PER_PASS,
-            None => examined.max(1),
-        };
-        let max_candidates = usize::try_from(max_candidates).unwrap_or(usize::MAX);
-        let (mut cands, end) =
-            self.scan_candidates(cursor, SCAN_WINDOWS_PER_PASS, max_candidates)?;
-        if let Some(s) = sweep.as_deref() {
-            cands.retain(|c| !s.skipped.contains(&c.first));
-        }
-        rep.windows_scanned = end - cursor;
-        rep.candidates = cands.len() as u64;
-        rep.uncollectable = self.keep_collectable(&mut cands)?;
-        // With a sweep: the room, what the host held before the pass, and
-        // each candidate's segment.
-        let limit = match sweep.as_deref() {
-            Some(s) => {
-                let held = self.host_held_now()?;
-                let segs = self.order_by_segment(&mut cands)?;
-                Some((s.ceiling.saturating_sub(held), held, segs))
-            }
-            None => {
-                // Largest expected savings first.
-                cands.sort_by(|a, b| b.score.cmp(&a.score).then(a.first.cmp(&b.first)));
-                None
-            }
-        };
+        let (cands, end, limit) =
+            self.pass_candidates(cursor, examined, sweep.as_deref(), &mut rep)?;
         let mut budget = budget_bytes;
         let mut finished = true;
         let mut handled = Vec::new();
@@ -355,11 +341,9 @@ impl Volume {
             if yield_to_clients && self.clients_or_writers_waiting() {
                 rep.yielded = true;
             }
-            if let Some((room, held, segs)) = &limit {
-                if segs[i] != segs[0] {
-                    let appended = self.host_held_now()?.saturating_sub(*held);
-                    rep.held_back = appended + self.append_bound(&c) > *room;
-                }
+            if let Some(l) = limit.as_ref().filter(|l| l.segs[i] != l.segs[0]) {
+                let appended = self.host_held_now()?.saturating_sub(l.held);
+                rep.held_back = appended + self.append_bound(&c) > l.room;
             }
             let examined_all = limit.is_some() && i as u64 >= examined.max(1);
             if rep.yielded
@@ -377,10 +361,11 @@ impl Volume {
             if let (Some(s), true) = (sweep.as_deref_mut(), rep.skipped > skipped) {
                 s.skipped.insert(c.first);
             }
-            if let Some((_, _, segs)) = &limit {
-                if segs.get(i + 1) != Some(&segs[i]) {
-                    handled.push(segs[i]);
-                }
+            if let Some(l) = limit
+                .as_ref()
+                .filter(|l| l.segs.get(i + 1) != Some(&l.segs[i]))
+            {
+                handled.push(l.segs[i]);
             }
         }
         // The next pass resumes after this chunk only once all its
@@ -392,6 +377,49 @@ impl Volume {
         }
         self.counters.elastic.count_recompress_pass(&rep);
         Ok((rep, handled))
+    }
+
+    /// The candidates of a pass from `cursor` and the window after them:
+    /// within a sweep, every candidate of the chunk scanned but those the
+    /// sweep skipped, segment by segment, with the pass's `Limit`; else at
+    /// most `examined`, largest expected savings first.
+    fn pass_candidates(
+        &self,
+        cursor: u64,
+        examined: u64,
+        sweep: Option<&Sweep>,
+        rep: &mut RecompressReport,
+    ) -> Result<(Vec<Candidate>, u64, Option<Limit>), VolError> {
+        let max_candidates = match sweep {
+            Some(_) => SCAN_WINDOWS_PER_PASS,
+            None => examined.max(1),
+        };
+        let max_candidates = usize::try_from(max_candidates).unwrap_or(usize::MAX);
+        let (mut cands, end) =
+            self.scan_candidates(cursor, SCAN_WINDOWS_PER_PASS, max_candidates)?;
+        if let Some(s) = sweep {
+            cands.retain(|c| !s.skipped.contains(&c.first));
+        }
+        rep.windows_scanned = end - cursor;
+        rep.candidates = cands.len() as u64;
+        rep.uncollectable = self.keep_collectable(&mut cands)?;
+        let limit = match sweep {
+            Some(s) => {
+                let held = self.host_held_now()?;
+                let segs = self.order_by_segment(&mut cands)?;
+                Some(Limit {
+                    room: s.ceiling.saturating_sub(held),
+                    held,
+                    segs,
+                })
+            }
+            None => {
+                // Largest expected savings first.
+                cands.sort_by(|a, b| b.score.cmp(&a.score).then(a.first.cmp(&b.first)));
+                None
+            }
+        };
+        Ok((cands, end, limit))
     }
 
     /// A client request arrived or is in flight, or a writer waits for the
