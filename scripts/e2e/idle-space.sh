@@ -15,7 +15,10 @@
 # work settles; its peak and when it last changed are logged (the table in
 # docs/BENCHMARKING.md "`du` while the idle pass runs").
 #
-#   E2E_IDLE_MB   real-data size in MiB (default 160)
+#   E2E_IDLE_MB     real-data size in MiB (default 160)
+#   E2E_IDLE_IMAGE  copy this file instead of the tar of /usr (e.g. the
+#                   ext4 image of a source tree scripts/bench/elastic makes
+#                   in /tmp/cvol-bench-cache); E2E_IDLE_MB sizes the volume
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -28,8 +31,13 @@ is_cvol || skip "cvol only: idle cleaning and recompression have no stand-in"
 
 MB=${E2E_IDLE_MB:-160}
 VOL=$E2E_TMP/vol.cvol
-tar_image idle-usr "$MB" /usr/share /usr/lib /usr/include
-IMG=$TAR_IMAGE
+if [[ -n "${E2E_IDLE_IMAGE:-}" ]]; then
+    IMG=$E2E_IDLE_IMAGE
+    [[ -s "$IMG" ]] || fail "E2E_IDLE_IMAGE $IMG: no such file"
+else
+    tar_image idle-usr "$MB" /usr/share /usr/lib /usr/include
+    IMG=$TAR_IMAGE
+fi
 
 snap() {
     cvol_stat_json "$VOL" "$E2E_TMP/stat.json"

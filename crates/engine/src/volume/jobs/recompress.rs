@@ -39,6 +39,13 @@ const SCAN_WINDOWS_PER_PASS: u64 = 1 << 18;
 /// lock throughout (1.2 GB at zstd:9 on a loaded machine: a minute and
 /// more, which a closing server waits out too).
 const EXAMINED_PER_BUDGET: u64 = 2;
+/// Candidates a pass within a sweep scores at most: the whole chunk of
+/// windows it scans, so that a segment's candidates are all known whatever
+/// order the copy wrote them in (nbdcopy's connections each write their
+/// own part of the image, so one segment holds units of distant LBAs), up
+/// to 1 GiB of 16 KiB windows (about 5 MiB of candidates in memory; a
+/// pass outside a sweep scores twice its budget).
+const SWEEP_CANDIDATES_MAX: u64 = 1 << 16;
 /// Windows a sweep remembers as not worth rewriting; past this many it
 /// ends (they would be tried again on every pass).
 const SWEEP_SKIPPED_MAX: usize = 1 << 20;
@@ -305,9 +312,9 @@ impl Volume {
     }
 
     /// `recompress_pass`; within a `sweep`, one that takes its candidates
-    /// segment by segment (`order_by_segment`: the whole chunk of windows
-    /// scanned, not a budget's worth, so that a segment's candidates are
-    /// all known whatever the order the copy wrote them in) and adds at
+    /// segment by segment (`order_by_segment`: the candidates of the whole
+    /// chunk scanned, up to `SWEEP_CANDIDATES_MAX`, not a budget's worth)
+    /// and adds at
     /// most the sweep's room under its ceiling to what the host holds,
     /// besides the rewrites of its first segment, which it may always do
     /// (so that a sweep starting with no room progresses). Returns the
@@ -391,7 +398,7 @@ impl Volume {
         rep: &mut RecompressReport,
     ) -> Result<(Vec<Candidate>, u64, Option<Limit>), VolError> {
         let max_candidates = match sweep {
-            Some(_) => SCAN_WINDOWS_PER_PASS,
+            Some(_) => SWEEP_CANDIDATES_MAX.max(examined),
             None => examined.max(1),
         };
         let max_candidates = usize::try_from(max_candidates).unwrap_or(usize::MAX);
