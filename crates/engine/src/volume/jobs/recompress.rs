@@ -318,7 +318,8 @@ impl Volume {
     /// most the sweep's room under its ceiling to what the host holds,
     /// besides the rewrites of its first segment, which it may always do
     /// (so that a sweep starting with no room progresses). Returns the
-    /// report and the segments whose candidates were all handled.
+    /// report and the segments whose candidates were all handled, some
+    /// rewritten.
     pub(in crate::volume) fn recompress_pass_within(
         &self,
         budget_bytes: u64,
@@ -343,7 +344,7 @@ impl Volume {
             self.pass_candidates(cursor, examined, sweep.as_deref(), &mut rep)?;
         let mut budget = budget_bytes;
         let mut finished = true;
-        let mut handled = Vec::new();
+        let (mut handled, mut group_rewrote) = (Vec::new(), false);
         for (i, c) in cands.into_iter().enumerate() {
             if yield_to_clients && self.clients_or_writers_waiting() {
                 rep.yielded = true;
@@ -368,11 +369,14 @@ impl Volume {
             if let (Some(s), true) = (sweep.as_deref_mut(), rep.skipped > skipped) {
                 s.skipped.insert(c.first);
             }
+            group_rewrote |= done > 0;
             if let Some(l) = limit
                 .as_ref()
                 .filter(|l| l.segs.get(i + 1) != Some(&l.segs[i]))
             {
-                handled.push(l.segs[i]);
+                if std::mem::take(&mut group_rewrote) {
+                    handled.push(l.segs[i]);
+                }
             }
         }
         // The next pass resumes after this chunk only once all its
