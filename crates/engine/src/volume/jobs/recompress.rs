@@ -41,8 +41,9 @@ const SCAN_WINDOWS_PER_PASS: u64 = 1 << 18;
 const EXAMINED_PER_BUDGET: u64 = 2;
 /// Candidates a pass within a sweep scores at most: the whole chunk of
 /// windows it scans, so that a segment's candidates are all known whatever
-/// order the copy wrote them in (nbdcopy's connections each write their
-/// own part of the image, so one segment holds units of distant LBAs), up
+/// order the copy wrote them in (a copy over several connections, as
+/// nbdcopy's, puts units of distant LBAs in one segment: with a budget's
+/// worth of candidates no segment emptied on such a copy), up
 /// to 1 GiB of 16 KiB windows (about 5 MiB of candidates in memory; a
 /// pass outside a sweep scores twice its budget).
 const SWEEP_CANDIDATES_MAX: u64 = 1 << 16;
@@ -314,12 +315,11 @@ impl Volume {
     /// `recompress_pass`; within a `sweep`, one that takes its candidates
     /// segment by segment (`order_by_segment`: the candidates of the whole
     /// chunk scanned, up to `SWEEP_CANDIDATES_MAX`, not a budget's worth)
-    /// and adds at
-    /// most the sweep's room under its ceiling to what the host holds,
-    /// besides the rewrites of its first segment, which it may always do
-    /// (so that a sweep starting with no room progresses). Returns the
-    /// report and the segments whose candidates were all handled, some
-    /// rewritten.
+    /// and adds at most the sweep's room under its ceiling to what the
+    /// host holds, besides the rewrites of its first segment, which it may
+    /// always do (so that a sweep starting with no room progresses).
+    /// Returns the report and the segments whose candidates were all
+    /// handled, some rewritten.
     pub(in crate::volume) fn recompress_pass_within(
         &self,
         budget_bytes: u64,
