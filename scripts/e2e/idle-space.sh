@@ -11,8 +11,14 @@
 #     physical_used_bytes (dedup found every block where background work
 #     moved it; identical overwrites append nothing);
 #   - the data reads back exact; cvol check passes.
+# `du` is sampled every second from the end of the copy until background
+# work settles; its peak and when it last changed are logged (the table in
+# docs/BENCHMARKING.md "`du` while the idle pass runs").
 #
-#   E2E_IDLE_MB   real-data size in MiB (default 160)
+#   E2E_IDLE_MB     real-data size in MiB (default 160)
+#   E2E_IDLE_IMAGE  copy this file instead of the tar of /usr (e.g. the
+#                   ext4 image of a source tree scripts/bench/elastic makes
+#                   in /tmp/cvol-bench-cache); E2E_IDLE_MB sizes the volume
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -25,8 +31,13 @@ is_cvol || skip "cvol only: idle cleaning and recompression have no stand-in"
 
 MB=${E2E_IDLE_MB:-160}
 VOL=$E2E_TMP/vol.cvol
-tar_image idle-usr "$MB" /usr/share /usr/lib /usr/include
-IMG=$TAR_IMAGE
+if [[ -n "${E2E_IDLE_IMAGE:-}" ]]; then
+    IMG=$E2E_IDLE_IMAGE
+    [[ -s "$IMG" ]] || fail "E2E_IDLE_IMAGE $IMG: no such file"
+else
+    tar_image idle-usr "$MB" /usr/share /usr/lib /usr/include
+    IMG=$TAR_IMAGE
+fi
 
 snap() {
     cvol_stat_json "$VOL" "$E2E_TMP/stat.json"
@@ -54,6 +65,13 @@ row "after the copy"
 copy_pu=$PU copy_du=$DU
 
 step "idle: recompression, then the idle cleaning that collects its gain"
+t_copy=$(date +%s)
+(while :; do
+    echo "$(($(date +%s) - t_copy)) $(du -B1 "$VOL" | cut -f1)"
+    sleep 1
+done) >"$E2E_TMP/du.log" &
+du_pid=$!
+reg_pid "$du_pid"
 last=""
 settled() {
     snap
@@ -65,6 +83,11 @@ settled() {
 # Settled: two polls 5 s apart see the same numbers.
 wait_until 240 "background work to settle" eval 'sleep 5; settled'
 row "after idle"
+kill "$du_pid" 2>/dev/null || true
+# Peak, and the second du last changed (settled), from the samples.
+read -r du_peak du_settled_at < <(awk 'NR == 1 || $2 != v { v = $2; at = $1 } $2 > p { p = $2 }
+    END { print p + 0, at + 0 }' "$E2E_TMP/du.log")
+log "du while idle: end of copy $(mib "$copy_du"), peak $(mib "$du_peak") ($(awk -v p="$du_peak" -v c="$copy_du" 'BEGIN { printf "%+.1f%%", (p - c) * 100 / c }')), settled $(mib "$DU") after ${du_settled_at} s"
 idle_pu=$PU idle_st=$ST idle_hits=$HITS idle_lookups=$LOOKUPS
 allow=$((ST + ST / 10 + 3 * SEG))
 ((PU <= allow)) || fail "after idle, physical_used $(mib "$PU") > stored + 10% + 3 segments ($(mib "$allow"))"

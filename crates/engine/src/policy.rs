@@ -53,6 +53,15 @@ pub struct ElasticConfig {
     pub recompress_idle_ms: u64,
     /// Logical bytes one background pass may rewrite.
     pub recompress_pass_bytes: u64,
+    /// Keep what the host holds at or below its value when the idle sweep
+    /// began: a pass appends at most what the segments emptied since have
+    /// given back (at least one segment's rewrite, so it always makes
+    /// progress), rewrites segment by segment, and the segments it empties
+    /// are collected after every pass. Off: passes rewrite their whole
+    /// budget, largest savings first, and collect once half a pass of dead
+    /// bytes waits (an object store, where each collection is a checkpoint
+    /// of PUTs and no `du` grows meanwhile).
+    pub recompress_within_host_bytes: bool,
     /// Share of the machine's CPU (percent of all cores) that inline
     /// compression may use while the load is busy; units beyond it are
     /// written raw and compressed when idle (policy auto with
@@ -80,6 +89,7 @@ impl Default for ElasticConfig {
             recompress: true,
             recompress_idle_ms: 1_000,
             recompress_pass_bytes: 16 << 20,
+            recompress_within_host_bytes: true,
             inline_cpu_percent: Some(INLINE_CPU_PERCENT_DEFAULT),
             recompress_min_gain_percent: RECOMPRESS_MIN_GAIN_PERCENT_DEFAULT,
             busy_codec: auto_codec(Load::Busy),
@@ -99,6 +109,7 @@ impl ElasticConfig {
         ElasticConfig {
             inline_cpu_percent: None,
             recompress_min_gain_percent: RECOMPRESS_MIN_GAIN_PERCENT_OBJECT_STORE,
+            recompress_within_host_bytes: false,
             busy_codec: Codec::Zstd(1),
             ..ElasticConfig::default()
         }

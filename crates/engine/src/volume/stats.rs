@@ -157,9 +157,32 @@ impl Volume {
             path: (self.options.metadata_device_path.clone())
                 .or_else(|| super::metadev::recorded_metadata_path(&*self.storage)),
             size: label + segments,
-            used: label + st.log.meta_used_bytes(),
+            used: self.metadata_used_bytes(st),
             free: st.log.meta_free_bytes(),
         }
+    }
+
+    /// Bytes of the metadata device in use (0 without one).
+    fn metadata_used_bytes(&self, st: &State) -> u64 {
+        match self.sb.has_metadata_device() {
+            true => cvol_format::metadev::METADATA_DATA_OFFSET_BYTES + st.log.meta_used_bytes(),
+            false => 0,
+        }
+    }
+
+    /// `physical_used_bytes`: the superblock area, the data log's occupied
+    /// segments and the metadata device's.
+    fn physical_used_bytes(&self, st: &State) -> u64 {
+        self.sb.data_offset_bytes + st.log.used_bytes() + self.metadata_used_bytes(st)
+    }
+
+    /// What the host holds for the volume as far as the engine can tell
+    /// (`du` of a backing file but for the zeros ahead of the log head):
+    /// `physical_used_bytes` and the free segments kept warm, whose space
+    /// is returned only when clients have been idle a while.
+    pub(in crate::volume) fn host_held_bytes(&self, st: &State) -> u64 {
+        let warm = st.log.segments.warm_count() * self.sb.segment_size_bytes;
+        self.physical_used_bytes(st) + warm
     }
 
     /// What `stat` shows. Reads through a poisoned lock (the numbers of a
@@ -170,7 +193,7 @@ impl Volume {
         let (mapped, zero) = (c.data_blocks * bs, c.zero_blocks * bs);
         let unique = (c.data_blocks - st.live.shared().extra_refs) * bs;
         let (logical, meta) = (self.reported_logical_bytes(), self.metadata_use(&st));
-        let used = self.sb.data_offset_bytes + st.log.used_bytes() + meta.used;
+        let used = self.physical_used_bytes(&st);
         let live = st.live.usage().total_live_bytes();
         let (usable, compactable) = (self.usable_bytes(&st), self.compactable_bytes(&st));
         let (client, segs) = (get(&self.counters.client_bytes_written), &st.log.segments);

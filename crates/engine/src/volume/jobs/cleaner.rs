@@ -708,6 +708,36 @@ impl Volume {
         stop_at_client: bool,
         max_live_percent: u64,
     ) -> Result<IdleCleanReport, VolError> {
+        self.idle_clean_of(stop_at_client, |v| v.idle_victims(max_live_percent))
+    }
+
+    /// `idle_clean` of those of `segments` that are sealed and at most
+    /// `IDLE_VICTIM_LIVE_MAX_PERCENT` live, however little dead space is
+    /// left elsewhere: the segments background recompression emptied of
+    /// its candidates, collected as it goes.
+    pub(in crate::volume) fn collect_segments(
+        &self,
+        stop_at_client: bool,
+        segments: &[u64],
+    ) -> Result<IdleCleanReport, VolError> {
+        self.idle_clean_of(stop_at_client, |v| {
+            let st = v.lock_state()?;
+            let size = v.sb.segment_size_bytes;
+            Ok((st.log.segments.candidates(st.live.usage()).into_iter())
+                .filter(|&(s, live, _)| {
+                    segments.contains(&s) && live * 100 <= size * IDLE_VICTIM_LIVE_MAX_PERCENT
+                })
+                .map(|(s, _, _)| s)
+                .collect())
+        })
+    }
+
+    /// Idle cleaning of the `victims` chosen under the cleaner lock.
+    fn idle_clean_of(
+        &self,
+        stop_at_client: bool,
+        victims: impl FnOnce(&Self) -> Result<Vec<u64>, VolError>,
+    ) -> Result<IdleCleanReport, VolError> {
         let _c = self.lock_cleaner()?;
         self.check_writable()?;
         let mut rep = IdleCleanReport::default();
@@ -721,7 +751,7 @@ impl Volume {
             .cleaner
             .bytes_relocated
             .load(Ordering::Relaxed);
-        for victim in self.idle_victims(max_live_percent)? {
+        for victim in victims(self)? {
             if stop_at_client && self.activity.clients_busy() {
                 rep.yielded = true;
                 break;

@@ -22,7 +22,7 @@ use crate::volume::jobs::cleaner::IDLE_VICTIM_LIVE_MAX_PERCENT;
 use crate::volume::prepare::Prepared;
 use crate::volume::{State, Volume, BS};
 use cvol_format::{CodecTag, EntryState, MapEntry, BLOCK_SIZE_BYTES};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +39,17 @@ const SCAN_WINDOWS_PER_PASS: u64 = 1 << 18;
 /// lock throughout (1.2 GB at zstd:9 on a loaded machine: a minute and
 /// more, which a closing server waits out too).
 const EXAMINED_PER_BUDGET: u64 = 2;
+/// Candidates a pass within a sweep scores at most: the whole chunk of
+/// windows it scans, so that a segment's candidates are all known whatever
+/// order the copy wrote them in (a copy over several connections, as
+/// nbdcopy's, puts units of distant LBAs in one segment: with a budget's
+/// worth of candidates no segment emptied on such a copy), up
+/// to 1 GiB of 16 KiB windows (about 5 MiB of candidates in memory; a
+/// pass outside a sweep scores twice its budget).
+const SWEEP_CANDIDATES_MAX: u64 = 1 << 16;
+/// Windows a sweep remembers as not worth rewriting; past this many it
+/// ends (they would be tried again on every pass).
+const SWEEP_SKIPPED_MAX: usize = 1 << 20;
 /// Segments at most this live count as emptied by recompression.
 const EMPTIED_LIVE_MAX_PERCENT: u64 = 5;
 /// How often the background recompressor looks for idle time.
@@ -67,6 +78,9 @@ pub struct RecompressReport {
     /// stay more than 90% live): rewriting them would grow what the host
     /// holds.
     pub uncollectable: u64,
+    /// The pass stopped where its next rewrite could have taken what the
+    /// host holds above its sweep's ceiling (`recompress_pass_within`).
+    pub held_back: bool,
 }
 
 /// Does a rewrite of `old` stored bytes into `new` save at least
@@ -90,6 +104,17 @@ fn is_raw_unit(e: MapEntry) -> bool {
             ..
         }
     )
+}
+
+/// What bounds a pass within a sweep.
+struct Limit {
+    /// Bytes the pass may add to what the host holds (beyond its first
+    /// segment's rewrites).
+    room: u64,
+    /// What the host held when the pass began.
+    held: u64,
+    /// Each candidate's segment, in the pass's order.
+    segs: Vec<u64>,
 }
 
 struct Candidate {
@@ -230,6 +255,50 @@ impl Volume {
         Ok((before - cands.len()) as u64)
     }
 
+    /// Orders the candidates segment by segment (the segment holding a
+    /// candidate's first record), the segments their rewrites would leave
+    /// least live first: each is emptied of them as early as it can be, for
+    /// collection to give its space back. Returns each candidate's segment.
+    fn order_by_segment(&self, cands: &mut [Candidate]) -> Result<Vec<u64>, VolError> {
+        let st = self.lock_state()?;
+        let seg = |c: &Candidate| {
+            (c.records.iter())
+                .map(|&(offset, _)| st.segment_of(offset))
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        let mut freed: HashMap<u64, u64> = HashMap::new();
+        for c in cands.iter() {
+            for &(offset, len) in &c.records {
+                *freed.entry(st.segment_of(offset)).or_default() += u64::from(len);
+            }
+        }
+        let usage = st.live.usage();
+        let left = |s: u64| {
+            let freed = freed.get(&s).copied().unwrap_or(0);
+            usage.live_bytes(s).saturating_sub(freed)
+        };
+        cands.sort_by_cached_key(|c| {
+            let s = seg(c);
+            (left(s), s, c.first)
+        });
+        Ok(cands.iter().map(seg).collect())
+    }
+
+    /// The most a candidate's rewrite can append: its records again (a
+    /// deferred raw unit is rewritten even without a gain), a record header
+    /// per block and a sector of padding.
+    fn append_bound(&self, c: &Candidate) -> u64 {
+        let overhead = self.window_blocks() * self.sb.record_overhead() as u64;
+        c.score + overhead + 512
+    }
+
+    /// What the host holds now (`host_held_bytes`).
+    fn host_held_now(&self) -> Result<u64, VolError> {
+        let st = self.lock_state()?;
+        Ok(self.host_held_bytes(&st))
+    }
+
     /// One background pass: scans windows from the cursor, rewrites the
     /// best candidates until `budget_bytes` of logical data were rewritten.
     /// With `yield_to_clients` it stops at the first client request.
@@ -238,9 +307,28 @@ impl Volume {
         budget_bytes: u64,
         yield_to_clients: bool,
     ) -> Result<RecompressReport, VolError> {
+        Ok(self
+            .recompress_pass_within(budget_bytes, yield_to_clients, None)?
+            .0)
+    }
+
+    /// `recompress_pass`; within a `sweep`, one that takes its candidates
+    /// segment by segment (`order_by_segment`: the candidates of the whole
+    /// chunk scanned, up to `SWEEP_CANDIDATES_MAX`, not a budget's worth)
+    /// and adds at most the sweep's room under its ceiling to what the
+    /// host holds, besides the rewrites of its first segment, which it may
+    /// always do (so that a sweep starting with no room progresses).
+    /// Returns the report and the segments whose candidates were all
+    /// handled, some rewritten.
+    pub(in crate::volume) fn recompress_pass_within(
+        &self,
+        budget_bytes: u64,
+        yield_to_clients: bool,
+        mut sweep: Option<&mut Sweep>,
+    ) -> Result<(RecompressReport, Vec<u64>), VolError> {
         self.check_writable()?;
         let CodecPolicy::Auto { strong } = self.policy else {
-            return Ok(RecompressReport::default());
+            return Ok((RecompressReport::default(), Vec::new()));
         };
         let _c = self.lock_cleaner()?;
         let mut rep = RecompressReport::default();
@@ -252,26 +340,44 @@ impl Volume {
             .min(total);
         let window_bytes = self.window_blocks() * BLOCK_SIZE_BYTES;
         let examined = budget_bytes.saturating_mul(EXAMINED_PER_BUDGET) / window_bytes;
-        let max_candidates = usize::try_from(examined.max(1)).unwrap_or(usize::MAX);
-        let (mut cands, end) =
-            self.scan_candidates(cursor, SCAN_WINDOWS_PER_PASS, max_candidates)?;
-        rep.windows_scanned = end - cursor;
-        rep.candidates = cands.len() as u64;
-        rep.uncollectable = self.keep_collectable(&mut cands)?;
-        // Largest expected savings first.
-        cands.sort_by(|a, b| b.score.cmp(&a.score).then(a.first.cmp(&b.first)));
+        let (cands, end, limit) =
+            self.pass_candidates(cursor, examined, sweep.as_deref(), &mut rep)?;
         let mut budget = budget_bytes;
         let mut finished = true;
-        for c in cands {
+        let (mut handled, mut group_rewrote) = (Vec::new(), false);
+        for (i, c) in cands.into_iter().enumerate() {
             if yield_to_clients && self.clients_or_writers_waiting() {
                 rep.yielded = true;
             }
-            if rep.yielded || budget == 0 || !self.room_for_recompression()? {
+            if let Some(l) = limit.as_ref().filter(|l| l.segs[i] != l.segs[0]) {
+                let appended = self.host_held_now()?.saturating_sub(l.held);
+                rep.held_back = appended + self.append_bound(&c) > l.room;
+            }
+            let examined_all = limit.is_some() && i as u64 >= examined.max(1);
+            if rep.yielded
+                || rep.held_back
+                || budget == 0
+                || examined_all
+                || !self.room_for_recompression()?
+            {
                 finished = false;
                 break;
             }
+            let skipped = rep.skipped;
             let done = self.recompress_window(c.first, strong, &mut rep)?;
             budget = budget.saturating_sub(done * BLOCK_SIZE_BYTES);
+            if let (Some(s), true) = (sweep.as_deref_mut(), rep.skipped > skipped) {
+                s.skipped.insert(c.first);
+            }
+            group_rewrote |= done > 0;
+            if let Some(l) = limit
+                .as_ref()
+                .filter(|l| l.segs.get(i + 1) != Some(&l.segs[i]))
+            {
+                if std::mem::take(&mut group_rewrote) {
+                    handled.push(l.segs[i]);
+                }
+            }
         }
         // The next pass resumes after this chunk only once all its
         // candidates were handled (rewritten ones are strong now).
@@ -281,7 +387,50 @@ impl Volume {
             self.jobs.recompress_cursor.store(next, Ordering::Relaxed);
         }
         self.counters.elastic.count_recompress_pass(&rep);
-        Ok(rep)
+        Ok((rep, handled))
+    }
+
+    /// The candidates of a pass from `cursor` and the window after them:
+    /// within a sweep, every candidate of the chunk scanned but those the
+    /// sweep skipped, segment by segment, with the pass's `Limit`; else at
+    /// most `examined`, largest expected savings first.
+    fn pass_candidates(
+        &self,
+        cursor: u64,
+        examined: u64,
+        sweep: Option<&Sweep>,
+        rep: &mut RecompressReport,
+    ) -> Result<(Vec<Candidate>, u64, Option<Limit>), VolError> {
+        let max_candidates = match sweep {
+            Some(_) => SWEEP_CANDIDATES_MAX.max(examined),
+            None => examined.max(1),
+        };
+        let max_candidates = usize::try_from(max_candidates).unwrap_or(usize::MAX);
+        let (mut cands, end) =
+            self.scan_candidates(cursor, SCAN_WINDOWS_PER_PASS, max_candidates)?;
+        if let Some(s) = sweep {
+            cands.retain(|c| !s.skipped.contains(&c.first));
+        }
+        rep.windows_scanned = end - cursor;
+        rep.candidates = cands.len() as u64;
+        rep.uncollectable = self.keep_collectable(&mut cands)?;
+        let limit = match sweep {
+            Some(s) => {
+                let held = self.host_held_now()?;
+                let segs = self.order_by_segment(&mut cands)?;
+                Some(Limit {
+                    room: s.ceiling.saturating_sub(held),
+                    held,
+                    segs,
+                })
+            }
+            None => {
+                // Largest expected savings first.
+                cands.sort_by(|a, b| b.score.cmp(&a.score).then(a.first.cmp(&b.first)));
+                None
+            }
+        };
+        Ok((cands, end, limit))
     }
 
     /// A client request arrived or is in flight, or a writer waits for the
@@ -441,19 +590,20 @@ impl Volume {
         }
         // After a sweep of the whole volume found nothing, wait for new writes.
         let mut quiet_at: Option<u64> = None;
+        let mut sweep: Option<Sweep> = None;
         self.jobs.recompress_pending.store(true, Ordering::SeqCst);
         Some(Worker::spawn(
             "cvol-recompress",
             self,
             BACKGROUND_PERIOD,
             move |v| {
-                v.background_recompress(&mut quiet_at);
+                v.background_recompress(&mut quiet_at, &mut sweep);
                 Next::After(BACKGROUND_PERIOD)
             },
         ))
     }
 
-    fn background_recompress(&self, quiet_at: &mut Option<u64>) {
+    fn background_recompress(&self, quiet_at: &mut Option<u64>, sweep: &mut Option<Sweep>) {
         if self.poisoned.load(Ordering::SeqCst)
             || self.activity.idle_ms() < self.options.elastic.recompress_idle_ms
         {
@@ -475,11 +625,24 @@ impl Volume {
             Ok(None) => {}
             Err(e) => tracing::warn!("cleaning before recompression: {e}"),
         }
-        match self.recompress_pass(self.options.elastic.recompress_pass_bytes, true) {
-            Ok(r) => {
+        let within = match self.sweep(sweep, written) {
+            Ok(within) => within,
+            Err(e) => return tracing::warn!("background recompression: {e}"),
+        };
+        if within
+            .as_ref()
+            .is_some_and(|s| s.skipped.len() >= SWEEP_SKIPPED_MAX)
+        {
+            *quiet_at = Some(written);
+            self.jobs.recompress_pending.store(false, Ordering::SeqCst);
+            return;
+        }
+        let budget = self.options.elastic.recompress_pass_bytes;
+        match self.recompress_pass_within(budget, true, within) {
+            Ok((r, handled)) => {
                 if r.blocks_rewritten > 0 {
                     tracing::debug!(?r, "background recompression pass");
-                    self.collect_what_recompression_left();
+                    self.collect_what_recompression_left(&handled);
                     // What the pass read and compressed is free again.
                     crate::memory::trim_allocator();
                 }
@@ -493,24 +656,71 @@ impl Volume {
     }
 }
 
+/// An idle sweep of background recompression on a file or device
+/// (`ElasticConfig::recompress_within_host_bytes`).
+#[derive(Debug, Default)]
+pub(in crate::volume) struct Sweep {
+    /// Client bytes written when it began (a client write begins another).
+    written: u64,
+    /// What the host held then (`host_held_bytes`): its passes add at most
+    /// what the host gave back since.
+    ceiling: u64,
+    /// Windows whose rewrite did not pay (or could not be made): not
+    /// tried again in this sweep (its passes rescan the same windows until
+    /// all their candidates are handled).
+    skipped: HashSet<u64>,
+}
+
 impl Volume {
-    /// After a pass that rewrote data, collects the segments its rewrites
-    /// emptied (at most `EMPTIED_LIVE_MAX_PERCENT` live) before the next
-    /// pass appends more, once they hold half a pass's worth of dead
-    /// bytes: what the host holds (`du`) then grows by about a pass while
-    /// recompression runs, instead of by every rewrite until the sweep
-    /// ends and idle cleaning starts. Fuller segments wait for idle
-    /// cleaning: moving their data now would compact what the next passes
-    /// would recompress with the strong codec.
-    fn collect_what_recompression_left(&self) {
-        let reclaimable = match self.lock_state() {
-            Ok(st) => self.reclaimable_below(&st, EMPTIED_LIVE_MAX_PERCENT),
-            Err(_) => return,
-        };
-        if reclaimable < self.options.elastic.recompress_pass_bytes / 2 {
-            return;
+    /// The sweep the next pass belongs to (None: `recompress_within_host_bytes`
+    /// off). A sweep begins, with what the host holds now as its ceiling,
+    /// when clients wrote since the last one began.
+    fn sweep<'a>(
+        &self,
+        sweep: &'a mut Option<Sweep>,
+        written: u64,
+    ) -> Result<Option<&'a mut Sweep>, VolError> {
+        if !self.options.elastic.recompress_within_host_bytes {
+            return Ok(None);
         }
-        match self.idle_clean_below(true, EMPTIED_LIVE_MAX_PERCENT) {
+        if sweep.as_ref().is_none_or(|s| s.written != written) {
+            *sweep = Some(Sweep {
+                written,
+                ceiling: self.host_held_now()?,
+                skipped: HashSet::new(),
+            });
+        }
+        Ok(sweep.as_mut())
+    }
+
+    /// After a pass that rewrote data: within a sweep, collects the
+    /// segments whose candidates it handled (their rewrites left them at
+    /// most 90% live: `keep_collectable`) and returns their space to the
+    /// host at once, not kept warm for reuse (the next pass's room is what
+    /// the host gave back). Otherwise (an object store), collects the
+    /// segments passes emptied (at most `EMPTIED_LIVE_MAX_PERCENT` live)
+    /// once they hold half a pass's worth of dead bytes: what the host
+    /// holds grows by about a pass. Fuller segments wait for idle cleaning
+    /// there: moving their data now would compact what the next passes
+    /// would recompress with the strong codec.
+    fn collect_what_recompression_left(&self, handled: &[u64]) {
+        let r = if self.options.elastic.recompress_within_host_bytes {
+            let r = self.collect_segments(true, handled);
+            if let Err(e) = self.punch_warm(true) {
+                tracing::warn!("returning emptied segments' space: {e}");
+            }
+            r
+        } else {
+            let reclaimable = match self.lock_state() {
+                Ok(st) => self.reclaimable_below(&st, EMPTIED_LIVE_MAX_PERCENT),
+                Err(_) => return,
+            };
+            if reclaimable < self.options.elastic.recompress_pass_bytes / 2 {
+                return;
+            }
+            self.idle_clean_below(true, EMPTIED_LIVE_MAX_PERCENT)
+        };
+        match r {
             Ok(r) if r.segments > 0 => tracing::debug!(?r, "cleaning between recompression passes"),
             Ok(_) | Err(VolError::NoSpace) => {}
             Err(e) => tracing::warn!("cleaning between recompression passes: {e}"),
