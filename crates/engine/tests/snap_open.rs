@@ -58,25 +58,7 @@ fn table(store: &SimStorage, uuid: &[u8; 16]) -> PoolTable {
 /// those pages is the older of the two pointers. Returns the store and
 /// the pool LBAs of the snapshot's extents.
 fn snapshotted_pool() -> (SimStorage, Vec<(u64, u64)>) {
-    let store = SimStorage::new(16 * MIB);
-    let opts = common::options(&store, VOLUME_BYTES);
-    let pool = Pool::create(Arc::new(store.clone()), &opts).expect("create a pool");
-    let v = pool.volume("default").expect("default");
-    let lbas: Vec<u64> = (0..PAGES).map(|p| p * MAP_PAGE_BLOCKS + 7).collect();
-    for &l in &lbas {
-        v.write_at(l * BSU, &block(l, 1), false).unwrap();
-    }
-    pool.create_snapshot("default@s").unwrap();
-    for &l in &lbas {
-        v.write_at(l * BSU, &block(l, 2), false).unwrap();
-    }
-    drop(v);
-    pool.engine().close().unwrap();
-    drop(pool);
-    let pool = open_pool(&store);
-    let v = pool.volume("default").expect("default");
-    v.write_at(7 * BSU, &block(7, 3), false).unwrap();
-    drop(v);
+    let (store, pool) = snapshotted_pool_of(VOLUME_BYTES);
     pool.engine().close().unwrap();
     let uuid = pool.engine().superblock().uuid;
     let t = table(&store, &uuid);
@@ -308,23 +290,28 @@ fn open_counts_the_records_of_the_pages_it_leaves_on_disk_live() {
     assert_eq!(before.len() as u64, PAGES);
     let pool = open_pool(&store);
     assert!(pool.engine().opened_from_tables(), "open took the tables");
+    rewrite_many_times(&pool, 97);
+    pool.engine().close().unwrap();
+    drop(pool);
+    snapshot_reads_its_blocks_and_checks_clean(&store, "after the log reused segments");
+}
+
+/// Rewrites 16 blocks of each of `default`'s `PAGES` pages 12 times over,
+/// incompressible and new every round (2.5 MiB a round; `salt` varies the
+/// data), a checkpoint after each round: the log reuses what it frees.
+fn rewrite_many_times(pool: &Pool, salt: u64) {
     let v = pool.volume("default").expect("default");
     for round in 0..12u64 {
         for p in 0..PAGES {
-            // 16 blocks a page, incompressible, new every round: 2.5 MiB.
             let l = p * MAP_PAGE_BLOCKS + 7;
             let data: Vec<u8> = (0..16 * BS as u64)
-                .map(|i| (i.wrapping_mul(2_654_435_761) ^ (l * 97 + round * 31)).to_le_bytes()[3])
+                .map(|i| (i.wrapping_mul(2_654_435_761) ^ (l * salt + round * 31)).to_le_bytes()[3])
                 .collect();
             v.write_at(l * BSU, &data, false).unwrap();
         }
         v.flush().unwrap();
         pool.engine().checkpoint().unwrap();
     }
-    drop(v);
-    pool.engine().close().unwrap();
-    drop(pool);
-    snapshot_reads_its_blocks_and_checks_clean(&store, "after the log reused segments");
 }
 
 /// Opens the pool: `default@s` reads block (l, 1) at block 7 of every page,
@@ -344,12 +331,11 @@ fn snapshot_reads_its_blocks_and_checks_clean(store: &SimStorage, when: &str) {
     assert!(rep.consistent(), "{when}: {:?}", rep.errors);
 }
 
-/// `snapshotted_pool` with an 8 GiB volume: the snapshot's extents lie
-/// 8 GiB on, in directory blocks (4 GiB of pool space each) the volume's
-/// writes never touch, so the newest checkpoint carries them over.
-fn snapshotted_pool_of_its_own_blocks() -> SimStorage {
+/// The pool of `snapshotted_pool` with a volume of `bytes`, closed once
+/// and reopened, its last session's block written.
+fn snapshotted_pool_of(bytes: u64) -> (SimStorage, Pool) {
     let store = SimStorage::new(16 * MIB);
-    let opts = common::options(&store, 8 << 30);
+    let opts = common::options(&store, bytes);
     let pool = Pool::create(Arc::new(store.clone()), &opts).expect("create a pool");
     let v = pool.volume("default").expect("default");
     let lbas: Vec<u64> = (0..PAGES).map(|p| p * MAP_PAGE_BLOCKS + 7).collect();
@@ -367,6 +353,14 @@ fn snapshotted_pool_of_its_own_blocks() -> SimStorage {
     let v = pool.volume("default").expect("default");
     v.write_at(7 * BSU, &block(7, 3), false).unwrap();
     drop(v);
+    (store, pool)
+}
+
+/// `snapshotted_pool` with an 8 GiB volume: the snapshot's extents lie
+/// 8 GiB on, in directory blocks (4 GiB of pool space each) the volume's
+/// writes never touch, so the newest checkpoint carries them over.
+fn snapshotted_pool_of_its_own_blocks() -> SimStorage {
+    let (store, pool) = snapshotted_pool_of(8 << 30);
     pool.engine().close().unwrap();
     store
 }
@@ -386,22 +380,10 @@ fn open_leaves_directory_blocks_packed_and_counts_their_records_live() {
     let packed = pool.engine().map_dir_blocks_packed();
     assert!(packed >= 1, "{packed} directory blocks left packed at open");
     assert!(pool.engine().opened_from_tables(), "open took the tables");
-    let v = pool.volume("default").expect("default");
-    for round in 0..12u64 {
-        for p in 0..PAGES {
-            let l = p * MAP_PAGE_BLOCKS + 7;
-            let data: Vec<u8> = (0..16 * BS as u64)
-                .map(|i| (i.wrapping_mul(2_654_435_761) ^ (l * 89 + round * 37)).to_le_bytes()[3])
-                .collect();
-            v.write_at(l * BSU, &data, false).unwrap();
-        }
-        v.flush().unwrap();
-        pool.engine().checkpoint().unwrap();
-    }
+    rewrite_many_times(&pool, 89);
     pool.engine()
         .verify_refcounts()
         .expect("running counts match the map");
-    drop(v);
     pool.engine().close().unwrap();
     drop(pool);
     snapshot_reads_its_blocks_and_checks_clean(&store, "after the log reused segments");
