@@ -47,9 +47,6 @@ const EXAMINED_PER_BUDGET: u64 = 2;
 /// to 1 GiB of 16 KiB windows (about 5 MiB of candidates in memory; a
 /// pass outside a sweep scores twice its budget).
 const SWEEP_CANDIDATES_MAX: u64 = 1 << 16;
-/// Windows a sweep remembers as not worth rewriting; past this many it
-/// ends (they would be tried again on every pass).
-const SWEEP_SKIPPED_MAX: usize = 1 << 20;
 /// Segments at most this live count as emptied by recompression.
 const EMPTIED_LIVE_MAX_PERCENT: u64 = 5;
 /// How often the background recompressor looks for idle time.
@@ -340,6 +337,9 @@ impl Volume {
             .min(total);
         let window_bytes = self.window_blocks() * BLOCK_SIZE_BYTES;
         let examined = budget_bytes.saturating_mul(EXAMINED_PER_BUDGET) / window_bytes;
+        if let Some(s) = sweep.as_deref_mut() {
+            s.skipped.at_chunk(cursor);
+        }
         let (cands, end, limit) =
             self.pass_candidates(cursor, examined, sweep.as_deref(), &mut rep)?;
         let mut budget = budget_bytes;
@@ -367,7 +367,7 @@ impl Volume {
             let done = self.recompress_window(c.first, strong, &mut rep)?;
             budget = budget.saturating_sub(done * BLOCK_SIZE_BYTES);
             if let (Some(s), true) = (sweep.as_deref_mut(), rep.skipped > skipped) {
-                s.skipped.insert(c.first);
+                s.skipped.insert(c.first / self.window_blocks());
             }
             group_rewrote |= done > 0;
             if let Some(l) = limit
@@ -409,7 +409,8 @@ impl Volume {
         let (mut cands, end) =
             self.scan_candidates(cursor, SCAN_WINDOWS_PER_PASS, max_candidates)?;
         if let Some(s) = sweep {
-            cands.retain(|c| !s.skipped.contains(&c.first));
+            let w = self.window_blocks();
+            cands.retain(|c| !s.skipped.contains(c.first / w));
         }
         rep.windows_scanned = end - cursor;
         rep.candidates = cands.len() as u64;
@@ -629,14 +630,6 @@ impl Volume {
             Ok(within) => within,
             Err(e) => return tracing::warn!("background recompression: {e}"),
         };
-        if within
-            .as_ref()
-            .is_some_and(|s| s.skipped.len() >= SWEEP_SKIPPED_MAX)
-        {
-            *quiet_at = Some(written);
-            self.jobs.recompress_pending.store(false, Ordering::SeqCst);
-            return;
-        }
         let budget = self.options.elastic.recompress_pass_bytes;
         match self.recompress_pass_within(budget, true, within) {
             Ok((r, handled)) => {
@@ -668,7 +661,38 @@ pub(in crate::volume) struct Sweep {
     /// Windows whose rewrite did not pay (or could not be made): not
     /// tried again in this sweep (its passes rescan the same windows until
     /// all their candidates are handled).
-    skipped: HashSet<u64>,
+    skipped: Skipped,
+}
+
+/// The windows of the chunk a sweep's passes scan (from the cursor they
+/// start at) whose rewrite did not pay: the cursor moves on only once
+/// every candidate of its chunk was handled, so only that chunk's windows
+/// are ever looked up, and they are forgotten when it moves (at most a
+/// chunk's candidates, `SWEEP_CANDIDATES_MAX`: a set of every window a
+/// sweep skipped held tens of MiB on a large volume).
+#[derive(Debug, Default)]
+struct Skipped {
+    chunk: u64,
+    windows: HashSet<u64>,
+}
+
+impl Skipped {
+    /// Forgets the windows skipped unless the chunk from `cursor` is the one
+    /// they were skipped in.
+    fn at_chunk(&mut self, cursor: u64) {
+        if cursor != self.chunk {
+            self.chunk = cursor;
+            self.windows = HashSet::new();
+        }
+    }
+
+    fn insert(&mut self, window: u64) {
+        self.windows.insert(window);
+    }
+
+    fn contains(&self, window: u64) -> bool {
+        self.windows.contains(&window)
+    }
 }
 
 impl Volume {
@@ -687,7 +711,7 @@ impl Volume {
             *sweep = Some(Sweep {
                 written,
                 ceiling: self.host_held_now()?,
-                skipped: HashSet::new(),
+                skipped: Skipped::default(),
             });
         }
         Ok(sweep.as_mut())
@@ -734,4 +758,25 @@ struct Run<'a> {
     /// The map entries the data was read under (compare-and-set at commit).
     before: &'a [MapEntry],
     data: &'a [u8],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Skipped;
+
+    #[test]
+    fn skipped_windows_are_kept_for_their_chunk_only() {
+        let mut s = Skipped::default();
+        s.at_chunk(100);
+        s.insert(150);
+        s.at_chunk(100);
+        assert!(s.contains(150), "the same chunk keeps them");
+        s.at_chunk(400);
+        assert!(!s.contains(150));
+        assert_eq!(
+            s.windows.capacity(),
+            0,
+            "a new chunk starts with no memory held"
+        );
+    }
 }
