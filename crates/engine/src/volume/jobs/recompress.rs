@@ -347,16 +347,15 @@ impl Volume {
         let examined = budget_bytes.saturating_mul(EXAMINED_PER_BUDGET) / window_bytes;
         let (cands, end, limit) =
             self.pass_candidates(cursor, examined, sweep.as_deref(), &mut rep)?;
-        let mut budget = budget_bytes;
         let mut finished = true;
-        let (mut handled, mut group_rewrote) = (Vec::new(), false);
+        let mut p = batch::Progress::new(budget_bytes);
         let mut i = 0;
         while i < cands.len() {
             rep.yielded = yield_to_clients && self.clients_or_writers_waiting();
             let n = match rep.yielded {
                 true => 0,
                 false => {
-                    self.next_batch(&cands[i..], i, examined, budget, limit.as_ref(), &mut rep)?
+                    self.next_batch(&cands[i..], i, examined, p.budget, limit.as_ref(), &mut rep)?
                 }
             };
             if n == 0 {
@@ -365,35 +364,14 @@ impl Volume {
             }
             let firsts: Vec<u64> = cands[i..i + n].iter().map(|c| c.first).collect();
             let prepared = self.prepare_windows(&firsts, strong, yield_to_clients)?;
-            for (k, w) in prepared.into_iter().enumerate() {
-                let Some(w) = w else {
-                    // A client arrived while the batch was compressed.
-                    rep.yielded = true;
-                    finished = false;
-                    break;
-                };
-                let skipped = rep.skipped;
-                let done = self.commit_window(w, &mut rep)?;
-                budget = budget.saturating_sub(done * BLOCK_SIZE_BYTES);
-                if let (Some(s), true) = (sweep.as_deref_mut(), rep.skipped > skipped) {
-                    s.skipped.insert(firsts[k]);
-                }
-                group_rewrote |= done > 0;
-                let at = i + k;
-                if let Some(l) = limit
-                    .as_ref()
-                    .filter(|l| l.segs.get(at + 1) != Some(&l.segs[at]))
-                {
-                    if std::mem::take(&mut group_rewrote) {
-                        handled.push(l.segs[at]);
-                    }
-                }
-            }
-            if !finished {
+            let (lim, sw) = (limit.as_ref(), &mut sweep);
+            if !self.commit_batch(i, prepared, &firsts, lim, sw, &mut p, &mut rep)? {
+                finished = false;
                 break;
             }
             i += n;
         }
+        let handled = p.handled;
         // The next pass resumes after this chunk only once all its
         // candidates were handled (rewritten ones are strong now).
         if finished {

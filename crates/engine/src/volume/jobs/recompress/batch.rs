@@ -5,7 +5,7 @@
 //! order, each under the state lock with the compare-and-set of a serial
 //! pass: a window a client (or the cleaner) changed after it was read is
 //! left alone, whatever thread compressed it.
-use super::{is_raw_unit, pays, rewritable, Candidate, Limit, RecompressReport};
+use super::{is_raw_unit, pays, rewritable, Candidate, Limit, RecompressReport, Sweep};
 use crate::codec::Codec;
 use crate::error::VolError;
 use crate::volume::jobs::background_priority;
@@ -19,6 +19,26 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// Logical bytes of one batch: what it holds in memory at once is about
 /// twice this (the data read and its compressed form).
 const BATCH_BYTES: u64 = 1 << 20;
+
+/// What a pass carries from batch to batch.
+pub(super) struct Progress {
+    /// Logical bytes the pass may still rewrite.
+    pub(super) budget: u64,
+    /// The segments whose candidates were all handled, some rewritten.
+    pub(super) handled: Vec<u64>,
+    /// A candidate of the current segment was rewritten.
+    group_rewrote: bool,
+}
+
+impl Progress {
+    pub(super) fn new(budget: u64) -> Progress {
+        Progress {
+            budget,
+            handled: Vec::new(),
+            group_rewrote: false,
+        }
+    }
+}
 
 /// A window read and compressed, not yet committed.
 pub(super) struct PreparedWindow {
@@ -172,6 +192,45 @@ impl Volume {
             }
         }
         Ok(slots)
+    }
+
+    /// Commits a batch's windows in order, the pass's candidates from its
+    /// `at`-th; false if one was not prepared (a client arrived: the pass
+    /// stops there).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a pass's state, lent to its batches"
+    )]
+    pub(super) fn commit_batch(
+        &self,
+        at: usize,
+        prepared: Vec<Option<PreparedWindow>>,
+        firsts: &[u64],
+        limit: Option<&Limit>,
+        sweep: &mut Option<&mut Sweep>,
+        p: &mut Progress,
+        rep: &mut RecompressReport,
+    ) -> Result<bool, VolError> {
+        for (k, w) in prepared.into_iter().enumerate() {
+            let Some(w) = w else {
+                rep.yielded = true;
+                return Ok(false);
+            };
+            let skipped = rep.skipped;
+            let done = self.commit_window(w, rep)?;
+            p.budget = p.budget.saturating_sub(done * BLOCK_SIZE_BYTES);
+            if let (Some(s), true) = (sweep.as_deref_mut(), rep.skipped > skipped) {
+                s.skipped.insert(firsts[k]);
+            }
+            p.group_rewrote |= done > 0;
+            let i = at + k;
+            if let Some(l) = limit.filter(|l| l.segs.get(i + 1) != Some(&l.segs[i])) {
+                if std::mem::take(&mut p.group_rewrote) {
+                    p.handled.push(l.segs[i]);
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Reads one window and compresses its runs of contiguous owner data
