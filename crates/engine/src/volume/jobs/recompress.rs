@@ -4,7 +4,9 @@
 //! was written with a fast codec (lz4 under load) or in small units is
 //! read back and rewritten with the volume's strong codec, merged into
 //! units of the configured size, largest expected savings first, within a
-//! budget per pass. It stops the moment a client issues a request.
+//! budget per pass. It stops the moment a client issues a request. A pass's
+//! windows are read and compressed on up to one thread per core, in
+//! batches, and committed in order (`batch`).
 //!
 //! Safety: a rewrite is an ordinary DATA record appended to the log, and it
 //! is committed only if, under the state lock, every block it replaces still
