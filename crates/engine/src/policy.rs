@@ -53,6 +53,10 @@ pub struct ElasticConfig {
     pub recompress_idle_ms: u64,
     /// Logical bytes one background pass may rewrite.
     pub recompress_pass_bytes: u64,
+    /// Threads that read and compress a background pass's windows at once
+    /// (0: the machine's cores). The rewrites commit one by one in the
+    /// pass's order whatever the number.
+    pub recompress_threads: usize,
     /// Keep what the host holds at or below its value when the idle sweep
     /// began: a pass appends at most what the segments emptied since have
     /// given back (at least one segment's rewrite, so it always makes
@@ -89,6 +93,7 @@ impl Default for ElasticConfig {
             recompress: true,
             recompress_idle_ms: 1_000,
             recompress_pass_bytes: 16 << 20,
+            recompress_threads: 0,
             recompress_within_host_bytes: true,
             inline_cpu_percent: Some(INLINE_CPU_PERCENT_DEFAULT),
             recompress_min_gain_percent: RECOMPRESS_MIN_GAIN_PERCENT_DEFAULT,

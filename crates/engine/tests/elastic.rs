@@ -324,8 +324,19 @@ fn recompression_rewrites_only_what_saves_the_least_gain() {
 
 #[test]
 fn recompression_racing_a_writer_never_loses_the_newer_write() {
+    racing_a_writer(1);
+    // Windows compressed by several threads and committed in order: a
+    // write that lands between a window's read and its commit wins too.
+    racing_a_writer(4);
+}
+
+fn racing_a_writer(recompress_threads: usize) {
     let sim = SimStorage::new(96 * MIB);
-    let vol = Arc::new(volume(&sim, auto(), false, pinned("busy", 8)));
+    let cfg = ElasticConfig {
+        recompress_threads,
+        ..pinned("busy", 8)
+    };
+    let vol = Arc::new(volume(&sim, auto(), false, cfg));
     let blocks = 2048u64;
     let mut versions = vec![0u32; blocks as usize];
     for l in 0..blocks {
@@ -366,6 +377,51 @@ fn recompression_racing_a_writer_never_loses_the_newer_write() {
     }
     let vol = Arc::try_unwrap(vol).ok().unwrap();
     close_and_check(vol, &sim);
+}
+
+/// A pass whose windows are read and compressed by several threads
+/// commits exactly what a pass on one thread commits, in the same order:
+/// the same rewrites (and the same windows left alone: incompressible
+/// ones stored raw, and those holding dedup references), the same bytes,
+/// the same data.
+#[test]
+fn a_pass_on_several_threads_commits_what_one_thread_commits() {
+    let mut image = Vec::new();
+    for i in 0..96u64 {
+        match i % 6 {
+            // Does not pay with the strong codec.
+            0 => image.extend(random(i, 16 * 1024)),
+            // A duplicate of the window before: a dedup reference.
+            1 => image.extend(image[image.len() - 16 * 1024..].to_vec()),
+            _ => image.extend(text(i, 16 * 1024)),
+        }
+    }
+    let outcome = |recompress_threads: usize| {
+        let sim = SimStorage::new(64 * MIB);
+        let cfg = ElasticConfig {
+            recompress_threads,
+            ..pinned("busy", 4)
+        };
+        let vol = volume(&sim, auto(), true, cfg);
+        for (i, c) in image.chunks(64 * 1024).enumerate() {
+            vol.write_at((i * 64 * 1024) as u64, c, false).unwrap();
+        }
+        let r = vol.recompress_pass(u64::MAX, false).unwrap();
+        assert_reads(&vol, &image);
+        let st = vol.stats();
+        let stored = (
+            st.stored_bytes,
+            st.elastic.codec_zstd_bytes,
+            blocks_by_codec(&st),
+        );
+        close_and_check(vol, &sim);
+        (r, stored)
+    };
+    let one = outcome(1);
+    assert!(one.0.blocks_rewritten > 0, "{one:?}");
+    for threads in [2, 3, 8] {
+        assert_eq!(outcome(threads), one, "{threads} threads");
+    }
 }
 
 /// Issue 16: a pass counts only windows that hold mapped pages, so one pass

@@ -486,3 +486,59 @@ fn idle_sweep_never_holds_more_than_at_the_end_of_the_copy() {
         "settled {settled} of {end_of_copy}"
     );
 }
+
+/// An idle sweep's passes follow each other at once: a pass that rewrote
+/// data and was not interrupted is not followed by the recompressor's
+/// idle period (200 ms), which with 16 MiB passes was a third of the time
+/// a sweep of a 1 GiB copy took to settle. Here 8 MiB in passes of
+/// 256 KiB: every step that rewrote data asks for the next at once, the
+/// one that finds nothing left does not (mutations: never asking, or
+/// always, fail it). What it saves is measured in docs/BENCHMARKING.md
+/// ("Settling time"), not timed here.
+#[test]
+fn idle_sweep_passes_follow_each_other_at_once() {
+    let du = DuStorage::new(64 * MIB);
+    let opts = cvol_engine::CreateOptions::new(32 * MIB, 64 * MIB)
+        .with_segment_size(MIB)
+        .with_codec(CodecPolicy::Auto {
+            strong: Codec::Zstd(9),
+        });
+    let store: std::sync::Arc<dyn cvol_storage::Storage> = std::sync::Arc::new(du.clone());
+    Volume::create(store.clone(), &opts)
+        .unwrap()
+        .close()
+        .unwrap();
+    let elastic = ElasticConfig {
+        inline_cpu_percent: Some(0),
+        recompress: true,
+        recompress_idle_ms: 0,
+        recompress_pass_bytes: 256 << 10,
+        ..manual(true)
+    };
+    let options = OpenOptions {
+        elastic,
+        ..OpenOptions::default()
+    };
+    let vol = std::sync::Arc::new(Volume::open(store, options).unwrap());
+    let image = text(13, 8 * MIB as usize);
+    write_chunks(&vol, 0, &image, 64 << 10);
+    vol.flush().unwrap();
+    assert!(vol.stats().codec_none_blocks > 0);
+    let mut steps = 0;
+    while vol.stats().codec_none_blocks > 0 && steps < 10_000 {
+        let before = vol.stats().elastic.recompressed_blocks;
+        let again = vol.background_recompress_step();
+        let rewrote = vol.stats().elastic.recompressed_blocks > before;
+        assert_eq!(
+            again, rewrote,
+            "step {steps}: again {again}, rewrote {rewrote}"
+        );
+        steps += 1;
+    }
+    assert_eq!(vol.stats().codec_none_blocks, 0, "recompressed everything");
+    assert!(steps >= 32, "{steps} steps");
+    assert!(
+        !vol.background_recompress_step(),
+        "nothing left: the idle period"
+    );
+}

@@ -4,7 +4,9 @@
 //! was written with a fast codec (lz4 under load) or in small units is
 //! read back and rewritten with the volume's strong codec, merged into
 //! units of the configured size, largest expected savings first, within a
-//! budget per pass. It stops the moment a client issues a request.
+//! budget per pass. It stops the moment a client issues a request. A pass's
+//! windows are read and compressed on up to one thread per core, in
+//! batches, and committed in order (`batch`).
 //!
 //! Safety: a rewrite is an ordinary DATA record appended to the log, and it
 //! is committed only if, under the state lock, every block it replaces still
@@ -14,13 +16,13 @@
 //! segments are reused only after the map pointing away is durable
 //! (the cleaner's rule). Raw records (the probe, or a compression that did
 //! not pay) are never retried; windows holding dedup references are skipped.
+mod batch;
+
 use super::{Next, Worker};
-use crate::codec::Codec;
 use crate::error::VolError;
 use crate::policy::CodecPolicy;
 use crate::volume::jobs::cleaner::IDLE_VICTIM_LIVE_MAX_PERCENT;
-use crate::volume::prepare::Prepared;
-use crate::volume::{State, Volume, BS};
+use crate::volume::{State, Volume};
 use cvol_format::{CodecTag, EntryState, MapEntry, BLOCK_SIZE_BYTES};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -51,6 +53,11 @@ const SWEEP_CANDIDATES_MAX: u64 = 1 << 16;
 const EMPTIED_LIVE_MAX_PERCENT: u64 = 5;
 /// How often the background recompressor looks for idle time.
 const BACKGROUND_PERIOD: Duration = Duration::from_millis(200);
+/// The pause after a pass that rewrote data and was not interrupted: the
+/// next follows at once (waiting `BACKGROUND_PERIOD` between passes was a
+/// third of an idle sweep), after a moment in which whoever waits for the
+/// cleaner lock takes it.
+const AGAIN_PAUSE: Duration = Duration::from_millis(10);
 /// Recompression appends before old records die: it runs only with this
 /// many percent of free segments above the cleaner's start threshold...
 const ROOM_FREE_PERCENT_ABOVE_CLEANER: u64 = 5;
@@ -342,43 +349,31 @@ impl Volume {
         }
         let (cands, end, limit) =
             self.pass_candidates(cursor, examined, sweep.as_deref(), &mut rep)?;
-        let mut budget = budget_bytes;
         let mut finished = true;
-        let (mut handled, mut group_rewrote) = (Vec::new(), false);
-        for (i, c) in cands.into_iter().enumerate() {
-            if yield_to_clients && self.clients_or_writers_waiting() {
-                rep.yielded = true;
-            }
-            if let Some(l) = limit.as_ref().filter(|l| l.segs[i] != l.segs[0]) {
-                let appended = self.host_held_now()?.saturating_sub(l.held);
-                rep.held_back = appended + self.append_bound(&c) > l.room;
-            }
-            let examined_all = limit.is_some() && i as u64 >= examined.max(1);
-            if rep.yielded
-                || rep.held_back
-                || budget == 0
-                || examined_all
-                || !self.room_for_recompression()?
-            {
+        let mut p = batch::Progress::new(budget_bytes);
+        let mut i = 0;
+        while i < cands.len() {
+            rep.yielded = yield_to_clients && self.clients_or_writers_waiting();
+            let n = match rep.yielded {
+                true => 0,
+                false => {
+                    self.next_batch(&cands[i..], i, examined, p.budget, limit.as_ref(), &mut rep)?
+                }
+            };
+            if n == 0 {
                 finished = false;
                 break;
             }
-            let skipped = rep.skipped;
-            let done = self.recompress_window(c.first, strong, &mut rep)?;
-            budget = budget.saturating_sub(done * BLOCK_SIZE_BYTES);
-            if let (Some(s), true) = (sweep.as_deref_mut(), rep.skipped > skipped) {
-                s.skipped.insert(c.first / self.window_blocks());
+            let firsts: Vec<u64> = cands[i..i + n].iter().map(|c| c.first).collect();
+            let prepared = self.prepare_windows(&firsts, strong, yield_to_clients)?;
+            let (lim, sw) = (limit.as_ref(), &mut sweep);
+            if !self.commit_batch(i, prepared, &firsts, lim, sw, &mut p, &mut rep)? {
+                finished = false;
+                break;
             }
-            group_rewrote |= done > 0;
-            if let Some(l) = limit
-                .as_ref()
-                .filter(|l| l.segs.get(i + 1) != Some(&l.segs[i]))
-            {
-                if std::mem::take(&mut group_rewrote) {
-                    handled.push(l.segs[i]);
-                }
-            }
+            i += n;
         }
+        let handled = p.handled;
         // The next pass resumes after this chunk only once all its
         // candidates were handled (rewritten ones are strong now).
         if finished {
@@ -451,55 +446,6 @@ impl Volume {
             && self.usable_bytes(&st) > ROOM_SEGMENTS * self.sb.segment_size_bytes)
     }
 
-    /// Rewrites the runs of contiguous data blocks of one window with the
-    /// strong codec. Returns the blocks rewritten.
-    fn recompress_window(
-        &self,
-        first: u64,
-        strong: Codec,
-        rep: &mut RecompressReport,
-    ) -> Result<u64, VolError> {
-        let w = self.window_blocks();
-        let last = (first + w).min(self.sb.logical_blocks());
-        let before: Vec<MapEntry> = {
-            let mut st = self.lock_state()?;
-            self.fault(&mut st, first, last)?;
-            (first..last).map(|l| st.live.get(l)).collect()
-        };
-        let mut data = vec![0u8; before.len() * BS];
-        // An unreadable block is left for the client read to report.
-        if self.read_blocks_once(first, &mut data, false).is_err() {
-            rep.skipped += 1;
-            return Ok(0);
-        }
-        let owner_data = |e: &MapEntry| {
-            matches!(
-                e.state_valid(),
-                EntryState::Data { shared: false, codec, unit, .. } if rewritable(codec, unit)
-            )
-        };
-        let mut rewritten = 0;
-        let mut i = 0;
-        while i < before.len() {
-            if !owner_data(&before[i]) {
-                i += 1;
-                continue;
-            }
-            let mut j = i + 1;
-            while j < before.len() && owner_data(&before[j]) {
-                j += 1;
-            }
-            let run = Run {
-                lba: first + i as u64,
-                before: &before[i..j],
-                data: &data[i * BS..j * BS],
-            };
-            rewritten += self.recompress_run(run, strong, rep)?;
-            i = j;
-        }
-        Ok(rewritten)
-    }
-
     /// What the run's records cost now: each distinct record once, if the
     /// run covers all its entries (else it stays live anyway).
     fn run_stored_bytes(&self, before: &[MapEntry]) -> Result<u64, VolError> {
@@ -522,67 +468,6 @@ impl Volume {
             .sum::<u64>())
     }
 
-    /// Compresses one run with the strong codec and commits it if it saves
-    /// enough and nothing changed under it.
-    fn recompress_run(
-        &self,
-        run: Run<'_>,
-        strong: Codec,
-        rep: &mut RecompressReport,
-    ) -> Result<u64, VolError> {
-        let n = run.before.len();
-        let old_bytes = self.run_stored_bytes(run.before)?;
-        // The rewrite is indexed like a client write, so identical data
-        // written later still deduplicates against it (the old records die).
-        let fps = self.fingerprints(run.data);
-        let items = self.compress_run_with(run.lba, run.data, &fps, strong);
-        let new_bytes: u64 = items
-            .iter()
-            .map(|p| match p {
-                Prepared::Data { payload, .. } => {
-                    (self.sb.record_overhead() + payload.len()) as u64
-                }
-                _ => unreachable!("a data run compresses to data"),
-            })
-            .sum();
-        // A deferred raw unit is rewritten even without a gain: as raw
-        // single blocks it is judged, and no pass visits it again.
-        let deferred = run.before.iter().any(|e| is_raw_unit(*e));
-        if !deferred
-            && !pays(
-                old_bytes,
-                new_bytes,
-                self.options.elastic.recompress_min_gain_percent,
-            )
-        {
-            rep.skipped += 1;
-            return Ok(0);
-        }
-        let mut st = self.lock_state()?;
-        self.check_writable()?;
-        self.fault(&mut st, run.lba, run.lba + run.before.len() as u64)?;
-        let changed = run
-            .before
-            .iter()
-            .enumerate()
-            .any(|(k, e)| st.live.get(run.lba + k as u64) != *e);
-        let need = super::super::commit::log_bytes(&items, st.log.packing);
-        if changed || st.log.free_bytes() < need + self.reserve_bytes(&st) {
-            rep.skipped += 1;
-            return Ok(0);
-        }
-        let items = super::super::commit::packed(st.log.packing, st.log.head.fill, items);
-        let mut done = HashMap::new();
-        for item in items {
-            let again = self.commit_one(&mut st, item, &mut done)?;
-            assert!(again.is_none(), "data items always commit");
-        }
-        rep.blocks_rewritten += n as u64;
-        rep.bytes_before += old_bytes;
-        rep.bytes_after += new_bytes;
-        Ok(n as u64)
-    }
-
     /// Starts the background recompressor (policy auto with recompression
     /// on); it stops when the handle drops.
     pub fn start_background_recompressor(self: &Arc<Self>) -> Option<Worker> {
@@ -597,22 +482,31 @@ impl Volume {
             "cvol-recompress",
             self,
             BACKGROUND_PERIOD,
-            move |v| {
-                v.background_recompress(&mut quiet_at, &mut sweep);
-                Next::After(BACKGROUND_PERIOD)
+            move |v| match v.background_recompress(&mut quiet_at, &mut sweep) {
+                true => Next::After(AGAIN_PAUSE),
+                false => Next::After(BACKGROUND_PERIOD),
             },
         ))
     }
 
-    fn background_recompress(&self, quiet_at: &mut Option<u64>, sweep: &mut Option<Sweep>) {
+    /// One step of the background recompressor with a sweep of its own
+    /// (tests): true if the next would follow at once.
+    #[doc(hidden)]
+    pub fn background_recompress_step(&self) -> bool {
+        self.background_recompress(&mut None, &mut None)
+    }
+
+    /// One step of the background recompressor; true if it rewrote data
+    /// and was not interrupted (the next pass follows at once).
+    fn background_recompress(&self, quiet_at: &mut Option<u64>, sweep: &mut Option<Sweep>) -> bool {
         if self.poisoned.load(Ordering::SeqCst)
             || self.activity.idle_ms() < self.options.elastic.recompress_idle_ms
         {
-            return;
+            return false;
         }
         let written = self.counters.client_bytes_written.load(Ordering::Relaxed);
         if *quiet_at == Some(written) {
-            return;
+            return false;
         }
         self.jobs.recompress_pending.store(true, Ordering::SeqCst);
         // Rewrites append before old records die: make room first (idle
@@ -628,7 +522,10 @@ impl Volume {
         }
         let within = match self.sweep(sweep, written) {
             Ok(within) => within,
-            Err(e) => return tracing::warn!("background recompression: {e}"),
+            Err(e) => {
+                tracing::warn!("background recompression: {e}");
+                return false;
+            }
         };
         let budget = self.options.elastic.recompress_pass_bytes;
         match self.recompress_pass_within(budget, true, within) {
@@ -643,8 +540,12 @@ impl Volume {
                     *quiet_at = Some(written);
                     self.jobs.recompress_pending.store(false, Ordering::SeqCst);
                 }
+                r.blocks_rewritten > 0 && !r.yielded
             }
-            Err(e) => tracing::warn!("background recompression: {e}"),
+            Err(e) => {
+                tracing::warn!("background recompression: {e}");
+                false
+            }
         }
     }
 }
@@ -751,15 +652,6 @@ impl Volume {
         }
     }
 }
-
-/// A run of contiguous owner data blocks of one window, as read.
-struct Run<'a> {
-    lba: u64,
-    /// The map entries the data was read under (compare-and-set at commit).
-    before: &'a [MapEntry],
-    data: &'a [u8],
-}
-
 #[cfg(test)]
 mod tests {
     use super::Skipped;
