@@ -406,13 +406,18 @@ impl cvol_storage::Storage for DuStorage {
     }
 }
 
-/// What the host holds (`du`, seen at every write) from the end of a copy
-/// written raw (no inline CPU budget) while background recompression
-/// rewrites it and the segments it empties are collected, until it
-/// settles: (end of copy, peak, settled).
-fn du_while_idle(within_host_bytes: bool) -> (u64, u64, u64) {
-    let du = DuStorage::new(96 * MIB);
-    let opts = cvol_engine::CreateOptions::new(64 * MIB, 96 * MIB)
+/// A volume of `logical` bytes on a `DuStorage` of `physical`, created
+/// with 1 MiB segments and policy auto (zstd:9), open with no inline CPU
+/// budget (every unit written raw) and background recompression passes
+/// of `pass_bytes` once idle, within what the host gave back or not.
+fn raw_writer(
+    physical: u64,
+    logical: u64,
+    pass_bytes: u64,
+    within_host_bytes: bool,
+) -> (DuStorage, std::sync::Arc<Volume>) {
+    let du = DuStorage::new(physical);
+    let opts = cvol_engine::CreateOptions::new(logical, physical)
         .with_segment_size(MIB)
         .with_codec(CodecPolicy::Auto {
             strong: Codec::Zstd(9),
@@ -428,7 +433,7 @@ fn du_while_idle(within_host_bytes: bool) -> (u64, u64, u64) {
         inline_cpu_percent: Some(0),
         recompress: true,
         recompress_idle_ms: 0,
-        recompress_pass_bytes: 4 * MIB,
+        recompress_pass_bytes: pass_bytes,
         recompress_within_host_bytes: within_host_bytes,
         ..manual(true)
     };
@@ -436,7 +441,18 @@ fn du_while_idle(within_host_bytes: bool) -> (u64, u64, u64) {
         elastic,
         ..OpenOptions::default()
     };
-    let vol = std::sync::Arc::new(Volume::open(store, options).unwrap());
+    (
+        du,
+        std::sync::Arc::new(Volume::open(store, options).unwrap()),
+    )
+}
+
+/// What the host holds (`du`, seen at every write) from the end of a copy
+/// written raw (no inline CPU budget) while background recompression
+/// rewrites it and the segments it empties are collected, until it
+/// settles: (end of copy, peak, settled).
+fn du_while_idle(within_host_bytes: bool) -> (u64, u64, u64) {
+    let (du, vol) = raw_writer(96 * MIB, 64 * MIB, 4 * MIB, within_host_bytes);
     let image = text(12, 24 * MIB as usize);
     write_chunks(&vol, 0, &image, 64 << 10);
     vol.flush().unwrap();
@@ -497,29 +513,7 @@ fn idle_sweep_never_holds_more_than_at_the_end_of_the_copy() {
 /// ("Settling time"), not timed here.
 #[test]
 fn idle_sweep_passes_follow_each_other_at_once() {
-    let du = DuStorage::new(64 * MIB);
-    let opts = cvol_engine::CreateOptions::new(32 * MIB, 64 * MIB)
-        .with_segment_size(MIB)
-        .with_codec(CodecPolicy::Auto {
-            strong: Codec::Zstd(9),
-        });
-    let store: std::sync::Arc<dyn cvol_storage::Storage> = std::sync::Arc::new(du.clone());
-    Volume::create(store.clone(), &opts)
-        .unwrap()
-        .close()
-        .unwrap();
-    let elastic = ElasticConfig {
-        inline_cpu_percent: Some(0),
-        recompress: true,
-        recompress_idle_ms: 0,
-        recompress_pass_bytes: 256 << 10,
-        ..manual(true)
-    };
-    let options = OpenOptions {
-        elastic,
-        ..OpenOptions::default()
-    };
-    let vol = std::sync::Arc::new(Volume::open(store, options).unwrap());
+    let (_, vol) = raw_writer(64 * MIB, 32 * MIB, 256 << 10, true);
     let image = text(13, 8 * MIB as usize);
     write_chunks(&vol, 0, &image, 64 << 10);
     vol.flush().unwrap();
