@@ -566,12 +566,13 @@ mod tests {
     #[test]
     fn the_hook_snapshot_and_pool_flags_are_known_and_the_next_bit_is_not() {
         let mut sb = sample();
-        sb.flags |= FLAG_HOOK_SNAPSHOT | FLAG_FP_TABLES | FLAG_POOL;
+        sb.flags |= FLAG_HOOK_SNAPSHOT | FLAG_FP_TABLES | FLAG_POOL | FLAG_DIR_SUMMARY;
         assert_eq!(FLAG_HOOK_SNAPSHOT, 1 << 11);
         assert_eq!(FLAG_POOL, 1 << 12);
+        assert_eq!(FLAG_DIR_SUMMARY, 1 << 14);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap().flags, sb.flags);
         assert!(sb.is_pool());
-        sb.flags |= FLAG_ENCRYPTED << 1;
+        sb.flags |= FLAG_DIR_SUMMARY << 1;
         assert_eq!(
             Superblock::decode(&sb.encode()),
             Err(FormatError::Invalid("unknown superblock flags"))
