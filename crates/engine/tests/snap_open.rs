@@ -122,13 +122,7 @@ fn open_verifies_only_the_pages_the_newest_checkpoint_wrote() {
          were written by the older checkpoint)"
     );
     // Pages are read (and verified) when used.
-    let s = pool.volume("default@s").expect("the snapshot's view");
-    let mut b = vec![0u8; BS];
-    for p in 0..PAGES {
-        let l = p * MAP_PAGE_BLOCKS + 7;
-        s.read_at(l * BSU, &mut b).unwrap();
-        assert!(b == block(l, 1), "the snapshot's block {l}");
-    }
+    snapshot_reads_its_blocks(&pool, "");
 }
 
 #[test]
@@ -314,10 +308,8 @@ fn rewrite_many_times(pool: &Pool, salt: u64) {
     }
 }
 
-/// Opens the pool: `default@s` reads block (l, 1) at block 7 of every page,
-/// and `check` finds the store consistent.
-fn snapshot_reads_its_blocks_and_checks_clean(store: &SimStorage, when: &str) {
-    let pool = open_pool(store);
+/// `default@s` of `pool` reads block (l, 1) at block 7 of every page.
+fn snapshot_reads_its_blocks(pool: &Pool, when: &str) {
     let s = pool.volume("default@s").expect("the snapshot's view");
     let mut b = vec![0u8; BS];
     for p in 0..PAGES {
@@ -325,7 +317,13 @@ fn snapshot_reads_its_blocks_and_checks_clean(store: &SimStorage, when: &str) {
         s.read_at(l * BSU, &mut b).unwrap();
         assert!(b == block(l, 1), "the snapshot's block {l} {when}");
     }
-    drop(s);
+}
+
+/// Opens the pool: `default@s` reads block (l, 1) at block 7 of every page,
+/// and `check` finds the store consistent.
+fn snapshot_reads_its_blocks_and_checks_clean(store: &SimStorage, when: &str) {
+    let pool = open_pool(store);
+    snapshot_reads_its_blocks(&pool, when);
     drop(pool);
     let rep = cvol_engine::check::check_volume(store, &mut |_, _| {});
     assert!(rep.consistent(), "{when}: {:?}", rep.errors);
@@ -389,10 +387,6 @@ fn open_leaves_directory_blocks_packed_and_counts_their_records_live() {
     snapshot_reads_its_blocks_and_checks_clean(&store, "after the log reused segments");
     // Reading the snapshot decoded its blocks.
     let pool = open_pool(&store);
-    let s = pool.volume("default@s").expect("the snapshot's view");
-    let mut b = vec![0u8; BS];
-    for p in 0..PAGES {
-        s.read_at((p * MAP_PAGE_BLOCKS + 7) * BSU, &mut b).unwrap();
-    }
+    snapshot_reads_its_blocks(&pool, "once more");
     assert_eq!(pool.engine().map_dir_blocks_packed(), 0);
 }
