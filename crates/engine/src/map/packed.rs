@@ -85,14 +85,6 @@ impl BlockMap {
         }));
     }
 
-    /// Is directory block `b` still packed?
-    pub fn is_packed(&self, b: usize) -> bool {
-        self.dirs
-            .get(b)
-            .and_then(|d| d.as_ref())
-            .is_some_and(|d| d.packed.is_some())
-    }
-
     /// Directory blocks still packed.
     pub fn packed_blocks(&self) -> usize {
         self.packed_count
