@@ -8,13 +8,14 @@
 //! `liveness`, `recovery`, `check` and the volume share it without
 //! depending on each other.
 use crate::error::{ChunkError, EntryLocationError, MetaError, RecordError};
-use crate::map::{BlockMap, PageSource};
+use crate::map::{BlockMap, PageSource, SharedBytes};
 use cvol_format::checkpoint::{decode_runs, PageRef};
 use cvol_format::fprints::directory_tables;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::seal;
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use cvol_storage::Storage;
+use std::sync::Arc;
 
 /// An empty map of the volume, with directory slots for its tables.
 pub(crate) fn volume_map(sb: &Superblock) -> BlockMap {
@@ -45,6 +46,19 @@ pub(crate) fn read_records(
     sb: &Superblock,
     at: &[(u64, u32)],
 ) -> Vec<Result<(RecordHeader, Vec<u8>), RecordError>> {
+    (read_records_shared(storage, sb, at).into_iter())
+        .map(|r| r.map(|(h, b)| (h, b.into_vec())))
+        .collect()
+}
+
+/// `read_records`, each record's bytes left in the buffer it was read
+/// into with its neighbours (what open keeps of thousands of directory
+/// blocks, without a copy of each).
+pub(crate) fn read_records_shared(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    at: &[(u64, u32)],
+) -> Vec<Result<(RecordHeader, SharedBytes), RecordError>> {
     /// The most one read takes, and the widest hole it reads over.
     const SPAN_BYTES: u64 = 4 << 20;
     const GAP_BYTES: u64 = 64 << 10;
@@ -52,11 +66,13 @@ pub(crate) fn read_records(
     let mut order: Vec<usize> = (0..at.len()).collect();
     order.sort_unstable_by_key(|&i| at[i].0);
     let mut out: Vec<Option<_>> = (0..at.len()).map(|_| None).collect();
+    let one =
+        |o: u64, l: u32| read_record(storage, sb, o, l).map(|(h, b)| (h, SharedBytes::owned(b)));
     let mut i = 0;
     while i < order.len() {
         let (first, len) = at[order[i]];
         if record_bounds(sb, first, len).is_err() {
-            out[order[i]] = Some(read_record(storage, sb, first, len));
+            out[order[i]] = Some(one(first, len));
             i += 1;
             continue;
         }
@@ -74,11 +90,13 @@ pub(crate) fn read_records(
         }
         let mut buf = vec![0u8; (end - first) as usize];
         let read = storage.read_at(first, &mut buf).is_ok();
+        let buf = Arc::new(buf);
         for &k in &order[i..j] {
             let (o, l) = at[k];
+            let at = (o - first) as usize;
             out[k] = Some(match read {
-                true => verify_record(sb, buf[(o - first) as usize..][..l as usize].to_vec()),
-                false => read_record(storage, sb, o, l),
+                true => verify_shared(sb, SharedBytes::new(buf.clone(), at..at + l as usize)),
+                false => one(o, l),
             });
         }
         i = j;
@@ -118,6 +136,15 @@ pub(crate) fn verify_record(
     sb: &Superblock,
     b: Vec<u8>,
 ) -> Result<(RecordHeader, Vec<u8>), RecordError> {
+    verify_shared(sb, SharedBytes::owned(b)).map(|(h, b)| (h, b.into_vec()))
+}
+
+/// `verify_record` of bytes that may share their buffer: left where they
+/// are unless sealed.
+fn verify_shared(
+    sb: &Superblock,
+    b: SharedBytes,
+) -> Result<(RecordHeader, SharedBytes), RecordError> {
     let (h, _) = RecordHeader::decode_verified(&b).map_err(RecordError::Invalid)?;
     if h.volume_tag != sb.volume_tag() || h.total_len() != b.len() {
         return Err(RecordError::NotExpected);
@@ -125,13 +152,11 @@ pub(crate) fn verify_record(
     if sb.sealer().is_none() && !h.sealed {
         return Ok((h, b));
     }
-    let plain = seal::payload(sb.sealer(), &h, &b)
-        .map_err(RecordError::Invalid)?
-        .into_owned();
-    let mut rec = b;
-    rec.truncate(RECORD_HEADER_BYTES);
+    let plain = seal::payload(sb.sealer(), &h, &b).map_err(RecordError::Invalid)?;
+    let mut rec = Vec::with_capacity(RECORD_HEADER_BYTES + plain.len());
+    rec.extend_from_slice(&b[..RECORD_HEADER_BYTES]);
     rec.extend_from_slice(&plain);
-    Ok((h, rec))
+    Ok((h, SharedBytes::owned(rec)))
 }
 
 /// A data entry must point inside one segment of the data area.

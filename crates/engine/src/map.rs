@@ -856,7 +856,7 @@ fn split(lba: u64) -> (usize, usize) {
 
 mod install;
 mod packed;
-pub use packed::{decode_summarized, Segments};
+pub use packed::{decode_summarized, Segments, SharedBytes};
 mod page;
 mod sparse;
 #[cfg(test)]

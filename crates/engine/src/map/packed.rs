@@ -10,11 +10,65 @@
 use super::{BlockMap, DirBlock, DIR_SLOTS, PAGE_BLOCKS};
 use crate::error::MetaError;
 use cvol_format::checkpoint::{DirPayload, DirSummary, PageRef, SegmentUse, DIR_ENTRY_BYTES};
+use std::ops::Range;
+use std::sync::Arc;
 
 /// A packed block: its summary and its compressed list.
 pub(super) struct Packed {
     pub(super) summary: DirSummary,
-    pub(super) list: Box<[u8]>,
+    pub(super) list: SharedBytes,
+}
+
+/// A range of a buffer several records were read into together, which
+/// each range keeps alive: open keeps packed blocks' lists where the
+/// read put them, rather than copying each (a pool's snapshots hold
+/// thousands of directory blocks, megabytes of lists).
+#[derive(Clone)]
+pub struct SharedBytes {
+    buf: Arc<Vec<u8>>,
+    range: Range<usize>,
+}
+
+impl SharedBytes {
+    /// `buf[range]`.
+    pub fn new(buf: Arc<Vec<u8>>, range: Range<usize>) -> SharedBytes {
+        assert!(range.end <= buf.len(), "a range of its buffer");
+        SharedBytes { buf, range }
+    }
+
+    /// All of `v`.
+    pub fn owned(v: Vec<u8>) -> SharedBytes {
+        let range = 0..v.len();
+        SharedBytes {
+            buf: Arc::new(v),
+            range,
+        }
+    }
+
+    /// The bytes from `at` on.
+    pub fn tail(&self, at: usize) -> SharedBytes {
+        assert!(at <= self.range.len(), "a tail within the bytes");
+        SharedBytes::new(self.buf.clone(), self.range.start + at..self.range.end)
+    }
+
+    /// The bytes as a vector of their own (no copy when they are the
+    /// whole of a buffer nothing else holds).
+    pub fn into_vec(self) -> Vec<u8> {
+        if self.range == (0..self.buf.len()) {
+            match Arc::try_unwrap(self.buf) {
+                Ok(v) => return v,
+                Err(buf) => return buf[self.range].to_vec(),
+            }
+        }
+        self.buf[self.range].to_vec()
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.range.clone()]
+    }
 }
 
 /// Where the log's segments lie: how a summary's segments are checked
@@ -44,12 +98,13 @@ impl Segments {
 
 impl BlockMap {
     /// Installs directory block `b` at open from its summarized record:
-    /// its pages allocated (left on disk), its list kept compressed.
+    /// its pages allocated (left on disk), its list kept compressed where
+    /// it was read.
     pub fn install_packed_block(
         &mut self,
         b: usize,
         summary: DirSummary,
-        list: &[u8],
+        list: SharedBytes,
         segments: Segments,
     ) {
         assert!(
@@ -76,10 +131,7 @@ impl BlockMap {
         self.packed_count += 1;
         self.dirs[b] = Some(Box::new(DirBlock {
             refs: Vec::new(),
-            packed: Some(Box::new(Packed {
-                summary,
-                list: list.into(),
-            })),
+            packed: Some(Box::new(Packed { summary, list })),
             record: None,
             dirty: true,
         }));

@@ -379,7 +379,7 @@ fn packed_map(summarized: &[(u64, PageRef)], listed: &[(u64, PageRef)]) -> Block
     .encode();
     let list = lz4_flex::block::compress_prepend_size(&raw);
     let mut m = BlockMap::new(3000 * MAP_PAGE_BLOCKS);
-    m.install_packed_block(0, s, &list, TWO_BYTE_SEGMENTS);
+    m.install_packed_block(0, s, SharedBytes::owned(list), TWO_BYTE_SEGMENTS);
     m
 }
 

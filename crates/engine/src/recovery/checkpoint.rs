@@ -10,8 +10,10 @@ use super::chain::{KnownRecords, Start};
 use super::scan::{LogScan, Scanned};
 use crate::error::{CheckpointError, DirError, PageError, RecordError, TableError};
 use crate::liveness::LoadedTables;
-use crate::logread::{read_chunk, read_record, read_records, volume_map, LogPages};
-use crate::map::{decode_summarized, BlockMap, Page, Segments};
+use crate::logread::{
+    read_chunk, read_record, read_records, read_records_shared, volume_map, LogPages,
+};
+use crate::map::{decode_summarized, BlockMap, Page, Segments, SharedBytes};
 use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirPayload, DirSummary, PageRef};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::fprints::directory_tables;
@@ -514,7 +516,7 @@ fn dir_pages(
     sb: &Superblock,
     c: &ChunkRef,
     h: &RecordHeader,
-    rec: &[u8],
+    rec: &SharedBytes,
     (load, after): (Load, Option<usize>),
     loaded: &mut LoadedMap,
 ) -> Result<DirRead, DirError> {
@@ -531,6 +533,8 @@ fn dir_pages(
     match body {
         DirBody::Summarized(s, list) if in_order && stays_packed => {
             (s.uses.iter()).for_each(|u| loaded.records.note_segment(u.segment, u.max_seq));
+            // The list is the record's tail: kept where it was read.
+            let list = rec.tail(rec.len() - list.len());
             loaded
                 .map
                 .install_packed_block(b, *s, list, Segments::of(sb));
@@ -583,14 +587,14 @@ fn dir_records(
     sb: &Superblock,
     commit: &CommitPayload,
     first: (usize, Record),
-) -> Vec<Result<Record, RecordError>> {
-    let (i0, rec) = first;
+) -> Vec<Result<(RecordHeader, SharedBytes), RecordError>> {
+    let (i0, (h, rec)) = first;
     let at: Vec<(u64, u32)> = (commit.chunks.iter().enumerate())
         .filter(|&(i, _)| i != i0)
         .map(|(_, c)| (c.offset, c.len))
         .collect();
-    let mut out = read_records(storage, sb, &at);
-    out.insert(i0, Ok(rec));
+    let mut out = read_records_shared(storage, sb, &at);
+    out.insert(i0, Ok((h, SharedBytes::owned(rec))));
     out
 }
 
