@@ -164,6 +164,36 @@ impl TableGroup {
     /// order, every byte used (their segments are checked by the caller,
     /// who knows where segments lie).
     pub fn decode(b: &[u8], group: u64, segments: u64) -> Result<TableGroup, FormatError> {
+        let head = GroupHead::decode(b, group, segments)?;
+        let mut rows = head.rows(b);
+        let mut out = Vec::with_capacity(head.count.min(b.len()));
+        for r in rows.by_ref() {
+            out.push(r?);
+        }
+        rows.finish()?;
+        Ok(TableGroup {
+            group,
+            live: head.live,
+            rows: out,
+        })
+    }
+}
+
+/// A group table's header, its rows left encoded (`rows` reads them one
+/// at a time: open counts a group's rows without collecting them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupHead {
+    pub group: u64,
+    /// Live bytes of data records, per segment of the group.
+    pub live: Vec<u64>,
+    /// Where the rows begin in the payload, and how many there are.
+    pub rows_at: usize,
+    pub count: usize,
+}
+
+impl GroupHead {
+    /// The header of group `group`'s payload `b` (see `TableGroup::decode`).
+    pub fn decode(b: &[u8], group: u64, segments: u64) -> Result<GroupHead, FormatError> {
         let bad = |what| Err(FormatError::Invalid(what));
         if b.len() < GROUP_HEADER_BYTES || get_u64(b, GROUP_OFF_INDEX) != group {
             return bad("group table of another group");
@@ -179,40 +209,90 @@ impl TableGroup {
         let live = (0..n)
             .map(|i| get_u64(b, GROUP_HEADER_BYTES + 8 * i))
             .collect();
-        let mut at = rows_at;
-        let mut rows: Vec<TableRow> = Vec::with_capacity(count.min(b.len()));
-        for i in 0..count {
-            let delta = get_varint(b, &mut at)?;
-            let kind = get_varint(b, &mut at)?;
-            let refs = u32::try_from(get_varint(b, &mut at)?);
-            let owners = u32::try_from(kind >> 1);
-            let prev = rows.last().map_or(0, |r: &TableRow| r.offset);
-            let offset = prev.checked_add(delta).filter(|_| i == 0 || delta > 0);
-            let (Some(offset), Ok(refs), Ok(owners)) = (offset, refs, owners) else {
-                return bad("group table row");
-            };
-            let unit = kind & 1 == 1;
-            let crc = if unit {
-                0
-            } else {
-                let crc = b
-                    .get(at..at + 4)
-                    .ok_or(FormatError::Invalid("group table row"))?;
-                at += 4;
-                u32::from_le_bytes(crc.try_into().expect("4 bytes"))
-            };
-            rows.push(TableRow {
-                offset,
-                refs,
-                owners,
-                crc,
-                unit,
-            });
+        Ok(GroupHead {
+            group,
+            live,
+            rows_at,
+            count,
+        })
+    }
+
+    /// The rows of `b` (the payload this header was decoded from), in
+    /// order; `Rows::finish` then checks that every byte was used.
+    pub fn rows<'a>(&self, b: &'a [u8]) -> Rows<'a> {
+        Rows {
+            b,
+            at: self.rows_at,
+            left: self.count,
+            prev: None,
         }
-        if at != b.len() {
-            return bad("group table length");
+    }
+}
+
+/// The rows of a group payload, decoded one at a time (`GroupHead::rows`).
+pub struct Rows<'a> {
+    b: &'a [u8],
+    at: usize,
+    left: usize,
+    prev: Option<u64>,
+}
+
+impl Rows<'_> {
+    fn row(&mut self) -> Result<TableRow, FormatError> {
+        let bad = FormatError::Invalid("group table row");
+        let b = self.b;
+        let delta = get_varint(b, &mut self.at)?;
+        let kind = get_varint(b, &mut self.at)?;
+        let refs = u32::try_from(get_varint(b, &mut self.at)?);
+        let owners = u32::try_from(kind >> 1);
+        let offset = match self.prev {
+            None => Some(delta),
+            Some(prev) => prev.checked_add(delta).filter(|_| delta > 0),
+        };
+        let (Some(offset), Ok(refs), Ok(owners)) = (offset, refs, owners) else {
+            return Err(bad);
+        };
+        let unit = kind & 1 == 1;
+        let crc = if unit {
+            0
+        } else {
+            let crc = b.get(self.at..self.at + 4).ok_or(bad)?;
+            self.at += 4;
+            u32::from_le_bytes(crc.try_into().expect("4 bytes"))
+        };
+        self.prev = Some(offset);
+        Ok(TableRow {
+            offset,
+            refs,
+            owners,
+            crc,
+            unit,
+        })
+    }
+
+    /// After the last row: every byte of the payload must have been used.
+    pub fn finish(self) -> Result<(), FormatError> {
+        if self.left != 0 || self.at != self.b.len() {
+            return Err(FormatError::Invalid("group table length"));
         }
-        Ok(TableGroup { group, live, rows })
+        Ok(())
+    }
+}
+
+impl Iterator for Rows<'_> {
+    type Item = Result<TableRow, FormatError>;
+
+    /// The next row; after an error, none.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        let r = self.row();
+        self.left = if r.is_ok() { self.left - 1 } else { 0 };
+        if r.is_err() {
+            self.at = usize::MAX;
+        }
+        Some(r)
     }
 }
 

@@ -23,6 +23,9 @@ use cvol_format::MapEntry;
 use std::sync::Arc;
 
 pub mod hooks;
+mod packed_share;
+use packed_share::ShareSlot;
+pub use packed_share::{PackedShare, ShareRow};
 pub mod tables;
 mod window;
 pub use window::{HookLoad, Index};
@@ -355,7 +358,7 @@ pub struct SegShared {
 pub struct SharedTable {
     base: u64,
     segment_size: u64,
-    segs: Vec<Option<Arc<SegShared>>>,
+    segs: Vec<Option<ShareSlot>>,
     records_len: usize,
     units_len: usize,
     /// Sum over the records of `Shared::extra`: blocks served without a
@@ -391,7 +394,7 @@ impl SharedTable {
     }
 
     fn seg(&self, offset: u64) -> Option<&SegShared> {
-        self.segs.get(self.index(offset))?.as_deref()
+        Some(&**self.segs.get(self.index(offset))?.as_ref()?.share())
     }
 
     fn seg_mut(&mut self, offset: u64) -> &mut SegShared {
@@ -399,14 +402,14 @@ impl SharedTable {
         if i >= self.segs.len() {
             self.segs.resize(i + 1, None);
         }
-        Arc::make_mut(self.segs[i].get_or_insert_with(Arc::default))
+        (self.segs[i].get_or_insert_with(|| ShareSlot::Share(Arc::default()))).share_mut()
     }
 
     /// Drops the segment of `offset` from the table once it holds nothing.
     fn tidy(&mut self, offset: u64) {
         let i = self.index(offset);
-        if (self.segs.get(i).and_then(Option::as_deref))
-            .is_some_and(|s| s.records.is_empty() && s.units.is_empty())
+        if (self.segs.get(i).and_then(Option::as_ref))
+            .is_some_and(|s| s.share().records.is_empty() && s.share().units.is_empty())
         {
             self.segs[i] = None;
         }
@@ -415,7 +418,13 @@ impl SharedTable {
     /// Segment `s`'s share, shared (a checkpoint's snapshot: changed
     /// afterwards, the table copies it first).
     pub fn segment(&self, s: u64) -> Option<Arc<SegShared>> {
-        self.segs.get(usize::try_from(s).ok()?)?.clone()
+        Some(
+            self.segs
+                .get(usize::try_from(s).ok()?)?
+                .as_ref()?
+                .share()
+                .clone(),
+        )
     }
 
     /// Sets segment `s`'s share (empty before: loading tables at open).
@@ -429,7 +438,23 @@ impl SharedTable {
         self.units_len += share.units.len();
         self.extra_refs += share.records.values().map(Shared::extra).sum::<u64>()
             + share.units.values().map(|u| u64::from(u.refs)).sum::<u64>();
-        self.segs[i] = Some(Arc::new(share));
+        self.segs[i] = Some(ShareSlot::Share(Arc::new(share)));
+    }
+
+    /// Sets segment `s`'s share (empty before) to rows left packed
+    /// (`PackedShare`), which hold `records` records, `units` units and
+    /// serve `extra` blocks (`extra_refs`): loading tables at open.
+    pub fn insert_packed_segment(&mut self, s: u64, rows: PackedShare, counts: [u64; 3]) {
+        let i = usize::try_from(s).expect("a segment index");
+        if i >= self.segs.len() {
+            self.segs.resize(i + 1, None);
+        }
+        assert!(self.segs[i].is_none(), "segment {s}'s share set twice");
+        let [records, units, extra] = counts;
+        self.records_len += records as usize;
+        self.units_len += units as usize;
+        self.extra_refs += extra;
+        self.segs[i] = Some(ShareSlot::Packed(Arc::new(rows)));
     }
 
     pub fn record(&self, offset: u64) -> Option<&Shared> {
@@ -468,12 +493,12 @@ impl SharedTable {
 
     /// Every shared record, in offset order.
     pub fn records(&self) -> impl Iterator<Item = (u64, &Shared)> {
-        (self.segs.iter().flatten()).flat_map(|s| s.records.iter().map(|(&o, r)| (o, r)))
+        (self.segs.iter().flatten()).flat_map(|s| s.share().records.iter().map(|(&o, r)| (o, r)))
     }
 
     /// Every live unit, in offset order.
     pub fn units(&self) -> impl Iterator<Item = (u64, &UnitLive)> {
-        (self.segs.iter().flatten()).flat_map(|s| s.units.iter().map(|(&o, u)| (o, u)))
+        (self.segs.iter().flatten()).flat_map(|s| s.share().units.iter().map(|(&o, u)| (o, u)))
     }
 
     pub fn record_count(&self) -> usize {
@@ -591,7 +616,9 @@ impl SharedTable {
 
     pub fn memory_bytes(&self) -> u64 {
         // A B-tree node holds up to 11 keys and values (about 2/3 full on
-        // average) and a few words more; a slot per segment.
+        // average) and a few words more; a slot per segment. Rows still
+        // packed count as decoded (an upper bound: packed, they take
+        // about a third of that).
         let cost = |n: usize, value: usize| (n as u64) * (8 + value as u64) * 3 / 2;
         cost(self.records_len, std::mem::size_of::<Shared>())
             + cost(self.units_len, std::mem::size_of::<UnitLive>())

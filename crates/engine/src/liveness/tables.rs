@@ -10,7 +10,7 @@
 //! could all be written.
 use super::replay::{apply_replay, Replay, Tables};
 use super::{rebuild, FpSnapshot, Geometry, LiveMap, Rebuilt, RebuiltSegments};
-use crate::dedup::{SegShared, Shared, SharedTable, UnitLive};
+use crate::dedup::{PackedShare, SegShared, ShareRow, SharedTable};
 use crate::error::MetaError;
 use crate::map::{BlockMap, Page};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
@@ -20,8 +20,8 @@ use cvol_format::checkpoint::DIR_ENTRY_BYTES;
 use cvol_format::fprints::directory_tables;
 use cvol_format::record::RECORD_OVERHEAD_MAX_BYTES;
 use cvol_format::tables::{
-    TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_HEADER_BYTES, ROOT_BYTES, ROW_MAX_BYTES,
-    TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
+    GroupHead, TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_HEADER_BYTES, ROOT_BYTES,
+    ROW_MAX_BYTES, TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
 };
 
 // A table per segment: the shared table's share of a segment is its rows.
@@ -182,7 +182,16 @@ fn group_payload(segment: u64, live: u64, share: Option<&SegShared>) -> Vec<u8> 
 #[derive(Debug, Clone)]
 pub struct LoadedTables {
     pub root: TableRoot,
-    pub groups: Vec<TableGroup>,
+    pub groups: Vec<LoadedGroup>,
+}
+
+/// A group table read at open: its header, and its payload with the rows
+/// still encoded (`load_group` checks and counts them; the shared table
+/// decodes a segment's when it is first used).
+#[derive(Debug, Clone)]
+pub struct LoadedGroup {
+    pub head: GroupHead,
+    pub payload: Arc<Vec<u8>>,
 }
 
 fn counter_words(c: &MapCounters) -> [u64; COUNTER_WORDS] {
@@ -460,11 +469,11 @@ pub(crate) fn check_tables(
 /// A group's live bytes per segment, into the segment usage and states.
 fn load_group_live(
     sb: &Superblock,
-    g: &TableGroup,
+    live: &[u64],
     first: u64,
     segs: &mut RebuiltSegments,
 ) -> Result<(), MetaError> {
-    for (i, &live) in g.live.iter().enumerate() {
+    for (i, &live) in live.iter().enumerate() {
         let s = first + i as u64;
         if live > sb.segment_size_bytes {
             return Err(MetaError::Damaged(format!(
@@ -479,20 +488,25 @@ fn load_group_live(
     Ok(())
 }
 
-/// Adds group `g`'s live bytes and rows, checked against the volume (its
-/// segment's share of the shared table built in bulk from the sorted rows).
+/// Adds group `g`'s live bytes and rows, checked against the volume: its
+/// segment's share of the shared table is left packed (`PackedShare`),
+/// its rows counted.
 fn load_group(
     sb: &Superblock,
     geometry: Geometry,
-    g: &TableGroup,
+    g: &LoadedGroup,
     segs: &mut RebuiltSegments,
     shared: &mut SharedTable,
 ) -> Result<(), MetaError> {
-    let (mut records, mut units) = (Vec::new(), Vec::new());
-    let first = g.group * TABLE_SEGMENTS;
-    load_group_live(sb, g, first, segs)?;
-    let end = first + g.live.len() as u64;
-    for r in &g.rows {
+    let first = g.head.group * TABLE_SEGMENTS;
+    load_group_live(sb, &g.head.live, first, segs)?;
+    let end = first + g.head.live.len() as u64;
+    let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;
+    let damaged = |why: &str| MetaError::Damaged(format!("table: {why}"));
+    let mut counts = [0u64; 3];
+    let mut rows = g.head.rows(&g.payload);
+    for r in rows.by_ref() {
+        let r = r.map_err(|e| damaged(&e.to_string()))?;
         let s = r
             .offset
             .checked_sub(geometry.data_offset_bytes)
@@ -500,55 +514,23 @@ fn load_group(
         if !s.is_some_and(|s| (first..end).contains(&s))
             || segs.usage.live_bytes(s.unwrap_or(0)) == 0
         {
-            return Err(MetaError::Damaged(format!(
-                "table: a row at {} outside its group's live segments",
+            return Err(damaged(&format!(
+                "a row at {} outside its group's live segments",
                 r.offset
             )));
         }
-        if r.unit {
-            let owners = u16::try_from(r.owners)
-                .map_err(|_| MetaError::Damaged("table: unit owners".into()))?;
-            if r.refs == 0 && owners == 0 {
-                return Err(MetaError::Damaged("table: a unit without entries".into()));
-            }
-            if r.refs == 0 {
-                if sb.flags & FLAG_UNIT_WINDOWS != 0 {
-                    return Err(MetaError::Damaged(
-                        "table: a row for a unit no ref entry points at".into(),
-                    ));
-                }
-                // A table of an older volume: the unit is live through its
-                // owner entries (its bytes are in the segment's).
-                continue;
-            }
-            units.push((
-                r.offset,
-                UnitLive {
-                    refs: r.refs,
-                    owners,
-                },
-            ));
-        } else {
-            if r.refs == 0 || r.owners > 1 {
-                return Err(MetaError::Damaged(
-                    "table: a shared record without refs".into(),
-                ));
-            }
-            let row = Shared {
-                refs: r.refs,
-                owners: r.owners,
-                crc: r.crc,
-                fp: 0,
-            };
-            records.push((r.offset, row));
+        let row = ShareRow::of(&r, unit_windows).map_err(damaged)?;
+        match row {
+            ShareRow::Record(_) => counts[0] += 1,
+            ShareRow::Unit(_) => counts[1] += 1,
+            ShareRow::None => continue,
         }
+        counts[2] += row.extra();
     }
-    if !(records.is_empty() && units.is_empty()) {
-        let share = SegShared {
-            records: records.into_iter().collect(),
-            units: units.into_iter().collect(),
-        };
-        shared.insert_segment(first, share);
+    rows.finish().map_err(|e| damaged(&e.to_string()))?;
+    if counts[..2] != [0, 0] {
+        let rows = PackedShare::new(g.payload.clone(), g.head.clone(), unit_windows);
+        shared.insert_packed_segment(first, rows, counts);
     }
     Ok(())
 }

@@ -9,7 +9,7 @@
 use super::chain::{KnownRecords, Start};
 use super::scan::{LogScan, Scanned};
 use crate::error::{CheckpointError, DirError, PageError, RecordError, TableError};
-use crate::liveness::LoadedTables;
+use crate::liveness::{LoadedGroup, LoadedTables};
 use crate::logread::{
     read_chunk, read_record, read_records, read_records_shared, volume_map, LogPages,
 };
@@ -19,10 +19,11 @@ use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::fprints::directory_tables;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::superblock::FLAG_DIR_SUMMARY;
-use cvol_format::tables::{table_count, TableGroup, TableRoot};
+use cvol_format::tables::{table_count, GroupHead, TableRoot};
 use cvol_format::{CheckpointPointer, CodecTag, Superblock};
 use cvol_storage::Storage;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Where a candidate checkpoint comes from: a pointer slot, or a commit
 /// record found by scanning the log.
@@ -678,8 +679,13 @@ fn read_tables(
         if t == 0 {
             root = Some(TableRoot::decode(&raw, segments).map_err(TableError::Root)?);
         } else {
-            let g = TableGroup::decode(&raw, t as u64 - 1, segments);
-            groups.push(g.map_err(|source| TableError::Group { table: t, source })?);
+            // The rows are checked and counted when loaded (`load_group`).
+            let head = GroupHead::decode(&raw, t as u64 - 1, segments);
+            let head = head.map_err(|source| TableError::Group { table: t, source })?;
+            groups.push(LoadedGroup {
+                head,
+                payload: Arc::new(raw),
+            });
         }
     }
     Ok(root.map(|root| LoadedTables { root, groups }))
