@@ -186,12 +186,14 @@ pub struct LoadedTables {
 }
 
 /// A group table read at open: its header, and its payload with the rows
-/// still encoded (`load_group` checks and counts them; the shared table
-/// decodes a segment's when it is first used).
+/// still encoded, checked and counted (`check_group_rows`: its records,
+/// units and the blocks they serve); the shared table decodes a segment's
+/// rows when they are first used.
 #[derive(Debug, Clone)]
 pub struct LoadedGroup {
     pub head: GroupHead,
     pub payload: Arc<Vec<u8>>,
+    pub counts: [u64; 3],
 }
 
 fn counter_words(c: &MapCounters) -> [u64; COUNTER_WORDS] {
@@ -397,7 +399,7 @@ fn tables_of(
     };
     let mut shared = SharedTable::new(geometry.data_offset_bytes, geometry.segment_size_bytes);
     for g in &t.groups {
-        load_group(sb, geometry, g, &mut segs, &mut shared)?;
+        load_group(sb, g, &mut segs, &mut shared)?;
     }
     let mut books = TableBooks::new(segments, false);
     let mut counters = counters_of(&t.root.counters);
@@ -488,38 +490,53 @@ fn load_group_live(
     Ok(())
 }
 
-/// Adds group `g`'s live bytes and rows, checked against the volume: its
-/// segment's share of the shared table is left packed (`PackedShare`),
-/// its rows counted.
+/// Adds group `g`'s live bytes and its rows (checked and counted when
+/// read, `check_group_rows`): its segment's share of the shared table is
+/// left packed (`PackedShare`).
 fn load_group(
     sb: &Superblock,
-    geometry: Geometry,
     g: &LoadedGroup,
     segs: &mut RebuiltSegments,
     shared: &mut SharedTable,
 ) -> Result<(), MetaError> {
     let first = g.head.group * TABLE_SEGMENTS;
     load_group_live(sb, &g.head.live, first, segs)?;
-    let end = first + g.head.live.len() as u64;
+    if g.counts[..2] != [0, 0] {
+        let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;
+        let rows = PackedShare::new(g.payload.clone(), g.head.clone(), unit_windows);
+        shared.insert_packed_segment(first, rows, g.counts);
+    }
+    Ok(())
+}
+
+/// Checks the rows of a group table read at open (its header `head`, its
+/// payload): each must lie in one of the group's segments with live data
+/// and be a row the shared table takes (`ShareRow`). Counts its records,
+/// units and the blocks they serve (`SharedTable::extra_refs`).
+pub(crate) fn check_group_rows(
+    sb: &Superblock,
+    head: &GroupHead,
+    payload: &[u8],
+) -> Result<[u64; 3], String> {
+    let geometry = Geometry::of(sb);
+    let first = head.group * TABLE_SEGMENTS;
     let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;
-    let damaged = |why: &str| MetaError::Damaged(format!("table: {why}"));
     let mut counts = [0u64; 3];
-    let mut rows = g.head.rows(&g.payload);
+    let mut rows = head.rows(payload);
     for r in rows.by_ref() {
-        let r = r.map_err(|e| damaged(&e.to_string()))?;
-        let s = r
+        let r = r.map_err(|e| e.to_string())?;
+        let i = r
             .offset
             .checked_sub(geometry.data_offset_bytes)
-            .map(|rel| rel / geometry.segment_size_bytes);
-        if !s.is_some_and(|s| (first..end).contains(&s))
-            || segs.usage.live_bytes(s.unwrap_or(0)) == 0
-        {
-            return Err(damaged(&format!(
+            .map(|rel| rel / geometry.segment_size_bytes)
+            .and_then(|s| s.checked_sub(first));
+        if !i.is_some_and(|i| head.live.get(i as usize).is_some_and(|&l| l > 0)) {
+            return Err(format!(
                 "a row at {} outside its group's live segments",
                 r.offset
-            )));
+            ));
         }
-        let row = ShareRow::of(&r, unit_windows).map_err(damaged)?;
+        let row = ShareRow::of(&r, unit_windows)?;
         match row {
             ShareRow::Record(_) => counts[0] += 1,
             ShareRow::Unit(_) => counts[1] += 1,
@@ -527,12 +544,8 @@ fn load_group(
         }
         counts[2] += row.extra();
     }
-    rows.finish().map_err(|e| damaged(&e.to_string()))?;
-    if counts[..2] != [0, 0] {
-        let rows = PackedShare::new(g.payload.clone(), g.head.clone(), unit_windows);
-        shared.insert_packed_segment(first, rows, counts);
-    }
-    Ok(())
+    rows.finish().map_err(|e| e.to_string())?;
+    Ok(counts)
 }
 
 /// Counts the records the map names, and those it retired, live (they

@@ -9,7 +9,7 @@
 use super::chain::{KnownRecords, Start};
 use super::scan::{LogScan, Scanned};
 use crate::error::{CheckpointError, DirError, PageError, RecordError, TableError};
-use crate::liveness::{LoadedGroup, LoadedTables};
+use crate::liveness::{check_group_rows, LoadedGroup, LoadedTables};
 use crate::logread::{
     read_chunk, read_record, read_records, read_records_shared, volume_map, LogPages,
 };
@@ -445,17 +445,99 @@ fn load_paged(
     loaded: &mut LoadedMap,
 ) -> Result<(), CheckpointError> {
     let partial = load == Load::Partial;
+    // The tables are read on another thread while the directory is: the
+    // blocks naming them (table slots follow the map's pages) are read
+    // first.
+    let (ahead, named) = match partial {
+        true => (vec![first], Vec::new()),
+        false => table_blocks(storage, sb, commit, first),
+    };
+    let records = dir_records(storage, sb, commit, ahead);
+    // Below this, a thread costs more than it saves.
+    const ASIDE_BYTES: u64 = 256 << 10;
+    let aside = named.iter().map(|(_, r)| u64::from(r.len)).sum::<u64>() >= ASIDE_BYTES;
+    std::thread::scope(|scope| {
+        let pending = aside.then(|| scope.spawn(|| read_tables(storage, sb, &named)));
+        let tables = load_dirs(storage, sb, commit, records, load, loaded)?;
+        if !partial {
+            let read = match pending {
+                Some(t) if tables == named => t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                _ => read_tables(storage, sb, &tables),
+            };
+            loaded.tables = read
+                .map_err(|e| tracing::warn!("liveness tables unusable ({e}): rebuilt from the map"))
+                .ok()
+                .flatten();
+        }
+        Ok(())
+    })
+}
+
+/// The tables the directory names (by table index), from its last
+/// MAP_DIR records (those of the blocks holding table slots, read
+/// together), and every record read to find them (`first`, already read,
+/// among them): what `load_paged` reads first. A record that does not
+/// read or parse ends the search (the directory's load then finds it
+/// again).
+fn table_blocks(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    commit: &CommitPayload,
+    first: (usize, Record),
+) -> (Vec<(usize, Record)>, Vec<(usize, PageRef)>) {
+    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+    let slots = directory_tables(sb.table_segments(), sb.segment_size_bytes);
+    // The blocks that may hold table slots: at most the last this many.
+    let last = (npages + slots).div_ceil(DIR_PAGES) - npages / DIR_PAGES;
+    let n = commit.chunks.len();
+    let tail: Vec<usize> = (n.saturating_sub(last as usize)..n)
+        .filter(|&i| i != first.0)
+        .collect();
+    let at: Vec<(u64, u32)> = (tail.iter().map(|&i| &commit.chunks[i]))
+        .map(|c| (c.offset, c.len))
+        .collect();
+    let read = read_records(storage, sb, &at);
+    let mut ahead = vec![first];
+    ahead.extend((tail.into_iter().zip(read)).filter_map(|(i, r)| Some((i, r.ok()?))));
+    ahead.sort_unstable_by_key(|(i, _)| *i);
+    let mut named = Vec::new();
+    for (i, c) in commit.chunks.iter().enumerate().rev() {
+        let Ok(at) = ahead.binary_search_by_key(&i, |(j, _)| *j) else {
+            break;
+        };
+        let (h, rec) = &ahead[at].1;
+        let Ok((b, _, pages)) = parse_dir(sb, c, h, rec) else {
+            break;
+        };
+        if (b as u64 + 1) * DIR_PAGES <= npages {
+            break;
+        }
+        let tables = (pages.iter().rev()).filter_map(|&(p, r)| Some((p.checked_sub(npages)?, r)));
+        named.extend(tables.map(|(t, r)| (t as usize, r)));
+    }
+    named.reverse();
+    (ahead, named)
+}
+
+/// The directory's blocks (`records`: the MAP_DIR records `commit` names,
+/// in its order) into `loaded`, their pages named or read per `load`;
+/// the tables they name (by table index), in order.
+fn load_dirs(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    commit: &CommitPayload,
+    records: Vec<Result<(RecordHeader, SharedBytes), RecordError>>,
+    load: Load,
+    loaded: &mut LoadedMap,
+) -> Result<Vec<(usize, PageRef)>, CheckpointError> {
+    let partial = load == Load::Partial;
     let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
     let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
     let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
     let mut dirs = Vec::new();
     let mut tables: Vec<(usize, PageRef)> = Vec::new();
     let (mut verify, mut pages_of_block) = (Vec::new(), Vec::new());
-    for (c, rec) in commit
-        .chunks
-        .iter()
-        .zip(dir_records(storage, sb, commit, first))
-    {
+    for (c, rec) in commit.chunks.iter().zip(records) {
         let after = dirs.last().map(|&(last, _)| last);
         let read = (rec.map_err(DirError::Record))
             .and_then(|(h, rec)| dir_pages(sb, c, &h, &rec, (load, after), loaded));
@@ -493,17 +575,11 @@ fn load_paged(
     if matches!(load, Load::Lazy { .. }) {
         loaded.map.record_originals();
     }
-    if !partial {
-        loaded.tables = read_tables(storage, sb, &tables)
-            .map_err(|e| tracing::warn!("liveness tables unusable ({e}): rebuilt from the map"))
-            .ok()
-            .flatten();
-    }
     loaded
         .lost_spans
         .extend(damaged_spans(&spans, sb.logical_blocks()));
     loaded.lost_spans.sort_unstable();
-    Ok(())
+    Ok(tables)
 }
 
 /// The directory block, record and pages of the MAP_DIR record `c` names
@@ -581,21 +657,23 @@ fn load_pages(
 }
 
 /// The MAP_DIR records `commit` names, read in the order it names them:
-/// `first` (its index, and the record) was read already, the others are
-/// read together (`read_records`), each once.
+/// those of `ahead` (their indexes, and the records) were read already,
+/// the others are read together (`read_records_shared`), each once.
 fn dir_records(
     storage: &dyn Storage,
     sb: &Superblock,
     commit: &CommitPayload,
-    first: (usize, Record),
+    mut ahead: Vec<(usize, Record)>,
 ) -> Vec<Result<(RecordHeader, SharedBytes), RecordError>> {
-    let (i0, (h, rec)) = first;
+    ahead.sort_unstable_by_key(|(i, _)| *i);
     let at: Vec<(u64, u32)> = (commit.chunks.iter().enumerate())
-        .filter(|&(i, _)| i != i0)
+        .filter(|(i, _)| ahead.binary_search_by_key(i, |(j, _)| *j).is_err())
         .map(|(_, c)| (c.offset, c.len))
         .collect();
     let mut out = read_records_shared(storage, sb, &at);
-    out.insert(i0, Ok((h, SharedBytes::owned(rec))));
+    for (i, (h, rec)) in ahead {
+        out.insert(i, Ok((h, SharedBytes::owned(rec))));
+    }
     out
 }
 
@@ -679,12 +757,14 @@ fn read_tables(
         if t == 0 {
             root = Some(TableRoot::decode(&raw, segments).map_err(TableError::Root)?);
         } else {
-            // The rows are checked and counted when loaded (`load_group`).
             let head = GroupHead::decode(&raw, t as u64 - 1, segments);
             let head = head.map_err(|source| TableError::Group { table: t, source })?;
+            let counts = check_group_rows(sb, &head, &raw)
+                .map_err(|why| TableError::Rows { table: t, why })?;
             groups.push(LoadedGroup {
                 head,
                 payload: Arc::new(raw),
+                counts,
             });
         }
     }
