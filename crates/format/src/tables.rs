@@ -307,7 +307,15 @@ pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 
 /// The LEB128 varint at `*at`, moving past it: at most 10 bytes, the last
 /// not zero unless it is the only one, no bits beyond 64.
+#[inline]
 pub(crate) fn get_varint(b: &[u8], at: &mut usize) -> Result<u64, FormatError> {
+    // One byte (most owners and refs): no loop.
+    if let Some(&byte) = b.get(*at) {
+        if byte < 0x80 {
+            *at += 1;
+            return Ok(u64::from(byte));
+        }
+    }
     let mut v = 0u64;
     for i in 0..VARINT_MAX_BYTES {
         let byte = *b.get(*at + i).ok_or(FormatError::Invalid("varint"))?;

@@ -521,20 +521,28 @@ pub(crate) fn check_group_rows(
     let geometry = Geometry::of(sb);
     let first = head.group * TABLE_SEGMENTS;
     let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;
+    // Where the group's segments lie (rows by the hundred thousand: no
+    // division per row).
+    let start = geometry.data_offset_bytes + first * geometry.segment_size_bytes;
+    let live = |offset: u64| {
+        let i = offset.checked_sub(start)? / geometry.segment_size_bytes;
+        head.live.get(usize::try_from(i).ok()?).filter(|&&l| l > 0)
+    };
+    let mut checked = 0..0; // the offsets of the segment last checked
     let mut counts = [0u64; 3];
     let mut rows = head.rows(payload);
     for r in rows.by_ref() {
         let r = r.map_err(|e| e.to_string())?;
-        let i = r
-            .offset
-            .checked_sub(geometry.data_offset_bytes)
-            .map(|rel| rel / geometry.segment_size_bytes)
-            .and_then(|s| s.checked_sub(first));
-        if !i.is_some_and(|i| head.live.get(i as usize).is_some_and(|&l| l > 0)) {
-            return Err(format!(
-                "a row at {} outside its group's live segments",
-                r.offset
-            ));
+        if !checked.contains(&r.offset) {
+            if live(r.offset).is_none() {
+                return Err(format!(
+                    "a row at {} outside its group's live segments",
+                    r.offset
+                ));
+            }
+            let s = (r.offset - start) / geometry.segment_size_bytes;
+            let s0 = start + s * geometry.segment_size_bytes;
+            checked = s0..s0 + geometry.segment_size_bytes;
         }
         let row = ShareRow::of(&r, unit_windows)?;
         match row {

@@ -444,79 +444,15 @@ fn load_paged(
     load: Load,
     loaded: &mut LoadedMap,
 ) -> Result<(), CheckpointError> {
-    let partial = load == Load::Partial;
-    // The tables are read on another thread while the directory is: the
-    // blocks naming them (table slots follow the map's pages) are read
-    // first.
-    let (ahead, named) = match partial {
-        true => (vec![first], Vec::new()),
-        false => table_blocks(storage, sb, commit, first),
-    };
-    let records = dir_records(storage, sb, commit, ahead);
-    // Below this, a thread costs more than it saves.
-    const ASIDE_BYTES: u64 = 256 << 10;
-    let aside = named.iter().map(|(_, r)| u64::from(r.len)).sum::<u64>() >= ASIDE_BYTES;
-    std::thread::scope(|scope| {
-        let pending = aside.then(|| scope.spawn(|| read_tables(storage, sb, &named)));
-        let tables = load_dirs(storage, sb, commit, records, load, loaded)?;
-        if !partial {
-            let read = match pending {
-                Some(t) if tables == named => t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
-                _ => read_tables(storage, sb, &tables),
-            };
-            loaded.tables = read
-                .map_err(|e| tracing::warn!("liveness tables unusable ({e}): rebuilt from the map"))
-                .ok()
-                .flatten();
-        }
-        Ok(())
-    })
-}
-
-/// The tables the directory names (by table index), from its last
-/// MAP_DIR records (those of the blocks holding table slots, read
-/// together), and every record read to find them (`first`, already read,
-/// among them): what `load_paged` reads first. A record that does not
-/// read or parse ends the search (the directory's load then finds it
-/// again).
-fn table_blocks(
-    storage: &dyn Storage,
-    sb: &Superblock,
-    commit: &CommitPayload,
-    first: (usize, Record),
-) -> (Vec<(usize, Record)>, Vec<(usize, PageRef)>) {
-    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
-    let slots = directory_tables(sb.table_segments(), sb.segment_size_bytes);
-    // The blocks that may hold table slots: at most the last this many.
-    let last = (npages + slots).div_ceil(DIR_PAGES) - npages / DIR_PAGES;
-    let n = commit.chunks.len();
-    let tail: Vec<usize> = (n.saturating_sub(last as usize)..n)
-        .filter(|&i| i != first.0)
-        .collect();
-    let at: Vec<(u64, u32)> = (tail.iter().map(|&i| &commit.chunks[i]))
-        .map(|c| (c.offset, c.len))
-        .collect();
-    let read = read_records(storage, sb, &at);
-    let mut ahead = vec![first];
-    ahead.extend((tail.into_iter().zip(read)).filter_map(|(i, r)| Some((i, r.ok()?))));
-    ahead.sort_unstable_by_key(|(i, _)| *i);
-    let mut named = Vec::new();
-    for (i, c) in commit.chunks.iter().enumerate().rev() {
-        let Ok(at) = ahead.binary_search_by_key(&i, |(j, _)| *j) else {
-            break;
-        };
-        let (h, rec) = &ahead[at].1;
-        let Ok((b, _, pages)) = parse_dir(sb, c, h, rec) else {
-            break;
-        };
-        if (b as u64 + 1) * DIR_PAGES <= npages {
-            break;
-        }
-        let tables = (pages.iter().rev()).filter_map(|&(p, r)| Some((p.checked_sub(npages)?, r)));
-        named.extend(tables.map(|(t, r)| (t as usize, r)));
+    let records = dir_records(storage, sb, commit, first);
+    let tables = load_dirs(storage, sb, commit, records, load, loaded)?;
+    if load != Load::Partial {
+        loaded.tables = read_tables(storage, sb, &tables)
+            .map_err(|e| tracing::warn!("liveness tables unusable ({e}): rebuilt from the map"))
+            .ok()
+            .flatten();
     }
-    named.reverse();
-    (ahead, named)
+    Ok(())
 }
 
 /// The directory's blocks (`records`: the MAP_DIR records `commit` names,
@@ -657,23 +593,21 @@ fn load_pages(
 }
 
 /// The MAP_DIR records `commit` names, read in the order it names them:
-/// those of `ahead` (their indexes, and the records) were read already,
-/// the others are read together (`read_records_shared`), each once.
+/// `first` (its index, and the record) was read already, the others are
+/// read together (`read_records_shared`), each once.
 fn dir_records(
     storage: &dyn Storage,
     sb: &Superblock,
     commit: &CommitPayload,
-    mut ahead: Vec<(usize, Record)>,
+    first: (usize, Record),
 ) -> Vec<Result<(RecordHeader, SharedBytes), RecordError>> {
-    ahead.sort_unstable_by_key(|(i, _)| *i);
+    let (i0, (h, rec)) = first;
     let at: Vec<(u64, u32)> = (commit.chunks.iter().enumerate())
-        .filter(|(i, _)| ahead.binary_search_by_key(i, |(j, _)| *j).is_err())
+        .filter(|&(i, _)| i != i0)
         .map(|(_, c)| (c.offset, c.len))
         .collect();
     let mut out = read_records_shared(storage, sb, &at);
-    for (i, (h, rec)) in ahead {
-        out.insert(i, Ok((h, SharedBytes::owned(rec))));
-    }
+    out.insert(i0, Ok((h, SharedBytes::owned(rec))));
     out
 }
 
