@@ -472,8 +472,6 @@ pub enum TableError {
     Root(FormatError),
     /// Table `table` (a group) does not decode.
     Group { table: usize, source: FormatError },
-    /// A row of table `table` (a group) is not one the volume can hold.
-    Rows { table: usize, why: String },
 }
 
 impl fmt::Display for RecordError {
@@ -626,7 +624,6 @@ impl fmt::Display for TableError {
             TableError::Decompress { table, source } => write!(f, "table {table}: {source}"),
             TableError::Root(e) => write!(f, "{e}"),
             TableError::Group { table, source } => write!(f, "table {table}: {source}"),
-            TableError::Rows { table, why } => write!(f, "table {table}: {why}"),
         }
     }
 }

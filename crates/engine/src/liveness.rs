@@ -26,9 +26,7 @@ pub(crate) use fprints::{decode_fp_record, read_fp_table, FpSnapshot};
 pub(crate) use replay::{Replay, ReplaySource};
 use std::collections::HashMap;
 use tables::TableBooks;
-pub(crate) use tables::{
-    check_group_rows, check_tables, EncodedTables, LoadedGroup, LoadedTables, TableSnapshot,
-};
+pub(crate) use tables::{check_tables, EncodedTables, LoadedGroup, LoadedTables, TableSnapshot};
 
 mod fprints;
 mod replay;

@@ -90,12 +90,21 @@ pub(crate) fn read_records_shared(
         }
         let mut buf = vec![0u8; (end - first) as usize];
         let read = storage.read_at(first, &mut buf).is_ok();
+        // Records that fill most of what was read share it; sparse ones
+        // (holes read over) are copied out, so that a record kept does
+        // not keep the holes around it.
+        let used: u64 = order[i..j].iter().map(|&k| u64::from(at[k].1)).sum();
+        let share = used * 2 >= end - first;
         let buf = Arc::new(buf);
         for &k in &order[i..j] {
             let (o, l) = at[k];
-            let at = (o - first) as usize;
+            let range = (o - first) as usize..(o - first) as usize + l as usize;
+            let bytes = match share {
+                true => SharedBytes::new(buf.clone(), range),
+                false => SharedBytes::owned(buf[range].to_vec()),
+            };
             out[k] = Some(match read {
-                true => verify_shared(sb, SharedBytes::new(buf.clone(), at..at + l as usize)),
+                true => verify_shared(sb, bytes),
                 false => one(o, l),
             });
         }
@@ -248,4 +257,82 @@ fn chunk_entries(
     })
     .map_err(ChunkError::Runs)?;
     bad.map_or(Ok(out), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cvol_format::record::{encode_record, RecordKind};
+    use cvol_storage::SimStorage;
+
+    const SEG: u64 = 1 << 20;
+
+    fn superblock() -> Superblock {
+        Superblock {
+            uuid: [9; 16],
+            logical_size_bytes: 1 << 30,
+            physical_size_bytes: 8 * SEG,
+            segment_size_bytes: SEG,
+            data_offset_bytes: SEG,
+            codec: CodecTag::Lz4,
+            codec_level: 0,
+            created_unix_secs: 0,
+            flags: 0,
+            metadata_segments: 0,
+            key_slot: None,
+            seal: None,
+        }
+    }
+
+    /// A record of `len` payload bytes written at `offset`: (offset, length).
+    fn put(st: &SimStorage, sb: &Superblock, offset: u64, seq: u64, len: usize) -> (u64, u32) {
+        let payload = vec![seq as u8; len];
+        let mut h = RecordHeader {
+            kind: RecordKind::MapDir,
+            codec: CodecTag::None,
+            level: 0,
+            mask: 0,
+            volume_tag: sb.volume_tag(),
+            epoch: 1,
+            seq,
+            lba: 0,
+            nblocks: 1,
+            payload_len: len as u32,
+            crc: 0,
+            sealed: false,
+        };
+        let rec = encode_record(&mut h, &payload);
+        st.write_at(offset, &rec).unwrap();
+        (offset, rec.len() as u32)
+    }
+
+    /// Records read together share the buffer they were read into when
+    /// they fill most of it, and are copied out of it when holes between
+    /// them would take most of it (a kept record must not hold the holes).
+    #[test]
+    fn records_read_together_share_their_buffer_only_when_they_fill_it() {
+        let sb = superblock();
+        let st = SimStorage::new(8 * SEG);
+        let dense = [
+            put(&st, &sb, SEG, 1, 3000),
+            put(&st, &sb, SEG + 3100, 2, 3000),
+        ];
+        let sparse = [
+            put(&st, &sb, 2 * SEG, 3, 3000),
+            put(&st, &sb, 2 * SEG + 40_000, 4, 3000),
+        ];
+        for (at, shared) in [(&dense, true), (&sparse, false)] {
+            let got = read_records_shared(&st, &sb, at);
+            let got: Vec<_> = got.into_iter().map(|r| r.expect("reads")).collect();
+            for ((h, b), &(_, len)) in got.iter().zip(at.iter()) {
+                assert_eq!(b.len(), len as usize);
+                assert_eq!(b[RECORD_HEADER_BYTES], h.seq as u8);
+            }
+            assert_eq!(got[0].1.buffer_bytes() > got[0].1.len(), shared);
+            assert_eq!(got[1].1.buffer_bytes() > got[1].1.len(), shared);
+        }
+        // `read_records` gives each its own bytes either way.
+        let owned = read_records(&st, &sb, &dense);
+        assert_eq!(owned[1].as_ref().unwrap().1.len(), dense[1].1 as usize);
+    }
 }

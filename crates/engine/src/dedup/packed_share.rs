@@ -134,3 +134,105 @@ impl ShareSlot {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::SharedTable;
+    use super::*;
+    use cvol_format::tables::TableGroup;
+
+    const SEG: u64 = 1 << 20;
+
+    fn row(offset: u64, refs: u32, owners: u32, unit: bool) -> TableRow {
+        let crc = if unit { 0 } else { offset as u32 ^ 0x5a5a };
+        TableRow {
+            offset,
+            refs,
+            owners,
+            crc,
+            unit,
+        }
+    }
+
+    /// Segment 1's rows: two shared records and a unit.
+    fn rows() -> Vec<TableRow> {
+        vec![
+            row(SEG + 100, 2, 1, false),
+            row(SEG + 5000, 1, 0, false),
+            row(SEG + 9000, 3, 4, true),
+        ]
+    }
+
+    /// A table holding `rows` in segment 1: packed, or built row by row.
+    fn table(packed: bool) -> SharedTable {
+        let mut t = SharedTable::new(0, SEG);
+        if packed {
+            let payload = TableGroup::encode_rows(1, &[SEG / 2], rows().into_iter());
+            let head = GroupHead::decode(&payload, 1, 4).unwrap();
+            let mut counts = [0u64; 3];
+            for r in rows() {
+                let s = ShareRow::of(&r, true).unwrap();
+                counts[usize::from(matches!(s, ShareRow::Unit(_)))] += 1;
+                counts[2] += s.extra();
+            }
+            let p = PackedShare::new(Arc::new(payload), head, true);
+            t.insert_packed_segment(1, p, counts);
+        } else {
+            let mut share = SegShared::default();
+            for r in rows() {
+                match ShareRow::of(&r, true).unwrap() {
+                    ShareRow::Record(s) => drop(share.records.insert(r.offset, s)),
+                    ShareRow::Unit(u) => drop(share.units.insert(r.offset, u)),
+                    ShareRow::None => {}
+                }
+            }
+            t.insert_segment(1, share);
+        }
+        t
+    }
+
+    /// A table's records, units and counts.
+    type Contents = (Vec<(u64, Shared)>, Vec<(u64, UnitLive)>, [u64; 3]);
+
+    fn contents(t: &SharedTable) -> Contents {
+        let records = t.records().map(|(o, s)| (o, *s)).collect();
+        let units = t.units().map(|(o, u)| (o, *u)).collect();
+        let counts = [t.record_count() as u64, t.unit_count() as u64, t.extra_refs];
+        (records, units, counts)
+    }
+
+    #[test]
+    fn a_packed_segment_reads_and_counts_as_one_built_row_by_row() {
+        let (packed, built) = (table(true), table(false));
+        assert_eq!(contents(&packed), contents(&built));
+        assert_eq!(contents(&packed).2, [2, 1, 2 + 3]);
+        assert_eq!(packed.get(SEG + 9000), built.get(SEG + 9000));
+        assert_eq!(packed.segment(1), built.segment(1));
+    }
+
+    #[test]
+    fn a_packed_segment_is_decoded_before_it_changes() {
+        let (mut packed, mut built) = (table(true), table(false));
+        for t in [&mut packed, &mut built] {
+            // The record with one ref and no owner loses its last entry.
+            assert_eq!(t.release(SEG + 5000, true), Some(true));
+            t.acquire(SEG + 100, (SEG + 100) as u32 ^ 0x5a5a, 7);
+            t.put_unit(SEG + 9000, None);
+        }
+        assert_eq!(contents(&packed), contents(&built));
+        assert_eq!(contents(&packed).2, [1, 0, 3]);
+    }
+
+    #[test]
+    fn rows_a_table_cannot_hold_are_refused() {
+        assert!(ShareRow::of(&row(SEG, 0, 0, true), false).is_err());
+        assert!(ShareRow::of(&row(SEG, 0, 2, true), true).is_err());
+        assert_eq!(
+            ShareRow::of(&row(SEG, 0, 2, true), false),
+            Ok(ShareRow::None)
+        );
+        assert!(ShareRow::of(&row(SEG, 1, 1 << 16, true), true).is_err());
+        assert!(ShareRow::of(&row(SEG, 0, 1, false), true).is_err());
+        assert!(ShareRow::of(&row(SEG, 1, 2, false), true).is_err());
+    }
+}

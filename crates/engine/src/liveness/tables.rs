@@ -186,14 +186,12 @@ pub struct LoadedTables {
 }
 
 /// A group table read at open: its header, and its payload with the rows
-/// still encoded, checked and counted (`check_group_rows`: its records,
-/// units and the blocks they serve); the shared table decodes a segment's
-/// rows when they are first used.
+/// still encoded (`load_group` checks and counts them; the shared table
+/// decodes a segment's rows when they are first used).
 #[derive(Debug, Clone)]
 pub struct LoadedGroup {
     pub head: GroupHead,
     pub payload: Arc<Vec<u8>>,
-    pub counts: [u64; 3],
 }
 
 fn counter_words(c: &MapCounters) -> [u64; COUNTER_WORDS] {
@@ -490,9 +488,9 @@ fn load_group_live(
     Ok(())
 }
 
-/// Adds group `g`'s live bytes and its rows (checked and counted when
-/// read, `check_group_rows`): its segment's share of the shared table is
-/// left packed (`PackedShare`).
+/// Adds group `g`'s live bytes and its rows, checked against the volume
+/// and counted (`check_group_rows`): its segment's share of the shared
+/// table is left packed (`PackedShare`).
 fn load_group(
     sb: &Superblock,
     g: &LoadedGroup,
@@ -501,10 +499,12 @@ fn load_group(
 ) -> Result<(), MetaError> {
     let first = g.head.group * TABLE_SEGMENTS;
     load_group_live(sb, &g.head.live, first, segs)?;
-    if g.counts[..2] != [0, 0] {
+    let counts = check_group_rows(sb, &g.head, &g.payload)
+        .map_err(|why| MetaError::Damaged(format!("table: {why}")))?;
+    if counts[..2] != [0, 0] {
         let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;
         let rows = PackedShare::new(g.payload.clone(), g.head.clone(), unit_windows);
-        shared.insert_packed_segment(first, rows, g.counts);
+        shared.insert_packed_segment(first, rows, counts);
     }
     Ok(())
 }
@@ -513,11 +513,7 @@ fn load_group(
 /// payload): each must lie in one of the group's segments with live data
 /// and be a row the shared table takes (`ShareRow`). Counts its records,
 /// units and the blocks they serve (`SharedTable::extra_refs`).
-pub(crate) fn check_group_rows(
-    sb: &Superblock,
-    head: &GroupHead,
-    payload: &[u8],
-) -> Result<[u64; 3], String> {
+fn check_group_rows(sb: &Superblock, head: &GroupHead, payload: &[u8]) -> Result<[u64; 3], String> {
     let geometry = Geometry::of(sb);
     let first = head.group * TABLE_SEGMENTS;
     let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;

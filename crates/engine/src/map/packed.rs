@@ -51,6 +51,11 @@ impl SharedBytes {
         SharedBytes::new(self.buf.clone(), self.range.start + at..self.range.end)
     }
 
+    /// Bytes of the buffer these are a range of (what keeping them holds).
+    pub fn buffer_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
     /// The bytes as a vector of their own (no copy when they are the
     /// whole of a buffer nothing else holds).
     pub fn into_vec(self) -> Vec<u8> {

@@ -9,7 +9,7 @@
 use super::chain::{KnownRecords, Start};
 use super::scan::{LogScan, Scanned};
 use crate::error::{CheckpointError, DirError, PageError, RecordError, TableError};
-use crate::liveness::{check_group_rows, LoadedGroup, LoadedTables};
+use crate::liveness::{LoadedGroup, LoadedTables};
 use crate::logread::{
     read_chunk, read_record, read_records, read_records_shared, volume_map, LogPages,
 };
@@ -693,12 +693,9 @@ fn read_tables(
         } else {
             let head = GroupHead::decode(&raw, t as u64 - 1, segments);
             let head = head.map_err(|source| TableError::Group { table: t, source })?;
-            let counts = check_group_rows(sb, &head, &raw)
-                .map_err(|why| TableError::Rows { table: t, why })?;
             groups.push(LoadedGroup {
                 head,
                 payload: Arc::new(raw),
-                counts,
             });
         }
     }
