@@ -265,25 +265,6 @@ mod tests {
     use cvol_format::record::{encode_record, RecordKind};
     use cvol_storage::SimStorage;
 
-    const SEG: u64 = 1 << 20;
-
-    fn superblock() -> Superblock {
-        Superblock {
-            uuid: [9; 16],
-            logical_size_bytes: 1 << 30,
-            physical_size_bytes: 8 * SEG,
-            segment_size_bytes: SEG,
-            data_offset_bytes: SEG,
-            codec: CodecTag::Lz4,
-            codec_level: 0,
-            created_unix_secs: 0,
-            flags: 0,
-            metadata_segments: 0,
-            key_slot: None,
-            seal: None,
-        }
-    }
-
     /// A record of `len` payload bytes written at `offset`: (offset, length).
     fn put(st: &SimStorage, sb: &Superblock, offset: u64, seq: u64, len: usize) -> (u64, u32) {
         let payload = vec![seq as u8; len];
@@ -311,15 +292,16 @@ mod tests {
     /// them would take most of it (a kept record must not hold the holes).
     #[test]
     fn records_read_together_share_their_buffer_only_when_they_fill_it() {
-        let sb = superblock();
-        let st = SimStorage::new(8 * SEG);
+        let sb = crate::test_util::small_superblock();
+        let (data, seg) = (sb.data_offset_bytes, sb.segment_size_bytes);
+        let st = SimStorage::new(sb.physical_size_bytes);
         let dense = [
-            put(&st, &sb, SEG, 1, 3000),
-            put(&st, &sb, SEG + 3100, 2, 3000),
+            put(&st, &sb, data, 1, 3000),
+            put(&st, &sb, data + 3100, 2, 3000),
         ];
         let sparse = [
-            put(&st, &sb, 2 * SEG, 3, 3000),
-            put(&st, &sb, 2 * SEG + 40_000, 4, 3000),
+            put(&st, &sb, data + seg, 3, 3000),
+            put(&st, &sb, data + seg + 40_000, 4, 3000),
         ];
         for (at, shared) in [(&dense, true), (&sparse, false)] {
             let got = read_records_shared(&st, &sb, at);
