@@ -50,9 +50,11 @@ const EXAMINED_PER_BUDGET: u64 = 2;
 /// order the copy wrote them in (a copy over several connections, as
 /// nbdcopy's, puts units of distant LBAs in one segment: with a budget's
 /// worth of candidates no segment emptied on such a copy), up
-/// to 4 GiB of 64 KiB windows (about 5 MiB of candidates in memory; a
-/// pass outside a sweep scores twice its budget).
-const SWEEP_CANDIDATES_MAX: u64 = 1 << 16;
+/// to 1 GiB of logical data in windows (16,384 of 64 KiB, 65,536 of 16
+/// KiB: about 5 MiB of candidates in memory either way, a window's
+/// records growing with it; a pass outside a sweep scores twice its
+/// budget).
+const SWEEP_CANDIDATE_BYTES: u64 = 1 << 30;
 /// Segments at most this live count as emptied by recompression.
 const EMPTIED_LIVE_MAX_PERCENT: u64 = 5;
 /// How often the background recompressor looks for idle time.
@@ -321,7 +323,7 @@ impl Volume {
 
     /// `recompress_pass`; within a `sweep`, one that takes its candidates
     /// segment by segment (`order_by_segment`: the candidates of the whole
-    /// chunk scanned, up to `SWEEP_CANDIDATES_MAX`, not a budget's worth)
+    /// chunk scanned, up to `SWEEP_CANDIDATE_BYTES`, not a budget's worth)
     /// and adds at most the sweep's room under its ceiling to what the
     /// host holds, besides the rewrites of its first segment, which it may
     /// always do (so that a sweep starting with no room progresses).
@@ -400,7 +402,9 @@ impl Volume {
         rep: &mut RecompressReport,
     ) -> Result<(Vec<Candidate>, u64, Option<Limit>), VolError> {
         let max_candidates = match sweep {
-            Some(_) => SWEEP_CANDIDATES_MAX.max(examined),
+            Some(_) => {
+                (SWEEP_CANDIDATE_BYTES / (self.window_blocks() * BLOCK_SIZE_BYTES)).max(examined)
+            }
             None => examined.max(1),
         };
         let max_candidates = usize::try_from(max_candidates).unwrap_or(usize::MAX);
@@ -572,7 +576,7 @@ pub(in crate::volume) struct Sweep {
 /// start at) whose rewrite did not pay: the cursor moves on only once
 /// every candidate of its chunk was handled, so only that chunk's windows
 /// are ever looked up, and they are forgotten when it moves (at most a
-/// chunk's candidates, `SWEEP_CANDIDATES_MAX`: a set of every window a
+/// chunk's candidates, `SWEEP_CANDIDATE_BYTES` of windows: a set of every window a
 /// sweep skipped held tens of MiB on a large volume).
 #[derive(Debug, Default)]
 struct Skipped {
