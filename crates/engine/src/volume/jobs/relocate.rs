@@ -59,13 +59,15 @@ impl Volume {
     /// dedup reference points into keeps the blocks the map still points
     /// at (worth it if some are dead, or it is raw); one that references
     /// point into keeps every block (the references' blocks are found only
-    /// at the move), worth it if it is raw or lz4: compressed again, as
-    /// background recompression cannot (it leaves shared records alone).
+    /// at the move), worth it if it is raw, or lz4 while the cleaner's codec
+    /// is not: compressed again, as background recompression cannot (it
+    /// leaves shared records alone).
     pub(super) fn unit_live_masks(
         &self,
         base: u64,
         found: &[Found],
     ) -> Result<Vec<Option<u16>>, VolError> {
+        let lz4_gains = !matches!(self.compaction_codec(), None | Some(Codec::Lz4));
         let mut st = self.lock_state()?;
         let mut out = Vec::with_capacity(found.len());
         for f in found {
@@ -77,7 +79,7 @@ impl Volume {
                 continue;
             }
             if st.live.shared().unit(off).is_some() {
-                let weak = h.codec != CodecTag::Zstd;
+                let weak = h.codec == CodecTag::None || (h.codec == CodecTag::Lz4 && lz4_gains);
                 out.push(weak.then(|| full_mask(h.nblocks)));
                 continue;
             }
