@@ -584,3 +584,133 @@ fn the_policy_reads_the_clock_it_is_given() {
     );
     close_and_check(vol, &sim);
 }
+
+/// Writes `data` one block per request (lz4 single blocks when busy).
+fn write_blocks(vol: &Volume, lba: u64, data: &[u8]) {
+    for (i, b) in data.chunks(BS).enumerate() {
+        vol.write_at((lba + i as u64) * BS as u64, b, false)
+            .unwrap();
+    }
+}
+
+/// A window holding a dedup reference is recompressed around it (its
+/// runs end at the reference), and the record references point at is
+/// left alone: rewriting its owner would store its data twice (the
+/// references keep the old record live).
+#[test]
+fn recompression_works_around_dedup_references_and_leaves_shared_records_alone() {
+    let sim = SimStorage::new(64 * MIB);
+    let vol = volume(&sim, auto(), true, pinned("busy", 1));
+    let a = text(21, 16 * BS);
+    let b = text(22, 16 * BS);
+    write_blocks(&vol, 0, &a);
+    // LBA 100 holds a's block 5 (a reference to its record), amid b.
+    write_blocks(&vol, 96, &b[..4 * BS]);
+    write_blocks(&vol, 100, &a[5 * BS..6 * BS]);
+    write_blocks(&vol, 101, &b[5 * BS..]);
+    let before = vol.stats();
+    assert_eq!(before.dedup.dedup_hits, 1);
+    assert_eq!(blocks_by_codec(&before), [0, 32, 0]);
+    common::recompress_to_end(&vol, MIB);
+    let after = vol.stats();
+    assert_eq!(
+        blocks_by_codec(&after),
+        [0, 2, 30],
+        "all but the shared record (its owner and its reference) is strong"
+    );
+    assert_eq!(after.dedup.dedup_saved_bytes, BS as u64, "stored once");
+    assert!(after.stored_bytes < before.stored_bytes);
+    vol.verify_refcounts().unwrap();
+    assert!(read(&vol, 0, a.len()) == a);
+    assert!(read(&vol, 100 * BS as u64, BS) == a[5 * BS..6 * BS]);
+    assert!(read(&vol, 101 * BS as u64, 11 * BS) == b[5 * BS..]);
+    close_and_check(vol, &sim);
+}
+
+/// A deferred raw unit that a dedup reference points into is left raw by
+/// background recompression (it leaves shared records alone); the
+/// cleaner compresses it as it moves it, keeping every block (the
+/// reference's too), with the strong codec once clients are idle.
+#[test]
+fn the_cleaner_compresses_a_shared_raw_unit_as_it_moves_it() {
+    use cvol_engine::clock::ManualClock;
+    let sim = SimStorage::new(64 * MIB);
+    let opts = common::options(&sim, 16 * MIB).with_codec(auto());
+    common::create_closed(&sim, &opts);
+    let clock = Arc::new(ManualClock::new());
+    let elastic = deferring(4);
+    let open = |clock: &Arc<ManualClock>| OpenOptions {
+        elastic,
+        clock: clock.clone(),
+        ..OpenOptions::default()
+    };
+    let vol = common::open_with(&sim, open(&clock));
+    let image = text(23, 64 * BS);
+    vol.write_at(0, &image, false).unwrap();
+    // One block of the first unit again, alone (never deferred): a
+    // reference into the raw unit.
+    vol.write_at(200 * BS as u64, &image[2 * BS..3 * BS], false)
+        .unwrap();
+    let st = vol.stats();
+    assert_eq!((st.dedup.dedup_hits, st.elastic.deferred_units), (1, 16));
+    // Data written after it, then zeroed: the unit's segment is sealed and
+    // mostly dead (a victim).
+    vol.write_at(4 * MIB, &random(24, MIB as usize), false)
+        .unwrap();
+    vol.write_at(4 * MIB, &vec![0; MIB as usize], false)
+        .unwrap();
+    common::recompress_to_end(&vol, MIB);
+    let st = vol.stats();
+    assert_eq!(
+        blocks_by_codec(&st),
+        [5, 0, 60],
+        "the shared unit stays raw"
+    );
+    // Clients idle as long as recompression waits for: the strong codec.
+    clock.advance(std::time::Duration::from_secs(2));
+    vol.clean(u64::MAX, false).unwrap();
+    let after = vol.stats();
+    assert_eq!(
+        blocks_by_codec(&after),
+        [0, 0, 65],
+        "compressed as it moved"
+    );
+    assert!(after.stored_bytes + 2 * BS as u64 <= st.stored_bytes);
+    vol.verify_refcounts().unwrap();
+    assert!(read(&vol, 0, image.len()) == image);
+    assert!(read(&vol, 200 * BS as u64, BS) == image[2 * BS..3 * BS]);
+    vol.close().unwrap();
+    drop(vol);
+    let vol = common::open_with(&sim, open(&clock));
+    assert!(read(&vol, 0, image.len()) == image);
+    assert!(read(&vol, 200 * BS as u64, BS) == image[2 * BS..3 * BS]);
+    close_and_check(vol, &sim);
+}
+
+/// Cold data is rewritten in units of `recompress_unit_blocks` (64 KiB by
+/// default), larger than the units clients write.
+#[test]
+fn recompression_merges_cold_data_into_cold_units() {
+    for (cold, records) in [(16u32, 4u64), (4, 16)] {
+        let sim = SimStorage::new(64 * MIB);
+        let cfg = ElasticConfig {
+            recompress_unit_blocks: cold,
+            ..pinned("busy", 4)
+        };
+        let vol = volume(&sim, auto(), false, cfg);
+        let image = text(24, 64 * BS);
+        vol.write_at(0, &image, false).unwrap();
+        let before = vol.stats();
+        assert_eq!(blocks_by_codec(&before), [0, 64, 0]);
+        assert_eq!(common::recompress_to_end(&vol, MIB), 64);
+        let after = vol.stats();
+        assert_eq!(blocks_by_codec(&after), [0, 0, 64]);
+        let offsets: std::collections::BTreeSet<u64> = (0..64u64)
+            .filter_map(|l| vol.block_record(l))
+            .map(|(o, _)| o)
+            .collect();
+        assert_eq!(offsets.len() as u64, records, "cold units of {cold} blocks");
+        assert_reads(&vol, &image);
+        close_and_check(vol, &sim);
+    }
+}

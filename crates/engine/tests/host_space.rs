@@ -536,3 +536,44 @@ fn idle_sweep_passes_follow_each_other_at_once() {
         "nothing left: the idle period"
     );
 }
+
+/// The open segment holds host space past its records (the zeros written
+/// ahead of the head for frequent flushes, or a warm segment's old bytes):
+/// once clients are idle that tail is given back (`punch_head_tail`), once
+/// per head position, and the volume reads back and recovers exactly.
+#[test]
+fn the_open_segments_tail_is_given_back_when_idle() {
+    let (du, vol) = raw_writer(64 * MIB, 32 * MIB, MIB, true);
+    let vol = std::sync::Arc::try_unwrap(vol).ok().expect("no worker");
+    // Small writes, each flushed: zeros are written ahead of the head.
+    let image = text(31, 16 * BS);
+    for (i, b) in image.chunks(BS).enumerate() {
+        vol.write_at((i * BS) as u64, b, false).unwrap();
+        vol.flush().unwrap();
+    }
+    let st = vol.stats();
+    assert!(st.zero_ahead_bytes > 0, "zeros ahead: {st:?}");
+    let held = du.du();
+    let given = vol.punch_head_tail().unwrap();
+    assert!(given >= 128 * 1024, "gave back {given}");
+    assert!(
+        du.du() + 128 * 1024 <= held,
+        "du {} -> {}: the tail's blocks are free",
+        held,
+        du.du()
+    );
+    assert_eq!(vol.punch_head_tail().unwrap(), 0, "once per head position");
+    // Writes go on past the punched tail, and a reopen finds them all.
+    let more = text(32, 8 * BS);
+    vol.write_at(64 * BS as u64, &more, false).unwrap();
+    vol.flush().unwrap();
+    assert_image(&vol, 0, &image);
+    vol.close().unwrap();
+    drop(vol);
+    let store: std::sync::Arc<dyn cvol_storage::Storage> = std::sync::Arc::new(du.clone());
+    let vol = Volume::open(store, OpenOptions::default()).unwrap();
+    assert_image(&vol, 0, &image);
+    assert_image(&vol, 64 * BS as u64, &more);
+    vol.verify_refcounts().unwrap();
+    vol.close().unwrap();
+}

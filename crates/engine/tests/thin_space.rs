@@ -360,7 +360,7 @@ fn regression_a_recompression_pass_examines_at_most_twice_its_budget() {
     let sim = SimStorage::new(32 * MIB);
     let clock = Arc::new(ManualClock::new());
     let vol = busy_auto(&sim, Arc::new(sim.clone()), clock);
-    let n = 1024u64; // 256 windows of 4 blocks
+    let n = 1024u64; // 64 windows of 16 blocks (the cold unit, 64 KiB)
     let mut rng = StdRng::seed_from_u64(5);
     let mut image = Vec::new();
     for lba in 0..n {
@@ -370,7 +370,7 @@ fn regression_a_recompression_pass_examines_at_most_twice_its_budget() {
         image.push(b);
     }
     assert_eq!(vol.stats().codec_lz4_blocks, n);
-    let budget = 256 << 10; // 2 x 256 KiB: 32 windows of 16 KiB per pass
+    let budget = 256 << 10; // 2 x 256 KiB: 8 windows of 64 KiB per pass
     let mut passes = Vec::new();
     loop {
         let r = vol.recompress_pass(budget, false).unwrap();
@@ -380,9 +380,9 @@ fn regression_a_recompression_pass_examines_at_most_twice_its_budget() {
             break;
         }
     }
-    // Eight passes of 32 candidates each, every one skipped (or left as
+    // Eight passes of 8 candidates each, every one skipped (or left as
     // uncollectable); the ninth finds none left and wraps.
-    let mut want = vec![(32, 32, 0, false); 8];
+    let mut want = vec![(8, 8, 0, false); 8];
     want.push((0, 0, 0, true));
     assert_eq!(
         passes, want,

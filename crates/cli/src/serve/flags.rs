@@ -159,6 +159,12 @@ pub(super) struct ElasticFlags {
     /// size are compressed together.
     #[arg(long, default_value = "16K")]
     pub(super) unit_size: String,
+    /// Codec policy auto: the unit background recompression merges cold
+    /// data into (4K to 64K, a power of two, at least --unit-size): larger
+    /// units take less space, and a random 4 KiB read of cold data
+    /// decompresses its whole unit.
+    #[arg(long, default_value = "64K")]
+    pub(super) cold_unit_size: String,
     #[arg(long, default_value_t = ElasticConfig::default().busy_iops, help = words::busy_iops_help())]
     pub(super) busy_iops: u64,
     #[arg(long, default_value_t = ElasticConfig::default().idle_iops, help = words::idle_iops_help())]
@@ -325,6 +331,19 @@ impl ElasticFlags {
         };
         let (unit_size, busy_iops, idle_iops) = (&self.unit_size, self.busy_iops, self.idle_iops);
         let unit_blocks = crate::trace::parse_unit_size(unit_size)?;
+        let cold_unit_blocks =
+            crate::trace::parse_unit_size(&self.cold_unit_size).map_err(|_| {
+                Error::Usage(format!(
+                    "--cold-unit-size {} must be a power of two from 4K to 64K",
+                    self.cold_unit_size
+                ))
+            })?;
+        if cold_unit_blocks < unit_blocks {
+            return Err(Error::Usage(format!(
+                "--cold-unit-size {} must be at least --unit-size {unit_size}",
+                self.cold_unit_size
+            )));
+        }
         if idle_iops >= busy_iops {
             return Err(Error::Usage(format!(
                 "--idle-iops {idle_iops} must be below --busy-iops {busy_iops}"
@@ -332,6 +351,7 @@ impl ElasticFlags {
         }
         Ok(ElasticConfig {
             unit_blocks,
+            recompress_unit_blocks: cold_unit_blocks,
             busy_iops,
             idle_iops,
             recompress: self.recompress.on(),

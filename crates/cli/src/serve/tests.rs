@@ -57,6 +57,10 @@ fn defaults_are_the_engine_and_server_defaults() {
     assert_eq!(o.dedup_memory_bytes, None, "scaled to the volume");
     assert_eq!(o.read_cache_bytes, d.read_cache_bytes);
     assert_eq!(o.elastic.unit_blocks, 4);
+    assert_eq!(
+        o.elastic.recompress_unit_blocks,
+        d.elastic.recompress_unit_blocks
+    );
     assert_eq!(o.elastic.busy_iops, d.elastic.busy_iops);
     assert!(o.elastic.recompress && !o.read_only && !o.sync_writes);
     assert_eq!(o.elastic.inline_cpu_percent, d.elastic.inline_cpu_percent);
@@ -72,6 +76,24 @@ fn defaults_are_the_engine_and_server_defaults() {
     assert_eq!(c.max_handshaking, dc.max_handshaking);
     assert_eq!(c.idle_timeout, None);
     assert_eq!(c.export_name, "");
+}
+
+#[test]
+fn cold_unit_size_is_a_unit_size_no_smaller_than_the_unit() {
+    let cold = |f: &[&str]| {
+        parse(f)
+            .open_options()
+            .map(|o| o.elastic.recompress_unit_blocks)
+    };
+    assert_eq!(cold(&[]).unwrap(), 16);
+    assert_eq!(cold(&["--cold-unit-size", "16K"]).unwrap(), 4);
+    assert_eq!(
+        cold(&["--cold-unit-size", "64K", "--unit-size", "64K"]).unwrap(),
+        16
+    );
+    assert!(cold(&["--cold-unit-size", "128K"]).is_err());
+    assert!(cold(&["--cold-unit-size", "12K"]).is_err());
+    assert!(cold(&["--cold-unit-size", "16K", "--unit-size", "32K"]).is_err());
 }
 
 #[test]

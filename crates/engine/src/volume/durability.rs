@@ -670,6 +670,49 @@ impl Volume {
         }
     }
 
+    /// Returns the tail of the open data segment past its records to the
+    /// host (on a file or device: `recompress_within_host_bytes`), once per
+    /// head position. A head opened on a segment kept warm (or one the
+    /// zeros ahead prepared) holds its whole segment on the host while
+    /// records fill only part of it: on a settled idle volume that is up to
+    /// a segment of `du` holding nothing. The tail then reads as zeros, as
+    /// in a segment opened free, where recovery stops as at any hole
+    /// (docs/FORMAT.md "Zeros ahead of the head"); no write is pending
+    /// there (records and their write-behinds lie below the fill, and the
+    /// state lock is held). Returns the bytes given back.
+    pub fn punch_head_tail(&self) -> Result<u64, VolError> {
+        if !self.options.elastic.recompress_within_host_bytes || self.options.read_only {
+            return Ok(0);
+        }
+        let mut st = self.lock_state()?;
+        let size = self.sb.segment_size_bytes as usize;
+        let head = &mut st.log.head;
+        let key = (head.segment, head.fill);
+        {
+            let mut last = self
+                .jobs
+                .tail_punched
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if *last == Some(key) {
+                return Ok(0);
+            }
+            *last = Some(key);
+        }
+        let from = head.fill.next_multiple_of(TAIL_PUNCH_ALIGN).min(size);
+        if from >= size {
+            return Ok(0);
+        }
+        let off = self.sb.segment_offset(head.segment) + from as u64;
+        let len = (size - from) as u64;
+        if let Err(e) = self.storage.discard(off, len) {
+            tracing::debug!("discard of the open segment's tail failed: {e}");
+            return Ok(0);
+        }
+        head.prepared = head.prepared.min(from);
+        Ok(len)
+    }
+
     /// Returns freed segments' space to the host (hole punch / discard).
     fn release_segments(&self, freed: &[u64]) {
         for &s in freed {
@@ -683,6 +726,10 @@ impl Volume {
         }
     }
 }
+
+/// The open segment's tail is given back from the first 4 KiB page past
+/// its records (a host block, a flash page).
+const TAIL_PUNCH_ALIGN: usize = 4096;
 
 /// Fingerprint rows wait in memory for at most this share of the data
 /// store (`fp_spill_due`)...

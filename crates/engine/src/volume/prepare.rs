@@ -112,6 +112,13 @@ impl Volume {
         u64::from(1u32 << n.ilog2())
     }
 
+    /// Blocks per unit of background recompression: a power of two from
+    /// `unit_blocks` to `UNIT_BLOCKS_MAX` (`ElasticConfig::recompress_unit_blocks`).
+    pub(in crate::volume) fn recompress_unit_blocks(&self) -> u64 {
+        let n = (self.options.elastic.recompress_unit_blocks).clamp(1, UNIT_BLOCKS_MAX);
+        u64::from(1u32 << n.ilog2()).max(self.unit_blocks())
+    }
+
     /// Splits a write into records to commit: zero runs, blocks whose
     /// content is already stored (verified dedup candidates), and compressed
     /// blocks. Runs on the caller's thread, without the state lock.
@@ -262,7 +269,7 @@ impl Volume {
             Choice::Codec(codec) => {
                 let clock = self.activity.inline_budget.clock();
                 let t = clock.now_ns();
-                let out = self.compress_run_with(lba, data, fps, codec);
+                let out = self.compress_run_with(lba, data, fps, codec, self.unit_blocks());
                 let spent = clock.now_ns().saturating_sub(t);
                 self.activity.inline_budget.spend(spent);
                 out
@@ -284,10 +291,11 @@ impl Volume {
         data: &'a [u8],
         fps: &[Fingerprint],
         codec: Codec,
+        unit: u64,
     ) -> Vec<Prepared<'a>> {
         let n = data.len() / BS;
         assert!(n >= 1 && n <= UNIT_BLOCKS_MAX as usize && fps.len() == n);
-        let unit = self.unit_blocks();
+        assert!(unit.is_power_of_two() && unit <= u64::from(UNIT_BLOCKS_MAX));
         assert!(
             lba / unit == (lba + n as u64 - 1) / unit,
             "a unit stays inside one aligned window"

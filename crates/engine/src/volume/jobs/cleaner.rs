@@ -655,6 +655,9 @@ impl Volume {
             if let Err(e) = self.punch_warm(true) {
                 tracing::warn!("returning warm segments' space: {e}");
             }
+            if let Err(e) = self.punch_head_tail() {
+                tracing::warn!("returning the open segment's tail: {e}");
+            }
         }
         if !cfg.idle
             || self.activity.idle_ms() < self.options.elastic.recompress_idle_ms

@@ -209,4 +209,7 @@ pub(in crate::volume) struct JobsState {
     pub(in crate::volume) scrub: scrub::ScrubState,
     /// Where flushes hand due checkpoints to the background checkpointer.
     pub(in crate::volume) checkpointer: checkpointer::CheckpointerSlot,
+    /// The open data segment's (segment, fill) when its tail was last
+    /// given back to the host (`Volume::punch_head_tail`).
+    pub(in crate::volume) tail_punched: std::sync::Mutex<Option<(u64, usize)>>,
 }

@@ -3,7 +3,9 @@
 //! utilization"): when clients have been quiet for a while, cold data that
 //! was written with a fast codec (lz4 under load) or in small units is
 //! read back and rewritten with the volume's strong codec, merged into
-//! units of the configured size, largest expected savings first, within a
+//! units of the cold unit size (`ElasticConfig::recompress_unit_blocks`,
+//! 64 KiB by default: larger than clients' units, as cold data is read
+//! less), largest expected savings first, within a
 //! budget per pass. It stops the moment a client issues a request. A pass's
 //! windows are read and compressed on up to one thread per core, in
 //! batches, and committed in order (`batch`).
@@ -15,7 +17,9 @@
 //! the same content. The old records die as on an overwrite, and their
 //! segments are reused only after the map pointing away is durable
 //! (the cleaner's rule). Raw records (the probe, or a compression that did
-//! not pay) are never retried; windows holding dedup references are skipped.
+//! not pay) are never retried; dedup references and the records they point
+//! at are left as they are (a window's runs end at them; the cleaner
+//! compresses a shared raw or lz4 unit as it moves it, `relocate`).
 mod batch;
 
 use super::{Next, Worker};
@@ -46,9 +50,11 @@ const EXAMINED_PER_BUDGET: u64 = 2;
 /// order the copy wrote them in (a copy over several connections, as
 /// nbdcopy's, puts units of distant LBAs in one segment: with a budget's
 /// worth of candidates no segment emptied on such a copy), up
-/// to 1 GiB of 16 KiB windows (about 5 MiB of candidates in memory; a
-/// pass outside a sweep scores twice its budget).
-const SWEEP_CANDIDATES_MAX: u64 = 1 << 16;
+/// to 1 GiB of logical data in windows (16,384 of 64 KiB, 65,536 of 16
+/// KiB: about 5 MiB of candidates in memory either way, a window's
+/// records growing with it; a pass outside a sweep scores twice its
+/// budget).
+const SWEEP_CANDIDATE_BYTES: u64 = 1 << 30;
 /// Segments at most this live count as emptied by recompression.
 const EMPTIED_LIVE_MAX_PERCENT: u64 = 5;
 /// How often the background recompressor looks for idle time.
@@ -129,8 +135,9 @@ struct Candidate {
 }
 
 impl Volume {
+    /// Blocks of a window: the unit cold data is rewritten in.
     fn window_blocks(&self) -> u64 {
-        self.unit_blocks()
+        self.recompress_unit_blocks()
     }
 
     /// Is entry `e` a record worth rewriting with the strong codec? lz4
@@ -211,16 +218,14 @@ impl Volume {
     }
 
     /// Stored bytes of the weak records in the window of `w` blocks from
-    /// `first`, each record once, and the records; None if there are none
-    /// or the window holds a dedup reference.
+    /// `first`, each record once, and the records; None if there are none.
     fn window_score(st: &State, first: u64, w: u64) -> Option<(u64, Vec<(u64, u32)>)> {
         let last = (first + w).min(st.live.blocks());
         let mut seen: Vec<(u64, u32)> = Vec::new();
         for l in first..last {
+            // Dedup references (and the records they point at, not `weak`)
+            // stay as they are: the window's runs end at them.
             let e = st.live.get(l);
-            if let EntryState::Data { shared: true, .. } = e.state_valid() {
-                return None;
-            }
             if let Some((offset, len)) = Self::weak(st, e) {
                 if !seen.iter().any(|&(o, _)| o == offset) {
                     seen.push((offset, len));
@@ -318,7 +323,7 @@ impl Volume {
 
     /// `recompress_pass`; within a `sweep`, one that takes its candidates
     /// segment by segment (`order_by_segment`: the candidates of the whole
-    /// chunk scanned, up to `SWEEP_CANDIDATES_MAX`, not a budget's worth)
+    /// chunk scanned, up to `SWEEP_CANDIDATE_BYTES`, not a budget's worth)
     /// and adds at most the sweep's room under its ceiling to what the
     /// host holds, besides the rewrites of its first segment, which it may
     /// always do (so that a sweep starting with no room progresses).
@@ -397,7 +402,9 @@ impl Volume {
         rep: &mut RecompressReport,
     ) -> Result<(Vec<Candidate>, u64, Option<Limit>), VolError> {
         let max_candidates = match sweep {
-            Some(_) => SWEEP_CANDIDATES_MAX.max(examined),
+            Some(_) => {
+                (SWEEP_CANDIDATE_BYTES / (self.window_blocks() * BLOCK_SIZE_BYTES)).max(examined)
+            }
             None => examined.max(1),
         };
         let max_candidates = usize::try_from(max_candidates).unwrap_or(usize::MAX);
@@ -569,7 +576,7 @@ pub(in crate::volume) struct Sweep {
 /// start at) whose rewrite did not pay: the cursor moves on only once
 /// every candidate of its chunk was handled, so only that chunk's windows
 /// are ever looked up, and they are forgotten when it moves (at most a
-/// chunk's candidates, `SWEEP_CANDIDATES_MAX`: a set of every window a
+/// chunk's candidates, `SWEEP_CANDIDATE_BYTES` of windows: a set of every window a
 /// sweep skipped held tens of MiB on a large volume).
 #[derive(Debug, Default)]
 struct Skipped {

@@ -33,11 +33,19 @@ pub(super) struct Compacted {
 impl Volume {
     /// The codec the cleaner compacts units with: the volume's fixed
     /// codec, or under policy auto the one for the current load (lz4 while
-    /// clients are busy); None for a volume that stores everything raw.
+    /// clients are busy), the strong codec once clients have been quiet as
+    /// long as background recompression waits for (what the cleaner then
+    /// compacts is cold, and recompression does not visit it again); None
+    /// for a volume that stores everything raw.
     pub(super) fn compaction_codec(&self) -> Option<Codec> {
         match self.policy {
             CodecPolicy::Fixed(Codec::None) => None,
             CodecPolicy::Fixed(c) => Some(c),
+            CodecPolicy::Auto { strong }
+                if self.activity.idle_ms() >= self.options.elastic.recompress_idle_ms =>
+            {
+                Some(strong)
+            }
             CodecPolicy::Auto { .. } => Some(
                 self.options
                     .elastic
@@ -46,22 +54,33 @@ impl Volume {
         }
     }
 
-    /// For each found record of `base`'s victim: for a unit no dedup
-    /// reference points into, which of its blocks the map still points at,
-    /// if compacting it may pay (some are dead, or it is raw); else None.
+    /// For each found record of `base`'s victim: for a unit, the blocks a
+    /// compacted form keeps, if compacting it may pay; else None. A unit no
+    /// dedup reference points into keeps the blocks the map still points
+    /// at (worth it if some are dead, or it is raw); one that references
+    /// point into keeps every block (the references' blocks are found only
+    /// at the move), worth it if it is raw, or lz4 while the cleaner's codec
+    /// is not: compressed again, as background recompression cannot (it
+    /// leaves shared records alone).
     pub(super) fn unit_live_masks(
         &self,
         base: u64,
         found: &[Found],
     ) -> Result<Vec<Option<u16>>, VolError> {
+        let lz4_gains = !matches!(self.compaction_codec(), None | Some(Codec::Lz4));
         let mut st = self.lock_state()?;
         let mut out = Vec::with_capacity(found.len());
         for f in found {
             let h = &f.header;
             let off = base + f.at as u64;
             let end = h.lba + u64::from(h.nblocks);
-            if h.nblocks < 2 || end > st.live.blocks() || st.live.shared().unit(off).is_some() {
+            if h.nblocks < 2 || end > st.live.blocks() {
                 out.push(None);
+                continue;
+            }
+            if st.live.shared().unit(off).is_some() {
+                let weak = h.codec == CodecTag::None || (h.codec == CodecTag::Lz4 && lz4_gains);
+                out.push(weak.then(|| full_mask(h.nblocks)));
                 continue;
             }
             self.fault(&mut st, h.lba, end)?;
@@ -119,11 +138,12 @@ impl Volume {
             u32::from(mask) >> h.nblocks == 0,
             "live mask beyond the unit"
         );
-        // Compacted only if every block still live is in it (blocks only
-        // die while the segment is cleaned: no reference may point in).
+        // Compacted only if every block still live is in it, the owners'
+        // and the references' (blocks only die while the segment is
+        // cleaned: no new reference may point in).
         let compact = v.compact[i]
             .as_ref()
-            .filter(|c| refs.is_empty() && mask & !c.mask == 0);
+            .filter(|c| mask & !c.mask == 0 && refs.iter().all(|&(_, k)| c.mask & (1 << k) != 0));
         let new = match compact {
             Some(c) => self.append_compacted(st, h, c, mask)?,
             None => self.copy_record(st, v, f, h.lba, mask)?,

@@ -238,31 +238,48 @@ impl Volume {
     fn prepare_window(&self, first: u64, strong: Codec) -> Result<PreparedWindow, VolError> {
         let w = self.window_blocks();
         let last = (first + w).min(self.sb.logical_blocks());
-        let before: Vec<MapEntry> = {
+        // Each block's entry, and whether the run may take it: an owner
+        // entry of a rewritable record no dedup reference points at (one
+        // that some point at stays live for them: rewriting its owners
+        // would store their data twice).
+        let (before, owner_data): (Vec<MapEntry>, Vec<bool>) = {
             let mut st = self.lock_state()?;
             self.fault(&mut st, first, last)?;
-            (first..last).map(|l| st.live.get(l)).collect()
+            let shared = st.live.shared();
+            (first..last)
+                .map(|l| {
+                    let e = st.live.get(l);
+                    let take = match e.state_valid() {
+                        EntryState::Data {
+                            shared: false,
+                            codec,
+                            unit,
+                            offset,
+                            ..
+                        } => {
+                            rewritable(codec, unit)
+                                && shared.get(offset).is_none_or(|s| s.refs == 0)
+                        }
+                        _ => false,
+                    };
+                    (e, take)
+                })
+                .unzip()
         };
         let mut data = vec![0u8; before.len() * BS];
         // An unreadable block is left for the client read to report.
         if self.read_blocks_once(first, &mut data, false).is_err() {
             return Ok(PreparedWindow { runs: None });
         }
-        let owner_data = |e: &MapEntry| {
-            matches!(
-                e.state_valid(),
-                EntryState::Data { shared: false, codec, unit, .. } if rewritable(codec, unit)
-            )
-        };
         let mut runs = Vec::new();
         let mut i = 0;
         while i < before.len() {
-            if !owner_data(&before[i]) {
+            if !owner_data[i] {
                 i += 1;
                 continue;
             }
             let mut j = i + 1;
-            while j < before.len() && owner_data(&before[j]) {
+            while j < before.len() && owner_data[j] {
                 j += 1;
             }
             let (lba, data) = (first + i as u64, &data[i * BS..j * BS]);
@@ -285,7 +302,7 @@ impl Volume {
         // The rewrite is indexed like a client write, so identical data
         // written later still deduplicates against it (the old records die).
         let fps = self.fingerprints(data);
-        let items = self.compress_run_with(lba, data, &fps, strong);
+        let items = self.compress_run_with(lba, data, &fps, strong, self.window_blocks());
         let new_bytes: u64 = items
             .iter()
             .map(|p| match p {
