@@ -95,15 +95,6 @@ impl PackedShare {
             units: units.into_iter().collect(),
         }
     }
-
-    /// Bytes it holds: its payload until decoded.
-    pub fn payload_bytes(&self) -> usize {
-        if self.decoded.get().is_some() {
-            0
-        } else {
-            self.payload.len()
-        }
-    }
 }
 
 /// A segment's slot in the shared table: its share, or its rows still
