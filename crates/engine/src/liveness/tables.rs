@@ -515,30 +515,21 @@ fn load_group(
 /// units and the blocks they serve (`SharedTable::extra_refs`).
 fn check_group_rows(sb: &Superblock, head: &GroupHead, payload: &[u8]) -> Result<[u64; 3], String> {
     let geometry = Geometry::of(sb);
-    let first = head.group * TABLE_SEGMENTS;
     let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;
-    // Where the group's segments lie (rows by the hundred thousand: no
-    // division per row).
-    let start = geometry.data_offset_bytes + first * geometry.segment_size_bytes;
-    let live = |offset: u64| {
-        let i = offset.checked_sub(start)? / geometry.segment_size_bytes;
-        head.live.get(usize::try_from(i).ok()?).filter(|&&l| l > 0)
-    };
-    let mut checked = 0..0; // the offsets of the segment last checked
+    // A table per segment (asserted above): its rows lie in its segment,
+    // which must hold live data.
+    let start = geometry.data_offset_bytes + head.group * geometry.segment_size_bytes;
+    let segment = start..start + geometry.segment_size_bytes;
+    let live = head.live.first().is_some_and(|&l| l > 0);
     let mut counts = [0u64; 3];
     let mut rows = head.rows(payload);
     for r in rows.by_ref() {
         let r = r.map_err(|e| e.to_string())?;
-        if !checked.contains(&r.offset) {
-            if live(r.offset).is_none() {
-                return Err(format!(
-                    "a row at {} outside its group's live segments",
-                    r.offset
-                ));
-            }
-            let s = (r.offset - start) / geometry.segment_size_bytes;
-            let s0 = start + s * geometry.segment_size_bytes;
-            checked = s0..s0 + geometry.segment_size_bytes;
+        if !live || !segment.contains(&r.offset) {
+            return Err(format!(
+                "a row at {} outside its group's live segments",
+                r.offset
+            ));
         }
         let row = ShareRow::of(&r, unit_windows)?;
         match row {
@@ -633,5 +624,49 @@ pub(super) fn mark_segments(
     }
     if let Some((s, seq)) = open {
         table.mark(s, SegState::Open, seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cvol_format::tables::TableRow;
+
+    /// A record row (`unit`: a unit row) at `offset`.
+    fn row(offset: u64, unit: bool) -> TableRow {
+        TableRow {
+            offset,
+            refs: 2,
+            owners: u32::from(!unit),
+            crc: 7,
+            unit,
+        }
+    }
+
+    /// Group 2's rows are checked against segment 2 and its live bytes.
+    #[test]
+    fn a_groups_rows_must_lie_in_its_live_segment() {
+        let mut sb = crate::test_util::small_superblock();
+        sb.flags |= FLAG_UNIT_WINDOWS;
+        let seg = sb.segment_size_bytes;
+        let at = sb.data_offset_bytes + 2 * seg;
+        let check = |live: u64, rows: Vec<TableRow>| {
+            let payload = TableGroup::encode_rows(2, &[live], rows.into_iter());
+            let head = GroupHead::decode(&payload, 2, sb.segment_count()).unwrap();
+            check_group_rows(&sb, &head, &payload)
+        };
+        let ok = vec![row(at, false), row(at + seg - 100, true)];
+        assert_eq!(check(4096, ok.clone()), Ok([1, 1, 2 + 2]));
+        assert!(check(0, ok).is_err(), "a segment without live data");
+        assert!(
+            check(4096, vec![row(at - 100, false)]).is_err(),
+            "before it"
+        );
+        assert!(check(4096, vec![row(at + seg, false)]).is_err(), "after it");
+        let no_refs = TableRow {
+            refs: 0,
+            ..row(at, false)
+        };
+        assert!(check(4096, vec![no_refs]).is_err(), "a row it cannot hold");
     }
 }

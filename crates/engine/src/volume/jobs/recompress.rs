@@ -145,7 +145,19 @@ impl Volume {
     /// unit) and raw units (deferred compression); not raw single blocks
     /// (judged incompressible), not dedup-shared ones.
     fn weak(st: &State, e: MapEntry) -> Option<(u64, u32)> {
-        let table = st.live.shared();
+        let (codec, unit, offset, len) = Self::unreferenced_owner(st, e)?;
+        matches!(
+            (codec, unit),
+            (CodecTag::Lz4, _) | (CodecTag::Zstd, false) | (CodecTag::None, true)
+        )
+        .then_some((offset, len))
+    }
+
+    /// An owner entry whose record no dedup reference points at (one that
+    /// references point at stays live for them: rewriting its owners would
+    /// store their data twice): its record's codec, whether it is a unit,
+    /// its offset and length.
+    fn unreferenced_owner(st: &State, e: MapEntry) -> Option<(CodecTag, bool, u64, u32)> {
         match e.state_valid() {
             EntryState::Data {
                 codec,
@@ -153,12 +165,8 @@ impl Volume {
                 len,
                 shared: false,
                 unit,
-            } if matches!(
-                (codec, unit),
-                (CodecTag::Lz4, _) | (CodecTag::Zstd, false) | (CodecTag::None, true)
-            ) && table.get(offset).is_none_or(|s| s.refs == 0) =>
-            {
-                Some((offset, len))
+            } if st.live.shared().get(offset).is_none_or(|s| s.refs == 0) => {
+                Some((codec, unit, offset, len))
             }
             _ => None,
         }

@@ -11,7 +11,7 @@ use crate::error::VolError;
 use crate::volume::jobs::background_priority;
 use crate::volume::prepare::Prepared;
 use crate::volume::{Volume, BS};
-use cvol_format::{EntryState, MapEntry, BLOCK_SIZE_BYTES};
+use cvol_format::{MapEntry, BLOCK_SIZE_BYTES};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -239,30 +239,18 @@ impl Volume {
         let w = self.window_blocks();
         let last = (first + w).min(self.sb.logical_blocks());
         // Each block's entry, and whether the run may take it: an owner
-        // entry of a rewritable record no dedup reference points at (one
-        // that some point at stays live for them: rewriting its owners
-        // would store their data twice).
+        // entry of a rewritable record no dedup reference points at.
         let (before, owner_data): (Vec<MapEntry>, Vec<bool>) = {
             let mut st = self.lock_state()?;
             self.fault(&mut st, first, last)?;
-            let shared = st.live.shared();
             (first..last)
                 .map(|l| {
                     let e = st.live.get(l);
-                    let take = match e.state_valid() {
-                        EntryState::Data {
-                            shared: false,
-                            codec,
-                            unit,
-                            offset,
-                            ..
-                        } => {
-                            rewritable(codec, unit)
-                                && shared.get(offset).is_none_or(|s| s.refs == 0)
-                        }
-                        _ => false,
-                    };
-                    (e, take)
+                    let owner = Self::unreferenced_owner(&st, e);
+                    (
+                        e,
+                        owner.is_some_and(|(codec, unit, ..)| rewritable(codec, unit)),
+                    )
                 })
                 .unzip()
         };
