@@ -386,11 +386,16 @@ fn record_at(buf: &[u8], at: usize, tag: u32) -> Option<Result<RecordHeader, Rec
     )
 }
 
-/// The first place at or after `from` holding an intact record of ours.
+/// The first place at or after `from` holding an intact record of ours
+/// (each place holding the header's magic tried in turn).
 fn next_intact_record(buf: &[u8], from: usize, tag: u32) -> Option<usize> {
-    (from..buf.len().saturating_sub(RECORD_HEADER_BYTES)).find(|&p| {
-        buf[p..p + 4] == RECORD_MAGIC.to_le_bytes() && matches!(record_at(buf, p, tag), Some(Ok(_)))
-    })
+    let end = buf.len().saturating_sub(RECORD_HEADER_BYTES);
+    let magic = RECORD_MAGIC.to_le_bytes();
+    // Magic starting before `end` (a header fits after it).
+    let hay = buf.get(from..(end + magic.len()).min(buf.len()))?;
+    memchr::memmem::find_iter(hay, &magic)
+        .map(|p| from + p)
+        .find(|&p| p < end && matches!(record_at(buf, p, tag), Some(Ok(_))))
 }
 
 /// A verified DATA record found in a segment buffer.

@@ -17,10 +17,16 @@
 //! Table `1 + g` is *group* g, segments [g * TABLE_SEGMENTS, ...):
 //! ```text
 //! 8  group index g
-//! 4  segment count n in the group (the last group may be short)
+//! 4  segment count n in the group (the last group may be short), with
+//!    bit 31 set when the counts below follow (`GROUP_COUNTS_FLAG`; groups
+//!    written before it have no counts)
 //! 4  row count r
 //! 8 * n  live bytes of the *data* records of each segment (map records
 //!        are counted from the directory)
+//! 8 * 3  (with the flag) the counts of the rows below: records, units,
+//!        and the blocks they serve without a record of their own (for a
+//!        record refs + owners - 1, for a unit its refs): what open takes
+//!        for the shared table's totals instead of reading every row
 //! r rows: the records of the group's segments that the shared table
 //!        holds (records with dedup references, and live units), in
 //!        increasing offset order, each:
@@ -54,6 +60,13 @@ const ROOT_OFF_SEGMENTS: usize = ROOT_OFF_GROUP_SEGMENTS + 8;
 const ROOT_OFF_COUNTERS: usize = ROOT_OFF_SEGMENTS + 8;
 pub const ROOT_BYTES: usize = ROOT_OFF_COUNTERS + 8 * COUNTER_WORDS;
 
+/// Set in a group's segment count when the row counts follow its live
+/// bytes.
+pub const GROUP_COUNTS_FLAG: u32 = 1 << 31;
+/// Bytes of the row counts.
+pub const GROUP_COUNTS_BYTES: usize = 8 * 3;
+/// The fewest bytes a row takes (a unit: offset, owners, refs).
+const ROW_MIN_BYTES: usize = 3;
 const GROUP_OFF_INDEX: usize = 0;
 const GROUP_OFF_SEGMENTS: usize = GROUP_OFF_INDEX + 8;
 const GROUP_OFF_ROWS: usize = GROUP_OFF_SEGMENTS + 4;
@@ -123,23 +136,40 @@ pub struct TableGroup {
     pub group: u64,
     /// Live bytes of data records, per segment of the group.
     pub live: Vec<u64>,
+    /// The counts of its rows (records, units, blocks served), if its
+    /// payload carries them (`GROUP_COUNTS_FLAG`).
+    pub counts: Option<[u64; 3]>,
     /// Rows in increasing offset order.
     pub rows: Vec<TableRow>,
 }
 
 impl TableGroup {
     pub fn encode(&self) -> Vec<u8> {
-        TableGroup::encode_rows(self.group, &self.live, self.rows.iter().copied())
+        let rows = self.rows.iter().copied();
+        TableGroup::encode_rows(self.group, &self.live, self.counts, rows)
     }
 
-    /// The payload of group `group` with these live bytes and rows (in
-    /// increasing offset order), without collecting the rows first.
-    pub fn encode_rows(group: u64, live: &[u64], rows: impl Iterator<Item = TableRow>) -> Vec<u8> {
-        let mut v = vec![0u8; GROUP_HEADER_BYTES + 8 * live.len()];
+    /// The payload of group `group` with these live bytes, row counts and
+    /// rows (in increasing offset order), without collecting the rows
+    /// first. The counts are the caller's: this layer does not know which
+    /// rows are records and what blocks they serve.
+    pub fn encode_rows(
+        group: u64,
+        live: &[u64],
+        counts: Option<[u64; 3]>,
+        rows: impl Iterator<Item = TableRow>,
+    ) -> Vec<u8> {
+        let extra = if counts.is_some() { GROUP_COUNTS_BYTES } else { 0 };
+        let at = GROUP_HEADER_BYTES + 8 * live.len();
+        let mut v = vec![0u8; at + extra];
         put_u64(&mut v, GROUP_OFF_INDEX, group);
-        put_u32(&mut v, GROUP_OFF_SEGMENTS, live.len() as u32);
+        let flag = if counts.is_some() { GROUP_COUNTS_FLAG } else { 0 };
+        put_u32(&mut v, GROUP_OFF_SEGMENTS, live.len() as u32 | flag);
         for (i, l) in live.iter().enumerate() {
             put_u64(&mut v, GROUP_HEADER_BYTES + 8 * i, *l);
+        }
+        for (i, c) in counts.iter().flatten().enumerate() {
+            put_u64(&mut v, at + 8 * i, *c);
         }
         let (mut count, mut prev) = (0u32, 0u64);
         for r in rows {
@@ -174,6 +204,7 @@ impl TableGroup {
         Ok(TableGroup {
             group,
             live: head.live,
+            counts: head.counts,
             rows: out,
         })
     }
@@ -186,7 +217,11 @@ pub struct GroupHead {
     pub group: u64,
     /// Live bytes of data records, per segment of the group.
     pub live: Vec<u64>,
-    /// Where the rows begin in the payload, and how many there are.
+    /// The counts of its rows, if it carries them: records, units, blocks
+    /// served (`GROUP_COUNTS_FLAG`; unchecked against the rows).
+    pub counts: Option<[u64; 3]>,
+    /// Where the rows begin in the payload, and how many there are (no
+    /// more than its bytes could hold).
     pub rows_at: usize,
     pub count: usize,
 }
@@ -200,18 +235,26 @@ impl GroupHead {
         }
         let first = group.saturating_mul(TABLE_SEGMENTS);
         let expect = segments.saturating_sub(first).min(TABLE_SEGMENTS) as usize;
-        let n = get_u32(b, GROUP_OFF_SEGMENTS) as usize;
+        let word = get_u32(b, GROUP_OFF_SEGMENTS);
+        let with_counts = word & GROUP_COUNTS_FLAG != 0;
+        let n = (word & !GROUP_COUNTS_FLAG) as usize;
         let count = get_u32(b, GROUP_OFF_ROWS) as usize;
-        let rows_at = GROUP_HEADER_BYTES + 8 * n;
+        let counts_at = GROUP_HEADER_BYTES + 8 * n;
+        let rows_at = counts_at + if with_counts { GROUP_COUNTS_BYTES } else { 0 };
         if n != expect || expect == 0 || b.len() < rows_at {
             return bad("group table length");
+        }
+        if count > (b.len() - rows_at) / ROW_MIN_BYTES {
+            return bad("group table rows beyond its length");
         }
         let live = (0..n)
             .map(|i| get_u64(b, GROUP_HEADER_BYTES + 8 * i))
             .collect();
+        let counts = with_counts.then(|| std::array::from_fn(|i| get_u64(b, counts_at + 8 * i)));
         Ok(GroupHead {
             group,
             live,
+            counts,
             rows_at,
             count,
         })
@@ -381,6 +424,7 @@ mod tests {
         let g = TableGroup {
             group: 1,
             live: vec![5; 1],
+            counts: None,
             rows: vec![row(10, false), row(20, true)],
         };
         let b = g.encode();
@@ -420,5 +464,37 @@ mod tests {
         let mut dup = e[..second].to_vec();
         dup.extend_from_slice(&[0, 9, 0]);
         assert!(TableGroup::decode(&dup, 1, 300).is_err());
+    }
+    #[test]
+    fn a_group_with_counts_round_trips_and_one_without_still_decodes() {
+        let row = |offset| TableRow {
+            offset,
+            refs: 2,
+            owners: 1,
+            crc: 9,
+            unit: false,
+        };
+        let g = TableGroup {
+            group: 3,
+            live: vec![4096],
+            counts: Some([2, 0, 4]),
+            rows: vec![row(100), row(200)],
+        };
+        let b = g.encode();
+        let old = TableGroup { counts: None, ..g.clone() }.encode();
+        assert_eq!(b.len(), old.len() + GROUP_COUNTS_BYTES);
+        assert_eq!(TableGroup::decode(&b, 3, 10).unwrap(), g);
+        let head = GroupHead::decode(&b, 3, 10).unwrap();
+        assert_eq!(head.counts, Some([2, 0, 4]));
+        assert_eq!(head.rows_at, GROUP_HEADER_BYTES + 8 + GROUP_COUNTS_BYTES);
+        let head = GroupHead::decode(&old, 3, 10).unwrap();
+        assert_eq!((head.counts, head.rows_at), (None, GROUP_HEADER_BYTES + 8));
+        // Cut inside the counts: refused.
+        let short = &b[..GROUP_HEADER_BYTES + 8 + 10];
+        assert!(GroupHead::decode(short, 3, 10).is_err());
+        // More rows than its bytes could hold: refused before any is read.
+        let mut many = b.clone();
+        put_u32(&mut many, GROUP_OFF_ROWS, 1000);
+        assert!(GroupHead::decode(&many, 3, 10).is_err());
     }
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 pub mod hooks;
 mod packed_share;
 use packed_share::ShareSlot;
-pub use packed_share::{PackedShare, ShareRow};
+pub use packed_share::{counts_of, PackedShare, ShareRow};
 pub mod tables;
 mod window;
 pub use window::{HookLoad, Index};
@@ -364,6 +364,9 @@ pub struct SharedTable {
     /// Sum over the records of `Shared::extra`: blocks served without a
     /// record of their own.
     pub extra_refs: u64,
+    /// The first damage found in packed rows decoded to change
+    /// (`damaged_rows`).
+    damage: Option<String>,
 }
 
 impl Default for SharedTable {
@@ -383,6 +386,7 @@ impl SharedTable {
             records_len: 0,
             units_len: 0,
             extra_refs: 0,
+            damage: None,
         }
     }
 
@@ -402,7 +406,34 @@ impl SharedTable {
         if i >= self.segs.len() {
             self.segs.resize(i + 1, None);
         }
+        if let Some(ShareSlot::Packed(p)) = &self.segs[i] {
+            // Decoded to change: the totals took the counts its table
+            // claimed, and now take what the rows hold (the same, unless
+            // the rows were damaged: `PackedShare::damage`).
+            let (claimed, share) = (p.claimed(), p.share().clone());
+            if self.damage.is_none() {
+                self.damage = p.damage().map(|why| format!("segment {i}: {why}"));
+            }
+            let [records, units, extra] = counts_of(&share);
+            self.records_len = self.records_len - claimed[0] as usize + records as usize;
+            self.units_len = self.units_len - claimed[1] as usize + units as usize;
+            self.extra_refs = self.extra_refs - claimed[2] + extra;
+            self.segs[i] = Some(ShareSlot::Share(share));
+        }
         (self.segs[i].get_or_insert_with(|| ShareSlot::Share(Arc::default()))).share_mut()
+    }
+
+    /// Why the rows of a segment still packed, decoded, are not what open
+    /// counted (`PackedShare::damage`): the first such segment. Decodes
+    /// every packed segment (`cvol check`, the simulations).
+    pub fn damaged_rows(&self) -> Option<String> {
+        if let Some(why) = &self.damage {
+            return Some(why.clone());
+        }
+        self.segs.iter().enumerate().find_map(|(s, slot)| match slot {
+            Some(ShareSlot::Packed(p)) => p.damage().map(|why| format!("segment {s}: {why}")),
+            _ => None,
+        })
     }
 
     /// Drops the segment of `offset` from the table once it holds nothing.
@@ -442,9 +473,11 @@ impl SharedTable {
     }
 
     /// Sets segment `s`'s share (empty before) to rows left packed
-    /// (`PackedShare`), which hold `records` records, `units` units and
-    /// serve `extra` blocks (`extra_refs`): loading tables at open.
-    pub fn insert_packed_segment(&mut self, s: u64, rows: PackedShare, counts: [u64; 3]) {
+    /// (`PackedShare`), which its table says hold `records` records,
+    /// `units` units and serve `extra` blocks (`extra_refs`,
+    /// `PackedShare::claimed`): loading tables at open.
+    pub fn insert_packed_segment(&mut self, s: u64, rows: PackedShare) {
+        let counts = rows.claimed();
         let i = usize::try_from(s).expect("a segment index");
         if i >= self.segs.len() {
             self.segs.resize(i + 1, None);

@@ -5,6 +5,7 @@
 //! rows that an open, a `cvol stat` or a read of one volume never looks at.
 use super::{SegShared, Shared, UnitLive};
 use cvol_format::tables::{GroupHead, TableRow};
+use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 /// What one table row is in the shared table.
@@ -53,48 +54,136 @@ impl ShareRow {
     }
 }
 
-/// A segment's rows as its table holds them, checked (every row a
-/// `ShareRow`, the payload whole), decoded on first use.
+/// A segment's rows as its table holds them, decoded on first use. Open
+/// either checked every row (a table without counts) or took the counts
+/// its table carries (`GroupHead::counts`) and checked only that the rows
+/// could be that many: then the rows are checked here, as they are
+/// decoded. A row the shared table cannot hold (`ShareRow::of`), outside
+/// the segment, or after a row that does not decode, is left out and the
+/// segment's rows are marked damaged (`damage`): the simulations and
+/// `cvol check` report it; a volume serving them meets what it would meet
+/// with wrong counts in well-formed rows, which no open-time check sees.
 #[derive(Debug)]
 pub struct PackedShare {
     payload: Arc<Vec<u8>>,
     head: GroupHead,
     unit_windows: bool,
-    decoded: OnceLock<Arc<SegShared>>,
+    /// Where the segment lies: its rows' offsets.
+    span: Range<u64>,
+    /// The counts the shared table's totals took for these rows.
+    claimed: [u64; 3],
+    decoded: OnceLock<Decoded>,
+}
+
+#[derive(Debug)]
+struct Decoded {
+    share: Arc<SegShared>,
+    /// Why rows were left out, if any were.
+    damage: Option<String>,
 }
 
 impl PackedShare {
-    /// The rows of `payload` (its header `head`), every one of which
-    /// `ShareRow::of` took (the caller checked them all).
-    pub fn new(payload: Arc<Vec<u8>>, head: GroupHead, unit_windows: bool) -> PackedShare {
+    /// The rows of `payload` (its header `head`) of the segment at bytes
+    /// `span`, counted `claimed` by the shared table's totals (records,
+    /// units, blocks served).
+    pub fn new(
+        payload: Arc<Vec<u8>>,
+        head: GroupHead,
+        unit_windows: bool,
+        span: Range<u64>,
+        claimed: [u64; 3],
+    ) -> PackedShare {
         PackedShare {
             payload,
             head,
             unit_windows,
+            span,
+            claimed,
             decoded: OnceLock::new(),
         }
     }
 
     /// The segment's share, built on the first call.
     pub fn share(&self) -> &Arc<SegShared> {
-        self.decoded.get_or_init(|| Arc::new(self.decode()))
+        &self.decoded().share
     }
 
-    fn decode(&self) -> SegShared {
+    /// The counts the shared table's totals took for these rows.
+    pub fn claimed(&self) -> [u64; 3] {
+        self.claimed
+    }
+
+    /// Why the rows, decoded, are not what open counted: rows left out,
+    /// or counts that differ from the claimed ones.
+    pub fn damage(&self) -> Option<String> {
+        let d = self.decoded();
+        if let Some(why) = &d.damage {
+            return Some(why.clone());
+        }
+        let got = counts_of(&d.share);
+        (got != self.claimed).then(|| {
+            format!(
+                "rows count {got:?} (records, units, blocks served), its table said {:?}",
+                self.claimed
+            )
+        })
+    }
+
+    fn decoded(&self) -> &Decoded {
+        self.decoded.get_or_init(|| {
+            let d = self.decode();
+            if let Some(why) = &d.damage {
+                tracing::error!(
+                    "liveness table of the segment at byte {}: {why}; rows left out \
+                     (`cvol check` reports it)",
+                    self.span.start
+                );
+            }
+            d
+        })
+    }
+
+    fn decode(&self) -> Decoded {
         let (mut records, mut units) = (Vec::new(), Vec::new());
-        for r in self.head.rows(&self.payload) {
-            let r = r.expect("rows checked when the table was read");
-            match ShareRow::of(&r, self.unit_windows).expect("rows checked when read") {
-                ShareRow::Record(s) => records.push((r.offset, s)),
-                ShareRow::Unit(u) => units.push((r.offset, u)),
-                ShareRow::None => {}
+        let mut damage = None;
+        let mut rows = self.head.rows(&self.payload);
+        for r in rows.by_ref() {
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    damage = Some(format!("a row does not decode: {e}"));
+                    break;
+                }
+            };
+            if !self.span.contains(&r.offset) {
+                damage = Some(format!("a row at {} outside its segment", r.offset));
+                continue;
+            }
+            match ShareRow::of(&r, self.unit_windows) {
+                Ok(ShareRow::Record(s)) => records.push((r.offset, s)),
+                Ok(ShareRow::Unit(u)) => units.push((r.offset, u)),
+                Ok(ShareRow::None) => {}
+                Err(why) => damage = Some(format!("a row at {}: {why}", r.offset)),
             }
         }
-        SegShared {
-            records: records.into_iter().collect(),
-            units: units.into_iter().collect(),
+        if damage.is_none() {
+            damage = rows.finish().err().map(|e| e.to_string());
+        }
+        Decoded {
+            share: Arc::new(SegShared {
+                records: records.into_iter().collect(),
+                units: units.into_iter().collect(),
+            }),
+            damage,
         }
     }
+}
+
+/// A share's counts: records, units, blocks served (`ShareRow::extra`).
+pub fn counts_of(s: &SegShared) -> [u64; 3] {
+    let extra = s.records.values().map(Shared::extra).sum::<u64>()
+        + s.units.values().map(|u| u64::from(u.refs)).sum::<u64>();
+    [s.records.len() as u64, s.units.len() as u64, extra]
 }
 
 /// A segment's slot in the shared table: its share, or its rows still
@@ -113,15 +202,12 @@ impl ShareSlot {
         }
     }
 
-    /// The share, to change (a packed slot becomes its decoded share).
+    /// The share, to change (a share, not packed rows: `SharedTable`
+    /// decodes packed rows first, to correct its totals).
     pub fn share_mut(&mut self) -> &mut SegShared {
-        if let ShareSlot::Packed(p) = self {
-            let s = p.share().clone();
-            *self = ShareSlot::Share(s);
-        }
         match self {
             ShareSlot::Share(s) => Arc::make_mut(s),
-            ShareSlot::Packed(_) => unreachable!("made a share above"),
+            ShareSlot::Packed(_) => unreachable!("packed rows are decoded before they change"),
         }
     }
 }
@@ -154,32 +240,70 @@ mod tests {
         ]
     }
 
+    /// The counts of `rows`, as a table carries them.
+    fn counts(rows: &[TableRow]) -> [u64; 3] {
+        let mut counts = [0u64; 3];
+        for r in rows {
+            let s = ShareRow::of(r, true).unwrap();
+            counts[usize::from(matches!(s, ShareRow::Unit(_)))] += 1;
+            counts[2] += s.extra();
+        }
+        counts
+    }
+
+    /// A table holding `rows` packed in segment 1, its totals `claimed`.
+    fn packed_table(rows: Vec<TableRow>, claimed: [u64; 3]) -> SharedTable {
+        let mut t = SharedTable::new(0, SEG);
+        let payload = TableGroup::encode_rows(1, &[SEG / 2], Some(claimed), rows.into_iter());
+        let head = GroupHead::decode(&payload, 1, 4).unwrap();
+        let p = PackedShare::new(Arc::new(payload), head, true, SEG..2 * SEG, claimed);
+        t.insert_packed_segment(1, p);
+        t
+    }
+
     /// A table holding `rows` in segment 1: packed, or built row by row.
     fn table(packed: bool) -> SharedTable {
-        let mut t = SharedTable::new(0, SEG);
         if packed {
-            let payload = TableGroup::encode_rows(1, &[SEG / 2], rows().into_iter());
-            let head = GroupHead::decode(&payload, 1, 4).unwrap();
-            let mut counts = [0u64; 3];
-            for r in rows() {
-                let s = ShareRow::of(&r, true).unwrap();
-                counts[usize::from(matches!(s, ShareRow::Unit(_)))] += 1;
-                counts[2] += s.extra();
-            }
-            let p = PackedShare::new(Arc::new(payload), head, true);
-            t.insert_packed_segment(1, p, counts);
-        } else {
-            let mut share = SegShared::default();
-            for r in rows() {
-                match ShareRow::of(&r, true).unwrap() {
-                    ShareRow::Record(s) => drop(share.records.insert(r.offset, s)),
-                    ShareRow::Unit(u) => drop(share.units.insert(r.offset, u)),
-                    ShareRow::None => {}
-                }
-            }
-            t.insert_segment(1, share);
+            return packed_table(rows(), counts(&rows()));
         }
+        let mut t = SharedTable::new(0, SEG);
+        let mut share = SegShared::default();
+        for r in rows() {
+            match ShareRow::of(&r, true).unwrap() {
+                ShareRow::Record(s) => drop(share.records.insert(r.offset, s)),
+                ShareRow::Unit(u) => drop(share.units.insert(r.offset, u)),
+                ShareRow::None => {}
+            }
+        }
+        t.insert_segment(1, share);
         t
+    }
+
+    /// Rows a table cannot hold, taken at their table's counts at open:
+    /// left out when decoded, never a panic, and reported; the totals
+    /// take what the rows hold once the segment changes.
+    #[test]
+    fn damaged_rows_taken_at_their_counts_are_left_out_and_reported() {
+        let bad = vec![
+            row(SEG + 100, 2, 1, false),
+            row(SEG + 200, 0, 1, false), // a shared record without refs
+            row(3 * SEG, 1, 1, false),   // in another segment
+        ];
+        let claimed = [3, 0, 6];
+        let mut t = packed_table(bad, claimed);
+        assert_eq!((t.record_count(), t.extra_refs), (3, 6), "open's totals");
+        assert_eq!(t.get(SEG + 100).map(|s| s.refs), Some(2));
+        assert_eq!(t.get(SEG + 200), None);
+        let why = t.damaged_rows().expect("damage reported");
+        assert!(why.contains("segment 1"), "{why}");
+        // A change decodes the segment: the totals take its one row.
+        assert_eq!(t.release(SEG + 100, true), Some(false));
+        assert_eq!((t.record_count(), t.extra_refs), (1, 1));
+        assert!(t.damaged_rows().is_some(), "still reported once decoded");
+        // Rows that decode but differ from their counts are damage too.
+        let t = packed_table(rows(), [9, 9, 9]);
+        assert!(t.damaged_rows().unwrap().contains("its table said"));
+        assert_eq!(table(true).damaged_rows(), None);
     }
 
     /// A table's records, units and counts.

@@ -175,7 +175,8 @@ fn group_payload(segment: u64, live: u64, share: Option<&SegShared>) -> Vec<u8> 
         (_, Some(_)) => units.next(),
         _ => records.next(),
     });
-    TableGroup::encode_rows(segment, &[live], merged)
+    let counts = crate::dedup::counts_of(share);
+    TableGroup::encode_rows(segment, &[live], Some(counts), merged)
 }
 
 /// The tables a checkpoint names, read at open.
@@ -396,10 +397,11 @@ fn tables_of(
         usage: SegmentUsage::new(segments, sb.segment_size_bytes),
     };
     let mut shared = SharedTable::new(geometry.data_offset_bytes, geometry.segment_size_bytes);
+    let mut upgrade = false;
     for g in &t.groups {
-        load_group(sb, g, &mut segs, &mut shared)?;
+        load_group(sb, g, &mut segs, &mut shared, &mut upgrade)?;
     }
-    let mut books = TableBooks::new(segments, false);
+    let mut books = TableBooks::new(segments, upgrade);
     let mut counters = counters_of(&t.root.counters);
     if replay.records > 0 {
         let originals = originals.ok_or(MetaError::Damaged(
@@ -443,7 +445,8 @@ pub(crate) fn check_tables(
     };
     let got = tables_of(sb, map, t, None, &replay)?;
     let fresh = rebuild(sb, map, None, &none, None)?;
-    let mut errors = super::shared_differences(&got.shared, &fresh.shared);
+    let mut errors: Vec<String> = got.shared.damaged_rows().into_iter().collect();
+    errors.extend(super::shared_differences(&got.shared, &fresh.shared));
     if got.counters != fresh.counters {
         errors.push(format!(
             "map counters: persisted {:?}, from the map {:?}",
@@ -488,25 +491,55 @@ fn load_group_live(
     Ok(())
 }
 
-/// Adds group `g`'s live bytes and its rows, checked against the volume
-/// and counted (`check_group_rows`): its segment's share of the shared
-/// table is left packed (`PackedShare`).
+/// Adds group `g`'s live bytes and its rows: its segment's share of the
+/// shared table is left packed (`PackedShare`). A table that carries its
+/// row counts is taken at its word, its rows checked when first decoded;
+/// one without (written before the counts) is checked and counted here
+/// (`check_group_rows`), and marks the tables changed (`upgrade`): the
+/// next checkpoint writes them again, with counts.
 fn load_group(
     sb: &Superblock,
     g: &LoadedGroup,
     segs: &mut RebuiltSegments,
     shared: &mut SharedTable,
+    upgrade: &mut bool,
 ) -> Result<(), MetaError> {
     let first = g.head.group * TABLE_SEGMENTS;
     load_group_live(sb, &g.head.live, first, segs)?;
-    let counts = check_group_rows(sb, &g.head, &g.payload)
-        .map_err(|why| MetaError::Damaged(format!("table: {why}")))?;
+    let counts = match g.head.counts {
+        Some(c) => check_claimed_counts(&g.head, c),
+        None => {
+            *upgrade = true;
+            check_group_rows(sb, &g.head, &g.payload)
+        }
+    };
+    let counts = counts.map_err(|why| MetaError::Damaged(format!("table: {why}")))?;
     if counts[..2] != [0, 0] {
         let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;
-        let rows = PackedShare::new(g.payload.clone(), g.head.clone(), unit_windows);
-        shared.insert_packed_segment(first, rows, counts);
+        let geometry = Geometry::of(sb);
+        let start = geometry.data_offset_bytes + first * geometry.segment_size_bytes;
+        let span = start..start + geometry.segment_size_bytes;
+        let head = g.head.clone();
+        let rows = PackedShare::new(g.payload.clone(), head, unit_windows, span, counts);
+        shared.insert_packed_segment(first, rows);
     }
     Ok(())
+}
+
+/// The row counts a group table carries (records, units, blocks served),
+/// if they could be its rows': no more records and units than rows, no
+/// rows in a segment without live data, and blocks served no more than
+/// rows could serve (2^33 each: refs and owners are 32-bit). The rows
+/// themselves are checked when decoded (`PackedShare`).
+fn check_claimed_counts(head: &GroupHead, c: [u64; 3]) -> Result<[u64; 3], String> {
+    let rows = head.count as u64;
+    let live = head.live.first().is_some_and(|&l| l > 0);
+    if c[0] + c[1] > rows || (rows > 0 && !live) || c[2] > rows << 33 {
+        return Err(format!(
+            "row counts {c:?} for {rows} rows (live data: {live})"
+        ));
+    }
+    Ok(c)
 }
 
 /// Checks the rows of a group table read at open (its header `head`, its
@@ -651,7 +684,7 @@ mod tests {
         let seg = sb.segment_size_bytes;
         let at = sb.data_offset_bytes + 2 * seg;
         let check = |live: u64, rows: Vec<TableRow>| {
-            let payload = TableGroup::encode_rows(2, &[live], rows.into_iter());
+            let payload = TableGroup::encode_rows(2, &[live], None, rows.into_iter());
             let head = GroupHead::decode(&payload, 2, sb.segment_count()).unwrap();
             check_group_rows(&sb, &head, &payload)
         };

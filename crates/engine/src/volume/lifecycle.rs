@@ -391,13 +391,14 @@ impl Volume {
     }
 
     /// Why open could not use the liveness tables its checkpoint named
-    /// and rebuilt them from the whole map, if it could not (a bug, or
-    /// damage: the simulations count it).
+    /// and rebuilt them from the whole map, if it could not, or why rows
+    /// it took at their tables' word are not what those said (a bug, or
+    /// damage: the simulations count it). Decodes every row still packed.
     #[doc(hidden)]
     pub fn tables_rejected(&self) -> Option<String> {
-        self.lock_state()
-            .ok()
-            .and_then(|st| st.live.tables_rejected().map(str::to_owned))
+        let st = self.lock_state().ok()?;
+        (st.live.tables_rejected().map(str::to_owned))
+            .or_else(|| st.live.shared().damaged_rows())
     }
 
     /// Flushes and checkpoints (a clean close). Safe to call more than once.
