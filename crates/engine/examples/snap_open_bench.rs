@@ -127,9 +127,16 @@ fn main() {
         settle(&without);
         settle(&with);
     }
-    if let Some(n) = std::env::var("SNAP_OPEN_PROFILE").ok().and_then(|v| v.parse().ok()) {
+    if let Some(n) = std::env::var("SNAP_OPEN_PROFILE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         // Only the pool with snapshots, opened n times: for `perf record`.
-        let which = if std::env::var_os("SNAP_OPEN_NONE").is_some() { &without } else { &with };
+        let which = if std::env::var_os("SNAP_OPEN_NONE").is_some() {
+            &without
+        } else {
+            &with
+        };
         println!("{:.1} ms", time_open(which, n));
         return;
     }

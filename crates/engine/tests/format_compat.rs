@@ -222,3 +222,35 @@ fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
     let report = check::check_volume(&sim, &mut |_, _| {});
     assert!(report.consistent(), "{report:?}");
 }
+
+/// Liveness tables written before they carried their row counts: open
+/// checks and counts their rows; the tables a checkpoint writes after
+/// carry counts, and an open after it takes them and leaves the rows
+/// packed, the volume reading and checking as before. (Every table is
+/// marked changed at such an open, so that the next checkpoint writes
+/// them all: `liveness::tables::tests::tables_without_counts_are_written_again`;
+/// here the replay of the fixture's last session changes its shared
+/// segment anyway.)
+#[test]
+fn older_liveness_tables_gain_their_row_counts_at_the_next_checkpoint() {
+    let sim = volume_of(include_bytes!("fixtures/unit-rows-volume.sectors"));
+    let ro = || OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let vol = Volume::open(Arc::new(sim.clone()), ro()).unwrap();
+    assert_eq!(vol.table_rows_taken_at_their_counts(), 0, "none has counts");
+    drop(vol);
+    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    vol.write_at(6 << 20, &tagged_block("D", 0), false).unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let vol = Volume::open(Arc::new(sim.clone()), ro()).unwrap();
+    assert!(vol.table_rows_taken_at_their_counts() > 0);
+    assert_eq!(vol.tables_rejected(), None, "the rows are what they said");
+    assert_unit_rows_contents(&vol);
+    vol.verify_refcounts().unwrap();
+    drop(vol);
+    let report = check::check_volume(&sim, &mut |_, _| {});
+    assert!(report.consistent(), "{report:?}");
+}

@@ -159,11 +159,19 @@ impl TableGroup {
         counts: Option<[u64; 3]>,
         rows: impl Iterator<Item = TableRow>,
     ) -> Vec<u8> {
-        let extra = if counts.is_some() { GROUP_COUNTS_BYTES } else { 0 };
+        let extra = if counts.is_some() {
+            GROUP_COUNTS_BYTES
+        } else {
+            0
+        };
         let at = GROUP_HEADER_BYTES + 8 * live.len();
         let mut v = vec![0u8; at + extra];
         put_u64(&mut v, GROUP_OFF_INDEX, group);
-        let flag = if counts.is_some() { GROUP_COUNTS_FLAG } else { 0 };
+        let flag = if counts.is_some() {
+            GROUP_COUNTS_FLAG
+        } else {
+            0
+        };
         put_u32(&mut v, GROUP_OFF_SEGMENTS, live.len() as u32 | flag);
         for (i, l) in live.iter().enumerate() {
             put_u64(&mut v, GROUP_HEADER_BYTES + 8 * i, *l);
@@ -481,7 +489,11 @@ mod tests {
             rows: vec![row(100), row(200)],
         };
         let b = g.encode();
-        let old = TableGroup { counts: None, ..g.clone() }.encode();
+        let old = TableGroup {
+            counts: None,
+            ..g.clone()
+        }
+        .encode();
         assert_eq!(b.len(), old.len() + GROUP_COUNTS_BYTES);
         assert_eq!(TableGroup::decode(&b, 3, 10).unwrap(), g);
         let head = GroupHead::decode(&b, 3, 10).unwrap();

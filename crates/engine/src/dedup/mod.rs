@@ -423,6 +423,14 @@ impl SharedTable {
         (self.segs[i].get_or_insert_with(|| ShareSlot::Share(Arc::default()))).share_mut()
     }
 
+    /// Segments whose rows are still packed, taken at their tables' counts
+    /// (`PackedShare::at_its_word`).
+    pub fn packed_at_their_word(&self) -> usize {
+        (self.segs.iter().flatten())
+            .filter(|s| matches!(s, ShareSlot::Packed(p) if p.at_its_word()))
+            .count()
+    }
+
     /// Why the rows of a segment still packed, decoded, are not what open
     /// counted (`PackedShare::damage`): the first such segment. Decodes
     /// every packed segment (`cvol check`, the simulations).
@@ -430,10 +438,13 @@ impl SharedTable {
         if let Some(why) = &self.damage {
             return Some(why.clone());
         }
-        self.segs.iter().enumerate().find_map(|(s, slot)| match slot {
-            Some(ShareSlot::Packed(p)) => p.damage().map(|why| format!("segment {s}: {why}")),
-            _ => None,
-        })
+        self.segs
+            .iter()
+            .enumerate()
+            .find_map(|(s, slot)| match slot {
+                Some(ShareSlot::Packed(p)) => p.damage().map(|why| format!("segment {s}: {why}")),
+                _ => None,
+            })
     }
 
     /// Drops the segment of `offset` from the table once it holds nothing.

@@ -72,6 +72,9 @@ pub struct PackedShare {
     span: Range<u64>,
     /// The counts the shared table's totals took for these rows.
     claimed: [u64; 3],
+    /// Whether those were its table's word (`GroupHead::counts`), the rows
+    /// unchecked until decoded, rather than counted by open.
+    at_its_word: bool,
     decoded: OnceLock<Decoded>,
 }
 
@@ -85,7 +88,8 @@ struct Decoded {
 impl PackedShare {
     /// The rows of `payload` (its header `head`) of the segment at bytes
     /// `span`, counted `claimed` by the shared table's totals (records,
-    /// units, blocks served).
+    /// units, blocks served): the counts `head` carries, or those open
+    /// counted.
     pub fn new(
         payload: Arc<Vec<u8>>,
         head: GroupHead,
@@ -94,6 +98,7 @@ impl PackedShare {
         claimed: [u64; 3],
     ) -> PackedShare {
         PackedShare {
+            at_its_word: head.counts == Some(claimed),
             payload,
             head,
             unit_windows,
@@ -101,6 +106,11 @@ impl PackedShare {
             claimed,
             decoded: OnceLock::new(),
         }
+    }
+
+    /// Whether the counts were its table's word (`GroupHead::counts`).
+    pub fn at_its_word(&self) -> bool {
+        self.at_its_word
     }
 
     /// The segment's share, built on the first call.

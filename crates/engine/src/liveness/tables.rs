@@ -702,4 +702,41 @@ mod tests {
         };
         assert!(check(4096, vec![no_refs]).is_err(), "a row it cannot hold");
     }
+    /// A group table without row counts is checked at open and marks the
+    /// tables changed (the next checkpoint writes every table again, with
+    /// counts); one with counts is taken at its word, its rows left packed.
+    #[test]
+    fn tables_without_counts_are_written_again() {
+        let mut sb = crate::test_util::small_superblock();
+        sb.flags |= FLAG_UNIT_WINDOWS;
+        let at = sb.data_offset_bytes + 2 * sb.segment_size_bytes;
+        let rows = vec![row(at, false), row(at + 100, true)];
+        let load = |counts: Option<[u64; 3]>| {
+            let payload = TableGroup::encode_rows(2, &[4096], counts, rows.clone().into_iter());
+            let g = LoadedGroup {
+                head: GroupHead::decode(&payload, 2, sb.segment_count()).unwrap(),
+                payload: Arc::new(payload),
+            };
+            let mut segs = RebuiltSegments {
+                table: SegmentTable::for_volume(&sb),
+                usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
+            };
+            let geometry = Geometry::of(&sb);
+            let mut shared =
+                SharedTable::new(geometry.data_offset_bytes, geometry.segment_size_bytes);
+            let mut upgrade = false;
+            load_group(&sb, &g, &mut segs, &mut shared, &mut upgrade).unwrap();
+            (
+                upgrade,
+                shared.packed_at_their_word(),
+                shared.record_count(),
+            )
+        };
+        assert_eq!(load(None), (true, 0, 1));
+        assert_eq!(load(Some([1, 1, 4])), (false, 1, 1));
+        // Counts no rows could have: the tables are refused at open.
+        let payload = TableGroup::encode_rows(2, &[4096], Some([5, 0, 0]), rows.into_iter());
+        let head = GroupHead::decode(&payload, 2, sb.segment_count()).unwrap();
+        assert!(check_claimed_counts(&head, [5, 0, 0]).is_err());
+    }
 }

@@ -390,6 +390,15 @@ impl Volume {
             .unwrap_or(0)
     }
 
+    /// Segments whose liveness table rows open left packed at their
+    /// tables' counts, unchecked until first used.
+    #[doc(hidden)]
+    pub fn table_rows_taken_at_their_counts(&self) -> usize {
+        self.lock_state()
+            .map(|st| st.live.shared().packed_at_their_word())
+            .unwrap_or(0)
+    }
+
     /// Why open could not use the liveness tables its checkpoint named
     /// and rebuilt them from the whole map, if it could not, or why rows
     /// it took at their tables' word are not what those said (a bug, or
@@ -397,8 +406,7 @@ impl Volume {
     #[doc(hidden)]
     pub fn tables_rejected(&self) -> Option<String> {
         let st = self.lock_state().ok()?;
-        (st.live.tables_rejected().map(str::to_owned))
-            .or_else(|| st.live.shared().damaged_rows())
+        (st.live.tables_rejected().map(str::to_owned)).or_else(|| st.live.shared().damaged_rows())
     }
 
     /// Flushes and checkpoints (a clean close). Safe to call more than once.
