@@ -7,11 +7,17 @@ the rounds):
 
     cp --sparse=always /dev/shm/snapopen/pool-* /dev/shm/snapserve/
     python3 cli_open.py ROUNDS REPS CVOL_BINARY...
+
+A binary given as BINARY=SUFFIX times pools of its own, /dev/shm/snapopenSUFFIX
+and /dev/shm/snapserveSUFFIX (copies the binary has opened for writing once:
+pools whose tables it wrote, when formats differ).
 """
 import os, statistics, subprocess, sys, time, tempfile
-rounds, reps, bins = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-pools = {"none": "/dev/shm/snapopen/pool-none", "snaps": "/dev/shm/snapopen/pool-snaps"}
-serve_pools = {"none": "/dev/shm/snapserve/pool-none", "snaps": "/dev/shm/snapserve/pool-snaps"}
+rounds, reps = int(sys.argv[1]), int(sys.argv[2])
+suffix = dict(a.partition("=")[::2] for a in sys.argv[3:])
+bins = list(suffix)
+def pools_of(b, kind):
+    return {k: f"/dev/shm/{kind}{suffix[b]}/pool-{k}" for k in ("none", "snaps")}
 def stat(b, p):
     t = time.monotonic(); subprocess.run([b, "stat", p, "--json"], check=True, stdout=subprocess.DEVNULL); return time.monotonic() - t
 def serve(b, p):
@@ -29,8 +35,8 @@ res = {}
 for r in range(rounds):
     for b in bins:
         for k in ("none", "snaps"):
-            st = [stat(b, pools[k]) for _ in range(reps)]
-            sv = [serve(b, serve_pools[k]) for _ in range(reps)]
+            st = [stat(b, pools_of(b, "snapopen")[k]) for _ in range(reps)]
+            sv = [serve(b, pools_of(b, "snapserve")[k]) for _ in range(reps)]
             res.setdefault((b, k, "stat"), []).append(statistics.median(st))
             res.setdefault((b, k, "serve"), []).append(statistics.median(sv))
     print("round", r, {f"{os.path.basename(b)} {k} {w}": round(v[-1]*1e3, 1) for (b, k, w), v in res.items()}, flush=True)

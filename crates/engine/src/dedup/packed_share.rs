@@ -360,4 +360,35 @@ mod tests {
         assert!(ShareRow::of(&row(SEG, 0, 1, false), true).is_err());
         assert!(ShareRow::of(&row(SEG, 1, 2, false), true).is_err());
     }
+    proptest::proptest! {
+        /// Whatever bytes follow a table's header, taken at its counts:
+        /// reading, changing and checking the segment never panics, and
+        /// the totals follow what the rows hold once it changes.
+        #[test]
+        fn any_rows_taken_at_their_counts_decode_without_a_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120),
+            count in 0usize..40,
+            claimed in proptest::prelude::any::<[u16; 3]>(),
+        ) {
+            let claimed = claimed.map(u64::from);
+            let mut payload = TableGroup::encode_rows(1, &[SEG / 2], Some(claimed), [].into_iter());
+            payload.extend_from_slice(&bytes);
+            payload[12..16].copy_from_slice(&(count as u32).to_le_bytes());
+            let Ok(head) = GroupHead::decode(&payload, 1, 4) else {
+                return Ok(());
+            };
+            let mut t = SharedTable::new(0, SEG);
+            let p = PackedShare::new(Arc::new(payload), head, true, SEG..2 * SEG, claimed);
+            t.insert_packed_segment(1, p);
+            let _ = t.damaged_rows();
+            let n = t.records().count() + t.units().count();
+            proptest::prop_assert!(n <= count);
+            t.put_unit(SEG + 7, Some(UnitLive { refs: 1, owners: 1 }));
+            let got = t.segment(1).map(|s| counts_of(&s)).unwrap_or_default();
+            proptest::prop_assert_eq!(
+                (t.record_count() as u64, t.unit_count() as u64, t.extra_refs),
+                (got[0], got[1], got[2])
+            );
+        }
+    }
 }
