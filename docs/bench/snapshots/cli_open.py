@@ -12,14 +12,21 @@ A binary given as BINARY=SUFFIX times pools of its own, /dev/shm/snapopenSUFFIX
 and /dev/shm/snapserveSUFFIX (copies the binary has opened for writing once:
 pools whose tables it wrote, when formats differ).
 """
-import os, statistics, subprocess, sys, time, tempfile
+import os, resource, statistics, subprocess, sys, time, tempfile
 rounds, reps = int(sys.argv[1]), int(sys.argv[2])
 suffix = dict(a.partition("=")[::2] for a in sys.argv[3:])
 bins = list(suffix)
 def pools_of(b, kind):
     return {k: f"/dev/shm/{kind}{suffix[b]}/pool-{k}" for k in ("none", "snaps")}
+# CLI_OPEN_CPU=1: `cvol stat`'s CPU time (user and system) instead of its
+# wall-clock time, which a busy machine disturbs less.
+CPU = bool(os.environ.get("CLI_OPEN_CPU"))
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN); return r.ru_utime + r.ru_stime
 def stat(b, p):
-    t = time.monotonic(); subprocess.run([b, "stat", p, "--json"], check=True, stdout=subprocess.DEVNULL); return time.monotonic() - t
+    t, c = time.monotonic(), cpu()
+    subprocess.run([b, "stat", p, "--json"], check=True, stdout=subprocess.DEVNULL)
+    return cpu() - c if CPU else time.monotonic() - t
 def serve(b, p):
     d = tempfile.mkdtemp(dir="/tmp"); sock = d + "/s"; out = d + "/out"
     t = time.monotonic()

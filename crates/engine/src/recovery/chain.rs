@@ -72,6 +72,26 @@ pub(super) fn roll_forward(
     index: &HashMap<u64, Vec<u64>>,
     known: &dyn KnownRecords,
 ) -> Result<Recovered, RecoveryError> {
+    roll_forward_keeping(storage, sb, map, start, index, known).map(|(r, _)| r)
+}
+
+/// Segments the cursors left that a roll-forward keeps, the newest.
+const KEPT_LEFT: usize = 2;
+
+/// Segments read whole, by segment: those a roll-forward ended in, which
+/// the search for certified records beyond its end reads next
+/// (`certified_beyond`).
+pub(super) type ReadSegments = Vec<(u64, Vec<u8>)>;
+
+/// `roll_forward`, and the segments it ended in as it read them.
+pub(super) fn roll_forward_keeping(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    map: &mut BlockMap,
+    start: Start,
+    index: &HashMap<u64, Vec<u64>>,
+    known: &dyn KnownRecords,
+) -> Result<(Recovered, ReadSegments), RecoveryError> {
     let mut chain = Chain::new(storage, sb, &start)?;
     loop {
         // An intact record continuing the chain is taken here or at the
@@ -88,7 +108,13 @@ pub(super) fn roll_forward(
             break;
         }
     }
-    Ok(chain.into_recovered(start.snapshot_seq))
+    let mut read = std::mem::take(&mut chain.left);
+    read.extend(
+        (chain.cursors.iter_mut())
+            .filter(|c| c.buf.len() as u64 == sb.segment_size_bytes)
+            .map(|c| (c.segment, std::mem::take(&mut c.buf))),
+    );
+    Ok((chain.into_recovered(start.snapshot_seq), read))
 }
 
 /// Where the roll-forward reads one stream of the log: a segment (loaded
@@ -133,6 +159,8 @@ struct Chain<'a> {
     /// Damaged checkpoint records stepped over, by seq.
     skipped: Vec<u64>,
     rolled_segments: Vec<u64>,
+    /// Segments the cursors left, as read (`ReadSegments`).
+    left: ReadSegments,
 }
 
 impl<'a> Chain<'a> {
@@ -165,6 +193,7 @@ impl<'a> Chain<'a> {
             new_records: Vec::new(),
             skipped: Vec::new(),
             rolled_segments,
+            left: Vec::new(),
         })
     }
 
@@ -184,10 +213,18 @@ impl<'a> Chain<'a> {
         self.cursors.len() - 1
     }
 
-    /// Moves the cursor of `segment`'s stream to it.
+    /// Moves the cursor of `segment`'s stream to it (the segment it
+    /// leaves is kept as read: `left`).
     fn enter(&mut self, segment: u64, buf: Vec<u8>, pos: usize) -> usize {
         let i = self.stream_of(segment);
-        self.cursors[i] = Cursor { segment, buf, pos };
+        let old = std::mem::replace(&mut self.cursors[i], Cursor { segment, buf, pos });
+        if old.buf.len() as u64 == self.sb.segment_size_bytes {
+            // A few, not every one a long roll-forward passes: memory.
+            if self.left.len() == KEPT_LEFT {
+                self.left.remove(0);
+            }
+            self.left.push((old.segment, old.buf));
+        }
         self.rolled_segments.push(segment);
         i
     }

@@ -7,7 +7,7 @@
 //! `checkpoint` (loading a candidate), `chain` (its roll-forward),
 //! `certified`, `scan`, `superblock` (the pointer slots) and `outcome`.
 use super::certified::{read_flush_mark, Certified};
-use super::chain::{log_start, roll_forward};
+use super::chain::{log_start, roll_forward_keeping, ReadSegments};
 use super::checkpoint::{load_checkpoint, scanned_commits, Known, Load, LoadedCheckpoint, Source};
 use super::outcome::Recovered;
 use super::scan::{
@@ -94,8 +94,8 @@ fn replay_without_checkpoint(
 ) -> Result<Recovered, RecoveryError> {
     let start = log_start(index).ok_or(RecoveryError::NeverInitialised)?;
     let mut map = volume_map(sb);
-    let r = roll_forward(storage, sb, &mut map, start, index, known)?;
-    let beyond = certified_beyond(storage, sb, &r, index);
+    let (r, read) = roll_forward_keeping(storage, sb, &mut map, start, index, known)?;
+    let beyond = certified_beyond(storage, sb, &r, index, read);
     if let Some(certified) = beyond.or((flush_mark > r.last_seq).then_some(flush_mark)) {
         return Err(RecoveryError::ChainEndsBeforeCertified {
             last_seq: r.last_seq,
@@ -221,15 +221,16 @@ impl CheckpointSearch<'_> {
                 return Ok(None);
             }
         };
-        let r = match roll_forward(storage, sb, &mut map, start, self.index, self.known) {
-            Ok(r) => r,
+        let rolled = roll_forward_keeping(storage, sb, &mut map, start, self.index, self.known);
+        let (r, read) = match rolled {
+            Ok(x) => x,
             Err(e) => {
                 self.warnings
                     .push(format!("{what}: roll-forward failed: {e}"));
                 return Ok(None);
             }
         };
-        if let Some(certified) = certified_beyond(storage, sb, &r, self.index) {
+        if let Some(certified) = certified_beyond(storage, sb, &r, self.index, read) {
             self.warnings.push(format!(
                 "{what}: its chain of records ends at seq {}, below seq {certified} that a \
                  later SYNCED record certifies",
@@ -329,11 +330,13 @@ impl CheckpointSearch<'_> {
 /// certifies as flushed, if the chain did not reach it: records the chain
 /// should have passed are damaged (a crash's unsynced tail never is
 /// certified: a SYNCED record is written only after its sync completed).
+/// `read`: segments the roll-forward read whole, not read again.
 fn certified_beyond(
     storage: &dyn Storage,
     sb: &Superblock,
     r: &Recovered,
     index: &HashMap<u64, Vec<u64>>,
+    read: ReadSegments,
 ) -> Option<u64> {
     // The end's segment, those the roll-forward passed through (a record
     // copied elsewhere by a misdirected write can lead the chain away from
@@ -352,9 +355,17 @@ fn certified_beyond(
         // A segment with unreadable parts is read around them: a SYNCED
         // record in the rest still certifies (skipping the segment hid
         // flushed records lost to damage before the unreadable part).
-        let buf =
-            read_segment(storage, sb, s).unwrap_or_else(|_| read_segment_around(storage, sb, s));
-        for (at, h) in walk_segment(&buf, sb.volume_tag()).records {
+        let kept = read.iter().find(|(k, _)| *k == s).map(|(_, b)| b.as_slice());
+        let fresh;
+        let buf = match kept {
+            Some(b) => b,
+            None => {
+                fresh = read_segment(storage, sb, s)
+                    .unwrap_or_else(|_| read_segment_around(storage, sb, s));
+                &fresh[..]
+            }
+        };
+        for (at, h) in walk_segment(buf, sb.volume_tag()).records {
             if h.kind != RecordKind::Synced || h.seq <= r.last_seq {
                 continue;
             }
