@@ -490,4 +490,52 @@ mod tests {
             walk.damaged
         );
     }
+    /// The search for the next intact record finds what a byte-by-byte
+    /// search finds, wherever records, garbage, stray magic and the
+    /// segment's end lie (the magic found with `memmem`).
+    #[test]
+    fn the_next_intact_record_is_the_first_a_byte_by_byte_search_finds() {
+        use rand::{Rng, SeedableRng};
+        let naive = |buf: &[u8], from: usize| {
+            (from..buf.len().saturating_sub(RECORD_HEADER_BYTES)).find(|&p| {
+                buf[p..p + 4] == RECORD_MAGIC.to_le_bytes()
+                    && matches!(record_at(buf, p, 7), Some(Ok(_)))
+            })
+        };
+        // A record of one byte that ends the segment: its magic lies in
+        // the last bytes the search may start from.
+        for tail in 1..4 {
+            let mut seg = vec![0u8; 5];
+            seg.extend(record(1, 1, &vec![9; tail]));
+            assert_eq!(next_intact_record(&seg, 0, 7), Some(5), "payload of {tail}");
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for round in 0..300 {
+            let mut seg = Vec::new();
+            for k in 0..rng.gen_range(0..6u64) {
+                match rng.gen_range(0..4) {
+                    0 => seg.extend(std::iter::repeat_n(0u8, rng.gen_range(0..300))),
+                    1 => seg.extend(RECORD_MAGIC.to_le_bytes()),
+                    2 => {
+                        let mut r = record(k + 1, k, &vec![k as u8; rng.gen_range(1..200)]);
+                        let flip = rng.gen_range(0..r.len() * 3);
+                        if flip < r.len() {
+                            r[flip] ^= 1;
+                        }
+                        seg.extend(r);
+                    }
+                    _ => seg.extend((0..rng.gen_range(0..50)).map(|_| rng.gen::<u8>())),
+                }
+            }
+            // Cut anywhere: a record may run past the end.
+            seg.truncate(rng.gen_range(0..=seg.len()));
+            for from in 0..=seg.len() + 1 {
+                assert_eq!(
+                    next_intact_record(&seg, from, 7),
+                    naive(&seg, from),
+                    "round {round} from {from}"
+                );
+            }
+        }
+    }
 }

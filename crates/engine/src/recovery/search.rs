@@ -355,7 +355,10 @@ fn certified_beyond(
         // A segment with unreadable parts is read around them: a SYNCED
         // record in the rest still certifies (skipping the segment hid
         // flushed records lost to damage before the unreadable part).
-        let kept = read.iter().find(|(k, _)| *k == s).map(|(_, b)| b.as_slice());
+        let kept = read
+            .iter()
+            .find(|(k, _)| *k == s)
+            .map(|(_, b)| b.as_slice());
         let fresh;
         let buf = match kept {
             Some(b) => b,
