@@ -149,7 +149,7 @@ impl Activity {
         inline_cpu_percent: Option<u32>,
         clock: &Arc<dyn Clock>,
     ) -> Activity {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = crate::memory::cores();
         Activity {
             load: LoadMonitor::new(clock.clone()),
             clock: clock.clone(),

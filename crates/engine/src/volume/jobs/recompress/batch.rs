@@ -84,7 +84,7 @@ impl Volume {
     /// Threads that compress a batch.
     fn recompress_threads(&self) -> usize {
         match self.options.elastic.recompress_threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            0 => crate::memory::cores(),
             n => n,
         }
     }
