@@ -65,21 +65,28 @@ import json, sys
 d = json.load(open(sys.argv[2]))
 m = lambda k: "%.1f" % (d.get(k, 0) / 2**20)
 print("    %s: physical %s MiB, used %s, live %s, dead %s, stored %s, free segments %s, "
-      "deferred units %s, cleaned segments %s, cleaner relocated %s MiB, WA %.2f"
+      "deferred units %s, cleaned segments %s, cleaner relocated %s MiB, WA %.2f, "
+      "space waits %s, refusals %s, pressure %s"
       % (sys.argv[1], m("physical_size_bytes"), m("physical_used_bytes"), m("live_bytes"),
          m("dead_bytes"), m("stored_bytes"), d.get("segments_free"), d.get("deferred_units"),
          d.get("cleaner_segments_cleaned"), m("cleaner_bytes_relocated"),
-         d.get("write_amplification", 0)))
+         d.get("write_amplification", 0), d.get("space_waits"), d.get("space_refusals"),
+         d.get("space_pressure")))
 PYEOF
 }
 
-# fail_at STEP MESSAGE -- print the volume's stat and fail naming the step
+# fail_at STEP MESSAGE -- print the volume's stat and the server's warnings
+# and errors (why a request failed: the engine error behind an EIO, a
+# panic, a write refused for space), and fail naming the step
 fail_at() {
     local st=$E2E_TMP/fail-stat.json
     if stat_to "$st"; then
         show_stat "stat at the failure" "$st"
     else
         log "cvol stat failed too: $(cat "$st.err")"
+    fi
+    if [[ -n "${SRV_ERR:-}" && -s "$SRV_ERR" ]]; then
+        grep -E 'WARN|ERROR|panick' "$SRV_ERR" | head -n 20 | sed 's/^/    server: /' || true
     fi
     fail "$1: $2"
 }

@@ -273,11 +273,18 @@ impl LoadMonitor {
     /// 200 ms scaled to a second (fast attack, slow decay: a burst counts
     /// as busy within a fraction of a second, a pause as idle only after a
     /// quiet second).
+    ///
+    /// A request noted after `t` was read may have stamped its bucket with
+    /// a later period than `t` (the reader was preempted between the two):
+    /// that bucket is the current one, age 0. (Subtracting it from `t`
+    /// overflowed: a panic where overflow checks are on, which turned a
+    /// client's write into EIO under random overwrites at iodepth 32, and
+    /// a bucket left uncounted where they are off.)
     pub fn iops(&self) -> u64 {
         let t = self.tick();
         let within = |age: u64| {
             (0..BUCKETS)
-                .filter(|&i| t - self.stamps[i].load(Ordering::Relaxed) < age)
+                .filter(|&i| t.saturating_sub(self.stamps[i].load(Ordering::Relaxed)) < age)
                 .map(|i| self.counts[i].load(Ordering::Relaxed))
                 .sum::<u64>()
         };
@@ -633,5 +640,48 @@ mod tests {
             ..ElasticConfig::default()
         };
         assert_eq!(m.load(&cfg), Load::Busy);
+    }
+
+    /// A clock whose next read, once armed, runs a hook after taking the
+    /// time it returns: the reader is preempted between reading the clock
+    /// and what it does with it.
+    #[derive(Default)]
+    struct PreemptedClock {
+        ns: AtomicU64,
+        hook: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    }
+
+    impl std::fmt::Debug for PreemptedClock {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "PreemptedClock({})", self.ns.load(Ordering::SeqCst))
+        }
+    }
+
+    impl Clock for PreemptedClock {
+        fn now_ns(&self) -> u64 {
+            let ns = self.ns.load(Ordering::SeqCst);
+            let hook = self.hook.lock().unwrap().take();
+            if let Some(h) = hook {
+                h();
+            }
+            ns
+        }
+    }
+
+    #[test]
+    fn a_bucket_stamped_after_the_readers_tick_counts_as_current() {
+        let clock = Arc::new(PreemptedClock::default());
+        clock.ns.store(250_000_000, Ordering::SeqCst);
+        let m = Arc::new(LoadMonitor::new(clock.clone()));
+        m.note(4096);
+        // The reader takes the time (250 ms); before it looks at the
+        // buckets, a request at 350 ms opens the next period's bucket.
+        let (c, m2) = (clock.clone(), m.clone());
+        *clock.hook.lock().unwrap() = Some(Box::new(move || {
+            c.ns.store(350_000_000, Ordering::SeqCst);
+            m2.note(4096);
+        }));
+        // Both count, in the last 200 ms: scaled to a second (x5).
+        assert_eq!(m.iops(), 5 * 2);
     }
 }
