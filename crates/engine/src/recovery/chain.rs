@@ -61,20 +61,6 @@ impl KnownRecords for HashMap<u64, (u64, u32, u32)> {
     }
 }
 
-/// Rolls forward from `start` along the chain of records (docs/FORMAT.md
-/// "Recovery", step 3), applying each to `map`, until no record continues
-/// the chain. The result's map is empty: the caller keeps `map`.
-pub(super) fn roll_forward(
-    storage: &dyn Storage,
-    sb: &Superblock,
-    map: &mut BlockMap,
-    start: Start,
-    index: &HashMap<u64, Vec<u64>>,
-    known: &dyn KnownRecords,
-) -> Result<Recovered, RecoveryError> {
-    roll_forward_keeping(storage, sb, map, start, index, known).map(|(r, _)| r)
-}
-
 /// Segments the cursors left that a roll-forward keeps, the newest.
 const KEPT_LEFT: usize = 2;
 
@@ -83,8 +69,11 @@ const KEPT_LEFT: usize = 2;
 /// (`certified_beyond`).
 pub(super) type ReadSegments = Vec<(u64, Vec<u8>)>;
 
-/// `roll_forward`, and the segments it ended in as it read them.
-pub(super) fn roll_forward_keeping(
+/// Rolls forward from `start` along the chain of records (docs/FORMAT.md
+/// "Recovery", step 3), applying each to `map`, until no record continues
+/// the chain. The result's map is empty: the caller keeps `map`. With it,
+/// the segments the chain ended in, as read.
+pub(super) fn roll_forward(
     storage: &dyn Storage,
     sb: &Superblock,
     map: &mut BlockMap,

@@ -80,7 +80,7 @@ pub fn replay_full(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, 
     let index = first_record_index(storage, sb)?;
     let start = log_start(&index).ok_or(RecoveryError::NoLogStart)?;
     let mut map = volume_map(sb);
-    let r = roll_forward(storage, sb, &mut map, start, &index, &HashMap::new())?;
+    let (r, _) = roll_forward(storage, sb, &mut map, start, &index, &HashMap::new())?;
     Ok(Recovered { map, ..r })
 }
 

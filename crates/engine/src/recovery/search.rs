@@ -7,7 +7,7 @@
 //! `checkpoint` (loading a candidate), `chain` (its roll-forward),
 //! `certified`, `scan`, `superblock` (the pointer slots) and `outcome`.
 use super::certified::{read_flush_mark, Certified};
-use super::chain::{log_start, roll_forward_keeping, ReadSegments};
+use super::chain::{log_start, roll_forward, ReadSegments};
 use super::checkpoint::{load_checkpoint, scanned_commits, Known, Load, LoadedCheckpoint, Source};
 use super::outcome::Recovered;
 use super::scan::{
@@ -94,7 +94,7 @@ fn replay_without_checkpoint(
 ) -> Result<Recovered, RecoveryError> {
     let start = log_start(index).ok_or(RecoveryError::NeverInitialised)?;
     let mut map = volume_map(sb);
-    let (r, read) = roll_forward_keeping(storage, sb, &mut map, start, index, known)?;
+    let (r, read) = roll_forward(storage, sb, &mut map, start, index, known)?;
     let beyond = certified_beyond(storage, sb, &r, index, read);
     if let Some(certified) = beyond.or((flush_mark > r.last_seq).then_some(flush_mark)) {
         return Err(RecoveryError::ChainEndsBeforeCertified {
@@ -221,7 +221,7 @@ impl CheckpointSearch<'_> {
                 return Ok(None);
             }
         };
-        let rolled = roll_forward_keeping(storage, sb, &mut map, start, self.index, self.known);
+        let rolled = roll_forward(storage, sb, &mut map, start, self.index, self.known);
         let (r, read) = match rolled {
             Ok(x) => x,
             Err(e) => {
