@@ -241,6 +241,9 @@ impl GroupHead {
         if b.len() < GROUP_HEADER_BYTES || get_u64(b, GROUP_OFF_INDEX) != group {
             return bad("group table of another group");
         }
+        if b.len() > TABLE_PAYLOAD_MAX_BYTES {
+            return bad("group table larger than any written");
+        }
         let first = group.saturating_mul(TABLE_SEGMENTS);
         let expect = segments.saturating_sub(first).min(TABLE_SEGMENTS) as usize;
         let word = get_u32(b, GROUP_OFF_SEGMENTS);
@@ -504,6 +507,10 @@ mod tests {
         // Cut inside the counts: refused.
         let short = &b[..GROUP_HEADER_BYTES + 8 + 10];
         assert!(GroupHead::decode(short, 3, 10).is_err());
+        // Larger than any group written: refused.
+        let mut large = b.clone();
+        large.resize(TABLE_PAYLOAD_MAX_BYTES + 1, 0);
+        assert!(GroupHead::decode(&large, 3, 10).is_err());
         // More rows than its bytes could hold: refused before any is read.
         let mut many = b.clone();
         put_u32(&mut many, GROUP_OFF_ROWS, 1000);

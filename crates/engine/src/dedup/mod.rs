@@ -494,10 +494,12 @@ impl SharedTable {
             self.segs.resize(i + 1, None);
         }
         assert!(self.segs[i].is_none(), "segment {s}'s share set twice");
+        // Counts from a table (bounded by its rows, `check_claimed_counts`):
+        // a crafted sum saturates rather than wrapping.
         let [records, units, extra] = counts;
-        self.records_len += records as usize;
-        self.units_len += units as usize;
-        self.extra_refs += extra;
+        self.records_len = self.records_len.saturating_add(records as usize);
+        self.units_len = self.units_len.saturating_add(units as usize);
+        self.extra_refs = self.extra_refs.saturating_add(extra);
         self.segs[i] = Some(ShareSlot::Packed(Arc::new(rows)));
     }
 

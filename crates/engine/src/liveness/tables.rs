@@ -534,7 +534,10 @@ fn load_group(
 fn check_claimed_counts(head: &GroupHead, c: [u64; 3]) -> Result<[u64; 3], String> {
     let rows = head.count as u64;
     let live = head.live.first().is_some_and(|&l| l > 0);
-    if c[0] + c[1] > rows || (rows > 0 && !live) || c[2] > rows << 33 {
+    if c[0].saturating_add(c[1]) > rows
+        || (rows > 0 && !live)
+        || c[2] > rows.saturating_mul(1 << 33)
+    {
         return Err(format!(
             "row counts {c:?} for {rows} rows (live data: {live})"
         ));
@@ -738,5 +741,8 @@ mod tests {
         let payload = TableGroup::encode_rows(2, &[4096], Some([5, 0, 0]), rows.into_iter());
         let head = GroupHead::decode(&payload, 2, sb.segment_count()).unwrap();
         assert!(check_claimed_counts(&head, [5, 0, 0]).is_err());
+        // Crafted counts that would overflow a sum: refused, no panic.
+        assert!(check_claimed_counts(&head, [u64::MAX, 2, 0]).is_err());
+        assert!(check_claimed_counts(&head, [1, 1, u64::MAX]).is_err());
     }
 }
