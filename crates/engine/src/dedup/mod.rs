@@ -414,10 +414,14 @@ impl SharedTable {
             if self.damage.is_none() {
                 self.damage = p.damage().map(|why| format!("segment {i}: {why}"));
             }
+            // Added before the claimed counts are taken off: a caller may
+            // have taken off a row's share of `extra_refs` already (a unit
+            // row replaced), which the claimed counts hold.
             let [records, units, extra] = counts_of(&share);
-            self.records_len = self.records_len - claimed[0] as usize + records as usize;
-            self.units_len = self.units_len - claimed[1] as usize + units as usize;
-            self.extra_refs = self.extra_refs - claimed[2] + extra;
+            self.records_len =
+                self.records_len.saturating_add(records as usize) - claimed[0] as usize;
+            self.units_len = self.units_len.saturating_add(units as usize) - claimed[1] as usize;
+            self.extra_refs = self.extra_refs.saturating_add(extra) - claimed[2];
             self.segs[i] = Some(ShareSlot::Share(share));
         }
         (self.segs[i].get_or_insert_with(|| ShareSlot::Share(Arc::default()))).share_mut()

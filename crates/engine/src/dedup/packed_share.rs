@@ -289,6 +289,24 @@ mod tests {
         t
     }
 
+    /// A packed segment whose first change replaces a unit's row: the
+    /// caller takes the old row's refs off the totals before the segment
+    /// is decoded (found by the crash simulation with overflow checks on:
+    /// the totals' correction subtracted first and underflowed; where
+    /// overflow wraps, the result was right).
+    #[test]
+    fn regression_a_unit_row_replaced_first_keeps_the_totals() {
+        let (mut packed, mut built) = (table(true), table(false));
+        for t in [&mut packed, &mut built] {
+            t.put_unit(SEG + 9000, Some(UnitLive { refs: 1, owners: 4 }));
+        }
+        assert_eq!(contents(&packed), contents(&built));
+        assert_eq!(contents(&packed).2, [2, 1, 2 + 1]);
+        let mut packed = table(true);
+        packed.put_unit(SEG + 9000, None);
+        assert_eq!(contents(&packed).2, [2, 0, 2]);
+    }
+
     /// Rows a table cannot hold, taken at their table's counts at open:
     /// left out when decoded, never a panic, and reported; the totals
     /// take what the rows hold once the segment changes.
