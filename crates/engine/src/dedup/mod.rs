@@ -480,10 +480,10 @@ impl SharedTable {
             self.segs.resize(i + 1, None);
         }
         assert!(self.segs[i].is_none(), "segment {s}'s share set twice");
-        self.records_len += share.records.len();
-        self.units_len += share.units.len();
-        self.extra_refs += share.records.values().map(Shared::extra).sum::<u64>()
-            + share.units.values().map(|u| u64::from(u.refs)).sum::<u64>();
+        let [records, units, extra] = counts_of(&share);
+        self.records_len += records as usize;
+        self.units_len += units as usize;
+        self.extra_refs += extra;
         self.segs[i] = Some(ShareSlot::Share(Arc::new(share)));
     }
 
@@ -561,8 +561,9 @@ impl SharedTable {
 
     /// `extra_refs` recomputed from the rows.
     pub fn recount_extra(&mut self) {
-        self.extra_refs = self.records().map(|(_, s)| s.extra()).sum::<u64>()
-            + self.units().map(|(_, u)| u64::from(u.refs)).sum::<u64>();
+        self.extra_refs = (self.segs.iter().flatten())
+            .map(|s| counts_of(s.share())[2])
+            .sum();
     }
 
     pub fn get(&self, offset: u64) -> Option<Shared> {

@@ -72,9 +72,6 @@ pub struct PackedShare {
     span: Range<u64>,
     /// The counts the shared table's totals took for these rows.
     claimed: [u64; 3],
-    /// Whether those were its table's word (`GroupHead::counts`), the rows
-    /// unchecked until decoded, rather than counted by open.
-    at_its_word: bool,
     decoded: OnceLock<Decoded>,
 }
 
@@ -98,7 +95,6 @@ impl PackedShare {
         claimed: [u64; 3],
     ) -> PackedShare {
         PackedShare {
-            at_its_word: head.counts == Some(claimed),
             payload,
             head,
             unit_windows,
@@ -108,9 +104,10 @@ impl PackedShare {
         }
     }
 
-    /// Whether the counts were its table's word (`GroupHead::counts`).
+    /// Whether the counts were its table's word (`GroupHead::counts`), the
+    /// rows unchecked until decoded, rather than counted by open.
     pub fn at_its_word(&self) -> bool {
-        self.at_its_word
+        self.head.counts == Some(self.claimed)
     }
 
     /// The segment's share, built on the first call.
