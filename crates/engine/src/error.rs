@@ -434,6 +434,9 @@ pub enum DirError {
     PageBeyondVolume,
     /// Its summarized list does not decode or disagrees with its summary.
     Summary(String),
+    /// The list record its summary names (a list kept apart) is another
+    /// record.
+    ListNotNamed { offset: u64 },
 }
 
 /// Why one map page record a directory names is unusable.
@@ -598,6 +601,10 @@ impl fmt::Display for DirError {
                 write!(f, "map directory names a page beyond the volume")
             }
             DirError::Summary(why) => write!(f, "map directory: {why}"),
+            DirError::ListNotNamed { offset } => write!(
+                f,
+                "map directory: the record at byte {offset} is not the list its summary names"
+            ),
         }
     }
 }

@@ -473,10 +473,13 @@ impl LiveMap {
         self.map.take_dirty_dirs()
     }
 
-    /// Names `r` as directory block `b`'s record.
-    pub(crate) fn dir_written(&mut self, b: usize, r: PageRef) {
-        self.map_record_born(&r);
-        self.map.dir_written(b, r);
+    /// Names `r` as directory block `b`'s record, and `list` as that of
+    /// its list when the list lies apart.
+    pub(crate) fn dir_written(&mut self, b: usize, r: PageRef, list: Option<PageRef>) {
+        for r in std::iter::once(&r).chain(&list) {
+            self.map_record_born(r);
+        }
+        self.map.dir_written(b, r, list);
     }
 
     /// Map records superseded so far (the first of them a checkpoint's

@@ -7,9 +7,9 @@
 //! It depends on `error`, `map` and `cvol-format`/`cvol-storage` only, so
 //! `liveness`, `recovery`, `check` and the volume share it without
 //! depending on each other.
-use crate::error::{ChunkError, EntryLocationError, MetaError, RecordError};
+use crate::error::{ChunkError, DirError, EntryLocationError, MetaError, RecordError};
 use crate::map::{BlockMap, PageSource, SharedBytes};
-use cvol_format::checkpoint::{decode_runs, PageRef};
+use cvol_format::checkpoint::{decode_runs, PageRef, DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::fprints::directory_tables;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::seal;
@@ -215,6 +215,36 @@ impl PageSource for LogPages<'_> {
     fn load(&self, _page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, MetaError> {
         self.entries(r)
             .map_err(|e| MetaError::Damaged(e.to_string()))
+    }
+
+    fn dir_list(&self, block: u64, r: &PageRef) -> Result<Vec<u8>, MetaError> {
+        let damaged = |e: DirError| MetaError::Damaged(format!("map directory block {block}: {e}"));
+        let copy = self.buffered.and_then(|f| f(r.offset, r.len as usize));
+        let (h, rec) = match copy {
+            Some(rec) if rec.len() == r.len as usize => verify_record(self.sb, rec),
+            Some(_) => Err(RecordError::NotExpected),
+            None => read_record(self.storage, self.sb, r.offset, r.len),
+        }
+        .map_err(|e| damaged(DirError::Record(e)))?;
+        check_dir_list(&h, block, r).map_err(damaged)?;
+        Ok(rec[RECORD_HEADER_BYTES..].to_vec())
+    }
+}
+
+/// Checks that the record read for the list of directory block `block`
+/// that its summary names as `r` (`FLAG_DIR_LIST_APART`) is that list: a
+/// MAP_DIR of the block, lz4, with `r`'s crc and seq.
+pub(crate) fn check_dir_list(h: &RecordHeader, block: u64, r: &PageRef) -> Result<(), DirError> {
+    let lba = block * DIR_PAGES * MAP_PAGE_BLOCKS;
+    let named = h.kind == RecordKind::MapDir
+        && h.codec == CodecTag::Lz4
+        && h.crc == r.crc
+        && h.seq == r.seq
+        && h.lba == lba;
+    if named {
+        Ok(())
+    } else {
+        Err(DirError::ListNotNamed { offset: r.offset })
     }
 }
 

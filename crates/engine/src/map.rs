@@ -41,6 +41,11 @@ pub const PAGE_MEMORY_BYTES: u64 = page::DENSE_PAGE_BYTES;
 pub trait PageSource {
     /// The entries of page `page`, from the record `r` names (verified).
     fn load(&self, page: u64, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, MetaError>;
+
+    /// The list of directory block `block` from the record `r` names, a
+    /// block's list kept apart from its summary (verified: a MAP_DIR of
+    /// that block with `r`'s crc): its lz4 bytes, length prepended.
+    fn dir_list(&self, block: u64, r: &PageRef) -> Result<Vec<u8>, MetaError>;
 }
 
 /// Log bytes per region of a page's reference summary.
@@ -77,6 +82,9 @@ struct DirBlock {
     packed: Option<Box<packed::Packed>>,
     /// Its MAP_DIR record, once written.
     record: Option<PageRef>,
+    /// The record of its list, when the list lies apart from `record`
+    /// (`FLAG_DIR_LIST_APART`): written, named and retired with it.
+    list: Option<PageRef>,
     /// Changed since `record` was written.
     dirty: bool,
 }
@@ -440,6 +448,7 @@ impl BlockMap {
                 refs: Vec::new(),
                 packed: None,
                 record: None,
+                list: None,
                 dirty: true,
             }));
         }
@@ -472,7 +481,7 @@ impl BlockMap {
         src: &dyn PageSource,
     ) -> Result<(), MetaError> {
         let end = end.min(self.blocks);
-        self.unpack_lbas(first, end)?;
+        self.unpack_lbas(first, end, src)?;
         let mut lba = first;
         while let Some(l) = self.next_allocated_page_lba(lba).filter(|&l| l < end) {
             self.fault_page(l as usize / PAGE_BLOCKS, src)?;
@@ -484,14 +493,16 @@ impl BlockMap {
     /// The pages of [first, end) with entries that are not in memory, and
     /// their records: what `fault_in` would read. The lookup of a client
     /// request: its pages in memory count as hits (a miss counts when the
-    /// page is read).
+    /// page is read). Directory blocks of the range still packed are
+    /// decoded (a list kept apart read from `src`).
     pub fn missing_pages(
         &mut self,
         first: u64,
         end: u64,
+        src: &dyn PageSource,
     ) -> Result<Vec<(usize, PageRef)>, MetaError> {
         let end = end.min(self.blocks);
-        self.unpack_lbas(first, end)?;
+        self.unpack_lbas(first, end, src)?;
         let mut out = Vec::new();
         let mut lba = first;
         while let Some(l) = self.next_allocated_page_lba(lba).filter(|&l| l < end) {
@@ -528,7 +539,7 @@ impl BlockMap {
         if !self.allocated.get(p) {
             return Ok(());
         }
-        self.unpack_page(p)?;
+        self.unpack_page(p, src)?;
         self.counts.misses += 1;
         let page = self.read_page(p, src)?;
         if let Some(o) = self.originals.as_mut() {
@@ -663,8 +674,9 @@ impl BlockMap {
             );
             d.dirty = false;
             if d.refs.is_empty() {
-                let record = d.record.take();
+                let (record, list) = (d.record.take(), d.list.take());
                 self.retired.extend(record);
+                self.retired.extend(list);
                 self.dirs[b] = None;
                 continue;
             }
@@ -678,32 +690,40 @@ impl BlockMap {
     }
 
     /// Names record `r` as directory block `b`'s.
-    pub fn dir_written(&mut self, b: usize, r: PageRef) {
+    pub fn dir_written(&mut self, b: usize, r: PageRef, list: Option<PageRef>) {
         match self.dirs[b].as_mut() {
             Some(d) => {
-                let old = d.record.replace(r);
-                self.retired.extend(old);
+                let old = (d.record.replace(r), std::mem::replace(&mut d.list, list));
+                self.retired.extend(old.0);
+                self.retired.extend(old.1);
             }
-            None => self.retired.push(r),
+            None => {
+                self.retired.push(r);
+                self.retired.extend(list);
+            }
         }
     }
 
     /// Marks directory block `b` changed (its record must be rewritten),
-    /// its list decoded first if packed.
-    pub fn mark_dir_dirty(&mut self, b: usize) -> Result<(), MetaError> {
-        self.unpack(b)?;
+    /// its list decoded first if packed (read from `src` if apart).
+    pub fn mark_dir_dirty(&mut self, b: usize, src: &dyn PageSource) -> Result<(), MetaError> {
+        self.unpack(b, src)?;
         if let Some(d) = self.dirs[b].as_mut() {
             d.dirty = true;
         }
         Ok(())
     }
 
-    /// Is `offset` the record of directory block `b`?
+    /// Is `offset` the record of directory block `b`, or of its list
+    /// kept apart?
     pub fn dir_record_is(&self, b: usize, offset: u64) -> bool {
-        self.dirs
-            .get(b)
-            .and_then(|d| d.as_ref()?.record)
-            .is_some_and(|r| r.offset == offset)
+        let Some(d) = self.dirs.get(b).and_then(|d| d.as_ref()) else {
+            return false;
+        };
+        [d.record, d.list]
+            .iter()
+            .flatten()
+            .any(|r| r.offset == offset)
     }
 
     /// The MAP_DIR records of every directory block, in block order; None
@@ -730,7 +750,7 @@ impl BlockMap {
     pub fn for_each_record(&self, mut f: impl FnMut(u64, u32)) {
         assert_eq!(self.packed_count, 0, "records of packed directory blocks");
         for d in self.dirs.iter().flatten() {
-            if let Some(r) = d.record {
+            for r in [d.record, d.list].iter().flatten() {
                 f(r.offset, r.len);
             }
             d.refs.iter().for_each(|(_, r)| f(r.offset, r.len));
@@ -808,7 +828,10 @@ impl BlockMap {
         let dirs: usize = (self.dirs.iter().flatten())
             .map(|d| {
                 let packed = d.packed.as_ref().map_or(0, |p| {
-                    p.list.len() + p.summary.uses.capacity() * 24 + DIR_SLOTS / 8 + 64
+                    p.list.as_ref().map_or(0, |l| l.len())
+                        + p.summary.uses.capacity() * 24
+                        + DIR_SLOTS / 8
+                        + 64
                 });
                 d.refs.capacity() * std::mem::size_of::<(u16, PageRef)>() + packed + 64
             })

@@ -246,6 +246,22 @@ const DIRSUM_OFF_BITMAP: usize = DIRSUM_OFF_USES + 4;
 pub const DIRSUM_HEADER_BYTES: usize = DIRSUM_OFF_BITMAP + DIR_BITMAP_BYTES;
 /// Bytes of one segment use.
 pub const DIR_USE_BYTES: usize = 24;
+/// Set in a summarized MAP_DIR's segment-use count when the block's list
+/// lies in a record of its own (`DirList::Apart`), named by the
+/// `DIR_LIST_REF_BYTES` after the uses.
+pub const DIRSUM_LIST_APART: u32 = 1 << 31;
+/// Bytes of the reference to a list record: offset u64, total length u32,
+/// crc u32, seq u64.
+pub const DIR_LIST_REF_BYTES: usize = 24;
+
+/// Where a summarized block's list is: in its MAP_DIR record after the
+/// summary (lz4, length prepended), or in a MAP_DIR record of its own (an
+/// lz4 list, the unsummarized layout) that the summary names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirList<'a> {
+    Inline(&'a [u8]),
+    Apart(PageRef),
+}
 
 /// The page records of a directory block that lie in one segment: how
 /// many bytes they hold and the highest seq among them.
@@ -305,11 +321,27 @@ impl DirSummary {
     /// The summarized payload: this summary, then `packed` (the block's
     /// `DirPayload` entries, compressed by the caller).
     pub fn encode(&self, packed: &[u8]) -> Vec<u8> {
+        self.encode_with(0, packed)
+    }
+
+    /// The summarized payload of a block whose list lies in the record
+    /// `list` (`DirList::Apart`).
+    pub fn encode_apart(&self, list: &PageRef) -> Vec<u8> {
+        let mut r = [0u8; DIR_LIST_REF_BYTES];
+        put_u64(&mut r, 0, list.offset);
+        put_u32(&mut r, 8, list.len);
+        put_u32(&mut r, 12, list.crc);
+        put_u64(&mut r, 16, list.seq);
+        self.encode_with(DIRSUM_LIST_APART, &r)
+    }
+
+    fn encode_with(&self, flags: u32, packed: &[u8]) -> Vec<u8> {
         let uses_at = DIRSUM_HEADER_BYTES;
         let packed_at = uses_at + self.uses.len() * DIR_USE_BYTES;
         let mut v = vec![0u8; packed_at + packed.len()];
+        assert!((self.uses.len() as u32) < DIRSUM_LIST_APART);
         put_u32(&mut v, DIRSUM_OFF_PAGES, self.pages);
-        put_u32(&mut v, DIRSUM_OFF_USES, self.uses.len() as u32);
+        put_u32(&mut v, DIRSUM_OFF_USES, self.uses.len() as u32 | flags);
         for (i, w) in self.bitmap.iter().enumerate() {
             put_u64(&mut v, DIRSUM_OFF_BITMAP + i * 8, *w);
         }
@@ -323,13 +355,16 @@ impl DirSummary {
         v
     }
 
-    /// Decodes a summarized payload: the summary, and the bytes after it
-    /// (the compressed entries). The page count must match the bitmap, the
-    /// segments ascend and every use holds bytes.
-    pub fn decode(b: &[u8]) -> Result<(DirSummary, &[u8]), FormatError> {
+    /// Decodes a summarized payload: the summary, and where its list is
+    /// (the compressed entries after it, or the record it names). The
+    /// page count must match the bitmap, the segments ascend and every use
+    /// holds bytes; a named list is all that follows the uses.
+    pub fn decode(b: &[u8]) -> Result<(DirSummary, DirList<'_>), FormatError> {
         need(b, DIRSUM_HEADER_BYTES)?;
         let pages = get_u32(b, DIRSUM_OFF_PAGES);
-        let nuses = get_u32(b, DIRSUM_OFF_USES) as usize;
+        let word = get_u32(b, DIRSUM_OFF_USES);
+        let apart = word & DIRSUM_LIST_APART != 0;
+        let nuses = (word & !DIRSUM_LIST_APART) as usize;
         let packed_at = nuses
             .checked_mul(DIR_USE_BYTES)
             .and_then(|n| n.checked_add(DIRSUM_HEADER_BYTES))
@@ -360,7 +395,20 @@ impl DirSummary {
             bitmap,
             uses,
         };
-        Ok((s, &b[packed_at..]))
+        let rest = &b[packed_at..];
+        if !apart {
+            return Ok((s, DirList::Inline(rest)));
+        }
+        if rest.len() != DIR_LIST_REF_BYTES {
+            return Err(FormatError::Invalid("map directory list reference length"));
+        }
+        let r = PageRef {
+            offset: get_u64(rest, 0),
+            len: get_u32(rest, 8),
+            crc: get_u32(rest, 12),
+            seq: get_u64(rest, 16),
+        };
+        Ok((s, DirList::Apart(r)))
     }
 }
 
@@ -517,7 +565,16 @@ mod tests {
         assert_eq!(uses, vec![(1, 200, 7), (3, 100, 9)]);
         let b = s.encode(b"list");
         let (back, list) = DirSummary::decode(&b).unwrap();
-        assert_eq!((back, list), (s.clone(), &b"list"[..]));
+        assert_eq!((back, list), (s.clone(), DirList::Inline(&b"list"[..])));
+        // A list apart: the summary names its record, and nothing follows.
+        let at = r(4096, 11);
+        let apart = s.encode_apart(&at);
+        let (back, list) = DirSummary::decode(&apart).unwrap();
+        assert_eq!((back, list), (s.clone(), DirList::Apart(at)));
+        assert!(DirSummary::decode(&apart[..apart.len() - 1]).is_err());
+        let mut longer = apart.clone();
+        longer.push(0);
+        assert!(DirSummary::decode(&longer).is_err());
         // A page count that is not the bitmap's, segments out of order, a
         // use without bytes and a short payload are refused.
         let mut wrong = b.clone();

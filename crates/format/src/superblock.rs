@@ -14,7 +14,9 @@
 //!             9-10 `FLAG_PAGE_PACKING`, `FLAG_PAGE_SORTED` (below); bit 11
 //!             `FLAG_HOOK_SNAPSHOT`: the map directory has the hook
 //!             snapshot's slots (set at create and at the first open for
-//!             writing of an older volume); other bits 0
+//!             writing of an older volume); bits 12-15 `FLAG_POOL`,
+//!             `FLAG_ENCRYPTED`, `FLAG_DIR_SUMMARY`, `FLAG_DIR_LIST_APART`
+//!             (below); other bits 0
 //! 16     16   volume uuid (random)
 //! 32     8    logical_size_bytes   (multiple of 4096)
 //! 40     8    physical_size_bytes  (backing bytes the volume may use)
@@ -121,6 +123,12 @@ pub const FLAG_ENCRYPTED: u32 = 8192;
 /// Set at create and at the first open for writing of an older volume:
 /// an older binary would misread a summarized block.
 pub const FLAG_DIR_SUMMARY: u32 = 16384;
+/// With `FLAG_DIR_SUMMARY`: a summarized directory block's list may lie
+/// in a record of its own, which the summary names
+/// (`checkpoint::DirList::Apart`), so that open reads the summaries
+/// alone. Set at create and at the first open for writing of an older
+/// volume: an older binary would take a named list for a damaged one.
+pub const FLAG_DIR_LIST_APART: u32 = 32768;
 /// Where the key slot lies in each superblock copy (after the fields
 /// above and their crc; its own crc covers it).
 pub const KEY_SLOT_OFFSET: usize = 256;
@@ -138,7 +146,8 @@ const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_HOOK_SNAPSHOT
     | FLAG_POOL
     | FLAG_ENCRYPTED
-    | FLAG_DIR_SUMMARY;
+    | FLAG_DIR_SUMMARY
+    | FLAG_DIR_LIST_APART;
 
 /// The page records are packed into under `Packing::Page*` (flash's page).
 pub const PACKING_PAGE_BYTES: u64 = 4096;
@@ -566,13 +575,18 @@ mod tests {
     #[test]
     fn the_hook_snapshot_and_pool_flags_are_known_and_the_next_bit_is_not() {
         let mut sb = sample();
-        sb.flags |= FLAG_HOOK_SNAPSHOT | FLAG_FP_TABLES | FLAG_POOL | FLAG_DIR_SUMMARY;
+        sb.flags |= FLAG_HOOK_SNAPSHOT
+            | FLAG_FP_TABLES
+            | FLAG_POOL
+            | FLAG_DIR_SUMMARY
+            | FLAG_DIR_LIST_APART;
         assert_eq!(FLAG_HOOK_SNAPSHOT, 1 << 11);
         assert_eq!(FLAG_POOL, 1 << 12);
         assert_eq!(FLAG_DIR_SUMMARY, 1 << 14);
+        assert_eq!(FLAG_DIR_LIST_APART, 1 << 15);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap().flags, sb.flags);
         assert!(sb.is_pool());
-        sb.flags |= FLAG_DIR_SUMMARY << 1;
+        sb.flags |= FLAG_DIR_LIST_APART << 1;
         assert_eq!(
             Superblock::decode(&sb.encode()),
             Err(FormatError::Invalid("unknown superblock flags"))

@@ -12,7 +12,7 @@
 //! panic; whatever decodes re-encodes to something that decodes to the same
 //! value.
 use cvol_format::checkpoint::{
-    decode_runs, push_run, CommitPayload, DirPayload, DirSummary, DIR_PAGES,
+    decode_runs, push_run, CommitPayload, DirList, DirPayload, DirSummary, DIR_PAGES,
 };
 use cvol_format::fprints::FpTable;
 use cvol_format::pointer::{POINTER_BYTES, POINTER_MAGIC};
@@ -267,14 +267,19 @@ fn commit(body: &[u8]) {
 
 /// A summarized MAP_DIR payload: a summary that decodes names as many
 /// pages as its bitmap holds, segments strictly ascending with bytes, and
-/// re-encodes (with the rest as its list) byte for byte.
+/// re-encodes (with the rest as its list, or the list record it names)
+/// byte for byte.
 fn dir_summary(body: &[u8]) {
     if let Ok((s, list)) = DirSummary::decode(body) {
         let bits: u32 = s.bitmap.iter().map(|w| w.count_ones()).sum();
         assert_eq!(bits, s.pages);
         assert!(s.uses.windows(2).all(|w| w[0].segment < w[1].segment));
         assert!(s.uses.iter().all(|u| u.bytes > 0));
-        assert_eq!(s.encode(list), body, "a summary re-encodes byte for byte");
+        let again = match list {
+            DirList::Inline(list) => s.encode(list),
+            DirList::Apart(r) => s.encode_apart(&r),
+        };
+        assert_eq!(again, body, "a summary re-encodes byte for byte");
     }
 }
 

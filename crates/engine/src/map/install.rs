@@ -53,14 +53,17 @@ impl BlockMap {
             refs,
             packed: None,
             record: None,
+            list: None,
             dirty: true,
         }));
     }
 
-    /// Names the MAP_DIR record of directory block `b` at open (clean).
-    pub fn install_dir_record(&mut self, b: usize, r: PageRef) {
+    /// Names the MAP_DIR record of directory block `b` at open (clean),
+    /// and that of its list if the list lies apart.
+    pub fn install_dir_record(&mut self, b: usize, r: PageRef, list: Option<PageRef>) {
         if let Some(d) = self.dirs[b].as_mut() {
             d.record = Some(r);
+            d.list = list;
             d.dirty = false;
         }
     }

@@ -7,16 +7,20 @@
 //! (`unpack_*`): a fault, a change, a checkpoint, the cleaner. Opening a
 //! map with many pages then costs what the summaries hold, not a decode
 //! per page (a pool's snapshots name hundreds of thousands of pages).
-use super::{BlockMap, DirBlock, DIR_SLOTS, PAGE_BLOCKS};
+//! A list kept apart from its summary (`FLAG_DIR_LIST_APART`) is not even
+//! read at open: it is read, from the record the summary names, when the
+//! block is decoded.
+use super::{BlockMap, DirBlock, PageSource, DIR_SLOTS, PAGE_BLOCKS};
 use crate::error::MetaError;
 use cvol_format::checkpoint::{DirPayload, DirSummary, PageRef, SegmentUse, DIR_ENTRY_BYTES};
 use std::ops::Range;
 use std::sync::Arc;
 
-/// A packed block: its summary and its compressed list.
+/// A packed block: its summary and its compressed list, or None when the
+/// list lies apart (in the record `DirBlock::list` names).
 pub(super) struct Packed {
     pub(super) summary: DirSummary,
-    pub(super) list: SharedBytes,
+    pub(super) list: Option<SharedBytes>,
 }
 
 /// A range of a buffer several records were read into together, which
@@ -104,12 +108,13 @@ impl Segments {
 impl BlockMap {
     /// Installs directory block `b` at open from its summarized record:
     /// its pages allocated (left on disk), its list kept compressed where
-    /// it was read.
+    /// it was read, or (None) left unread in its own record, which
+    /// `install_dir_record` names.
     pub fn install_packed_block(
         &mut self,
         b: usize,
         summary: DirSummary,
-        list: SharedBytes,
+        list: Option<SharedBytes>,
         segments: Segments,
     ) {
         assert!(
@@ -138,6 +143,7 @@ impl BlockMap {
             refs: Vec::new(),
             packed: Some(Box::new(Packed { summary, list })),
             record: None,
+            list: None,
             dirty: true,
         }));
     }
@@ -147,9 +153,10 @@ impl BlockMap {
         self.packed_count
     }
 
-    /// Decodes directory block `b`'s list if it is packed. A list that
-    /// does not decode, or disagrees with its summary, is damage.
-    pub fn unpack(&mut self, b: usize) -> Result<(), MetaError> {
+    /// Decodes directory block `b`'s list if it is packed (a list kept
+    /// apart read from `src` first). A list that does not read or decode,
+    /// or disagrees with its summary, is damage.
+    pub fn unpack(&mut self, b: usize, src: &dyn PageSource) -> Result<(), MetaError> {
         let Some(d) = self.dirs.get_mut(b).and_then(|d| d.as_mut()) else {
             return Ok(());
         };
@@ -159,7 +166,20 @@ impl BlockMap {
         let segments = self
             .packed_segments
             .expect("set with the first packed block");
-        match decode_list(b, &packed, segments) {
+        let read = match (&packed.list, d.list) {
+            (Some(_), _) => Ok(None),
+            (None, Some(r)) => src.dir_list(b as u64, &r).map(Some),
+            (None, None) => panic!("packed directory block {b} without its list"),
+        };
+        let decoded = read.and_then(|apart| {
+            let list = packed
+                .list
+                .as_deref()
+                .or(apart.as_deref())
+                .unwrap_or_default();
+            decode_list(b, &packed.summary, list, segments)
+        });
+        match decoded {
             Ok(refs) => {
                 d.refs = refs;
                 self.packed_count -= 1;
@@ -174,21 +194,26 @@ impl BlockMap {
 
     /// `unpack` of every directory block holding a page of the LBAs
     /// [first, end).
-    pub fn unpack_lbas(&mut self, first: u64, end: u64) -> Result<(), MetaError> {
+    pub fn unpack_lbas(
+        &mut self,
+        first: u64,
+        end: u64,
+        src: &dyn PageSource,
+    ) -> Result<(), MetaError> {
         let end = end.min(self.blocks);
         if first >= end || self.packed_count == 0 {
             return Ok(());
         }
         let block_lbas = (DIR_SLOTS * PAGE_BLOCKS) as u64;
         for b in first / block_lbas..end.div_ceil(block_lbas) {
-            self.unpack(b as usize)?;
+            self.unpack(b as usize, src)?;
         }
         Ok(())
     }
 
     /// `unpack` of the directory block of page `p`.
-    pub fn unpack_page(&mut self, p: usize) -> Result<(), MetaError> {
-        self.unpack(p / DIR_SLOTS)
+    pub fn unpack_page(&mut self, p: usize, src: &dyn PageSource) -> Result<(), MetaError> {
+        self.unpack(p / DIR_SLOTS, src)
     }
 
     /// Marks every decoded directory block with a record changed: the next
@@ -202,14 +227,29 @@ impl BlockMap {
         }
     }
 
+    /// Marks every directory block with a record whose list is not kept
+    /// apart changed (decoding it if packed): the next checkpoint writes
+    /// each with its list apart (`FLAG_DIR_LIST_APART`, an older volume's
+    /// blocks), so that later opens read their summaries alone.
+    pub fn mark_inline_lists_dirty(&mut self, src: &dyn PageSource) -> Result<(), MetaError> {
+        for b in 0..self.dirs.len() {
+            let inline =
+                (self.dirs[b].as_ref()).is_some_and(|d| d.record.is_some() && d.list.is_none());
+            if inline {
+                self.mark_dir_dirty(b, src)?;
+            }
+        }
+        Ok(())
+    }
+
     /// `unpack` of every directory block: what whole-map walks (`scan`,
     /// `for_each_record`, `cvol check`) need first.
-    pub fn unpack_all(&mut self) -> Result<(), MetaError> {
+    pub fn unpack_all(&mut self, src: &dyn PageSource) -> Result<(), MetaError> {
         for b in 0..self.dirs.len() {
             if self.packed_count == 0 {
                 break;
             }
-            self.unpack(b)?;
+            self.unpack(b, src)?;
         }
         Ok(())
     }
@@ -224,7 +264,7 @@ impl BlockMap {
         mut uses: impl FnMut(&SegmentUse),
     ) {
         for d in self.dirs.iter().flatten() {
-            if let Some(r) = d.record {
+            for r in [d.record, d.list].iter().flatten() {
                 rec(r.offset, r.len);
             }
             match &d.packed {
@@ -235,13 +275,15 @@ impl BlockMap {
     }
 }
 
-/// The list of packed block `b`, decoded and checked against its summary.
+/// The list of packed block `b` (`list`: its compressed bytes), decoded
+/// and checked against its summary.
 fn decode_list(
     b: usize,
-    packed: &Packed,
+    summary: &DirSummary,
+    list: &[u8],
     segments: Segments,
 ) -> Result<Vec<(u16, PageRef)>, MetaError> {
-    let d = decode_summarized(b as u64, &packed.summary, &packed.list, segments)
+    let d = decode_summarized(b as u64, summary, list, segments)
         .map_err(|why| MetaError::Damaged(format!("map directory block {b}: {why}")))?;
     let base = (b * DIR_SLOTS) as u64;
     Ok((d.pages.into_iter())

@@ -10,6 +10,9 @@ struct Records {
     by_offset: RefCell<HashMap<u64, Vec<(u64, MapEntry)>>>,
     next: RefCell<u64>,
     reads: RefCell<u64>,
+    /// Directory lists kept apart, keyed by offset, and their reads.
+    lists: RefCell<HashMap<u64, Vec<u8>>>,
+    list_reads: RefCell<u64>,
 }
 
 impl Records {
@@ -23,7 +26,7 @@ impl Records {
         }
         for (b, _) in m.take_dirty_dirs() {
             let r = self.put(Vec::new());
-            m.dir_written(b, r);
+            m.dir_written(b, r, None);
         }
         m.take_retired(m.retired().len())
     }
@@ -49,6 +52,12 @@ impl PageSource for Records {
             .get(&r.offset)
             .cloned()
             .ok_or_else(|| MetaError::Damaged("no such record".into()))
+    }
+
+    fn dir_list(&self, _block: u64, r: &PageRef) -> Result<Vec<u8>, MetaError> {
+        *self.list_reads.borrow_mut() += 1;
+        (self.lists.borrow().get(&r.offset).cloned())
+            .ok_or_else(|| MetaError::Damaged("no such list".into()))
     }
 }
 
@@ -137,7 +146,7 @@ fn a_checkpoint_writes_only_what_changed_and_clean_pages_can_be_dropped() {
     let counts = m.cache_counts();
     assert_eq!((counts.misses, counts.evictions), (1, 11));
     // A client request's lookup counts a page in memory as a hit.
-    let missing = |m: &mut BlockMap, a, b| m.missing_pages(a, b).expect("nothing packed");
+    let missing = |m: &mut BlockMap, a, b| m.missing_pages(a, b, &src).expect("nothing packed");
     assert!(missing(&mut m, 5 * MAP_PAGE_BLOCKS, 6 * MAP_PAGE_BLOCKS).is_empty());
     assert_eq!(missing(&mut m, 0, 2 * MAP_PAGE_BLOCKS).len(), 2);
     assert_eq!(m.cache_counts().hits, 1);
@@ -379,8 +388,79 @@ fn packed_map(summarized: &[(u64, PageRef)], listed: &[(u64, PageRef)]) -> Block
     .encode();
     let list = lz4_flex::block::compress_prepend_size(&raw);
     let mut m = BlockMap::new(3000 * MAP_PAGE_BLOCKS);
-    m.install_packed_block(0, s, SharedBytes::owned(list), TWO_BYTE_SEGMENTS);
+    m.install_packed_block(0, s, Some(SharedBytes::owned(list)), TWO_BYTE_SEGMENTS);
     m
+}
+
+/// `packed_map` with the list kept apart, in `recs` at offset 999 (the
+/// block's own record at 998).
+fn packed_apart(
+    recs: &Records,
+    summarized: &[(u64, PageRef)],
+    listed: &[(u64, PageRef)],
+) -> BlockMap {
+    use cvol_format::checkpoint::{DirPayload, DirSummary};
+    let s = DirSummary::of(summarized, |o| TWO_BYTE_SEGMENTS.locate(o));
+    let raw = DirPayload {
+        pages: listed.to_vec(),
+    }
+    .encode();
+    let list = lz4_flex::block::compress_prepend_size(&raw);
+    recs.lists.borrow_mut().insert(999, list);
+    let at = |offset| PageRef {
+        offset,
+        len: 100,
+        crc: 0,
+        seq: offset,
+    };
+    let mut m = BlockMap::new(3000 * MAP_PAGE_BLOCKS);
+    m.install_packed_block(0, s, None, TWO_BYTE_SEGMENTS);
+    m.install_dir_record(0, at(998), Some(at(999)));
+    m
+}
+
+#[test]
+fn a_list_kept_apart_is_read_when_its_block_is_first_needed() {
+    let (recs, pages) = written_block();
+    let mut m = packed_apart(&recs, &pages, &pages);
+    assert!(m.is_allocated(3) && m.is_allocated(700) && !m.is_allocated(4));
+    // Liveness names the block's record and its list's, and counts the
+    // pages by the summary; nothing is read for that.
+    let mut named = Vec::new();
+    m.for_each_record_use(|o, _| named.push(o), |_| {});
+    assert_eq!((named, *recs.list_reads.borrow()), (vec![998, 999], 0));
+    assert!(m.dir_record_is(0, 998) && m.dir_record_is(0, 999) && !m.dir_record_is(0, 5));
+    m.fault_in(5 * MAP_PAGE_BLOCKS, 5 * MAP_PAGE_BLOCKS + 1, &recs)
+        .expect("fault");
+    assert_eq!((m.packed_blocks(), *recs.list_reads.borrow()), (0, 1));
+    assert_eq!(m.get(5 * MAP_PAGE_BLOCKS + 1), entry(5));
+    for &(p, r) in &pages {
+        assert_eq!(m.page_ref(p as usize), Some(r));
+    }
+    // Written again, the block retires its record and its list's.
+    m.mark_dir_dirty(0, &recs).expect("decoded");
+    let retired: Vec<u64> = recs.checkpoint(&mut m).iter().map(|r| r.offset).collect();
+    assert!(
+        retired.contains(&998) && retired.contains(&999),
+        "{retired:?}"
+    );
+}
+
+#[test]
+fn a_list_kept_apart_that_is_missing_or_wrong_is_damage_not_a_panic() {
+    let (recs, pages) = written_block();
+    let lba = 5 * MAP_PAGE_BLOCKS;
+    for listed in [&pages[..2], &pages[..]] {
+        let mut m = packed_apart(&recs, &pages, listed);
+        if listed.len() == pages.len() {
+            recs.lists.borrow_mut().remove(&999);
+        }
+        let e = m.fault_in(lba, lba + 1, &recs).expect_err("damage");
+        assert!(matches!(e, MetaError::Damaged(_)), "{e}");
+        assert!(m.missing_pages(lba, lba + 1, &recs).is_err());
+        assert!(m.mark_dir_dirty(0, &recs).is_err());
+        assert_eq!(m.packed_blocks(), 1, "still packed, nothing half-installed");
+    }
 }
 
 #[test]
@@ -427,8 +507,8 @@ fn a_packed_list_that_disagrees_with_its_summary_is_damage_not_a_panic() {
         let lba = 5 * MAP_PAGE_BLOCKS;
         let e = m.fault_in(lba, lba + 1, &recs).expect_err("damage");
         assert!(matches!(e, MetaError::Damaged(_)), "{e}");
-        assert!(m.missing_pages(lba, lba + 1).is_err());
-        assert!(m.mark_dir_dirty(0).is_err());
+        assert!(m.missing_pages(lba, lba + 1, &recs).is_err());
+        assert!(m.mark_dir_dirty(0, &recs).is_err());
         assert_eq!(m.packed_blocks(), 1, "still packed, nothing half-installed");
     }
 }

@@ -7,6 +7,7 @@
 //! may step over when damaged (`known_checkpoint_records`). Uses `chain`
 //! (`Start`) and `scan` (the records a scan found).
 use super::chain::{KnownRecords, Start};
+use super::dir_records::{parse_dir_body, read_dir, read_lists, DirBody, DirRead};
 use super::scan::{LogScan, Scanned};
 use crate::error::{CheckpointError, DirError, PageError, RecordError, TableError};
 use crate::liveness::{LoadedGroup, LoadedTables};
@@ -14,11 +15,9 @@ use crate::logread::{
     read_chunk, read_record, read_records, read_records_shared, volume_map, LogPages,
 };
 use crate::map::{decode_summarized, BlockMap, Page, Segments, SharedBytes};
-use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirPayload, DirSummary, PageRef};
+use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirSummary, PageRef};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
-use cvol_format::fprints::directory_tables;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
-use cvol_format::superblock::FLAG_DIR_SUMMARY;
 use cvol_format::tables::{table_count, GroupHead, TableRoot};
 use cvol_format::{CheckpointPointer, CodecTag, Superblock};
 use cvol_storage::Storage;
@@ -100,11 +99,13 @@ pub(super) fn known_checkpoint_records(
             }
             continue;
         }
-        // A paged map: the directory blocks and pages this checkpoint wrote
-        // (after its snapshot) lie among the records roll-forward passes
-        // over; their seqs are in the directory.
-        for (_, d, pages) in dirs.into_iter().flatten() {
-            for r in std::iter::once(d).chain(pages.into_iter().map(|(_, r)| r)) {
+        // A paged map: the directory blocks (and lists kept apart) and
+        // pages this checkpoint wrote (after its snapshot) lie among the
+        // records roll-forward passes over; their seqs are in the
+        // directory.
+        for d in dirs.into_iter().flatten() {
+            let own = std::iter::once(d.record).chain(d.list);
+            for r in own.chain(d.pages.into_iter().map(|(_, r)| r)) {
                 if r.seq > cp.snapshot_seq && r.seq < p.commit_seq {
                     known.insert(r.seq, (r.offset, r.len, p.commit_epoch));
                 }
@@ -457,7 +458,9 @@ fn load_paged(
 
 /// The directory's blocks (`records`: the MAP_DIR records `commit` names,
 /// in its order) into `loaded`, their pages named or read per `load`;
-/// the tables they name (by table index), in order.
+/// the tables they name (by table index), in order. The lists kept apart
+/// of blocks that cannot stay packed are read together after the
+/// summaries.
 fn load_dirs(
     storage: &dyn Storage,
     sb: &Superblock,
@@ -467,18 +470,16 @@ fn load_dirs(
     loaded: &mut LoadedMap,
 ) -> Result<Vec<(usize, PageRef)>, CheckpointError> {
     let partial = load == Load::Partial;
-    let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
-    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
     let mut spans: Vec<Option<Option<(u64, u64)>>> = Vec::new();
-    let mut dirs = Vec::new();
-    let mut tables: Vec<(usize, PageRef)> = Vec::new();
-    let (mut verify, mut pages_of_block) = (Vec::new(), Vec::new());
+    let mut dirs: Vec<(usize, PageRef, Option<PageRef>)> = Vec::new();
+    let mut apart = Vec::new();
+    let mut taken = Taken::default();
     for (c, rec) in commit.chunks.iter().zip(records) {
-        let after = dirs.last().map(|&(last, _)| last);
+        let after = dirs.last().map(|&(last, ..)| last);
         let read = (rec.map_err(DirError::Record))
             .and_then(|(h, rec)| dir_pages(sb, c, &h, &rec, (load, after), loaded));
-        let (b, r, pages) = match read {
-            Ok(d) if dirs.last().is_none_or(|&(last, _)| last < d.0) => d,
+        let (b, r, list, pages) = match read {
+            Ok(d) if after.is_none_or(|last| last < d.0) => d,
             Ok(_) => return Err(CheckpointError::DirsOutOfOrder),
             Err(e) if !partial => return Err(CheckpointError::Dir(e)),
             Err(_) => {
@@ -486,27 +487,31 @@ fn load_dirs(
                 continue;
             }
         };
-        loaded.records.note(sb, r.offset, r.seq);
-        dirs.push((b, r));
-        let first = (b as u64 * block_blocks).min(sb.logical_blocks());
-        let end = (first + block_blocks).min(sb.logical_blocks());
-        spans.push(Some(Some((first, end))));
-        for (p, r) in pages {
+        for r in std::iter::once(r).chain(list) {
             loaded.records.note(sb, r.offset, r.seq);
-            match p.checked_sub(npages) {
-                Some(t) => tables.push((t as usize, r)),
-                None => pages_of_block.push((p, r)),
-            }
         }
-        load_pages(storage, sb, &pages_of_block, load, &mut verify, loaded)?;
-        pages_of_block.clear();
+        dirs.push((b, r, list));
+        spans.push(Some(Some(block_span(sb, b))));
+        match pages {
+            BlockPages::Listed(pages) => taken.block(storage, sb, &pages, load, loaded)?,
+            BlockPages::Packed => {}
+            BlockPages::Apart(s, r) => apart.push((spans.len() - 1, b, s, r)),
+        }
     }
-    verify_pages(storage, sb, &verify, &mut loaded.map)?;
-    for &(t, r) in &tables {
+    let want: Vec<_> = apart.iter().map(|(_, b, s, r)| (*b, &**s, *r)).collect();
+    for ((i, ..), pages) in apart.iter().zip(read_lists(storage, sb, &want)) {
+        match pages {
+            Ok(pages) => taken.block(storage, sb, &pages, load, loaded)?,
+            Err(e) if !partial => return Err(CheckpointError::Dir(e)),
+            Err(_) => spans[*i] = None,
+        }
+    }
+    verify_pages(storage, sb, &taken.verify, &mut loaded.map)?;
+    for &(t, r) in &taken.tables {
         loaded.map.set_table_ref(t, Some(r));
     }
-    for (b, r) in dirs {
-        loaded.map.install_dir_record(b, r);
+    for (b, r, list) in dirs {
+        loaded.map.install_dir_record(b, r, list);
     }
     if matches!(load, Load::Lazy { .. }) {
         loaded.map.record_originals();
@@ -515,16 +520,67 @@ fn load_dirs(
         .lost_spans
         .extend(damaged_spans(&spans, sb.logical_blocks()));
     loaded.lost_spans.sort_unstable();
-    Ok(tables)
+    Ok(taken.tables)
 }
+
+/// The LBAs of directory block `b` within the volume.
+fn block_span(sb: &Superblock, b: usize) -> (u64, u64) {
+    let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
+    let first = (b as u64 * block_blocks).min(sb.logical_blocks());
+    (first, (first + block_blocks).min(sb.logical_blocks()))
+}
+
+/// What `load_dirs` took of the blocks' lists so far: the tables they
+/// name (by table index), and the page records to verify.
+#[derive(Default)]
+struct Taken {
+    tables: Vec<(usize, PageRef)>,
+    verify: Vec<(u64, PageRef)>,
+}
+
+impl Taken {
+    /// The records of one directory block's list (page or table slot,
+    /// record): its tables noted, its pages loaded per `load`.
+    fn block(
+        &mut self,
+        storage: &dyn Storage,
+        sb: &Superblock,
+        list: &[(u64, PageRef)],
+        load: Load,
+        loaded: &mut LoadedMap,
+    ) -> Result<(), CheckpointError> {
+        let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+        let mut pages = Vec::with_capacity(list.len());
+        for &(p, r) in list {
+            loaded.records.note(sb, r.offset, r.seq);
+            match p.checked_sub(npages) {
+                Some(t) => self.tables.push((t as usize, r)),
+                None => pages.push((p, r)),
+            }
+        }
+        load_pages(storage, sb, &pages, load, &mut self.verify, loaded)
+    }
+}
+
+/// The pages of a directory block as `dir_pages` leaves them: listed,
+/// left packed, or to be read from the list kept apart its summary names.
+enum BlockPages {
+    Listed(Vec<(u64, PageRef)>),
+    Packed,
+    Apart(Box<DirSummary>, PageRef),
+}
+
+/// A directory block read: its index, its record, the record of its list
+/// if the list lies apart, its pages.
+type DirPages = (usize, PageRef, Option<PageRef>, BlockPages);
 
 /// The directory block, record and pages of the MAP_DIR record `c` names
 /// (its header `h`, bytes `rec`), the block read after block `after`. A
 /// summarized block stays packed in `loaded` (its pages none here, its
 /// list decoded when first needed) on a lazy load when no page of it
 /// needs verifying (the block's record is no newer than `verify_above`,
-/// so neither are its pages') and it holds no table slot (tables are
-/// read now).
+/// so neither are its pages' nor its list's) and it holds no table slot
+/// (tables are read now).
 fn dir_pages(
     sb: &Superblock,
     c: &ChunkRef,
@@ -532,7 +588,7 @@ fn dir_pages(
     rec: &SharedBytes,
     (load, after): (Load, Option<usize>),
     loaded: &mut LoadedMap,
-) -> Result<DirRead, DirError> {
+) -> Result<DirPages, DirError> {
     let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
     let (b, r, body) = parse_dir_body(sb, c, h, rec)?;
     let stays_packed = match load {
@@ -543,23 +599,28 @@ fn dir_pages(
     };
     // One out of order fails the load (the caller's check).
     let in_order = after.is_none_or(|last| last < b);
-    match body {
-        DirBody::Summarized(s, list) if in_order && stays_packed => {
-            (s.uses.iter()).for_each(|u| loaded.records.note_segment(u.segment, u.max_seq));
-            // The list is the record's tail: kept where it was read.
-            let list = rec.tail(rec.len() - list.len());
-            loaded
-                .map
-                .install_packed_block(b, *s, list, Segments::of(sb));
-            Ok((b, r, Vec::new()))
-        }
-        DirBody::Summarized(s, list) => {
+    let (summary, list) = match body {
+        DirBody::Pages(pages) => return Ok((b, r, None, BlockPages::Listed(pages))),
+        DirBody::Summarized(s, list) if !(in_order && stays_packed) => {
             let d = decode_summarized(b as u64, &s, list, Segments::of(sb))
                 .map_err(DirError::Summary)?;
-            Ok((b, r, d.pages))
+            return Ok((b, r, None, BlockPages::Listed(d.pages)));
         }
-        DirBody::Pages(pages) => Ok((b, r, pages)),
-    }
+        DirBody::Apart(s, list) if !(in_order && stays_packed) => {
+            return Ok((b, r, Some(list), BlockPages::Apart(s, list)))
+        }
+        // The list is the record's tail: kept where it was read.
+        DirBody::Summarized(s, list) => (s, Err(rec.tail(rec.len() - list.len()))),
+        DirBody::Apart(s, list) => (s, Ok(list)),
+    };
+    (summary.uses.iter()).for_each(|u| loaded.records.note_segment(u.segment, u.max_seq));
+    let (kept, apart) = match list {
+        Ok(r) => (None, Some(r)),
+        Err(bytes) => (Some(bytes), None),
+    };
+    let segments = Segments::of(sb);
+    loaded.map.install_packed_block(b, *summary, kept, segments);
+    Ok((b, r, apart, BlockPages::Packed))
 }
 
 /// Loads the map pages of one directory block (page, record) per `load`:
@@ -704,97 +765,6 @@ fn read_tables(
 
 /// A record read and verified: its header and bytes (`read_record`).
 type Record = (RecordHeader, Vec<u8>);
-
-/// A directory block read: its index, its record, the pages it lists.
-type DirRead = (usize, PageRef, Vec<(u64, PageRef)>);
-
-/// One MAP_DIR record a commit names, verified: its directory block, its
-/// reference, and the pages it lists.
-fn read_dir(storage: &dyn Storage, sb: &Superblock, c: &ChunkRef) -> Result<DirRead, DirError> {
-    let (h, rec) = read_record(storage, sb, c.offset, c.len).map_err(DirError::Record)?;
-    parse_dir(sb, c, &h, &rec)
-}
-
-/// `read_dir` of the record `c` names, read (its header `h`, bytes `rec`):
-/// its list decoded, summarized or not.
-fn parse_dir(
-    sb: &Superblock,
-    c: &ChunkRef,
-    h: &RecordHeader,
-    rec: &[u8],
-) -> Result<DirRead, DirError> {
-    let (b, r, body) = parse_dir_body(sb, c, h, rec)?;
-    let pages = match body {
-        DirBody::Pages(pages) => pages,
-        DirBody::Summarized(s, list) => {
-            (decode_summarized(b as u64, &s, list, Segments::of(sb)))
-                .map_err(DirError::Summary)?
-                .pages
-        }
-    };
-    Ok((b, r, pages))
-}
-
-/// What a MAP_DIR record holds past its header: its list, or (a summarized
-/// record, `FLAG_DIR_SUMMARY`) its summary and its list still compressed.
-enum DirBody<'a> {
-    Pages(Vec<(u64, PageRef)>),
-    Summarized(Box<DirSummary>, &'a [u8]),
-}
-
-/// The directory block, record and body of the MAP_DIR record `c` names
-/// (its header `h`, bytes `rec`), checked against the volume's slots.
-fn parse_dir_body<'a>(
-    sb: &Superblock,
-    c: &ChunkRef,
-    h: &RecordHeader,
-    rec: &'a [u8],
-) -> Result<(usize, PageRef, DirBody<'a>), DirError> {
-    let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
-    if h.kind != RecordKind::MapDir || h.crc != c.crc || !h.lba.is_multiple_of(block_blocks) {
-        return Err(DirError::NotNamed { offset: c.offset });
-    }
-    // Directory slots: the map's pages, then its tables.
-    let slots = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS)
-        + directory_tables(sb.table_segments(), sb.segment_size_bytes);
-    if h.lba / MAP_PAGE_BLOCKS >= slots {
-        return Err(DirError::BeyondVolume { offset: c.offset });
-    }
-    let block = h.lba / block_blocks;
-    let payload = &rec[RECORD_HEADER_BYTES..];
-    let body = match h.codec {
-        CodecTag::None if sb.flags & FLAG_DIR_SUMMARY != 0 => {
-            let (s, list) = DirSummary::decode(payload).map_err(DirError::Payload)?;
-            let last = s.bitmap.iter().enumerate().rev().find(|(_, w)| **w != 0);
-            let last = last
-                .map(|(i, w)| block * DIR_PAGES + i as u64 * 64 + 63 - w.leading_zeros() as u64);
-            if last.is_some_and(|p| p >= slots) {
-                return Err(DirError::PageBeyondVolume);
-            }
-            DirBody::Summarized(Box::new(s), list)
-        }
-        codec => {
-            let raw = match codec {
-                CodecTag::Lz4 => lz4_flex::block::decompress_size_prepended(payload)
-                    .map_err(DirError::Decompress)?,
-                CodecTag::None => payload.to_vec(),
-                CodecTag::Zstd => return Err(DirError::Zstd),
-            };
-            let d = DirPayload::decode(&raw, block).map_err(DirError::Payload)?;
-            if d.pages.last().is_some_and(|&(p, _)| p >= slots) {
-                return Err(DirError::PageBeyondVolume);
-            }
-            DirBody::Pages(d.pages)
-        }
-    };
-    let r = PageRef {
-        offset: c.offset,
-        len: c.len,
-        crc: c.crc,
-        seq: h.seq,
-    };
-    Ok((block as usize, r, body))
-}
 
 #[cfg(test)]
 mod segment_seqs_tests {

@@ -10,6 +10,8 @@
 //! - `certified`: the highest seq the volume certified as flushed
 //! - `outcome`: `Recovered`, `Salvage` (what every stage returns)
 //! - `chain`: the roll-forward along the chain of records
+//! - `dir_records`: a checkpoint's MAP_DIR records, and the lists kept
+//!   apart their summaries name
 //! - `checkpoint`: reading one checkpoint (commit, start, map, tables)
 //! - `search`: choosing the checkpoint to recover from (`recover`)
 //! - `salvage_walk`, `salvage`: `cvol check --repair`'s salvage and the
@@ -17,6 +19,7 @@
 mod certified;
 mod chain;
 mod checkpoint;
+mod dir_records;
 mod outcome;
 mod salvage;
 mod salvage_walk;

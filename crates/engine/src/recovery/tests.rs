@@ -3,12 +3,13 @@
 //! into `mod.rs`, so no circle can form between them.
 
 /// The rooms, bottom first, with their source.
-const ROOMS: [(&str, &str); 9] = [
+const ROOMS: [(&str, &str); 10] = [
     ("superblock", include_str!("superblock.rs")),
     ("scan", include_str!("scan.rs")),
     ("certified", include_str!("certified.rs")),
     ("outcome", include_str!("outcome.rs")),
     ("chain", include_str!("chain.rs")),
+    ("dir_records", include_str!("dir_records.rs")),
     ("checkpoint", include_str!("checkpoint.rs")),
     ("search", include_str!("search.rs")),
     ("salvage_walk", include_str!("salvage_walk.rs")),

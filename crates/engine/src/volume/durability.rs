@@ -14,7 +14,7 @@ use cvol_format::checkpoint::{
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::flushmark::FlushMark;
 use cvol_format::record::RecordKind;
-use cvol_format::superblock::FLAG_DIR_SUMMARY;
+use cvol_format::superblock::{FLAG_DIR_LIST_APART, FLAG_DIR_SUMMARY};
 use cvol_format::Superblock;
 use cvol_format::{CheckpointPointer, CodecTag, MapEntry};
 use std::sync::atomic::Ordering;
@@ -560,11 +560,25 @@ impl Volume {
         let mut st = self.lock_state()?;
         self.check_writable()?;
         let summarized = self.sb.flags & FLAG_DIR_SUMMARY != 0;
-        for (b, pages) in st.live.dirty_dirs() {
+        let apart = summarized && self.sb.flags & FLAG_DIR_LIST_APART != 0;
+        let dirty = st.live.dirty_dirs();
+        // Lists kept apart go first, side by side, then the summaries that
+        // name them, side by side too: open reads the summaries alone.
+        let mut lists = Vec::with_capacity(dirty.len());
+        for (b, pages) in dirty.iter().filter(|_| apart) {
+            let lba = *b as u64 * DIR_PAGES * MAP_PAGE_BLOCKS;
+            let payload = dir_list_payload(pages);
+            let placed =
+                self.append(&mut st, Shape::map_meta(RecordKind::MapDir, lba), &payload)?;
+            lists.push(page_ref(&placed));
+        }
+        let mut lists = lists.into_iter();
+        for (b, pages) in dirty {
             let lba = b as u64 * DIR_PAGES * MAP_PAGE_BLOCKS;
-            let (shape, payload) = dir_record(&self.sb, lba, pages, summarized);
+            let list = lists.next();
+            let (shape, payload) = dir_record(&self.sb, lba, pages, (summarized, list));
             let placed = self.append(&mut st, shape, &payload)?;
-            st.live.dir_written(b, page_ref(&placed));
+            st.live.dir_written(b, page_ref(&placed), list);
         }
         let dirs = (st.live.map().dir_records()).expect("every directory block was just written");
         let chunks = dirs
@@ -809,27 +823,40 @@ fn encode_page(p: usize, page: &Page) -> Vec<u8> {
 
 /// The MAP_DIR record of the directory block at `lba` listing `pages`:
 /// summarized (`DirSummary`, codec none: which pages have records and
-/// their bytes per segment before the lz4-compressed list, so that open
-/// reads the list only when first needed) or, on a volume an older binary
-/// may still open, the lz4-compressed list alone.
+/// their bytes per segment before the list, so that open reads the list
+/// only when first needed), the list after the summary or (`list`) in the
+/// record of its own just written (`dir_list_payload`); or, on a volume an
+/// older binary may still open, the lz4-compressed list alone.
 pub(crate) fn dir_record(
     sb: &Superblock,
     lba: u64,
     pages: Vec<(u64, PageRef)>,
-    summarized: bool,
+    (summarized, list): (bool, Option<PageRef>),
 ) -> (Shape, Vec<u8>) {
     let summary = summarized.then(|| DirSummary::of(&pages, |o| sb.locate(o).map(|(s, _)| s)));
-    let packed = lz4_flex::block::compress_prepend_size(&DirPayload { pages }.encode());
-    match summary {
-        Some(s) => (
-            Shape {
-                codec: CodecTag::None,
-                ..Shape::map_meta(RecordKind::MapDir, lba)
-            },
-            s.encode(&packed),
+    let summarized = Shape {
+        codec: CodecTag::None,
+        ..Shape::map_meta(RecordKind::MapDir, lba)
+    };
+    match (summary, list) {
+        (Some(s), Some(list)) => (summarized, s.encode_apart(&list)),
+        (Some(s), None) => (summarized, s.encode(&dir_list_payload(&pages))),
+        (None, _) => (
+            Shape::map_meta(RecordKind::MapDir, lba),
+            dir_list_payload(&pages),
         ),
-        None => (Shape::map_meta(RecordKind::MapDir, lba), packed),
     }
+}
+
+/// A directory block's list of `pages`, lz4-compressed with its length
+/// prepended: the payload of an unsummarized MAP_DIR record (codec lz4),
+/// and of the record of a list kept apart.
+pub(crate) fn dir_list_payload(pages: &[(u64, PageRef)]) -> Vec<u8> {
+    let raw = DirPayload {
+        pages: pages.to_vec(),
+    }
+    .encode();
+    lz4_flex::block::compress_prepend_size(&raw)
 }
 
 #[cfg(test)]

@@ -18,8 +18,9 @@ use crate::recovery::{self, Recovered};
 use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::superblock::{
-    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_DIR_SUMMARY, FLAG_FP_TABLES, FLAG_HOOK_SNAPSHOT,
-    FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES, FLAG_UNIT_WINDOWS,
+    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_DIR_LIST_APART, FLAG_DIR_SUMMARY, FLAG_FP_TABLES,
+    FLAG_HOOK_SNAPSHOT, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES,
+    FLAG_UNIT_WINDOWS,
 };
 use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};
 use cvol_format::{BLOCK_SIZE_BYTES, DATA_OFFSET_BYTES, SECTOR_SIZE_BYTES};
@@ -89,7 +90,8 @@ pub(super) fn new_superblock(c: &CreateOptions) -> Result<Superblock, VolError> 
             | FLAG_FP_TABLES
             | FLAG_UNIT_WINDOWS
             | FLAG_HOOK_SNAPSHOT
-            | FLAG_DIR_SUMMARY,
+            | FLAG_DIR_SUMMARY
+            | FLAG_DIR_LIST_APART,
         metadata_segments: 0,
         key_slot: None,
         seal: None,
@@ -248,7 +250,8 @@ impl Volume {
     /// with liveness tables (`FLAG_SEG_TABLES`) and fingerprint tables
     /// (`FLAG_FP_TABLES`) without a row per unit (`FLAG_UNIT_WINDOWS`) or a
     /// dedup hook snapshot (`FLAG_HOOK_SNAPSHOT`) or summarized directory
-    /// blocks (`FLAG_DIR_SUMMARY`) before this open writes one, so that older binaries refuse it
+    /// blocks (`FLAG_DIR_SUMMARY`) with their lists apart
+    /// (`FLAG_DIR_LIST_APART`) before this open writes one, so that older binaries refuse it
     /// rather than misread its commits. Each superblock copy is rewritten
     /// whole (a sector-atomic write each); either copy, old or new, opens
     /// the volume here.
@@ -259,12 +262,14 @@ impl Volume {
             | FLAG_FP_TABLES
             | FLAG_UNIT_WINDOWS
             | FLAG_HOOK_SNAPSHOT
-            | FLAG_DIR_SUMMARY;
+            | FLAG_DIR_SUMMARY
+            | FLAG_DIR_LIST_APART;
         if self.sb.flags & NEW == NEW {
             return Ok(());
         }
         let mut sb = self.sb.clone();
         let summaries_new = sb.flags & FLAG_DIR_SUMMARY == 0;
+        let lists_new = sb.flags & FLAG_DIR_LIST_APART == 0;
         sb.flags |= NEW;
         let enc = sb.encode();
         for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
@@ -274,14 +279,18 @@ impl Volume {
                 .and_then(|()| self.storage.sync());
             self.guard(r.map_err(VolError::Io))?;
         }
-        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot, summarized directory blocks (format flags 4, 8, 16, 32, 128, 2048, 16384)");
+        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot, summarized directory blocks with their lists apart (format flags 4, 8, 16, 32, 128, 2048, 16384, 32768)");
         self.sb.replace(sb);
-        if summaries_new {
-            // Every directory block is written summarized by the next
-            // checkpoint (the whole directory once), so that later opens
-            // leave the blocks they need not verify packed.
+        if summaries_new || lists_new {
+            // Every directory block is written summarized, its list apart,
+            // by the next checkpoint (the whole directory once), so that
+            // later opens leave the blocks they need not verify packed and
+            // read their summaries alone.
             let mut st = self.lock_state()?;
             st.live.map_mut().mark_all_dirs_dirty();
+            self.with_log_pages(&mut st, |live, src| {
+                live.map_mut().mark_inline_lists_dirty(src)
+            })?;
         }
         Ok(())
     }
@@ -615,7 +624,7 @@ fn recovered_tables(
     };
     // A rebuild reads every page: the directory blocks open left packed
     // are decoded first.
-    map.unpack_all().map_err(|e| VolError::Corrupt {
+    map.unpack_all(&src).map_err(|e| VolError::Corrupt {
         lba: 0,
         detail: e.to_string(),
     })?;

@@ -237,11 +237,12 @@ impl Volume {
         let mut st = lock()?;
         let mut missing = Vec::new();
         for &(a, b) in ranges {
-            let pages = (st.live.map_mut().missing_pages(a, b)).map_err(|e| VolError::Corrupt {
+            let pages =
+                self.with_log_pages(&mut st, |live, src| live.map_mut().missing_pages(a, b, src));
+            missing.extend(pages.map_err(|e| VolError::Corrupt {
                 lba: a,
                 detail: e.to_string(),
-            })?;
-            missing.extend(pages);
+            })?);
         }
         if missing.is_empty() {
             return Ok(st);
@@ -270,6 +271,21 @@ impl Volume {
     /// Brings the map pages of LBAs [first, end) into memory, for this
     /// hold of the state lock (a miss reads the page's record).
     fn fault(&self, st: &mut State, first: u64, end: u64) -> Result<(), VolError> {
+        self.with_log_pages(st, |live, src| live.fault_in(first, end, src))
+            .map_err(|e| VolError::Corrupt {
+                lba: first,
+                detail: e.to_string(),
+            })
+    }
+
+    /// `f` with the map and the log's records as its page source: the
+    /// open segment's buffer while records are still there, else the
+    /// store.
+    fn with_log_pages<T>(
+        &self,
+        st: &mut State,
+        f: impl FnOnce(&mut LiveMap, &dyn crate::map::PageSource) -> T,
+    ) -> T {
         let State { live, log, .. } = st;
         let buffered = |offset: u64, len: usize| log.buffered(offset, len).map(<[u8]>::to_vec);
         let src = crate::logread::LogPages {
@@ -277,9 +293,15 @@ impl Volume {
             sb: &self.sb,
             buffered: Some(&buffered),
         };
-        live.fault_in(first, end, &src)
+        f(live, &src)
+    }
+
+    /// Decodes the directory block of map page `p` if open left it packed
+    /// (a list kept apart is read then).
+    fn unpack_page(&self, st: &mut State, p: usize) -> Result<(), VolError> {
+        self.with_log_pages(st, |live, src| live.map_mut().unpack_page(p, src))
             .map_err(|e| VolError::Corrupt {
-                lba: first,
+                lba: (p * crate::map::PAGE_BLOCKS) as u64,
                 detail: e.to_string(),
             })
     }
@@ -393,7 +415,7 @@ impl Volume {
     pub fn verify_refcounts(&self) -> Result<(), VolError> {
         let mut st = self.lock_state()?;
         // The rebuild reads every page: packed directory blocks first.
-        st.live.map_mut().unpack_all()?;
+        self.with_log_pages(&mut st, |live, src| live.map_mut().unpack_all(src))?;
         let buffered = |offset: u64, len: usize| st.log.buffered(offset, len).map(<[u8]>::to_vec);
         let src = crate::logread::LogPages {
             storage: &*self.storage,

@@ -11,6 +11,7 @@
 use super::{State, StateGuard, Volume};
 use crate::error::VolError;
 use cvol_format::checkpoint::{commit_payload_bytes, run_bytes, DIR_ENTRY_BYTES, DIR_PAGES};
+use cvol_format::checkpoint::{DIRSUM_HEADER_BYTES, DIR_LIST_REF_BYTES, DIR_USE_BYTES};
 use cvol_format::mapentry::MAP_ENTRY_BYTES;
 use cvol_format::record::{
     EMPTY_RECORD_MAX_BYTES, RECORD_MAX_BYTES, RECORD_OVERHEAD_MAX_BYTES, REF_RECORD_MAX_BYTES,
@@ -62,8 +63,14 @@ const PAGE_RECORD_OVERHEAD_BYTES: u64 = RECORD_OVERHEAD_MAX_BYTES as u64 + 4 + 4
 /// The largest map page record (every entry a run of its own) or directory
 /// block record, rounded up: what a segment switch can leave unused.
 const MAP_RECORD_MAX_BYTES: u64 = 80 << 10;
-/// Directory bytes per page with entries, lz4's expansion included.
-const DIR_BYTES_PER_PAGE: u64 = DIR_ENTRY_BYTES as u64 + 1;
+/// Directory bytes per page with entries, lz4's expansion included, and
+/// a segment use of the block's summary (one per page at most).
+const DIR_BYTES_PER_PAGE: u64 = (DIR_ENTRY_BYTES + DIR_USE_BYTES) as u64 + 1;
+/// Directory bytes per block besides its pages': two records (the
+/// summary and the list kept apart) and the summary's bitmap and list
+/// reference.
+const DIR_BLOCK_BYTES: u64 =
+    2 * PAGE_RECORD_OVERHEAD_BYTES + (DIRSUM_HEADER_BYTES + DIR_LIST_REF_BYTES) as u64;
 
 /// Upper bound on the log bytes a checkpoint of a map of `entries` mapped
 /// or zero entries in `pages` pages takes, every page dirty, with liveness
@@ -78,7 +85,7 @@ pub(super) fn checkpoint_estimate_bytes(
 ) -> u64 {
     let raw = entries * CHECKPOINT_ENTRY_MAX_BYTES
         + pages * (PAGE_RECORD_OVERHEAD_BYTES + DIR_BYTES_PER_PAGE)
-        + dir_blocks_max(pages) * PAGE_RECORD_OVERHEAD_BYTES
+        + dir_blocks_max(pages) * DIR_BLOCK_BYTES
         + table_bytes;
     raw + (raw / segment_size_bytes + CHECKPOINT_TAILS_EXTRA) * MAP_RECORD_MAX_BYTES
         + CHECKPOINT_COMMIT_ALLOWANCE_BYTES
@@ -103,7 +110,7 @@ pub(super) fn checkpoint_append_bytes(
     let blocks = dir_blocks_max(total_pages);
     let total: u64 = page_lens.iter().map(|&l| record(l)).sum::<u64>()
         + total_pages * DIR_BYTES_PER_PAGE
-        + blocks * PAGE_RECORD_OVERHEAD_BYTES;
+        + blocks * DIR_BLOCK_BYTES;
     let commit = record(commit_payload_bytes(blocks as usize));
     let tails =
         (total / segment_size_bytes + CHECKPOINT_TAILS_EXTRA) * MAP_RECORD_MAX_BYTES.max(commit);
@@ -304,9 +311,16 @@ mod tests {
         // A page record holds its entries with room for lz4 (the page's
         // directory entry and block count too).
         let one = checkpoint_estimate_bytes(1, 1, 0, MIB) - checkpoint_estimate_bytes(0, 0, 0, MIB);
-        assert_eq!(one, 25 + (60 + 4 + 48) + 33 + (60 + 4 + 48));
+        // (Its block: two records, the summary's bitmap, counts and list
+        // reference.)
+        assert_eq!(one, 25 + (60 + 4 + 48) + 57 + (2 * (60 + 4 + 48) + 264 + 24));
         const { assert!(512 * 25 + 2 * PAGE_RECORD_OVERHEAD_BYTES < MAP_RECORD_MAX_BYTES) };
-        const { assert!(DIR_PAGES * DIR_BYTES_PER_PAGE + 96 < MAP_RECORD_MAX_BYTES) };
+        // A block's list and its summary (its list apart) are records of
+        // their own, each smaller than the largest map record.
+        const LIST_BYTES: u64 = DIR_ENTRY_BYTES as u64 + 1;
+        const { assert!(DIR_PAGES * LIST_BYTES + 96 < MAP_RECORD_MAX_BYTES) };
+        const SUMMARY_BYTES: u64 = DIR_BLOCK_BYTES + DIR_PAGES * DIR_USE_BYTES as u64;
+        const { assert!(SUMMARY_BYTES < MAP_RECORD_MAX_BYTES) };
         assert_eq!(trim_bytes(1), 60 + 2 * ((1 << 17) - 1));
         assert_eq!(
             trim_bytes(u64::from(u32::MAX) + 1),
@@ -329,7 +343,7 @@ mod tests {
         let need = checkpoint_append_bytes(&[1000, 1000, 1000], 0, MIB);
         // (Each record with the 16-byte tag of an encrypted volume.)
         let commit = (60 + 20 + 16) as u64;
-        assert_eq!(need, 3 * 1060 + 3 * 33 + 112 + commit + 2 * (80 << 10));
+        assert_eq!(need, 3 * 1060 + 3 * 57 + 512 + commit + 2 * (80 << 10));
         assert_eq!(checkpoint_append_bytes(&[], 0, MIB), 80 + 2 * (80 << 10));
     }
 }

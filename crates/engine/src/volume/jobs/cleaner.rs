@@ -464,7 +464,7 @@ impl Volume {
                 RecordKind::MapChunk => {
                     let p = (h.lba / MAP_PAGE_BLOCKS) as usize;
                     if h.lba < st.live.blocks() {
-                        st.live.map_mut().unpack_page(p)?;
+                        self.unpack_page(&mut st, p)?;
                     }
                     let named = h.lba < st.live.blocks()
                         && st
@@ -509,7 +509,10 @@ impl Volume {
                     let b = (h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS)) as usize;
                     let named = st.live.map().dir_record_is(b, offset);
                     if named {
-                        st.live.map_mut().mark_dir_dirty(b)?;
+                        let dirty = self.with_log_pages(&mut st, |live, src| {
+                            live.map_mut().mark_dir_dirty(b, src)
+                        });
+                        dirty?;
                     }
                     named
                 }

@@ -124,10 +124,7 @@ impl Volume {
             }
             // A page wanted from a directory block open left packed: its
             // list decoded now (its record is needed below).
-            (st.live.map_mut().unpack_page(p)).map_err(|e| VolError::Corrupt {
-                lba: l,
-                detail: e.to_string(),
-            })?;
+            self.unpack_page(&mut st, p)?;
             let map = st.live.map();
             self.counters
                 .cleaner

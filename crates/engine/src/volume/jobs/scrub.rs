@@ -19,7 +19,8 @@ use crate::error::VolError;
 use crate::records::{block_index, DecodedUnit};
 use crate::volume::read::READ_MERGE_MAX_BYTES;
 use crate::volume::Volume;
-use cvol_format::checkpoint::{CommitPayload, DirPayload, DirSummary, DIR_PAGES, MAP_PAGE_BLOCKS};
+use cvol_format::checkpoint::{CommitPayload, DirList, DirPayload, DirSummary};
+use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::record::{RecordHeader, RecordKind};
 use cvol_format::seal::{self, Sealer};
 use cvol_format::superblock::FLAG_DIR_SUMMARY;
@@ -703,7 +704,7 @@ impl Volume {
                     });
                 }
                 if h.kind == RecordKind::MapDir {
-                    let dir = dir_payload(&self.sb, &h, &payload)?;
+                    let dir = dir_payload(&self.sb, &h, &payload, &read)?;
                     let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
                     for (p, r) in dir.pages {
                         // Slots after the pages' name liveness tables.
@@ -746,17 +747,33 @@ impl Volume {
     }
 }
 
-/// The pages a MAP_DIR record (header `h`, `payload`) lists, summarized or not.
+/// The pages a MAP_DIR record (header `h`, `payload`) lists, summarized or
+/// not; a list kept apart is read (`read`) and checked.
 fn dir_payload(
     sb: &cvol_format::Superblock,
     h: &RecordHeader,
     payload: &[u8],
+    read: &dyn Fn(u64, u32) -> Result<Vec<u8>, CkptFault>,
 ) -> Result<DirPayload, CkptFault> {
     let block = h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS);
     match h.codec {
         cvol_format::CodecTag::None if sb.flags & FLAG_DIR_SUMMARY != 0 => {
             let (s, list) = DirSummary::decode(payload).map_err(CkptFault::Invalid)?;
             let segments = crate::map::Segments::of(sb);
+            let apart;
+            let list = match list {
+                DirList::Inline(list) => list,
+                DirList::Apart(r) => {
+                    let b = read(r.offset, r.len)?;
+                    let (lh, _) = RecordHeader::decode_verified(&b).map_err(CkptFault::Invalid)?;
+                    apart = seal::payload(sb.sealer(), &lh, &b)
+                        .map_err(CkptFault::Invalid)?
+                        .to_vec();
+                    crate::logread::check_dir_list(&lh, block, &r)
+                        .map_err(|e| CkptFault::Summary(e.to_string()))?;
+                    &apart[..]
+                }
+            };
             crate::map::decode_summarized(block, &s, list, segments).map_err(CkptFault::Summary)
         }
         _ => {
