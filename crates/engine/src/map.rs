@@ -121,6 +121,8 @@ pub struct CacheCounts {
     /// Page records the open that made this map read to verify them
     /// (pages it left on disk unverified are verified when first read).
     pub verified_at_open: u64,
+    /// Directory lists kept apart read to decode their packed blocks.
+    pub dir_lists_read: u64,
 }
 
 /// A page in memory, and its reference summary (`BlockMap::ref_sums`),

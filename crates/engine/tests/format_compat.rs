@@ -223,6 +223,54 @@ fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
     assert!(report.consistent(), "{report:?}");
 }
 
+/// A volume whose summarized directory blocks hold their lists inline
+/// gets the flag for lists apart at its first open for writing, and every
+/// block written with its list apart by the next checkpoint
+/// (`inline-lists-volume`: three blocks with a page each, its last two
+/// checkpoints carrying the last two over, packed at the upgrade's open;
+/// the sessions write in the first only). An open after a checkpoint that
+/// carried the other two over leaves both packed without reading their
+/// lists, reads
+/// each list when its block is first needed, and the volume reads and
+/// checks as before (mutation: not marking the inline blocks changed at
+/// the upgrade leaves those two inline, and no list is read).
+#[test]
+fn an_older_volumes_directory_lists_are_moved_apart_at_its_next_checkpoint() {
+    use cvol_format::superblock::FLAG_DIR_LIST_APART;
+    let sim = volume_of(include_bytes!("fixtures/inline-lists-volume.sectors"));
+    assert_eq!(flags(&sim, SUPERBLOCK_A_OFFSET) & FLAG_DIR_LIST_APART, 0);
+    const GIB: u64 = 1 << 30;
+    let expect = [(0, 0x41u8), (4 * GIB, 0x42), (8 * GIB, 0x43)];
+    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
+        assert_ne!(flags(&sim, at) & FLAG_DIR_LIST_APART, 0);
+    }
+    vol.write_at(4096, &[0x44; 4096], false).unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    vol.write_at(8192, &[0x45; 4096], false).unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let vol = Volume::open(Arc::new(sim.clone()), ro).unwrap();
+    assert_eq!(vol.map_dir_blocks_packed(), 2);
+    assert_eq!(vol.map_dir_lists_read(), 0);
+    let mut b = vec![0u8; 4096];
+    for (at, byte) in expect {
+        vol.read_at(at, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == byte), "the block at {at}");
+    }
+    assert_eq!(vol.map_dir_blocks_packed(), 0);
+    assert_eq!(vol.map_dir_lists_read(), 2);
+    drop(vol);
+    let report = check::check_volume(&sim, &mut |_, _| {});
+    assert!(report.consistent(), "{report:?}");
+}
+
 /// Liveness tables written before they carried their row counts: open
 /// checks and counts their rows; the tables a checkpoint writes after
 /// carry counts, and an open after it takes them and leaves the rows

@@ -378,6 +378,9 @@ fn open_leaves_directory_blocks_packed_and_counts_their_records_live() {
     let packed = pool.engine().map_dir_blocks_packed();
     assert!(packed >= 1, "{packed} directory blocks left packed at open");
     assert!(pool.engine().opened_from_tables(), "open took the tables");
+    // Their lists lie apart and were not read (mutation: reading them at
+    // open, as when they were inline, counts them here).
+    assert_eq!(pool.engine().map_dir_lists_read(), 0);
     rewrite_many_times(&pool, 89);
     pool.engine()
         .verify_refcounts()
@@ -385,8 +388,10 @@ fn open_leaves_directory_blocks_packed_and_counts_their_records_live() {
     pool.engine().close().unwrap();
     drop(pool);
     snapshot_reads_its_blocks_and_checks_clean(&store, "after the log reused segments");
-    // Reading the snapshot decoded its blocks.
+    // Reading the snapshot decoded its blocks, each list read then.
     let pool = open_pool(&store);
+    let packed = pool.engine().map_dir_blocks_packed() as u64;
     snapshot_reads_its_blocks(&pool, "once more");
     assert_eq!(pool.engine().map_dir_blocks_packed(), 0);
+    assert_eq!(pool.engine().map_dir_lists_read(), packed);
 }

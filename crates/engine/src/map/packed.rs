@@ -168,7 +168,10 @@ impl BlockMap {
             .expect("set with the first packed block");
         let read = match (&packed.list, d.list) {
             (Some(_), _) => Ok(None),
-            (None, Some(r)) => src.dir_list(b as u64, &r).map(Some),
+            (None, Some(r)) => {
+                self.counts.dir_lists_read += 1;
+                src.dir_list(b as u64, &r).map(Some)
+            }
             (None, None) => panic!("packed directory block {b} without its list"),
         };
         let decoded = read.and_then(|apart| {

@@ -399,6 +399,15 @@ impl Volume {
             .unwrap_or(0)
     }
 
+    /// Directory lists kept apart that were read to decode their packed
+    /// blocks (none at open: open reads the summaries alone).
+    #[doc(hidden)]
+    pub fn map_dir_lists_read(&self) -> u64 {
+        self.lock_state()
+            .map(|st| st.live.map().cache_counts().dir_lists_read)
+            .unwrap_or(0)
+    }
+
     /// Segments whose liveness table rows open left packed at their
     /// tables' counts, unchecked until first used.
     #[doc(hidden)]

@@ -313,7 +313,10 @@ mod tests {
         let one = checkpoint_estimate_bytes(1, 1, 0, MIB) - checkpoint_estimate_bytes(0, 0, 0, MIB);
         // (Its block: two records, the summary's bitmap, counts and list
         // reference.)
-        assert_eq!(one, 25 + (60 + 4 + 48) + 57 + (2 * (60 + 4 + 48) + 264 + 24));
+        assert_eq!(
+            one,
+            25 + (60 + 4 + 48) + 57 + (2 * (60 + 4 + 48) + 264 + 24)
+        );
         const { assert!(512 * 25 + 2 * PAGE_RECORD_OVERHEAD_BYTES < MAP_RECORD_MAX_BYTES) };
         // A block's list and its summary (its list apart) are records of
         // their own, each smaller than the largest map record.
