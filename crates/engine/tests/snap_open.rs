@@ -11,10 +11,11 @@ use common::{BS, MIB};
 use cvol_engine::pool::Pool;
 use cvol_engine::volume::ScrubOptions;
 use cvol_engine::{OpenOptions, Volume};
-use cvol_format::checkpoint::MAP_PAGE_BLOCKS;
+use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::pool::{PoolTable, EXTENT_BLOCKS, POOL_HEADER_BYTES, POOL_SLOT_BYTES};
 use cvol_format::pool::{NO_EXTENT, POOL_SLOT_OFFSETS};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
+use cvol_format::CodecTag;
 use cvol_storage::{SimStorage, Storage};
 use std::sync::Arc;
 
@@ -394,4 +395,53 @@ fn open_leaves_directory_blocks_packed_and_counts_their_records_live() {
     snapshot_reads_its_blocks(&pool, "once more");
     assert_eq!(pool.engine().map_dir_blocks_packed(), 0);
     assert_eq!(pool.engine().map_dir_lists_read(), packed);
+}
+
+#[test]
+fn a_damaged_directory_list_kept_apart_is_an_error_where_it_is_used() {
+    // The snapshot's directory block is left packed at open, its list
+    // (a record of its own) unread: damage in that list does not stop the
+    // open, and surfaces where the list is needed (the snapshot's reads),
+    // in scrub and in check (mutation: reading the lists of blocks that
+    // stay packed at open, as an inline list was, refuses the open).
+    let store = snapshotted_pool_of_its_own_blocks();
+    let uuid = {
+        let pool = open_pool(&store);
+        let uuid = pool.engine().superblock().uuid;
+        pool.engine().close().unwrap();
+        uuid
+    };
+    let t = table(&store, &uuid);
+    let s = t.snapshot("default", "s").expect("the snapshot");
+    let block_lbas = DIR_PAGES * MAP_PAGE_BLOCKS;
+    let mut lists = Vec::new();
+    for &e in s.extents.iter().filter(|&&e| e != NO_EXTENT) {
+        let lba = u64::from(e) * EXTENT_BLOCKS / block_lbas * block_lbas;
+        let recs = common::records_of(&store, RecordKind::MapDir, lba);
+        lists.extend(
+            (recs.into_iter())
+                .filter(|&at| common::record_header(&store, at).codec == CodecTag::Lz4),
+        );
+    }
+    assert!(!lists.is_empty(), "the snapshot's block has its list apart");
+    for &at in &lists {
+        store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 2, 5);
+    }
+    store.sync().unwrap();
+    let pool = open_pool(&store);
+    assert!(pool.engine().map_dir_blocks_packed() >= 1);
+    let v = pool.volume("default").expect("default");
+    let snap = pool.volume("default@s").expect("the snapshot's view");
+    let mut b = vec![0u8; BS];
+    v.read_at(7 * BSU, &mut b).unwrap();
+    assert!(b == block(7, 3), "the volume reads its own blocks");
+    let e = snap.read_at(7 * BSU, &mut b).expect_err("a damaged list");
+    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
+    let scrub = pool.engine().scrub(&ScrubOptions::default(), &|_| {});
+    let scrub = scrub.expect("no scrub runs");
+    assert!(!scrub.metadata_errors.is_empty(), "scrub reports the list");
+    drop((v, snap));
+    drop(pool);
+    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
+    assert!(!rep.consistent(), "check finds the damaged list");
 }

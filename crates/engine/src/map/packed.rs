@@ -129,15 +129,9 @@ impl BlockMap {
             (b + 1) * DIR_SLOTS <= self.pages.len(),
             "block {b} holds table slots"
         );
-        for (w, &word) in summary.bitmap.iter().enumerate() {
-            let at = b * DIR_SLOTS + w * 64;
-            assert_eq!(
-                self.allocated.or_word(at, word),
-                0,
-                "pages of block {b} allocated twice"
-            );
-            self.allocated_count += word.count_ones() as usize;
-        }
+        let twice = self.allocated.or_words(b * DIR_SLOTS, &summary.bitmap);
+        assert_eq!(twice, 0, "pages of block {b} allocated twice");
+        self.allocated_count += summary.pages as usize;
         self.packed_count += 1;
         self.dirs[b] = Some(Box::new(DirBlock {
             refs: Vec::new(),

@@ -135,22 +135,33 @@ impl Bits {
         }
     }
 
-    /// Sets the members of `word` at 64-aligned index `at` (bit `i` of the
-    /// word: index `at + i`); returns how many of them were set already.
-    pub fn or_word(&mut self, at: usize, word: u64) -> u32 {
-        if word == 0 {
-            return 0;
-        }
+    /// Sets the members of consecutive words from 64-aligned index `at`
+    /// (bit `i` of word `k`: index `at + 64 k + i`), each chunk looked up
+    /// once; returns how many of them were set already.
+    pub fn or_words(&mut self, at: usize, words: &[u64]) -> u32 {
         assert!(
-            at.is_multiple_of(64) && at < self.len,
-            "word at {at} of {}",
+            at.is_multiple_of(64) && at + words.len() * 64 <= self.len.next_multiple_of(64),
+            "words at {at} of {}",
             self.len
         );
-        let (c, w) = (at / BIT_CHUNK, at % BIT_CHUNK / 64);
-        let ch = self.chunks[c].get_or_insert_with(|| Box::new([0; BIT_CHUNK_WORDS]));
-        let before = ch[w] & word;
-        ch[w] |= word;
-        before.count_ones()
+        let mut before = 0;
+        let mut k = 0;
+        while k < words.len() {
+            let i = at + k * 64;
+            let (c, w) = (i / BIT_CHUNK, i % BIT_CHUNK / 64);
+            let n = (BIT_CHUNK_WORDS - w).min(words.len() - k);
+            let part = &words[k..k + n];
+            k += n;
+            if part.iter().all(|&x| x == 0) {
+                continue;
+            }
+            let ch = self.chunks[c].get_or_insert_with(|| Box::new([0; BIT_CHUNK_WORDS]));
+            for (dst, &x) in ch[w..w + n].iter_mut().zip(part) {
+                before += (*dst & x).count_ones();
+                *dst |= x;
+            }
+        }
+        before
     }
 
     /// The first member at or after `start`.
@@ -190,5 +201,31 @@ impl Bits {
         let chunks = self.chunks.iter().flatten().count();
         self.chunks.capacity() * std::mem::size_of::<Option<Box<[u64; BIT_CHUNK_WORDS]>>>()
             + chunks * BIT_CHUNK_WORDS * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Words across a chunk's end set the same members as bit by bit, and
+    /// count those set before; zero words allocate no chunk.
+    #[test]
+    fn words_set_the_members_a_bit_at_a_time_would() {
+        let mut a = Bits::new(3 * BIT_CHUNK);
+        let mut b = Bits::new(3 * BIT_CHUNK);
+        let at = BIT_CHUNK - 2 * 64;
+        let words = [1u64 << 63 | 5, 0, u64::MAX, 1 << 7];
+        a.set(at + 2, true);
+        b.set(at + 2, true);
+        assert_eq!(a.or_words(at, &words), 1);
+        for (k, w) in words.iter().enumerate() {
+            (0..64)
+                .filter(|i| w >> i & 1 == 1)
+                .for_each(|i| b.set(at + k * 64 + i, true));
+        }
+        assert_eq!(a.ones().collect::<Vec<_>>(), b.ones().collect::<Vec<_>>());
+        assert_eq!(a.or_words(2 * BIT_CHUNK, &[0; 8]), 0);
+        assert_eq!(a.memory_bytes(), b.memory_bytes(), "no chunk for zeros");
     }
 }
