@@ -26,7 +26,9 @@ pub(crate) use fprints::{decode_fp_record, read_fp_table, FpSnapshot};
 pub(crate) use replay::{Replay, ReplaySource};
 use std::collections::HashMap;
 use tables::TableBooks;
-pub(crate) use tables::{check_tables, EncodedTables, LoadedGroup, LoadedTables, TableSnapshot};
+pub(crate) use tables::{
+    check_tables, decode_root, EncodedTables, LoadedGroup, LoadedTables, TableSnapshot,
+};
 
 mod fprints;
 mod replay;

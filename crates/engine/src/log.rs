@@ -77,15 +77,24 @@ impl Shape {
     }
 
     /// A MAP_CHUNK of the paged map's page starting at `lba`, a MAP_DIR of
-    /// the directory block starting at `lba`, or a MAP_TABLE of the
-    /// directory slot `lba / MAP_PAGE_BLOCKS` (lz4 payloads; they map no
-    /// block: the lba only names the page, block or table, for scans).
+    /// the directory block starting at `lba` (lz4 payloads), or a MAP_TABLE
+    /// of the directory slot `lba / MAP_PAGE_BLOCKS` (codec none: each
+    /// table frames its payload itself, a liveness group with its head
+    /// uncompressed, `liveness::tables`; an older cvol refuses liveness
+    /// tables of another codec than lz4 and rebuilds them from the map).
+    /// They map no block: the lba only names the page, block or table,
+    /// for scans.
     pub fn map_meta(kind: RecordKind, lba: u64) -> Shape {
         assert!(matches!(
             kind,
             RecordKind::MapChunk | RecordKind::MapDir | RecordKind::MapTable
         ));
-        Shape::meta(kind, CodecTag::Lz4).at(lba, 0)
+        let codec = if kind == RecordKind::MapTable {
+            CodecTag::None
+        } else {
+            CodecTag::Lz4
+        };
+        Shape::meta(kind, codec).at(lba, 0)
     }
 
     /// Does this record go to the metadata head (when there is one)?

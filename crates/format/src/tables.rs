@@ -159,6 +159,21 @@ impl TableGroup {
         counts: Option<[u64; 3]>,
         rows: impl Iterator<Item = TableRow>,
     ) -> Vec<u8> {
+        let (mut head, rows) = TableGroup::encode_parts(group, live, counts, rows);
+        head.extend_from_slice(&rows);
+        head
+    }
+
+    /// `encode_rows` in its two parts: the head (through the row counts)
+    /// and the rows. The whole layout is the two one after the other; the
+    /// head-first layout (`GroupHead::decode_head_first`) stores the head
+    /// and then the rows lz4-compressed with their length prepended.
+    pub fn encode_parts(
+        group: u64,
+        live: &[u64],
+        counts: Option<[u64; 3]>,
+        rows: impl Iterator<Item = TableRow>,
+    ) -> (Vec<u8>, Vec<u8>) {
         let extra = if counts.is_some() {
             GROUP_COUNTS_BYTES
         } else {
@@ -179,22 +194,23 @@ impl TableGroup {
         for (i, c) in counts.iter().flatten().enumerate() {
             put_u64(&mut v, at + 8 * i, *c);
         }
+        let mut b = Vec::new();
         let (mut count, mut prev) = (0u32, 0u64);
         for r in rows {
             assert!(
                 count == 0 || r.offset > prev,
                 "rows in increasing offset order"
             );
-            put_varint(&mut v, r.offset - prev);
-            put_varint(&mut v, u64::from(r.owners) << 1 | u64::from(r.unit));
-            put_varint(&mut v, u64::from(r.refs));
+            put_varint(&mut b, r.offset - prev);
+            put_varint(&mut b, u64::from(r.owners) << 1 | u64::from(r.unit));
+            put_varint(&mut b, u64::from(r.refs));
             if !r.unit {
-                v.extend_from_slice(&r.crc.to_le_bytes());
+                b.extend_from_slice(&r.crc.to_le_bytes());
             }
             (count, prev) = (count + 1, r.offset);
         }
         put_u32(&mut v, GROUP_OFF_ROWS, count);
-        v
+        (v, b)
     }
 
     /// Decodes group `group` of a volume of `segments` segments: its
@@ -228,21 +244,73 @@ pub struct GroupHead {
     /// The counts of its rows, if it carries them: records, units, blocks
     /// served (`GROUP_COUNTS_FLAG`; unchecked against the rows).
     pub counts: Option<[u64; 3]>,
-    /// Where the rows begin in the payload, and how many there are (no
-    /// more than its bytes could hold).
+    /// Where the rows begin in the bytes they are read from (the payload
+    /// of the whole layout; 0 in the head-first layout, whose rows are
+    /// read decompressed), and how many there are (no more than their
+    /// bytes could hold).
     pub rows_at: usize,
     pub count: usize,
 }
 
+/// Where a head-first group record keeps its rows (`decode_head_first`):
+/// the lz4 block (its length prepended) from byte `at` to the end, and the
+/// length they decompress to (bounded: with the head, no more than
+/// `TABLE_PAYLOAD_MAX_BYTES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedRows {
+    pub at: usize,
+    pub len: usize,
+}
+
+/// Bytes of the length an lz4 block is prepended with.
+pub const PACKED_LEN_BYTES: usize = 4;
+
 impl GroupHead {
     /// The header of group `group`'s payload `b` (see `TableGroup::decode`).
     pub fn decode(b: &[u8], group: u64, segments: u64) -> Result<GroupHead, FormatError> {
+        let head = GroupHead::decode_within(b, group, segments)?;
+        if b.len() > TABLE_PAYLOAD_MAX_BYTES {
+            return Err(FormatError::Invalid("group table larger than any written"));
+        }
+        if head.count > (b.len() - head.rows_at) / ROW_MIN_BYTES {
+            return Err(FormatError::Invalid("group table rows beyond its length"));
+        }
+        Ok(head)
+    }
+
+    /// The header of a *head-first* group record's payload `b` (group
+    /// `group` of a volume of `segments` segments): the head as in the
+    /// whole layout, then the rows lz4-compressed, their length prepended
+    /// (u32). Checks what `decode` does, the rows' declared length taken
+    /// for their bytes; the rows are neither decompressed nor read (their
+    /// `rows_at` is 0: `rows` reads them decompressed).
+    pub fn decode_head_first(
+        b: &[u8],
+        group: u64,
+        segments: u64,
+    ) -> Result<(GroupHead, PackedRows), FormatError> {
+        let mut head = GroupHead::decode_within(b, group, segments)?;
+        let at = head.rows_at;
+        let Some(len) = b.get(at..at + PACKED_LEN_BYTES) else {
+            return Err(FormatError::Invalid("group table length"));
+        };
+        let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+        if len > TABLE_PAYLOAD_MAX_BYTES.saturating_sub(at) {
+            return Err(FormatError::Invalid("group table larger than any written"));
+        }
+        if head.count > len / ROW_MIN_BYTES {
+            return Err(FormatError::Invalid("group table rows beyond its length"));
+        }
+        head.rows_at = 0;
+        Ok((head, PackedRows { at, len }))
+    }
+
+    /// The header at the start of `b`, checked but for the bytes of its
+    /// rows (`decode`, `decode_head_first`); `rows_at` where it ends.
+    fn decode_within(b: &[u8], group: u64, segments: u64) -> Result<GroupHead, FormatError> {
         let bad = |what| Err(FormatError::Invalid(what));
         if b.len() < GROUP_HEADER_BYTES || get_u64(b, GROUP_OFF_INDEX) != group {
             return bad("group table of another group");
-        }
-        if b.len() > TABLE_PAYLOAD_MAX_BYTES {
-            return bad("group table larger than any written");
         }
         let first = group.saturating_mul(TABLE_SEGMENTS);
         let expect = segments.saturating_sub(first).min(TABLE_SEGMENTS) as usize;
@@ -254,9 +322,6 @@ impl GroupHead {
         let rows_at = counts_at + if with_counts { GROUP_COUNTS_BYTES } else { 0 };
         if n != expect || expect == 0 || b.len() < rows_at {
             return bad("group table length");
-        }
-        if count > (b.len() - rows_at) / ROW_MIN_BYTES {
-            return bad("group table rows beyond its length");
         }
         let live = (0..n)
             .map(|i| get_u64(b, GROUP_HEADER_BYTES + 8 * i))
