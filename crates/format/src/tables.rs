@@ -581,4 +581,68 @@ mod tests {
         put_u32(&mut many, GROUP_OFF_ROWS, 1000);
         assert!(GroupHead::decode(&many, 3, 10).is_err());
     }
+
+    /// A head-first payload: the head, then the rows' length and (here
+    /// uncompressed, standing for the lz4 block) bytes.
+    fn head_first(g: &TableGroup) -> (Vec<u8>, Vec<u8>) {
+        let rows = g.rows.iter().copied();
+        let (mut head, rows) = TableGroup::encode_parts(g.group, &g.live, g.counts, rows);
+        head.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+        head.extend_from_slice(&rows);
+        (head, rows)
+    }
+
+    #[test]
+    fn a_head_first_group_decodes_its_head_alone_with_or_without_counts() {
+        let row = |offset| TableRow {
+            offset,
+            refs: 2,
+            owners: 1,
+            crc: 9,
+            unit: false,
+        };
+        for counts in [Some([2, 0, 4]), None] {
+            let g = TableGroup {
+                group: 3,
+                live: vec![4096],
+                counts,
+                rows: vec![row(100), row(200)],
+            };
+            let whole = g.encode();
+            let (b, rows) = head_first(&g);
+            let (head, packed) = GroupHead::decode_head_first(&b, 3, 10).unwrap();
+            let old = GroupHead::decode(&whole, 3, 10).unwrap();
+            assert_eq!((head.rows_at, head.count), (0, 2));
+            assert_eq!((&head.live, head.counts), (&old.live, old.counts));
+            assert_eq!(packed.at, old.rows_at);
+            assert_eq!(packed.len, rows.len());
+            assert_eq!(&whole[old.rows_at..], &rows[..], "the same rows");
+            let mut it = head.rows(&b[packed.at + PACKED_LEN_BYTES..]);
+            assert_eq!(it.by_ref().collect::<Result<Vec<_>, _>>().unwrap(), g.rows);
+            it.finish().unwrap();
+            // Cut short: inside the head, or before the rows' length.
+            for cut in [GROUP_HEADER_BYTES + 4, packed.at, packed.at + 3] {
+                assert!(GroupHead::decode_head_first(&b[..cut], 3, 10).is_err());
+            }
+            // The rows' bytes themselves are not read at open.
+            assert!(GroupHead::decode_head_first(&b[..packed.at + 4], 3, 10).is_ok());
+            assert!(
+                GroupHead::decode_head_first(&b, 2, 10).is_err(),
+                "another group"
+            );
+            // Rows declared longer than any group written: refused.
+            let mut large = b.clone();
+            let max = (TABLE_PAYLOAD_MAX_BYTES - packed.at) as u32;
+            put_u32(&mut large, packed.at, max + 1);
+            assert!(GroupHead::decode_head_first(&large, 3, 10).is_err());
+            put_u32(&mut large, packed.at, max);
+            assert!(GroupHead::decode_head_first(&large, 3, 10).is_ok());
+            put_u32(&mut large, packed.at, u32::MAX);
+            assert!(GroupHead::decode_head_first(&large, 3, 10).is_err());
+            // More rows than their declared length could hold: refused.
+            let mut many = b.clone();
+            put_u32(&mut many, GROUP_OFF_ROWS, rows.len() as u32 / 3 + 1);
+            assert!(GroupHead::decode_head_first(&many, 3, 10).is_err());
+        }
+    }
 }
