@@ -2,8 +2,12 @@
 //! would otherwise rebuild by reading the whole map, saved with each
 //! checkpoint so that open costs the log since it, not the map.
 //!
-//! Each table record is a MAP_TABLE record (before lz4, which every one
-//! uses), named in the map directory like a map page: table `t` is
+//! Each table record is a MAP_TABLE record, named in the map directory
+//! like a map page (written with codec none: the root as it is, a group
+//! *head-first*, its head as below through the row counts, then its rows
+//! as `u32 length` + their lz4 block, `GroupHead::decode_head_first`; with
+//! codec lz4, as older volumes have them, the whole payload below lz4
+//! with its length prepended): table `t` is
 //! directory slot `map pages + t` (see `checkpoint`), and it is rewritten
 //! only when it changed since its last record. Table 0 is the *root*:
 //! ```text
@@ -49,7 +53,7 @@ use crate::*;
 
 /// Physical segments per group table.
 pub const TABLE_SEGMENTS: u64 = 1;
-/// Largest group payload written (before lz4): 2729 rows.
+/// Largest group payload written (head and rows, before lz4): 2729 rows.
 pub const TABLE_PAYLOAD_MAX_BYTES: usize = 64 << 10;
 /// Words of map counters in the root.
 pub const COUNTER_WORDS: usize = 10;

@@ -579,7 +579,9 @@ fn load_group_live(
 /// row counts is taken at its word, its rows checked when first decoded;
 /// one without (written before the counts) is checked and counted here
 /// (`check_group_rows`), and marks the tables changed (`upgrade`): the
-/// next checkpoint writes them again, with counts.
+/// next checkpoint writes them again, with counts. So does a table of the
+/// older layout (lz4 as a whole, `GroupRows::Whole`: its whole payload
+/// decompressed at open), to be written head-first.
 fn load_group(
     sb: &Superblock,
     g: &LoadedGroup,
@@ -597,6 +599,9 @@ fn load_group(
         }
     };
     let counts = counts.map_err(|why| MetaError::Damaged(format!("table: {why}")))?;
+    if matches!(*g.payload, GroupRows::Whole(_)) {
+        *upgrade = true;
+    }
     if counts[..2] != [0, 0] {
         let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;
         let geometry = Geometry::of(sb);
@@ -849,7 +854,9 @@ mod tests {
     }
     /// A group table without row counts is checked at open and marks the
     /// tables changed (the next checkpoint writes every table again, with
-    /// counts); one with counts is taken at its word, its rows left packed.
+    /// counts), as does one of the older layout (written again
+    /// head-first); one with counts is taken at its word, its rows left
+    /// packed.
     #[test]
     fn tables_without_counts_are_written_again() {
         let mut sb = crate::test_util::small_superblock();
@@ -875,8 +882,11 @@ mod tests {
         };
         for codec in [CodecTag::Lz4, CodecTag::None] {
             assert_eq!(load(None, codec), (true, 0, 1));
-            assert_eq!(load(Some([1, 1, 4]), codec), (false, 1, 1));
         }
+        // With counts: taken at their word; of the older layout, written
+        // again (head-first).
+        assert_eq!(load(Some([1, 1, 4]), CodecTag::None), (false, 1, 1));
+        assert_eq!(load(Some([1, 1, 4]), CodecTag::Lz4), (true, 1, 1));
         // Counts no rows could have: the tables are refused at open.
         let payload = TableGroup::encode_rows(2, &[4096], Some([5, 0, 0]), rows.into_iter());
         let head = GroupHead::decode(&payload, 2, sb.segment_count()).unwrap();
