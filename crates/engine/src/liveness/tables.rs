@@ -806,10 +806,17 @@ mod tests {
         assert!(matches!(&*new.payload, GroupRows::Lz4 { .. }));
         let zstd = loaded(&sb, CodecTag::Zstd, None, rows.clone());
         assert!(matches!(zstd, Err(TableError::Codec { .. })));
-        // An lz4 payload claiming 4 GiB: refused, nothing allocated.
+        // An lz4 payload claiming 4 GiB (its block a good table's):
+        // refused, nothing allocated.
+        let (head, body) = TableGroup::encode_parts(2, &[4096], None, rows.clone().into_iter());
         let mut rec = vec![0u8; cvol_format::record::RECORD_HEADER_BYTES];
-        rec.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x00]);
-        let huge = LoadedGroup::decode(3, CodecTag::Lz4, rec, sb.segment_count());
+        rec.extend_from_slice(&lz4_flex::block::compress_prepend_size(
+            &[head, body].concat(),
+        ));
+        let n = cvol_format::record::RECORD_HEADER_BYTES;
+        assert!(LoadedGroup::decode(3, CodecTag::Lz4, rec.clone(), 256).is_ok());
+        rec[n..n + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let huge = LoadedGroup::decode(3, CodecTag::Lz4, rec, 256);
         assert!(matches!(huge, Err(TableError::Group { .. })));
         // Head-first, no counts, rows that do not decompress: refused.
         let mut g = loaded(&sb, CodecTag::None, None, rows).unwrap();
