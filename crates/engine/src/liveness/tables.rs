@@ -8,10 +8,11 @@
 //! (a stamp per group, so that a change during the checkpoint's append
 //! keeps it dirty); the root with every checkpoint whose changed groups
 //! could all be written.
+use super::loaded::{LoadedGroup, LoadedTables};
 use super::replay::{apply_replay, Replay, Tables};
 use super::{rebuild, FpSnapshot, Geometry, LiveMap, Rebuilt, RebuiltSegments};
 use crate::dedup::{GroupRows, PackedShare, SegShared, ShareRow, SharedTable};
-use crate::error::{MetaError, TableError};
+use crate::error::MetaError;
 use crate::map::{BlockMap, Page};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
 use crate::stats::MapCounters;
@@ -24,7 +25,6 @@ use cvol_format::tables::{
     GROUP_HEADER_BYTES, PACKED_LEN_BYTES, ROOT_BYTES, ROW_MAX_BYTES, TABLE_PAYLOAD_MAX_BYTES,
     TABLE_SEGMENTS,
 };
-use cvol_format::CodecTag;
 
 // A table per segment: the shared table's share of a segment is its rows.
 const _: () = assert!(TABLE_SEGMENTS == 1);
@@ -189,92 +189,6 @@ fn group_parts(segment: u64, live: u64, share: Option<&SegShared>) -> (Vec<u8>, 
     });
     let counts = crate::dedup::counts_of(share);
     TableGroup::encode_parts(segment, &[live], Some(counts), merged)
-}
-
-/// The tables a checkpoint names, read at open.
-#[derive(Debug, Clone)]
-pub struct LoadedTables {
-    pub root: TableRoot,
-    pub groups: Vec<LoadedGroup>,
-}
-
-/// A group table read at open: its header, and its rows still encoded
-/// (and compressed, in a head-first table: `GroupRows`); `load_group`
-/// checks and counts them, or takes its counts; the shared table decodes
-/// a segment's rows when they are first used.
-#[derive(Debug, Clone)]
-pub struct LoadedGroup {
-    pub head: GroupHead,
-    pub payload: Arc<GroupRows>,
-}
-
-impl LoadedGroup {
-    /// Group table `t` of a volume of `segments` segments from its record
-    /// `rec` (payload after `RECORD_HEADER_BYTES`), whose header has
-    /// `codec`: lz4, the whole payload compressed (an older table:
-    /// decompressed here), or none, head-first (the head decoded, the rows
-    /// left compressed: their length is checked, not their bytes).
-    pub(crate) fn decode(
-        t: usize,
-        codec: CodecTag,
-        rec: Vec<u8>,
-        segments: u64,
-    ) -> Result<LoadedGroup, TableError> {
-        use cvol_format::record::RECORD_HEADER_BYTES;
-        let group = t as u64 - 1;
-        let bad = |source| TableError::Group { table: t, source };
-        let payload = &rec[RECORD_HEADER_BYTES..];
-        match codec {
-            CodecTag::Lz4 => {
-                let raw = decompress_bounded(t, payload)?;
-                let head = GroupHead::decode(&raw, group, segments).map_err(bad)?;
-                let payload = Arc::new(GroupRows::Whole(raw));
-                Ok(LoadedGroup { head, payload })
-            }
-            CodecTag::None => {
-                let (head, packed) =
-                    GroupHead::decode_head_first(payload, group, segments).map_err(bad)?;
-                let at = RECORD_HEADER_BYTES + packed.at + PACKED_LEN_BYTES;
-                let len = packed.len;
-                let payload = Arc::new(GroupRows::Lz4 {
-                    record: rec,
-                    at,
-                    len,
-                });
-                Ok(LoadedGroup { head, payload })
-            }
-            codec => Err(TableError::Codec { table: t, codec }),
-        }
-    }
-}
-
-/// The root from its record's payload (header `codec`): lz4 (older
-/// tables) or raw.
-pub(crate) fn decode_root(
-    codec: CodecTag,
-    payload: &[u8],
-    segments: u64,
-) -> Result<TableRoot, TableError> {
-    match codec {
-        CodecTag::Lz4 => TableRoot::decode(&decompress_bounded(0, payload)?, segments),
-        CodecTag::None => TableRoot::decode(payload, segments),
-        codec => return Err(TableError::Codec { table: 0, codec }),
-    }
-    .map_err(TableError::Root)
-}
-
-/// The lz4 `payload` of table `t` (its length prepended), refused before
-/// any allocation when it claims more than any table written.
-fn decompress_bounded(t: usize, payload: &[u8]) -> Result<Vec<u8>, TableError> {
-    let claimed = payload
-        .get(..PACKED_LEN_BYTES)
-        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
-    if claimed.is_some_and(|n| n > TABLE_PAYLOAD_MAX_BYTES) {
-        let source = cvol_format::FormatError::Invalid("table larger than any written");
-        return Err(TableError::Group { table: t, source });
-    }
-    lz4_flex::block::decompress_size_prepended(payload)
-        .map_err(|source| TableError::Decompress { table: t, source })
 }
 
 fn counter_words(c: &MapCounters) -> [u64; COUNTER_WORDS] {
@@ -754,7 +668,9 @@ pub(super) fn mark_segments(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::TableError;
     use cvol_format::tables::TableRow;
+    use cvol_format::CodecTag;
 
     /// A record row (`unit`: a unit row) at `offset`.
     fn row(offset: u64, unit: bool) -> TableRow {
