@@ -23,12 +23,14 @@ use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use fprints::FpBooks;
 pub(crate) use fprints::{decode_fp_record, read_fp_table, FpSnapshot};
+pub(crate) use loaded::{decode_root, LoadedGroup, LoadedTables};
 pub(crate) use replay::{Replay, ReplaySource};
 use std::collections::HashMap;
 use tables::TableBooks;
-pub(crate) use tables::{check_tables, EncodedTables, LoadedGroup, LoadedTables, TableSnapshot};
+pub(crate) use tables::{check_tables, EncodedTables, TableSnapshot};
 
 mod fprints;
+mod loaded;
 mod replay;
 mod tables;
 

@@ -302,3 +302,149 @@ fn older_liveness_tables_gain_their_row_counts_at_the_next_checkpoint() {
     let report = check::check_volume(&sim, &mut |_, _| {});
     assert!(report.consistent(), "{report:?}");
 }
+
+/// (codec, table index) of the newest liveness *group* table record on
+/// the store of each table (MAP_TABLE records in the directory slots
+/// after the map pages': table `1 + s` for segment `s`).
+fn group_table_codecs(sim: &SimStorage) -> Vec<(cvol_format::CodecTag, u64)> {
+    use cvol_format::checkpoint::MAP_PAGE_BLOCKS;
+    use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, RECORD_MAGIC};
+    let mut b = vec![0u8; SUPERBLOCK_BYTES];
+    sim.read_at(SUPERBLOCK_A_OFFSET, &mut b).unwrap();
+    let sb = Superblock::decode(&b).unwrap();
+    let npages = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
+    let mut img = vec![0u8; sim.len_bytes() as usize];
+    sim.read_at(0, &mut img).unwrap();
+    (0..img.len() - RECORD_HEADER_BYTES)
+        .filter(|&i| img[i..i + 4] == RECORD_MAGIC.to_le_bytes())
+        .filter_map(|i| RecordHeader::decode(&img[i..]).ok())
+        .filter(|h| h.kind == RecordKind::MapTable)
+        .map(|h| (h.lba / MAP_PAGE_BLOCKS - npages, (h.seq, h.codec)))
+        .filter(|&(t, _)| (1..=sb.segment_count()).contains(&t))
+        .fold(std::collections::BTreeMap::new(), |mut m, (t, v)| {
+            let e = m.entry(t).or_insert(v);
+            *e = (*e).max(v);
+            m
+        })
+        .into_iter()
+        .map(|(t, (_, codec))| (codec, t))
+        .collect()
+}
+
+/// `fixtures/lz4-tables-volume.sectors` (made by
+/// `fixtures/make-lz4-tables-volume.sh` with cvol at 3271524): 64 KiB of
+/// `A-block-kkkk;` blocks at 0 (four 16 KiB units), then blocks 2 and 5 of
+/// it again at 1 MiB and 2 MiB (dedup references into two units), stopped
+/// cleanly: its group tables lz4-compressed whole, with row counts.
+fn assert_lz4_tables_contents(vol: &Volume, extra: bool) {
+    let block = |at: u64| {
+        let mut b = vec![0u8; 4096];
+        vol.read_at(at, &mut b).unwrap();
+        b
+    };
+    for k in 0..16 {
+        assert!(
+            block(k * 4096) == tagged_block("A", k as usize),
+            "block {k}"
+        );
+    }
+    assert!(block(1 << 20) == tagged_block("A", 2));
+    assert!(block(2 << 20) == tagged_block("A", 5));
+    if extra {
+        assert!(block(6 << 20) == tagged_block("A", 9));
+    }
+}
+
+/// Group tables of the older layout (lz4 as a whole, with row counts)
+/// open at their counts, their rows left packed, and are marked changed:
+/// the next checkpoint writes them all head-first (codec none), and an
+/// open after it takes those at their counts too, the volume reading and
+/// checking as before.
+#[test]
+fn older_lz4_tables_open_and_changed_ones_are_written_head_first() {
+    use cvol_format::CodecTag;
+    let sim = volume_of(include_bytes!("fixtures/lz4-tables-volume.sectors"));
+    let old = group_table_codecs(&sim);
+    assert!(
+        !old.is_empty() && old.iter().all(|&(c, _)| c == CodecTag::Lz4),
+        "{old:?}"
+    );
+    let ro = || OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let vol = Volume::open(Arc::new(sim.clone()), ro()).unwrap();
+    assert!(vol.opened_from_tables());
+    assert!(
+        vol.table_rows_taken_at_their_counts() > 0,
+        "lz4 with counts"
+    );
+    assert_eq!(vol.tables_rejected(), None);
+    assert_lz4_tables_contents(&vol, false);
+    vol.verify_refcounts().unwrap();
+    drop(vol);
+    // A checkpoint without a change writes every group table head-first.
+    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+    vol.checkpoint().unwrap();
+    let now = group_table_codecs(&sim);
+    assert_eq!(now.len(), old.len(), "{now:?}");
+    assert!(now.iter().all(|&(c, _)| c == CodecTag::None), "{now:?}");
+    // A third reference into the first unit.
+    vol.write_at(6 << 20, &tagged_block("A", 9), false).unwrap();
+    vol.close().unwrap();
+    drop(vol);
+    let vol = Volume::open(Arc::new(sim.clone()), ro()).unwrap();
+    assert!(
+        vol.opened_from_tables(),
+        "head-first tables used, not rebuilt"
+    );
+    assert!(vol.table_rows_taken_at_their_counts() > 0);
+    assert_eq!(vol.tables_rejected(), None, "the rows are what they said");
+    assert_lz4_tables_contents(&vol, true);
+    vol.verify_refcounts().unwrap();
+    drop(vol);
+    let report = check::check_volume(&sim, &mut |_, _| {});
+    assert!(report.consistent(), "{report:?}");
+    assert!(report
+        .notes
+        .iter()
+        .all(|n| !n.contains("no liveness tables")));
+}
+
+/// A volume written by this build: its group tables head-first (codec
+/// none), reopened from them (not rebuilt from the map), the rows taken
+/// at their counts and decoded on first use to what they said.
+#[test]
+fn a_volume_written_now_reopens_from_its_head_first_tables() {
+    use cvol_format::CodecTag;
+    let sim = SimStorage::new(16 << 20);
+    let vol = common::create(&sim, &common::options(&sim, 8 << 20));
+    let shared = common::text(7, 4096);
+    for i in 0..64u64 {
+        vol.write_at(i * 8192, &common::text(100 + i, 4096), false)
+            .unwrap();
+        vol.write_at(i * 8192 + 4096, &shared, false).unwrap();
+    }
+    common::close_and_check(vol, &sim);
+    let codecs = group_table_codecs(&sim);
+    assert!(!codecs.is_empty(), "group tables written");
+    assert!(
+        codecs.iter().all(|&(c, _)| c == CodecTag::None),
+        "{codecs:?}"
+    );
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let vol = Volume::open(Arc::new(sim.clone()), ro).unwrap();
+    assert!(vol.opened_from_tables());
+    assert!(vol.table_rows_taken_at_their_counts() > 0);
+    assert_eq!(vol.stats().dedup.dedup_shared_records, 1);
+    assert_eq!(vol.tables_rejected(), None);
+    let mut b = vec![0u8; 4096];
+    for i in 0..64u64 {
+        vol.read_at(i * 8192 + 4096, &mut b).unwrap();
+        assert!(b == shared, "block {i}");
+    }
+    vol.verify_refcounts().unwrap();
+}

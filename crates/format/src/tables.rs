@@ -2,8 +2,12 @@
 //! would otherwise rebuild by reading the whole map, saved with each
 //! checkpoint so that open costs the log since it, not the map.
 //!
-//! Each table record is a MAP_TABLE record (before lz4, which every one
-//! uses), named in the map directory like a map page: table `t` is
+//! Each table record is a MAP_TABLE record, named in the map directory
+//! like a map page (written with codec none: the root as it is, a group
+//! *head-first*, its head as below through the row counts, then its rows
+//! as `u32 length` + their lz4 block, `GroupHead::decode_head_first`; with
+//! codec lz4, as older volumes have them, the whole payload below lz4
+//! with its length prepended): table `t` is
 //! directory slot `map pages + t` (see `checkpoint`), and it is rewritten
 //! only when it changed since its last record. Table 0 is the *root*:
 //! ```text
@@ -49,7 +53,7 @@ use crate::*;
 
 /// Physical segments per group table.
 pub const TABLE_SEGMENTS: u64 = 1;
-/// Largest group payload written (before lz4): 2729 rows.
+/// Largest group payload written (head and rows, before lz4): 2729 rows.
 pub const TABLE_PAYLOAD_MAX_BYTES: usize = 64 << 10;
 /// Words of map counters in the root.
 pub const COUNTER_WORDS: usize = 10;
@@ -159,6 +163,21 @@ impl TableGroup {
         counts: Option<[u64; 3]>,
         rows: impl Iterator<Item = TableRow>,
     ) -> Vec<u8> {
+        let (mut head, rows) = TableGroup::encode_parts(group, live, counts, rows);
+        head.extend_from_slice(&rows);
+        head
+    }
+
+    /// `encode_rows` in its two parts: the head (through the row counts)
+    /// and the rows. The whole layout is the two one after the other; the
+    /// head-first layout (`GroupHead::decode_head_first`) stores the head
+    /// and then the rows lz4-compressed with their length prepended.
+    pub fn encode_parts(
+        group: u64,
+        live: &[u64],
+        counts: Option<[u64; 3]>,
+        rows: impl Iterator<Item = TableRow>,
+    ) -> (Vec<u8>, Vec<u8>) {
         let extra = if counts.is_some() {
             GROUP_COUNTS_BYTES
         } else {
@@ -179,22 +198,23 @@ impl TableGroup {
         for (i, c) in counts.iter().flatten().enumerate() {
             put_u64(&mut v, at + 8 * i, *c);
         }
+        let mut b = Vec::new();
         let (mut count, mut prev) = (0u32, 0u64);
         for r in rows {
             assert!(
                 count == 0 || r.offset > prev,
                 "rows in increasing offset order"
             );
-            put_varint(&mut v, r.offset - prev);
-            put_varint(&mut v, u64::from(r.owners) << 1 | u64::from(r.unit));
-            put_varint(&mut v, u64::from(r.refs));
+            put_varint(&mut b, r.offset - prev);
+            put_varint(&mut b, u64::from(r.owners) << 1 | u64::from(r.unit));
+            put_varint(&mut b, u64::from(r.refs));
             if !r.unit {
-                v.extend_from_slice(&r.crc.to_le_bytes());
+                b.extend_from_slice(&r.crc.to_le_bytes());
             }
             (count, prev) = (count + 1, r.offset);
         }
         put_u32(&mut v, GROUP_OFF_ROWS, count);
-        v
+        (v, b)
     }
 
     /// Decodes group `group` of a volume of `segments` segments: its
@@ -228,21 +248,73 @@ pub struct GroupHead {
     /// The counts of its rows, if it carries them: records, units, blocks
     /// served (`GROUP_COUNTS_FLAG`; unchecked against the rows).
     pub counts: Option<[u64; 3]>,
-    /// Where the rows begin in the payload, and how many there are (no
-    /// more than its bytes could hold).
+    /// Where the rows begin in the bytes they are read from (the payload
+    /// of the whole layout; 0 in the head-first layout, whose rows are
+    /// read decompressed), and how many there are (no more than their
+    /// bytes could hold).
     pub rows_at: usize,
     pub count: usize,
 }
 
+/// Where a head-first group record keeps its rows (`decode_head_first`):
+/// the lz4 block (its length prepended) from byte `at` to the end, and the
+/// length they decompress to (bounded: with the head, no more than
+/// `TABLE_PAYLOAD_MAX_BYTES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedRows {
+    pub at: usize,
+    pub len: usize,
+}
+
+/// Bytes of the length an lz4 block is prepended with.
+pub const PACKED_LEN_BYTES: usize = 4;
+
 impl GroupHead {
     /// The header of group `group`'s payload `b` (see `TableGroup::decode`).
     pub fn decode(b: &[u8], group: u64, segments: u64) -> Result<GroupHead, FormatError> {
+        let head = GroupHead::decode_within(b, group, segments)?;
+        if b.len() > TABLE_PAYLOAD_MAX_BYTES {
+            return Err(FormatError::Invalid("group table larger than any written"));
+        }
+        if head.count > (b.len() - head.rows_at) / ROW_MIN_BYTES {
+            return Err(FormatError::Invalid("group table rows beyond its length"));
+        }
+        Ok(head)
+    }
+
+    /// The header of a *head-first* group record's payload `b` (group
+    /// `group` of a volume of `segments` segments): the head as in the
+    /// whole layout, then the rows lz4-compressed, their length prepended
+    /// (u32). Checks what `decode` does, the rows' declared length taken
+    /// for their bytes; the rows are neither decompressed nor read (their
+    /// `rows_at` is 0: `rows` reads them decompressed).
+    pub fn decode_head_first(
+        b: &[u8],
+        group: u64,
+        segments: u64,
+    ) -> Result<(GroupHead, PackedRows), FormatError> {
+        let mut head = GroupHead::decode_within(b, group, segments)?;
+        let at = head.rows_at;
+        let Some(len) = b.get(at..at + PACKED_LEN_BYTES) else {
+            return Err(FormatError::Invalid("group table length"));
+        };
+        let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+        if len > TABLE_PAYLOAD_MAX_BYTES.saturating_sub(at) {
+            return Err(FormatError::Invalid("group table larger than any written"));
+        }
+        if head.count > len / ROW_MIN_BYTES {
+            return Err(FormatError::Invalid("group table rows beyond its length"));
+        }
+        head.rows_at = 0;
+        Ok((head, PackedRows { at, len }))
+    }
+
+    /// The header at the start of `b`, checked but for the bytes of its
+    /// rows (`decode`, `decode_head_first`); `rows_at` where it ends.
+    fn decode_within(b: &[u8], group: u64, segments: u64) -> Result<GroupHead, FormatError> {
         let bad = |what| Err(FormatError::Invalid(what));
         if b.len() < GROUP_HEADER_BYTES || get_u64(b, GROUP_OFF_INDEX) != group {
             return bad("group table of another group");
-        }
-        if b.len() > TABLE_PAYLOAD_MAX_BYTES {
-            return bad("group table larger than any written");
         }
         let first = group.saturating_mul(TABLE_SEGMENTS);
         let expect = segments.saturating_sub(first).min(TABLE_SEGMENTS) as usize;
@@ -254,9 +326,6 @@ impl GroupHead {
         let rows_at = counts_at + if with_counts { GROUP_COUNTS_BYTES } else { 0 };
         if n != expect || expect == 0 || b.len() < rows_at {
             return bad("group table length");
-        }
-        if count > (b.len() - rows_at) / ROW_MIN_BYTES {
-            return bad("group table rows beyond its length");
         }
         let live = (0..n)
             .map(|i| get_u64(b, GROUP_HEADER_BYTES + 8 * i))
@@ -515,5 +584,69 @@ mod tests {
         let mut many = b.clone();
         put_u32(&mut many, GROUP_OFF_ROWS, 1000);
         assert!(GroupHead::decode(&many, 3, 10).is_err());
+    }
+
+    /// A head-first payload: the head, then the rows' length and (here
+    /// uncompressed, standing for the lz4 block) bytes.
+    fn head_first(g: &TableGroup) -> (Vec<u8>, Vec<u8>) {
+        let rows = g.rows.iter().copied();
+        let (mut head, rows) = TableGroup::encode_parts(g.group, &g.live, g.counts, rows);
+        head.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+        head.extend_from_slice(&rows);
+        (head, rows)
+    }
+
+    #[test]
+    fn a_head_first_group_decodes_its_head_alone_with_or_without_counts() {
+        let row = |offset| TableRow {
+            offset,
+            refs: 2,
+            owners: 1,
+            crc: 9,
+            unit: false,
+        };
+        for counts in [Some([2, 0, 4]), None] {
+            let g = TableGroup {
+                group: 3,
+                live: vec![4096],
+                counts,
+                rows: vec![row(100), row(200)],
+            };
+            let whole = g.encode();
+            let (b, rows) = head_first(&g);
+            let (head, packed) = GroupHead::decode_head_first(&b, 3, 10).unwrap();
+            let old = GroupHead::decode(&whole, 3, 10).unwrap();
+            assert_eq!((head.rows_at, head.count), (0, 2));
+            assert_eq!((&head.live, head.counts), (&old.live, old.counts));
+            assert_eq!(packed.at, old.rows_at);
+            assert_eq!(packed.len, rows.len());
+            assert_eq!(&whole[old.rows_at..], &rows[..], "the same rows");
+            let mut it = head.rows(&b[packed.at + PACKED_LEN_BYTES..]);
+            assert_eq!(it.by_ref().collect::<Result<Vec<_>, _>>().unwrap(), g.rows);
+            it.finish().unwrap();
+            // Cut short: inside the head, or before the rows' length.
+            for cut in [GROUP_HEADER_BYTES + 4, packed.at, packed.at + 3] {
+                assert!(GroupHead::decode_head_first(&b[..cut], 3, 10).is_err());
+            }
+            // The rows' bytes themselves are not read at open.
+            assert!(GroupHead::decode_head_first(&b[..packed.at + 4], 3, 10).is_ok());
+            assert!(
+                GroupHead::decode_head_first(&b, 2, 10).is_err(),
+                "another group"
+            );
+            // Rows declared longer than any group written: refused.
+            let mut large = b.clone();
+            let max = (TABLE_PAYLOAD_MAX_BYTES - packed.at) as u32;
+            put_u32(&mut large, packed.at, max + 1);
+            assert!(GroupHead::decode_head_first(&large, 3, 10).is_err());
+            put_u32(&mut large, packed.at, max);
+            assert!(GroupHead::decode_head_first(&large, 3, 10).is_ok());
+            put_u32(&mut large, packed.at, u32::MAX);
+            assert!(GroupHead::decode_head_first(&large, 3, 10).is_err());
+            // More rows than their declared length could hold: refused.
+            let mut many = b.clone();
+            put_u32(&mut many, GROUP_OFF_ROWS, rows.len() as u32 / 3 + 1);
+            assert!(GroupHead::decode_head_first(&many, 3, 10).is_err());
+        }
     }
 }

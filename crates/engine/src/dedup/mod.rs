@@ -25,7 +25,7 @@ use std::sync::Arc;
 pub mod hooks;
 mod packed_share;
 use packed_share::ShareSlot;
-pub use packed_share::{counts_of, PackedShare, ShareRow};
+pub use packed_share::{counts_of, GroupRows, PackedShare, ShareRow};
 pub mod tables;
 mod window;
 pub use window::{HookLoad, Index};
@@ -668,12 +668,25 @@ impl SharedTable {
     pub fn memory_bytes(&self) -> u64 {
         // A B-tree node holds up to 11 keys and values (about 2/3 full on
         // average) and a few words more; a slot per segment. Rows still
-        // packed count as decoded (an upper bound: packed, they take
-        // about a third of that).
+        // packed count as the bytes their table holds (compressed, in a
+        // head-first table), at the counts they were taken at; decoded,
+        // as built too (their table's bytes are kept).
+        let (mut records, mut units, mut held) = (self.records_len, self.units_len, 0u64);
+        for slot in self.segs.iter().flatten() {
+            if let ShareSlot::Packed(p) = slot {
+                held += p.held_bytes() as u64;
+                if !p.is_decoded() {
+                    let [r, u, _] = p.claimed();
+                    records = records.saturating_sub(r as usize);
+                    units = units.saturating_sub(u as usize);
+                }
+            }
+        }
         let cost = |n: usize, value: usize| (n as u64) * (8 + value as u64) * 3 / 2;
-        cost(self.records_len, std::mem::size_of::<Shared>())
-            + cost(self.units_len, std::mem::size_of::<UnitLive>())
+        cost(records, std::mem::size_of::<Shared>())
+            + cost(units, std::mem::size_of::<UnitLive>())
             + (self.segs.capacity() * 8) as u64
+            + held
     }
 }
 

@@ -4,9 +4,72 @@
 //! changes them. A pool's snapshots add hundreds of thousands of shared
 //! rows that an open, a `cvol stat` or a read of one volume never looks at.
 use super::{SegShared, Shared, UnitLive};
-use cvol_format::tables::{GroupHead, TableRow};
+use cvol_format::tables::{GroupHead, TableRow, PACKED_LEN_BYTES};
+use cvol_format::FormatError;
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
+
+/// A group table's rows as open read them: the whole payload decompressed
+/// (an older table, whose record is lz4 as a whole: its rows at the
+/// head's `rows_at`), or still compressed (a head-first table: only its
+/// head was read at open; `GroupHead::decode_head_first`).
+#[derive(Debug)]
+pub enum GroupRows {
+    Whole(Vec<u8>),
+    /// The record read (`record`), its rows an lz4 block from byte `at` to
+    /// the end that must decompress to `len` bytes (bounded at open).
+    Lz4 {
+        record: Vec<u8>,
+        at: usize,
+        len: usize,
+    },
+}
+
+impl GroupRows {
+    /// The head-first payload of group `group` (of a volume of `segments`
+    /// segments) from byte `start` of `record` (`GroupHead::decode_head_first`):
+    /// its head, and its rows left compressed in `record`.
+    pub fn head_first(
+        record: Vec<u8>,
+        start: usize,
+        group: u64,
+        segments: u64,
+    ) -> Result<(GroupHead, GroupRows), FormatError> {
+        let payload = record
+            .get(start..)
+            .ok_or(FormatError::Invalid("group table length"))?;
+        let (head, packed) = GroupHead::decode_head_first(payload, group, segments)?;
+        let (at, len) = (start + packed.at + PACKED_LEN_BYTES, packed.len);
+        Ok((head, GroupRows::Lz4 { record, at, len }))
+    }
+
+    /// The rows' bytes, decompressed if need be (a buffer the caller
+    /// drops once it has read them), or why they do not decompress.
+    pub fn rows(&self) -> Result<Cow<'_, [u8]>, String> {
+        match self {
+            GroupRows::Whole(b) => Ok(Cow::Borrowed(b)),
+            GroupRows::Lz4 { record, at, len } => {
+                let block = record.get(*at..).ok_or("rows beyond the record")?;
+                let mut out = vec![0u8; *len];
+                let n = lz4_flex::block::decompress_into(block, &mut out)
+                    .map_err(|e| format!("its rows do not decompress: {e}"))?;
+                if n != *len {
+                    return Err(format!("its rows decompress to {n} bytes, not {len}"));
+                }
+                Ok(Cow::Owned(out))
+            }
+        }
+    }
+
+    /// Bytes held.
+    pub fn held_bytes(&self) -> usize {
+        match self {
+            GroupRows::Whole(b) => b.capacity(),
+            GroupRows::Lz4 { record, .. } => record.capacity(),
+        }
+    }
+}
 
 /// What one table row is in the shared table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +117,10 @@ impl ShareRow {
     }
 }
 
-/// A segment's rows as its table holds them, decoded on first use. Open
+/// A segment's rows as its table holds them, decoded on first use (and
+/// decompressed then, in a head-first table: once per group, as a group
+/// is one segment, `TABLE_SEGMENTS`; the decompressed bytes are dropped
+/// once decoded, the compressed ones kept: `held_bytes`). Open
 /// either checked every row (a table without counts) or took the counts
 /// its table carries (`GroupHead::counts`) and checked only that the rows
 /// could be that many: then the rows are checked here, as they are
@@ -65,7 +131,7 @@ impl ShareRow {
 /// with wrong counts in well-formed rows, which no open-time check sees.
 #[derive(Debug)]
 pub struct PackedShare {
-    payload: Arc<Vec<u8>>,
+    payload: Arc<GroupRows>,
     head: GroupHead,
     unit_windows: bool,
     /// Where the segment lies: its rows' offsets.
@@ -88,7 +154,7 @@ impl PackedShare {
     /// units, blocks served): the counts `head` carries, or those open
     /// counted.
     pub fn new(
-        payload: Arc<Vec<u8>>,
+        payload: Arc<GroupRows>,
         head: GroupHead,
         unit_windows: bool,
         span: Range<u64>,
@@ -118,6 +184,17 @@ impl PackedShare {
     /// The counts the shared table's totals took for these rows.
     pub fn claimed(&self) -> [u64; 3] {
         self.claimed
+    }
+
+    /// Whether the rows were decoded (the share built).
+    pub fn is_decoded(&self) -> bool {
+        self.decoded.get().is_some()
+    }
+
+    /// Bytes of the table's rows held (compressed, or the older whole
+    /// payload), whether decoded or not: the share built is counted apart.
+    pub fn held_bytes(&self) -> usize {
+        self.payload.held_bytes()
     }
 
     /// Why the rows, decoded, are not what open counted: rows left out,
@@ -153,7 +230,17 @@ impl PackedShare {
     fn decode(&self) -> Decoded {
         let (mut records, mut units) = (Vec::new(), Vec::new());
         let mut damage = None;
-        let mut rows = self.head.rows(&self.payload);
+        let bytes = match self.payload.rows() {
+            Ok(b) => b,
+            // Every row of the group is left out.
+            Err(why) => {
+                return Decoded {
+                    share: Arc::default(),
+                    damage: Some(why),
+                }
+            }
+        };
+        let mut rows = self.head.rows(&bytes);
         for r in rows.by_ref() {
             let r = match r {
                 Ok(r) => r,
@@ -258,13 +345,37 @@ mod tests {
         counts
     }
 
+    /// Segment 1's table of `rows`, its counts `claimed`, head-first (as
+    /// written now: its rows lz4-compressed after its head).
+    fn head_first(rows: Vec<TableRow>, claimed: [u64; 3]) -> Vec<u8> {
+        let (mut head, rows) =
+            TableGroup::encode_parts(1, &[SEG / 2], Some(claimed), rows.into_iter());
+        head.extend_from_slice(&lz4_flex::block::compress_prepend_size(&rows));
+        head
+    }
+
+    /// A table holding segment 1's head-first `payload`, its totals
+    /// `claimed`.
+    fn packed_from(payload: Vec<u8>, claimed: [u64; 3]) -> SharedTable {
+        let mut t = SharedTable::new(0, SEG);
+        let (head, rows) = GroupRows::head_first(payload, 0, 1, 4).unwrap();
+        let p = PackedShare::new(Arc::new(rows), head, true, SEG..2 * SEG, claimed);
+        t.insert_packed_segment(1, p);
+        t
+    }
+
     /// A table holding `rows` packed in segment 1, its totals `claimed`.
     fn packed_table(rows: Vec<TableRow>, claimed: [u64; 3]) -> SharedTable {
+        packed_from(head_first(rows, claimed), claimed)
+    }
+
+    /// The same, in an older table (lz4 as a whole: decompressed at open).
+    fn packed_whole(rows: Vec<TableRow>, claimed: [u64; 3]) -> SharedTable {
         let mut t = SharedTable::new(0, SEG);
         let payload = TableGroup::encode_rows(1, &[SEG / 2], Some(claimed), rows.into_iter());
         let head = GroupHead::decode(&payload, 1, 4).unwrap();
-        let p = PackedShare::new(Arc::new(payload), head, true, SEG..2 * SEG, claimed);
-        t.insert_packed_segment(1, p);
+        let rows = Arc::new(GroupRows::Whole(payload));
+        t.insert_packed_segment(1, PackedShare::new(rows, head, true, SEG..2 * SEG, claimed));
         t
     }
 
@@ -345,6 +456,8 @@ mod tests {
     fn a_packed_segment_reads_and_counts_as_one_built_row_by_row() {
         let (packed, built) = (table(true), table(false));
         assert_eq!(contents(&packed), contents(&built));
+        let whole = packed_whole(rows(), counts(&rows()));
+        assert_eq!(contents(&whole), contents(&built), "an older table");
         assert_eq!(contents(&packed).2, [2, 1, 2 + 3]);
         assert_eq!(packed.get(SEG + 9000), built.get(SEG + 9000));
         assert_eq!(packed.segment(1), built.segment(1));
@@ -363,6 +476,59 @@ mod tests {
         assert_eq!(contents(&packed).2, [1, 0, 3]);
     }
 
+    /// A head-first table whose compressed rows are corrupt (its record's
+    /// checksum right): open takes its counts; its first use leaves every
+    /// row of the group out and reports it, no panic; the totals then take
+    /// what is left (nothing) once the segment changes.
+    #[test]
+    fn rows_that_do_not_decompress_are_all_left_out_and_reported() {
+        let claimed = counts(&rows());
+        let good = head_first(rows(), claimed);
+        let at = match GroupRows::head_first(good.clone(), 0, 1, 4).unwrap().1 {
+            GroupRows::Lz4 { at, .. } => at,
+            GroupRows::Whole(_) => unreachable!(),
+        };
+        let mut bad = good.clone();
+        // A match offset of 0 into nothing: the block cannot decompress.
+        bad.truncate(at);
+        bad.extend_from_slice(&[0x1f, 0x00, 0x00]);
+        let declared_more = {
+            let mut b = good.clone();
+            b[at - PACKED_LEN_BYTES] += 1;
+            b
+        };
+        for payload in [bad, declared_more] {
+            let mut t = packed_from(payload, claimed);
+            assert_eq!((t.record_count(), t.extra_refs), (2, 5), "open's totals");
+            assert_eq!(t.get(SEG + 100), None);
+            let why = t.damaged_rows().expect("damage reported");
+            assert!(
+                why.contains("segment 1") && why.contains("decompress"),
+                "{why}"
+            );
+            assert!(t.memory_bytes() > 0);
+            t.put_unit(SEG + 7, Some(UnitLive { refs: 1, owners: 1 }));
+            assert_eq!(contents(&t).2, [0, 1, 1], "the totals take what is left");
+            assert!(t.damaged_rows().is_some(), "still reported once changed");
+        }
+    }
+
+    /// A packed segment counts the bytes its table holds until decoded,
+    /// then its share as built too.
+    #[test]
+    fn memory_counts_compressed_rows_until_built() {
+        let many: Vec<TableRow> = (0..2000).map(|i| row(SEG + 64 * i, 2, 1, false)).collect();
+        let claimed = counts(&many);
+        let payload = head_first(many.clone(), claimed);
+        let held = payload.capacity() as u64;
+        let t = packed_from(payload, claimed);
+        let packed = t.memory_bytes();
+        let _ = t.get(SEG); // decodes the segment
+        let decoded = t.memory_bytes();
+        assert!(packed < decoded, "{packed} < {decoded}");
+        assert!(packed >= held && packed < held + 1024, "{packed} vs {held}");
+    }
+
     #[test]
     fn rows_a_table_cannot_hold_are_refused() {
         assert!(ShareRow::of(&row(SEG, 0, 0, true), false).is_err());
@@ -378,22 +544,39 @@ mod tests {
     proptest::proptest! {
         /// Whatever bytes follow a table's header, taken at its counts:
         /// reading, changing and checking the segment never panics, and
-        /// the totals follow what the rows hold once it changes.
+        /// the totals follow what the rows hold once it changes. In a
+        /// head-first table (`packed`): the bytes as its rows compressed,
+        /// or (`lz4`) compressed, whatever length they claim.
         #[test]
         fn any_rows_taken_at_their_counts_decode_without_a_panic(
             bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120),
             count in 0usize..40,
             claimed in proptest::prelude::any::<[u16; 3]>(),
+            packed in proptest::prelude::any::<bool>(),
+            lz4 in proptest::prelude::any::<bool>(),
+            len in proptest::prelude::any::<u32>(),
         ) {
             let claimed = claimed.map(u64::from);
             let mut payload = TableGroup::encode_rows(1, &[SEG / 2], Some(claimed), [].into_iter());
-            payload.extend_from_slice(&bytes);
+            let rows = if lz4 { lz4_flex::block::compress(&bytes) } else { bytes.clone() };
+            let len = if lz4 && len % 2 == 0 { bytes.len() as u32 } else { len % 300 };
+            if packed {
+                payload.extend_from_slice(&len.to_le_bytes());
+                payload.extend_from_slice(&rows);
+            } else {
+                payload.extend_from_slice(&bytes);
+            }
             payload[12..16].copy_from_slice(&(count as u32).to_le_bytes());
-            let Ok(head) = GroupHead::decode(&payload, 1, 4) else {
+            let read = if packed {
+                GroupRows::head_first(payload, 0, 1, 4)
+            } else {
+                GroupHead::decode(&payload, 1, 4).map(|h| (h, GroupRows::Whole(payload)))
+            };
+            let Ok((head, rows)) = read else {
                 return Ok(());
             };
             let mut t = SharedTable::new(0, SEG);
-            let p = PackedShare::new(Arc::new(payload), head, true, SEG..2 * SEG, claimed);
+            let p = PackedShare::new(Arc::new(rows), head, true, SEG..2 * SEG, claimed);
             t.insert_packed_segment(1, p);
             let _ = t.damaged_rows();
             let n = t.records().count() + t.units().count();

@@ -8,9 +8,10 @@
 //! (a stamp per group, so that a change during the checkpoint's append
 //! keeps it dirty); the root with every checkpoint whose changed groups
 //! could all be written.
+use super::loaded::{LoadedGroup, LoadedTables};
 use super::replay::{apply_replay, Replay, Tables};
 use super::{rebuild, FpSnapshot, Geometry, LiveMap, Rebuilt, RebuiltSegments};
-use crate::dedup::{PackedShare, SegShared, ShareRow, SharedTable};
+use crate::dedup::{GroupRows, PackedShare, SegShared, ShareRow, SharedTable};
 use crate::error::MetaError;
 use crate::map::{BlockMap, Page};
 use crate::segments::{SegState, SegmentTable, SegmentUsage};
@@ -20,8 +21,9 @@ use cvol_format::checkpoint::DIR_ENTRY_BYTES;
 use cvol_format::fprints::directory_tables;
 use cvol_format::record::RECORD_OVERHEAD_MAX_BYTES;
 use cvol_format::tables::{
-    GroupHead, TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_HEADER_BYTES, ROOT_BYTES,
-    ROW_MAX_BYTES, TABLE_PAYLOAD_MAX_BYTES, TABLE_SEGMENTS,
+    GroupHead, TableGroup, TableRoot, TableRow, COUNTER_WORDS, GROUP_COUNTS_BYTES,
+    GROUP_HEADER_BYTES, PACKED_LEN_BYTES, ROOT_BYTES, ROW_MAX_BYTES, TABLE_PAYLOAD_MAX_BYTES,
+    TABLE_SEGMENTS,
 };
 
 // A table per segment: the shared table's share of a segment is its rows.
@@ -107,8 +109,10 @@ struct SegmentSnapshot {
     share: Option<Arc<SegShared>>,
 }
 
-/// The table records a checkpoint appends, lz4-compressed: (table, stamp,
-/// payload), None for one too large to write; the root's payload.
+/// The table records a checkpoint appends (MAP_TABLE records, codec none):
+/// (table, stamp, payload), a group head-first (its rows lz4-compressed
+/// after its head, `head_first`), None for one too large to write; the
+/// root's payload, raw.
 #[derive(Default)]
 pub(crate) struct EncodedTables {
     pub(crate) groups: Vec<(usize, u64, Option<Vec<u8>>)>,
@@ -131,25 +135,33 @@ impl TableSnapshot {
     /// after the snapshot: the shares it holds are released before client
     /// writes would copy them.
     pub(crate) fn encode(self) -> EncodedTables {
-        let lz4 = |raw: &[u8]| lz4_flex::block::compress_prepend_size(raw);
         let groups = (self.groups.into_iter())
             .map(|g| {
-                let raw = group_payload(g.segment, g.live, g.share.as_deref());
-                let fits = raw.len() <= TABLE_PAYLOAD_MAX_BYTES;
-                (g.table, g.stamp, fits.then(|| lz4(&raw)))
+                let (head, rows) = group_parts(g.segment, g.live, g.share.as_deref());
+                let fits = head.len() + rows.len() <= TABLE_PAYLOAD_MAX_BYTES;
+                (g.table, g.stamp, fits.then(|| head_first(head, &rows)))
             })
             .collect();
         EncodedTables {
             groups,
-            root: self.root.as_deref().map(lz4),
+            root: self.root,
             fps: (self.fps.iter()).map(FpSnapshot::encode).collect(),
         }
     }
 }
 
-/// Segment `segment`'s table payload: its data live bytes and its share's
-/// rows (records and units merged in offset order, not collected).
-fn group_payload(segment: u64, live: u64, share: Option<&SegShared>) -> Vec<u8> {
+/// A group's head-first payload: its head as is, then its rows lz4 with
+/// their length prepended (`GroupHead::decode_head_first`): open reads the
+/// head alone.
+fn head_first(mut head: Vec<u8>, rows: &[u8]) -> Vec<u8> {
+    head.extend_from_slice(&lz4_flex::block::compress_prepend_size(rows));
+    head
+}
+
+/// Segment `segment`'s table payload in its two parts (head, rows): its
+/// data live bytes and its share's rows (records and units merged in
+/// offset order, not collected).
+fn group_parts(segment: u64, live: u64, share: Option<&SegShared>) -> (Vec<u8>, Vec<u8>) {
     let empty = SegShared::default();
     let share = share.unwrap_or(&empty);
     let mut records = (share.records.iter())
@@ -176,23 +188,7 @@ fn group_payload(segment: u64, live: u64, share: Option<&SegShared>) -> Vec<u8> 
         _ => records.next(),
     });
     let counts = crate::dedup::counts_of(share);
-    TableGroup::encode_rows(segment, &[live], Some(counts), merged)
-}
-
-/// The tables a checkpoint names, read at open.
-#[derive(Debug, Clone)]
-pub struct LoadedTables {
-    pub root: TableRoot,
-    pub groups: Vec<LoadedGroup>,
-}
-
-/// A group table read at open: its header, and its payload with the rows
-/// still encoded (`load_group` checks and counts them; the shared table
-/// decodes a segment's rows when they are first used).
-#[derive(Debug, Clone)]
-pub struct LoadedGroup {
-    pub head: GroupHead,
-    pub payload: Arc<Vec<u8>>,
+    TableGroup::encode_parts(segment, &[live], Some(counts), merged)
 }
 
 fn counter_words(c: &MapCounters) -> [u64; COUNTER_WORDS] {
@@ -313,16 +309,17 @@ impl LiveMap {
     }
 
     /// Upper bound on the log bytes of every table record (a checkpoint's
-    /// reserve): per segment a record header, lz4's overhead, the group
-    /// header, its live bytes, its first row's longer offset and a
-    /// directory entry; a row per shared record and unit; the root.
+    /// reserve): per segment a record header, the group header, its live
+    /// bytes and row counts, the rows' length and lz4's overhead, its
+    /// first row's longer offset and a directory entry; a row per shared
+    /// record and unit; the root.
     pub(crate) fn table_bytes_bound(&self) -> u64 {
         if self.map.tables() == 0 {
             return 0;
         }
-        let per_table =
-            (RECORD_OVERHEAD_MAX_BYTES + 20 + GROUP_HEADER_BYTES + 8 + 2 + DIR_ENTRY_BYTES + 1)
-                as u64;
+        let head = GROUP_HEADER_BYTES + 8 + GROUP_COUNTS_BYTES;
+        let per_table = (RECORD_OVERHEAD_MAX_BYTES + head + PACKED_LEN_BYTES + 20 + 2) as u64
+            + (DIR_ENTRY_BYTES + 1) as u64;
         let rows = (self.shared.record_count() + self.shared.unit_count()) as u64;
         self.usage.count() * per_table
             + rows * (ROW_MAX_BYTES as u64 + 1)
@@ -496,7 +493,9 @@ fn load_group_live(
 /// row counts is taken at its word, its rows checked when first decoded;
 /// one without (written before the counts) is checked and counted here
 /// (`check_group_rows`), and marks the tables changed (`upgrade`): the
-/// next checkpoint writes them again, with counts.
+/// next checkpoint writes them again, with counts. So does a table of the
+/// older layout (lz4 as a whole, `GroupRows::Whole`: its whole payload
+/// decompressed at open), to be written head-first.
 fn load_group(
     sb: &Superblock,
     g: &LoadedGroup,
@@ -510,10 +509,13 @@ fn load_group(
         Some(c) => check_claimed_counts(&g.head, c),
         None => {
             *upgrade = true;
-            check_group_rows(sb, &g.head, &g.payload)
+            (g.payload.rows()).and_then(|rows| check_group_rows(sb, &g.head, &rows))
         }
     };
     let counts = counts.map_err(|why| MetaError::Damaged(format!("table: {why}")))?;
+    if matches!(*g.payload, GroupRows::Whole(_)) {
+        *upgrade = true;
+    }
     if counts[..2] != [0, 0] {
         let unit_windows = sb.flags & FLAG_UNIT_WINDOWS != 0;
         let geometry = Geometry::of(sb);
@@ -666,7 +668,9 @@ pub(super) fn mark_segments(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::TableError;
     use cvol_format::tables::TableRow;
+    use cvol_format::CodecTag;
 
     /// A record row (`unit`: a unit row) at `offset`.
     fn row(offset: u64, unit: bool) -> TableRow {
@@ -677,6 +681,72 @@ mod tests {
             crc: 7,
             unit,
         }
+    }
+
+    /// Group 2's table of `rows` as read from its record (`codec`: lz4, an
+    /// older table compressed whole; none, head-first).
+    fn loaded(
+        sb: &Superblock,
+        codec: CodecTag,
+        counts: Option<[u64; 3]>,
+        rows: Vec<TableRow>,
+    ) -> Result<LoadedGroup, TableError> {
+        let (head, rows) = TableGroup::encode_parts(2, &[4096], counts, rows.into_iter());
+        let payload = match codec {
+            CodecTag::Lz4 => lz4_flex::block::compress_prepend_size(&[head, rows].concat()),
+            _ => head_first(head, &rows),
+        };
+        let mut rec = vec![0u8; cvol_format::record::RECORD_HEADER_BYTES];
+        rec.extend_from_slice(&payload);
+        LoadedGroup::decode(3, codec, rec, sb.segment_count())
+    }
+
+    /// Records of either layout read to the same head; another codec, or
+    /// a length beyond any table written, is refused before anything is
+    /// decompressed; head-first rows without counts that do not
+    /// decompress refuse the tables at open (they are checked there).
+    #[test]
+    fn group_records_of_both_layouts_read_and_bad_ones_are_refused() {
+        let mut sb = crate::test_util::small_superblock();
+        sb.flags |= FLAG_UNIT_WINDOWS;
+        let at = sb.data_offset_bytes + 2 * sb.segment_size_bytes;
+        let rows = vec![row(at, false), row(at + 100, true)];
+        let old = loaded(&sb, CodecTag::Lz4, Some([1, 1, 4]), rows.clone()).unwrap();
+        let new = loaded(&sb, CodecTag::None, Some([1, 1, 4]), rows.clone()).unwrap();
+        assert_eq!(
+            (old.head.counts, old.head.count),
+            (new.head.counts, new.head.count)
+        );
+        let old_rows = old.payload.rows().unwrap();
+        assert_eq!(&old_rows[old.head.rows_at..], &*new.payload.rows().unwrap());
+        assert!(matches!(&*new.payload, GroupRows::Lz4 { .. }));
+        let zstd = loaded(&sb, CodecTag::Zstd, None, rows.clone());
+        assert!(matches!(zstd, Err(TableError::Codec { .. })));
+        // An lz4 payload claiming 4 GiB (its block a good table's):
+        // refused, nothing allocated.
+        let (head, body) = TableGroup::encode_parts(2, &[4096], None, rows.clone().into_iter());
+        let mut rec = vec![0u8; cvol_format::record::RECORD_HEADER_BYTES];
+        rec.extend_from_slice(&lz4_flex::block::compress_prepend_size(
+            &[head, body].concat(),
+        ));
+        let n = cvol_format::record::RECORD_HEADER_BYTES;
+        assert!(LoadedGroup::decode(3, CodecTag::Lz4, rec.clone(), 256).is_ok());
+        rec[n..n + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let huge = LoadedGroup::decode(3, CodecTag::Lz4, rec, 256);
+        assert!(matches!(huge, Err(TableError::Group { .. })));
+        // Head-first, no counts, rows that do not decompress: refused.
+        let mut g = loaded(&sb, CodecTag::None, None, rows).unwrap();
+        if let Some(GroupRows::Lz4 { record, at, .. }) = Arc::get_mut(&mut g.payload) {
+            record.truncate(*at);
+            record.push(0xf0);
+        }
+        let mut segs = RebuiltSegments {
+            table: SegmentTable::for_volume(&sb),
+            usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
+        };
+        let mut shared = SharedTable::new(sb.data_offset_bytes, sb.segment_size_bytes);
+        let r = load_group(&sb, &g, &mut segs, &mut shared, &mut false);
+        assert!(matches!(r, Err(MetaError::Damaged(ref why)) if why.contains("decompress")));
     }
 
     /// Group 2's rows are checked against segment 2 and its live bytes.
@@ -707,19 +777,17 @@ mod tests {
     }
     /// A group table without row counts is checked at open and marks the
     /// tables changed (the next checkpoint writes every table again, with
-    /// counts); one with counts is taken at its word, its rows left packed.
+    /// counts), as does one of the older layout (written again
+    /// head-first); one with counts is taken at its word, its rows left
+    /// packed.
     #[test]
     fn tables_without_counts_are_written_again() {
         let mut sb = crate::test_util::small_superblock();
         sb.flags |= FLAG_UNIT_WINDOWS;
         let at = sb.data_offset_bytes + 2 * sb.segment_size_bytes;
         let rows = vec![row(at, false), row(at + 100, true)];
-        let load = |counts: Option<[u64; 3]>| {
-            let payload = TableGroup::encode_rows(2, &[4096], counts, rows.clone().into_iter());
-            let g = LoadedGroup {
-                head: GroupHead::decode(&payload, 2, sb.segment_count()).unwrap(),
-                payload: Arc::new(payload),
-            };
+        let load = |counts: Option<[u64; 3]>, codec| {
+            let g = loaded(&sb, codec, counts, rows.clone()).unwrap();
             let mut segs = RebuiltSegments {
                 table: SegmentTable::for_volume(&sb),
                 usage: SegmentUsage::new(sb.segment_count(), sb.segment_size_bytes),
@@ -735,8 +803,13 @@ mod tests {
                 shared.record_count(),
             )
         };
-        assert_eq!(load(None), (true, 0, 1));
-        assert_eq!(load(Some([1, 1, 4])), (false, 1, 1));
+        for codec in [CodecTag::Lz4, CodecTag::None] {
+            assert_eq!(load(None, codec), (true, 0, 1));
+        }
+        // With counts: taken at their word; of the older layout, written
+        // again (head-first).
+        assert_eq!(load(Some([1, 1, 4]), CodecTag::None), (false, 1, 1));
+        assert_eq!(load(Some([1, 1, 4]), CodecTag::Lz4), (true, 1, 1));
         // Counts no rows could have: the tables are refused at open.
         let payload = TableGroup::encode_rows(2, &[4096], Some([5, 0, 0]), rows.into_iter());
         let head = GroupHead::decode(&payload, 2, sb.segment_count()).unwrap();

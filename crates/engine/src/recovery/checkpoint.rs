@@ -10,7 +10,7 @@ use super::chain::{KnownRecords, Start};
 use super::dir_records::{parse_dir_body, read_dir, read_lists, DirBody, DirRead};
 use super::scan::{LogScan, Scanned};
 use crate::error::{CheckpointError, DirError, PageError, RecordError, TableError};
-use crate::liveness::{LoadedGroup, LoadedTables};
+use crate::liveness::{decode_root, LoadedGroup, LoadedTables};
 use crate::logread::{
     read_chunk, read_record, read_records, read_records_shared, volume_map, LogPages,
 };
@@ -18,11 +18,10 @@ use crate::map::{decode_summarized, BlockMap, Page, Segments, SharedBytes};
 use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirSummary, PageRef};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
-use cvol_format::tables::{table_count, GroupHead, TableRoot};
-use cvol_format::{CheckpointPointer, CodecTag, Superblock};
+use cvol_format::tables::table_count;
+use cvol_format::{CheckpointPointer, Superblock};
 use cvol_storage::Storage;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Where a candidate checkpoint comes from: a pointer slot, or a commit
 /// record found by scanning the log.
@@ -740,24 +739,13 @@ fn read_tables(
         if h.kind != RecordKind::MapTable || h.crc != r.crc || h.lba != slot * MAP_PAGE_BLOCKS {
             return Err(TableError::NotNamed { table: t });
         }
-        if h.codec != CodecTag::Lz4 {
-            return Err(TableError::Codec {
-                table: t,
-                codec: h.codec,
-            });
-        }
-        let raw = lz4_flex::block::decompress_size_prepended(&rec[RECORD_HEADER_BYTES..])
-            .map_err(|source| TableError::Decompress { table: t, source })?;
+        // Codec lz4: the payload compressed whole (older tables); none: the
+        // root raw, a group head-first, its rows left compressed.
         let segments = sb.segment_count();
         if t == 0 {
-            root = Some(TableRoot::decode(&raw, segments).map_err(TableError::Root)?);
+            root = Some(decode_root(h.codec, &rec[RECORD_HEADER_BYTES..], segments)?);
         } else {
-            let head = GroupHead::decode(&raw, t as u64 - 1, segments);
-            let head = head.map_err(|source| TableError::Group { table: t, source })?;
-            groups.push(LoadedGroup {
-                head,
-                payload: Arc::new(raw),
-            });
+            groups.push(LoadedGroup::decode(t, h.codec, rec, segments)?);
         }
     }
     Ok(root.map(|root| LoadedTables { root, groups }))

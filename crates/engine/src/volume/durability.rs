@@ -518,7 +518,11 @@ impl Volume {
     }
 
     /// Appends table `t`'s MAP_TABLE record (header lba: its directory
-    /// slot's, after the map's pages).
+    /// slot's, after the map's pages). A liveness table (the root and the
+    /// groups) frames its payload itself, a group's head uncompressed and
+    /// its rows lz4 after it: codec none (an older cvol refuses it and
+    /// rebuilds its tables from the map). Fingerprint and hook snapshot
+    /// tables are lz4 payloads, as their codec says.
     pub(in crate::volume) fn append_table(
         &self,
         st: &mut State,
@@ -527,7 +531,16 @@ impl Volume {
     ) -> Result<Placed, VolError> {
         let npages = self.sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS);
         let lba = (npages + t as u64) * MAP_PAGE_BLOCKS;
-        self.append(st, Shape::map_meta(RecordKind::MapTable, lba), payload)
+        let liveness = (t as u64) < cvol_format::tables::table_count(self.sb.table_segments());
+        let shape = Shape {
+            codec: if liveness {
+                CodecTag::None
+            } else {
+                CodecTag::Lz4
+            },
+            ..Shape::map_meta(RecordKind::MapTable, lba)
+        };
+        self.append(st, shape, payload)
     }
 
     /// Appends the fingerprint table records, a batch per hold of the
