@@ -178,97 +178,94 @@ fn a_volume_with_a_row_per_unit_opens_from_its_tables_and_is_marked() {
     assert_eq!(vol.stats().dedup.dedup_shared_records, 1);
 }
 
-/// A volume whose directory blocks predate summaries gets the flag at its
-/// first open for writing and every block written summarized by the next
-/// checkpoint, not only those changed since (`unsummarized-dirs-volume`:
-/// three directory blocks with a page each; the sessions write in the
-/// first only). An open after a checkpoint that carried the other two
-/// over leaves both packed, and the volume reads and checks as before
-/// (mutation: not marking the blocks changed at the upgrade leaves those
-/// two unsummarized, none packed).
-#[test]
-fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
-    use cvol_format::superblock::FLAG_DIR_SUMMARY;
-    let sim = volume_of(include_bytes!("fixtures/unsummarized-dirs-volume.sectors"));
-    assert_eq!(flags(&sim, SUPERBLOCK_A_OFFSET) & FLAG_DIR_SUMMARY, 0);
+/// The sessions both directory upgrades are tested with, on a fixture of
+/// three directory blocks with a page each (at 0, 4 and 8 GiB): `flag`
+/// set in both superblock copies at the first open for writing; two
+/// sessions that write in the first block only (the second's checkpoint
+/// carries the other two over); then a read-only open, on which
+/// `at_open` looks before the three blocks are read and `after_reads`
+/// after; the volume checks consistent.
+fn two_sessions_then_read(
+    sim: &SimStorage,
+    flag: u32,
+    at_open: impl Fn(&Volume),
+    after_reads: impl Fn(&Volume),
+) {
+    assert_eq!(flags(sim, SUPERBLOCK_A_OFFSET) & flag, 0);
     const GIB: u64 = 1 << 30;
     let expect = [(0, 0x41u8), (4 * GIB, 0x42), (8 * GIB, 0x43)];
-    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
-    for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
-        assert_ne!(flags(&sim, at) & FLAG_DIR_SUMMARY, 0);
+    for (i, at) in [4096, 8192].into_iter().enumerate() {
+        let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
+        if i == 0 {
+            for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
+                assert_ne!(flags(sim, at) & flag, 0);
+            }
+        }
+        vol.write_at(at, &[0x44 + i as u8; 4096], false).unwrap();
+        vol.close().unwrap();
     }
-    vol.write_at(4096, &[0x44; 4096], false).unwrap();
-    vol.close().unwrap();
-    drop(vol);
-    // A session that writes in the first block only: its checkpoint
-    // carries the other two over.
-    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
-    vol.write_at(8192, &[0x45; 4096], false).unwrap();
-    vol.close().unwrap();
-    drop(vol);
     let ro = OpenOptions {
         read_only: true,
         ..OpenOptions::default()
     };
     let vol = Volume::open(Arc::new(sim.clone()), ro).unwrap();
-    assert_eq!(vol.map_dir_blocks_packed(), 2);
+    at_open(&vol);
     let mut b = vec![0u8; 4096];
     for (at, byte) in expect {
         vol.read_at(at, &mut b).unwrap();
         assert!(b.iter().all(|&x| x == byte), "the block at {at}");
     }
-    assert_eq!(vol.map_dir_blocks_packed(), 0);
+    after_reads(&vol);
     drop(vol);
-    let report = check::check_volume(&sim, &mut |_, _| {});
+    let report = check::check_volume(sim, &mut |_, _| {});
     assert!(report.consistent(), "{report:?}");
+}
+
+/// A volume whose directory blocks predate summaries gets the flag at its
+/// first open for writing and every block written summarized by the next
+/// checkpoint, not only those changed since (`unsummarized-dirs-volume`).
+/// An open after a checkpoint that carried the other two over leaves both
+/// packed, and the volume reads and checks as before (mutation: not
+/// marking the blocks changed at the upgrade leaves those two
+/// unsummarized, none packed).
+#[test]
+fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
+    use cvol_format::superblock::FLAG_DIR_SUMMARY;
+    let sim = volume_of(include_bytes!("fixtures/unsummarized-dirs-volume.sectors"));
+    two_sessions_then_read(
+        &sim,
+        FLAG_DIR_SUMMARY,
+        |vol| assert_eq!(vol.map_dir_blocks_packed(), 2),
+        |vol| assert_eq!(vol.map_dir_blocks_packed(), 0),
+    );
 }
 
 /// A volume whose summarized directory blocks hold their lists inline
 /// gets the flag for lists apart at its first open for writing, and every
 /// block written with its list apart by the next checkpoint
-/// (`inline-lists-volume`: three blocks with a page each, its last two
-/// checkpoints carrying the last two over, packed at the upgrade's open;
-/// the sessions write in the first only). An open after a checkpoint that
-/// carried the other two over leaves both packed without reading their
-/// lists, reads
-/// each list when its block is first needed, and the volume reads and
-/// checks as before (mutation: not marking the inline blocks changed at
-/// the upgrade leaves those two inline, and no list is read).
+/// (`inline-lists-volume`: its last two checkpoints carried the last two
+/// blocks over, so they are packed at the upgrade's open). An open after
+/// a checkpoint that carried them over again leaves both packed without
+/// reading their lists, reads each list when its block is first needed,
+/// and the volume reads and checks as before (mutation: not marking the
+/// inline blocks changed at the upgrade leaves those two inline, and no
+/// list is read).
 #[test]
 fn an_older_volumes_directory_lists_are_moved_apart_at_its_next_checkpoint() {
     use cvol_format::superblock::FLAG_DIR_LIST_APART;
     let sim = volume_of(include_bytes!("fixtures/inline-lists-volume.sectors"));
-    assert_eq!(flags(&sim, SUPERBLOCK_A_OFFSET) & FLAG_DIR_LIST_APART, 0);
-    const GIB: u64 = 1 << 30;
-    let expect = [(0, 0x41u8), (4 * GIB, 0x42), (8 * GIB, 0x43)];
-    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
-    for at in [SUPERBLOCK_A_OFFSET, SUPERBLOCK_B_OFFSET] {
-        assert_ne!(flags(&sim, at) & FLAG_DIR_LIST_APART, 0);
-    }
-    vol.write_at(4096, &[0x44; 4096], false).unwrap();
-    vol.close().unwrap();
-    drop(vol);
-    let vol = Volume::open(Arc::new(sim.clone()), OpenOptions::default()).unwrap();
-    vol.write_at(8192, &[0x45; 4096], false).unwrap();
-    vol.close().unwrap();
-    drop(vol);
-    let ro = OpenOptions {
-        read_only: true,
-        ..OpenOptions::default()
-    };
-    let vol = Volume::open(Arc::new(sim.clone()), ro).unwrap();
-    assert_eq!(vol.map_dir_blocks_packed(), 2);
-    assert_eq!(vol.map_dir_lists_read(), 0);
-    let mut b = vec![0u8; 4096];
-    for (at, byte) in expect {
-        vol.read_at(at, &mut b).unwrap();
-        assert!(b.iter().all(|&x| x == byte), "the block at {at}");
-    }
-    assert_eq!(vol.map_dir_blocks_packed(), 0);
-    assert_eq!(vol.map_dir_lists_read(), 2);
-    drop(vol);
-    let report = check::check_volume(&sim, &mut |_, _| {});
-    assert!(report.consistent(), "{report:?}");
+    two_sessions_then_read(
+        &sim,
+        FLAG_DIR_LIST_APART,
+        |vol| {
+            assert_eq!(vol.map_dir_blocks_packed(), 2);
+            assert_eq!(vol.map_dir_lists_read(), 0);
+        },
+        |vol| {
+            assert_eq!(vol.map_dir_blocks_packed(), 0);
+            assert_eq!(vol.map_dir_lists_read(), 2);
+        },
+    );
 }
 
 /// Liveness tables written before they carried their row counts: open
