@@ -197,16 +197,19 @@ pub(crate) struct LogPages<'a> {
 }
 
 impl LogPages<'_> {
+    /// The record `r` names, verified: from the open segment's buffer
+    /// while it is there, else from the store.
+    fn record(&self, r: &PageRef) -> Result<(RecordHeader, Vec<u8>), RecordError> {
+        match self.buffered.and_then(|f| f(r.offset, r.len as usize)) {
+            Some(rec) if rec.len() == r.len as usize => verify_record(self.sb, rec),
+            Some(_) => Err(RecordError::NotExpected),
+            None => read_record(self.storage, self.sb, r.offset, r.len),
+        }
+    }
+
     /// The entries of the page record `r` names, verified.
     pub(crate) fn entries(&self, r: &PageRef) -> Result<Vec<(u64, MapEntry)>, ChunkError> {
-        let copy = self.buffered.and_then(|f| f(r.offset, r.len as usize));
-        let Some(rec) = copy else {
-            return read_chunk(self.storage, self.sb, r.offset, r.len, r.crc);
-        };
-        if rec.len() != r.len as usize {
-            return Err(ChunkError::Record(RecordError::NotExpected));
-        }
-        let (h, rec) = verify_record(self.sb, rec).map_err(ChunkError::Record)?;
+        let (h, rec) = self.record(r).map_err(ChunkError::Record)?;
         chunk_entries(self.sb, &h, &rec, r.offset, r.crc)
     }
 }
@@ -219,15 +222,10 @@ impl PageSource for LogPages<'_> {
 
     fn dir_list(&self, block: u64, r: &PageRef) -> Result<Vec<u8>, MetaError> {
         let damaged = |e: DirError| MetaError::Damaged(format!("map directory block {block}: {e}"));
-        let copy = self.buffered.and_then(|f| f(r.offset, r.len as usize));
-        let (h, rec) = match copy {
-            Some(rec) if rec.len() == r.len as usize => verify_record(self.sb, rec),
-            Some(_) => Err(RecordError::NotExpected),
-            None => read_record(self.storage, self.sb, r.offset, r.len),
-        }
-        .map_err(|e| damaged(DirError::Record(e)))?;
+        let (h, mut rec) = self.record(r).map_err(|e| damaged(DirError::Record(e)))?;
         check_dir_list(&h, block, r).map_err(damaged)?;
-        Ok(rec[RECORD_HEADER_BYTES..].to_vec())
+        rec.drain(..RECORD_HEADER_BYTES);
+        Ok(rec)
     }
 }
 

@@ -545,15 +545,19 @@ mod tests {
         dup.extend_from_slice(&[0, 9, 0]);
         assert!(TableGroup::decode(&dup, 1, 300).is_err());
     }
-    #[test]
-    fn a_group_with_counts_round_trips_and_one_without_still_decodes() {
-        let row = |offset| TableRow {
+    /// A record row at `offset` (two refs, one owner).
+    fn row(offset: u64) -> TableRow {
+        TableRow {
             offset,
             refs: 2,
             owners: 1,
             crc: 9,
             unit: false,
-        };
+        }
+    }
+
+    #[test]
+    fn a_group_with_counts_round_trips_and_one_without_still_decodes() {
         let g = TableGroup {
             group: 3,
             live: vec![4096],
@@ -598,13 +602,6 @@ mod tests {
 
     #[test]
     fn a_head_first_group_decodes_its_head_alone_with_or_without_counts() {
-        let row = |offset| TableRow {
-            offset,
-            refs: 2,
-            owners: 1,
-            crc: 9,
-            unit: false,
-        };
         for counts in [Some([2, 0, 4]), None] {
             let g = TableGroup {
                 group: 3,

@@ -213,21 +213,11 @@ impl BlockMap {
         self.unpack(p / DIR_SLOTS, src)
     }
 
-    /// Marks every decoded directory block with a record changed: the next
-    /// checkpoint writes each again (an older volume's blocks, summarized).
-    /// Packed blocks are summarized already.
-    pub fn mark_all_dirs_dirty(&mut self) {
-        for d in self.dirs.iter_mut().flatten() {
-            if d.packed.is_none() && d.record.is_some() {
-                d.dirty = true;
-            }
-        }
-    }
-
     /// Marks every directory block with a record whose list is not kept
     /// apart changed (decoding it if packed): the next checkpoint writes
-    /// each with its list apart (`FLAG_DIR_LIST_APART`, an older volume's
-    /// blocks), so that later opens read their summaries alone.
+    /// each summarized with its list apart (an older volume's blocks,
+    /// unsummarized or with their lists inline), so that later opens read
+    /// their summaries alone.
     pub fn mark_inline_lists_dirty(&mut self, src: &dyn PageSource) -> Result<(), MetaError> {
         for b in 0..self.dirs.len() {
             let inline =

@@ -494,7 +494,10 @@ fn load_dirs(
         match pages {
             BlockPages::Listed(pages) => taken.block(storage, sb, &pages, load, loaded)?,
             BlockPages::Packed => {}
-            BlockPages::Apart(s, r) => apart.push((spans.len() - 1, b, s, r)),
+            BlockPages::Apart(s) => {
+                let r = list.expect("a list apart is named");
+                apart.push((spans.len() - 1, b, s, r));
+            }
         }
     }
     let want: Vec<_> = apart.iter().map(|(_, b, s, r)| (*b, &**s, *r)).collect();
@@ -562,11 +565,12 @@ impl Taken {
 }
 
 /// The pages of a directory block as `dir_pages` leaves them: listed,
-/// left packed, or to be read from the list kept apart its summary names.
+/// left packed, or to be read from the list kept apart its summary names
+/// (the block's list record).
 enum BlockPages {
     Listed(Vec<(u64, PageRef)>),
     Packed,
-    Apart(Box<DirSummary>, PageRef),
+    Apart(Box<DirSummary>),
 }
 
 /// A directory block read: its index, its record, the record of its list
@@ -606,7 +610,7 @@ fn dir_pages(
             return Ok((b, r, None, BlockPages::Listed(d.pages)));
         }
         DirBody::Apart(s, list) if !(in_order && stays_packed) => {
-            return Ok((b, r, Some(list), BlockPages::Apart(s, list)))
+            return Ok((b, r, Some(list), BlockPages::Apart(s)))
         }
         // The list is the record's tail: kept where it was read.
         DirBody::Summarized(s, list) => (s, Err(rec.tail(rec.len() - list.len()))),

@@ -268,7 +268,7 @@ impl Volume {
             return Ok(());
         }
         let mut sb = self.sb.clone();
-        let summaries_new = sb.flags & FLAG_DIR_SUMMARY == 0;
+        // A volume without summaries has no lists apart either.
         let lists_new = sb.flags & FLAG_DIR_LIST_APART == 0;
         sb.flags |= NEW;
         let enc = sb.encode();
@@ -281,13 +281,12 @@ impl Volume {
         }
         tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot, summarized directory blocks with their lists apart (format flags 4, 8, 16, 32, 128, 2048, 16384, 32768)");
         self.sb.replace(sb);
-        if summaries_new || lists_new {
+        if lists_new {
             // Every directory block is written summarized, its list apart,
             // by the next checkpoint (the whole directory once), so that
             // later opens leave the blocks they need not verify packed and
             // read their summaries alone.
             let mut st = self.lock_state()?;
-            st.live.map_mut().mark_all_dirs_dirty();
             self.with_log_pages(&mut st, |live, src| {
                 live.map_mut().mark_inline_lists_dirty(src)
             })?;
