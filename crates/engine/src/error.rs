@@ -413,6 +413,9 @@ pub enum CheckpointError {
     MapPages(MetaError),
     /// An entry of the map names no intact record holding its block.
     NamesNoRecord { lba: u64, offset: u64 },
+    /// The commit's named directory (`FLAG_DIR_NAMED`) disagrees with the
+    /// blocks it names, or the volume has no such commits.
+    NamedDir(String),
 }
 
 /// Why a MAP_DIR record a commit names is unusable.
@@ -576,6 +579,7 @@ impl fmt::Display for CheckpointError {
             CheckpointError::DirsOutOfOrder => write!(f, "map directory blocks out of order"),
             CheckpointError::Page { page, why } => write!(f, "map page {page}: {why}"),
             CheckpointError::MapPages(e) => write!(f, "{e}"),
+            CheckpointError::NamedDir(why) => write!(f, "named map directory: {why}"),
             CheckpointError::NamesNoRecord { lba, offset } => {
                 write!(f, "lba {lba} names no intact record at byte {offset}")
             }

@@ -8,8 +8,10 @@
 //! `liveness`, `recovery`, `check` and the volume share it without
 //! depending on each other.
 use crate::error::{ChunkError, DirError, EntryLocationError, MetaError, RecordError};
-use crate::map::{BlockMap, PageSource, SharedBytes};
-use cvol_format::checkpoint::{decode_runs, PageRef, DIR_PAGES, MAP_PAGE_BLOCKS};
+use crate::map::{BlockMap, DirLoaded, PageSource, SharedBytes};
+use cvol_format::checkpoint::{decode_runs, ChunkRef, DirList, DirPayload, DirSummary, PageRef};
+use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
+use cvol_format::superblock::{FLAG_DIR_LIST_APART, FLAG_DIR_SUMMARY};
 use cvol_format::fprints::directory_tables;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::seal;
@@ -227,6 +229,25 @@ impl PageSource for LogPages<'_> {
         rec.drain(..RECORD_HEADER_BYTES);
         Ok(rec)
     }
+
+    fn dir_block(&self, block: u64, r: &PageRef) -> Result<DirLoaded, MetaError> {
+        let damaged = |e: DirError| MetaError::Damaged(format!("map directory block {block}: {e}"));
+        let (h, rec) = self.record(r).map_err(|e| damaged(DirError::Record(e)))?;
+        let c = ChunkRef {
+            offset: r.offset,
+            len: r.len,
+            crc: r.crc,
+        };
+        let (b, _, body) = parse_dir_body(self.sb, &c, &h, &rec).map_err(damaged)?;
+        if b as u64 != block || h.seq != r.seq {
+            return Err(damaged(DirError::NotNamed { offset: r.offset }));
+        }
+        Ok(match body {
+            DirBody::Pages(pages) => DirLoaded::Pages(pages),
+            DirBody::Summarized(s, list) => DirLoaded::Summarized(s, list.to_vec()),
+            DirBody::Apart(s, list) => DirLoaded::Apart(s, list),
+        })
+    }
 }
 
 /// Checks that the record read for the list of directory block `block`
@@ -244,6 +265,76 @@ pub(crate) fn check_dir_list(h: &RecordHeader, block: u64, r: &PageRef) -> Resul
     } else {
         Err(DirError::ListNotNamed { offset: r.offset })
     }
+}
+
+/// What a MAP_DIR record holds past its header: its list, or (a summarized
+/// record, `FLAG_DIR_SUMMARY`) its summary and its list still compressed,
+/// or its summary and the record of its list (`FLAG_DIR_LIST_APART`).
+pub(crate) enum DirBody<'a> {
+    Pages(Vec<(u64, PageRef)>),
+    Summarized(Box<DirSummary>, &'a [u8]),
+    Apart(Box<DirSummary>, PageRef),
+}
+
+/// The directory block, record and body of the MAP_DIR record `c` names
+/// (its header `h`, bytes `rec`), checked against the volume's slots.
+pub(crate) fn parse_dir_body<'a>(
+    sb: &Superblock,
+    c: &ChunkRef,
+    h: &RecordHeader,
+    rec: &'a [u8],
+) -> Result<(usize, PageRef, DirBody<'a>), DirError> {
+    let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
+    if h.kind != RecordKind::MapDir || h.crc != c.crc || !h.lba.is_multiple_of(block_blocks) {
+        return Err(DirError::NotNamed { offset: c.offset });
+    }
+    // Directory slots: the map's pages, then its tables.
+    let slots = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS)
+        + directory_tables(sb.table_segments(), sb.segment_size_bytes);
+    if h.lba / MAP_PAGE_BLOCKS >= slots {
+        return Err(DirError::BeyondVolume { offset: c.offset });
+    }
+    let block = h.lba / block_blocks;
+    let payload = &rec[RECORD_HEADER_BYTES..];
+    let body = match h.codec {
+        CodecTag::None if sb.flags & FLAG_DIR_SUMMARY != 0 => {
+            let (s, list) = DirSummary::decode(payload).map_err(DirError::Payload)?;
+            let last = s.bitmap.iter().enumerate().rev().find(|(_, w)| **w != 0);
+            let last = last
+                .map(|(i, w)| block * DIR_PAGES + i as u64 * 64 + 63 - w.leading_zeros() as u64);
+            if last.is_some_and(|p| p >= slots) {
+                return Err(DirError::PageBeyondVolume);
+            }
+            match list {
+                DirList::Inline(list) => DirBody::Summarized(Box::new(s), list),
+                DirList::Apart(r) if sb.flags & FLAG_DIR_LIST_APART != 0 => {
+                    DirBody::Apart(Box::new(s), r)
+                }
+                // No binary writes a list apart without the flag.
+                DirList::Apart(_) => return Err(DirError::ListNotNamed { offset: c.offset }),
+            }
+        }
+        codec => {
+            let raw = match codec {
+                CodecTag::Lz4 => lz4_flex::block::decompress_size_prepended(payload)
+                    .map_err(DirError::Decompress)?,
+                CodecTag::None => payload.to_vec(),
+                CodecTag::Zstd => return Err(DirError::Zstd),
+            };
+            let d = DirPayload::decode(&raw, block).map_err(DirError::Payload)?;
+            if d.pages.last().is_some_and(|&(p, _)| p >= slots) {
+                return Err(DirError::PageBeyondVolume);
+            }
+            DirBody::Pages(d.pages)
+        }
+    };
+    let r = PageRef {
+        offset: c.offset,
+        len: c.len,
+        crc: c.crc,
+        seq: h.seq,
+    };
+    Ok((block as usize, r, body))
 }
 
 /// The entries of one MAP_CHUNK record, verified.

@@ -46,6 +46,11 @@ pub trait PageSource {
     /// block's list kept apart from its summary (verified: a MAP_DIR of
     /// that block with `r`'s crc): its lz4 bytes, length prepended.
     fn dir_list(&self, block: u64, r: &PageRef) -> Result<Vec<u8>, MetaError>;
+
+    /// The MAP_DIR record `r` of directory block `block`, left unread at
+    /// open (`FLAG_DIR_NAMED`), read and verified (a MAP_DIR of that block
+    /// with `r`'s crc and seq).
+    fn dir_block(&self, block: u64, r: &PageRef) -> Result<DirLoaded, MetaError>;
 }
 
 /// Log bytes per region of a page's reference summary.
@@ -87,6 +92,9 @@ struct DirBlock {
     list: Option<PageRef>,
     /// Changed since `record` was written.
     dirty: bool,
+    /// Named by its record alone, not read yet (`unread`): nothing else
+    /// is known of it.
+    unread: bool,
 }
 
 impl DirBlock {
@@ -151,6 +159,8 @@ pub struct BlockMap {
     dirs: Vec<Option<Box<DirBlock>>>,
     /// Directory blocks still packed (`packed`).
     packed_count: usize,
+    /// What the blocks left unread at open hold (`unread`).
+    unread: unread::Unread,
     /// Where the log's segments lie, once a block is packed.
     packed_segments: Option<packed::Segments>,
     /// Records no longer named (superseded pages and directory blocks):
@@ -208,6 +218,7 @@ impl BlockMap {
                 .map(|_| None)
                 .collect(),
             packed_count: 0,
+            unread: unread::Unread::new((npages + tables).div_ceil(DIR_SLOTS)),
             packed_segments: None,
             retired: Vec::new(),
             clock: VecDeque::new(),
@@ -239,8 +250,10 @@ impl BlockMap {
         self.pages.get(p).map(|r| &r.page)
     }
 
-    /// Whether page `p` has entries (in memory or not).
+    /// Whether page `p` has entries (in memory or not). Its directory
+    /// block must have been read (`unpack_page`).
     pub fn is_allocated(&self, p: usize) -> bool {
+        assert!(!self.unread_at(p), "page {p} asked of before its block was read");
         self.allocated.get(p)
     }
 
@@ -314,7 +327,10 @@ impl BlockMap {
         match self.pages.get(p) {
             Some(r) => r.page.entry(i),
             None => {
-                assert!(!self.allocated.get(p), "map page {p} not faulted in");
+                assert!(
+                    !self.allocated.get(p) && !self.unread_at(p),
+                    "map page {p} not faulted in"
+                );
                 MapEntry::UNMAPPED
             }
         }
@@ -329,7 +345,10 @@ impl BlockMap {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
         let Some(r) = self.pages.get(p) else {
-            assert!(!self.allocated.get(p), "map page {p} not faulted in");
+            assert!(
+                !self.allocated.get(p) && !self.unread_at(p),
+                "map page {p} not faulted in"
+            );
             return 0;
         };
         r.page.window_owners(i, offset, None)
@@ -341,7 +360,10 @@ impl BlockMap {
         assert!(lba < self.blocks, "lba {lba} beyond map");
         let (p, i) = split(lba);
         if !self.pages.has(p) {
-            assert!(!self.allocated.get(p), "map page {p} not faulted in");
+            assert!(
+                !self.allocated.get(p) && !self.unread_at(p),
+                "map page {p} not faulted in"
+            );
             if e.is_unmapped() {
                 return MapEntry::UNMAPPED;
             }
@@ -411,9 +433,10 @@ impl BlockMap {
         !self.summed.get(p) || self.ref_sums.get(&p).is_some_and(|&s| s & bits != 0)
     }
 
-    /// Pages with entries (in memory or not).
+    /// Pages with entries (in memory or not; those of unread blocks
+    /// counted by the commit that named them).
     pub fn allocated_pages(&self) -> usize {
-        self.allocated_count
+        self.allocated_count + self.unread.pages as usize
     }
 
     fn insert(&mut self, p: usize, page: Page) {
@@ -452,11 +475,12 @@ impl BlockMap {
                 record: None,
                 list: None,
                 dirty: true,
+                unread: false,
             }));
         }
         let d = self.dirs[b].as_mut().expect("made above");
         assert!(
-            d.packed.is_none(),
+            d.packed.is_none() && !d.unread,
             "directory block {b} changed while packed"
         );
         let old = d.replace(k, r);
@@ -468,7 +492,7 @@ impl BlockMap {
     pub fn page_ref(&self, p: usize) -> Option<PageRef> {
         let d = self.dirs[p / DIR_SLOTS].as_ref()?;
         assert!(
-            d.packed.is_none(),
+            d.packed.is_none() && !d.unread,
             "page {p}'s directory block read while packed"
         );
         d.get(p % DIR_SLOTS)
@@ -538,10 +562,10 @@ impl BlockMap {
             self.touched.set(p, true);
             return Ok(());
         }
+        self.unpack_page(p, src)?;
         if !self.allocated.get(p) {
             return Ok(());
         }
-        self.unpack_page(p, src)?;
         self.counts.misses += 1;
         let page = self.read_page(p, src)?;
         if let Some(o) = self.originals.as_mut() {
@@ -671,7 +695,7 @@ impl BlockMap {
                 continue;
             };
             assert!(
-                d.packed.is_none(),
+                d.packed.is_none() && !d.unread,
                 "directory block {b} changed while packed"
             );
             d.dirty = false;
@@ -728,11 +752,14 @@ impl BlockMap {
             .any(|r| r.offset == offset)
     }
 
-    /// The MAP_DIR records of every directory block, in block order; None
-    /// if a block with pages has no record yet (changed since the last
-    /// `take_dirty_dirs`).
-    pub fn dir_records(&self) -> Option<Vec<PageRef>> {
-        self.dirs.iter().flatten().map(|d| d.record).collect()
+    /// The MAP_DIR records of every directory block with its index, in
+    /// block order; None if a block with pages has no record yet (changed
+    /// since the last `take_dirty_dirs`).
+    pub fn dir_records(&self) -> Option<Vec<(usize, PageRef)>> {
+        (self.dirs.iter().enumerate())
+            .filter_map(|(b, d)| Some((b, d.as_ref()?)))
+            .map(|(b, d)| Some((b, d.record?)))
+            .collect()
     }
 
     /// The first `n` records retired (the oldest).
@@ -751,6 +778,7 @@ impl BlockMap {
     /// packed blocks by their summaries, `for_each_record_use`).
     pub fn for_each_record(&self, mut f: impl FnMut(u64, u32)) {
         assert_eq!(self.packed_count, 0, "records of packed directory blocks");
+        assert_eq!(self.unread.blocks, 0, "records of unread directory blocks");
         for d in self.dirs.iter().flatten() {
             for r in [d.record, d.list].iter().flatten() {
                 f(r.offset, r.len);
@@ -767,6 +795,7 @@ impl BlockMap {
         mut f: impl FnMut(u64, MapEntry),
     ) -> Result<(), MetaError> {
         assert_eq!(self.packed_count, 0, "a scan of packed directory blocks");
+        assert_eq!(self.unread.blocks, 0, "a scan of unread directory blocks");
         let mut next = self.next_allocated_page(0);
         while let Some(p) = next {
             match (self.resident(p), src) {
@@ -785,11 +814,17 @@ impl BlockMap {
         self.scan(None, f).expect("no page is read");
     }
 
-    /// Next LBA >= `lba` whose page is allocated (a fast skip over holes).
+    /// Next LBA >= `lba` whose page is allocated (a fast skip over holes),
+    /// or whose directory block is unread (which may hold one: callers
+    /// read the blocks of their range first, `unpack_lbas`, and a page of
+    /// an unread block is refused as not faulted in).
     pub fn next_allocated_page_lba(&self, lba: u64) -> Option<u64> {
         let start = usize::try_from(lba).ok()? / PAGE_BLOCKS;
-        self.next_allocated_page(start)
-            .map(|p| ((p * PAGE_BLOCKS) as u64).max(lba))
+        let next = match (self.next_allocated_page(start), self.next_unread_page(start)) {
+            (Some(a), Some(u)) => Some(a.min(u)),
+            (a, u) => a.or(u),
+        };
+        next.map(|p| ((p * PAGE_BLOCKS) as u64).max(lba))
             .filter(|&l| l < self.blocks)
     }
 
@@ -882,6 +917,8 @@ fn split(lba: u64) -> (usize, usize) {
 mod install;
 mod packed;
 pub use packed::{decode_summarized, Segments, SharedBytes};
+mod unread;
+pub use unread::DirLoaded;
 mod page;
 mod sparse;
 #[cfg(test)]

@@ -50,6 +50,23 @@
 //! ```
 //! A commit names MAP_DIR records only or MAP_CHUNK records only; recovery
 //! tells which from the kind of the records.
+//!
+//! Named directory (volumes with `FLAG_DIR_NAMED`; bit 31 of the chunk
+//! count, `COMMIT_DIR_NAMED`, set): the commit also says which block each
+//! MAP_DIR holds and what the directory names as a whole, so that open
+//! need not read a block's record until something needs the block. Each
+//! chunk reference is then 32 bytes, and a usage part follows them,
+//! before the resume positions:
+//! ```text
+//! c * (8 offset, 4 total record length, 4 record crc, 8 record seq,
+//!      8 directory block)                       blocks strictly ascending
+//! 8  allocated pages (map pages with entries, the whole map)
+//! 4  use count (u)
+//! u * (8 segment, 8 bytes, 8 highest seq)       segments strictly ascending
+//! ```
+//! The uses sum, per segment, the records the directory names other than
+//! the MAP_DIRs themselves (those the chunk references name): the pages'
+//! and tables' MAP_CHUNK/MAP_TABLE records and the lists kept apart.
 use crate::*;
 
 /// LBAs per page of the paged map.
@@ -80,10 +97,27 @@ const CHUNK_OFF_OFFSET: usize = 0;
 const CHUNK_OFF_LEN: usize = CHUNK_OFF_OFFSET + 8;
 const CHUNK_OFF_CRC: usize = CHUNK_OFF_LEN + 4;
 pub const CHUNK_REF_BYTES: usize = CHUNK_OFF_CRC + 4;
+const CHUNK_OFF_SEQ: usize = CHUNK_REF_BYTES;
+const CHUNK_OFF_BLOCK: usize = CHUNK_OFF_SEQ + 8;
+/// Bytes of a chunk reference in a named directory's commit.
+pub const NAMED_CHUNK_REF_BYTES: usize = CHUNK_OFF_BLOCK + 8;
+/// Set in a commit's chunk count when it names its directory's blocks and
+/// usage (`NamedDir`).
+pub const COMMIT_DIR_NAMED: u32 = 1 << 31;
+const NAMED_OFF_ALLOCATED: usize = 0;
+const NAMED_OFF_USES: usize = NAMED_OFF_ALLOCATED + 8;
+/// Bytes of a named directory's usage part before its segment uses.
+pub const NAMED_HEADER_BYTES: usize = NAMED_OFF_USES + 4;
 
 /// Bytes of a CKPT_COMMIT payload naming `chunks` MAP_CHUNK records.
 pub const fn commit_payload_bytes(chunks: usize) -> usize {
     COMMIT_HEADER_BYTES + chunks * CHUNK_REF_BYTES
+}
+
+/// Bytes of a named directory's CKPT_COMMIT payload (without resume
+/// positions) naming `chunks` MAP_DIR records, with `uses` segment uses.
+pub const fn named_commit_payload_bytes(chunks: usize, uses: usize) -> usize {
+    COMMIT_HEADER_BYTES + chunks * NAMED_CHUNK_REF_BYTES + NAMED_HEADER_BYTES + uses * DIR_USE_BYTES
 }
 
 /// Bytes of one run of `entries` map entries in a MAP_CHUNK payload.
@@ -116,23 +150,74 @@ pub struct CommitPayload {
     /// The metadata head at the snapshot (a volume with a metadata device;
     /// only with `resume`).
     pub meta_resume: Option<Resume>,
+    /// What a named directory's commit says beyond where its MAP_DIRs are
+    /// (`FLAG_DIR_NAMED`).
+    pub named: Option<NamedDir>,
+}
+
+/// A named directory (`FLAG_DIR_NAMED`): which block each MAP_DIR of the
+/// commit holds, and what the whole directory names, so that open can
+/// leave a block's record unread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedDir {
+    /// Per chunk reference, in order: its directory block and the seq of
+    /// its record. Blocks strictly ascend.
+    pub blocks: Vec<DirName>,
+    /// Map pages with entries, in the whole map.
+    pub allocated_pages: u64,
+    /// Per segment (ascending), the bytes and highest seq of the records
+    /// the directory names other than its MAP_DIRs: pages, tables and
+    /// lists kept apart.
+    pub uses: Vec<SegmentUse>,
+}
+
+/// The directory block a MAP_DIR holds, and its record's seq.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirName {
+    pub block: u64,
+    pub seq: u64,
 }
 
 impl CommitPayload {
     pub fn encode(&self) -> Vec<u8> {
-        let refs = commit_payload_bytes(self.chunks.len());
+        let refs = self.refs_bytes();
         assert!(self.resume.is_some() || self.meta_resume.is_none());
         let resume = RESUME_BYTES
             * (usize::from(self.resume.is_some()) + usize::from(self.meta_resume.is_some()));
         let mut v = vec![0u8; refs + resume];
         put_u64(&mut v, COMMIT_OFF_SNAPSHOT_SEQ, self.snapshot_seq);
         put_u64(&mut v, COMMIT_OFF_LOGICAL_BLOCKS, self.logical_blocks);
-        put_u32(&mut v, COMMIT_OFF_CHUNK_COUNT, self.chunks.len() as u32);
+        let count = self.chunks.len() as u32;
+        assert!(count < COMMIT_DIR_NAMED, "a count below the flag bit");
+        let named = self.named.as_ref();
+        let flag = if named.is_some() { COMMIT_DIR_NAMED } else { 0 };
+        put_u32(&mut v, COMMIT_OFF_CHUNK_COUNT, count | flag);
+        let stride = match named {
+            Some(_) => NAMED_CHUNK_REF_BYTES,
+            None => CHUNK_REF_BYTES,
+        };
         for (i, c) in self.chunks.iter().enumerate() {
-            let at = commit_payload_bytes(i);
+            let at = COMMIT_HEADER_BYTES + i * stride;
             put_u64(&mut v, at + CHUNK_OFF_OFFSET, c.offset);
             put_u32(&mut v, at + CHUNK_OFF_LEN, c.len);
             put_u32(&mut v, at + CHUNK_OFF_CRC, c.crc);
+            if let Some(n) = named {
+                let name = n.blocks[i];
+                put_u64(&mut v, at + CHUNK_OFF_SEQ, name.seq);
+                put_u64(&mut v, at + CHUNK_OFF_BLOCK, name.block);
+            }
+        }
+        if let Some(n) = named {
+            assert_eq!(n.blocks.len(), self.chunks.len(), "a name per chunk");
+            let at = COMMIT_HEADER_BYTES + self.chunks.len() * stride;
+            put_u64(&mut v, at + NAMED_OFF_ALLOCATED, n.allocated_pages);
+            put_u32(&mut v, at + NAMED_OFF_USES, n.uses.len() as u32);
+            for (i, u) in n.uses.iter().enumerate() {
+                let at = at + NAMED_HEADER_BYTES + i * DIR_USE_BYTES;
+                put_u64(&mut v, at, u.segment);
+                put_u64(&mut v, at + 8, u.bytes);
+                put_u64(&mut v, at + 16, u.max_seq);
+            }
         }
         if let Some(r) = self.resume {
             put_u64(&mut v, refs + RESUME_OFF_SEGMENT, r.segment);
@@ -146,10 +231,44 @@ impl CommitPayload {
         v
     }
 
+    /// Bytes before the resume positions.
+    fn refs_bytes(&self) -> usize {
+        match &self.named {
+            Some(n) => named_commit_payload_bytes(self.chunks.len(), n.uses.len()),
+            None => commit_payload_bytes(self.chunks.len()),
+        }
+    }
+
     pub fn decode(b: &[u8]) -> Result<CommitPayload, FormatError> {
         need(b, COMMIT_HEADER_BYTES)?;
-        let count = get_u32(b, COMMIT_OFF_CHUNK_COUNT) as usize;
-        let refs = commit_payload_bytes(count);
+        let word = get_u32(b, COMMIT_OFF_CHUNK_COUNT);
+        let count = (word & !COMMIT_DIR_NAMED) as usize;
+        let named = word & COMMIT_DIR_NAMED != 0;
+        let stride = if named {
+            NAMED_CHUNK_REF_BYTES
+        } else {
+            CHUNK_REF_BYTES
+        };
+        let chunks_end = count
+            .checked_mul(stride)
+            .and_then(|n| n.checked_add(COMMIT_HEADER_BYTES))
+            .filter(|&n| n <= b.len())
+            .ok_or(FormatError::Invalid("commit payload length"))?;
+        let chunk_at = |i: usize| COMMIT_HEADER_BYTES + i * stride;
+        let chunks = (0..count)
+            .map(|i| ChunkRef {
+                offset: get_u64(b, chunk_at(i) + CHUNK_OFF_OFFSET),
+                len: get_u32(b, chunk_at(i) + CHUNK_OFF_LEN),
+                crc: get_u32(b, chunk_at(i) + CHUNK_OFF_CRC),
+            })
+            .collect();
+        let (named, refs) = match named {
+            true => {
+                let (n, end) = decode_named(b, count, chunks_end)?;
+                (Some(n), end)
+            }
+            false => (None, chunks_end),
+        };
         let resume_at = |at: usize| Resume {
             segment: get_u64(b, at + RESUME_OFF_SEGMENT),
             offset: get_u64(b, at + RESUME_OFF_OFFSET),
@@ -162,24 +281,58 @@ impl CommitPayload {
             }
             _ => return Err(FormatError::Invalid("commit payload length")),
         };
-        let chunks = (0..count)
-            .map(|i| {
-                let at = commit_payload_bytes(i);
-                ChunkRef {
-                    offset: get_u64(b, at + CHUNK_OFF_OFFSET),
-                    len: get_u32(b, at + CHUNK_OFF_LEN),
-                    crc: get_u32(b, at + CHUNK_OFF_CRC),
-                }
-            })
-            .collect();
         Ok(CommitPayload {
             snapshot_seq: get_u64(b, COMMIT_OFF_SNAPSHOT_SEQ),
             logical_blocks: get_u64(b, COMMIT_OFF_LOGICAL_BLOCKS),
             chunks,
             resume,
             meta_resume,
+            named,
         })
     }
+}
+
+/// The named directory of a commit payload `b` with `count` chunk
+/// references ending at `at`, and where it ends. Blocks must ascend
+/// strictly, and segments too, each use holding bytes.
+fn decode_named(b: &[u8], count: usize, at: usize) -> Result<(NamedDir, usize), FormatError> {
+    let names = (0..count).map(|i| {
+        let c = COMMIT_HEADER_BYTES + i * NAMED_CHUNK_REF_BYTES;
+        DirName {
+            block: get_u64(b, c + CHUNK_OFF_BLOCK),
+            seq: get_u64(b, c + CHUNK_OFF_SEQ),
+        }
+    });
+    let blocks: Vec<DirName> = names.collect();
+    if blocks.windows(2).any(|w| w[0].block >= w[1].block) {
+        return Err(FormatError::Invalid("commit directory blocks out of order"));
+    }
+    need(b, at + NAMED_HEADER_BYTES)?;
+    let nuses = get_u32(b, at + NAMED_OFF_USES) as usize;
+    let end = nuses
+        .checked_mul(DIR_USE_BYTES)
+        .and_then(|n| n.checked_add(at + NAMED_HEADER_BYTES))
+        .filter(|&n| n <= b.len())
+        .ok_or(FormatError::Invalid("commit payload length"))?;
+    let mut uses: Vec<SegmentUse> = Vec::with_capacity(nuses);
+    for i in 0..nuses {
+        let u_at = at + NAMED_HEADER_BYTES + i * DIR_USE_BYTES;
+        let u = SegmentUse {
+            segment: get_u64(b, u_at),
+            bytes: get_u64(b, u_at + 8),
+            max_seq: get_u64(b, u_at + 16),
+        };
+        if u.bytes == 0 || uses.last().is_some_and(|l| l.segment >= u.segment) {
+            return Err(FormatError::Invalid("commit directory segments"));
+        }
+        uses.push(u);
+    }
+    let n = NamedDir {
+        blocks,
+        allocated_pages: get_u64(b, at + NAMED_OFF_ALLOCATED),
+        uses,
+    };
+    Ok((n, end))
 }
 
 /// Where a map page's MAP_CHUNK record is.
@@ -476,6 +629,7 @@ mod tests {
             ],
             resume: None,
             meta_resume: None,
+            named: None,
         };
         assert_eq!(CommitPayload::decode(&c.encode()).unwrap(), c);
         assert!(CommitPayload::decode(&c.encode()[..30]).is_err());
@@ -501,6 +655,61 @@ mod tests {
         assert_eq!(m.encode().len(), r.encode().len() + RESUME_BYTES);
         assert_eq!(CommitPayload::decode(&m.encode()).unwrap(), m);
         assert!(CommitPayload::decode(&[m.encode(), vec![0; 16]].concat()).is_err());
+    }
+
+    #[test]
+    fn named_commit_roundtrip_and_bounds() {
+        let chunk = |offset| ChunkRef {
+            offset,
+            len: 300,
+            crc: 5,
+        };
+        let name = |block, seq| DirName { block, seq };
+        let used = |segment, bytes| SegmentUse {
+            segment,
+            bytes,
+            max_seq: segment + 40,
+        };
+        let c = CommitPayload {
+            snapshot_seq: 9,
+            logical_blocks: 1 << 30,
+            chunks: vec![chunk(1 << 20), chunk(3 << 20)],
+            resume: Some(Resume {
+                segment: 7,
+                offset: 4096,
+            }),
+            meta_resume: None,
+            named: Some(NamedDir {
+                blocks: vec![name(0, 77), name(5, 78)],
+                allocated_pages: 4000,
+                uses: vec![used(1, 9000), used(4, 12)],
+            }),
+        };
+        let b = c.encode();
+        assert_eq!(b.len(), named_commit_payload_bytes(2, 2) + RESUME_BYTES);
+        assert_eq!(CommitPayload::decode(&b).unwrap(), c);
+        let word = get_u32(&b, COMMIT_OFF_CHUNK_COUNT);
+        assert_eq!(word, 2 | COMMIT_DIR_NAMED, "the flag bit marks the layout");
+        for cut in [b.len() - 1, b.len() - RESUME_BYTES - 1, 40, 90] {
+            assert!(CommitPayload::decode(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(CommitPayload::decode(&[b.clone(), vec![0]].concat()).is_err());
+        let bad = |f: &dyn Fn(&mut NamedDir)| {
+            let mut c = c.clone();
+            f(c.named.as_mut().unwrap());
+            CommitPayload::decode(&c.encode()).is_err()
+        };
+        assert!(bad(&|n| n.blocks.swap(0, 1)), "blocks out of order");
+        assert!(bad(&|n| n.blocks[1].block = 0), "a block twice");
+        assert!(bad(&|n| n.uses.swap(0, 1)), "segments out of order");
+        assert!(bad(&|n| n.uses[0].bytes = 0), "a use without bytes");
+        assert!(!bad(&|n| n.uses.clear()), "no uses at all is well formed");
+        // Without the flag bit the same bytes are an older commit's refs.
+        let plain = CommitPayload {
+            named: None,
+            ..c.clone()
+        };
+        assert_eq!(CommitPayload::decode(&plain.encode()).unwrap(), plain);
     }
 
     #[test]

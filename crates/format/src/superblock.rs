@@ -14,9 +14,9 @@
 //!             9-10 `FLAG_PAGE_PACKING`, `FLAG_PAGE_SORTED` (below); bit 11
 //!             `FLAG_HOOK_SNAPSHOT`: the map directory has the hook
 //!             snapshot's slots (set at create and at the first open for
-//!             writing of an older volume); bits 12-15 `FLAG_POOL`,
-//!             `FLAG_ENCRYPTED`, `FLAG_DIR_SUMMARY`, `FLAG_DIR_LIST_APART`
-//!             (below); other bits 0
+//!             writing of an older volume); bits 12-16 `FLAG_POOL`,
+//!             `FLAG_ENCRYPTED`, `FLAG_DIR_SUMMARY`, `FLAG_DIR_LIST_APART`,
+//!             `FLAG_DIR_NAMED` (below); other bits 0
 //! 16     16   volume uuid (random)
 //! 32     8    logical_size_bytes   (multiple of 4096)
 //! 40     8    physical_size_bytes  (backing bytes the volume may use)
@@ -129,6 +129,12 @@ pub const FLAG_DIR_SUMMARY: u32 = 16384;
 /// alone. Set at create and at the first open for writing of an older
 /// volume: an older binary would take a named list for a damaged one.
 pub const FLAG_DIR_LIST_APART: u32 = 32768;
+/// A paged commit names its directory (`checkpoint::NamedDir`): the block
+/// and seq of each MAP_DIR, the map's allocated pages and the bytes its
+/// records hold per segment, so that open leaves the blocks it need not
+/// verify unread. Set at create and at the first open for writing of an
+/// older volume: an older binary would misread such a commit.
+pub const FLAG_DIR_NAMED: u32 = 65536;
 /// Where the key slot lies in each superblock copy (after the fields
 /// above and their crc; its own crc covers it).
 pub const KEY_SLOT_OFFSET: usize = 256;
@@ -147,6 +153,7 @@ const FLAGS_KNOWN: u32 = FLAG_DEDUP
     | FLAG_POOL
     | FLAG_ENCRYPTED
     | FLAG_DIR_SUMMARY
+    | FLAG_DIR_NAMED
     | FLAG_DIR_LIST_APART;
 
 /// The page records are packed into under `Packing::Page*` (flash's page).

@@ -55,6 +55,7 @@ impl BlockMap {
             record: None,
             list: None,
             dirty: true,
+            unread: false,
         }));
     }
 

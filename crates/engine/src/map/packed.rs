@@ -139,6 +139,7 @@ impl BlockMap {
             record: None,
             list: None,
             dirty: true,
+            unread: false,
         }));
     }
 
@@ -151,6 +152,9 @@ impl BlockMap {
     /// apart read from `src` first). A list that does not read or decode,
     /// or disagrees with its summary, is damage.
     pub fn unpack(&mut self, b: usize, src: &dyn PageSource) -> Result<(), MetaError> {
+        if self.dirs.get(b).is_some_and(|d| d.as_ref().is_some_and(|d| d.unread)) {
+            self.load_unread(b, src)?;
+        }
         let Some(d) = self.dirs.get_mut(b).and_then(|d| d.as_mut()) else {
             return Ok(());
         };
@@ -198,7 +202,7 @@ impl BlockMap {
         src: &dyn PageSource,
     ) -> Result<(), MetaError> {
         let end = end.min(self.blocks);
-        if first >= end || self.packed_count == 0 {
+        if first >= end || self.packed_count + self.unread.blocks == 0 {
             return Ok(());
         }
         let block_lbas = (DIR_SLOTS * PAGE_BLOCKS) as u64;
@@ -220,8 +224,8 @@ impl BlockMap {
     /// their summaries alone.
     pub fn mark_inline_lists_dirty(&mut self, src: &dyn PageSource) -> Result<(), MetaError> {
         for b in 0..self.dirs.len() {
-            let inline =
-                (self.dirs[b].as_ref()).is_some_and(|d| d.record.is_some() && d.list.is_none());
+            let inline = (self.dirs[b].as_ref())
+                .is_some_and(|d| d.record.is_some() && d.list.is_none() && !d.unread);
             if inline {
                 self.mark_dir_dirty(b, src)?;
             }
@@ -233,7 +237,7 @@ impl BlockMap {
     /// `for_each_record`, `cvol check`) need first.
     pub fn unpack_all(&mut self, src: &dyn PageSource) -> Result<(), MetaError> {
         for b in 0..self.dirs.len() {
-            if self.packed_count == 0 {
+            if self.packed_count + self.unread.blocks == 0 {
                 break;
             }
             self.unpack(b, src)?;
@@ -243,8 +247,9 @@ impl BlockMap {
 
     /// Calls `rec(offset, len)` for every record the map names that its
     /// directory holds decoded (pages, tables and directory blocks), and
-    /// `uses(use)` for the page records of the packed blocks, by segment:
-    /// what liveness counts as the map's own live bytes.
+    /// `uses(use)` for the page records of the packed blocks, by segment,
+    /// and for what the unread blocks name other than their records
+    /// (`name_unread`): what liveness counts as the map's own live bytes.
     pub fn for_each_record_use(
         &self,
         mut rec: impl FnMut(u64, u32),
@@ -259,6 +264,7 @@ impl BlockMap {
                 None => d.refs.iter().for_each(|(_, r)| rec(r.offset, r.len)),
             }
         }
+        self.unread.uses.iter().for_each(&mut uses);
     }
 }
 

@@ -1,5 +1,6 @@
 use super::*;
 use crate::error::MetaError;
+use cvol_format::checkpoint::SegmentUse;
 use cvol_format::CodecTag;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -13,6 +14,10 @@ struct Records {
     /// Directory lists kept apart, keyed by offset, and their reads.
     lists: RefCell<HashMap<u64, Vec<u8>>>,
     list_reads: RefCell<u64>,
+    /// Directory blocks' lists as their records hold them, keyed by
+    /// offset, and the reads of blocks left unread.
+    dirs: RefCell<HashMap<u64, Vec<(u64, PageRef)>>>,
+    dir_reads: RefCell<u64>,
 }
 
 impl Records {
@@ -24,8 +29,9 @@ impl Records {
             let r = self.put(entries);
             m.page_written(p, &snap, r);
         }
-        for (b, _) in m.take_dirty_dirs() {
+        for (b, pages) in m.take_dirty_dirs() {
             let r = self.put(Vec::new());
+            self.dirs.borrow_mut().insert(r.offset, pages);
             m.dir_written(b, r, None);
         }
         m.take_retired(m.retired().len())
@@ -58,6 +64,13 @@ impl PageSource for Records {
         *self.list_reads.borrow_mut() += 1;
         (self.lists.borrow().get(&r.offset).cloned())
             .ok_or_else(|| MetaError::Damaged("no such list".into()))
+    }
+
+    fn dir_block(&self, _block: u64, r: &PageRef) -> Result<DirLoaded, MetaError> {
+        *self.dir_reads.borrow_mut() += 1;
+        (self.dirs.borrow().get(&r.offset).cloned())
+            .map(DirLoaded::Pages)
+            .ok_or_else(|| MetaError::Damaged("no such directory block".into()))
     }
 }
 
@@ -529,4 +542,141 @@ fn a_page_added_to_a_packed_block_is_written_with_its_list() {
         .filter(|&p| m.page_ref(p).is_some())
         .collect();
     assert_eq!(named, vec![3, 5, 9, 700]);
+}
+
+/// The map `m` reopened as a named directory's commit leaves it: block
+/// `read`'s list taken, every other block named by its record alone, and
+/// the commit's totals (`named_usage` of `m`) given.
+fn reopen_named(m: &BlockMap, src: &Records, read: usize, seg: Segments) -> BlockMap {
+    let (pages, uses) = m.named_usage(seg);
+    let mut n = BlockMap::new(m.blocks());
+    for (b, r) in m.dir_records().expect("every block written") {
+        if b == read {
+            n.install_unread_block(&src.dirs.borrow()[&r.offset]);
+            n.install_dir_record(b, r, None);
+        } else {
+            assert!(n.install_unread_dir(b, r));
+            assert!(!n.install_unread_dir(b, r), "a block named twice");
+        }
+    }
+    n.name_unread(pages, &uses, seg).unwrap();
+    n
+}
+
+/// Per segment, the bytes liveness counts as the map's own.
+fn map_bytes(m: &BlockMap, seg: Segments) -> Vec<(u64, u64)> {
+    let per = RefCell::new(std::collections::BTreeMap::new());
+    let add = |s: u64, bytes: u64| *per.borrow_mut().entry(s).or_insert(0) += bytes;
+    m.for_each_record_use(
+        |o, l| add(seg.locate(o).unwrap(), u64::from(l)),
+        |u| add(u.segment, u.bytes),
+    );
+    per.into_inner().into_iter().collect()
+}
+
+#[test]
+fn blocks_left_unread_are_read_when_first_needed_and_hold_what_the_commit_named() {
+    let src = Records::default();
+    let seg = Segments {
+        data_offset: 0,
+        segment_size: 4,
+        count: 1 << 20,
+    };
+    let mut m = BlockMap::new(DIR_PAGES * 3 * MAP_PAGE_BLOCKS);
+    let pages = [0, 5, DIR_PAGES, DIR_PAGES + 7, 2 * DIR_PAGES + 1];
+    for p in pages {
+        m.set(p * MAP_PAGE_BLOCKS + 3, entry(p + 1));
+    }
+    src.checkpoint(&mut m);
+    let named = m.named_usage(seg);
+    assert_eq!(named.0, 5);
+    let mut n = reopen_named(&m, &src, 0, seg);
+    assert_eq!((n.allocated_pages(), n.unread_blocks()), (5, 2));
+    assert_eq!(n.named_usage(seg), named, "the next commit says the same");
+    assert_eq!(map_bytes(&n, seg), map_bytes(&m, seg));
+    assert_eq!(*src.dir_reads.borrow(), 0, "nothing read at open");
+    // Past block 0, a page of unread block 1 may be allocated.
+    let first_of = |p: u64| p * MAP_PAGE_BLOCKS;
+    assert_eq!(n.next_allocated_page_lba(first_of(6)), Some(first_of(DIR_PAGES)));
+    n.fault_in(first_of(DIR_PAGES), first_of(DIR_PAGES + 8), &src)
+        .unwrap();
+    assert_eq!(*src.dir_reads.borrow(), 1, "block 1's record, once");
+    assert_eq!(n.get(first_of(DIR_PAGES + 7) + 3), entry(DIR_PAGES + 8));
+    assert_eq!((n.allocated_pages(), n.unread_blocks()), (5, 1));
+    assert_eq!(n.named_usage(seg), named);
+    assert_eq!(map_bytes(&n, seg), map_bytes(&m, seg));
+    // Block 1 is known now: its next page is block 2's first, unread.
+    let after = first_of(DIR_PAGES + 8);
+    assert_eq!(n.next_allocated_page_lba(after), Some(first_of(2 * DIR_PAGES)));
+    n.unpack_all(&src).unwrap();
+    assert_eq!((n.unread_blocks(), *src.dir_reads.borrow()), (0, 2));
+    assert_eq!(n.next_allocated_page_lba(after), Some(first_of(2 * DIR_PAGES + 1)));
+    let records = |m: &BlockMap| {
+        let mut v = Vec::new();
+        m.for_each_record(|o, l| v.push((o, l)));
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(records(&n), records(&m));
+    // Written again, a block read at first use retires its record.
+    n.set(first_of(DIR_PAGES) + 9, entry(1));
+    let before = n.dir_record_of(1).unwrap();
+    assert!(src.checkpoint(&mut n).contains(&before));
+}
+
+#[test]
+#[should_panic(expected = "not faulted in")]
+fn a_page_of_an_unread_block_is_refused_until_the_block_is_read() {
+    let src = Records::default();
+    let seg = Segments {
+        data_offset: 0,
+        segment_size: 4,
+        count: 1 << 20,
+    };
+    let mut m = BlockMap::new(DIR_PAGES * 2 * MAP_PAGE_BLOCKS);
+    m.set(DIR_PAGES * MAP_PAGE_BLOCKS + 3, entry(1));
+    m.set(3, entry(2));
+    src.checkpoint(&mut m);
+    let n = reopen_named(&m, &src, 0, seg);
+    // An unmapped-looking LBA of the unread block: not known yet.
+    n.get(DIR_PAGES * MAP_PAGE_BLOCKS + 600);
+}
+
+#[test]
+fn totals_that_disagree_with_the_blocks_are_damage() {
+    let src = Records::default();
+    let seg = Segments {
+        data_offset: 0,
+        segment_size: 4,
+        count: 1 << 20,
+    };
+    let mut m = BlockMap::new(DIR_PAGES * 2 * MAP_PAGE_BLOCKS);
+    for p in [1, 2, DIR_PAGES + 1] {
+        m.set(p * MAP_PAGE_BLOCKS, entry(p));
+    }
+    src.checkpoint(&mut m);
+    let (pages, uses) = m.named_usage(seg);
+    let dirs = m.dir_records().unwrap();
+    let open = |pages: u64, uses: &[SegmentUse]| {
+        let mut n = BlockMap::new(m.blocks());
+        n.install_unread_block(&src.dirs.borrow()[&dirs[0].1.offset]);
+        n.install_dir_record(dirs[0].0, dirs[0].1, None);
+        assert!(n.install_unread_dir(dirs[1].0, dirs[1].1));
+        n.name_unread(pages, uses, seg).map(|()| n)
+    };
+    // Fewer pages or bytes than the block read holds: refused at open.
+    assert!(open(1, &uses).is_err());
+    assert!(open(pages, &[]).is_err());
+    // Fewer than the unread block holds: refused when it is read, and the
+    // block stays unread (its pages unknown).
+    let mut n = open(pages - 1, &uses).unwrap();
+    let lba = (DIR_PAGES + 1) * MAP_PAGE_BLOCKS;
+    let e = n.fault_in(lba, lba + 1, &src).unwrap_err();
+    assert!(e.to_string().contains("more pages"), "{e}");
+    assert_eq!(n.unread_blocks(), 1);
+    // A record that is not there: damage, the block still unread.
+    let mut n = open(pages, &uses).unwrap();
+    src.dirs.borrow_mut().clear();
+    assert!(n.fault_in(lba, lba + 1, &src).is_err());
+    assert_eq!(n.unread_blocks(), 1);
 }

@@ -15,9 +15,10 @@ use crate::logread::{
     read_chunk, read_record, read_records, read_records_shared, volume_map, LogPages,
 };
 use crate::map::{decode_summarized, BlockMap, Page, Segments, SharedBytes};
-use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirSummary, PageRef};
+use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirSummary, NamedDir, PageRef};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
+use cvol_format::superblock::FLAG_DIR_NAMED;
 use cvol_format::tables::table_count;
 use cvol_format::{CheckpointPointer, Superblock};
 use cvol_storage::Storage;
@@ -348,15 +349,19 @@ fn load_commit_map(
     load: Load,
 ) -> Result<LoadedMap, CheckpointError> {
     let partial = load == Load::Partial;
-    let first = (commit.chunks.iter().enumerate())
-        .find_map(|(i, c)| Some((i, read_record(storage, sb, c.offset, c.len).ok()?)));
-    let kind = first.as_ref().map(|(_, (h, _))| h.kind);
     let mut loaded = LoadedMap {
         map: volume_map(sb),
         tables: None,
         lost_spans: Vec::new(),
         records: SegmentSeqs::new(sb),
     };
+    if let (Some(named), Load::Lazy { verify_above }) = (&commit.named, load) {
+        load_named(storage, sb, commit, named, verify_above, &mut loaded)?;
+        return Ok(loaded);
+    }
+    let first = (commit.chunks.iter().enumerate())
+        .find_map(|(i, c)| Some((i, read_record(storage, sb, c.offset, c.len).ok()?)));
+    let kind = first.as_ref().map(|(_, (h, _))| h.kind);
     match kind {
         None if commit.chunks.is_empty() => {}
         None if partial => loaded.lost_spans.push((0, sb.logical_blocks())),
@@ -453,6 +458,77 @@ fn load_paged(
             .flatten();
     }
     Ok(())
+}
+
+/// `load_paged` of a named directory's commit (`FLAG_DIR_NAMED`) on a
+/// lazy load: the blocks open need not verify (no newer than
+/// `verify_above`) and that hold no table slot are named by their records
+/// alone (`install_unread_dir`) and not read; the others are read as
+/// `load_dirs` reads any, and must be the blocks the commit names. The
+/// commit's totals, less what the blocks read hold, are the unread ones'.
+fn load_named(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    commit: &CommitPayload,
+    named: &NamedDir,
+    verify_above: u64,
+    loaded: &mut LoadedMap,
+) -> Result<(), CheckpointError> {
+    let bad = |why: &str| CheckpointError::NamedDir(why.to_string());
+    if sb.flags & FLAG_DIR_NAMED == 0 {
+        return Err(bad("a commit naming its directory on a volume without them"));
+    }
+    // Blocks wholly within the map's pages (the last ones hold tables).
+    let page_blocks = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS) / DIR_PAGES;
+    let (mut read, mut unread) = (Vec::new(), Vec::new());
+    for (c, n) in commit.chunks.iter().zip(&named.blocks) {
+        match n.seq <= verify_above && n.block < page_blocks {
+            true => unread.push((n.block as usize, page_ref(c, n.seq))),
+            false => read.push((c.clone(), n.block)),
+        }
+    }
+    let sub = CommitPayload {
+        snapshot_seq: commit.snapshot_seq,
+        logical_blocks: commit.logical_blocks,
+        chunks: read.iter().map(|(c, _)| c.clone()).collect(),
+        resume: commit.resume,
+        meta_resume: commit.meta_resume,
+        named: None,
+    };
+    let at: Vec<(u64, u32)> = (sub.chunks.iter()).map(|c| (c.offset, c.len)).collect();
+    let records = read_records_shared(storage, sb, &at);
+    let tables = load_dirs(storage, sb, &sub, records, Load::Lazy { verify_above }, loaded)?;
+    for (c, b) in &read {
+        let r = usize::try_from(*b).ok().and_then(|b| loaded.map.dir_record_of(b));
+        if r.is_none_or(|r| r.offset != c.offset) {
+            return Err(bad("a block read is not the one the commit names"));
+        }
+    }
+    for (b, r) in unread {
+        loaded.records.note(sb, r.offset, r.seq);
+        if !loaded.map.install_unread_dir(b, r) {
+            return Err(bad("a block named twice"));
+        }
+    }
+    (named.uses.iter()).for_each(|u| loaded.records.note_segment(u.segment, u.max_seq));
+    let totals = (named.allocated_pages, &named.uses[..], Segments::of(sb));
+    (loaded.map.name_unread(totals.0, totals.1, totals.2))
+        .map_err(|e| CheckpointError::NamedDir(e.to_string()))?;
+    loaded.tables = read_tables(storage, sb, &tables)
+        .map_err(|e| tracing::warn!("liveness tables unusable ({e}): rebuilt from the map"))
+        .ok()
+        .flatten();
+    Ok(())
+}
+
+/// The reference to the MAP_DIR record `c` names, of seq `seq`.
+fn page_ref(c: &ChunkRef, seq: u64) -> PageRef {
+    PageRef {
+        offset: c.offset,
+        len: c.len,
+        crc: c.crc,
+        seq,
+    }
 }
 
 /// The directory's blocks (`records`: the MAP_DIR records `commit` names,

@@ -86,6 +86,12 @@ impl Volume {
             .filter(|&l| l < end)
         {
             self.fault(&mut st, page, page + 1)?;
+            // A page of a directory block not read before may hold nothing
+            // after all.
+            if !st.live.map().is_allocated(page as usize / crate::map::PAGE_BLOCKS) {
+                lba = crate::map::page_end(page);
+                continue;
+            }
             let (mapped, next) = (st.live.map().next_mapped_batch(page, end))
                 .expect("an allocated page in the range");
             for l in mapped {

@@ -9,12 +9,13 @@ use crate::liveness::{EncodedTables, TableSnapshot};
 use crate::log::{Placed, Shape};
 use crate::map::Page;
 use cvol_format::checkpoint::{
-    push_run, run_bytes, ChunkRef, CommitPayload, DirPayload, DirSummary, PageRef, Resume,
+    push_run, run_bytes, ChunkRef, CommitPayload, DirName, DirPayload, DirSummary, NamedDir, PageRef,
+    Resume,
 };
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
 use cvol_format::flushmark::FlushMark;
 use cvol_format::record::RecordKind;
-use cvol_format::superblock::{FLAG_DIR_LIST_APART, FLAG_DIR_SUMMARY};
+use cvol_format::superblock::{FLAG_DIR_LIST_APART, FLAG_DIR_NAMED, FLAG_DIR_SUMMARY};
 use cvol_format::Superblock;
 use cvol_format::{CheckpointPointer, CodecTag, MapEntry};
 use std::sync::atomic::Ordering;
@@ -596,18 +597,20 @@ impl Volume {
         let dirs = (st.live.map().dir_records()).expect("every directory block was just written");
         let chunks = dirs
             .iter()
-            .map(|r| ChunkRef {
+            .map(|(_, r)| ChunkRef {
                 offset: r.offset,
                 len: r.len,
                 crc: r.crc,
             })
             .collect();
+        let named = (self.sb.flags & FLAG_DIR_NAMED != 0).then(|| named_dir(&self.sb, &st, &dirs));
         let commit = CommitPayload {
             snapshot_seq: snap.seq,
             logical_blocks: self.sb.logical_blocks(),
             chunks,
             resume: Some(snap.resume),
             meta_resume: snap.meta_resume,
+            named,
         }
         .encode();
         let shape = Shape::meta(RecordKind::CkptCommit, CodecTag::None);
@@ -863,6 +866,26 @@ pub(crate) fn dir_record(
 
 /// A directory block's list of `pages`, lz4-compressed with its length
 /// prepended: the payload of an unsummarized MAP_DIR record (codec lz4),
+
+/// What a named directory's commit says (`FLAG_DIR_NAMED`): the block and
+/// seq of each MAP_DIR it names (`dirs`, in block order), and the whole
+/// map's allocated pages and records per segment, so that open can leave
+/// a block unread.
+fn named_dir(sb: &Superblock, st: &State, dirs: &[(usize, PageRef)]) -> NamedDir {
+    let map = st.live.map();
+    let (allocated_pages, uses) = map.named_usage(crate::map::Segments::of(sb));
+    NamedDir {
+        blocks: (dirs.iter())
+            .map(|&(b, r)| DirName {
+                block: b as u64,
+                seq: r.seq,
+            })
+            .collect(),
+        allocated_pages,
+        uses,
+    }
+}
+
 /// and of the record of a list kept apart.
 pub(crate) fn dir_list_payload(pages: &[(u64, PageRef)]) -> Vec<u8> {
     let raw = DirPayload {

@@ -18,7 +18,8 @@ use crate::recovery::{self, Recovered};
 use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::superblock::{
-    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_DIR_LIST_APART, FLAG_DIR_SUMMARY, FLAG_FP_TABLES,
+    FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_DIR_LIST_APART, FLAG_DIR_NAMED, FLAG_DIR_SUMMARY,
+    FLAG_FP_TABLES,
     FLAG_HOOK_SNAPSHOT, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES,
     FLAG_UNIT_WINDOWS,
 };
@@ -91,7 +92,8 @@ pub(super) fn new_superblock(c: &CreateOptions) -> Result<Superblock, VolError> 
             | FLAG_UNIT_WINDOWS
             | FLAG_HOOK_SNAPSHOT
             | FLAG_DIR_SUMMARY
-            | FLAG_DIR_LIST_APART,
+            | FLAG_DIR_LIST_APART
+            | FLAG_DIR_NAMED,
         metadata_segments: 0,
         key_slot: None,
         seal: None,
@@ -251,7 +253,8 @@ impl Volume {
     /// (`FLAG_FP_TABLES`) without a row per unit (`FLAG_UNIT_WINDOWS`) or a
     /// dedup hook snapshot (`FLAG_HOOK_SNAPSHOT`) or summarized directory
     /// blocks (`FLAG_DIR_SUMMARY`) with their lists apart
-    /// (`FLAG_DIR_LIST_APART`) before this open writes one, so that older binaries refuse it
+    /// (`FLAG_DIR_LIST_APART`) and named by the commit (`FLAG_DIR_NAMED`)
+    /// before this open writes one, so that older binaries refuse it
     /// rather than misread its commits. Each superblock copy is rewritten
     /// whole (a sector-atomic write each); either copy, old or new, opens
     /// the volume here.
@@ -263,7 +266,8 @@ impl Volume {
             | FLAG_UNIT_WINDOWS
             | FLAG_HOOK_SNAPSHOT
             | FLAG_DIR_SUMMARY
-            | FLAG_DIR_LIST_APART;
+            | FLAG_DIR_LIST_APART
+            | FLAG_DIR_NAMED;
         if self.sb.flags & NEW == NEW {
             return Ok(());
         }
@@ -279,7 +283,7 @@ impl Volume {
                 .and_then(|()| self.storage.sync());
             self.guard(r.map_err(VolError::Io))?;
         }
-        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot, summarized directory blocks with their lists apart (format flags 4, 8, 16, 32, 128, 2048, 16384, 32768)");
+        tracing::info!("superblock marked: paged map checkpoints resumed at their snapshot, with liveness and fingerprint tables, units counted in their windows, the dedup hook snapshot, summarized directory blocks with their lists apart, named by each commit (format flags 4, 8, 16, 32, 128, 2048, 16384, 32768, 65536)");
         self.sb.replace(sb);
         if lists_new {
             // Every directory block is written summarized, its list apart,

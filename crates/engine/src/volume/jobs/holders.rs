@@ -122,10 +122,14 @@ impl Volume {
             if !scope.wants(st.live.map(), p) {
                 continue;
             }
-            // A page wanted from a directory block open left packed: its
-            // list decoded now (its record is needed below).
+            // A page wanted from a directory block open left packed or
+            // unread: its list decoded now (its record is needed below). A
+            // page of an unread block may turn out to have no entries.
             self.unpack_page(&mut st, p)?;
             let map = st.live.map();
+            if !map.is_allocated(p) {
+                continue;
+            }
             self.counters
                 .cleaner
                 .holder_pages_scanned
