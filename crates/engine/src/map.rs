@@ -131,6 +131,8 @@ pub struct CacheCounts {
     pub verified_at_open: u64,
     /// Directory lists kept apart read to decode their packed blocks.
     pub dir_lists_read: u64,
+    /// Directory blocks open left unread, read when first needed.
+    pub dir_blocks_read: u64,
 }
 
 /// A page in memory, and its reference summary (`BlockMap::ref_sums`),

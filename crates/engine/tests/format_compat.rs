@@ -225,9 +225,10 @@ fn two_sessions_then_read(
 /// first open for writing and every block written summarized by the next
 /// checkpoint, not only those changed since (`unsummarized-dirs-volume`).
 /// An open after a checkpoint that carried the other two over leaves both
-/// packed, and the volume reads and checks as before (mutation: not
-/// marking the blocks changed at the upgrade leaves those two
-/// unsummarized, none packed).
+/// unread (the commit names them: the same first open for writing set
+/// `FLAG_DIR_NAMED`), and the volume reads and checks as before
+/// (mutation: not marking the blocks changed at the upgrade leaves those
+/// two unsummarized, read whole at open).
 #[test]
 fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
     use cvol_format::superblock::FLAG_DIR_SUMMARY;
@@ -235,8 +236,11 @@ fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
     two_sessions_then_read(
         &sim,
         FLAG_DIR_SUMMARY,
-        |vol| assert_eq!(vol.map_dir_blocks_packed(), 2),
-        |vol| assert_eq!(vol.map_dir_blocks_packed(), 0),
+        |vol| assert_eq!(vol.map_dir_blocks_unread(), 2),
+        |vol| {
+            assert_eq!(vol.map_dir_blocks_unread(), 0);
+            assert_eq!(vol.map_dir_blocks_packed(), 0);
+        },
     );
 }
 
@@ -245,9 +249,9 @@ fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
 /// block written with its list apart by the next checkpoint
 /// (`inline-lists-volume`: its last two checkpoints carried the last two
 /// blocks over, so they are packed at the upgrade's open). An open after
-/// a checkpoint that carried them over again leaves both packed without
-/// reading their lists, reads each list when its block is first needed,
-/// and the volume reads and checks as before (mutation: not marking the
+/// a checkpoint that carried them over again leaves both unread (named
+/// by the commit), reads each block and its list when first needed, and
+/// the volume reads and checks as before (mutation: not marking the
 /// inline blocks changed at the upgrade leaves those two inline, and no
 /// list is read).
 #[test]
@@ -258,11 +262,13 @@ fn an_older_volumes_directory_lists_are_moved_apart_at_its_next_checkpoint() {
         &sim,
         FLAG_DIR_LIST_APART,
         |vol| {
-            assert_eq!(vol.map_dir_blocks_packed(), 2);
+            assert_eq!(vol.map_dir_blocks_unread(), 2);
             assert_eq!(vol.map_dir_lists_read(), 0);
         },
         |vol| {
+            assert_eq!(vol.map_dir_blocks_unread(), 0);
             assert_eq!(vol.map_dir_blocks_packed(), 0);
+            assert_eq!(vol.map_dir_blocks_read(), 2);
             assert_eq!(vol.map_dir_lists_read(), 2);
         },
     );

@@ -55,10 +55,11 @@ fn a_checkpoint_writes_only_the_pages_that_changed() {
         .unwrap();
     vol.checkpoint().unwrap();
     let one = vol.stats().checkpoint_last_bytes;
-    // One page record, its directory block, the commit: a few hundred
-    // bytes, where the first checkpoint wrote 300 page records.
+    // One page record, its directory block, the commit (with the
+    // directory's totals per segment): a few hundred bytes, where the
+    // first checkpoint wrote 300 page records.
     assert!(
-        one * 50 < whole,
+        one * 40 < whole,
         "one page changed: {one} bytes, all: {whole}"
     );
     assert!(one < 4096, "{one}");

@@ -365,22 +365,23 @@ fn snapshotted_pool_of_its_own_blocks() -> SimStorage {
 }
 
 #[test]
-fn open_leaves_directory_blocks_packed_and_counts_their_records_live() {
-    // The snapshot's directory blocks are summarized and the older
-    // checkpoint wrote them: open leaves them packed (their lists not
-    // decoded) and counts their page records live from their summaries.
+fn open_leaves_directory_blocks_unread_and_counts_their_records_live() {
+    // The snapshot's directory blocks are named by the commit and the
+    // older checkpoint wrote them: open leaves them unread and counts
+    // their records live from the commit's totals.
     // The volume is then rewritten many times over while they stay so
     // (the log reuses what it frees); `check` finds every segment's live
-    // bytes right and the snapshot reads its blocks (mutations: packing
-    // nothing, as before, fails the first assertion; counting a packed
+    // bytes right and the snapshot reads its blocks (mutations: reading
+    // every block at open fails the first assertion; counting an unread
     // block's records as none fails the check).
     let store = snapshotted_pool_of_its_own_blocks();
     let pool = open_pool(&store);
-    let packed = pool.engine().map_dir_blocks_packed();
-    assert!(packed >= 1, "{packed} directory blocks left packed at open");
+    let unread = pool.engine().map_dir_blocks_unread();
+    assert!(unread >= 1, "{unread} directory blocks left unread at open");
     assert!(pool.engine().opened_from_tables(), "open took the tables");
-    // Their lists lie apart and were not read (mutation: reading them at
-    // open, as when they were inline, counts them here).
+    // Neither their records nor their lists were read (mutation: reading
+    // them at open counts them here).
+    assert_eq!(pool.engine().map_dir_blocks_read(), 0);
     assert_eq!(pool.engine().map_dir_lists_read(), 0);
     rewrite_many_times(&pool, 89);
     pool.engine()
@@ -391,19 +392,21 @@ fn open_leaves_directory_blocks_packed_and_counts_their_records_live() {
     snapshot_reads_its_blocks_and_checks_clean(&store, "after the log reused segments");
     // Reading the snapshot decoded its blocks, each list read then.
     let pool = open_pool(&store);
-    let packed = pool.engine().map_dir_blocks_packed() as u64;
+    let unread = pool.engine().map_dir_blocks_unread() as u64;
     snapshot_reads_its_blocks(&pool, "once more");
+    assert_eq!(pool.engine().map_dir_blocks_unread(), 0);
     assert_eq!(pool.engine().map_dir_blocks_packed(), 0);
-    assert_eq!(pool.engine().map_dir_lists_read(), packed);
+    assert_eq!(pool.engine().map_dir_blocks_read(), unread);
+    assert_eq!(pool.engine().map_dir_lists_read(), unread);
 }
 
 #[test]
 fn a_damaged_directory_list_kept_apart_is_an_error_where_it_is_used() {
-    // The snapshot's directory block is left packed at open, its list
-    // (a record of its own) unread: damage in that list does not stop the
+    // The snapshot's directory block is left unread at open, its list
+    // (a record of its own) too: damage in that list does not stop the
     // open, and surfaces where the list is needed (the snapshot's reads),
-    // in scrub and in check (mutation: reading the lists of blocks that
-    // stay packed at open, as an inline list was, refuses the open).
+    // in scrub and in check (mutation: reading the lists of blocks left
+    // unread at open, as an inline list was, refuses the open).
     let store = snapshotted_pool_of_its_own_blocks();
     let uuid = {
         let pool = open_pool(&store);
@@ -429,7 +432,7 @@ fn a_damaged_directory_list_kept_apart_is_an_error_where_it_is_used() {
     }
     store.sync().unwrap();
     let pool = open_pool(&store);
-    assert!(pool.engine().map_dir_blocks_packed() >= 1);
+    assert!(pool.engine().map_dir_blocks_unread() >= 1);
     let v = pool.volume("default").expect("default");
     let snap = pool.volume("default@s").expect("the snapshot's view");
     let mut b = vec![0u8; BS];

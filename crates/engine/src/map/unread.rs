@@ -164,14 +164,14 @@ impl BlockMap {
         segments: Segments,
     ) -> Result<(), MetaError> {
         self.packed_segments = Some(segments);
-        let known = self.allocated_count as u64;
+        let (known, read) = self.read_uses(segments);
         let pages = allocated_pages.checked_sub(known).ok_or_else(|| {
             damaged(format!(
                 "the commit's directory names {allocated_pages} pages, its blocks read {known}"
             ))
         })?;
         let mut rest = uses.to_vec();
-        take_uses(&mut rest, &self.read_uses(segments)).map_err(damaged)?;
+        take_uses(&mut rest, &read).map_err(damaged)?;
         if self.unread.blocks == 0 && (pages > 0 || !rest.is_empty()) {
             return Err(damaged(
                 "the commit's directory names more than its blocks hold".into(),
@@ -182,22 +182,35 @@ impl BlockMap {
         Ok(())
     }
 
-    /// Per segment, what the blocks not left unread name other than their
-    /// MAP_DIR records: their pages' and tables' records (a packed block's
-    /// by its summary) and their lists kept apart.
-    fn read_uses(&self, segments: Segments) -> Vec<SegmentUse> {
+    /// The map pages the blocks not left unread name records of, and per
+    /// segment what they name other than their MAP_DIR records: their
+    /// pages' and tables' records (a packed block's by its summary) and
+    /// their lists kept apart. (A page changed since the last checkpoint
+    /// may have entries and no record yet: not counted.)
+    fn read_uses(&self, segments: Segments) -> (u64, Vec<SegmentUse>) {
         let mut all: Vec<(u64, u64, u64)> = Vec::new();
+        let mut pages = 0u64;
         let note = |all: &mut Vec<(u64, u64, u64)>, r: &PageRef| {
             if let Some(s) = segments.locate(r.offset) {
                 all.push((s, u64::from(r.len), r.seq));
             }
         };
-        for d in self.dirs.iter().flatten().filter(|d| !d.unread) {
+        for (b, d) in (self.dirs.iter().enumerate()).filter_map(|(b, d)| Some((b, d.as_ref()?))) {
+            if d.unread {
+                continue;
+            }
             d.list.iter().for_each(|r| note(&mut all, r));
             match &d.packed {
-                Some(p) => (p.summary.uses.iter())
-                    .for_each(|u| all.push((u.segment, u.bytes, u.max_seq))),
-                None => d.refs.iter().for_each(|(_, r)| note(&mut all, r)),
+                Some(p) => {
+                    pages += u64::from(p.summary.pages);
+                    (p.summary.uses.iter()).for_each(|u| all.push((u.segment, u.bytes, u.max_seq)))
+                }
+                None => {
+                    let base = b * DIR_SLOTS;
+                    let npages = self.pages.len();
+                    pages += (d.refs.iter()).filter(|(k, _)| base + (*k as usize) < npages).count() as u64;
+                    d.refs.iter().for_each(|(_, r)| note(&mut all, r));
+                }
             }
         }
         all.sort_unstable_by_key(|u| u.0);
@@ -215,18 +228,19 @@ impl BlockMap {
                 }),
             }
         }
-        out
+        (pages, out)
     }
 
-    /// What a named directory's commit says of the whole map now: its
-    /// allocated pages, and per segment what its records other than the
-    /// MAP_DIRs hold (the unread blocks' totals with the others').
+    /// What a named directory's commit says of the whole map now: the
+    /// pages it names records of, and per segment what its records other
+    /// than the MAP_DIRs hold (the unread blocks' totals with the
+    /// others').
     pub fn named_usage(&self, segments: Segments) -> (u64, Vec<SegmentUse>) {
-        let mut uses = self.read_uses(segments);
+        let (pages, mut uses) = self.read_uses(segments);
         for u in &self.unread.uses {
             add_use(&mut uses, u.segment, u.bytes, u.max_seq);
         }
-        (self.allocated_pages() as u64, uses)
+        (pages + self.unread.pages, uses)
     }
 
     /// The MAP_DIR record of directory block `b`, if it has one.
@@ -265,6 +279,7 @@ impl BlockMap {
         let r = (self.dirs[b].as_ref())
             .and_then(|d| d.record)
             .expect("an unread block has its record");
+        self.counts.dir_blocks_read += 1;
         let loaded = src.dir_block(b as u64, &r)?;
         let segments = self.packed_segments.expect("named at open");
         if loaded.last_page(b).is_none_or(|p| p >= self.pages.len()) {

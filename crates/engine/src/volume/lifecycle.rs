@@ -402,6 +402,23 @@ impl Volume {
             .unwrap_or(0)
     }
 
+    /// Directory blocks open left unread (`FLAG_DIR_NAMED`) and not read
+    /// since.
+    #[doc(hidden)]
+    pub fn map_dir_blocks_unread(&self) -> usize {
+        self.lock_state()
+            .map(|st| st.live.map().unread_blocks())
+            .unwrap_or(0)
+    }
+
+    /// Directory blocks open left unread that were read since.
+    #[doc(hidden)]
+    pub fn map_dir_blocks_read(&self) -> u64 {
+        self.lock_state()
+            .map(|st| st.live.map().cache_counts().dir_blocks_read)
+            .unwrap_or(0)
+    }
+
     /// Directory lists kept apart that were read to decode their packed
     /// blocks (none at open: open reads the summaries alone).
     #[doc(hidden)]
