@@ -368,7 +368,10 @@ fn load_commit_map(
         None => return Err(CheckpointError::NoMapRecordReads),
         Some(RecordKind::MapDir) => {
             let first = first.expect("a record read above");
-            load_paged(storage, sb, commit, first, load, &mut loaded)?
+            load_paged(storage, sb, commit, first, load, &mut loaded)?;
+            if let Some(named) = commit.named.as_ref().filter(|_| load == Load::Whole) {
+                named_matches(sb, commit, named, &loaded.map)?;
+            }
         }
         Some(_) => load_flat(storage, sb, p.commit_seq, commit, partial, &mut loaded)?,
     }
@@ -518,6 +521,37 @@ fn load_named(
         .map_err(|e| tracing::warn!("liveness tables unusable ({e}): rebuilt from the map"))
         .ok()
         .flatten();
+    Ok(())
+}
+
+/// Checks what a named directory's commit says against its map read
+/// whole (`cvol check`): the block and seq of each MAP_DIR, the pages
+/// with records and the bytes per segment the directory names. A lazy
+/// open trusts them (they are covered by the commit's crc): a difference
+/// is a bug, which the checkpoint is refused for.
+fn named_matches(
+    sb: &Superblock,
+    commit: &CommitPayload,
+    named: &NamedDir,
+    map: &BlockMap,
+) -> Result<(), CheckpointError> {
+    let bad = |why: &str| Err(CheckpointError::NamedDir(why.to_string()));
+    let dirs = map.dir_records().unwrap_or_default();
+    let names = (commit.chunks.iter().zip(&named.blocks))
+        .map(|(c, n)| (n.block as usize, page_ref(c, n.seq)));
+    if !dirs.iter().copied().eq(names) {
+        return bad("its blocks are not the records it names");
+    }
+    let (pages, uses) = map.named_usage(Segments::of(sb));
+    if pages != named.allocated_pages {
+        return bad(&format!(
+            "it names {} pages with records, its blocks {pages}",
+            named.allocated_pages
+        ));
+    }
+    if uses != named.uses {
+        return bad("its bytes per segment are not its blocks'");
+    }
     Ok(())
 }
 
