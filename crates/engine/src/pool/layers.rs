@@ -6,7 +6,7 @@
 //! before the block first changes.
 use super::Layout;
 use crate::volume::{Keep, Layers as BlockLayers};
-use cvol_format::pool::{PoolTable, SnapState, EXTENT_BLOCKS, NO_EXTENT};
+use cvol_format::pool::{PoolSnapshot, PoolTable, PoolVolume, SnapState, EXTENT_BLOCKS, NO_EXTENT};
 use cvol_format::BLOCK_SIZE_BYTES;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -108,6 +108,8 @@ pub struct LayerSet<'t> {
     chains: FxHashMap<u64, (Arc<[Layer]>, Vec<usize>)>,
     /// By snapshot id: its index in `t.snapshots` and in its volume's chain.
     snap_at: FxHashMap<u64, (usize, usize)>,
+    /// By volume id: its index in `t.volumes`.
+    vols: FxHashMap<u64, usize>,
 }
 
 /// A chain being built (`LayerSet::of`).
@@ -181,12 +183,31 @@ impl<'t> LayerSet<'t> {
             t,
             chains,
             snap_at: b.snap_at,
+            vols: b.vols,
         }
     }
 
     /// The table the layers are of.
     pub fn table(&self) -> &'t PoolTable {
         self.t
+    }
+
+    /// The extents of volume `v` of the table, shared with its layer.
+    pub fn volume_extents(&self, v: &PoolVolume) -> Arc<[u32]> {
+        let own = (self.chains.get(&v.id))
+            .filter(|_| {
+                (self.vols.get(&v.id)).is_some_and(|&i| std::ptr::eq(&self.t.volumes[i], v))
+            })
+            .map(|(chain, snaps)| chain[snaps.len()].extents.clone());
+        own.unwrap_or_else(|| v.extents.as_slice().into())
+    }
+
+    /// The extents of snapshot `s` of the table, shared with its layer.
+    pub fn snapshot_extents(&self, s: &PoolSnapshot) -> Arc<[u32]> {
+        let own = (self.snap_at.get(&s.id))
+            .filter(|&&(i, _)| std::ptr::eq(&self.t.snapshots[i], s))
+            .map(|&(_, at)| self.chains[&s.volume].0[at].extents.clone());
+        own.unwrap_or_else(|| s.extents.as_slice().into())
     }
 }
 
@@ -198,7 +219,7 @@ pub fn plan_volume(ls: &LayerSet, id: u64) -> Plan {
     let snaps: Vec<_> = snaps.iter().map(|&i| &ls.t.snapshots[i]).collect();
     let n = snaps.len();
     let target = snaps.iter().rposition(|s| s.state != SnapState::Deleting);
-    let exists = ls.t.volume_by_id(id).is_some();
+    let exists = ls.vols.contains_key(&id);
     Plan {
         read_only: false,
         below: if exists {

@@ -184,6 +184,26 @@ fn chains_match_the_plain_definition() {
             );
             views += 1;
         }
+        for v in &t.volumes {
+            assert_eq!(*ls.volume_extents(v), v.extents[..]);
+            let mut other = v.clone();
+            other.extents.push(5);
+            assert_eq!(
+                *ls.volume_extents(&other),
+                other.extents[..],
+                "not the table's"
+            );
+        }
+        for s in &t.snapshots {
+            assert_eq!(*ls.snapshot_extents(s), s.extents[..]);
+            let mut other = s.clone();
+            other.extents.push(5);
+            assert_eq!(
+                *ls.snapshot_extents(&other),
+                other.extents[..],
+                "not the table's"
+            );
+        }
         for id in (t.snapshots.iter().map(|s| s.id)).chain([0, t.next_id]) {
             let p = plan_snapshot(&ls, id);
             deepest = deepest.max(p.below.len());
