@@ -239,6 +239,11 @@ fn plans_share_their_chain() {
         std::ptr::eq(&a.below[48], &b.below[0]),
         "one chain, not copies"
     );
+    let s3 = ls.snapshot_extents(&t.snapshots[1]);
+    assert!(
+        Arc::ptr_eq(&s3, &a.below[0].extents),
+        "a view's extents are its layer's"
+    );
     let v = plan_volume(&ls, 1);
     assert_eq!(v.keep.as_ref().map(|k| k.extents[0]), Some(109));
     assert!(v.guards.is_empty() && v.below.is_empty());
