@@ -118,7 +118,8 @@ pub(super) fn encode_snapshots(p: &mut Vec<u8>, snaps: &[PoolSnapshot]) {
 impl Reader<'_> {
     pub(super) fn snapshots(&mut self) -> Result<Vec<PoolSnapshot>, FormatError> {
         let count = self.u32()?;
-        let mut out = Vec::new();
+        // Room for as many as the payload can hold (38 bytes at least each).
+        let mut out = Vec::with_capacity((count as usize).min((self.b.len() - self.at) / 38));
         for _ in 0..count {
             let len = self.take(1)?[0] as usize;
             let name = std::str::from_utf8(self.take(len)?)
