@@ -97,17 +97,14 @@ fn plain_snapshots(t: &PoolTable) -> Result<(), FormatError> {
 /// that repeats are common).
 fn random_table(rng: &mut rand::rngs::StdRng) -> PoolTable {
     let mut t = PoolTable::new([1; 16], 4096, 0);
-    let mut next_extent = 1;
     let states = [
         SnapState::Live,
         SnapState::Deleting,
         SnapState::RollbackTarget,
     ];
-    for _ in 0..rng.gen_range(0..30) {
+    for e in 1..rng.gen_range(1..31) {
         let id = t.next_id;
         t.next_id += 1;
-        let e = next_extent;
-        next_extent += 1;
         if rng.gen_range(0..3) == 0 {
             let parent = match t.snapshots.len() {
                 0 => 0,
