@@ -5,7 +5,7 @@
 //! volume with snapshots keeps a block's old entry in its newest snapshot
 //! before the block first changes.
 use super::Layout;
-use crate::volume::{Keep, Layers as BlockLayers};
+use crate::volume::{Keep, Layers};
 use cvol_format::pool::{PoolSnapshot, PoolTable, PoolVolume, SnapState, EXTENT_BLOCKS, NO_EXTENT};
 use cvol_format::BLOCK_SIZE_BYTES;
 use rustc_hash::FxHashMap;
@@ -35,17 +35,17 @@ impl Layer {
 /// volume's chain, so n snapshots share one chain instead of holding
 /// n(n+1)/2 layers between them. Reads as a slice.
 #[derive(Clone, Default)]
-pub struct Layers {
+pub struct LayerRange {
     chain: Option<Arc<[Layer]>>,
     from: usize,
     to: usize,
 }
 
-impl Layers {
+impl LayerRange {
     /// `chain[range]`.
-    fn of(chain: &Arc<[Layer]>, range: std::ops::Range<usize>) -> Layers {
+    fn of(chain: &Arc<[Layer]>, range: std::ops::Range<usize>) -> LayerRange {
         assert!(range.start <= range.end && range.end <= chain.len());
-        Layers {
+        LayerRange {
             chain: Some(chain.clone()),
             from: range.start,
             to: range.end,
@@ -53,7 +53,7 @@ impl Layers {
     }
 }
 
-impl std::ops::Deref for Layers {
+impl std::ops::Deref for LayerRange {
     type Target = [Layer];
     fn deref(&self) -> &[Layer] {
         self.chain
@@ -62,15 +62,15 @@ impl std::ops::Deref for Layers {
     }
 }
 
-impl PartialEq for Layers {
-    fn eq(&self, o: &Layers) -> bool {
+impl PartialEq for LayerRange {
+    fn eq(&self, o: &LayerRange) -> bool {
         **self == **o
     }
 }
 
-impl Eq for Layers {}
+impl Eq for LayerRange {}
 
-impl std::fmt::Debug for Layers {
+impl std::fmt::Debug for LayerRange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }
@@ -80,9 +80,9 @@ impl std::fmt::Debug for Layers {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     pub read_only: bool,
-    pub below: Layers,
+    pub below: LayerRange,
     pub keep: Option<Layer>,
-    pub guards: Layers,
+    pub guards: LayerRange,
     /// The volume's snapshots, oldest first, with their state (for
     /// changed-block tracking).
     pub snaps: Vec<(String, SnapState, Layer)>,
@@ -223,12 +223,12 @@ pub fn plan_volume(ls: &LayerSet, id: u64) -> Plan {
     Plan {
         read_only: false,
         below: if exists {
-            Layers::of(chain, n + 1..chain.len())
+            LayerRange::of(chain, n + 1..chain.len())
         } else {
-            Layers::default()
+            LayerRange::default()
         },
         keep: target.map(|i| chain[i].clone()),
-        guards: target.map_or(Layers::default(), |i| Layers::of(chain, i + 1..n)),
+        guards: target.map_or(LayerRange::default(), |i| LayerRange::of(chain, i + 1..n)),
         snaps: (snaps.iter().zip(chain.iter()))
             .map(|(s, l)| (s.name.clone(), s.state, l.clone()))
             .collect(),
@@ -237,10 +237,13 @@ pub fn plan_volume(ls: &LayerSet, id: u64) -> Plan {
 
 /// The plan of snapshot `id` (read-only).
 pub fn plan_snapshot(ls: &LayerSet, id: u64) -> Plan {
-    let below = ls.snap_at.get(&id).map_or(Layers::default(), |&(i, at)| {
-        let (chain, _) = &ls.chains[&ls.t.snapshots[i].volume];
-        Layers::of(chain, at + 1..chain.len())
-    });
+    let below = ls
+        .snap_at
+        .get(&id)
+        .map_or(LayerRange::default(), |&(i, at)| {
+            let (chain, _) = &ls.chains[&ls.t.snapshots[i].volume];
+            LayerRange::of(chain, at + 1..chain.len())
+        });
     Plan {
         read_only: true,
         below,
@@ -261,7 +264,7 @@ impl Layout {
     }
 
     /// The layers of the view's block `b` (a request's first).
-    pub(super) fn layers_at(&self, b: u64) -> BlockLayers {
+    pub(super) fn layers_at(&self, b: u64) -> Layers {
         let p = &self.plan;
         // A layer that ends before `b`, or has no extent there, ends the
         // chain: the view reads zeros there, whatever lies below.
@@ -276,7 +279,7 @@ impl Layout {
                 guards: p.guards.iter().map(|g| g.lba(b)).collect::<Option<_>>()?,
             })
         });
-        BlockLayers { below, keep }
+        Layers { below, keep }
     }
 }
 
