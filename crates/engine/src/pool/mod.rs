@@ -37,7 +37,8 @@ pub const POOL_VOLUMES_MAX: usize = 4096;
 /// Where a volume lies in the pool's space, and whether it is gone.
 pub struct Layout {
     size_bytes: u64,
-    extents: Vec<u32>,
+    /// Shared with the view's layer (`layers::LayerSet`).
+    extents: Arc<[u32]>,
     deleted: bool,
     /// What it reads through and where it keeps old entries.
     plan: layers::Plan,
@@ -148,7 +149,7 @@ fn view_of(vol: &Arc<Volume>, ls: &layers::LayerSet, v: &PoolVolume) -> Arc<Volu
         snapshot: false,
         layout: std::sync::RwLock::new(Layout {
             size_bytes: v.size_bytes,
-            extents: v.extents.clone(),
+            extents: ls.volume_extents(v),
             deleted: false,
             plan: layers::plan_volume(ls, v.id),
         }),
@@ -169,7 +170,7 @@ fn snapshot_view(
         snapshot: true,
         layout: std::sync::RwLock::new(Layout {
             size_bytes: s.size_bytes,
-            extents: s.extents.clone(),
+            extents: ls.snapshot_extents(s),
             deleted: false,
             plan: layers::plan_snapshot(ls, s.id),
         }),
@@ -180,19 +181,15 @@ fn snapshot_view(
 /// Every view of table `t`: its volumes and its live snapshots.
 fn views_of(vol: &Arc<Volume>, t: &PoolTable) -> BTreeMap<String, Arc<VolumeView>> {
     let ls = layers::LayerSet::of(t);
-    let mut out: BTreeMap<String, Arc<VolumeView>> = (t.volumes.iter())
-        .map(|v| (v.name.clone(), view_of(vol, &ls, v)))
-        .collect();
-    for s in t
-        .snapshots
-        .iter()
+    // Built at once (a volume's name has no '@', so no snapshot's view
+    // takes a volume's name).
+    let snaps = (t.snapshots.iter())
         .filter(|s| s.state != SnapState::Deleting)
-    {
-        if let Some(w) = snapshot_view(vol, &ls, s) {
-            out.insert(w.name.clone(), w);
-        }
-    }
-    out
+        .filter_map(|s| snapshot_view(vol, &ls, s));
+    (t.volumes.iter().map(|v| view_of(vol, &ls, v)))
+        .chain(snaps)
+        .map(|w| (w.name.clone(), w))
+        .collect()
 }
 
 impl Pool {

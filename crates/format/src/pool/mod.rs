@@ -353,14 +353,16 @@ impl PoolTable {
             }
             Ok(())
         };
+        // The first volume whose name or id an earlier one has.
+        let twice = (first_repeat(self.volumes.iter().map(|v| v.name.as_str())))
+            .into_iter()
+            .chain(first_repeat(self.volumes.iter().map(|v| v.id)))
+            .min();
         for (i, v) in self.volumes.iter().enumerate() {
             if name_problem(&v.name).is_some() {
                 return Err(bad("pool table volume name invalid"));
             }
-            if self.volumes[..i]
-                .iter()
-                .any(|o| o.name == v.name || o.id == v.id)
-            {
+            if twice == Some(i) {
                 return Err(bad("pool table volume name or id used twice"));
             }
             if v.id == 0 || v.id >= self.next_id {
@@ -398,6 +400,18 @@ impl PoolTable {
     }
 }
 
+/// The first index whose key an earlier index has: what comparing each
+/// key with every earlier one finds, in O(n log n).
+pub(super) fn first_repeat<K: Ord>(keys: impl Iterator<Item = K>) -> Option<usize> {
+    let mut k: Vec<(K, usize)> = keys.enumerate().map(|(i, k)| (k, i)).collect();
+    k.sort_unstable();
+    // Sorted by key, then index: an index after an equal key repeats it.
+    (k.windows(2))
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| w[1].1)
+        .min()
+}
+
 pub(super) struct Reader<'a> {
     b: &'a [u8],
     at: usize,
@@ -421,6 +435,14 @@ impl Reader<'_> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
 
+    /// `n` extent indexes (u32 each), read at once.
+    pub(super) fn extents(&mut self, n: u32) -> Result<Vec<u32>, FormatError> {
+        let b = self.take(4 * n as usize)?;
+        Ok((b.chunks_exact(4))
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect())
+    }
+
     fn volume(&mut self) -> Result<PoolVolume, FormatError> {
         let len = self.take(1)?[0] as usize;
         let name = std::str::from_utf8(self.take(len)?)
@@ -433,7 +455,7 @@ impl Reader<'_> {
                 "pool table volume has too many extents",
             ));
         }
-        let extents = (0..n).map(|_| self.u32()).collect::<Result<_, _>>()?;
+        let extents = self.extents(n)?;
         Ok(PoolVolume {
             name,
             id,
@@ -450,3 +472,5 @@ pub use snap::{snapshot_name_problem, PoolSnapshot, SnapState, NO_EXTENT};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod validate_tests;

@@ -28,7 +28,9 @@
 //! snapshot reads zeros there, keeps nothing there and reads through
 //! nothing: a snapshot of a big, sparsely written volume takes only the
 //! extents its volume had data in.
-use super::{extents_for, name_problem, put_u32, put_u64, PoolTable, Reader, POOL_EXTENTS};
+use super::{
+    extents_for, first_repeat, name_problem, put_u32, put_u64, PoolTable, Reader, POOL_EXTENTS,
+};
 use crate::{FormatError, BLOCK_SIZE_BYTES, LOGICAL_SIZE_MAX_BYTES};
 
 /// A snapshot extent that is not taken: the snapshot reads zeros there.
@@ -116,7 +118,8 @@ pub(super) fn encode_snapshots(p: &mut Vec<u8>, snaps: &[PoolSnapshot]) {
 impl Reader<'_> {
     pub(super) fn snapshots(&mut self) -> Result<Vec<PoolSnapshot>, FormatError> {
         let count = self.u32()?;
-        let mut out = Vec::new();
+        // Room for as many as the payload can hold (38 bytes at least each).
+        let mut out = Vec::with_capacity((count as usize).min((self.b.len() - self.at) / 38));
         for _ in 0..count {
             let len = self.take(1)?[0] as usize;
             let name = std::str::from_utf8(self.take(len)?)
@@ -132,7 +135,7 @@ impl Reader<'_> {
                     "pool table snapshot has too many extents",
                 ));
             }
-            let extents = (0..n).map(|_| self.u32()).collect::<Result<_, _>>()?;
+            let extents = self.extents(n)?;
             out.push(PoolSnapshot {
                 name,
                 id,
@@ -174,31 +177,37 @@ impl PoolTable {
     /// parent is an existing snapshot.
     pub(super) fn validate_snapshots(&self) -> Result<(), FormatError> {
         let bad = FormatError::Invalid;
-        for (i, s) in self.snapshots.iter().enumerate() {
+        // Found by sorting, not by comparing each snapshot with every
+        // earlier one: the first snapshot whose name an earlier one of its
+        // volume has, and the first rollback target of a volume that an
+        // earlier one has.
+        let mut vol_ids: Vec<u64> = self.volumes.iter().map(|v| v.id).collect();
+        vol_ids.sort_unstable();
+        let is_volume = |id: u64| vol_ids.binary_search(&id).is_ok();
+        let snaps = &self.snapshots;
+        let name_twice = first_repeat(snaps.iter().map(|s| (s.volume, s.name.as_str())));
+        let rollbacks: Vec<usize> = (0..snaps.len())
+            .filter(|&i| snaps[i].state == SnapState::RollbackTarget)
+            .collect();
+        let rollback_twice =
+            first_repeat(rollbacks.iter().map(|&i| snaps[i].volume)).map(|j| rollbacks[j]);
+        for (i, s) in snaps.iter().enumerate() {
             if snapshot_name_problem(&s.name).is_some() {
                 return Err(bad("pool table snapshot name invalid"));
             }
-            if s.id == 0 || s.id >= self.next_id || self.volume_by_id(s.id).is_some() {
+            if s.id == 0 || s.id >= self.next_id || is_volume(s.id) {
                 return Err(bad("pool table snapshot id out of range or taken"));
             }
-            if i > 0 && self.snapshots[i - 1].id >= s.id {
+            if i > 0 && snaps[i - 1].id >= s.id {
                 return Err(bad("pool table snapshots out of order"));
             }
-            if self.volume_by_id(s.volume).is_none() {
+            if !is_volume(s.volume) {
                 return Err(bad("pool table snapshot of no volume"));
             }
-            let earlier = &self.snapshots[..i];
-            if earlier
-                .iter()
-                .any(|o| o.volume == s.volume && o.name == s.name)
-            {
+            if name_twice == Some(i) {
                 return Err(bad("pool table snapshot name used twice"));
             }
-            if s.state == SnapState::RollbackTarget
-                && earlier
-                    .iter()
-                    .any(|o| o.volume == s.volume && o.state == SnapState::RollbackTarget)
-            {
+            if rollback_twice == Some(i) {
                 return Err(bad("pool table has two rollbacks of one volume"));
             }
             if s.size_bytes == 0
@@ -209,8 +218,9 @@ impl PoolTable {
                 return Err(bad("pool table snapshot size invalid"));
             }
         }
+        // The snapshots are in increasing id order now.
         for v in &self.volumes {
-            if v.parent != 0 && self.snapshot_by_id(v.parent).is_none() {
+            if v.parent != 0 && snaps.binary_search_by_key(&v.parent, |s| s.id).is_err() {
                 return Err(bad("pool table clone of no snapshot"));
             }
         }
