@@ -448,3 +448,53 @@ fn a_damaged_directory_list_kept_apart_is_an_error_where_it_is_used() {
     let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
     assert!(!rep.consistent(), "check finds the damaged list");
 }
+
+#[test]
+fn a_damaged_directory_block_left_unread_is_an_error_where_it_is_used() {
+    // The snapshot's directory blocks are named by the commit and left
+    // unread at open: damage to a block's own record (its summary) does
+    // not stop the open, and surfaces where the block is needed (the
+    // snapshot's reads), in scrub and in check (mutation: reading every
+    // block at open, as before the commit named them, refuses the open).
+    let store = snapshotted_pool_of_its_own_blocks();
+    let uuid = {
+        let pool = open_pool(&store);
+        let uuid = pool.engine().superblock().uuid;
+        pool.engine().close().unwrap();
+        uuid
+    };
+    let t = table(&store, &uuid);
+    let s = t.snapshot("default", "s").expect("the snapshot");
+    let block_lbas = DIR_PAGES * MAP_PAGE_BLOCKS;
+    let mut summaries = Vec::new();
+    for &e in s.extents.iter().filter(|&&e| e != NO_EXTENT) {
+        let lba = u64::from(e) * EXTENT_BLOCKS / block_lbas * block_lbas;
+        let recs = common::records_of(&store, RecordKind::MapDir, lba);
+        summaries.extend(
+            (recs.into_iter())
+                .filter(|&at| common::record_header(&store, at).codec == CodecTag::None),
+        );
+    }
+    assert!(!summaries.is_empty(), "the snapshot's block is summarized");
+    for &at in &summaries {
+        store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 9, 3);
+    }
+    store.sync().unwrap();
+    let pool = open_pool(&store);
+    assert!(pool.engine().map_dir_blocks_unread() >= 1);
+    let v = pool.volume("default").expect("default");
+    let snap = pool.volume("default@s").expect("the snapshot's view");
+    let mut b = vec![0u8; BS];
+    v.read_at(7 * BSU, &mut b).unwrap();
+    assert!(b == block(7, 3), "the volume reads its own blocks");
+    let e = snap.read_at(7 * BSU, &mut b).expect_err("a damaged block");
+    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
+    assert!(pool.engine().map_dir_blocks_unread() >= 1, "it stays unread");
+    let scrub = pool.engine().scrub(&ScrubOptions::default(), &|_| {});
+    let scrub = scrub.expect("no scrub runs");
+    assert!(!scrub.metadata_errors.is_empty(), "scrub reports the block");
+    drop((v, snap));
+    drop(pool);
+    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
+    assert!(!rep.consistent(), "check finds the damaged block");
+}
