@@ -11,10 +11,10 @@ use crate::error::{ChunkError, DirError, EntryLocationError, MetaError, RecordEr
 use crate::map::{BlockMap, DirLoaded, PageSource, SharedBytes};
 use cvol_format::checkpoint::{decode_runs, ChunkRef, DirList, DirPayload, DirSummary, PageRef};
 use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
-use cvol_format::superblock::{FLAG_DIR_LIST_APART, FLAG_DIR_SUMMARY};
 use cvol_format::fprints::directory_tables;
 use cvol_format::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use cvol_format::seal;
+use cvol_format::superblock::{FLAG_DIR_LIST_APART, FLAG_DIR_SUMMARY};
 use cvol_format::{CodecTag, EntryState, MapEntry, Superblock};
 use cvol_storage::Storage;
 use std::sync::Arc;

@@ -255,7 +255,10 @@ impl BlockMap {
     /// Whether page `p` has entries (in memory or not). Its directory
     /// block must have been read (`unpack_page`).
     pub fn is_allocated(&self, p: usize) -> bool {
-        assert!(!self.unread_at(p), "page {p} asked of before its block was read");
+        assert!(
+            !self.unread_at(p),
+            "page {p} asked of before its block was read"
+        );
         self.allocated.get(p)
     }
 
@@ -687,83 +690,6 @@ impl BlockMap {
         }
     }
 
-    /// The directory blocks changed since their record, as payload
-    /// entries; they count as clean from here on. Blocks without pages
-    /// are dropped (their record retired).
-    pub fn take_dirty_dirs(&mut self) -> Vec<(usize, Vec<(u64, PageRef)>)> {
-        let mut out = Vec::new();
-        for b in 0..self.dirs.len() {
-            let Some(d) = self.dirs[b].as_mut().filter(|d| d.dirty) else {
-                continue;
-            };
-            assert!(
-                d.packed.is_none() && !d.unread,
-                "directory block {b} changed while packed"
-            );
-            d.dirty = false;
-            if d.refs.is_empty() {
-                let (record, list) = (d.record.take(), d.list.take());
-                self.retired.extend(record);
-                self.retired.extend(list);
-                self.dirs[b] = None;
-                continue;
-            }
-            let base = (b * DIR_SLOTS) as u64;
-            let pages = (d.refs.iter())
-                .map(|&(k, r)| (base + u64::from(k), r))
-                .collect();
-            out.push((b, pages));
-        }
-        out
-    }
-
-    /// Names record `r` as directory block `b`'s.
-    pub fn dir_written(&mut self, b: usize, r: PageRef, list: Option<PageRef>) {
-        match self.dirs[b].as_mut() {
-            Some(d) => {
-                let old = (d.record.replace(r), std::mem::replace(&mut d.list, list));
-                self.retired.extend(old.0);
-                self.retired.extend(old.1);
-            }
-            None => {
-                self.retired.push(r);
-                self.retired.extend(list);
-            }
-        }
-    }
-
-    /// Marks directory block `b` changed (its record must be rewritten),
-    /// its list decoded first if packed (read from `src` if apart).
-    pub fn mark_dir_dirty(&mut self, b: usize, src: &dyn PageSource) -> Result<(), MetaError> {
-        self.unpack(b, src)?;
-        if let Some(d) = self.dirs[b].as_mut() {
-            d.dirty = true;
-        }
-        Ok(())
-    }
-
-    /// Is `offset` the record of directory block `b`, or of its list
-    /// kept apart?
-    pub fn dir_record_is(&self, b: usize, offset: u64) -> bool {
-        let Some(d) = self.dirs.get(b).and_then(|d| d.as_ref()) else {
-            return false;
-        };
-        [d.record, d.list]
-            .iter()
-            .flatten()
-            .any(|r| r.offset == offset)
-    }
-
-    /// The MAP_DIR records of every directory block with its index, in
-    /// block order; None if a block with pages has no record yet (changed
-    /// since the last `take_dirty_dirs`).
-    pub fn dir_records(&self) -> Option<Vec<(usize, PageRef)>> {
-        (self.dirs.iter().enumerate())
-            .filter_map(|(b, d)| Some((b, d.as_ref()?)))
-            .map(|(b, d)| Some((b, d.record?)))
-            .collect()
-    }
-
     /// The first `n` records retired (the oldest).
     pub fn take_retired(&mut self, n: usize) -> Vec<PageRef> {
         self.retired.drain(..n).collect()
@@ -822,7 +748,10 @@ impl BlockMap {
     /// an unread block is refused as not faulted in).
     pub fn next_allocated_page_lba(&self, lba: u64) -> Option<u64> {
         let start = usize::try_from(lba).ok()? / PAGE_BLOCKS;
-        let next = match (self.next_allocated_page(start), self.next_unread_page(start)) {
+        let next = match (
+            self.next_allocated_page(start),
+            self.next_unread_page(start),
+        ) {
             (Some(a), Some(u)) => Some(a.min(u)),
             (a, u) => a.or(u),
         };
@@ -916,6 +845,7 @@ fn split(lba: u64) -> (usize, usize) {
     ((lba as usize) / PAGE_BLOCKS, (lba as usize) % PAGE_BLOCKS)
 }
 
+mod dirs;
 mod install;
 mod packed;
 pub use packed::{decode_summarized, Segments, SharedBytes};

@@ -489,7 +489,10 @@ fn a_damaged_directory_block_left_unread_is_an_error_where_it_is_used() {
     assert!(b == block(7, 3), "the volume reads its own blocks");
     let e = snap.read_at(7 * BSU, &mut b).expect_err("a damaged block");
     assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
-    assert!(pool.engine().map_dir_blocks_unread() >= 1, "it stays unread");
+    assert!(
+        pool.engine().map_dir_blocks_unread() >= 1,
+        "it stays unread"
+    );
     let scrub = pool.engine().scrub(&ScrubOptions::default(), &|_| {});
     let scrub = scrub.expect("no scrub runs");
     assert!(!scrub.metadata_errors.is_empty(), "scrub reports the block");

@@ -152,7 +152,11 @@ impl BlockMap {
     /// apart read from `src` first). A list that does not read or decode,
     /// or disagrees with its summary, is damage.
     pub fn unpack(&mut self, b: usize, src: &dyn PageSource) -> Result<(), MetaError> {
-        if self.dirs.get(b).is_some_and(|d| d.as_ref().is_some_and(|d| d.unread)) {
+        if self
+            .dirs
+            .get(b)
+            .is_some_and(|d| d.as_ref().is_some_and(|d| d.unread))
+        {
             self.load_unread(b, src)?;
         }
         let Some(d) = self.dirs.get_mut(b).and_then(|d| d.as_mut()) else {

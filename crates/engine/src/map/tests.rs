@@ -597,7 +597,10 @@ fn blocks_left_unread_are_read_when_first_needed_and_hold_what_the_commit_named(
     assert_eq!(*src.dir_reads.borrow(), 0, "nothing read at open");
     // Past block 0, a page of unread block 1 may be allocated.
     let first_of = |p: u64| p * MAP_PAGE_BLOCKS;
-    assert_eq!(n.next_allocated_page_lba(first_of(6)), Some(first_of(DIR_PAGES)));
+    assert_eq!(
+        n.next_allocated_page_lba(first_of(6)),
+        Some(first_of(DIR_PAGES))
+    );
     n.fault_in(first_of(DIR_PAGES), first_of(DIR_PAGES + 8), &src)
         .unwrap();
     assert_eq!(*src.dir_reads.borrow(), 1, "block 1's record, once");
@@ -607,10 +610,16 @@ fn blocks_left_unread_are_read_when_first_needed_and_hold_what_the_commit_named(
     assert_eq!(map_bytes(&n, seg), map_bytes(&m, seg));
     // Block 1 is known now: its next page is block 2's first, unread.
     let after = first_of(DIR_PAGES + 8);
-    assert_eq!(n.next_allocated_page_lba(after), Some(first_of(2 * DIR_PAGES)));
+    assert_eq!(
+        n.next_allocated_page_lba(after),
+        Some(first_of(2 * DIR_PAGES))
+    );
     n.unpack_all(&src).unwrap();
     assert_eq!((n.unread_blocks(), *src.dir_reads.borrow()), (0, 2));
-    assert_eq!(n.next_allocated_page_lba(after), Some(first_of(2 * DIR_PAGES + 1)));
+    assert_eq!(
+        n.next_allocated_page_lba(after),
+        Some(first_of(2 * DIR_PAGES + 1))
+    );
     let records = |m: &BlockMap| {
         let mut v = Vec::new();
         m.for_each_record(|o, l| v.push((o, l)));

@@ -208,7 +208,9 @@ impl BlockMap {
                 None => {
                     let base = b * DIR_SLOTS;
                     let npages = self.pages.len();
-                    pages += (d.refs.iter()).filter(|(k, _)| base + (*k as usize) < npages).count() as u64;
+                    pages += (d.refs.iter())
+                        .filter(|(k, _)| base + (*k as usize) < npages)
+                        .count() as u64;
                     d.refs.iter().for_each(|(_, r)| note(&mut all, r));
                 }
             }
@@ -288,8 +290,16 @@ impl BlockMap {
             )));
         }
         let (pages, uses) = loaded.holds(segments);
-        let why = |what: &str| damaged(format!("map directory block {b}: it holds more {what} than the commit's directory names"));
-        let left = self.unread.pages.checked_sub(pages).ok_or_else(|| why("pages"))?;
+        let why = |what: &str| {
+            damaged(format!(
+                "map directory block {b}: it holds more {what} than the commit's directory names"
+            ))
+        };
+        let left = self
+            .unread
+            .pages
+            .checked_sub(pages)
+            .ok_or_else(|| why("pages"))?;
         take_uses(&mut self.unread.uses, &uses).map_err(|_| why("bytes"))?;
         self.unread.pages = left;
         self.unread.blocks -= 1;
@@ -300,15 +310,29 @@ impl BlockMap {
                 list.iter().for_each(|&(p, _)| self.allocate(p as usize));
                 let base = (b * DIR_SLOTS) as u64;
                 let d = self.dirs[b].as_mut().expect("unread above");
-                d.refs = (list.iter()).map(|&(p, r)| ((p - base) as u16, r)).collect();
+                d.refs = (list.iter())
+                    .map(|&(p, r)| ((p - base) as u16, r))
+                    .collect();
             }
             DirLoaded::Summarized(summary, list) => {
                 let list = Some(SharedBytes::owned(list));
-                self.pack_loaded(b, Packed { summary: *summary, list });
+                self.pack_loaded(
+                    b,
+                    Packed {
+                        summary: *summary,
+                        list,
+                    },
+                );
             }
             DirLoaded::Apart(summary, list) => {
                 self.dirs[b].as_mut().expect("unread above").list = Some(list);
-                self.pack_loaded(b, Packed { summary: *summary, list: None });
+                self.pack_loaded(
+                    b,
+                    Packed {
+                        summary: *summary,
+                        list: None,
+                    },
+                );
             }
         }
         Ok(())

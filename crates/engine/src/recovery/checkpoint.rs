@@ -7,7 +7,8 @@
 //! may step over when damaged (`known_checkpoint_records`). Uses `chain`
 //! (`Start`) and `scan` (the records a scan found).
 use super::chain::{KnownRecords, Start};
-use super::dir_records::{parse_dir_body, read_dir, read_lists, DirBody, DirRead};
+use super::dir_records::{named_matches, page_ref, parse_dir_body, read_dir, read_lists};
+use super::dir_records::{DirBody, DirRead};
 use super::scan::{LogScan, Scanned};
 use crate::error::{CheckpointError, DirError, PageError, RecordError, TableError};
 use crate::liveness::{decode_root, LoadedGroup, LoadedTables};
@@ -479,7 +480,9 @@ fn load_named(
 ) -> Result<(), CheckpointError> {
     let bad = |why: &str| CheckpointError::NamedDir(why.to_string());
     if sb.flags & FLAG_DIR_NAMED == 0 {
-        return Err(bad("a commit naming its directory on a volume without them"));
+        return Err(bad(
+            "a commit naming its directory on a volume without them",
+        ));
     }
     // Blocks wholly within the map's pages (the last ones hold tables).
     let page_blocks = sb.logical_blocks().div_ceil(MAP_PAGE_BLOCKS) / DIR_PAGES;
@@ -500,9 +503,18 @@ fn load_named(
     };
     let at: Vec<(u64, u32)> = (sub.chunks.iter()).map(|c| (c.offset, c.len)).collect();
     let records = read_records_shared(storage, sb, &at);
-    let tables = load_dirs(storage, sb, &sub, records, Load::Lazy { verify_above }, loaded)?;
+    let tables = load_dirs(
+        storage,
+        sb,
+        &sub,
+        records,
+        Load::Lazy { verify_above },
+        loaded,
+    )?;
     for (c, b) in &read {
-        let r = usize::try_from(*b).ok().and_then(|b| loaded.map.dir_record_of(b));
+        let r = usize::try_from(*b)
+            .ok()
+            .and_then(|b| loaded.map.dir_record_of(b));
         if r.is_none_or(|r| r.offset != c.offset) {
             return Err(bad("a block read is not the one the commit names"));
         }
@@ -522,47 +534,6 @@ fn load_named(
         .ok()
         .flatten();
     Ok(())
-}
-
-/// Checks what a named directory's commit says against its map read
-/// whole (`cvol check`): the block and seq of each MAP_DIR, the pages
-/// with records and the bytes per segment the directory names. A lazy
-/// open trusts them (they are covered by the commit's crc): a difference
-/// is a bug, which the checkpoint is refused for.
-fn named_matches(
-    sb: &Superblock,
-    commit: &CommitPayload,
-    named: &NamedDir,
-    map: &BlockMap,
-) -> Result<(), CheckpointError> {
-    let bad = |why: &str| Err(CheckpointError::NamedDir(why.to_string()));
-    let dirs = map.dir_records().unwrap_or_default();
-    let names = (commit.chunks.iter().zip(&named.blocks))
-        .map(|(c, n)| (n.block as usize, page_ref(c, n.seq)));
-    if !dirs.iter().copied().eq(names) {
-        return bad("its blocks are not the records it names");
-    }
-    let (pages, uses) = map.named_usage(Segments::of(sb));
-    if pages != named.allocated_pages {
-        return bad(&format!(
-            "it names {} pages with records, its blocks {pages}",
-            named.allocated_pages
-        ));
-    }
-    if uses != named.uses {
-        return bad("its bytes per segment are not its blocks'");
-    }
-    Ok(())
-}
-
-/// The reference to the MAP_DIR record `c` names, of seq `seq`.
-fn page_ref(c: &ChunkRef, seq: u64) -> PageRef {
-    PageRef {
-        offset: c.offset,
-        len: c.len,
-        crc: c.crc,
-        seq,
-    }
 }
 
 /// The directory's blocks (`records`: the MAP_DIR records `commit` names,

@@ -1,12 +1,14 @@
 //! The MAP_DIR records of a checkpoint: one parsed against the volume's
 //! directory slots (`logread::parse_dir_body`), a list kept apart from its summary
 //! read and checked (`read_lists`, `FLAG_DIR_LIST_APART`), and a record
-//! read whole with its list decoded (`read_dir`). Uses only `logread`.
-use crate::error::DirError;
-pub(super) use crate::logread::{parse_dir_body, DirBody};
+//! read whole with its list decoded (`read_dir`), and a named directory's
+//! totals checked against the blocks read (`named_matches`). Uses only
+//! `logread` and the map.
+use crate::error::{CheckpointError, DirError};
 use crate::logread::{check_dir_list, read_record, read_records_shared};
-use crate::map::{decode_summarized, Segments};
-use cvol_format::checkpoint::{ChunkRef, DirSummary, PageRef};
+pub(super) use crate::logread::{parse_dir_body, DirBody};
+use crate::map::{decode_summarized, BlockMap, Segments};
+use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirSummary, NamedDir, PageRef};
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::Superblock;
 use cvol_storage::Storage;
@@ -66,4 +68,45 @@ pub(super) fn read_lists(
             Ok(d.map_err(DirError::Summary)?.pages)
         })
         .collect()
+}
+
+/// Checks what a named directory's commit says against its map read
+/// whole (`cvol check`): the block and seq of each MAP_DIR, the pages
+/// with records and the bytes per segment the directory names. A lazy
+/// open trusts them (they are covered by the commit's crc): a difference
+/// is a bug, which the checkpoint is refused for.
+pub(super) fn named_matches(
+    sb: &Superblock,
+    commit: &CommitPayload,
+    named: &NamedDir,
+    map: &BlockMap,
+) -> Result<(), CheckpointError> {
+    let bad = |why: &str| Err(CheckpointError::NamedDir(why.to_string()));
+    let dirs = map.dir_records().unwrap_or_default();
+    let names = (commit.chunks.iter().zip(&named.blocks))
+        .map(|(c, n)| (n.block as usize, page_ref(c, n.seq)));
+    if !dirs.iter().copied().eq(names) {
+        return bad("its blocks are not the records it names");
+    }
+    let (pages, uses) = map.named_usage(Segments::of(sb));
+    if pages != named.allocated_pages {
+        return bad(&format!(
+            "it names {} pages with records, its blocks {pages}",
+            named.allocated_pages
+        ));
+    }
+    if uses != named.uses {
+        return bad("its bytes per segment are not its blocks'");
+    }
+    Ok(())
+}
+
+/// The reference to the MAP_DIR record `c` names, of seq `seq`.
+pub(super) fn page_ref(c: &ChunkRef, seq: u64) -> PageRef {
+    PageRef {
+        offset: c.offset,
+        len: c.len,
+        crc: c.crc,
+        seq,
+    }
 }

@@ -88,7 +88,11 @@ impl Volume {
             self.fault(&mut st, page, page + 1)?;
             // A page of a directory block not read before may hold nothing
             // after all.
-            if !st.live.map().is_allocated(page as usize / crate::map::PAGE_BLOCKS) {
+            if !st
+                .live
+                .map()
+                .is_allocated(page as usize / crate::map::PAGE_BLOCKS)
+            {
                 lba = crate::map::page_end(page);
                 continue;
             }

@@ -19,8 +19,7 @@ use crate::segments::SegmentTable;
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::superblock::{
     FLAG_AUTO_CODEC, FLAG_DEDUP, FLAG_DIR_LIST_APART, FLAG_DIR_NAMED, FLAG_DIR_SUMMARY,
-    FLAG_FP_TABLES,
-    FLAG_HOOK_SNAPSHOT, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES,
+    FLAG_FP_TABLES, FLAG_HOOK_SNAPSHOT, FLAG_PAGED_MAP, FLAG_RESUME_AT_SNAPSHOT, FLAG_SEG_TABLES,
     FLAG_UNIT_WINDOWS,
 };
 use cvol_format::{align_up, CheckpointPointer, EntryState, Superblock};

@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, MutexGuard, RwLockReadGuard, RwLockWriteGuard};
 
 mod commit;
+mod dirwrite;
 mod discard;
 mod durability;
 mod hooksnap;

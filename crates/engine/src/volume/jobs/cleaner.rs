@@ -507,8 +507,7 @@ impl Volume {
                 }
                 _ => {
                     let b = (h.lba / (DIR_PAGES * MAP_PAGE_BLOCKS)) as usize;
-                    // A block open left unread names its list only once
-                    // read.
+                    // A block open left unread names its list once read.
                     self.unpack_page(&mut st, b * DIR_PAGES as usize)?;
                     let named = st.live.map().dir_record_is(b, offset);
                     if named {
