@@ -258,12 +258,21 @@ fn io_op(pool: &Pool, m: &mut PoolModel, rng: &mut StdRng, cov: &mut Coverage) -
             }
             return r.is_ok();
         }
-        73..=89 => {
+        73..=86 => {
             let r = view.flush();
             if r.is_ok() {
                 m.all_durable();
             }
             return r.is_ok();
+        }
+        // A checkpoint (durable as a flush): two of them carry directory
+        // blocks no write touched over, and a reopen leaves those unread.
+        87..=89 => {
+            let r = pool.engine().checkpoint();
+            if r.is_ok() {
+                m.all_durable();
+            }
+            return is_ok_or_space(r);
         }
         _ => {
             let mut b = vec![0u8; BS];
@@ -434,8 +443,10 @@ fn cycles(seed: u64, cov: &mut Coverage, fault: bool) {
             power_cut(&store, &mut rng)
         };
         cov.cleaned += pool.engine().stats().cleaner.cleaner_segments_cleaned;
+        cov.unread_read += pool.engine().map_dir_blocks_read();
         drop(pool);
         pool = open_pool(&next);
+        cov.unread_at_open += pool.engine().map_dir_blocks_unread() as u64;
         m = check_reopened(&pool, &next, &m, alt.as_ref(), cov, seed.is_multiple_of(4));
         store = next;
     }

@@ -271,6 +271,10 @@ pub struct Coverage {
     /// Snapshot extents `NO_EXTENT` in the tables after reopens.
     pub extents_not_taken: u64,
     pub discards: u64,
+    /// Directory blocks reopens left unread (named by the commit alone),
+    /// and those read later, when first needed.
+    pub unread_at_open: u64,
+    pub unread_read: u64,
 }
 
 impl Coverage {
@@ -287,6 +291,8 @@ impl Coverage {
         self.rolled_back += o.rolled_back;
         self.kept_unflushed += o.kept_unflushed;
         self.snap_blocks_checked += o.snap_blocks_checked;
+        self.unread_at_open += o.unread_at_open;
+        self.unread_read += o.unread_read;
         self.snap_reads += o.snap_reads;
         self.read_only_refused += o.read_only_refused;
         self.clone_writes += o.clone_writes;
@@ -667,7 +673,8 @@ pub fn report(what: &str, n: u64, c: &Coverage) {
          new {} after a cut; {} blocks rolled back, {} unflushed kept; {} snapshot blocks \
          checked after reopens, {} snapshot reads, {} changes of a snapshot refused, {} clone \
          writes, {} stale tail blocks, {} reopens of the written image, {} segments \
-         cleaned, {} writes refused for space, {} snapshot extents not taken, {} whole discards",
+         cleaned, {} writes refused for space, {} snapshot extents not taken, {} whole discards, \
+         {} directory blocks left unread by reopens, {} of them read later",
         ops.join(", "),
         c.refusals,
         c.table_old,
@@ -683,7 +690,9 @@ pub fn report(what: &str, n: u64, c: &Coverage) {
         c.cleaned,
         c.no_space,
         c.extents_not_taken,
-        c.discards
+        c.discards,
+        c.unread_at_open,
+        c.unread_read
     );
 }
 
@@ -700,4 +709,8 @@ pub fn assert_covered(c: &Coverage) {
         c.refusals
     );
     assert!(c.snap_blocks_checked > 0 && c.snap_reads > 0 && c.clone_writes > 0);
+    assert!(
+        c.unread_at_open > 0 && c.unread_read > 0,
+        "no reopen left a directory block unread, or none was read later"
+    );
 }
