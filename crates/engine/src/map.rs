@@ -95,6 +95,9 @@ struct DirBlock {
     /// Named by its record alone, not read yet (`unread`): nothing else
     /// is known of it.
     unread: bool,
+    /// What its pages' and list's records hold (`unread::Holds`), kept
+    /// until they change: what each commit sums (`named_usage`).
+    holds: Option<Box<unread::Holds>>,
 }
 
 impl DirBlock {
@@ -105,6 +108,7 @@ impl DirBlock {
 
     /// Names `r` as slot `k`'s record, returning the one named before.
     fn replace(&mut self, k: usize, r: Option<PageRef>) -> Option<PageRef> {
+        self.holds = None;
         let key = k as u16;
         match (self.refs.binary_search_by_key(&key, |&(s, _)| s), r) {
             (Ok(i), Some(r)) => Some(std::mem::replace(&mut self.refs[i].1, r)),
@@ -481,6 +485,7 @@ impl BlockMap {
                 list: None,
                 dirty: true,
                 unread: false,
+                holds: None,
             }));
         }
         let d = self.dirs[b].as_mut().expect("made above");

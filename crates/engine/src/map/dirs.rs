@@ -40,6 +40,7 @@ impl BlockMap {
     pub fn dir_written(&mut self, b: usize, r: PageRef, list: Option<PageRef>) {
         match self.dirs[b].as_mut() {
             Some(d) => {
+                d.holds = None;
                 let old = (d.record.replace(r), std::mem::replace(&mut d.list, list));
                 self.retired.extend(old.0);
                 self.retired.extend(old.1);

@@ -56,6 +56,7 @@ impl BlockMap {
             list: None,
             dirty: true,
             unread: false,
+            holds: None,
         }));
     }
 
@@ -66,6 +67,7 @@ impl BlockMap {
             d.record = Some(r);
             d.list = list;
             d.dirty = false;
+            d.holds = None;
         }
     }
 }

@@ -140,6 +140,7 @@ impl BlockMap {
             list: None,
             dirty: true,
             unread: false,
+            holds: None,
         }));
     }
 

@@ -547,7 +547,7 @@ fn a_page_added_to_a_packed_block_is_written_with_its_list() {
 /// The map `m` reopened as a named directory's commit leaves it: block
 /// `read`'s list taken, every other block named by its record alone, and
 /// the commit's totals (`named_usage` of `m`) given.
-fn reopen_named(m: &BlockMap, src: &Records, read: usize, seg: Segments) -> BlockMap {
+fn reopen_named(m: &mut BlockMap, src: &Records, read: usize, seg: Segments) -> BlockMap {
     let (pages, uses) = m.named_usage(seg);
     let mut n = BlockMap::new(m.blocks());
     for (b, r) in m.dir_records().expect("every block written") {
@@ -590,7 +590,7 @@ fn blocks_left_unread_are_read_when_first_needed_and_hold_what_the_commit_named(
     src.checkpoint(&mut m);
     let named = m.named_usage(seg);
     assert_eq!(named.0, 5);
-    let mut n = reopen_named(&m, &src, 0, seg);
+    let mut n = reopen_named(&mut m, &src, 0, seg);
     assert_eq!((n.allocated_pages(), n.unread_blocks()), (5, 2));
     assert_eq!(n.named_usage(seg), named, "the next commit says the same");
     assert_eq!(map_bytes(&n, seg), map_bytes(&m, seg));
@@ -646,7 +646,7 @@ fn a_page_of_an_unread_block_is_refused_until_the_block_is_read() {
     m.set(DIR_PAGES * MAP_PAGE_BLOCKS + 3, entry(1));
     m.set(3, entry(2));
     src.checkpoint(&mut m);
-    let n = reopen_named(&m, &src, 0, seg);
+    let n = reopen_named(&mut m, &src, 0, seg);
     // An unmapped-looking LBA of the unread block: not known yet.
     n.get(DIR_PAGES * MAP_PAGE_BLOCKS + 600);
 }

@@ -81,6 +81,57 @@ fn take_uses(from: &mut Vec<SegmentUse>, less: &[SegmentUse]) -> Result<(), Stri
     Ok(())
 }
 
+/// What a directory block's records other than its MAP_DIR hold: its
+/// pages with records (page slots only, not tables) and per segment the
+/// bytes and highest seq of its pages', tables' and list's records.
+pub(super) struct Holds {
+    pages: u64,
+    uses: Vec<SegmentUse>,
+}
+
+/// The parts of a block `Holds::of` reads.
+struct BlockView<'a> {
+    refs: &'a [(u16, PageRef)],
+    packed: Option<&'a DirSummary>,
+    list: Option<PageRef>,
+}
+
+fn d_view(d: &DirBlock) -> BlockView<'_> {
+    BlockView {
+        refs: &d.refs,
+        packed: d.packed.as_ref().map(|p| &p.summary),
+        list: d.list,
+    }
+}
+
+impl Holds {
+    /// Block `b`'s (of a map of `npages` pages): a packed one's by its
+    /// summary, a decoded one's by its records.
+    fn of(d: BlockView<'_>, b: usize, npages: usize, segments: Segments) -> Holds {
+        let mut uses = Vec::new();
+        let note = |uses: &mut Vec<SegmentUse>, r: &PageRef| {
+            if let Some(s) = segments.locate(r.offset) {
+                add_use(uses, s, u64::from(r.len), r.seq);
+            }
+        };
+        let pages = match d.packed {
+            Some(s) => {
+                uses = s.uses.clone();
+                u64::from(s.pages)
+            }
+            None => {
+                d.refs.iter().for_each(|(_, r)| note(&mut uses, r));
+                let base = b * DIR_SLOTS;
+                (d.refs.iter())
+                    .filter(|(k, _)| base + (*k as usize) < npages)
+                    .count() as u64
+            }
+        };
+        d.list.iter().for_each(|r| note(&mut uses, r));
+        Holds { pages, uses }
+    }
+}
+
 impl Unread {
     /// None unread, of a directory of `blocks` blocks.
     pub(super) fn new(blocks: usize) -> Unread {
@@ -147,6 +198,7 @@ impl BlockMap {
             list: None,
             dirty: false,
             unread: true,
+            holds: None,
         }));
         self.unread.blocks += 1;
         self.unread.set.set(b, true);
@@ -186,48 +238,34 @@ impl BlockMap {
     /// segment what they name other than their MAP_DIR records: their
     /// pages' and tables' records (a packed block's by its summary) and
     /// their lists kept apart. (A page changed since the last checkpoint
-    /// may have entries and no record yet: not counted.)
-    fn read_uses(&self, segments: Segments) -> (u64, Vec<SegmentUse>) {
-        let mut all: Vec<(u64, u64, u64)> = Vec::new();
+    /// may have entries and no record yet: not counted.) Each block's
+    /// share is kept until its records change (`Holds`), so a commit sums
+    /// a few uses per block, not a record per page.
+    fn read_uses(&mut self, segments: Segments) -> (u64, Vec<SegmentUse>) {
+        let npages = self.pages.len();
+        let mut all: Vec<SegmentUse> = Vec::new();
         let mut pages = 0u64;
-        let note = |all: &mut Vec<(u64, u64, u64)>, r: &PageRef| {
-            if let Some(s) = segments.locate(r.offset) {
-                all.push((s, u64::from(r.len), r.seq));
-            }
-        };
-        for (b, d) in (self.dirs.iter().enumerate()).filter_map(|(b, d)| Some((b, d.as_ref()?))) {
+        for (b, d) in (self.dirs.iter_mut().enumerate()).filter_map(|(b, d)| Some((b, d.as_mut()?)))
+        {
             if d.unread {
                 continue;
             }
-            d.list.iter().for_each(|r| note(&mut all, r));
-            match &d.packed {
-                Some(p) => {
-                    pages += u64::from(p.summary.pages);
-                    (p.summary.uses.iter()).for_each(|u| all.push((u.segment, u.bytes, u.max_seq)))
-                }
-                None => {
-                    let base = b * DIR_SLOTS;
-                    let npages = self.pages.len();
-                    pages += (d.refs.iter())
-                        .filter(|(k, _)| base + (*k as usize) < npages)
-                        .count() as u64;
-                    d.refs.iter().for_each(|(_, r)| note(&mut all, r));
-                }
+            if d.holds.is_none() {
+                d.holds = Some(Box::new(Holds::of(d_view(d), b, npages, segments)));
             }
+            let holds = d.holds.as_ref().expect("made above");
+            pages += holds.pages;
+            all.extend_from_slice(&holds.uses);
         }
-        all.sort_unstable_by_key(|u| u.0);
+        all.sort_unstable_by_key(|u| u.segment);
         let mut out: Vec<SegmentUse> = Vec::new();
-        for (segment, bytes, seq) in all {
+        for u in all {
             match out.last_mut() {
-                Some(u) if u.segment == segment => {
-                    u.bytes += bytes;
-                    u.max_seq = u.max_seq.max(seq);
+                Some(o) if o.segment == u.segment => {
+                    o.bytes += u.bytes;
+                    o.max_seq = o.max_seq.max(u.max_seq);
                 }
-                _ => out.push(SegmentUse {
-                    segment,
-                    bytes,
-                    max_seq: seq,
-                }),
+                _ => out.push(u),
             }
         }
         (pages, out)
@@ -237,7 +275,7 @@ impl BlockMap {
     /// pages it names records of, and per segment what its records other
     /// than the MAP_DIRs hold (the unread blocks' totals with the
     /// others').
-    pub fn named_usage(&self, segments: Segments) -> (u64, Vec<SegmentUse>) {
+    pub fn named_usage(&mut self, segments: Segments) -> (u64, Vec<SegmentUse>) {
         let (pages, mut uses) = self.read_uses(segments);
         for u in &self.unread.uses {
             add_use(&mut uses, u.segment, u.bytes, u.max_seq);
@@ -304,7 +342,9 @@ impl BlockMap {
         self.unread.pages = left;
         self.unread.blocks -= 1;
         self.unread.set.set(b, false);
-        self.dirs[b].as_mut().expect("unread above").unread = false;
+        let d = self.dirs[b].as_mut().expect("unread above");
+        d.unread = false;
+        d.holds = None;
         match loaded {
             DirLoaded::Pages(list) => {
                 list.iter().for_each(|&(p, _)| self.allocate(p as usize));

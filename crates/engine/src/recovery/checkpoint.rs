@@ -371,7 +371,7 @@ fn load_commit_map(
             let first = first.expect("a record read above");
             load_paged(storage, sb, commit, first, load, &mut loaded)?;
             if let Some(named) = commit.named.as_ref().filter(|_| load == Load::Whole) {
-                named_matches(sb, commit, named, &loaded.map)?;
+                named_matches(sb, commit, named, &mut loaded.map)?;
             }
         }
         Some(_) => load_flat(storage, sb, p.commit_seq, commit, partial, &mut loaded)?,

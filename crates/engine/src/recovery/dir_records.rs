@@ -79,7 +79,7 @@ pub(super) fn named_matches(
     sb: &Superblock,
     commit: &CommitPayload,
     named: &NamedDir,
-    map: &BlockMap,
+    map: &mut BlockMap,
 ) -> Result<(), CheckpointError> {
     let bad = |why: &str| Err(CheckpointError::NamedDir(why.to_string()));
     let dirs = map.dir_records().unwrap_or_default();

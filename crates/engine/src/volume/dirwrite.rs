@@ -50,8 +50,8 @@ pub(super) fn dir_list_payload(pages: &[(u64, PageRef)]) -> Vec<u8> {
 /// seq of each MAP_DIR it names (`dirs`, in block order), and the whole
 /// map's allocated pages and records per segment, so that open can leave
 /// a block unread.
-pub(super) fn named_dir(sb: &Superblock, st: &State, dirs: &[(usize, PageRef)]) -> NamedDir {
-    let map = st.live.map();
+pub(super) fn named_dir(sb: &Superblock, st: &mut State, dirs: &[(usize, PageRef)]) -> NamedDir {
+    let map = st.live.map_mut();
     let (allocated_pages, uses) = map.named_usage(crate::map::Segments::of(sb));
     NamedDir {
         blocks: (dirs.iter())

@@ -600,7 +600,8 @@ impl Volume {
                 crc: r.crc,
             })
             .collect();
-        let named = (self.sb.flags & FLAG_DIR_NAMED != 0).then(|| named_dir(&self.sb, &st, &dirs));
+        let named =
+            (self.sb.flags & FLAG_DIR_NAMED != 0).then(|| named_dir(&self.sb, &mut st, &dirs));
         let commit = CommitPayload {
             snapshot_seq: snap.seq,
             logical_blocks: self.sb.logical_blocks(),
