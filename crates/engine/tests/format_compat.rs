@@ -274,6 +274,34 @@ fn an_older_volumes_directory_lists_are_moved_apart_at_its_next_checkpoint() {
     );
 }
 
+/// A volume whose commits do not name their directory (made by the cvol
+/// before them, `unnamed-dirs-volume`: lists apart, the last two
+/// checkpoints carrying the last two blocks over) gets the flag at its
+/// first open for writing, and the checkpoints after it name the
+/// directory: an open after two of them leaves the two carried blocks
+/// unread, reads each (and its list) when first needed, and the volume
+/// reads and checks as before (mutation: writing unnamed commits leaves
+/// both read at open, packed).
+#[test]
+fn an_older_volumes_commits_name_their_directory_from_its_next_checkpoint() {
+    use cvol_format::superblock::FLAG_DIR_NAMED;
+    let sim = volume_of(include_bytes!("fixtures/unnamed-dirs-volume.sectors"));
+    two_sessions_then_read(
+        &sim,
+        FLAG_DIR_NAMED,
+        |vol| {
+            assert_eq!(vol.map_dir_blocks_unread(), 2);
+            assert_eq!(vol.map_dir_blocks_packed(), 0);
+            assert_eq!(vol.map_dir_blocks_read(), 0);
+        },
+        |vol| {
+            assert_eq!(vol.map_dir_blocks_unread(), 0);
+            assert_eq!(vol.map_dir_blocks_read(), 2);
+            assert_eq!(vol.map_dir_lists_read(), 2);
+        },
+    );
+}
+
 /// Liveness tables written before they carried their row counts: open
 /// checks and counts their rows; the tables a checkpoint writes after
 /// carry counts, and an open after it takes them and leaves the rows
