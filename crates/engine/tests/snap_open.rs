@@ -400,13 +400,13 @@ fn open_leaves_directory_blocks_unread_and_counts_their_records_live() {
     assert_eq!(pool.engine().map_dir_lists_read(), unread);
 }
 
-#[test]
-fn a_damaged_directory_list_kept_apart_is_an_error_where_it_is_used() {
-    // The snapshot's directory block is left unread at open, its list
-    // (a record of its own) too: damage in that list does not stop the
-    // open, and surfaces where the list is needed (the snapshot's reads),
-    // in scrub and in check (mutation: reading the lists of blocks left
-    // unread at open, as an inline list was, refuses the open).
+/// Flips a bit (at `byte` of the payload) in each MAP_DIR record of codec
+/// `codec` in the directory blocks of the snapshot of
+/// `snapshotted_pool_of_its_own_blocks`, then opens the pool: the blocks
+/// are left unread, the volume reads its own blocks, the snapshot's reads
+/// fail as Corrupt (the blocks staying unread), and scrub and `check`
+/// report the damage.
+fn damaged_snapshot_records_are_errors_where_used(codec: CodecTag, byte: u64) {
     let store = snapshotted_pool_of_its_own_blocks();
     let uuid = {
         let pool = open_pool(&store);
@@ -417,18 +417,17 @@ fn a_damaged_directory_list_kept_apart_is_an_error_where_it_is_used() {
     let t = table(&store, &uuid);
     let s = t.snapshot("default", "s").expect("the snapshot");
     let block_lbas = DIR_PAGES * MAP_PAGE_BLOCKS;
-    let mut lists = Vec::new();
+    let mut damaged = Vec::new();
     for &e in s.extents.iter().filter(|&&e| e != NO_EXTENT) {
         let lba = u64::from(e) * EXTENT_BLOCKS / block_lbas * block_lbas;
         let recs = common::records_of(&store, RecordKind::MapDir, lba);
-        lists.extend(
-            (recs.into_iter())
-                .filter(|&at| common::record_header(&store, at).codec == CodecTag::Lz4),
+        damaged.extend(
+            (recs.into_iter()).filter(|&at| common::record_header(&store, at).codec == codec),
         );
     }
-    assert!(!lists.is_empty(), "the snapshot's block has its list apart");
-    for &at in &lists {
-        store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 2, 5);
+    assert!(!damaged.is_empty(), "the snapshot's block has such records");
+    for &at in &damaged {
+        store.flip_bit(at + RECORD_HEADER_BYTES as u64 + byte, 5);
     }
     store.sync().unwrap();
     let pool = open_pool(&store);
@@ -438,66 +437,31 @@ fn a_damaged_directory_list_kept_apart_is_an_error_where_it_is_used() {
     let mut b = vec![0u8; BS];
     v.read_at(7 * BSU, &mut b).unwrap();
     assert!(b == block(7, 3), "the volume reads its own blocks");
-    let e = snap.read_at(7 * BSU, &mut b).expect_err("a damaged list");
+    let e = snap.read_at(7 * BSU, &mut b).expect_err("a damaged record");
     assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
     let scrub = pool.engine().scrub(&ScrubOptions::default(), &|_| {});
     let scrub = scrub.expect("no scrub runs");
-    assert!(!scrub.metadata_errors.is_empty(), "scrub reports the list");
+    assert!(!scrub.metadata_errors.is_empty(), "scrub reports it");
     drop((v, snap));
     drop(pool);
     let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
-    assert!(!rep.consistent(), "check finds the damaged list");
+    assert!(!rep.consistent(), "check finds it");
+}
+
+#[test]
+fn a_damaged_directory_list_kept_apart_is_an_error_where_it_is_used() {
+    // The snapshot's directory block is left unread at open, its list
+    // (a record of its own, lz4) too: damage in that list does not stop
+    // the open, and surfaces where the list is needed (mutation: reading
+    // the lists of blocks left unread at open, as an inline list was,
+    // refuses the open).
+    damaged_snapshot_records_are_errors_where_used(CodecTag::Lz4, 2);
 }
 
 #[test]
 fn a_damaged_directory_block_left_unread_is_an_error_where_it_is_used() {
-    // The snapshot's directory blocks are named by the commit and left
-    // unread at open: damage to a block's own record (its summary) does
-    // not stop the open, and surfaces where the block is needed (the
-    // snapshot's reads), in scrub and in check (mutation: reading every
-    // block at open, as before the commit named them, refuses the open).
-    let store = snapshotted_pool_of_its_own_blocks();
-    let uuid = {
-        let pool = open_pool(&store);
-        let uuid = pool.engine().superblock().uuid;
-        pool.engine().close().unwrap();
-        uuid
-    };
-    let t = table(&store, &uuid);
-    let s = t.snapshot("default", "s").expect("the snapshot");
-    let block_lbas = DIR_PAGES * MAP_PAGE_BLOCKS;
-    let mut summaries = Vec::new();
-    for &e in s.extents.iter().filter(|&&e| e != NO_EXTENT) {
-        let lba = u64::from(e) * EXTENT_BLOCKS / block_lbas * block_lbas;
-        let recs = common::records_of(&store, RecordKind::MapDir, lba);
-        summaries.extend(
-            (recs.into_iter())
-                .filter(|&at| common::record_header(&store, at).codec == CodecTag::None),
-        );
-    }
-    assert!(!summaries.is_empty(), "the snapshot's block is summarized");
-    for &at in &summaries {
-        store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 9, 3);
-    }
-    store.sync().unwrap();
-    let pool = open_pool(&store);
-    assert!(pool.engine().map_dir_blocks_unread() >= 1);
-    let v = pool.volume("default").expect("default");
-    let snap = pool.volume("default@s").expect("the snapshot's view");
-    let mut b = vec![0u8; BS];
-    v.read_at(7 * BSU, &mut b).unwrap();
-    assert!(b == block(7, 3), "the volume reads its own blocks");
-    let e = snap.read_at(7 * BSU, &mut b).expect_err("a damaged block");
-    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
-    assert!(
-        pool.engine().map_dir_blocks_unread() >= 1,
-        "it stays unread"
-    );
-    let scrub = pool.engine().scrub(&ScrubOptions::default(), &|_| {});
-    let scrub = scrub.expect("no scrub runs");
-    assert!(!scrub.metadata_errors.is_empty(), "scrub reports the block");
-    drop((v, snap));
-    drop(pool);
-    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
-    assert!(!rep.consistent(), "check finds the damaged block");
+    // The same with the block's own record (its summary, codec none)
+    // damaged (mutation: reading every block at open, as before the
+    // commit named them, refuses the open).
+    damaged_snapshot_records_are_errors_where_used(CodecTag::None, 9);
 }

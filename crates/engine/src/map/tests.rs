@@ -544,6 +544,13 @@ fn a_page_added_to_a_packed_block_is_written_with_its_list() {
     assert_eq!(named, vec![3, 5, 9, 700]);
 }
 
+/// Segments of 4 bytes: the test records' offsets count up from 1.
+const SEGMENTS: Segments = Segments {
+    data_offset: 0,
+    segment_size: 4,
+    count: 1 << 20,
+};
+
 /// The map `m` reopened as a named directory's commit leaves it: block
 /// `read`'s list taken, every other block named by its record alone, and
 /// the commit's totals (`named_usage` of `m`) given.
@@ -577,11 +584,7 @@ fn map_bytes(m: &BlockMap, seg: Segments) -> Vec<(u64, u64)> {
 #[test]
 fn blocks_left_unread_are_read_when_first_needed_and_hold_what_the_commit_named() {
     let src = Records::default();
-    let seg = Segments {
-        data_offset: 0,
-        segment_size: 4,
-        count: 1 << 20,
-    };
+    let seg = SEGMENTS;
     let mut m = BlockMap::new(DIR_PAGES * 3 * MAP_PAGE_BLOCKS);
     let pages = [0, 5, DIR_PAGES, DIR_PAGES + 7, 2 * DIR_PAGES + 1];
     for p in pages {
@@ -637,11 +640,7 @@ fn blocks_left_unread_are_read_when_first_needed_and_hold_what_the_commit_named(
 #[should_panic(expected = "not faulted in")]
 fn a_page_of_an_unread_block_is_refused_until_the_block_is_read() {
     let src = Records::default();
-    let seg = Segments {
-        data_offset: 0,
-        segment_size: 4,
-        count: 1 << 20,
-    };
+    let seg = SEGMENTS;
     let mut m = BlockMap::new(DIR_PAGES * 2 * MAP_PAGE_BLOCKS);
     m.set(DIR_PAGES * MAP_PAGE_BLOCKS + 3, entry(1));
     m.set(3, entry(2));
@@ -654,11 +653,7 @@ fn a_page_of_an_unread_block_is_refused_until_the_block_is_read() {
 #[test]
 fn totals_that_disagree_with_the_blocks_are_damage() {
     let src = Records::default();
-    let seg = Segments {
-        data_offset: 0,
-        segment_size: 4,
-        count: 1 << 20,
-    };
+    let seg = SEGMENTS;
     let mut m = BlockMap::new(DIR_PAGES * 2 * MAP_PAGE_BLOCKS);
     for p in [1, 2, DIR_PAGES + 1] {
         m.set(p * MAP_PAGE_BLOCKS, entry(p));
