@@ -586,14 +586,16 @@ mod tests {
             | FLAG_FP_TABLES
             | FLAG_POOL
             | FLAG_DIR_SUMMARY
-            | FLAG_DIR_LIST_APART;
+            | FLAG_DIR_LIST_APART
+            | FLAG_DIR_NAMED;
         assert_eq!(FLAG_HOOK_SNAPSHOT, 1 << 11);
         assert_eq!(FLAG_POOL, 1 << 12);
         assert_eq!(FLAG_DIR_SUMMARY, 1 << 14);
         assert_eq!(FLAG_DIR_LIST_APART, 1 << 15);
+        assert_eq!(FLAG_DIR_NAMED, 1 << 16);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap().flags, sb.flags);
         assert!(sb.is_pool());
-        sb.flags |= FLAG_DIR_LIST_APART << 1;
+        sb.flags |= FLAG_DIR_NAMED << 1;
         assert_eq!(
             Superblock::decode(&sb.encode()),
             Err(FormatError::Invalid("unknown superblock flags"))
