@@ -195,6 +195,13 @@ impl Head {
         }
     }
 
+    /// Takes `bytes` (the open segment read whole) as the buffer, its
+    /// first `end` bytes kept, at open (no write-behind can run yet).
+    pub fn adopt(&mut self, bytes: Vec<u8>, end: usize) {
+        assert!(end <= self.fill && bytes.len() == self.buf.len());
+        self.buf = Arc::new(SegBuf::from_bytes(bytes, end));
+    }
+
     /// The whole buffer, to load the open segment's bytes at open (no
     /// write-behind can run yet).
     pub fn buf_mut(&mut self) -> &mut [u8] {

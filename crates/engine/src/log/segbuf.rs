@@ -28,9 +28,27 @@ pub struct SegBuf {
 unsafe impl Sync for SegBuf {}
 
 impl SegBuf {
+    /// A zeroed buffer of `len` bytes, allocated zeroed: its pages are
+    /// touched only as they are used.
     pub fn new(len: usize) -> SegBuf {
+        SegBuf::from_boxed(vec![0u8; len].into_boxed_slice())
+    }
+
+    /// A buffer holding `bytes[..keep]`, zero after: the bytes of a
+    /// segment read whole (at open, by roll-forward), taken as they are
+    /// rather than read again.
+    pub fn from_bytes(mut bytes: Vec<u8>, keep: usize) -> SegBuf {
+        bytes[keep..].fill(0);
+        SegBuf::from_boxed(bytes.into_boxed_slice())
+    }
+
+    fn from_boxed(bytes: Box<[u8]>) -> SegBuf {
+        // SAFETY: UnsafeCell<u8> is repr(transparent) over u8, so a boxed
+        // slice of one is a boxed slice of the other: same length, same
+        // allocation and layout.
+        let cells = unsafe { Box::from_raw(Box::into_raw(bytes) as *mut [UnsafeCell<u8>]) };
         SegBuf {
-            cells: (0..len).map(|_| UnsafeCell::new(0)).collect(),
+            cells,
             inflight: Mutex::new(0),
             idle: Condvar::new(),
             failed: AtomicBool::new(false),

@@ -374,6 +374,7 @@ impl<'a> Chain<'a> {
             rolled_segments: self.rolled_segments,
             tables: None,
             new_records: self.new_records,
+            head_segment: None,
         }
     }
 }

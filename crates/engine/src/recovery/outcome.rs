@@ -36,6 +36,9 @@ pub struct Recovered {
     pub(crate) tables: Option<LoadedTables>,
     /// Offsets of the DATA records roll-forward replayed.
     pub(crate) new_records: Vec<u64>,
+    /// The end's segment as roll-forward read it whole (when it did): the
+    /// log's open segment, which open then need not read again.
+    pub(crate) head_segment: Option<Vec<u8>>,
 }
 
 /// What `salvage` could not save.

@@ -240,6 +240,7 @@ pub(super) fn rebuild_from_log(
         rolled_segments: Vec::new(),
         tables: None,
         new_records: Vec::new(),
+        head_segment: None,
     })
 }
 

@@ -358,6 +358,7 @@ impl SalvageCursor {
             salvage: Some(salvage),
             tables: None,
             new_records: Vec::new(),
+            head_segment: None,
         };
         SalvageWalk {
             recovered,

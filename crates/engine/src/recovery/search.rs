@@ -95,7 +95,7 @@ fn replay_without_checkpoint(
     let start = log_start(index).ok_or(RecoveryError::NeverInitialised)?;
     let mut map = volume_map(sb);
     let (r, read) = roll_forward(storage, sb, &mut map, start, index, known)?;
-    let beyond = certified_beyond(storage, sb, &r, index, read);
+    let beyond = certified_beyond(storage, sb, &r, index, &read);
     if let Some(certified) = beyond.or((flush_mark > r.last_seq).then_some(flush_mark)) {
         return Err(RecoveryError::ChainEndsBeforeCertified {
             last_seq: r.last_seq,
@@ -107,6 +107,7 @@ fn replay_without_checkpoint(
         map,
         checkpoint_generation: 0,
         warnings,
+        head_segment: head_segment(read, r.segment),
         ..r
     })
 }
@@ -230,7 +231,7 @@ impl CheckpointSearch<'_> {
                 return Ok(None);
             }
         };
-        if let Some(certified) = certified_beyond(storage, sb, &r, self.index, read) {
+        if let Some(certified) = certified_beyond(storage, sb, &r, self.index, &read) {
             self.warnings.push(format!(
                 "{what}: its chain of records ends at seq {}, below seq {certified} that a \
                  later SYNCED record certifies",
@@ -267,6 +268,7 @@ impl CheckpointSearch<'_> {
             checkpoint_generation: p.generation,
             warnings: std::mem::take(&mut self.warnings),
             tables,
+            head_segment: head_segment(read, r.segment),
             ..r
         }))
     }
@@ -326,6 +328,11 @@ impl CheckpointSearch<'_> {
     }
 }
 
+/// The end's segment `segment` among those roll-forward read whole.
+fn head_segment(read: ReadSegments, segment: u64) -> Option<Vec<u8>> {
+    (read.into_iter()).find_map(|(s, buf)| (s == segment).then_some(buf))
+}
+
 /// The highest seq a SYNCED record found beyond the recovered chain's end
 /// certifies as flushed, if the chain did not reach it: records the chain
 /// should have passed are damaged (a crash's unsynced tail never is
@@ -336,7 +343,7 @@ fn certified_beyond(
     sb: &Superblock,
     r: &Recovered,
     index: &HashMap<u64, Vec<u64>>,
-    read: ReadSegments,
+    read: &ReadSegments,
 ) -> Option<u64> {
     // The end's segment, those the roll-forward passed through (a record
     // copied elsewhere by a misdirected write can lead the chain away from

@@ -693,12 +693,17 @@ fn recovered_state(
         );
     }
     let mut log = Log::new(sb, segs, r.segment, fill, r.last_epoch, r.last_seq + 1);
-    storage
-        .read_at(
-            sb.segment_offset(r.segment),
-            &mut log.head.buf_mut()[..r.end],
-        )
-        .map_err(VolError::Io)?;
+    // The segment as roll-forward read it, if it did (nothing has written
+    // since): not read again.
+    match r.head_segment.take() {
+        Some(bytes) if bytes.len() as u64 == sb.segment_size_bytes => log.head.adopt(bytes, r.end),
+        _ => storage
+            .read_at(
+                sb.segment_offset(r.segment),
+                &mut log.head.buf_mut()[..r.end],
+            )
+            .map_err(VolError::Io)?,
+    }
     Ok(State::new(
         live,
         log,
