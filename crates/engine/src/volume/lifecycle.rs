@@ -669,8 +669,8 @@ fn recovered_tables(
 }
 
 /// The state of a recovered volume: the map with its tables rebuilt, the
-/// log head after the chain's last record (its segment read back into the
-/// buffer).
+/// log head after the chain's last record (its segment in the buffer, as
+/// roll-forward read it, else read back).
 fn recovered_state(
     storage: &dyn Storage,
     sb: &Superblock,
