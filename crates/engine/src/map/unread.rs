@@ -58,6 +58,14 @@ fn add_use(uses: &mut Vec<SegmentUse>, segment: u64, bytes: u64, seq: u64) {
     }
 }
 
+/// Adds record `r` to `uses` in its segment (a record in none: left out,
+/// as `DirSummary::of` leaves it).
+fn add_ref(uses: &mut Vec<SegmentUse>, segments: Segments, r: &PageRef) {
+    if let Some(s) = segments.locate(r.offset) {
+        add_use(uses, s, u64::from(r.len), r.seq);
+    }
+}
+
 /// Takes `less` (per segment) from `from`: every segment of `less` must
 /// be in `from` with as many bytes or more. A segment left without bytes
 /// goes. On a shortfall `from` is unchanged.
@@ -109,11 +117,7 @@ impl Holds {
     /// summary, a decoded one's by its records.
     fn of(d: BlockView<'_>, b: usize, npages: usize, segments: Segments) -> Holds {
         let mut uses = Vec::new();
-        let note = |uses: &mut Vec<SegmentUse>, r: &PageRef| {
-            if let Some(s) = segments.locate(r.offset) {
-                add_use(uses, s, u64::from(r.len), r.seq);
-            }
-        };
+        let note = |uses: &mut Vec<SegmentUse>, r: &PageRef| add_ref(uses, segments, r);
         let pages = match d.packed {
             Some(s) => {
                 uses = s.uses.clone();
@@ -148,11 +152,7 @@ impl DirLoaded {
     /// Its pages with entries, and what its records hold per segment (its
     /// list apart included).
     fn holds(&self, segments: Segments) -> (u64, Vec<SegmentUse>) {
-        let note = |uses: &mut Vec<SegmentUse>, r: &PageRef| {
-            if let Some(s) = segments.locate(r.offset) {
-                add_use(uses, s, u64::from(r.len), r.seq);
-            }
-        };
+        let note = |uses: &mut Vec<SegmentUse>, r: &PageRef| add_ref(uses, segments, r);
         match self {
             DirLoaded::Pages(pages) => {
                 let mut uses = Vec::new();
