@@ -870,6 +870,33 @@ fn an_unreadable_table_slot_leaves_the_other() {
     }
 }
 
+/// Open reads the payload of the slot whose header names the newest
+/// generation and the other slot's only if that one does not decode: a
+/// newest table damaged past its header (its payload checksum fails)
+/// leaves the previous one, and damage to the previous one's payload
+/// changes nothing.
+#[test]
+fn a_damaged_newest_table_payload_leaves_the_previous_table() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let (store, pool, _) = new_pool(&mut rng);
+    pool.create_volume("x", 64 * BSU).unwrap();
+    pool.create_volume("y", 64 * BSU).unwrap();
+    pool.engine().close().unwrap();
+    drop(pool);
+    let gen = raw_table(&store, &read_uuid(&store)).generation;
+    for (slot, names) in [
+        (1 - gen % 2, vec!["default", "x", "y"]),
+        (gen % 2, vec!["default", "x"]),
+    ] {
+        let s = store.snapshot_live();
+        // A byte of the payload, after the 48-byte header.
+        s.flip_bit(POOL_SLOT_OFFSETS[slot as usize] + 60, 3);
+        let pool = open_pool(&s);
+        let got: Vec<_> = pool.volumes().into_iter().map(|v| v.name).collect();
+        assert_eq!(got, names, "payload of slot {slot} damaged");
+    }
+}
+
 /// A shrink's tail is unmapped after its table, unflushed: a power cut
 /// right after may leave it mapped past the end. A grow must not expose it.
 #[test]

@@ -84,49 +84,53 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Reads the newest valid table of the volume `uuid`.
+/// Reads the newest valid table of the volume `uuid`: the slots' headers
+/// first, then the payload of the newest whose header is valid, and the
+/// other's only if that one does not decode. (The older slot's payload is
+/// the fallback of a torn write, not read at every open: `cvol check`
+/// reads both.)
 fn read_table(storage: &dyn Storage, sb: &cvol_format::Superblock) -> Result<PoolTable, PoolError> {
     let uuid = &sb.uuid;
-    let mut best: Option<PoolTable> = None;
     let mut why = Vec::new();
+    // (slot, generation, payload length) of the valid headers.
+    let mut heads = Vec::new();
     for (i, &off) in POOL_SLOT_OFFSETS.iter().enumerate() {
         // A slot that fails to read is invalid, as a torn or damaged one
         // is: the other is the table.
-        let mut head = vec![0u8; POOL_HEADER_BYTES];
-        if let Err(e) = storage.read_at(off, &mut head) {
-            why.push(format!("slot {i}: {e}"));
-            continue;
+        let mut head = [0u8; POOL_HEADER_BYTES];
+        match storage.read_at(off, &mut head) {
+            Err(e) => why.push(format!("slot {i}: {e}")),
+            Ok(()) => match PoolTable::payload_len(&head, uuid) {
+                Ok(n) => heads.push((i, PoolTable::header_generation(&head), n)),
+                Err(e) => why.push(format!("slot {i}: {e}")),
+            },
         }
-        let t = PoolTable::payload_len(&head, uuid).and_then(|n| {
-            let mut b = vec![0u8; POOL_HEADER_BYTES + n];
-            storage
-                .read_at(off, &mut b)
-                .map_err(|_| cvol_format::FormatError::Invalid("pool table slot unreadable"))?;
-            PoolTable::decode_with(&b, uuid, sb.sealer())
-        });
+    }
+    heads.sort_unstable_by_key(|&(_, g, _)| std::cmp::Reverse(g));
+    for (i, _, n) in heads {
+        let mut b = vec![0u8; POOL_HEADER_BYTES + n];
+        let t = storage
+            .read_at(POOL_SLOT_OFFSETS[i], &mut b)
+            .map_err(|_| cvol_format::FormatError::Invalid("pool table slot unreadable"))
+            .and_then(|()| PoolTable::decode_with(&b, uuid, sb.sealer()));
         match t {
             Ok(t) if t.slot() != i => why.push(format!("slot {i}: generation in the wrong slot")),
-            // The other slot's table, one generation older, is normal.
-            Ok(t) if best.as_ref().is_none_or(|b| b.generation < t.generation) => best = Some(t),
-            Ok(_) => {}
+            Ok(t) => {
+                // A fresh pool has one slot written; otherwise the other
+                // slot was torn by a crash, or damaged since: worth a line.
+                if t.generation > 1 && !why.is_empty() {
+                    tracing::warn!(
+                        "pool table: using generation {} ({})",
+                        t.generation,
+                        why.join("; ")
+                    );
+                }
+                return Ok(t);
+            }
             Err(e) => why.push(format!("slot {i}: {e}")),
         }
     }
-    match best {
-        Some(t) => {
-            // A fresh pool has one slot written; otherwise the other slot
-            // was torn by a crash, or damaged since: worth a line.
-            if t.generation > 1 && !why.is_empty() {
-                tracing::warn!(
-                    "pool table: using generation {} ({})",
-                    t.generation,
-                    why.join("; ")
-                );
-            }
-            Ok(t)
-        }
-        None => Err(PoolError::Table(why.join("; "))),
-    }
+    Err(PoolError::Table(why.join("; ")))
 }
 
 /// Writes `t` to its slot and syncs.

@@ -275,6 +275,12 @@ impl PoolTable {
         Ok(n)
     }
 
+    /// The generation a slot's header names (check it with `payload_len`
+    /// first).
+    pub fn header_generation(h: &[u8; POOL_HEADER_BYTES]) -> u64 {
+        u64::from_le_bytes(h[16..24].try_into().unwrap())
+    }
+
     /// Decodes a slot image (header and payload) of the volume `uuid`.
     pub fn decode(b: &[u8], uuid: &[u8; 16]) -> Result<PoolTable, FormatError> {
         PoolTable::decode_with(b, uuid, None)
