@@ -92,9 +92,6 @@ struct DirBlock {
     list: Option<PageRef>,
     /// Changed since `record` was written.
     dirty: bool,
-    /// Named by its record alone, not read yet (`unread`): nothing else
-    /// is known of it.
-    unread: bool,
     /// What its pages' and list's records hold (`unread::Holds`), kept
     /// until they change: what each commit sums (`named_usage`).
     holds: Option<Box<unread::Holds>>,
@@ -474,6 +471,7 @@ impl BlockMap {
     /// record named before.
     fn set_ref(&mut self, p: usize, r: Option<PageRef>) {
         let (b, k) = (p / DIR_SLOTS, p % DIR_SLOTS);
+        assert!(!self.unread_at(p), "directory block {b} changed unread");
         if self.dirs[b].is_none() {
             if r.is_none() {
                 return;
@@ -484,13 +482,12 @@ impl BlockMap {
                 record: None,
                 list: None,
                 dirty: true,
-                unread: false,
                 holds: None,
             }));
         }
         let d = self.dirs[b].as_mut().expect("made above");
         assert!(
-            d.packed.is_none() && !d.unread,
+            d.packed.is_none(),
             "directory block {b} changed while packed"
         );
         let old = d.replace(k, r);
@@ -500,9 +497,10 @@ impl BlockMap {
 
     /// Page `p`'s record, if it has one.
     pub fn page_ref(&self, p: usize) -> Option<PageRef> {
+        assert!(!self.unread_at(p), "page {p}'s directory block unread");
         let d = self.dirs[p / DIR_SLOTS].as_ref()?;
         assert!(
-            d.packed.is_none() && !d.unread,
+            d.packed.is_none(),
             "page {p}'s directory block read while packed"
         );
         d.get(p % DIR_SLOTS)
@@ -814,6 +812,7 @@ impl BlockMap {
             + bits.iter().map(|b| b.memory_bytes()).sum::<usize>()
             + self.dirs.capacity() * 8
             + dirs
+            + self.unread.memory_bytes()
             + self.clock.capacity() * 8
             + self.ref_sums.capacity() * 24) as u64
             + self.resident_bytes

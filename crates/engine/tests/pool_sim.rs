@@ -37,7 +37,7 @@ use common::sim::{self, h};
 use common::{BS, MIB};
 use cvol_engine::pool::{Pool, PoolError};
 use cvol_engine::{Codec, OpenOptions, VolError, Volume};
-use cvol_format::pool::{PoolTable, EXTENT_BLOCKS, POOL_EXTENTS, POOL_SLOT_OFFSETS};
+use cvol_format::pool::{PoolTable, EXTENT_BLOCKS, POOL_EXTENTS};
 use cvol_storage::{SimConfig, SimStorage};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::{BTreeMap, HashSet};
@@ -842,59 +842,6 @@ fn read_uuid(store: &SimStorage) -> [u8; 16] {
         .expect("a superblock")
         .0
         .uuid
-}
-
-/// A table slot that fails to read is an invalid slot: the pool opens
-/// with the other one (as it does when a slot's checksum fails).
-#[test]
-fn an_unreadable_table_slot_leaves_the_other() {
-    let mut rng = StdRng::seed_from_u64(2);
-    let (store, pool, _) = new_pool(&mut rng);
-    pool.create_volume("x", 64 * BSU).unwrap();
-    pool.create_volume("y", 64 * BSU).unwrap();
-    pool.engine().close().unwrap();
-    drop(pool);
-    let gen = raw_table(&store, &read_uuid(&store)).generation;
-    for (slot, names) in [
-        (gen % 2, vec!["default", "x"]),
-        (1 - gen % 2, vec!["default", "x", "y"]),
-    ] {
-        let off = POOL_SLOT_OFFSETS[slot as usize];
-        store.set_config(SimConfig {
-            bad_read_ranges: vec![(off, off + 512)],
-            ..SimConfig::default()
-        });
-        let pool = open_pool(&store);
-        let got: Vec<_> = pool.volumes().into_iter().map(|v| v.name).collect();
-        assert_eq!(got, names, "slot {slot} unreadable");
-    }
-}
-
-/// Open reads the payload of the slot whose header names the newest
-/// generation and the other slot's only if that one does not decode: a
-/// newest table damaged past its header (its payload checksum fails)
-/// leaves the previous one, and damage to the previous one's payload
-/// changes nothing.
-#[test]
-fn a_damaged_newest_table_payload_leaves_the_previous_table() {
-    let mut rng = StdRng::seed_from_u64(4);
-    let (store, pool, _) = new_pool(&mut rng);
-    pool.create_volume("x", 64 * BSU).unwrap();
-    pool.create_volume("y", 64 * BSU).unwrap();
-    pool.engine().close().unwrap();
-    drop(pool);
-    let gen = raw_table(&store, &read_uuid(&store)).generation;
-    for (slot, names) in [
-        (1 - gen % 2, vec!["default", "x", "y"]),
-        (gen % 2, vec!["default", "x"]),
-    ] {
-        let s = store.snapshot_live();
-        // A byte of the payload, after the 48-byte header.
-        s.flip_bit(POOL_SLOT_OFFSETS[slot as usize] + 60, 3);
-        let pool = open_pool(&s);
-        let got: Vec<_> = pool.volumes().into_iter().map(|v| v.name).collect();
-        assert_eq!(got, names, "payload of slot {slot} damaged");
-    }
 }
 
 /// A shrink's tail is unmapped after its table, unflushed: a power cut

@@ -400,6 +400,35 @@ fn open_leaves_directory_blocks_unread_and_counts_their_records_live() {
     assert_eq!(pool.engine().map_dir_lists_read(), unread);
 }
 
+/// A checkpoint taken while directory blocks are unread names them as
+/// they are: the next open takes it without a warning, leaves them unread
+/// again, and the snapshot reads its blocks (mutation: leaving unread
+/// blocks out of the directory the commit names loses the snapshot's
+/// pages, or makes open fall back).
+#[test]
+fn a_checkpoint_names_the_blocks_open_left_unread() {
+    let store = snapshotted_pool_of_its_own_blocks();
+    let pool = open_pool(&store);
+    let unread = pool.engine().map_dir_blocks_unread();
+    assert!(unread >= 1, "{unread} directory blocks left unread at open");
+    // (A write to the volume would read them: it looks up the snapshot's
+    // entry of the block it replaces.)
+    pool.engine().checkpoint().unwrap();
+    assert_eq!(
+        pool.engine().map_dir_blocks_unread(),
+        unread,
+        "read by the checkpoint"
+    );
+    pool.engine().close().unwrap();
+    drop(pool);
+    let pool = open_pool(&store);
+    assert_eq!(pool.engine().recovery_warnings(), [] as [String; 0]);
+    let again = pool.engine().map_dir_blocks_unread();
+    assert!(again >= unread, "{again} blocks unread, {unread} before");
+    drop(pool);
+    snapshot_reads_its_blocks_and_checks_clean(&store, "after a checkpoint with blocks unread");
+}
+
 /// Flips a bit (at `byte` of the payload) in each MAP_DIR record of codec
 /// `codec` in the directory blocks of the snapshot of
 /// `snapshotted_pool_of_its_own_blocks`, then opens the pool: the blocks

@@ -16,7 +16,7 @@ impl BlockMap {
                 continue;
             };
             assert!(
-                d.packed.is_none() && !d.unread,
+                d.packed.is_none(),
                 "directory block {b} changed while packed"
             );
             d.dirty = false;
@@ -63,10 +63,11 @@ impl BlockMap {
     }
 
     /// Is `offset` the record of directory block `b`, or of its list
-    /// kept apart?
+    /// kept apart? (An unread block's list is not known until the block
+    /// is read: `unpack` it first.)
     pub fn dir_record_is(&self, b: usize, offset: u64) -> bool {
         let Some(d) = self.dirs.get(b).and_then(|d| d.as_ref()) else {
-            return false;
+            return self.unread_record(b).is_some_and(|r| r.offset == offset);
         };
         [d.record, d.list]
             .iter()
@@ -78,9 +79,15 @@ impl BlockMap {
     /// block order; None if a block with pages has no record yet (changed
     /// since the last `take_dirty_dirs`).
     pub fn dir_records(&self) -> Option<Vec<(usize, PageRef)>> {
-        (self.dirs.iter().enumerate())
+        let read: Option<Vec<(usize, PageRef)>> = (self.dirs.iter().enumerate())
             .filter_map(|(b, d)| Some((b, d.as_ref()?)))
             .map(|(b, d)| Some((b, d.record?)))
-            .collect()
+            .collect();
+        let mut all = read?;
+        if !self.unread.records.is_empty() {
+            all.extend_from_slice(&self.unread.records);
+            all.sort_unstable_by_key(|&(b, _)| b);
+        }
+        Some(all)
     }
 }

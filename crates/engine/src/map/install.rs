@@ -55,7 +55,6 @@ impl BlockMap {
             record: None,
             list: None,
             dirty: true,
-            unread: false,
             holds: None,
         }));
     }

@@ -139,7 +139,6 @@ impl BlockMap {
             record: None,
             list: None,
             dirty: true,
-            unread: false,
             holds: None,
         }));
     }
@@ -153,11 +152,7 @@ impl BlockMap {
     /// apart read from `src` first). A list that does not read or decode,
     /// or disagrees with its summary, is damage.
     pub fn unpack(&mut self, b: usize, src: &dyn PageSource) -> Result<(), MetaError> {
-        if self
-            .dirs
-            .get(b)
-            .is_some_and(|d| d.as_ref().is_some_and(|d| d.unread))
-        {
+        if self.unread_record(b).is_some() {
             self.load_unread(b, src)?;
         }
         let Some(d) = self.dirs.get_mut(b).and_then(|d| d.as_mut()) else {
@@ -229,8 +224,8 @@ impl BlockMap {
     /// their summaries alone.
     pub fn mark_inline_lists_dirty(&mut self, src: &dyn PageSource) -> Result<(), MetaError> {
         for b in 0..self.dirs.len() {
-            let inline = (self.dirs[b].as_ref())
-                .is_some_and(|d| d.record.is_some() && d.list.is_none() && !d.unread);
+            let inline =
+                (self.dirs[b].as_ref()).is_some_and(|d| d.record.is_some() && d.list.is_none());
             if inline {
                 self.mark_dir_dirty(b, src)?;
             }
@@ -268,6 +263,9 @@ impl BlockMap {
                 Some(p) => p.summary.uses.iter().for_each(&mut uses),
                 None => d.refs.iter().for_each(|(_, r)| rec(r.offset, r.len)),
             }
+        }
+        for (_, r) in &self.unread.records {
+            rec(r.offset, r.len);
         }
         self.unread.uses.iter().for_each(&mut uses);
     }

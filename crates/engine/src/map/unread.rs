@@ -23,12 +23,16 @@ pub enum DirLoaded {
 }
 
 /// What the blocks left unread hold together: the commit's totals less
-/// the blocks open read, less each block read since.
+/// the blocks open read, less each block read since. An unread block has
+/// no `DirBlock` (nothing is allocated per block at open): its record is
+/// here, and its slot in the directory stays empty until it is read.
 pub(super) struct Unread {
     /// Blocks still unread.
     pub(super) blocks: usize,
     /// Which they are, by block.
     pub(super) set: Bits,
+    /// Their MAP_DIR records, by block (ascending).
+    pub(super) records: Vec<(usize, PageRef)>,
     /// Their pages with entries.
     pub(super) pages: u64,
     /// Per segment (ascending), the bytes and highest seq of the records
@@ -142,9 +146,22 @@ impl Unread {
         Unread {
             blocks: 0,
             set: Bits::new(blocks),
+            records: Vec::new(),
             pages: 0,
             uses: Vec::new(),
         }
+    }
+
+    /// Bytes of heap it uses.
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.set.memory_bytes()
+            + self.records.capacity() * std::mem::size_of::<(usize, PageRef)>()
+            + self.uses.capacity() * std::mem::size_of::<SegmentUse>()
+    }
+
+    /// Where block `b`'s record is in `records`.
+    fn find(&self, b: usize) -> Result<usize, usize> {
+        self.records.binary_search_by_key(&b, |&(k, _)| k)
     }
 }
 
@@ -191,15 +208,14 @@ impl BlockMap {
         if !fits || self.dirs.get(b).is_none_or(|d| d.is_some()) {
             return false;
         }
-        self.dirs[b] = Some(Box::new(DirBlock {
-            refs: Vec::new(),
-            packed: None,
-            record: Some(r),
-            list: None,
-            dirty: false,
-            unread: true,
-            holds: None,
-        }));
+        // A commit names its blocks in ascending order: a push.
+        match self.unread.records.last() {
+            Some(&(last, _)) if last >= b => match self.unread.find(b) {
+                Ok(_) => return false,
+                Err(i) => self.unread.records.insert(i, (b, r)),
+            },
+            _ => self.unread.records.push((b, r)),
+        }
         self.unread.blocks += 1;
         self.unread.set.set(b, true);
         true
@@ -247,9 +263,6 @@ impl BlockMap {
         let mut pages = 0u64;
         for (b, d) in (self.dirs.iter_mut().enumerate()).filter_map(|(b, d)| Some((b, d.as_mut()?)))
         {
-            if d.unread {
-                continue;
-            }
             if d.holds.is_none() {
                 d.holds = Some(Box::new(Holds::of(d_view(d), b, npages, segments)));
             }
@@ -285,7 +298,19 @@ impl BlockMap {
 
     /// The MAP_DIR record of directory block `b`, if it has one.
     pub fn dir_record_of(&self, b: usize) -> Option<PageRef> {
-        self.dirs.get(b)?.as_ref()?.record
+        match self.dirs.get(b)? {
+            Some(d) => d.record,
+            None => self.unread_record(b),
+        }
+    }
+
+    /// The MAP_DIR record of directory block `b` if it is unread.
+    pub(super) fn unread_record(&self, b: usize) -> Option<PageRef> {
+        if self.unread.blocks == 0 {
+            return None;
+        }
+        let i = self.unread.find(b).ok()?;
+        Some(self.unread.records[i].1)
     }
 
     /// Directory blocks still unread.
@@ -316,8 +341,8 @@ impl BlockMap {
     /// pages beyond the map's or more than the totals hold is damage, and
     /// the block stays unread.
     pub(super) fn load_unread(&mut self, b: usize, src: &dyn PageSource) -> Result<(), MetaError> {
-        let r = (self.dirs[b].as_ref())
-            .and_then(|d| d.record)
+        let r = self
+            .unread_record(b)
             .expect("an unread block has its record");
         self.counts.dir_blocks_read += 1;
         let loaded = src.dir_block(b as u64, &r)?;
@@ -342,9 +367,20 @@ impl BlockMap {
         self.unread.pages = left;
         self.unread.blocks -= 1;
         self.unread.set.set(b, false);
-        let d = self.dirs[b].as_mut().expect("unread above");
-        d.unread = false;
-        d.holds = None;
+        let i = self.unread.find(b).expect("unread above");
+        self.unread.records.remove(i);
+        assert!(
+            self.dirs[b].is_none(),
+            "unread block {b} has a directory block"
+        );
+        self.dirs[b] = Some(Box::new(DirBlock {
+            refs: Vec::new(),
+            packed: None,
+            record: Some(r),
+            list: None,
+            dirty: false,
+            holds: None,
+        }));
         match loaded {
             DirLoaded::Pages(list) => {
                 list.iter().for_each(|&(p, _)| self.allocate(p as usize));

@@ -275,6 +275,9 @@ pub struct Coverage {
     /// and those read later, when first needed.
     pub unread_at_open: u64,
     pub unread_read: u64,
+    /// Checkpoints and closes right after a reopen that left blocks
+    /// unread, before anything read them.
+    pub checkpoint_unread: u64,
 }
 
 impl Coverage {
@@ -293,6 +296,7 @@ impl Coverage {
         self.snap_blocks_checked += o.snap_blocks_checked;
         self.unread_at_open += o.unread_at_open;
         self.unread_read += o.unread_read;
+        self.checkpoint_unread += o.checkpoint_unread;
         self.snap_reads += o.snap_reads;
         self.read_only_refused += o.read_only_refused;
         self.clone_writes += o.clone_writes;
@@ -674,7 +678,8 @@ pub fn report(what: &str, n: u64, c: &Coverage) {
          checked after reopens, {} snapshot reads, {} changes of a snapshot refused, {} clone \
          writes, {} stale tail blocks, {} reopens of the written image, {} segments \
          cleaned, {} writes refused for space, {} snapshot extents not taken, {} whole discards, \
-         {} directory blocks left unread by reopens, {} of them read later",
+         {} directory blocks left unread by reopens, {} of them read later, {} checkpoints \
+         with blocks unread",
         ops.join(", "),
         c.refusals,
         c.table_old,
@@ -692,7 +697,8 @@ pub fn report(what: &str, n: u64, c: &Coverage) {
         c.extents_not_taken,
         c.discards,
         c.unread_at_open,
-        c.unread_read
+        c.unread_read,
+        c.checkpoint_unread
     );
 }
 
