@@ -447,7 +447,7 @@ fn cycles(seed: u64, cov: &mut Coverage, fault: bool) {
         drop(pool);
         pool = open_pool(&next);
         cov.unread_at_open += pool.engine().map_dir_blocks_unread() as u64;
-        if !fault && (seed + cycle) % 2 == 0 && pool.engine().map_dir_blocks_unread() > 0 {
+        if !fault && (seed + cycle).is_multiple_of(2) && pool.engine().map_dir_blocks_unread() > 0 {
             // A checkpoint and a clean close while blocks are unread (the
             // checks below read them all): its commits name them as they
             // are, or the reopen finds the pages they hold gone.
