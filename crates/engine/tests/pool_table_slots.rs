@@ -26,6 +26,18 @@ fn open_pool(store: &SimStorage) -> Pool {
     Pool::attach(Arc::new(vol)).unwrap_or_else(|e| panic!("attach: {e}"))
 }
 
+/// A closed pool whose newest table (generation returned) names `default`,
+/// `x` and `y`, and whose previous one `default` and `x`.
+fn two_tables() -> (SimStorage, u64) {
+    let (store, pool) = new_pool();
+    pool.create_volume("x", 64 * BSU).unwrap();
+    pool.create_volume("y", 64 * BSU).unwrap();
+    pool.engine().close().unwrap();
+    drop(pool);
+    let gen = raw_table(&store, &read_uuid(&store)).generation;
+    (store, gen)
+}
+
 fn read_uuid(store: &SimStorage) -> [u8; 16] {
     cvol_engine::read_superblock(store)
         .expect("a superblock")
@@ -37,12 +49,7 @@ fn read_uuid(store: &SimStorage) -> [u8; 16] {
 /// with the other one (as it does when a slot's checksum fails).
 #[test]
 fn an_unreadable_table_slot_leaves_the_other() {
-    let (store, pool) = new_pool();
-    pool.create_volume("x", 64 * BSU).unwrap();
-    pool.create_volume("y", 64 * BSU).unwrap();
-    pool.engine().close().unwrap();
-    drop(pool);
-    let gen = raw_table(&store, &read_uuid(&store)).generation;
+    let (store, gen) = two_tables();
     for (slot, names) in [
         (gen % 2, vec!["default", "x"]),
         (1 - gen % 2, vec!["default", "x", "y"]),
@@ -65,12 +72,7 @@ fn an_unreadable_table_slot_leaves_the_other() {
 /// changes nothing.
 #[test]
 fn a_damaged_newest_table_payload_leaves_the_previous_table() {
-    let (store, pool) = new_pool();
-    pool.create_volume("x", 64 * BSU).unwrap();
-    pool.create_volume("y", 64 * BSU).unwrap();
-    pool.engine().close().unwrap();
-    drop(pool);
-    let gen = raw_table(&store, &read_uuid(&store)).generation;
+    let (store, gen) = two_tables();
     for (slot, names) in [
         (1 - gen % 2, vec!["default", "x", "y"]),
         (gen % 2, vec!["default", "x"]),
