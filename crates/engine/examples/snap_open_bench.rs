@@ -19,6 +19,11 @@
 //! first opens each, writes one block and closes, so that the newest
 //! checkpoint carries over every other page from the one before it,
 //! instead of having written the last snapshots' pages itself)
+//! In-process opens are bimodal with glibc's default malloc (its dynamic
+//! mmap threshold and heap trimming make an open either reuse or fault in
+//! its segment buffer: 0.6 or 2.1 ms for the same pool); fix the
+//! allocator to compare builds:
+//! `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296`.
 use cvol_engine::pool::Pool;
 use cvol_engine::{Codec, CodecPolicy, CreateOptions, OpenOptions, Volume};
 use cvol_storage::FileStorage;
