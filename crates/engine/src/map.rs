@@ -709,7 +709,11 @@ impl BlockMap {
     /// packed blocks by their summaries, `for_each_record_use`).
     pub fn for_each_record(&self, mut f: impl FnMut(u64, u32)) {
         assert_eq!(self.packed_count, 0, "records of packed directory blocks");
-        assert_eq!(self.unread.blocks, 0, "records of unread directory blocks");
+        assert_eq!(
+            self.unread.blocks(),
+            0,
+            "records of unread directory blocks"
+        );
         for d in self.dirs.iter().flatten() {
             for r in [d.record, d.list].iter().flatten() {
                 f(r.offset, r.len);
@@ -726,7 +730,7 @@ impl BlockMap {
         mut f: impl FnMut(u64, MapEntry),
     ) -> Result<(), MetaError> {
         assert_eq!(self.packed_count, 0, "a scan of packed directory blocks");
-        assert_eq!(self.unread.blocks, 0, "a scan of unread directory blocks");
+        assert_eq!(self.unread.blocks(), 0, "a scan of unread directory blocks");
         let mut next = self.next_allocated_page(0);
         while let Some(p) = next {
             match (self.resident(p), src) {

@@ -202,7 +202,7 @@ impl BlockMap {
         src: &dyn PageSource,
     ) -> Result<(), MetaError> {
         let end = end.min(self.blocks);
-        if first >= end || self.packed_count + self.unread.blocks == 0 {
+        if first >= end || self.packed_count + self.unread.blocks() == 0 {
             return Ok(());
         }
         let block_lbas = (DIR_SLOTS * PAGE_BLOCKS) as u64;
@@ -237,7 +237,7 @@ impl BlockMap {
     /// `for_each_record`, `cvol check`) need first.
     pub fn unpack_all(&mut self, src: &dyn PageSource) -> Result<(), MetaError> {
         for b in 0..self.dirs.len() {
-            if self.packed_count + self.unread.blocks == 0 {
+            if self.packed_count + self.unread.blocks() == 0 {
                 break;
             }
             self.unpack(b, src)?;

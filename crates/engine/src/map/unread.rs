@@ -27,9 +27,8 @@ pub enum DirLoaded {
 /// no `DirBlock` (nothing is allocated per block at open): its record is
 /// here, and its slot in the directory stays empty until it is read.
 pub(super) struct Unread {
-    /// Blocks still unread.
-    pub(super) blocks: usize,
-    /// Which they are, by block.
+    /// Which blocks are still unread, by block (what `records` holds, for
+    /// the per-page checks).
     pub(super) set: Bits,
     /// Their MAP_DIR records, by block (ascending).
     pub(super) records: Vec<(usize, PageRef)>,
@@ -144,7 +143,6 @@ impl Unread {
     /// None unread, of a directory of `blocks` blocks.
     pub(super) fn new(blocks: usize) -> Unread {
         Unread {
-            blocks: 0,
             set: Bits::new(blocks),
             records: Vec::new(),
             pages: 0,
@@ -157,6 +155,11 @@ impl Unread {
         self.set.memory_bytes()
             + self.records.capacity() * std::mem::size_of::<(usize, PageRef)>()
             + self.uses.capacity() * std::mem::size_of::<SegmentUse>()
+    }
+
+    /// Blocks still unread.
+    pub(super) fn blocks(&self) -> usize {
+        self.records.len()
     }
 
     /// Where block `b`'s record is in `records`.
@@ -216,7 +219,6 @@ impl BlockMap {
             },
             _ => self.unread.records.push((b, r)),
         }
-        self.unread.blocks += 1;
         self.unread.set.set(b, true);
         true
     }
@@ -240,7 +242,7 @@ impl BlockMap {
         })?;
         let mut rest = uses.to_vec();
         take_uses(&mut rest, &read).map_err(damaged)?;
-        if self.unread.blocks == 0 && (pages > 0 || !rest.is_empty()) {
+        if self.unread.blocks() == 0 && (pages > 0 || !rest.is_empty()) {
             return Err(damaged(
                 "the commit's directory names more than its blocks hold".into(),
             ));
@@ -306,7 +308,7 @@ impl BlockMap {
 
     /// The MAP_DIR record of directory block `b` if it is unread.
     pub(super) fn unread_record(&self, b: usize) -> Option<PageRef> {
-        if self.unread.blocks == 0 {
+        if self.unread.blocks() == 0 {
             return None;
         }
         let i = self.unread.find(b).ok()?;
@@ -315,19 +317,19 @@ impl BlockMap {
 
     /// Directory blocks still unread.
     pub fn unread_blocks(&self) -> usize {
-        self.unread.blocks
+        self.unread.blocks()
     }
 
     /// Whether page `p`'s directory block is unread (what it holds not
     /// known yet).
     pub(super) fn unread_at(&self, p: usize) -> bool {
-        self.unread.blocks > 0 && self.unread.set.get(p / DIR_SLOTS)
+        self.unread.blocks() > 0 && self.unread.set.get(p / DIR_SLOTS)
     }
 
     /// The first page at or after `start` whose directory block is
     /// unread (`start` itself if its block is).
     pub(super) fn next_unread_page(&self, start: usize) -> Option<usize> {
-        if self.unread.blocks == 0 {
+        if self.unread.blocks() == 0 {
             return None;
         }
         let b = self.unread.set.next_set(start / DIR_SLOTS)?;
@@ -365,7 +367,6 @@ impl BlockMap {
             .ok_or_else(|| why("pages"))?;
         take_uses(&mut self.unread.uses, &uses).map_err(|_| why("bytes"))?;
         self.unread.pages = left;
-        self.unread.blocks -= 1;
         self.unread.set.set(b, false);
         let i = self.unread.find(b).expect("unread above");
         self.unread.records.remove(i);
