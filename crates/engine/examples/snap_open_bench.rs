@@ -18,7 +18,12 @@
 //! its peer time the same pools, one after the other; `SNAP_OPEN_SETTLE=1`
 //! first opens each, writes one block and closes, so that the newest
 //! checkpoint carries over every other page from the one before it,
-//! instead of having written the last snapshots' pages itself)
+//! instead of having written the last snapshots' pages itself;
+//! `SNAP_OPEN_SETTLE=log` instead writes fresh incompressible blocks
+//! outside the snapshots' extents until the log has opened two new
+//! segments, then 256 more, and closes: both pools' open segments then
+//! hold the same records, and what is left between them is what the
+//! snapshots cost, not where each log happened to end)
 //! In-process opens are bimodal with glibc's default malloc (its dynamic
 //! mmap threshold and heap trimming make an open either reuse or fault in
 //! its segment buffer: 0.6 or 2.1 ms for the same pool); fix the
@@ -145,6 +150,37 @@ fn settle(path: &Path) {
     vol.close().expect("close");
 }
 
+/// Opens the pool at `path`, writes incompressible blocks at 100 GiB
+/// (beyond the fill, where no snapshot holds an extent) until the log has
+/// opened two new segments, then 256 more, flushes and closes: the open
+/// segment then starts with the same records in every pool.
+fn settle_log(path: &Path) {
+    let st = Arc::new(FileStorage::open(path, true, true).expect("open file"));
+    let vol = Arc::new(Volume::open(st, OpenOptions::default()).expect("open"));
+    let pool = Pool::attach(vol.clone()).expect("attach");
+    let v = pool.volume("default").expect("default");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut data = vec![0u8; BS as usize];
+    let first = (100u64 << 30) / BS;
+    let free0 = vol.stats().segments_free;
+    let mut n = 0u64;
+    let mut extra = None;
+    while extra != Some(0) {
+        rng.fill(&mut data[..]);
+        v.write_at((first + n) * BS, &data, false).expect("write");
+        n += 1;
+        extra = match extra {
+            Some(k) => Some(k - 1),
+            None if vol.stats().segments_free + 2 <= free0 => Some(256),
+            None => None,
+        };
+        assert!(n < 1 << 16, "the log did not move on");
+    }
+    v.flush().expect("flush");
+    drop(v);
+    vol.close().expect("close");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let dir = Path::new(args.get(1).map_or("/tmp", |s| s.as_str())).to_path_buf();
@@ -158,9 +194,16 @@ fn main() {
         build(&with, snaps, per, fill, size_gib << 30, true);
         println!("built in {:.1} s", t.elapsed().as_secs_f64());
     }
-    if std::env::var_os("SNAP_OPEN_SETTLE").is_some() {
-        settle(&without);
-        settle(&with);
+    match std::env::var("SNAP_OPEN_SETTLE").as_deref() {
+        Ok("log") => {
+            settle_log(&without);
+            settle_log(&with);
+        }
+        Ok(_) => {
+            settle(&without);
+            settle(&with);
+        }
+        Err(_) => {}
     }
     if let Some(n) = std::env::var("SNAP_OPEN_PROFILE")
         .ok()
