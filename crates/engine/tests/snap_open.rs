@@ -494,3 +494,67 @@ fn a_damaged_directory_block_left_unread_is_an_error_where_it_is_used() {
     // commit named them, refuses the open).
     damaged_snapshot_records_are_errors_where_used(CodecTag::None, 9);
 }
+
+/// Incompressible 4 KiB block `n` of a stream.
+fn noise(n: u64) -> Vec<u8> {
+    (0..BSU)
+        .map(|i| ((n * BSU + i).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+        .collect()
+}
+
+/// The snapshot simulation's seed 458, made plain: a checkpoint written
+/// after a block open left unread was read and rewritten names, for the
+/// segment of that block's old page record, the highest seq open knew
+/// (the old record's), while the records left there are older. That
+/// bound is what the commit names on purpose (a segment's highest seq
+/// only delays its reuse), and `check` takes it (mutation: requiring
+/// the exact seq refuses the checkpoint, "its bytes per segment are not
+/// its blocks'").
+#[test]
+fn regression_seed_458_a_rewritten_unread_block_leaves_a_bound_on_its_segment_seq() {
+    let store = SimStorage::new(16 * MIB);
+    let gib = (1u64 << 30) / BSU;
+    let opts = common::options(&store, 12 << 30);
+    let pool = Pool::create(Arc::new(store.clone()), &opts).expect("create a pool");
+    let v = pool.volume("default").expect("default");
+    // Blocks in three directory blocks (4 GiB of pool space each): their
+    // page records go to one segment, the last one's with the highest seq.
+    let (a, b, c) = (4 * gib + gib / 2, 8 * gib + gib / 2, gib / 2);
+    for l in [a, b, c] {
+        v.write_at(l * BSU, &block(l, 1), false).unwrap();
+    }
+    pool.engine().checkpoint().unwrap();
+    // The log moves on (2 MiB of data), and a later checkpoint writes only
+    // the first block's pages: the other two are left unread at open.
+    for n in 0..512 {
+        v.write_at((c + 1 + n) * BSU, &noise(n), false).unwrap();
+    }
+    pool.engine().checkpoint().unwrap();
+    drop(v);
+    pool.engine().close().unwrap();
+    drop(pool);
+    let pool = open_pool(&store);
+    let unread = pool.engine().map_dir_blocks_unread();
+    assert!(unread >= 2, "{unread} directory blocks left unread at open");
+    // A write reads the last block and rewrites its page elsewhere.
+    let v = pool.volume("default").expect("default");
+    v.write_at(b * BSU, &block(b, 2), false).unwrap();
+    assert!(
+        pool.engine().map_dir_blocks_unread() < unread,
+        "read by the write"
+    );
+    pool.engine().checkpoint().unwrap();
+    drop(v);
+    pool.engine().close().unwrap();
+    drop(pool);
+    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
+    assert!(rep.consistent(), "{:?}", rep.errors);
+    let pool = open_pool(&store);
+    assert_eq!(pool.engine().recovery_warnings(), [] as [String; 0]);
+    let v = pool.volume("default").expect("default");
+    let mut got = vec![0u8; BS];
+    for (l, version) in [(a, 1), (b, 2), (c, 1)] {
+        v.read_at(l * BSU, &mut got).unwrap();
+        assert!(got == block(l, version), "block {l}");
+    }
+}

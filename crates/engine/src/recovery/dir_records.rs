@@ -8,7 +8,7 @@ use crate::error::{CheckpointError, DirError};
 use crate::logread::{check_dir_list, read_record, read_records_shared};
 pub(super) use crate::logread::{parse_dir_body, DirBody};
 use crate::map::{decode_summarized, BlockMap, Segments};
-use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirSummary, NamedDir, PageRef};
+use cvol_format::checkpoint::{ChunkRef, CommitPayload, DirSummary, NamedDir, PageRef, SegmentUse};
 use cvol_format::record::RECORD_HEADER_BYTES;
 use cvol_format::Superblock;
 use cvol_storage::Storage;
@@ -95,8 +95,19 @@ pub(super) fn named_matches(
             named.allocated_pages
         ));
     }
-    if uses != named.uses {
+    // The bytes per segment exactly; the highest seq no lower than the
+    // blocks' (a bound: a checkpoint written while blocks were left
+    // unread keeps the highest seq they had when open named them, which a
+    // block read and rewritten since may have lowered).
+    let bytes = |u: &[SegmentUse]| u.iter().map(|u| (u.segment, u.bytes)).collect::<Vec<_>>();
+    if bytes(&uses) != bytes(&named.uses) {
         return bad("its bytes per segment are not its blocks'");
+    }
+    if let Some((n, b)) = (named.uses.iter().zip(&uses)).find(|(n, b)| n.max_seq < b.max_seq) {
+        return bad(&format!(
+            "it names seq {} as the highest in segment {}, its blocks hold seq {}",
+            n.max_seq, n.segment, b.max_seq
+        ));
     }
     Ok(())
 }
