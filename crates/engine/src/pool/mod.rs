@@ -146,52 +146,63 @@ fn write_table(
     Ok(())
 }
 
-fn view_of(vol: &Arc<Volume>, ls: &layers::LayerSet, v: &PoolVolume) -> Arc<VolumeView> {
+/// Volume `v`'s layout under the table of `ls`.
+fn volume_layout(ls: &layers::LayerSet, v: &PoolVolume) -> Layout {
+    Layout {
+        size_bytes: v.size_bytes,
+        extents: ls.volume_extents(v),
+        deleted: false,
+        plan: layers::plan_volume(ls, v.id),
+    }
+}
+
+/// Snapshot `s`'s layout under the table of `ls`.
+fn snapshot_layout(ls: &layers::LayerSet, s: &PoolSnapshot) -> Layout {
+    Layout {
+        size_bytes: s.size_bytes,
+        extents: ls.snapshot_extents(s),
+        deleted: false,
+        plan: layers::plan_snapshot(ls, s.id),
+    }
+}
+
+/// The live snapshot `full` (`VOLUME@SNAP`) of table `t`, if any.
+fn live_snapshot<'t>(t: &'t PoolTable, full: &str) -> Option<&'t PoolSnapshot> {
+    let (v, s) = full.split_once('@')?;
+    t.snapshot(v, s).filter(|s| s.state != SnapState::Deleting)
+}
+
+/// The layout of view `name` (a volume, or a live snapshot) under the
+/// table of `ls`; None if the table names no such view.
+fn layout_of(ls: &layers::LayerSet, name: &str) -> Option<Layout> {
+    match name.contains('@') {
+        true => live_snapshot(ls.table(), name).map(|s| snapshot_layout(ls, s)),
+        false => (ls.table().volume(name)).map(|v| volume_layout(ls, v)),
+    }
+}
+
+fn new_view(vol: &Arc<Volume>, name: String, snapshot: bool, layout: Layout) -> Arc<VolumeView> {
     Arc::new(VolumeView {
         vol: vol.clone(),
-        name: v.name.clone(),
-        snapshot: false,
-        layout: std::sync::RwLock::new(Layout {
-            size_bytes: v.size_bytes,
-            extents: ls.volume_extents(v),
-            deleted: false,
-            plan: layers::plan_volume(ls, v.id),
-        }),
+        name,
+        snapshot,
+        layout: std::sync::RwLock::new(layout),
         opens: Default::default(),
     })
 }
 
-/// The read-only view of a live snapshot, named `VOLUME@SNAP`.
-fn snapshot_view(
-    vol: &Arc<Volume>,
-    ls: &layers::LayerSet,
-    s: &PoolSnapshot,
-) -> Option<Arc<VolumeView>> {
-    let v = ls.table().volume_by_id(s.volume)?;
-    Some(Arc::new(VolumeView {
-        vol: vol.clone(),
-        name: format!("{}@{}", v.name, s.name),
-        snapshot: true,
-        layout: std::sync::RwLock::new(Layout {
-            size_bytes: s.size_bytes,
-            extents: ls.snapshot_extents(s),
-            deleted: false,
-            plan: layers::plan_snapshot(ls, s.id),
-        }),
-        opens: Default::default(),
-    }))
+fn view_of(vol: &Arc<Volume>, ls: &layers::LayerSet, v: &PoolVolume) -> Arc<VolumeView> {
+    new_view(vol, v.name.clone(), false, volume_layout(ls, v))
 }
 
-/// Every view of table `t`: its volumes and its live snapshots.
+/// The views a table starts with: its volumes'. A snapshot's read-only
+/// view (`VOLUME@SNAP`) is made when it is first asked for
+/// (`Pool::volume`): with 100 snapshots, building their views made a
+/// sixth of what the snapshots added to an open, and every table change
+/// (`relayout`) built them all again.
 fn views_of(vol: &Arc<Volume>, t: &PoolTable) -> BTreeMap<String, Arc<VolumeView>> {
     let ls = layers::LayerSet::of(t);
-    // Built at once (a volume's name has no '@', so no snapshot's view
-    // takes a volume's name).
-    let snaps = (t.snapshots.iter())
-        .filter(|s| s.state != SnapState::Deleting)
-        .filter_map(|s| snapshot_view(vol, &ls, s));
     (t.volumes.iter().map(|v| view_of(vol, &ls, v)))
-        .chain(snaps)
         .map(|w| (w.name.clone(), w))
         .collect()
 }
@@ -259,24 +270,24 @@ impl Pool {
     /// Sets every view's plan from table `t` (a table change may change
     /// what any view reads through); `held`: the layout of one view the
     /// caller holds for writing, by name. Views `t` no longer names are
-    /// marked deleted and dropped; views of new snapshots are added.
+    /// marked deleted and dropped; views of new volumes are added (those of
+    /// snapshots are made when first asked for). The caller holds the
+    /// table.
     fn relayout(&self, t: &PoolTable, held: Option<(&str, &mut Layout)>) -> Result<(), PoolError> {
-        let fresh = views_of(&self.vol, t);
+        let ls = layers::LayerSet::of(t);
         let mut views = self.views();
         let (held_name, mut held_layout) = match held {
             Some((n, l)) => (Some(n.to_string()), Some(l)),
             None => (None, None),
         };
+        let mut gone = Vec::new();
         for (name, view) in views.iter() {
-            let plan = fresh.get(name).map(|f| {
-                let l = f.layout.read().unwrap_or_else(|p| p.into_inner());
-                (l.size_bytes, l.extents.clone(), l.plan.clone())
-            });
-            let apply = |l: &mut Layout| match &plan {
-                Some((size, extents, p)) => {
-                    l.size_bytes = *size;
-                    l.extents = extents.clone();
-                    l.plan = p.clone();
+            let fresh = layout_of(&ls, name);
+            let apply = |l: &mut Layout| match &fresh {
+                Some(f) => {
+                    l.size_bytes = f.size_bytes;
+                    l.extents = f.extents.clone();
+                    l.plan = f.plan.clone();
                 }
                 None => l.deleted = true,
             };
@@ -285,10 +296,17 @@ impl Pool {
             } else {
                 apply(&mut *view.layout.write().map_err(|_| VolError::Poisoned)?);
             }
+            if fresh.is_none() {
+                gone.push(name.clone());
+            }
         }
-        views.retain(|n, _| fresh.contains_key(n));
-        for (n, f) in fresh {
-            views.entry(n).or_insert(f);
+        for name in gone {
+            views.remove(&name);
+        }
+        for v in &t.volumes {
+            if !views.contains_key(&v.name) {
+                views.insert(v.name.clone(), view_of(&self.vol, &ls, v));
+            }
         }
         Ok(())
     }
@@ -318,12 +336,35 @@ impl Pool {
     }
 
     /// The volume named `name` ("" names `default`).
+    /// A live snapshot's view, `VOLUME@SNAP`, is made at its first
+    /// request (takes the table: not for callers that hold it, who use
+    /// `existing_view`).
     pub fn volume(&self, name: &str) -> Option<Arc<VolumeView>> {
         let name = if name.is_empty() {
             DEFAULT_VOLUME
         } else {
             name
         };
+        if let Some(v) = self.existing_view(name) {
+            return Some(v);
+        }
+        if !name.contains('@') {
+            return None;
+        }
+        // The table, then the views (the order of every holder of both):
+        // no table change can come between the lookup and the insert.
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let s = live_snapshot(&t, name)?;
+        let layout = snapshot_layout(&layers::LayerSet::of(&t), s);
+        let mut views = self.views();
+        let v = (views.entry(name.to_string()))
+            .or_insert_with(|| new_view(&self.vol, name.to_string(), true, layout));
+        Some(v.clone())
+    }
+
+    /// The view `name` already has, if any (a snapshot's before its first
+    /// request has none).
+    fn existing_view(&self, name: &str) -> Option<Arc<VolumeView>> {
         self.views().get(name).cloned()
     }
 

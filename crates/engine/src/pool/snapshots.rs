@@ -205,7 +205,7 @@ impl Pool {
                 clones,
             });
         }
-        if let Some(view) = self.volume(full) {
+        if let Some(view) = self.existing_view(full) {
             if view.clients() > 0 && !force {
                 return Err(PoolError::InUse {
                     name: full.into(),

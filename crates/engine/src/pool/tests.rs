@@ -376,3 +376,50 @@ fn unknown_snapshots_and_volumes_are_named_with_what_exists() {
     assert!(!e.contains("--force"), "{e}");
     drop(guard);
 }
+
+/// A snapshot's view is made at its first request, not at attach, and
+/// once made follows the table like any view: after the newer snapshot
+/// it read through is deleted (its entries merged into this one) it
+/// still reads its blocks (mutation: leaving views made on request out
+/// of `relayout` makes it read through the deleted layer).
+#[test]
+fn a_snapshot_view_is_made_when_first_asked_for_and_follows_the_table() {
+    let sim = SimStorage::new(64 << 20);
+    let p = pool(&sim);
+    let v = p.volume("default").unwrap();
+    v.write_at(0, &block(1), false).unwrap();
+    p.create_snapshot("default@a").unwrap();
+    p.create_snapshot("default@b").unwrap();
+    p.engine().flush().unwrap();
+    drop(v);
+    drop(p);
+    let p = reopen(&sim);
+    assert!(p.existing_view("default@a").is_none(), "made at attach");
+    assert!(p.existing_view("default@b").is_none(), "made at attach");
+    let a = p.volume("default@a").unwrap();
+    assert!(a.read_only());
+    assert_eq!(read(&a, 0), block(1));
+    assert!(Arc::ptr_eq(&a, &p.volume("default@a").unwrap()), "one view");
+    // The volume's change copies block 0's old entry to b, the newest;
+    // a reads it through b until b is deleted and a takes it.
+    let v = p.volume("default").unwrap();
+    v.write_at(0, &block(2), false).unwrap();
+    assert_eq!(read(&a, 0), block(1));
+    let planned = |p: &Pool| {
+        let t = p.table.lock().unwrap();
+        layout_of(&layers::LayerSet::of(&t), "default@a")
+            .unwrap()
+            .plan
+    };
+    let before = planned(&p);
+    p.delete_snapshot("default@b", false).unwrap();
+    assert!(p.volume("default@b").is_none());
+    let after = planned(&p);
+    assert_ne!(before, after, "a no longer reads through b");
+    assert_eq!(a.layout.read().unwrap().plan, after, "a's view follows");
+    assert_eq!(read(&a, 0), block(1));
+    assert_eq!(read(&v, 0), block(2));
+    assert!(p.volume("default@nope").is_none());
+    assert!(p.volume("nope@a").is_none());
+    consistent(&p, &sim);
+}
