@@ -274,7 +274,15 @@ part_dedup() {
     log "ten copies / one: stored $(ratio "$all_st" "$one_st")x, du $(ratio "$all_du" "$one_du")x ($(ratio "$busy_du" "$one_du")x before idle cleaning)"
     ((all_st * 10 <= one_st * 11)) || fail "ten copies stored $all_st bytes > 1.1x one copy's $one_st"
     idle_target "$DPOOL" "after ten copies"
-    ((all_du * 10 <= one_du * 11)) || fail "ten copies take du $all_du bytes > 1.1x one copy's $one_du"
+    # On the host: one copy's du and a tenth (the nine other volumes' maps,
+    # the reference records' tables), and the dead space idle cleaning
+    # leaves by design (up to 5% of the live bytes, `idle_target`): on
+    # these 43 MiB that allowance is half a segment, which the cleaner
+    # leaves or not depending on where the copies' dead records fell.
+    local live allowed
+    live=$(json_get "$E2E_TMP/stat.json" live_bytes)
+    allowed=$((one_du * 11 / 10 + live / 20))
+    ((all_du <= allowed)) || fail "ten copies take du $all_du bytes > 1.1x one copy's $one_du + 5% of the $live live"
     shared=$(stat_key "$DPOOL" shared_bytes v3)
     unique=$(stat_key "$DPOOL" unique_bytes v3)
     log "stat --volume v3: shared $(mib "$shared"), unique $(mib "$unique")"
