@@ -220,14 +220,21 @@ fn a_snapshot_keeps_what_the_volume_held_and_the_volume_moves_on() {
     consistent(&p, &sim);
 }
 
-#[test]
-fn deleting_a_middle_snapshot_keeps_the_older_one_whole() {
-    let sim = SimStorage::new(64 << 20);
-    let p = pool(&sim);
+/// A pool whose `default` holds block 1 at 0, snapshotted twice, as
+/// `default@a` then `default@b`; and its volume.
+fn snapshotted_twice(sim: &SimStorage) -> (Pool, Arc<VolumeView>) {
+    let p = pool(sim);
     let v = p.volume("default").unwrap();
     v.write_at(0, &block(1), false).unwrap();
     p.create_snapshot("default@a").unwrap();
     p.create_snapshot("default@b").unwrap();
+    (p, v)
+}
+
+#[test]
+fn deleting_a_middle_snapshot_keeps_the_older_one_whole() {
+    let sim = SimStorage::new(64 << 20);
+    let (p, v) = snapshotted_twice(&sim);
     v.write_at(0, &block(2), false).unwrap();
     p.create_snapshot("default@c").unwrap();
     v.write_at(0, &block(3), false).unwrap();
@@ -385,11 +392,7 @@ fn unknown_snapshots_and_volumes_are_named_with_what_exists() {
 #[test]
 fn a_snapshot_view_is_made_when_first_asked_for_and_follows_the_table() {
     let sim = SimStorage::new(64 << 20);
-    let p = pool(&sim);
-    let v = p.volume("default").unwrap();
-    v.write_at(0, &block(1), false).unwrap();
-    p.create_snapshot("default@a").unwrap();
-    p.create_snapshot("default@b").unwrap();
+    let (p, v) = snapshotted_twice(&sim);
     p.engine().flush().unwrap();
     drop(v);
     drop(p);
