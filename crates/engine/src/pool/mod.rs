@@ -175,9 +175,10 @@ fn live_snapshot<'t>(t: &'t PoolTable, full: &str) -> Option<&'t PoolSnapshot> {
 /// The layout of view `name` (a volume, or a live snapshot) under the
 /// table of `ls`; None if the table names no such view.
 fn layout_of(ls: &layers::LayerSet, name: &str) -> Option<Layout> {
-    match name.contains('@') {
-        true => live_snapshot(ls.table(), name).map(|s| snapshot_layout(ls, s)),
-        false => (ls.table().volume(name)).map(|v| volume_layout(ls, v)),
+    if name.contains('@') {
+        live_snapshot(ls.table(), name).map(|s| snapshot_layout(ls, s))
+    } else {
+        (ls.table().volume(name)).map(|v| volume_layout(ls, v))
     }
 }
 

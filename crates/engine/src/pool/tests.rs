@@ -387,8 +387,9 @@ fn unknown_snapshots_and_volumes_are_named_with_what_exists() {
 /// A snapshot's view is made at its first request, not at attach, and
 /// once made follows the table like any view: after the newer snapshot
 /// it read through is deleted (its entries merged into this one) it
-/// still reads its blocks (mutation: leaving views made on request out
-/// of `relayout` makes it read through the deleted layer).
+/// still reads its blocks, and its plan is the table's (mutation:
+/// leaving views made on request out of `relayout` keeps the plan that
+/// read through the deleted layer).
 #[test]
 fn a_snapshot_view_is_made_when_first_asked_for_and_follows_the_table() {
     let sim = SimStorage::new(64 << 20);
