@@ -224,9 +224,10 @@ fn two_sessions_then_read(
 /// A volume whose directory blocks predate summaries gets the flag at its
 /// first open for writing and every block written summarized by the next
 /// checkpoint, not only those changed since (`unsummarized-dirs-volume`).
-/// An open after a checkpoint that carried the other two over leaves both
-/// unread (the commit names them: the same first open for writing set
-/// `FLAG_DIR_NAMED`), and the volume reads and checks as before
+/// An open after a checkpoint that carried the other two over leaves all
+/// three unread (the commit names them: the same first open for writing
+/// set `FLAG_DIR_NAMED`; the newest checkpoint's own block needs no check
+/// at open either), and the volume reads and checks as before
 /// (mutation: not marking the blocks changed at the upgrade leaves those
 /// two unsummarized, read whole at open).
 #[test]
@@ -236,7 +237,7 @@ fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
     two_sessions_then_read(
         &sim,
         FLAG_DIR_SUMMARY,
-        |vol| assert_eq!(vol.map_dir_blocks_unread(), 2),
+        |vol| assert_eq!(vol.map_dir_blocks_unread(), 3),
         |vol| {
             assert_eq!(vol.map_dir_blocks_unread(), 0);
             assert_eq!(vol.map_dir_blocks_packed(), 0);
@@ -249,8 +250,9 @@ fn an_older_volumes_directory_is_summarized_at_its_next_checkpoint() {
 /// block written with its list apart by the next checkpoint
 /// (`inline-lists-volume`: its last two checkpoints carried the last two
 /// blocks over, so they are packed at the upgrade's open). An open after
-/// a checkpoint that carried them over again leaves both unread (named
-/// by the commit), reads each block and its list when first needed, and
+/// a checkpoint that carried them over again leaves all three unread
+/// (named by the commit), reads each block and its list when first
+/// needed, and
 /// the volume reads and checks as before (mutation: not marking the
 /// inline blocks changed at the upgrade leaves those two inline, and no
 /// list is read).
@@ -262,14 +264,14 @@ fn an_older_volumes_directory_lists_are_moved_apart_at_its_next_checkpoint() {
         &sim,
         FLAG_DIR_LIST_APART,
         |vol| {
-            assert_eq!(vol.map_dir_blocks_unread(), 2);
+            assert_eq!(vol.map_dir_blocks_unread(), 3);
             assert_eq!(vol.map_dir_lists_read(), 0);
         },
         |vol| {
             assert_eq!(vol.map_dir_blocks_unread(), 0);
             assert_eq!(vol.map_dir_blocks_packed(), 0);
-            assert_eq!(vol.map_dir_blocks_read(), 2);
-            assert_eq!(vol.map_dir_lists_read(), 2);
+            assert_eq!(vol.map_dir_blocks_read(), 3);
+            assert_eq!(vol.map_dir_lists_read(), 3);
         },
     );
 }
@@ -278,8 +280,9 @@ fn an_older_volumes_directory_lists_are_moved_apart_at_its_next_checkpoint() {
 /// before them, `unnamed-dirs-volume`: lists apart, the last two
 /// checkpoints carrying the last two blocks over) gets the flag at its
 /// first open for writing, and the checkpoints after it name the
-/// directory: an open after two of them leaves the two carried blocks
-/// unread, reads each (and its list) when first needed, and the volume
+/// directory: an open after two of them leaves the three blocks unread
+/// (the two carried over and the newest checkpoint's own), reads each
+/// (and its list) when first needed, and the volume
 /// reads and checks as before (mutation: writing unnamed commits leaves
 /// both read at open, packed).
 #[test]
@@ -290,14 +293,14 @@ fn an_older_volumes_commits_name_their_directory_from_its_next_checkpoint() {
         &sim,
         FLAG_DIR_NAMED,
         |vol| {
-            assert_eq!(vol.map_dir_blocks_unread(), 2);
+            assert_eq!(vol.map_dir_blocks_unread(), 3);
             assert_eq!(vol.map_dir_blocks_packed(), 0);
             assert_eq!(vol.map_dir_blocks_read(), 0);
         },
         |vol| {
             assert_eq!(vol.map_dir_blocks_unread(), 0);
-            assert_eq!(vol.map_dir_blocks_read(), 2);
-            assert_eq!(vol.map_dir_lists_read(), 2);
+            assert_eq!(vol.map_dir_blocks_read(), 3);
+            assert_eq!(vol.map_dir_lists_read(), 3);
         },
     );
 }

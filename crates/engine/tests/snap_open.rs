@@ -1,11 +1,12 @@
-//! A pool's open does not read the map pages of snapshots (nor any other
-//! page) that an earlier checkpoint wrote: open verifies only the page
-//! records the newest checkpoint wrote since the one before it (so that a
-//! torn newest checkpoint still falls back to the older one), and the rest
-//! when first read. A damaged page that open left on disk reads as an
-//! error where it is used, refuses writes into its range (its other
-//! entries are unknown), `check` and scrub report it, and `check
-//! --repair` (which verifies every page) falls back past it.
+//! A pool's open reads no map page (nor directory block without tables)
+//! that the newest checkpoint names, when both checkpoint pointers decode:
+//! every such record was synced before that checkpoint's commit, and its
+//! pointer after the commit, so no crash can have damaged it (a fallback
+//! candidate, which may be stale, is verified whole). Pages are verified
+//! when first read. A damaged page reads as an error where it is used,
+//! refuses writes into its range (its other entries are unknown), `check`
+//! and scrub report it, and `check --repair` (which verifies every page)
+//! falls back past it.
 mod common;
 use common::{BS, MIB};
 use cvol_engine::pool::Pool;
@@ -108,19 +109,21 @@ fn page_records_in(store: &SimStorage, ranges: &[(u64, u64)]) -> Vec<u64> {
 }
 
 #[test]
-fn open_verifies_only_the_pages_the_newest_checkpoint_wrote() {
+fn open_verifies_no_page_the_newest_checkpoint_names() {
     let (store, snap) = snapshotted_pool();
     assert_eq!(page_records_in(&store, &snap).len() as u64, PAGES);
     let pool = open_pool(&store);
     let vol = pool.engine();
-    // The last session changed one page (and wrote its record): open
-    // verifies that one, not the snapshot's (mutation: verifying every page
-    // at open, as before, reads all of them).
+    // The last session changed one page (and wrote its record), the one
+    // before wrote the volume's and the snapshot's: open reads none of
+    // them (mutation: verifying at open the pages the newest checkpoint
+    // wrote, as before, reads the changed one; verifying every page reads
+    // them all).
     let verified = vol.map_pages_verified_at_open();
-    assert!(
-        verified <= 2,
-        "{verified} map pages verified at open (the volume's {PAGES} and the snapshot's {PAGES} \
-         were written by the older checkpoint)"
+    assert_eq!(
+        verified, 0,
+        "map pages verified at open (the volume's {PAGES} and the snapshot's {PAGES} \
+         were written by the older checkpoint, one by the newest)"
     );
     // Pages are read (and verified) when used.
     snapshot_reads_its_blocks(&pool, "");
@@ -172,6 +175,15 @@ fn a_damaged_snapshot_page_reads_as_an_error_and_check_reports_it() {
     snapshot_reads_its_blocks_and_checks_clean(&store, "after repair");
 }
 
+/// `check` finds the store's damaged page; `repair_volume` runs, and the
+/// pool opens again.
+fn checked_then_repaired(store: &SimStorage) -> Pool {
+    let rep = cvol_engine::check::check_volume(store, &mut |_, _| {});
+    assert!(!rep.consistent(), "check finds the damaged page");
+    cvol_engine::check::repair_volume(Arc::new(store.clone()));
+    open_pool(store)
+}
+
 /// (offset, seq) of every MAP_CHUNK record on the store whose page is
 /// page `page` of pool LBA space.
 fn page_records_of(store: &SimStorage, page: u64) -> Vec<(u64, u64)> {
@@ -193,7 +205,7 @@ fn pointer_seqs(store: &SimStorage) -> (u64, u64) {
 }
 
 #[test]
-fn a_damaged_page_the_newest_checkpoint_wrote_falls_back_at_open() {
+fn a_damaged_page_the_newest_checkpoint_wrote_is_an_error_where_it_is_used() {
     let (store, _) = snapshotted_pool();
     let (newest, older) = pointer_seqs(&store);
     // The last session wrote block 7 (version 3): page 0's newest record
@@ -204,24 +216,45 @@ fn a_damaged_page_the_newest_checkpoint_wrote_falls_back_at_open() {
         seq > older && seq < newest,
         "seq {seq}, commits {older} and {newest}"
     );
-    // A torn write of it: damage that open must see, and fall back.
+    // Damage at rest (bit rot; no crash can damage a record synced before
+    // the commit its published pointer names): open takes the newest
+    // checkpoint and leaves the page on disk.
     store.flip_bit(at + RECORD_HEADER_BYTES as u64 + 1, 5);
     store.sync().unwrap();
     let pool = open_pool(&store);
     let warnings = pool.engine().recovery_warnings().join("; ");
     assert!(
-        warnings.contains("recovered from the checkpoint generation"),
-        "open falls back to the older pointer (mutation: leaving the newest \
-         checkpoint's own pages unverified takes it): {warnings}"
+        !warnings.contains("recovered from the checkpoint generation"),
+        "open takes the newest checkpoint (mutation: verifying its own pages at \
+         open falls back to the older one): {warnings}"
     );
-    // The older checkpoint and the roll-forward from it hold every block.
+    // The page's blocks read as errors, the other pages' as written.
     let v = pool.volume("default").expect("default");
     let mut b = vec![0u8; BS];
+    let e = v.read_at(7 * BSU, &mut b).expect_err("page 0 is damaged");
+    assert!(matches!(e, cvol_engine::VolError::Corrupt { .. }), "{e}");
+    for p in 1..PAGES {
+        let l = p * MAP_PAGE_BLOCKS + 7;
+        v.read_at(l * BSU, &mut b).unwrap();
+        assert!(b == block(l, 2), "block {l}");
+    }
+    drop(v);
+    drop(pool);
+    // Repair verifies every page of the checkpoint it takes: it falls back
+    // to the older one and rolls forward, and every block reads again.
+    let pool = checked_then_repaired(&store);
+    let v = pool.volume("default").expect("default");
     for p in 0..PAGES {
         let l = p * MAP_PAGE_BLOCKS + 7;
         v.read_at(l * BSU, &mut b).unwrap();
-        assert!(b == block(l, if l == 7 { 3 } else { 2 }), "block {l}");
+        assert!(
+            b == block(l, if l == 7 { 3 } else { 2 }),
+            "block {l} after repair"
+        );
     }
+    drop(v);
+    drop(pool);
+    snapshot_reads_its_blocks_and_checks_clean(&store, "after repair");
 }
 
 #[test]
@@ -257,10 +290,7 @@ fn a_write_into_a_damaged_carried_over_page_is_refused_and_keeps_its_entries() {
     drop(v);
     pool.engine().close().unwrap();
     drop(pool);
-    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
-    assert!(!rep.consistent(), "check finds the damaged page");
-    cvol_engine::check::repair_volume(Arc::new(store.clone()));
-    let pool = open_pool(&store);
+    let pool = checked_then_repaired(&store);
     let v = pool.volume("default").expect("default");
     v.read_at(l * BSU, &mut b).unwrap();
     assert!(b == block(l, 2), "block {l} after repair");

@@ -52,16 +52,15 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, Reco
 }
 
 /// `recover`, leaving the checkpoint's map pages on disk: the volume
-/// faults them in (and verifies them) as it needs them. Open reads the
-/// map's directory, and verifies now only the page records the newest
-/// checkpoint wrote since the older pointer's commit: a torn newest
-/// checkpoint still sends recovery to the older one. A record at or below
-/// that seq is named by the older checkpoint as well and was durable
-/// before it, so falling back could not help it; it is verified when
-/// first read (damage at rest: an error where the page is used, which
-/// `cvol check` and scrub report). A fallback checkpoint's pages are each
-/// read once now to verify them. Roll-forward faults in the pages it
-/// changes.
+/// faults them in (and verifies them) as it needs them. When both pointers
+/// decode, the newest pointer's checkpoint is taken without reading its
+/// pages or its directory blocks (but those holding tables): every record
+/// its commit names was synced before the pointer was written, so no crash
+/// can have damaged it (`Load::lazy_for`); each is verified when first
+/// read (damage at rest: an error where the page is used, which `cvol
+/// check` and scrub report). A fallback checkpoint's pages, and those of
+/// the only pointer that decodes, are each read once now to verify them.
+/// Roll-forward faults in the pages it changes.
 pub fn recover_lazy(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered, RecoveryError> {
     recover_with(storage, sb, Pages::Lazy)
 }

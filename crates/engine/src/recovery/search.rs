@@ -29,9 +29,9 @@ use std::collections::HashMap;
 pub(super) enum Pages {
     /// Every page read into memory (`recover`).
     Read,
-    /// Left on disk; the newest pointer's verified now only where it wrote
-    /// them since the older pointer's commit (`Load::lazy_for`), a
-    /// fallback's all verified now (`recover_lazy`).
+    /// Left on disk; the newest pointer's verified when first read (when
+    /// the older pointer decodes too: `Load::lazy_for`), a fallback's all
+    /// verified now (`recover_lazy`).
     Lazy,
     /// Left on disk, every one verified now (`recover_lazy_verified`).
     LazyVerified,
@@ -127,8 +127,8 @@ struct CheckpointSearch<'a> {
     /// How map pages are read.
     lazy: Pages,
     /// The commit seq of the older pointer, if two decode: the newest
-    /// pointer's candidate verifies at open only the page records written
-    /// after it (`Load::lazy_for`).
+    /// pointer's candidate then verifies its pages when first read
+    /// (`Load::lazy_for`).
     older_commit_seq: Option<u64>,
     /// The highest certified seq known so far (the pointers'; the whole
     /// log's once it has been scanned).
@@ -209,8 +209,8 @@ impl CheckpointSearch<'_> {
         let (storage, sb) = (self.storage, self.sb);
         let what = source.name(p);
         let load = match self.lazy {
-            Pages::Lazy => Load::lazy_for(newest, self.older_commit_seq),
-            Pages::LazyVerified => Load::lazy_for(false, None),
+            Pages::Lazy => Load::lazy_for(newest, self.older_commit_seq, p.commit_seq),
+            Pages::LazyVerified => Load::lazy_for(false, None, p.commit_seq),
             Pages::Read => Load::Whole,
         };
         let (mut map, start, tables) = match load_checkpoint(storage, sb, p, load) {

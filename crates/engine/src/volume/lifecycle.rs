@@ -382,9 +382,10 @@ impl Volume {
         self.lock_state().is_ok_and(|st| st.live.loaded_tables())
     }
 
-    /// How many map page records open read to verify them: those the
-    /// newest checkpoint wrote since the one before it (the rest are
-    /// verified when first read), none for a checkpoint of whole-map chunks.
+    /// How many map page records open read to verify them: none for the
+    /// newest checkpoint when both pointers decode (its pages are verified
+    /// when first read), every one for a fallback or a lone pointer, none
+    /// for a checkpoint of whole-map chunks.
     #[doc(hidden)]
     pub fn map_pages_verified_at_open(&self) -> u64 {
         self.lock_state()
