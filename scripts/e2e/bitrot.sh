@@ -7,7 +7,9 @@
 # its first MiB, and:
 #   - `cvol check` exits 1 (it never calls a damaged volume consistent);
 #   - `cvol serve` either opens it, and then every block reads exactly what
-#     was flushed or fails with EIO (never zeros or other data), or refuses
+#     was flushed or fails with EIO (never zeros or other data; each EIO
+#     block one that check names: a damaged record's, or one whose map page
+#     is damaged in the checkpoint open takes), or refuses
 #     to open (exit 2, naming `cvol check --repair`) having changed nothing;
 #     then `cvol check --repair --json` lists the lost LBAs, and served
 #     again, every block reads exact or EIO, and every EIO block is one that
@@ -88,6 +90,10 @@ for e in rep["errors"]:
         print(m.group(1))
 for l in rep.get("lost_lbas", []):
     print(l)
+# Blocks whose map page is damaged in the checkpoint open takes.
+for first, end in rep.get("damaged_page_lbas", []):
+    for l in range(first, end):
+        print(l)
 PYEOF
     cp --sparse=always "$WORK" "$WORK.before"
     if serve_try "$WORK"; then

@@ -19,6 +19,10 @@ pub struct CheckReport {
     /// Blocks marked lost by an earlier repair (they read as EIO until
     /// written again).
     pub lost_lbas: Vec<u64>,
+    /// LBA ranges [first, end) whose map page is damaged in the checkpoint
+    /// open takes (it verifies that checkpoint's pages when first read):
+    /// served, they read and write as EIO until `cvol check --repair`.
+    pub damaged_page_lbas: Vec<(u64, u64)>,
 }
 
 impl CheckReport {
@@ -61,10 +65,19 @@ pub fn check_volume_with_key(
         Ok(r) => r,
         Err(e) => {
             rep.errors.push(format!("recovery failed: {e}"));
+            damaged_pages_open_takes(storage, &sb, &mut rep, Some(progress));
             return rep;
         }
     };
     rep.errors.extend(recovered.warnings.iter().cloned());
+    // Open takes the newest pointer's checkpoint without verifying its
+    // pages when both pointers decode: where this check fell back from
+    // it, name the blocks its damaged pages hold.
+    let newest = ptrs.iter().flatten().map(|p| p.generation).max();
+    let both = ptrs.iter().flatten().count() == 2;
+    if both && newest.is_some_and(|g| recovered.checkpoint_generation < g) {
+        damaged_pages_open_takes(storage, &sb, &mut rep, None);
+    }
     let certified = recovery::certified_in_log(storage, &sb);
     if recovered.last_seq < certified.seq {
         rep.errors.push(format!(
@@ -94,6 +107,76 @@ pub fn check_volume_with_key(
     check_segment_usage(storage, &sb, &recovered, &mut rep);
     verify_records(storage, &sb, &recovered.map, &mut rep, progress);
     rep
+}
+
+/// When the checkpoint open takes (its pages verified when first read)
+/// is not the one this check recovered with every page verified: the
+/// pages of it that are damaged (each one's LBAs read and write as EIO
+/// once served, named in `damaged_page_lbas`), and, with `progress` (this
+/// check recovered nothing else to verify), the records its other pages
+/// name, verified as `verify_records` does.
+fn damaged_pages_open_takes(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    rep: &mut CheckReport,
+    progress: Option<&mut dyn FnMut(u64, u64)>,
+) {
+    use cvol_format::checkpoint::{DIR_PAGES, MAP_PAGE_BLOCKS};
+    let Ok(mut r) = recovery::recover_lazy(storage, sb) else {
+        return;
+    };
+    let src = crate::logread::LogPages {
+        storage,
+        sb,
+        buffered: None,
+    };
+    let blocks = sb.logical_blocks();
+    let mut damaged: Vec<(u64, u64, String)> = Vec::new();
+    let mut read: Vec<(u64, u64)> = Vec::new();
+    let mut note = |first: u64, end: u64, why: String| match damaged.last_mut() {
+        Some(last) if last.1 == first => last.1 = end,
+        _ => damaged.push((first, end, why)),
+    };
+    // A directory block's range at a time, page by page where it fails.
+    let block_blocks = DIR_PAGES * MAP_PAGE_BLOCKS;
+    let mut first = 0;
+    while first < blocks {
+        let end = (first + block_blocks).min(blocks);
+        if r.map.fault_in(first, end, &src).is_ok() {
+            read.push((first, end));
+        } else {
+            let mut p = first;
+            while p < end {
+                let e = (p + MAP_PAGE_BLOCKS).min(end);
+                match r.map.fault_in(p, e, &src) {
+                    Ok(()) => read.push((p, e)),
+                    Err(why) => note(p, e, why.to_string()),
+                }
+                p = e;
+            }
+        }
+        first = end;
+    }
+    for (first, end, why) in &damaged {
+        if rep.errors.len() < 100 {
+            rep.errors.push(format!(
+                "lbas {first}-{}: their map page is damaged ({why}); open takes the newest \
+                 checkpoint, and they read and write as EIO until `cvol check --repair`",
+                end - 1
+            ));
+        }
+        rep.damaged_page_lbas.push((*first, *end));
+    }
+    let Some(progress) = progress else {
+        return;
+    };
+    let map = &r.map;
+    let each = |f: &mut dyn FnMut(u64, MapEntry)| {
+        for &(first, end) in &read {
+            map.for_each_mapped_in(first, end, &mut *f);
+        }
+    };
+    verify_entries(storage, sb, each, rep, progress);
 }
 
 /// A pool's volume table (`cvol_format::pool`): one slot at least must
@@ -464,14 +547,23 @@ fn verify_records(
     rep: &mut CheckReport,
     progress: &mut dyn FnMut(u64, u64),
 ) {
+    verify_entries(storage, sb, |f| map.for_each_mapped(f), rep, progress);
+}
+
+/// `verify_records` of the entries `each` calls its argument with.
+fn verify_entries(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    each: impl Fn(&mut dyn FnMut(u64, MapEntry)),
+    rep: &mut CheckReport,
+    progress: &mut dyn FnMut(u64, u64),
+) {
     let mut total = 0u64;
-    map.for_each_mapped(|_, e| {
-        total += u64::from(matches!(e.state_valid(), EntryState::Data { .. }))
-    });
+    each(&mut |_, e| total += u64::from(matches!(e.state_valid(), EntryState::Data { .. })));
     let mut bad: Vec<(u64, String)> = Vec::new();
     let mut done = 0u64;
     let mut out = vec![0u8; BLOCK_SIZE_BYTES as usize];
-    map.for_each_mapped(|lba, e| {
+    each(&mut |lba, e| {
         if e.state_valid() == EntryState::Lost {
             rep.lost_lbas.push(lba);
         }

@@ -749,6 +749,25 @@ impl BlockMap {
         self.scan(None, f).expect("no page is read");
     }
 
+    /// `for_each_mapped` of the LBAs of [first, end) whose pages are in
+    /// memory (the others are skipped).
+    pub fn for_each_mapped_in(&self, first: u64, end: u64, mut f: impl FnMut(u64, MapEntry)) {
+        let in_range = |p: &usize| ((*p * PAGE_BLOCKS) as u64) < end;
+        let mut next = self
+            .next_allocated_page(first as usize / PAGE_BLOCKS)
+            .filter(in_range);
+        while let Some(p) = next {
+            if let Some(page) = self.resident(p) {
+                page.for_each_mapped(p, &mut |lba, e| {
+                    if (first..end).contains(&lba) {
+                        f(lba, e)
+                    }
+                });
+            }
+            next = self.next_allocated_page(p + 1).filter(in_range);
+        }
+    }
+
     /// Next LBA >= `lba` whose page is allocated (a fast skip over holes),
     /// or whose directory block is unread (which may hold one: callers
     /// read the blocks of their range first, `unpack_lbas`, and a page of

@@ -240,6 +240,12 @@ fn a_damaged_page_the_newest_checkpoint_wrote_is_an_error_where_it_is_used() {
     }
     drop(v);
     drop(pool);
+    // `check`, which falls back past the damaged page, names the blocks it
+    // holds, those the served volume refuses (mutation: naming only what
+    // its own fallback reads names none).
+    let rep = cvol_engine::check::check_volume(&store, &mut |_, _| {});
+    let p0 = default_page(0) * MAP_PAGE_BLOCKS;
+    assert_eq!(rep.damaged_page_lbas, [(p0, p0 + MAP_PAGE_BLOCKS)]);
     // Repair verifies every page of the checkpoint it takes: it falls back
     // to the older one and rolls forward, and every block reads again.
     let pool = checked_then_repaired(&store);
