@@ -339,9 +339,9 @@ impl Volume {
         let pages = std::mem::take(&mut snap.pages);
         let npages = pages.len();
         let tables = std::mem::take(&mut snap.tables).encode();
-        let (page_bytes, page_records) = self.append_pages(pages, &tables, between)?;
+        let page_bytes = self.append_pages(pages, &tables, between)?;
         let (table_bytes, table_records) = self.append_tables(tables)?;
-        snap.own_records = page_records + table_records;
+        snap.own_records = npages as u64 + table_records;
         // The pages and tables written so far reach the media before the
         // flush lock is taken: client FLUSHes wait only for the commit's
         // small sync, not for this one (group commit keeps them short).
@@ -425,8 +425,8 @@ impl Volume {
     }
 
     /// Appends the page records, a batch per hold of the state lock, each
-    /// named as its page's record at once; returns the bytes and records
-    /// appended.
+    /// named as its page's record at once (one record per page); returns
+    /// the bytes appended.
     /// Pages are encoded a batch at a time outside the lock, and each
     /// batch's snapshot dropped once written: a checkpoint holds a batch
     /// of encoded pages, and a page changed after it was written is not
@@ -436,7 +436,7 @@ impl Volume {
         pages: Vec<(usize, Page)>,
         tables: &EncodedTables,
         between: impl FnOnce(),
-    ) -> Result<(u64, u64), VolError> {
+    ) -> Result<u64, VolError> {
         // Refuse before appending anything: a half-written checkpoint only
         // wastes space. (Client writes appended meanwhile leave the reserve,
         // room for a whole checkpoint, free.)
@@ -451,7 +451,7 @@ impl Volume {
             return Err(VolError::NoSpace);
         }
         let mut between = Some(between);
-        let (mut total, mut unsynced, mut records) = (0u64, 0u64, 0u64);
+        let (mut total, mut unsynced) = (0u64, 0u64);
         let mut rest = pages.into_iter();
         loop {
             let batch: Vec<(usize, Page)> = rest.by_ref().take(PAGES_PER_HOLD).collect();
@@ -469,7 +469,6 @@ impl Volume {
                 let shape = Shape::map_meta(RecordKind::MapChunk, lba);
                 let placed = self.append(&mut st, shape, payload)?;
                 st.live.page_written(*p, page, page_ref(&placed));
-                records += 1;
                 total += u64::from(placed.len);
                 unsynced += u64::from(placed.len);
             }
@@ -488,7 +487,7 @@ impl Volume {
         if unsynced > 0 {
             self.guard(self.storage.sync().map_err(VolError::Io))?;
         }
-        Ok((total, records))
+        Ok(total)
     }
 
     /// Appends the table records, a batch per hold of the state lock, each
