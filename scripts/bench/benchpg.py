@@ -37,7 +37,11 @@ import benchlib  # noqa: E402
 REPO = benchlib.REPO
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-TARGETS = ["cvol", "qemu-nbd"]
+TARGETS = ["cvol", "qemu-nbd", "nbdkit-memory"]
+# Run unless --targets names others. nbdkit-memory (nbdkit's memory plugin:
+# the data in RAM, no disk, no work per request) is the ceiling: the TPS
+# this client stack gives with the cheapest server there is.
+DEFAULT_TARGETS = ["cvol", "qemu-nbd"]
 SIGNALS = benchlib.SIGNALS
 
 # The flush probe writes fio's 55%-compressible buffers, as scripts/bench/run does.
@@ -219,6 +223,8 @@ class Server:
             cmd = [c["cvol"], "create", self.path, "--size", str(c["size"])] + c["cvol_create_args"]
             cmd_run(cmd, 120, "cvol create")
             cmd = [c["cvol"], "serve", self.path, "--socket", self.sock] + c["cvol_serve_args"]
+        elif self.kind == "nbdkit-memory":
+            cmd = ["nbdkit", "--foreground", "-U", self.sock, "memory", "size=%d" % c["size"]]
         else:
             with open(self.path, "wb") as f:
                 f.truncate(c["size"])
@@ -608,7 +614,7 @@ def pgbench_run(cfg, workdir, tag, target):
         if rc != 0:
             run["warning"] = "%s exited %s after SIGTERM: %s" % (target, rc, tail(srv.err, 5))
         run["du_bytes"] = du_bytes(srv.path)
-        run["apparent_bytes"] = os.path.getsize(srv.path)
+        run["apparent_bytes"] = os.path.getsize(srv.path) if os.path.exists(srv.path) else None
         if target == "cvol":
             st = run.get("cvol_stat") or {}
             run["logical_data_bytes"] = st.get("mapped_bytes")
@@ -714,6 +720,15 @@ def summarize(runs, targets, reps):
         summ["tps_ratio"] = agg("tps_ratio")
         summ["flush_p99_ratio"] = agg("flush_p99_ratio")
         summ["du_ratio_qemu_over_cvol"] = agg("du_ratio_qemu_over_cvol")
+    if "nbdkit-memory" in targets and "qemu-nbd" in targets:
+        v = []
+        for rep in range(1, reps + 1):
+            m = next((r for r in ok if r["rep"] == rep and r["target"] == "nbdkit-memory"), None)
+            q = next((r for r in ok if r["rep"] == rep and r["target"] == "qemu-nbd"), None)
+            if m and q and q["tps"]:
+                v.append(m["tps"] / q["tps"])
+        summ["ceiling_tps_ratio"] = {"median": med(v), "min": min(v) if v else None,
+                                     "max": max(v) if v else None, "n": len(v), "per_rep": v}
     return summ
 
 
@@ -742,6 +757,11 @@ def summary_text(summ, cfg):
         if not cfg["skip_flush_fio"]:
             lines.append("cvol/qemu-nbd FLUSH p99: median " + rr(summ["flush_p99_ratio"]))
         lines.append("host space qemu-nbd du / cvol du: median " + rr(summ["du_ratio_qemu_over_cvol"]))
+    if "ceiling_tps_ratio" in summ:
+        c = summ["ceiling_tps_ratio"]
+        lines.append("nbdkit-memory/qemu-nbd TPS (the most any server could give this client stack): median "
+                     "%s (min %s, max %s, %d pairs)" % (f0(c["median"], "%.2f"), f0(c["min"], "%.2f"),
+                                                       f0(c["max"], "%.2f"), c["n"]))
     return "\n".join(lines)
 
 
@@ -761,8 +781,8 @@ def check_tools(args):
     missing = []
     for tool, pkg in (("nbdfuse", "nbdfuse"), ("nbdinfo", "libnbd-bin"), ("losetup", "mount"),
                       ("mkfs.ext4", "e2fsprogs"), ("runuser", "util-linux"), ("fio", "fio"),
-                      ("qemu-nbd", "qemu-utils")):
-        if tool == "qemu-nbd" and "qemu-nbd" not in args.targets:
+                      ("qemu-nbd", "qemu-utils"), ("nbdkit", "nbdkit")):
+        if tool in ("qemu-nbd", "nbdkit") and not any(t.startswith(tool) for t in args.targets):
             continue
         if tool == "fio" and args.skip_flush_fio:
             continue
@@ -803,7 +823,9 @@ def main():
     ap.add_argument("--runtime", type=int, default=60, help="pgbench -T seconds (default 60)")
     ap.add_argument("--progress", type=int, default=10, help="pgbench -P seconds (default 10)")
     ap.add_argument("--size", default="8G", help="device size, both targets (default 8G)")
-    ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated subset of cvol,qemu-nbd")
+    ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                    help="comma-separated subset of cvol,qemu-nbd,nbdkit-memory (default cvol,qemu-nbd; "
+                         "nbdkit-memory keeps the data in RAM: the ceiling any server could reach)")
     ap.add_argument("--cvol-create-args", default="", help="extra args for cvol create, e.g. '--dedup off'")
     ap.add_argument("--cvol-serve-args", default="", help="extra args for cvol serve, e.g. '--sync'")
     ap.add_argument("--qemu-cache", default="writeback", help="qemu-nbd --cache (default writeback, as scripts/bench/run)")
