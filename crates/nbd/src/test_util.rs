@@ -275,6 +275,7 @@ impl Backend for MemBackend {
     }
     fn flush(&self) -> Result<(), BackendError> {
         self.check()?;
+        self.note_thread();
         self.note(|| "flush".into());
         self.flushes.fetch_add(1, Ordering::SeqCst);
         Ok(())

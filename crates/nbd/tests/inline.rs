@@ -143,3 +143,47 @@ fn quick_reads_go_to_the_workers_while_a_write_is_in_flight() {
     let names = threads(&ts);
     assert_eq!(on_workers(&names), 9, "{names:?}");
 }
+
+#[test]
+fn a_flush_one_at_a_time_runs_on_the_connection_thread_and_one_behind_writes_on_a_flusher() {
+    let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
+    let mut c = Client::ready(&ts, true);
+    // A database's commits: a write, then a flush, each after the reply
+    // to the one before. Neither wakes another thread.
+    for i in 0..10u64 {
+        assert_eq!(c.write(2 * i, i * 4096, &pattern(4096, i as u8)), 0);
+        c.request(NBD_CMD_FLUSH, 0, 2 * i + 1, 0, 0, &[]);
+        assert_eq!(c.reply_one(0), (2 * i + 1, 0, Vec::new()));
+    }
+    let names = threads(&ts);
+    assert_eq!(names.len(), 20, "{names:?}");
+    assert!(
+        names.iter().all(|n| n.starts_with("nbd-conn-")),
+        "a write and a flush at queue depth 1 ran on {names:?}"
+    );
+    assert_eq!(
+        ts.backend.flushes.load(std::sync::atomic::Ordering::SeqCst),
+        10
+    );
+    // A flush with more requests behind it goes to a flusher: the reader
+    // goes on reading them.
+    let mut bytes = Client::header(NBD_CMD_FLUSH, 0, 200, 0, 0);
+    for i in 0..8u64 {
+        bytes.extend(Client::header(NBD_CMD_WRITE, 0, 100 + i, i * 4096, 4096));
+        bytes.extend(pattern(4096, i as u8));
+    }
+    c.s.write_all(&bytes).unwrap();
+    let mut handles: Vec<u64> = (0..9).map(|_| c.reply_one(0).0).collect();
+    handles.sort_unstable();
+    assert_eq!(handles, [100, 101, 102, 103, 104, 105, 106, 107, 200]);
+    let names = threads(&ts);
+    assert_eq!(names.len(), 9, "{names:?}");
+    assert_eq!(
+        names
+            .iter()
+            .filter(|n| n.starts_with("nbd-flusher-"))
+            .count(),
+        1,
+        "{names:?}"
+    );
+}

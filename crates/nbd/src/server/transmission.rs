@@ -526,7 +526,7 @@ fn dispatch(
         Command::Flush => Lane::Flush,
         _ => Lane::Write,
     };
-    if lane != Lane::Flush && runs_inline(conn, reader, &cmd) {
+    if runs_inline(conn, reader, &cmd) {
         let reply = execute(conn, handle, cmd, data);
         conn.send(reply, release);
         return Ok(());
@@ -543,22 +543,28 @@ fn dispatch(
 }
 
 /// Whether `cmd` (in flight, its slot taken) runs here, on the reader
-/// thread, rather than on a worker:
+/// thread, rather than on a worker or a flusher:
 /// - a small READ, while this connection's reads have been quick (their
 ///   data in memory: `read_cost`) and none of its writes is in flight,
 ///   since the hand-off to a worker would cost as much as the read (with
 ///   writes in flight, the workers compress while the reader, running
 ///   reads, would leave the next writes unread);
-/// - a small READ or WRITE that is the connection's only request in
-///   flight, with nothing more from the client buffered or waiting on the
-///   socket. A client at queue depth 1 then pays no hand-off to a worker
-///   and no wake-up (the reader would only wait for the next request,
-///   which comes after the reply); a client with more requests coming
-///   keeps the workers for its writes, so the reader goes on reading.
+/// - a small READ or WRITE, or a FLUSH, that is the connection's only
+///   request in flight, with nothing more from the client buffered or
+///   waiting on the socket. A client at queue depth 1 then pays no
+///   hand-off and no wake-up (the reader would only wait for the next
+///   request, which comes after the reply): a database's commit, a write
+///   and then a flush, one at a time, wakes no other thread. A client with
+///   more requests coming keeps the workers for its writes and the
+///   flushers for its flushes, so the reader goes on reading. (A request
+///   that arrives while an inline flush syncs waits for it; with nothing
+///   else in flight when the flush came, a client that sends it is one
+///   that had just gone idle.)
 fn runs_inline(conn: &Conn, reader: &impl Input, cmd: &Command) -> bool {
     let (length, is_read) = match cmd {
         Command::Read { length, .. } => (*length, true),
         Command::Write { length, .. } => (*length, false),
+        Command::Flush => (0, false),
         _ => return false,
     };
     if length > INLINE_MAX_BYTES {
