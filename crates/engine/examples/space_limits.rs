@@ -1,5 +1,5 @@
 //! What any compression unit could store for an image (not a test; numbers
-//! go to docs/BENCHMARKING.md "Space: where the bytes go, and the limit").
+//! go to docs/BENCHMARKING.md "Settled space against squashfs").
 //!
 //! Lays an image out as cold data ends up in a volume after idle: zero
 //! blocks cost nothing, a block equal to an earlier one is a dedup

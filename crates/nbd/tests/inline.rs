@@ -145,7 +145,7 @@ fn quick_reads_go_to_the_workers_while_a_write_is_in_flight() {
 }
 
 #[test]
-fn a_flush_one_at_a_time_runs_on_the_connection_thread_and_one_behind_writes_on_a_flusher() {
+fn a_flush_one_at_a_time_runs_on_the_connection_thread_and_one_with_requests_behind_on_a_flusher() {
     let ts = TestServer::start(MemBackend::new(SIZE_BYTES, false), config());
     let mut c = Client::ready(&ts, true);
     // A database's commits: a write, then a flush, each after the reply
