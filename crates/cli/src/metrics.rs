@@ -91,6 +91,7 @@ pub const COUNTERS: &[&str] = &[
     "auto_lz4_units",
     "auto_zstd_fast_units",
     "auto_zstd_strong_units",
+    "auto_cpu_busy_units",
     "client_reads",
     "store_pages_read",
     "bytes_read",

@@ -535,12 +535,15 @@ fn io_rows(s: &VolumeStats) -> Vec<(&'static str, String)> {
         (
             "elastic",
             format!(
-                "units up to {} ({} written), load {} ({} IOPS), probe wrote {} raw, \
+                "units up to {} ({} written), load {} ({} IOPS{}), probe wrote {} raw, \
              {} deferred",
                 count(u64::from(e.unit_blocks), "block", "blocks"),
                 e.units_written,
                 e.load_level,
                 e.load_iops,
+                e.load_cpu_percent
+                    .map(|p| format!(", machine CPU {p}%"))
+                    .unwrap_or_default(),
                 count(e.probe_raw_blocks, "block", "blocks"),
                 count(e.deferred_blocks, "block", "blocks")
             ),

@@ -29,7 +29,7 @@ pub fn count(n: u64, one: &str, many: &str) -> String {
 /// What policy `auto` does, with `strong` its background codec.
 pub fn auto_words(strong: Codec) -> String {
     format!(
-        "{} while busy, {} under medium load, {} when idle; cold data recompressed to {strong} in the background",
+        "{} while busy (or while the machine's CPU is), {} under medium load, {} when idle; cold data recompressed to {strong} in the background",
         auto_codec(Load::Busy),
         auto_codec(Load::Medium),
         auto_codec(Load::Idle),

@@ -39,6 +39,7 @@ pub mod segments;
 pub mod check;
 pub mod clock;
 pub mod codec;
+pub mod cpu;
 pub mod dedup;
 pub mod error;
 pub mod keys;

@@ -9,8 +9,21 @@
 //! | incompressible   | any                                    | none (raw)     |
 //! | compressible     | busy, inline compression over budget   | none, deferred |
 //! | compressible     | busy: >= busy_iops or >= busy_inflight | lz4            |
+//! | compressible     | the machine's CPU >= busy_cpu_percent  | lz4            |
 //! | compressible     | between idle_iops and busy             | zstd:1         |
 //! | compressible     | idle: < idle_iops                      | zstd:3         |
+//!
+//! *The machine's CPU*: EDC picks the codec by the bottleneck. The I/O
+//! rate says when the device path is; when the whole machine's cores are
+//! mostly busy (every process, the clients included), the CPU is, and
+//! every microsecond inline compression spends is taken from the clients:
+//! a database on the same host commits a few thousand times a second, a
+//! medium I/O load, while its own processes keep the cores busy. Then
+//! compressible data gets the busy codec, as under a busy I/O load (but
+//! is never deferred for it: deferral follows the I/O load and the inline
+//! budget only), and background recompression, once clients are idle,
+//! rewrites it with the strong codec as it does every lz4 unit. Only a
+//! server that passes a gauge (`OpenOptions::cpu`) sees the machine's CPU.
 //!
 //! *Deferred* (EDC's lightest level taken to its end: "EDC does not apply
 //! data compression during periods when the I/O intensity is very high"):
@@ -29,6 +42,7 @@
 //! never retried: the probe or a failed compression already judged them.
 use crate::clock::Clock;
 use crate::codec::Codec;
+use crate::cpu::CpuGauge;
 use crate::error::BadWord;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -89,6 +103,11 @@ pub struct ElasticConfig {
     /// The codec of policy auto while the load is busy: lz4 where the CPU
     /// is the bottleneck, zstd:1 in an object store, where the store is.
     pub busy_codec: Codec,
+    /// Percent of all cores' time, busy over about the last second (every
+    /// process), at or above which compressible writes get `busy_codec`
+    /// whatever the I/O load: the CPU is then the bottleneck (policy auto,
+    /// with a CPU gauge). None: the I/O load alone decides.
+    pub busy_cpu_percent: Option<u32>,
 }
 
 impl Default for ElasticConfig {
@@ -107,6 +126,7 @@ impl Default for ElasticConfig {
             inline_cpu_percent: Some(INLINE_CPU_PERCENT_DEFAULT),
             recompress_min_gain_percent: RECOMPRESS_MIN_GAIN_PERCENT_DEFAULT,
             busy_codec: auto_codec(Load::Busy),
+            busy_cpu_percent: Some(BUSY_CPU_PERCENT_DEFAULT),
         }
     }
 }
@@ -141,6 +161,12 @@ impl ElasticConfig {
 pub const UNIT_BLOCKS_MAX: u32 = 16;
 /// Default share of the CPU inline compression may take while busy.
 pub const INLINE_CPU_PERCENT_DEFAULT: u32 = 30;
+/// Default machine CPU (percent of all cores) from which writes get the
+/// busy codec: at 70% busy, most wake-ups on a small machine find every
+/// core taken (on two cores, a task that wakes waits for one about 58% of
+/// the time: Erlang's C formula), so CPU spent compressing inline is CPU a
+/// client waits for.
+pub const BUSY_CPU_PERCENT_DEFAULT: u32 = 70;
 pub const UNIT_BLOCKS_DEFAULT: u32 = 4;
 /// Default unit of cold data (background recompression): 64 KiB.
 pub const RECOMPRESS_UNIT_BLOCKS_DEFAULT: u32 = 16;
@@ -239,6 +265,8 @@ pub struct LoadMonitor {
     stamps: [AtomicU64; BUCKETS],
     counts: [AtomicU64; BUCKETS],
     inflight: AtomicUsize,
+    /// The machine's CPU, where the server passed a gauge.
+    cpu: Option<Arc<dyn CpuGauge>>,
 }
 
 impl LoadMonitor {
@@ -249,6 +277,26 @@ impl LoadMonitor {
             stamps: Default::default(),
             counts: Default::default(),
             inflight: AtomicUsize::new(0),
+            cpu: None,
+        }
+    }
+
+    /// The same, also reading the machine's CPU from `cpu`.
+    pub fn with_cpu(mut self, cpu: Option<Arc<dyn CpuGauge>>) -> LoadMonitor {
+        self.cpu = cpu;
+        self
+    }
+
+    /// The machine's CPU, busy percent of all cores, if a gauge knows it.
+    pub fn cpu_percent(&self) -> Option<u32> {
+        self.cpu.as_ref().and_then(|g| g.busy_percent())
+    }
+
+    /// Whether the machine's CPU is the bottleneck (`busy_cpu_percent`).
+    pub fn cpu_busy(&self, cfg: &ElasticConfig) -> bool {
+        match cfg.busy_cpu_percent {
+            Some(limit) => self.cpu_percent().is_some_and(|p| p >= limit),
+            None => false,
         }
     }
 

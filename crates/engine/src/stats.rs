@@ -592,11 +592,22 @@ pub struct ElasticStats {
     pub auto_lz4_units: u64,
     pub auto_zstd_fast_units: u64,
     pub auto_zstd_strong_units: u64,
+    /// Of `auto_lz4_units`, those given the busy codec because the
+    /// machine's CPU was at least `busy_cpu_percent` busy while the I/O
+    /// load was not busy.
+    pub auto_cpu_busy_units: u64,
     /// Load as the auto policy sees it now: 4 KiB-normalised requests in
     /// the last second, requests in the engine, and the resulting level.
     pub load_iops: u64,
     pub load_inflight: u64,
     pub load_level: String,
+    /// The machine's CPU, percent of all cores busy over about the last
+    /// second (every process), as the auto policy sees it; null where the
+    /// server reads no CPU gauge.
+    pub load_cpu_percent: Option<u32>,
+    /// The CPU busy percent from which compressible writes get the busy
+    /// codec (serve --busy-cpu); null: off.
+    pub busy_cpu_percent: Option<u32>,
     /// Client reads since open, the 4 KiB pages of the store they read
     /// (cached blocks read none; a record straddling a page boundary reads
     /// both), and pages per read ([SSD-packing]'s read amplification in pages).

@@ -585,6 +585,74 @@ fn the_policy_reads_the_clock_it_is_given() {
     close_and_check(vol, &sim);
 }
 
+/// The machine's CPU counts as load for the codec: under a medium I/O
+/// load, writes get the busy codec (lz4) while the gauge reads at least
+/// `busy_cpu_percent`, zstd:1 below it or with the rule off, and never a
+/// deferral for it (the inline budget is spent: a unit of two blocks
+/// would be deferred under a busy I/O load). Every write reads back.
+#[test]
+fn a_busy_cpu_gives_writes_the_busy_codec_but_never_defers_them() {
+    use cvol_engine::cpu::FixedCpu;
+    let sim = SimStorage::new(32 * MIB);
+    let opts = common::options(&sim, 16 * MIB).with_codec(auto());
+    common::create_closed(&sim, &opts);
+    let cpu = FixedCpu::shared(95);
+    let open = |busy_cpu_percent| {
+        let options = OpenOptions {
+            elastic: ElasticConfig {
+                busy_cpu_percent,
+                inline_cpu_percent: Some(0),
+                recompress: true,
+                recompress_idle_ms: u64::MAX,
+                ..pinned("medium", 4)
+            },
+            cpu: Some(cpu.clone() as Arc<dyn cvol_engine::cpu::CpuGauge>),
+            ..OpenOptions::default()
+        };
+        common::open_with(&sim, options)
+    };
+    let vol = open(Some(70));
+    let image = text(9, 64 * BS);
+    let units = |vol: &Volume| {
+        let e = vol.stats().elastic;
+        [
+            e.auto_lz4_units,
+            e.auto_zstd_fast_units,
+            e.auto_cpu_busy_units,
+            e.deferred_units,
+        ]
+    };
+    // 95% busy: 4 units of 4 blocks each, lz4, counted as the CPU's.
+    vol.write_at(0, &image[..16 * BS], false).unwrap();
+    assert_eq!(units(&vol), [4, 0, 4, 0]);
+    let st = vol.stats();
+    assert_eq!((st.codec_lz4_blocks, st.codec_zstd_blocks), (16, 0));
+    assert_eq!(
+        (st.elastic.load_cpu_percent, st.elastic.busy_cpu_percent),
+        (Some(95), Some(70))
+    );
+    // At the threshold still busy; below it, zstd:1.
+    cpu.set(70);
+    vol.write_at(16 * BS as u64, &image[16 * BS..32 * BS], false)
+        .unwrap();
+    assert_eq!(units(&vol), [8, 0, 8, 0]);
+    cpu.set(69);
+    vol.write_at(32 * BS as u64, &image[32 * BS..48 * BS], false)
+        .unwrap();
+    assert_eq!(units(&vol), [8, 4, 8, 0]);
+    assert_eq!(read(&vol, 0, 48 * BS), image[..48 * BS]);
+    close_and_check(vol, &sim);
+    // With the rule off, a busy machine changes nothing.
+    cpu.set(100);
+    let vol = open(None);
+    vol.write_at(48 * BS as u64, &image[48 * BS..], false)
+        .unwrap();
+    assert_eq!(units(&vol), [0, 4, 0, 0]);
+    assert_eq!(vol.stats().elastic.load_cpu_percent, Some(100));
+    assert_eq!(read(&vol, 0, image.len()), image);
+    close_and_check(vol, &sim);
+}
+
 /// Writes `data` one block per request (lz4 single blocks when busy).
 fn write_blocks(vol: &Volume, lba: u64, data: &[u8]) {
     for (i, b) in data.chunks(BS).enumerate() {

@@ -194,6 +194,13 @@ pub(super) struct ElasticFlags {
     /// object store, where the store, not the CPU, is the bottleneck]
     #[arg(long, value_name = "CODEC")]
     pub(super) busy_codec: Option<String>,
+    /// Codec policy auto: when the machine's CPU (all cores, every process,
+    /// over about the last second) is at least this busy, compressible
+    /// writes get the busy codec whatever the I/O rate: the CPU, which the
+    /// clients need too, is then the bottleneck (EDC picks the codec by
+    /// the bottleneck). off: the I/O rate alone decides [default: 70]
+    #[arg(long, value_name = "PERCENT|off")]
+    pub(super) busy_cpu: Option<String>,
 }
 
 /// `--max-handshaking` is at least this by default (or `--max-connections`
@@ -252,6 +259,7 @@ impl ServeArgs {
             read_cache_bytes,
             map_cache_bytes,
             elastic: self.elastic.config(self.in_object_store())?,
+            cpu: Some(cvol_engine::cpu::MachineCpu::shared()),
             ..crate::keyfile::open_options()
         })
     }
@@ -366,6 +374,7 @@ impl ElasticFlags {
                 defaults.recompress_min_gain_percent,
             )?,
             busy_codec: given_or(&self.busy_codec, busy_codec, defaults.busy_codec)?,
+            busy_cpu_percent: given_or(&self.busy_cpu, busy_cpu, defaults.busy_cpu_percent)?,
             ..defaults
         })
     }
@@ -380,6 +389,19 @@ fn inline_cpu(v: &str) -> Result<Option<u32>, Error> {
         Ok(p) if p <= 100 => Ok(Some(p)),
         _ => Err(Error::Usage(format!(
             "--inline-cpu {v}: expected a percentage from 0 to 100, or off"
+        ))),
+    }
+}
+
+/// `--busy-cpu PERCENT|off`.
+fn busy_cpu(v: &str) -> Result<Option<u32>, Error> {
+    if v == "off" {
+        return Ok(None);
+    }
+    match v.trim_end_matches('%').parse::<u32>() {
+        Ok(p) if (1..=100).contains(&p) => Ok(Some(p)),
+        _ => Err(Error::Usage(format!(
+            "--busy-cpu {v}: expected a percentage from 1 to 100, or off"
         ))),
     }
 }

@@ -109,6 +109,22 @@ fn inline_cpu_takes_a_percentage_or_off() {
 }
 
 #[test]
+fn busy_cpu_takes_a_percentage_or_off_and_the_server_reads_the_machine() {
+    let o = |v: &[&str]| parse(v).open_options();
+    let d = o(&["vol.cvol"]).unwrap();
+    assert_eq!(d.elastic.busy_cpu_percent, Some(70));
+    assert!(d.cpu.is_some(), "a server counts the machine's CPU");
+    let pct = |v: &str| o(&["vol.cvol", "--busy-cpu", v]);
+    assert_eq!(pct("off").unwrap().elastic.busy_cpu_percent, None);
+    assert_eq!(pct("85%").unwrap().elastic.busy_cpu_percent, Some(85));
+    assert_eq!(pct("100").unwrap().elastic.busy_cpu_percent, Some(100));
+    for bad in ["0", "101", "7.5", "on", ""] {
+        let e = pct(bad).unwrap_err().to_string();
+        assert!(e.contains("--busy-cpu") && e.contains("1 to 100"), "{e}");
+    }
+}
+
+#[test]
 fn an_object_store_volume_compresses_inline_and_rewrites_only_what_pays() {
     let file = parse(&["vol.cvol"]).open_options().unwrap().elastic;
     assert_eq!(file.inline_cpu_percent, Some(30));

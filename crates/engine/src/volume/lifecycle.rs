@@ -350,6 +350,7 @@ impl Volume {
                     .then_some(options.elastic.inline_cpu_percent)
                     .flatten(),
                 &options.clock,
+                options.cpu.clone(),
             ),
             caches: Caches::new(
                 options

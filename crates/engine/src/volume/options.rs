@@ -2,6 +2,7 @@
 use super::jobs::cleaner::CleanerConfig;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::Codec;
+use crate::cpu::CpuGauge;
 use crate::keys::{Encryption, KeyFile};
 use crate::policy::{CodecPolicy, ElasticConfig};
 use cvol_format::seal::Cipher;
@@ -184,6 +185,11 @@ pub struct OpenOptions {
     /// jobs' idle test read (`crate::clock`): the system clock by default,
     /// a `ManualClock` in a simulation that wants its seed to fix them.
     pub clock: Arc<dyn Clock>,
+    /// The machine's CPU load, which the codec policy counts as load
+    /// (`ElasticConfig::busy_cpu_percent`; `crate::cpu`): None by default,
+    /// so that no test's decisions depend on what else the machine runs;
+    /// the server passes `MachineCpu`.
+    pub cpu: Option<Arc<dyn CpuGauge>>,
     /// The key file of an encrypted volume (refused for one without).
     pub key: Option<KeyFile>,
 }
@@ -210,6 +216,7 @@ impl Default for OpenOptions {
             warm_segments: None,
             zero_ahead_bytes: None,
             clock: SystemClock::shared(),
+            cpu: None,
             key: None,
         }
     }

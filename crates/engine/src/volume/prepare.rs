@@ -233,6 +233,18 @@ impl Volume {
                 {
                     return Choice::Defer;
                 }
+                // The machine's CPU busy is a busy load for the codec (the
+                // CPU is the bottleneck), never a reason to defer.
+                let load = match load {
+                    policy::Load::Busy => load,
+                    _ if who == Writer::Client
+                        && self.activity.load.cpu_busy(&self.options.elastic) =>
+                    {
+                        es.auto_cpu_busy.fetch_add(1, Ordering::Relaxed);
+                        policy::Load::Busy
+                    }
+                    _ => load,
+                };
                 es.count_auto_choice(load);
                 Choice::Codec(self.options.elastic.codec_at(load))
             }

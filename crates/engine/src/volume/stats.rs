@@ -48,6 +48,9 @@ pub(in crate::volume) struct ElasticCounters {
     auto_lz4: AtomicU64,
     auto_zstd_fast: AtomicU64,
     auto_zstd_strong: AtomicU64,
+    /// Of the busy-codec units, those the I/O load alone would have given
+    /// zstd: the machine's CPU was busy (`busy_cpu_percent`).
+    pub(in crate::volume) auto_cpu_busy: AtomicU64,
     /// Units stored raw because inline compression was over its CPU
     /// budget (deferred to background recompression), and their blocks.
     pub(in crate::volume) deferred_units: AtomicU64,
@@ -384,7 +387,10 @@ impl Volume {
             auto_lz4_units: get(&es.auto_lz4),
             auto_zstd_fast_units: get(&es.auto_zstd_fast),
             auto_zstd_strong_units: get(&es.auto_zstd_strong),
+            auto_cpu_busy_units: get(&es.auto_cpu_busy),
             load_iops: load.iops(),
+            load_cpu_percent: load.cpu_percent(),
+            busy_cpu_percent: self.options.elastic.busy_cpu_percent,
             load_inflight: load.inflight() as u64,
             load_level: format!("{:?}", load.load(&self.options.elastic)).to_lowercase(),
             bytes_read: get(&es.bytes_read),

@@ -121,7 +121,7 @@ fn stats_serialize_flat_in_field_order() {
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(at("scrub_runs") < at("cache_hits"));
     assert!(at("cache_dirty_bytes") < at("object_store"));
-    assert_eq!(json.as_object().unwrap().len(), 190);
+    assert_eq!(json.as_object().unwrap().len(), 193);
     assert!(at("worst_case_free_logical_bytes") < at("space_pressure"));
     assert!(json["space_pressure"].is_string());
     assert!(json["cache"].is_null(), "not a cache");

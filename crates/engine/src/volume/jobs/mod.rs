@@ -144,14 +144,15 @@ pub(in crate::volume) struct Activity {
 
 impl Activity {
     /// `inline_cpu_percent`: the budget of inline compression (None:
-    /// always compress inline).
+    /// always compress inline); `cpu`: the machine's CPU gauge, if any.
     pub(in crate::volume) fn new(
         inline_cpu_percent: Option<u32>,
         clock: &Arc<dyn Clock>,
+        cpu: Option<Arc<dyn crate::cpu::CpuGauge>>,
     ) -> Activity {
         let cores = crate::memory::cores();
         Activity {
-            load: LoadMonitor::new(clock.clone()),
+            load: LoadMonitor::new(clock.clone()).with_cpu(cpu),
             clock: clock.clone(),
             opened_ns: clock.now_ns(),
             last_client_io_ms: AtomicU64::new(0),
