@@ -138,13 +138,16 @@ impl ElasticConfig {
     /// raw, then PUT again compressed), with zstd:1 rather than lz4 while
     /// busy (a third fewer bytes to PUT on text, so the background has
     /// little left to gain), and recompress in the background only what
-    /// saves at least as many bytes as the rewrite PUTs.
+    /// saves at least as many bytes as the rewrite PUTs. A busy machine
+    /// CPU does not step the codec down either: the store stays the
+    /// bottleneck.
     pub fn for_object_store() -> ElasticConfig {
         ElasticConfig {
             inline_cpu_percent: None,
             recompress_min_gain_percent: RECOMPRESS_MIN_GAIN_PERCENT_OBJECT_STORE,
             recompress_within_host_bytes: false,
             busy_codec: Codec::Zstd(1),
+            busy_cpu_percent: None,
             ..ElasticConfig::default()
         }
     }

@@ -198,7 +198,8 @@ pub(super) struct ElasticFlags {
     /// over about the last second) is at least this busy, compressible
     /// writes get the busy codec whatever the I/O rate: the CPU, which the
     /// clients need too, is then the bottleneck (EDC picks the codec by
-    /// the bottleneck). off: the I/O rate alone decides [default: 70]
+    /// the bottleneck). off: the I/O rate alone decides [default: 70; off
+    /// for a volume in an object store, where the store is the bottleneck]
     #[arg(long, value_name = "PERCENT|off")]
     pub(super) busy_cpu: Option<String>,
 }

@@ -134,6 +134,7 @@ fn an_object_store_volume_compresses_inline_and_rewrites_only_what_pays() {
     assert_eq!(s3.inline_cpu_percent, None, "a deferred unit is PUT twice");
     assert_eq!(s3.recompress_min_gain_percent, 50);
     assert_eq!(s3.busy_codec, Codec::Zstd(1));
+    assert_eq!(s3.busy_cpu_percent, None, "the store is the bottleneck");
     // The flags still win.
     let flags = [
         "s3://bucket/vol",
@@ -143,11 +144,14 @@ fn an_object_store_volume_compresses_inline_and_rewrites_only_what_pays() {
         "10%",
         "--busy-codec",
         "lz4",
+        "--busy-cpu",
+        "90",
     ];
     let s3 = parse(&flags).open_options().unwrap().elastic;
     assert_eq!(s3.inline_cpu_percent, Some(20));
     assert_eq!(s3.recompress_min_gain_percent, 10);
     assert_eq!(s3.busy_codec, Codec::Lz4);
+    assert_eq!(s3.busy_cpu_percent, Some(90));
     assert!(err(&["--recompress-min-gain", "100"]).contains("0 to 99"));
     assert!(err(&["--busy-codec", "none"]).contains("--inline-cpu 0"));
     assert!(err(&["--busy-codec", "zstd:99"]).starts_with("--busy-codec zstd:99"));
