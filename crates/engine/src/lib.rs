@@ -8,6 +8,8 @@
 //! - `memory`: the allocator's settings for a server, its counts, the
 //!   process's RSS (`stat`'s `memory_bytes`)
 //! - `keys`: encryption keys: key files, unwrapping the data key, rotation
+//! - `clock`: the time the policy and background jobs read; `cpu`: the
+//!   machine's CPU load the policy reads (both passed in by the opener)
 //! - `codec`: lz4 / zstd / none; `policy`: which codec a write gets (elastic)
 //! - `records`: record decoding shared by every reader of the log
 //! - `map`: the in-memory block map (12 bytes per written block)

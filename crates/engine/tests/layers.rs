@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 
 /// The rooms from the bottom up; `lib.rs` says what each one holds.
 const LAYERS: &[&str] = &[
-    "error", "memory", "keys", "clock", "codec", "policy", "records", "map", "logread", "segments",
-    "dedup", "stats", "liveness", "log", "locks", "recovery", "volume", "check", "pool",
+    "error", "memory", "keys", "clock", "cpu", "codec", "policy", "records", "map", "logread",
+    "segments", "dedup", "stats", "liveness", "log", "locks", "recovery", "volume", "check",
+    "pool",
 ];
 
 /// Rooms only tests use.
