@@ -373,6 +373,10 @@ fn encode_stats(stats: &serde_json::Value, mut encoder: DescriptorEncoder) -> st
 pub struct ServerMetrics {
     seconds: Vec<Histogram>,
     connections: Gauge,
+    /// `--busy-poll`: polls that found the next request, and that did not.
+    polls_found: Counter,
+    polls_missed: Counter,
+    poll_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl ServerMetrics {
@@ -392,6 +396,22 @@ impl ServerMetrics {
             "NBD client connections open",
             connections.clone(),
         );
+        let polls = Family::<PollLabel, Counter>::default();
+        registry.register(
+            "nbd_busy_polls",
+            "Waits for a client's next request that began by watching the socket without \
+             sleeping (--busy-poll), by whether the request came within the window",
+            polls.clone(),
+        );
+        let poll_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "nbd_busy_poll_seconds",
+            "Time connections spent watching their sockets for the next request (--busy-poll): \
+             CPU time given to queue-depth-1 latency, yielded to any thread that wanted it",
+            poll_seconds.clone(),
+        );
+        let polls_found = polls.get_or_create(&PollLabel { found: "request" }).clone();
+        let polls_missed = polls.get_or_create(&PollLabel { found: "none" }).clone();
         let seconds = CommandKind::ALL
             .iter()
             .map(|kind| {
@@ -404,6 +424,9 @@ impl ServerMetrics {
         ServerMetrics {
             seconds,
             connections,
+            polls_found,
+            polls_missed,
+            poll_seconds,
         }
     }
 }
@@ -417,6 +440,20 @@ impl RequestObserver for ServerMetrics {
         self.connections
             .set(i64::try_from(open).unwrap_or(i64::MAX));
     }
+
+    fn busy_poll(&self, found: bool, polled: Duration) {
+        match found {
+            true => self.polls_found.inc(),
+            false => self.polls_missed.inc(),
+        };
+        self.poll_seconds.inc_by(polled.as_secs_f64());
+    }
+}
+
+/// `found` of `nbd_busy_polls`: `request` or `none`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PollLabel {
+    found: &'static str,
 }
 
 /// The registry of one served volume.

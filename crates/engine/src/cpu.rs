@@ -5,6 +5,12 @@
 //! bottleneck; the I/O rate alone misses a database whose commits are few
 //! but whose CPU is spent).
 //!
+//! The same gauge tells the NBD server's busy polling (`cvol serve
+//! --busy-poll`) whether threads are waiting for a core: the kernel's CPU
+//! pressure (`/proc/pressure/cpu`), the share of time at least one runnable
+//! task waited. Polling for a client's next request is only worth its CPU
+//! while nobody else wants that CPU.
+//!
 //! A volume gets a gauge only where the server asks for one
 //! (`OpenOptions::cpu`): the simulations and tests leave it out, so no
 //! decision of theirs depends on what else the machine runs.
@@ -19,6 +25,13 @@ pub trait CpuGauge: Send + Sync + std::fmt::Debug {
     /// included; I/O wait counts as idle) over about the last second, or
     /// None when it cannot be known.
     fn busy_percent(&self) -> Option<u32>;
+
+    /// Percent of the time over about the last second during which at
+    /// least one runnable task waited for a core (the kernel's CPU
+    /// pressure, "some"), or None when the kernel does not report it.
+    fn pressure_percent(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// The gauge of a running server: `/proc/stat`'s totals, sampled at most
@@ -32,8 +45,18 @@ pub struct MachineCpu {
     /// The last computed percentage; `UNKNOWN` until two samples exist or
     /// when `/proc/stat` cannot be read.
     percent: AtomicU32,
-    /// The previous sample's (busy, total) jiffies.
-    last: Mutex<Option<(u64, u64)>>,
+    /// The last CPU pressure percentage, `UNKNOWN` likewise.
+    pressure: AtomicU32,
+    /// The previous sample.
+    last: Mutex<Sample>,
+}
+
+/// `/proc/stat`'s (busy, total) jiffies and the CPU pressure's stall
+/// microseconds, with when they were read.
+#[derive(Debug, Default, Clone, Copy)]
+struct Sample {
+    jiffies: Option<(u64, u64)>,
+    stall: Option<(u64, Instant)>,
 }
 
 const SAMPLE_MS: u64 = 250;
@@ -45,7 +68,8 @@ impl MachineCpu {
             start: Instant::now(),
             next_ms: AtomicU64::new(0),
             percent: AtomicU32::new(UNKNOWN),
-            last: Mutex::new(None),
+            pressure: AtomicU32::new(UNKNOWN),
+            last: Mutex::new(Sample::default()),
         };
         g.sample();
         g
@@ -60,27 +84,53 @@ impl MachineCpu {
         self.start.elapsed().as_millis() as u64
     }
 
-    /// Takes a sample and updates the percentage over the time since the
+    /// Takes a sample and updates the percentages over the time since the
     /// previous one (a quarter to about a second: the previous sample is
-    /// kept until at least `SAMPLE_MS` passed).
+    /// kept until at least `SAMPLE_MS` passed). A file that cannot be read
+    /// makes its figure unknown, and it is not read again.
     fn sample(&self) {
         let Ok(mut last) = self.last.try_lock() else {
             return; // another caller is sampling
         };
         self.next_ms
             .store(self.now_ms() + SAMPLE_MS, Ordering::Relaxed);
-        let Some(now) = std::fs::read_to_string("/proc/stat")
+        let jiffies = std::fs::read_to_string("/proc/stat")
             .ok()
-            .and_then(|s| busy_total(&s))
-        else {
-            self.percent.store(UNKNOWN, Ordering::Relaxed);
-            self.next_ms.store(u64::MAX, Ordering::Relaxed);
-            return;
-        };
-        if let Some(p) = last.and_then(|prev| busy_percent_between(prev, now)) {
-            self.percent.store(p, Ordering::Relaxed);
+            .and_then(|s| busy_total(&s));
+        let stall = std::fs::read_to_string("/proc/pressure/cpu")
+            .ok()
+            .and_then(|s| some_stall_us(&s))
+            .map(|us| (us, Instant::now()));
+        let (percent, pressure) = (&self.percent, &self.pressure);
+        match (last.jiffies, jiffies) {
+            (_, None) => percent.store(UNKNOWN, Ordering::Relaxed),
+            (Some(prev), Some(now)) => {
+                if let Some(p) = busy_percent_between(prev, now) {
+                    percent.store(p, Ordering::Relaxed);
+                }
+            }
+            (None, Some(_)) => {}
         }
-        *last = Some(now);
+        match (last.stall, stall) {
+            (_, None) => pressure.store(UNKNOWN, Ordering::Relaxed),
+            (Some(prev), Some(now)) => {
+                if let Some(p) = stall_percent_between(prev, now) {
+                    pressure.store(p, Ordering::Relaxed);
+                }
+            }
+            (None, Some(_)) => {}
+        }
+        if jiffies.is_none() && stall.is_none() {
+            self.next_ms.store(u64::MAX, Ordering::Relaxed);
+        }
+        *last = Sample { jiffies, stall };
+    }
+
+    /// Samples if the last sample is stale.
+    fn refresh(&self) {
+        if self.now_ms() >= self.next_ms.load(Ordering::Relaxed) {
+            self.sample();
+        }
     }
 }
 
@@ -92,10 +142,16 @@ impl Default for MachineCpu {
 
 impl CpuGauge for MachineCpu {
     fn busy_percent(&self) -> Option<u32> {
-        if self.now_ms() >= self.next_ms.load(Ordering::Relaxed) {
-            self.sample();
-        }
+        self.refresh();
         match self.percent.load(Ordering::Relaxed) {
+            UNKNOWN => None,
+            p => Some(p),
+        }
+    }
+
+    fn pressure_percent(&self) -> Option<u32> {
+        self.refresh();
+        match self.pressure.load(Ordering::Relaxed) {
             UNKNOWN => None,
             p => Some(p),
         }
@@ -142,6 +198,27 @@ fn busy_total(stat: &str) -> Option<(u64, u64)> {
     Some((total - v[3] - v[4], total))
 }
 
+/// The microseconds some task waited for a core, from the first line of
+/// `/proc/pressure/cpu` (`some avg10=.. avg60=.. avg300=.. total=US`).
+fn some_stall_us(pressure: &str) -> Option<u64> {
+    let line = pressure.lines().find(|l| l.starts_with("some "))?;
+    let total = line
+        .split_ascii_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?;
+    total.parse().ok()
+}
+
+/// Stall percent of the wall time between two samples; None if less than
+/// a millisecond passed or the counter went back.
+fn stall_percent_between(a: (u64, Instant), b: (u64, Instant)) -> Option<u32> {
+    let wall_us = u64::try_from(b.1.checked_duration_since(a.1)?.as_micros()).ok()?;
+    if wall_us < 1000 {
+        return None;
+    }
+    let stall_us = b.0.checked_sub(a.0)?.min(wall_us);
+    Some((stall_us * 100 / wall_us) as u32)
+}
+
 /// Busy percent between two samples; None if no time passed (or the
 /// counters went back, which they do not).
 fn busy_percent_between(a: (u64, u64), b: (u64, u64)) -> Option<u32> {
@@ -173,6 +250,29 @@ mod tests {
     }
 
     #[test]
+    fn cpu_pressure_is_the_stalled_share_of_the_wall_time() {
+        let psi = "some avg10=1.50 avg60=13.52 avg300=33.81 total=10913021197\n\
+                   full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(some_stall_us(psi), Some(10_913_021_197));
+        assert_eq!(some_stall_us("full avg10=0.00 total=5\n"), None);
+        assert_eq!(some_stall_us("some avg10=0.00 total=x\n"), None);
+        assert_eq!(some_stall_us(""), None);
+        let t = Instant::now();
+        let later = |ms| t + std::time::Duration::from_millis(ms);
+        assert_eq!(
+            stall_percent_between((0, t), (650_000, later(1000))),
+            Some(65)
+        );
+        assert_eq!(stall_percent_between((0, t), (2_000, later(1))), Some(100));
+        assert_eq!(
+            stall_percent_between((0, t), (5, t)),
+            None,
+            "no time passed"
+        );
+        assert_eq!(stall_percent_between((9, t), (5, later(500))), None);
+    }
+
+    #[test]
     fn the_machine_gauge_reads_this_machine() {
         let g = MachineCpu::new();
         std::thread::sleep(std::time::Duration::from_millis(SAMPLE_MS + 50));
@@ -182,5 +282,9 @@ mod tests {
         } else {
             assert_eq!(p, None);
         }
+        let q = g.pressure_percent();
+        let psi = std::fs::read_to_string("/proc/pressure/cpu").is_ok();
+        assert_eq!(q.is_some(), psi, "{q:?}");
+        assert!(q.is_none_or(|q| q <= 100), "{q:?}");
     }
 }

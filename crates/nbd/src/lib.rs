@@ -82,6 +82,9 @@
 //!   plus its size at `min_reply_bytes_per_sec` (the client trickles),
 //!   ends the connection, so a stuck client cannot hold a worker or its
 //!   payload forever.
+//! * Busy polling (`busy_poll`, off by default) spins at most
+//!   `busy_poll_threads` readers at once, each for at most `busy_poll`
+//!   per request, yielding its core to any thread that wants it.
 //!
 //! Client input never panics the server; a protocol violation (such as a bad
 //! request magic) ends only the offending connection, after its in-flight
@@ -253,6 +256,11 @@ pub trait RequestObserver: Send + Sync + 'static {
     fn request_done(&self, command: CommandKind, elapsed: std::time::Duration);
     /// Open connections now (after one opened or closed).
     fn connections(&self, open: usize);
+    /// A connection's reader busy-polled its socket for `polled`
+    /// (`ServerConfig::busy_poll`); `found`: a request came meanwhile.
+    fn busy_poll(&self, found: bool, polled: std::time::Duration) {
+        let _ = (found, polled);
+    }
 }
 
 /// Server settings.
@@ -317,6 +325,31 @@ pub struct ServerConfig {
     pub allow: Option<Vec<ipnet::IpNet>>,
     /// Hears requests and connections (metrics); `None`: nobody.
     pub observer: Option<ObserverHandle>,
+    /// The longest a connection's reader watches its socket for the next
+    /// request, without sleeping, after answering everything it was sent:
+    /// a client at queue depth 1 then does not pay a wake-up per request.
+    /// The window adapts per connection (it closes for a client that
+    /// pauses) and the reader yields its core to any other thread while
+    /// it polls. Not under TLS. Zero (the default here; `cvol serve`
+    /// uses 100 µs): never.
+    pub busy_poll: std::time::Duration,
+    /// Readers that may busy-poll at once, server-wide; default half the
+    /// cores, at least 1.
+    pub busy_poll_threads: usize,
+    /// Asked before each busy poll: polls only if it says yes (`None`:
+    /// always). `cvol serve` says no while other threads wait for a core.
+    pub busy_poll_gate: Option<PollGate>,
+}
+
+/// `ServerConfig::busy_poll_gate`: whether a reader may busy-poll now.
+/// Called once per wait for a request: keep it to a few atomic loads.
+#[derive(Clone)]
+pub struct PollGate(pub Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for PollGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PollGate")
+    }
 }
 
 /// A [`RequestObserver`] in a [`ServerConfig`].
@@ -349,6 +382,9 @@ impl Default for ServerConfig {
             tls: None,
             allow: None,
             observer: None,
+            busy_poll: std::time::Duration::ZERO,
+            busy_poll_threads: (cores / 2).max(1),
+            busy_poll_gate: None,
         }
     }
 }

@@ -246,6 +246,44 @@ fn data_round_trips_over_tls_with_a_client_certificate() {
     assert_eq!(tls.read_to_end(&mut rest).unwrap(), 0);
 }
 
+/// Counts busy polls (`ServerConfig::busy_poll`).
+#[derive(Default)]
+struct CountPolls(std::sync::atomic::AtomicUsize);
+
+impl cvol_nbd::RequestObserver for CountPolls {
+    fn request_done(&self, _: cvol_nbd::CommandKind, _: Duration) {}
+    fn connections(&self, _: usize) {}
+    fn busy_poll(&self, _: bool, _: Duration) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_tls_connection_is_never_busy_polled() {
+    // The TLS session may hold a request that a poll of the socket cannot
+    // see: its reader sleeps in the read at once, and requests one at a
+    // time still get their replies.
+    let polls = Arc::new(CountPolls::default());
+    let ts = TestServer::start(
+        MemBackend::new(SIZE_BYTES, false),
+        ServerConfig {
+            busy_poll: Duration::from_micros(500),
+            busy_poll_threads: 4,
+            observer: Some(cvol_nbd::ObserverHandle(polls.clone())),
+            ..tls_config(TlsMode::Require, &fixtures().join("server"), false)
+        },
+    );
+    let mut tls = ready(&ts, None);
+    for i in 0..100u64 {
+        let data = pattern(4096, i as u8);
+        write(&mut tls, 2 * i, (i % 16) * 4096, &data);
+        assert_eq!(simple_reply(&mut tls, 0), (2 * i, 0, vec![]));
+        read_request(&mut tls, 2 * i + 1, (i % 16) * 4096, 4096);
+        assert_eq!(simple_reply(&mut tls, 4096), (2 * i + 1, 0, data));
+    }
+    assert_eq!(polls.0.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
 #[test]
 fn peer_certificates_are_checked() {
     let ts = start(TlsMode::Require, true);

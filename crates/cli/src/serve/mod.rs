@@ -84,6 +84,13 @@ struct Prepared {
 fn prepare(args: &ServeArgs) -> Result<Prepared, Error> {
     let options = args.open_options()?;
     let config = args.server_config()?;
+    if !config.busy_poll.is_zero() && std::fs::read("/proc/pressure/cpu").is_err() {
+        tracing::warn!(
+            "--busy-poll: this kernel reports no CPU pressure (/proc/pressure/cpu; \
+             boot with psi=1), so the server cannot tell when polling would take a core \
+             from other work: it does not poll"
+        );
+    }
     let run_dir = crate::control::prepare_run_dir()?;
     probe_threads(2 * config.workers.max(CACHE_WORKERS_MIN) + 16)?;
     if let Some(p) = &args.trace {

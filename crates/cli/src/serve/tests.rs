@@ -125,6 +125,28 @@ fn busy_cpu_takes_a_percentage_or_off_and_the_server_reads_the_machine() {
 }
 
 #[test]
+fn busy_poll_takes_microseconds_or_off() {
+    use std::time::Duration;
+    let poll = |v: &[&str]| parse(v).server_config().map(|c| c.busy_poll);
+    assert_eq!(poll(&["vol.cvol"]).unwrap(), Duration::from_micros(100));
+    let gate = |v: &[&str]| parse(v).server_config().unwrap().busy_poll_gate;
+    assert!(
+        gate(&["vol.cvol"]).is_some(),
+        "polling asks the CPU pressure"
+    );
+    assert!(gate(&["vol.cvol", "--busy-poll", "off"]).is_none());
+    let given = |v: &str| poll(&["vol.cvol", "--busy-poll", v]);
+    assert_eq!(given("off").unwrap(), Duration::ZERO);
+    assert_eq!(given("1").unwrap(), Duration::from_micros(1));
+    assert_eq!(given("200us").unwrap(), Duration::from_micros(200));
+    assert_eq!(given("1000").unwrap(), Duration::from_millis(1));
+    for bad in ["0", "1001", "2.5", "on", "", "50ms"] {
+        let e = given(bad).unwrap_err().to_string();
+        assert!(e.contains("--busy-poll") && e.contains("1 to 1000"), "{e}");
+    }
+}
+
+#[test]
 fn an_object_store_volume_compresses_inline_and_rewrites_only_what_pays() {
     let file = parse(&["vol.cvol"]).open_options().unwrap().elastic;
     assert_eq!(file.inline_cpu_percent, Some(30));

@@ -226,6 +226,8 @@ pub(crate) struct Inner {
     pub(crate) config: ServerConfig,
     pub(crate) jobs: JobQueue,
     pub(crate) payload_budget: Arc<PayloadBudget>,
+    /// Readers busy-polling their socket now (`ServerConfig::busy_poll`).
+    pub(crate) pollers: transmission::Pollers,
     /// Connections closed at once because of `max_connections`.
     refused: AtomicU64,
     /// TCP connections closed at once because their peer is not allowed.
@@ -567,6 +569,7 @@ impl Server {
             config,
             jobs,
             payload_budget,
+            pollers: transmission::Pollers::default(),
             refused: AtomicU64::new(0),
             disallowed: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),

@@ -156,6 +156,23 @@ impl Socket {
         n != 0
     }
 
+    /// Watches the socket without sleeping, yielding the core between
+    /// looks, until the client has sent bytes (or closed, or the look
+    /// failed: the read that follows tells) or `until` has passed; returns
+    /// whether input came. Never under TLS (the caller's rule): there the
+    /// answer is always yes at once.
+    pub(crate) fn busy_wait_input(&self, until: Instant) -> bool {
+        loop {
+            if self.may_have_input() {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Whether TLS has been started on this connection.
     pub(crate) fn is_tls(&self) -> bool {
         self.tls.get().is_some()

@@ -10,9 +10,12 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 mod block_status;
+mod busy_poll;
 mod outbox;
 mod read_cost;
 
+use busy_poll::BusyPoll;
+pub(crate) use busy_poll::Pollers;
 use outbox::Outbox;
 use read_cost::ReadCost;
 
@@ -376,8 +379,14 @@ pub(crate) fn connection_payload_budget_bytes(config: &crate::ServerConfig) -> u
 /// The reader loop: until DISC, EOF, a protocol violation or shutdown.
 fn read_requests(inner: &Inner, conn: &Arc<Conn>, reader: &mut impl Input) {
     let discard_cap_bytes = MIN_DISCARD_CAP_BYTES.max(u64::from(conn.ctx.max_request_bytes));
+    // Under TLS the session may hold requests a poll of the socket cannot
+    // see: the reader does not poll there.
+    let mut poll = BusyPoll::new(match conn.socket.is_tls() {
+        true => Duration::ZERO,
+        false => inner.config.busy_poll,
+    });
     let stop = loop {
-        if let Err(stop) = next_request(inner, conn, reader, discard_cap_bytes) {
+        if let Err(stop) = next_request(inner, conn, reader, discard_cap_bytes, &mut poll) {
             break stop;
         }
     };
@@ -390,8 +399,9 @@ fn next_request(
     conn: &Arc<Conn>,
     reader: &mut impl Input,
     discard_cap_bytes: u64,
+    poll: &mut BusyPoll,
 ) -> Result<(), Stop> {
-    let header = read_request_header(conn, reader, inner.config.idle_timeout.is_some())?;
+    let header = next_header(inner, conn, reader, poll)?;
     if inner.is_shutting_down() {
         conn.send_error(
             header.handle,
@@ -401,6 +411,36 @@ fn next_request(
         return Err(Stop::ShuttingDown);
     }
     handle_request(inner, conn, reader, header, discard_cap_bytes)
+}
+
+/// Reads the next request header. A reader with nothing in flight and
+/// nothing buffered first polls the socket for its connection's window
+/// (`busy_poll`), if the gate allows and a polling place is free, and then
+/// sleeps in the read as always; the wait adjusts the window.
+fn next_header(
+    inner: &Inner,
+    conn: &Conn,
+    reader: &mut impl Input,
+    poll: &mut BusyPoll,
+) -> Result<RequestHeader, Stop> {
+    let idle_limit = inner.config.idle_timeout.is_some();
+    if !poll.enabled() || reader.buffered_bytes() > 0 || !conn.is_idle() {
+        return read_request_header(conn, reader, idle_limit);
+    }
+    let started = Instant::now();
+    let window = poll.window();
+    let gate = &inner.config.busy_poll_gate;
+    if !window.is_zero() && gate.as_ref().is_none_or(|g| (g.0)()) {
+        if let Some(_place) = inner.pollers.enter(inner.config.busy_poll_threads) {
+            let found = conn.socket.busy_wait_input(started + window);
+            if let Some(o) = &conn.observer {
+                o.0.busy_poll(found, started.elapsed());
+            }
+        }
+    }
+    let header = read_request_header(conn, reader, idle_limit);
+    poll.adjust(started.elapsed());
+    header
 }
 
 /// Reads and decodes a request header. With an idle limit (`idle`), the
