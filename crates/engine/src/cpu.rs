@@ -87,7 +87,7 @@ impl MachineCpu {
     /// Takes a sample and updates the percentages over the time since the
     /// previous one (a quarter to about a second: the previous sample is
     /// kept until at least `SAMPLE_MS` passed). A file that cannot be read
-    /// makes its figure unknown, and it is not read again.
+    /// makes its figure unknown; when neither can, sampling stops.
     fn sample(&self) {
         let Ok(mut last) = self.last.try_lock() else {
             return; // another caller is sampling
@@ -101,25 +101,8 @@ impl MachineCpu {
             .ok()
             .and_then(|s| some_stall_us(&s))
             .map(|us| (us, Instant::now()));
-        let (percent, pressure) = (&self.percent, &self.pressure);
-        match (last.jiffies, jiffies) {
-            (_, None) => percent.store(UNKNOWN, Ordering::Relaxed),
-            (Some(prev), Some(now)) => {
-                if let Some(p) = busy_percent_between(prev, now) {
-                    percent.store(p, Ordering::Relaxed);
-                }
-            }
-            (None, Some(_)) => {}
-        }
-        match (last.stall, stall) {
-            (_, None) => pressure.store(UNKNOWN, Ordering::Relaxed),
-            (Some(prev), Some(now)) => {
-                if let Some(p) = stall_percent_between(prev, now) {
-                    pressure.store(p, Ordering::Relaxed);
-                }
-            }
-            (None, Some(_)) => {}
-        }
+        update(&self.percent, last.jiffies, jiffies, busy_percent_between);
+        update(&self.pressure, last.stall, stall, stall_percent_between);
         if jiffies.is_none() && stall.is_none() {
             self.next_ms.store(u64::MAX, Ordering::Relaxed);
         }
@@ -131,6 +114,25 @@ impl MachineCpu {
         if self.now_ms() >= self.next_ms.load(Ordering::Relaxed) {
             self.sample();
         }
+    }
+}
+
+/// Sets `gauge` to `between(prev, now)` when both samples exist, to
+/// unknown when the new one could not be read; keeps it otherwise.
+fn update<T: Copy>(
+    gauge: &AtomicU32,
+    prev: Option<T>,
+    now: Option<T>,
+    between: impl Fn(T, T) -> Option<u32>,
+) {
+    match (prev, now) {
+        (_, None) => gauge.store(UNKNOWN, Ordering::Relaxed),
+        (Some(prev), Some(now)) => {
+            if let Some(p) = between(prev, now) {
+                gauge.store(p, Ordering::Relaxed);
+            }
+        }
+        (None, Some(_)) => {}
     }
 }
 
