@@ -16,7 +16,7 @@
 use crate::backend::{Call, Hook, Hooked};
 use crate::error::Error;
 use cvol_engine::Volume;
-use cvol_nbd::{Backend, BackendError, CommandKind, ObserverHandle, RequestObserver};
+use cvol_nbd::{Backend, BackendError, CommandKind, ObserverHandle};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -29,6 +29,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod server;
+pub use server::ServerMetrics;
 
 /// `stat` keys that count up from the server's start (exported as
 /// counters, `_total`); every other number is a gauge. A test checks that
@@ -366,94 +369,6 @@ fn encode_stats(stats: &serde_json::Value, mut encoder: DescriptorEncoder) -> st
         g.metric_type(),
     )?;
     g.encode(family.encode_family(&info)?)
-}
-
-/// What the NBD server itself sees: each request from being read to its
-/// reply written (queues included), and the open connections.
-pub struct ServerMetrics {
-    seconds: Vec<Histogram>,
-    connections: Gauge,
-    /// `--busy-poll`: polls that found the next request, and that did not.
-    polls_found: Counter,
-    polls_missed: Counter,
-    poll_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
-}
-
-impl ServerMetrics {
-    fn register(registry: &mut Registry) -> ServerMetrics {
-        let seconds = Family::<CommandLabel, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(2e-6, 2.0, 23))
-        });
-        let connections = Gauge::default();
-        registry.register(
-            "nbd_request_duration_seconds",
-            "Time from reading a request to writing its reply, by command: the server's \
-             whole share of the client's latency (its queues, the volume, the reply)",
-            seconds.clone(),
-        );
-        registry.register(
-            "nbd_connections",
-            "NBD client connections open",
-            connections.clone(),
-        );
-        let polls = Family::<PollLabel, Counter>::default();
-        registry.register(
-            "nbd_busy_polls",
-            "Waits for a client's next request that began by watching the socket without \
-             sleeping (--busy-poll), by whether the request came within the window",
-            polls.clone(),
-        );
-        let poll_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
-            "nbd_busy_poll_seconds",
-            "Time connections spent watching their sockets for the next request (--busy-poll): \
-             CPU time given to queue-depth-1 latency, yielded to any thread that wanted it",
-            poll_seconds.clone(),
-        );
-        let polls_found = polls.get_or_create(&PollLabel { found: "request" }).clone();
-        let polls_missed = polls.get_or_create(&PollLabel { found: "none" }).clone();
-        let seconds = CommandKind::ALL
-            .iter()
-            .map(|kind| {
-                let label = CommandLabel {
-                    command: kind.name(),
-                };
-                seconds.get_or_create(&label).clone()
-            })
-            .collect();
-        ServerMetrics {
-            seconds,
-            connections,
-            polls_found,
-            polls_missed,
-            poll_seconds,
-        }
-    }
-}
-
-impl RequestObserver for ServerMetrics {
-    fn request_done(&self, command: CommandKind, elapsed: Duration) {
-        self.seconds[command as usize].observe(elapsed.as_secs_f64());
-    }
-
-    fn connections(&self, open: usize) {
-        self.connections
-            .set(i64::try_from(open).unwrap_or(i64::MAX));
-    }
-
-    fn busy_poll(&self, found: bool, polled: Duration) {
-        match found {
-            true => self.polls_found.inc(),
-            false => self.polls_missed.inc(),
-        };
-        self.poll_seconds.inc_by(polled.as_secs_f64());
-    }
-}
-
-/// `found` of `nbd_busy_polls`: `request` or `none`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PollLabel {
-    found: &'static str,
 }
 
 /// The registry of one served volume.
@@ -848,31 +763,6 @@ mod tests {
         assert!(text.contains("cvol_request_errors_total{command=\"flush\",error=\"io\"} 0"));
         assert!(text.contains("cvol_request_duration_seconds_count{command=\"read\"} 2"));
         assert!(text.contains("cvol_requests_in_flight 0"));
-    }
-
-    #[test]
-    fn the_server_side_latency_and_connections_are_exported() {
-        let mut registry = Registry::with_prefix("cvol");
-        let m = ServerMetrics::register(&mut registry);
-        m.request_done(CommandKind::Flush, Duration::from_micros(300));
-        m.request_done(CommandKind::Read, Duration::from_micros(3));
-        m.connections(3);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        assert!(
-            text.contains("cvol_nbd_request_duration_seconds_count{command=\"flush\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "cvol_nbd_request_duration_seconds_bucket{le=\"0.000512\",command=\"flush\"} 1"
-            ) || text.contains(
-                "cvol_nbd_request_duration_seconds_bucket{command=\"flush\",le=\"0.000512\"} 1"
-            ),
-            "{text}"
-        );
-        assert!(text.contains("cvol_nbd_request_duration_seconds_count{command=\"read\"} 1"));
-        assert!(text.contains("cvol_nbd_connections 3"));
     }
 
     #[test]
