@@ -46,7 +46,11 @@
 //! no longer sampled (about half). The sweep is amortised over `note` calls,
 //! [`SWEEP_BUCKETS_PER_NOTE`] buckets each, so no call is long. At `k = 8`
 //! and 75% load the index is full: inserts keep evicting the least recently
-//! used entry of their bucket, and nothing ever waits or fails.
+//! used entry of their bucket, and nothing ever waits or fails. Below k = 8,
+//! a full bucket first gives up an entry the next k would drop: the sweep
+//! would clear it anyway, while an evicted hook that stays sampled is lost
+//! until its block is written again (without this, a volume at k = 2 kept
+//! about 90% of its hooks instead of all).
 //!
 //! Dead entries (a freed segment's) stay counted in `entries` until a lookup
 //! meets them, an insert reuses their slot, or a sweep clears them. So that
@@ -294,7 +298,8 @@ impl HookIndex {
     /// No-op unless sampled (or `table` lies outside the geometry). Same tag already in the
     /// bucket -> repointed to `table` (newest wins) with the current generation of its segment;
     /// else a dead (generation mismatch) or no longer sampled slot; else a free slot; else
-    /// evict the bucket's least recently used (count an eviction). The entry becomes the most
+    /// evict (and count) the least recently used of the bucket's entries that k + 1 would
+    /// drop, or when none would (or k is 8), the least recently used. The entry becomes the most
     /// recently used. Every call, sampled or not, also runs one amortised sweep step and
     /// starts a sweep (raising k when k < 8) when the occupied entries exceed 75% of capacity.
     pub fn note(&mut self, key: u64, table: u32) {
@@ -325,8 +330,14 @@ impl HookIndex {
                 b.put_front(p, e);
             }
             None => {
+                // The least recently used of the entries the next k drops,
+                // if any: they are swept when k grows anyway, while a hook
+                // that stays sampled is lost for good.
+                let doomed = (k < MAX_SAMPLE_BITS)
+                    .then(|| b.0.iter().rposition(|&x| !tag_sampled(entry_tag(x), k + 1)))
+                    .flatten();
                 self.evictions += 1;
-                b.put_front(BUCKET_SLOTS - 1, e);
+                b.put_front(doomed.unwrap_or(BUCKET_SLOTS - 1), e);
             }
         }
     }

@@ -301,6 +301,34 @@ fn a_full_bucket_evicts_its_least_recently_used() {
     check(&ix);
 }
 
+/// A full bucket gives up first the entries the next k would drop: they
+/// go at the next sweep anyway, while an evicted hook that stays sampled is
+/// lost for good (before this rule, a test volume kept 7,330 of its 8,192
+/// hooks at k = 2, and the window it reported fell under 90% of its data).
+#[test]
+fn regression_a_full_bucket_evicts_a_hook_the_next_k_drops_first() {
+    let n = 16;
+    let mut ix = index(n);
+    assert_eq!(ix.k, 0);
+    // Key 5's tag has its top bit set: sampled at k = 0, not at k = 1.
+    let tag = |j: u64| if j == 5 { 1 << 23 | j } else { 40 + j };
+    let keys: Vec<u64> = (0..9).map(|j| key_in(tag(j), 3, n, j)).collect();
+    for &k in &keys[..8] {
+        ix.note(k, table(1, 0));
+    }
+    ix.note(keys[8], table(1, 1));
+    assert_eq!((ix.entries, ix.evictions), (8, 1));
+    assert_eq!(ix.lookup(keys[5]), None, "the hook k = 1 drops went");
+    for (j, &k) in keys.iter().enumerate().filter(|&(j, _)| j != 5) {
+        assert!(ix.lookup(k).is_some(), "key {j}");
+    }
+    // With none left that k = 1 drops, the least recently used goes.
+    let lru = keys[0];
+    ix.note(key_in(60, 3, n, 9), table(1, 2));
+    assert_eq!(ix.lookup(lru), None);
+    check(&ix);
+}
+
 #[test]
 fn a_tiny_index_fills_up_and_keeps_learning() {
     let mut ix = index(1);
