@@ -54,13 +54,20 @@ fn round(sim: &SimStorage, seed: u64, options: OpenOptions) -> SimStorage {
     let ckpt = vol.start_background_checkpointer();
     let cleaner = vol.start_background_cleaner();
     let stop = AtomicBool::new(false);
-    let until = Instant::now() + Duration::from_millis(1500);
+    let start = Instant::now();
+    // At least 1.5 s, and on until the checkpointer (a background thread
+    // at low priority) has written more than 3 checkpoints, or 60 s pass.
+    let running = || {
+        let t = start.elapsed();
+        t < Duration::from_millis(1500)
+            || (t < Duration::from_secs(60) && vol.stats().checkpoints_written <= 3)
+    };
     std::thread::scope(|s| {
         for t in 0..2 {
             let (vol, stop) = (&vol, &stop);
             s.spawn(move || writer(vol, seed * 10 + t, stop));
         }
-        while Instant::now() < until {
+        while running() {
             std::thread::sleep(Duration::from_millis(100));
             vol.verify_refcounts()
                 .unwrap_or_else(|e| panic!("seed {seed}: while running: {e}"));
@@ -70,10 +77,8 @@ fn round(sim: &SimStorage, seed: u64, options: OpenOptions) -> SimStorage {
     vol.flush().unwrap();
     vol.verify_refcounts()
         .unwrap_or_else(|e| panic!("seed {seed}: after the writers: {e}"));
-    assert!(
-        vol.stats().checkpoints_written > 3,
-        "seed {seed}: no checkpoints ran"
-    );
+    let written = vol.stats().checkpoints_written;
+    assert!(written > 3, "seed {seed}: {written} checkpoints in 60 s");
     let crashed = sim.crash(seed);
     drop(ckpt);
     drop(cleaner);

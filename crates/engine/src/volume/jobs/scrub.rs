@@ -180,7 +180,12 @@ struct RunningGuard<'a>(&'a ScrubState);
 
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
-        self.0.set_progress(None);
+        // Under the progress lock: whoever sees no progress (`scrub_status`
+        // says not running) also finds the flag clear, so a scrub started
+        // right then is not refused; a new scrub's progress waits for the
+        // lock, so this clears only its own.
+        let mut progress = leaf(&self.0.progress);
+        *progress = None;
         self.0.cancel.store(false, Ordering::SeqCst);
         self.0.running.store(false, Ordering::SeqCst);
     }
