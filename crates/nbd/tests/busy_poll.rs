@@ -77,14 +77,15 @@ fn a_client_sending_back_to_back_is_polled_for_and_one_that_pauses_is_not() {
         busy.len()
     );
 
-    // A client that pauses 5 ms (ten windows) before every request: each
+    // A client that pauses 20 ms (forty windows) before every request: each
     // wait halves the window, so the polls stop after at most 10 halvings
-    // (500 µs to under 1 µs), and none of them finds a request.
+    // (500 µs to under 1 µs), and none of them finds a request (unless the
+    // server's thread is kept off the CPU for the whole pause).
     for i in 0..30 {
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(20));
         let data = pattern(4096, i as u8);
         assert_eq!(c.write(1000 + 2 * i, 0, &data), 0);
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(20));
         assert_eq!(c.read(1001 + 2 * i, 0, 4096).unwrap(), data);
     }
     let paused = polls.taken();
