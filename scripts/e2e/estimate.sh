@@ -127,6 +127,7 @@ for _ in $(seq 1 40); do
     prev=$cur
     ((same < 3)) || break
 done
+((same >= 3)) || fail "stored_bytes still changing 40 s after the copy (last $prev): background work did not settle"
 S=$E2E_TMP/stat.json
 stored=$(json_get "$S" stored_bytes) used=$(json_get "$S" physical_used_bytes)
 est=$(json_get "$F" stored_bytes_estimate) du=$(json_get "$F" du_bytes_estimate)

@@ -351,9 +351,18 @@ impl Volume {
         let bytes = page_bytes + table_bytes + u64::from(ptr.commit_len);
         self.guard(self.storage.sync().map_err(VolError::Io))?;
         self.publish(&ptr)?;
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         {
             let mut st = self.lock_state()?;
             assert!(ptr.generation > st.checkpoint_generation);
+            // The counters change under the state lock with the generation,
+            // so `stats` (which reads both under it) never shows one without
+            // the other.
+            let c = &self.counters;
+            c.checkpoints.fetch_add(1, Ordering::Relaxed);
+            c.checkpoint_last_bytes.store(bytes, Ordering::Relaxed);
+            c.checkpoint_bytes_total.fetch_add(bytes, Ordering::Relaxed);
+            c.checkpoint_last_micros.store(micros, Ordering::Relaxed);
             st.checkpoint_generation = ptr.generation;
             st.synced_seq = st.synced_seq.max(ptr.commit_seq);
             st.appended_at_checkpoint = st.log.appended_bytes;
@@ -364,12 +373,6 @@ impl Volume {
             st.live.release(retired);
         }
         self.reclaim(&snap.candidates)?;
-        let c = &self.counters;
-        c.checkpoints.fetch_add(1, Ordering::Relaxed);
-        c.checkpoint_last_bytes.store(bytes, Ordering::Relaxed);
-        c.checkpoint_bytes_total.fetch_add(bytes, Ordering::Relaxed);
-        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        c.checkpoint_last_micros.store(micros, Ordering::Relaxed);
         tracing::debug!(
             generation = ptr.generation,
             seq = ptr.commit_seq,
