@@ -25,6 +25,16 @@ fn text(seed: u8, len: usize) -> Vec<u8> {
     v
 }
 
+/// Creates a 64 MiB lz4 volume on `sim` (closed) and returns options that
+/// open it with a checkpoint every `bytes` of log.
+fn created_with_interval(sim: &SimStorage, bytes: u64) -> OpenOptions {
+    create(sim, 64 * MIB, Codec::Lz4).close().unwrap();
+    OpenOptions {
+        checkpoint_interval_bytes: bytes,
+        ..OpenOptions::default()
+    }
+}
+
 #[test]
 fn write_read_reopen_every_codec() {
     for codec in [Codec::Lz4, Codec::Zstd(3), Codec::None] {
@@ -303,11 +313,7 @@ fn a_checkpoint_nothing_came_between_resumes_after_its_pages() {
 #[test]
 fn the_background_checkpointer_writes_the_checkpoints_flushes_find_due() {
     let sim = SimStorage::new(32 * MIB);
-    create(&sim, 64 * MIB, Codec::Lz4).close().unwrap();
-    let options = OpenOptions {
-        checkpoint_interval_bytes: 8 << 10,
-        ..OpenOptions::default()
-    };
+    let options = created_with_interval(&sim, 8 << 10);
     let vol = Arc::new(Volume::open(Arc::new(sim.clone()), options.clone()).unwrap());
     let inline_gen = vol.stats().checkpoint_generation;
     let data = text(5, 512 << 10);
@@ -418,11 +424,7 @@ impl Storage for SlowDiscard {
 fn regression_stats_show_a_checkpoint_generation_with_its_counters() {
     use rand::{Rng, SeedableRng};
     let sim = SimStorage::new(16 * MIB);
-    create(&sim, 64 * MIB, Codec::Lz4).close().unwrap();
-    let options = OpenOptions {
-        checkpoint_interval_bytes: 256 << 10,
-        ..OpenOptions::default()
-    };
+    let options = created_with_interval(&sim, 256 << 10);
     let vol = Volume::open(Arc::new(SlowDiscard(sim.clone())), options).unwrap();
     let first = vol.stats();
     let agree = |st: &cvol_engine::stats::VolumeStats| {
